@@ -1,6 +1,6 @@
 // Shapes of the synthetic models. "tiny" and "small" are for tests and benchmarks; the
 // "-shape" presets have the dimensions of real checkpoints (tens of GB when written).
-import { parseConfig, type ModelConfig } from "../model/config.ts";
+import { parseConfig, type LayerType, type ModelConfig } from "../model/config.ts";
 
 /** Odd u32 multipliers for the PLE hash, fixed so configs are plain data. */
 function pleMultipliers(orders: number[], heads: number, salt: number): number[][][] {
@@ -13,7 +13,7 @@ function pleMultipliers(orders: number[], heads: number, salt: number): number[]
 }
 
 /** 3 deltanet : 1 attention, as Qwen3-Next. */
-const pattern = (L: number) => Array.from({ length: L }, (_, l) => ((l + 1) % 4 === 0 ? "attention" : "deltanet") as const);
+const pattern = (L: number): LayerType[] => Array.from({ length: L }, (_, l) => ((l + 1) % 4 === 0 ? "attention" : "deltanet"));
 
 const base = {
   tiny: {

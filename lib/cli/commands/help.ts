@@ -1,0 +1,37 @@
+// Usage text of every command, shown by `cherenkov help [command]` and `--help`.
+
+export const usage: Record<string, string> = {
+  synth: `cherenkov synth --preset NAME --out DIR [options]
+  Writes a seeded random qwen4-exp model (every feature on unless switched off).
+    --preset tiny|small|30b-a3b-shape|80b-a3b-shape
+    --seed N            random seed (default 0); the same seed gives the same bytes
+    --out DIR           model directory to write (created; existing files are replaced)
+    --dtype q4|bf16|f32 weight storage (default q4)
+    --no-hc --no-qsa --no-ple --no-mtp   switch a feature off (n = 1, dense attention, ...)
+    --kv f32|q8         attention KV cache type recorded in the config (default q8)
+    --progress          draw the progress bar even when stderr is not a terminal`,
+  inspect: `cherenkov inspect DIR [--json] [--verify] [--progress]
+  Prints a model's config, files, expert record layout and tensor table.
+    --json      one JSON object instead of the tables
+    --verify    check every checksum (tensors, expert records, PLE tables)`,
+  run: `cherenkov run [DIR] (--prompt TEXT | --prompt-tokens 1,2,3) [options]
+  Greedy generation. DIR defaults to the embedded tiny model (generated on first use).
+    --prompt TEXT        text prompt, tokenized with the model's tokenizer
+    --prompt-tokens IDS  comma-separated token ids instead of text
+    --chat               wrap --prompt as a user message with the chat template
+    --max-tokens N       tokens to generate at most (default 16; stops after the end token)
+    --backend reference  the pure-TypeScript reference (the only backend so far)
+    --json               print {"tokens": [...], "text": "..."} on one line`,
+};
+
+export function helpText(command?: string): string {
+  if (command && usage[command]) return usage[command] + "\n";
+  return [
+    "cherenkov: run mixture-of-experts models with experts streamed from SSD",
+    "",
+    "usage: cherenkov <command> [options]      (cherenkov help <command> for details)",
+    "",
+    ...Object.values(usage).map((u) => u.split("\n").slice(0, 2).join("\n")),
+    "",
+  ].join("\n");
+}

@@ -1,0 +1,21 @@
+// Where the commands write: the process's streams, or buffers in tests.
+
+export interface CliIO {
+  stdout(text: string): void;
+  stderr(text: string): void;
+  /** Whether stderr is a terminal (progress bars are drawn only there, unless --progress). */
+  stderrIsTTY: boolean;
+}
+
+export function processIO(): CliIO {
+  return {
+    stdout: (t) => void process.stdout.write(t),
+    stderr: (t) => void process.stderr.write(t),
+    stderrIsTTY: Boolean(process.stderr.isTTY),
+  };
+}
+
+/** A sink for ProgressBar when progress is wanted, else null. */
+export function progressSink(io: CliIO, forced: boolean) {
+  return io.stderrIsTTY || forced ? { write: io.stderr } : null;
+}

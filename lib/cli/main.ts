@@ -1,0 +1,54 @@
+#!/usr/bin/env bun
+// The `cherenkov` command: one subcommand per file in commands/. Exit codes: 0 done,
+// 1 the work failed (bad model files, IO), 2 the command line was wrong.
+import { ConfigError } from "../model/config.ts";
+import { ModelFormatError } from "../model/errors.ts";
+import { UsageError } from "./args.ts";
+import { helpText, usage } from "./commands/help.ts";
+import { inspectCommand } from "./commands/inspect.ts";
+import { runCommand } from "./commands/run.ts";
+import { synthCommand } from "./commands/synth.ts";
+import { processIO, type CliIO } from "./io.ts";
+
+const commands: Record<string, (argv: string[], io: CliIO) => Promise<number>> = {
+  synth: synthCommand,
+  inspect: inspectCommand,
+  run: runCommand,
+};
+
+export async function main(argv: string[], io: CliIO = processIO()): Promise<number> {
+  const [name, ...rest] = argv;
+  if (name === undefined || name === "help" || name === "--help" || name === "-h") {
+    if (rest[0] !== undefined && !usage[rest[0]]) {
+      io.stderr(`cherenkov: no command "${rest[0]}"\n\n${helpText()}`);
+      return 2;
+    }
+    io.stdout(helpText(rest[0]));
+    return 0;
+  }
+  const command = commands[name];
+  if (!command) {
+    io.stderr(`cherenkov: unknown command "${name}"\n\n${helpText()}`);
+    return 2;
+  }
+  if (rest.includes("--help") || rest.includes("-h")) {
+    io.stdout(helpText(name));
+    return 0;
+  }
+  try {
+    return await command(rest, io);
+  } catch (e) {
+    if (e instanceof UsageError) {
+      io.stderr(`cherenkov ${name}: ${e.message}\n(cherenkov help ${name} shows the options)\n`);
+      return 2;
+    }
+    if (e instanceof ModelFormatError || e instanceof ConfigError) {
+      io.stderr(`cherenkov ${name}: ${e.message}\n`);
+      return 1;
+    }
+    io.stderr(`cherenkov ${name}: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}\n`);
+    return 1;
+  }
+}
+
+if (import.meta.main) process.exitCode = await main(process.argv.slice(2));

@@ -1,0 +1,144 @@
+// Seeded synthetic models: every tensor drawn from its own (seed, name) stream (init.ts),
+// written one tensor or expert record at a time, so a 45 GB preset needs one record of memory.
+// The values are exactly those of RandomWeights before the storage dtype is applied.
+import { availableParallelism } from "node:os";
+import type { DType, ModelConfig } from "../model/config.ts";
+import { initPleTable, initTensor } from "../model/init.ts";
+import type { Manifest } from "../model/manifest.ts";
+import type { ExpertsIndex } from "../model/manifest.ts";
+import { denseTensorSpecs, expertPartSpecs } from "../model/tensors.ts";
+import { expertName, pleTableName } from "../model/weights.ts";
+import { encodeExpertRecord, ModelWriter, plannedBytes } from "../model/writer.ts";
+import { byteTokenizer } from "./byte-tokenizer.ts";
+import { presetConfig, type Features, type PresetName } from "./presets.ts";
+import type { WorkerReply, WorkerRequest } from "./synth-worker.ts";
+
+export interface SynthOptions {
+  preset: PresetName;
+  features?: Features;
+  seed: number;
+  out: string;
+  weights: DType;
+  /** Called after each tensor, record or table with bytes written so far and in total. */
+  onProgress?: (doneBytes: number, totalBytes: number) => void;
+  /**
+   * Worker threads building expert records; 0 builds them on this thread. Default: every core
+   * when the experts take more than 64 MB, else 0 (starting workers costs more than it saves).
+   */
+  workers?: number;
+}
+
+export interface SynthResult {
+  manifest: Manifest;
+  bytes: number;
+  seconds: number;
+}
+
+/** Record `index` (= l * per_layer + e) of a synthetic model, encoded (also run in synth-worker.ts). */
+export function synthRecord(config: ModelConfig, seed: number, layout: Omit<ExpertsIndex, "checksums">, index: number): Uint8Array<ArrayBuffer> {
+  const l = Math.floor(index / layout.per_layer);
+  const e = index % layout.per_layer;
+  const [gate, up, down] = expertPartSpecs(config).map((p) => initTensor({ ...p, name: `${expertName(l, e)}.${p.name}` }, seed));
+  const record = new Uint8Array(layout.stride);
+  encodeExpertRecord(layout, { gate: gate!, up: up!, down: down! }, record, `expert layer ${l} expert ${e}`);
+  return record;
+}
+
+export async function synthesize(opts: SynthOptions): Promise<SynthResult> {
+  const { preset, seed, out, weights } = opts;
+  if (!Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) throw new Error(`seed must be an integer in 0..2^32-1, got ${seed}`);
+  const features = opts.features ?? {};
+  const config = presetConfig(preset, features);
+  const started = performance.now();
+  const total = plannedBytes(config, weights);
+  let done = 0;
+  const progress = (bytes: number) => {
+    done += bytes;
+    opts.onProgress?.(done, total);
+  };
+
+  const w = await ModelWriter.create(out, config, { weights, source: { synth: { preset, seed, features } } });
+  try {
+    for (const spec of denseTensorSpecs(config)) {
+      w.addDense(spec.name, initTensor(spec, seed));
+      progress(w.lastDenseBytes);
+    }
+    const layout = w.expertLayout;
+    const records = layout.layers * layout.per_layer;
+    const workers = opts.workers ?? (records * layout.stride > 64e6 ? availableParallelism() : 0);
+    if (workers > 0) {
+      await writeExpertsInWorkers(w, config, seed, workers, () => progress(layout.stride));
+    } else {
+      for (let i = 0; i < records; i++) {
+        const l = Math.floor(i / layout.per_layer);
+        const e = i % layout.per_layer;
+        w.addExpertRecord(l, e, synthRecord(config, seed, layout, i));
+        progress(layout.stride);
+      }
+    }
+    const ple = config.ple;
+    if (ple)
+      for (const layer of ple.layers)
+        for (let o = 0; o < ple.orders.length; o++)
+          for (let j = 0; j < ple.heads; j++) {
+            const name = pleTableName(layer, o, j);
+            const table = initPleTable(name, ple.rows[o]![j]!, ple.head_dim, seed);
+            w.addPleTable(layer, o, j, table);
+            progress(table.length * (weights === "f32" ? 4 : 2));
+          }
+    const { tokenizerJson, tokenizerConfig } = byteTokenizer(config.vocab_size);
+    w.setTokenizer(tokenizerJson, tokenizerConfig);
+    const manifest = await w.finish();
+    opts.onProgress?.(total, total); // the totals count page padding that the steps above do not
+    return { manifest, bytes: total, seconds: (performance.now() - started) / 1000 };
+  } catch (e) {
+    w.abort();
+    throw e;
+  }
+}
+
+/**
+ * Builds expert records in `count` workers and writes them in order. At most a few records
+ * per worker are in flight, so memory stays at a handful of records whatever the model size.
+ */
+async function writeExpertsInWorkers(w: ModelWriter, config: ModelConfig, seed: number, count: number, onRecord: () => void) {
+  const layout = w.expertLayout;
+  const total = layout.layers * layout.per_layer;
+  const window = count * 3;
+  const pool = Array.from({ length: count }, () => new Worker(new URL("./synth-worker.ts", import.meta.url).href));
+  try {
+    await new Promise<void>((resolve, reject) => {
+      const ready = new Map<number, Uint8Array>();
+      const idle: Worker[] = [];
+      let sent = 0;
+      let written = 0;
+      const feed = (worker: Worker) => {
+        if (sent < total && sent - written < window) worker.postMessage({ type: "record", index: sent++ } satisfies WorkerRequest);
+        else idle.push(worker);
+      };
+      for (const worker of pool) {
+        worker.onerror = (e) => reject(new Error(`synth worker failed: ${e.message}`));
+        worker.onmessage = (event: MessageEvent<WorkerReply>) => {
+          try {
+            ready.set(event.data.index, event.data.record);
+            for (let r = ready.get(written); r; r = ready.get(written)) {
+              ready.delete(written);
+              w.addExpertRecord(Math.floor(written / layout.per_layer), written % layout.per_layer, r);
+              written++;
+              onRecord();
+            }
+            if (written === total) return resolve();
+            feed(worker);
+            while (idle.length && sent < total && sent - written < window) feed(idle.pop()!);
+          } catch (e) {
+            reject(e);
+          }
+        };
+        worker.postMessage({ type: "init", config, seed, layout } satisfies WorkerRequest);
+        feed(worker);
+      }
+    });
+  } finally {
+    for (const worker of pool) worker.terminate();
+  }
+}

@@ -1,0 +1,184 @@
+// cherenkov.h for the CPU backend: errors, device, buffers, library.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime.h"
+
+namespace ck {
+namespace {
+thread_local std::string last_error;
+}
+
+int32_t set_error(const char *fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  last_error = buf;
+  return CK_ERROR;
+}
+
+bool to_u64(double v, uint64_t &out) {
+  if (!(v >= 0.0) || v > 9007199254740992.0 || std::floor(v) != v) return false;
+  out = uint64_t(v);
+  return true;
+}
+}  // namespace ck
+
+using ck::set_error;
+
+extern "C" {
+
+CK_API const char *ck_last_error(void) { return ck::last_error.c_str(); }
+CK_API int32_t ck_abi_version(void) { return CK_ABI_VERSION; }
+
+// ---- device ---------------------------------------------------------------
+
+CK_API ck_device *ck_device_open(void) {
+  auto *dev = new ck_device();
+  long page = sysconf(_SC_PAGESIZE);
+  long pages = sysconf(_SC_PHYS_PAGES);
+  dev->page_size = page > 0 ? uint32_t(page) : 4096;
+  dev->working_set = pages > 0 ? double(pages) * double(dev->page_size) * 0.75 : 0;
+  unsigned n = std::thread::hardware_concurrency();
+  if (const char *env = std::getenv("CHERENKOV_CPU_THREADS")) {
+    int v = std::atoi(env);
+    if (v < 1 || v > 1024) {
+      set_error("CHERENKOV_CPU_THREADS=%s: expected a thread count from 1 to 1024", env);
+      delete dev;
+      return nullptr;
+    }
+    n = unsigned(v);
+  }
+  dev->threads = n ? n : 1;
+#if defined(__x86_64__)
+  const char *arch = "x86_64";
+#else
+  const char *arch = "arm64";
+#endif
+  char name[64];
+  std::snprintf(name, sizeof name, "cpu %s (%u threads)", arch, dev->threads);
+  dev->name = name;
+  dev->pool.reset(new ck::Pool(dev->threads));
+  ck_queue_start(dev);
+  return dev;
+}
+
+CK_API void ck_device_close(ck_device *dev) {
+  if (!dev) return;
+  ck_queue_stop(dev);
+  delete dev;
+}
+
+CK_API const char *ck_device_backend(ck_device *) { return "cpu"; }
+CK_API const char *ck_device_name(ck_device *dev) { return dev ? dev->name.c_str() : ""; }
+CK_API double ck_device_max_working_set(ck_device *dev) { return dev ? dev->working_set : 0; }
+CK_API uint32_t ck_device_max_threadgroup_memory(ck_device *) { return 32768; }
+CK_API uint32_t ck_device_max_threads_per_threadgroup(ck_device *) { return ck::kMaxThreads; }
+CK_API uint32_t ck_device_simd_width(ck_device *) { return ck::kSimdWidth; }
+CK_API uint32_t ck_device_page_size(ck_device *dev) { return dev ? dev->page_size : 0; }
+CK_API void ck_device_set_wait_timeout(ck_device *dev, uint32_t timeout_ms) {
+  if (dev) dev->wait_timeout_ms.store(timeout_ms);
+}
+
+// ---- buffers ----------------------------------------------------------------
+
+ck_buffer::~ck_buffer() {
+  if (owned && data) munmap(data, length);
+}
+
+void ck_buffer_unref(ck_buffer *b) {
+  if (b && b->drop()) delete b;
+}
+
+static bool checked_length(ck_device *dev, double length, const char *fn, size_t &out) {
+  uint64_t n;
+  if (!dev) return set_error("%s: device is NULL", fn), false;
+  if (!ck::to_u64(length, n) || n == 0)
+    return set_error("%s: length %.17g is not a positive integer below 2^53", fn, length), false;
+  uint64_t page = dev->page_size;
+  out = size_t((n + page - 1) / page * page);
+  return true;
+}
+
+CK_API ck_buffer *ck_buffer_new(ck_device *dev, double length) {
+  size_t n;
+  if (!checked_length(dev, length, "ck_buffer_new", n)) return nullptr;
+  void *p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    set_error("ck_buffer_new: cannot allocate %zu bytes: %s", n, std::strerror(errno));
+    return nullptr;
+  }
+  auto *b = new ck_buffer();
+  b->data = static_cast<char *>(p);
+  b->length = n;
+  b->owned = true;
+  return b;
+}
+
+CK_API ck_buffer *ck_buffer_wrap(ck_device *dev, void *ptr, double length) {
+  size_t n;
+  if (!checked_length(dev, length, "ck_buffer_wrap", n)) return nullptr;
+  if (!ptr || reinterpret_cast<uintptr_t>(ptr) % dev->page_size != 0) {
+    set_error("ck_buffer_wrap: pointer %p is not page-aligned (page size %u)", ptr, dev->page_size);
+    return nullptr;
+  }
+  auto *b = new ck_buffer();
+  b->data = static_cast<char *>(ptr);
+  b->length = n;
+  return b;
+}
+
+CK_API void *ck_buffer_contents(ck_buffer *buf) { return buf ? buf->data : nullptr; }
+CK_API double ck_buffer_length(ck_buffer *buf) { return buf ? double(buf->length) : 0; }
+CK_API void ck_buffer_release(ck_buffer *buf) { ck_buffer_unref(buf); }
+
+// ---- library and pipelines ---------------------------------------------------
+
+CK_API ck_library *ck_library_load(ck_device *dev, const char *) {
+  if (!dev) return set_error("ck_library_load: device is NULL"), nullptr;
+  auto *lib = new ck_library();
+  lib->dev = dev;
+  for (uint32_t t = 0; t < ck::kAllTablesCount; t++)
+    for (uint32_t i = 0; i < ck::kAllTables[t].count; i++)
+      lib->pipelines.push_back(ck_pipeline{&ck::kAllTables[t].kernels[i]});
+  std::sort(lib->pipelines.begin(), lib->pipelines.end(),
+            [](const ck_pipeline &a, const ck_pipeline &b) { return std::strcmp(a.info->name, b.info->name) < 0; });
+  for (auto &p : lib->pipelines) lib->by_name[p.info->name] = &p;
+  return lib;
+}
+
+CK_API void ck_library_release(ck_library *lib) { delete lib; }
+
+CK_API uint32_t ck_library_kernel_count(ck_library *lib) {
+  return lib ? uint32_t(lib->pipelines.size()) : 0;
+}
+
+CK_API const char *ck_library_kernel_name(ck_library *lib, uint32_t index) {
+  if (!lib || index >= lib->pipelines.size()) return "";
+  return lib->pipelines[index].info->name;
+}
+
+CK_API ck_pipeline *ck_pipeline_get(ck_library *lib, const char *name) {
+  if (!lib || !name) return set_error("ck_pipeline_get: library or name is NULL"), nullptr;
+  auto it = lib->by_name.find(name);
+  if (it == lib->by_name.end()) {
+    set_error("pipeline not found: %s (the cpu library has %zu kernels; was the shim rebuilt "
+              "after adding it?)", name, lib->pipelines.size());
+    return nullptr;
+  }
+  return it->second;
+}
+
+CK_API const char *ck_pipeline_name(ck_pipeline *pipe) { return pipe ? pipe->info->name : ""; }
+CK_API uint32_t ck_pipeline_max_threads(ck_pipeline *) { return ck::kMaxThreads; }
+
+}  // extern "C"

@@ -1,0 +1,58 @@
+// Executes dispatches: threadgroups spread over a pool of OS threads; the
+// threads of one threadgroup run as fibers on one OS thread.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "abi.h"
+
+namespace ck {
+
+struct Dispatch {
+  const KernelInfo *kernel;
+  void *buf[kMaxBuffers];
+  uint32_t groups[3];   // threadgroups per grid
+  uint32_t tg[3];       // requested threads per threadgroup
+  uint32_t threads[3];  // threads per grid (groups * tg unless dispatchThreads)
+};
+
+// Per-OS-thread executor state (fiber stacks, threadgroup bookkeeping).
+struct Worker;
+Worker *this_thread_worker();
+
+// Runs threadgroup `linear` (x fastest) of `d` on the calling thread. On a
+// kernel fault the detectable way (deadlocked barriers, stack overflow)
+// returns false with `error` set.
+bool run_threadgroup(Worker *w, const Dispatch &d, uint32_t linear, std::string &error);
+
+// Runs all threadgroups of a dispatch on `threads` OS threads (the caller
+// included). Only one thread calls run() at a time.
+class Pool {
+ public:
+  explicit Pool(unsigned threads);
+  ~Pool();
+  bool run(const Dispatch &d, std::string &error);
+  unsigned size() const { return unsigned(threads_.size()) + 1; }
+
+ private:
+  void loop();
+  void work();
+
+  std::vector<std::thread> threads_;
+  std::mutex m_;
+  std::condition_variable wake_, done_;
+  const Dispatch *job_ = nullptr;
+  uint64_t seq_ = 0;
+  unsigned running_ = 0;
+  bool stop_ = false;
+  uint32_t total_ = 0;
+  std::atomic<uint32_t> next_{0};
+  std::atomic<bool> failed_{false};
+  std::string error_;  // guarded by m_
+};
+
+}  // namespace ck

@@ -1,0 +1,329 @@
+// cherenkov.h for the CPU backend: command buffers, the queue thread, events.
+#include <chrono>
+#include <cstring>
+
+#include "runtime.h"
+
+using ck::set_error;
+
+// ---- events -------------------------------------------------------------------
+
+void ck_event::set(uint64_t v) {
+  {
+    std::lock_guard<std::mutex> lk(m);
+    value = v;
+  }
+  cv.notify_all();
+}
+
+bool ck_event::wait_at_least(uint64_t v, uint32_t timeout_ms) {
+  std::unique_lock<std::mutex> lk(m);
+  return cv.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return value >= v; });
+}
+
+void ck_event_unref(ck_event *e) {
+  if (e && e->drop()) delete e;
+}
+
+// ---- command buffers -------------------------------------------------------------
+
+static void release_resources(ck_cmdbuf *cb) {
+  for (auto *b : cb->buffers) ck_buffer_unref(b);
+  cb->buffers.clear();
+  for (auto &c : cb->commands)
+    if (c.kind != ck::Command::kDispatch) ck_event_unref(c.event);
+  cb->commands.clear();
+  cb->params.clear();
+}
+
+ck_cmdbuf::~ck_cmdbuf() { release_resources(this); }
+
+void ck_cmdbuf_unref(ck_cmdbuf *cb) {
+  if (cb && cb->drop()) delete cb;
+}
+
+static void finish(ck_cmdbuf *cb, int32_t status) {
+  release_resources(cb);
+  ck_device *dev = cb->dev;
+  std::lock_guard<std::mutex> lk(dev->qm);
+  cb->status.store(status, std::memory_order_release);
+  dev->donecv.notify_all();
+}
+
+static void run_cmdbuf(ck_device *dev, ck_cmdbuf *cb) {
+  char msg[768];
+  std::string err;
+  for (size_t i = 0; i < cb->commands.size(); i++) {
+    ck::Command &c = cb->commands[i];
+    if (c.kind == ck::Command::kDispatch) {
+      if (c.params_len) c.dispatch.buf[0] = cb->params.data() + c.params_offset;
+      if (!dev->pool->run(c.dispatch, err)) {
+        std::snprintf(msg, sizeof msg, "command buffer %u: command %zu, dispatch of '%s' (%s): %s",
+                      cb->id, i, c.dispatch.kernel->name, c.dispatch.kernel->where, err.c_str());
+        cb->error = msg;
+        return finish(cb, CK_CMDBUF_FAILED);
+      }
+    } else if (c.kind == ck::Command::kSignal) {
+      c.event->set(c.value);
+    } else {
+      uint32_t timeout = dev->wait_timeout_ms.load();
+      if (!c.event->wait_at_least(c.value, timeout)) {
+        std::snprintf(msg, sizeof msg, "command buffer %u: wait for event %u >= %llu timed out after %u ms",
+                      cb->id, c.event->id, static_cast<unsigned long long>(c.value), timeout);
+        cb->error = msg;
+        return finish(cb, CK_CMDBUF_FAILED);
+      }
+    }
+  }
+  finish(cb, CK_CMDBUF_COMPLETED);
+}
+
+void ck_queue_start(ck_device *dev) {
+  dev->qthread = std::thread([dev] {
+    for (;;) {
+      ck_cmdbuf *cb;
+      {
+        std::unique_lock<std::mutex> lk(dev->qm);
+        dev->qcv.wait(lk, [&] { return dev->stopping || !dev->queue.empty(); });
+        if (dev->queue.empty()) return;  // stopping and drained
+        cb = dev->queue.front();
+        dev->queue.pop_front();
+      }
+      run_cmdbuf(dev, cb);
+      ck_cmdbuf_unref(cb);
+    }
+  });
+}
+
+void ck_queue_stop(ck_device *dev) {
+  {
+    std::lock_guard<std::mutex> lk(dev->qm);
+    dev->stopping = true;
+  }
+  dev->qcv.notify_all();
+  if (dev->qthread.joinable()) dev->qthread.join();
+}
+
+static int32_t check_encoding(ck_cmdbuf *cb, const char *what) {
+  if (!cb) return set_error("%s: command buffer is NULL", what);
+  if (cb->status.load() != CK_CMDBUF_ENCODING)
+    return set_error("command buffer %u: %s after commit", cb->id, what);
+  return CK_OK;
+}
+
+static int32_t encode_dispatch(ck_cmdbuf *cb, ck_pipeline *pipe, const uint32_t grid[3],
+                               const uint32_t tg[3], bool grid_counts_threads,
+                               const ck_binding *bindings, uint32_t binding_count,
+                               const void *params, uint32_t params_len) {
+  if (check_encoding(cb, "dispatch") != CK_OK) return CK_ERROR;
+  if (!pipe) return set_error("command buffer %u: dispatch: pipeline is NULL", cb->id);
+  const ck::KernelInfo *k = pipe->info;
+  const unsigned id = cb->id;
+#define FAIL(fmt, ...) \
+  return set_error("command buffer %u: dispatch of '%s' (%s): " fmt, id, k->name, k->where, ##__VA_ARGS__)
+
+  uint64_t tg_threads = uint64_t(tg[0]) * tg[1] * tg[2];
+  if (tg_threads == 0) FAIL("threadgroup %ux%ux%u is empty", tg[0], tg[1], tg[2]);
+  if (tg_threads > ck::kMaxThreads)
+    FAIL("threadgroup %ux%ux%u = %llu threads exceeds the pipeline's maximum of %u", tg[0], tg[1],
+         tg[2], static_cast<unsigned long long>(tg_threads), ck::kMaxThreads);
+  if (binding_count > ck::kMaxBuffers)
+    FAIL("%u bindings: buffer indices go from 0 to %u", binding_count, ck::kMaxBuffers - 1);
+  if (params_len > CK_MAX_PARAMS_BYTES) FAIL("params are %u bytes, at most %u", params_len, CK_MAX_PARAMS_BYTES);
+  if (params_len && !params) FAIL("params pointer is NULL with params_len %u", params_len);
+  if (binding_count && !bindings) FAIL("bindings pointer is NULL with binding_count %u", binding_count);
+
+  ck::Command c{};
+  c.kind = ck::Command::kDispatch;
+  ck::Dispatch &d = c.dispatch;
+  d.kernel = k;
+  uint64_t groups_total = 1;
+  for (int i = 0; i < 3; i++) {
+    d.tg[i] = tg[i];
+    uint64_t threads, groups;
+    if (grid_counts_threads) {
+      threads = grid[i];
+      groups = (threads + tg[i] - 1) / tg[i];
+    } else {
+      groups = grid[i];
+      threads = groups * tg[i];
+    }
+    if (threads > UINT32_MAX) FAIL("grid axis %d has %llu threads, more than 2^32 - 1", i, static_cast<unsigned long long>(threads));
+    d.groups[i] = uint32_t(groups);
+    d.threads[i] = uint32_t(threads);
+    groups_total *= groups;
+  }
+  if (groups_total > UINT32_MAX) FAIL("grid has more than 2^32 - 1 threadgroups");
+
+  for (uint32_t i = 0; i < binding_count; i++) {
+    ck_buffer *b = bindings[i].buffer;
+    if (!b) continue;
+    uint64_t off = bindings[i].offset;
+    if (i == 0 && params_len) FAIL("[[buffer(0)]] is bound to a buffer and to params");
+    if (!((k->buffer_mask >> i) & 1u)) FAIL("binds [[buffer(%u)]], which the kernel does not declare", i);
+    if (off > b->length)
+      FAIL("[[buffer(%u)]] offset %llu is past the end of its %zu-byte buffer", i,
+           static_cast<unsigned long long>(off), b->length);
+    if (b->length - off < k->min_bytes[i])
+      FAIL("[[buffer(%u)]] has %llu bytes left after offset %llu; the kernel reads %u", i,
+           static_cast<unsigned long long>(b->length - off), static_cast<unsigned long long>(off), k->min_bytes[i]);
+    d.buf[i] = b->data + off;
+  }
+  if (params_len) {
+    if (!(k->buffer_mask & 1u)) FAIL("params given, but the kernel declares no [[buffer(0)]]");
+    if (params_len < k->min_bytes[0])
+      FAIL("params are %u bytes; the kernel reads %u at [[buffer(0)]]", params_len, k->min_bytes[0]);
+  }
+  for (uint32_t i = 0; i < ck::kMaxBuffers; i++) {
+    if (!((k->buffer_mask >> i) & 1u) || d.buf[i] || (i == 0 && params_len)) continue;
+    FAIL("[[buffer(%u)]] is not bound", i);
+  }
+#undef FAIL
+
+  if (params_len) {
+    size_t off = (cb->params.size() + 15) & ~size_t(15);
+    cb->params.resize(off + params_len);
+    std::memcpy(cb->params.data() + off, params, params_len);
+    c.params_offset = uint32_t(off);
+    c.params_len = params_len;
+  }
+  for (uint32_t i = 0; i < binding_count; i++) {
+    if (ck_buffer *b = bindings[i].buffer) {
+      b->retain();
+      cb->buffers.push_back(b);
+    }
+  }
+  cb->commands.push_back(c);
+  return CK_OK;
+}
+
+static int32_t encode_event(ck_cmdbuf *cb, ck_event *ev, double value, ck::Command::Kind kind) {
+  const char *what = kind == ck::Command::kSignal ? "signal" : "wait";
+  if (check_encoding(cb, what) != CK_OK) return CK_ERROR;
+  if (!ev) return set_error("command buffer %u: %s: event is NULL", cb->id, what);
+  uint64_t v;
+  if (!ck::to_u64(value, v))
+    return set_error("command buffer %u: %s: event value %.17g is not an integer in [0, 2^53]", cb->id, what, value);
+  ck::Command c{};
+  c.kind = kind;
+  c.event = ev;
+  c.value = v;
+  ev->retain();
+  cb->commands.push_back(c);
+  return CK_OK;
+}
+
+extern "C" {
+
+CK_API ck_cmdbuf *ck_cmdbuf_begin(ck_device *dev) {
+  if (!dev) return set_error("ck_cmdbuf_begin: device is NULL"), nullptr;
+  auto *cb = new ck_cmdbuf();
+  cb->dev = dev;
+  cb->id = dev->next_cmdbuf_id.fetch_add(1);
+  return cb;
+}
+
+CK_API uint32_t ck_cmdbuf_id(ck_cmdbuf *cb) { return cb ? cb->id : 0; }
+
+CK_API int32_t ck_encode_dispatch(ck_cmdbuf *cb, ck_pipeline *pipe, uint32_t grid_x, uint32_t grid_y,
+                                  uint32_t grid_z, uint32_t tg_x, uint32_t tg_y, uint32_t tg_z,
+                                  const ck_binding *bindings, uint32_t binding_count,
+                                  const void *params, uint32_t params_len) {
+  const uint32_t grid[3] = {grid_x, grid_y, grid_z}, tg[3] = {tg_x, tg_y, tg_z};
+  return encode_dispatch(cb, pipe, grid, tg, false, bindings, binding_count, params, params_len);
+}
+
+CK_API int32_t ck_encode_dispatch_threads(ck_cmdbuf *cb, ck_pipeline *pipe, uint32_t threads_x,
+                                          uint32_t threads_y, uint32_t threads_z, uint32_t tg_x,
+                                          uint32_t tg_y, uint32_t tg_z, const ck_binding *bindings,
+                                          uint32_t binding_count, const void *params,
+                                          uint32_t params_len) {
+  const uint32_t grid[3] = {threads_x, threads_y, threads_z}, tg[3] = {tg_x, tg_y, tg_z};
+  return encode_dispatch(cb, pipe, grid, tg, true, bindings, binding_count, params, params_len);
+}
+
+CK_API int32_t ck_encode_signal(ck_cmdbuf *cb, ck_event *ev, double value) {
+  return encode_event(cb, ev, value, ck::Command::kSignal);
+}
+
+CK_API int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value) {
+  return encode_event(cb, ev, value, ck::Command::kWait);
+}
+
+CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *cb) {
+  if (check_encoding(cb, "commit") != CK_OK) return CK_ERROR;
+  ck_device *dev = cb->dev;
+  cb->retain();  // the queue's reference
+  {
+    std::lock_guard<std::mutex> lk(dev->qm);
+    cb->status.store(CK_CMDBUF_COMMITTED);
+    dev->queue.push_back(cb);
+  }
+  dev->qcv.notify_one();
+  return CK_OK;
+}
+
+CK_API int32_t ck_cmdbuf_wait(ck_cmdbuf *cb, uint32_t timeout_ms) {
+  if (!cb) return set_error("ck_cmdbuf_wait: command buffer is NULL");
+  if (cb->status.load() == CK_CMDBUF_ENCODING)
+    return set_error("command buffer %u: wait before commit", cb->id);
+  ck_device *dev = cb->dev;
+  {
+    std::unique_lock<std::mutex> lk(dev->qm);
+    dev->donecv.wait_for(lk, std::chrono::milliseconds(timeout_ms),
+                         [&] { return cb->status.load() >= CK_CMDBUF_COMPLETED; });
+  }
+  int32_t s = cb->status.load(std::memory_order_acquire);
+  if (s == CK_CMDBUF_COMPLETED) return CK_OK;
+  if (s == CK_CMDBUF_FAILED) return set_error("%s", cb->error.c_str());
+  return CK_TIMEOUT;
+}
+
+CK_API int32_t ck_cmdbuf_status(ck_cmdbuf *cb) {
+  return cb ? cb->status.load(std::memory_order_acquire) : CK_ERROR;
+}
+
+CK_API const char *ck_cmdbuf_error(ck_cmdbuf *cb) {
+  if (!cb || cb->status.load(std::memory_order_acquire) != CK_CMDBUF_FAILED) return "";
+  return cb->error.c_str();
+}
+
+CK_API void ck_cmdbuf_release(ck_cmdbuf *cb) { ck_cmdbuf_unref(cb); }
+
+// ---- events (host side) ------------------------------------------------------------
+
+CK_API ck_event *ck_event_new(ck_device *dev) {
+  if (!dev) return set_error("ck_event_new: device is NULL"), nullptr;
+  auto *e = new ck_event();
+  e->id = dev->next_event_id.fetch_add(1);
+  return e;
+}
+
+CK_API uint32_t ck_event_id(ck_event *ev) { return ev ? ev->id : 0; }
+
+CK_API double ck_event_value(ck_event *ev) {
+  if (!ev) return 0;
+  std::lock_guard<std::mutex> lk(ev->m);
+  return double(ev->value);
+}
+
+CK_API int32_t ck_event_set(ck_event *ev, double value) {
+  uint64_t v;
+  if (!ev) return set_error("ck_event_set: event is NULL");
+  if (!ck::to_u64(value, v))
+    return set_error("event %u: value %.17g is not an integer in [0, 2^53]", ev->id, value);
+  ev->set(v);
+  return CK_OK;
+}
+
+CK_API int32_t ck_event_wait(ck_event *ev, double value, uint32_t timeout_ms) {
+  uint64_t v;
+  if (!ev) return set_error("ck_event_wait: event is NULL");
+  if (!ck::to_u64(value, v))
+    return set_error("event %u: value %.17g is not an integer in [0, 2^53]", ev->id, value);
+  return ev->wait_at_least(v, timeout_ms) ? CK_OK : CK_TIMEOUT;
+}
+
+CK_API void ck_event_release(ck_event *ev) { ck_event_unref(ev); }
+
+}  // extern "C"

@@ -1,0 +1,99 @@
+// The objects behind cherenkov.h's opaque handles, for the CPU backend.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "../include/cherenkov.h"
+#include "exec.h"
+
+namespace ck {
+// Sets this thread's ck_last_error() message; returns CK_ERROR.
+int32_t set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// Converts a double crossing the ABI to an exact integer in [0, 2^53].
+bool to_u64(double v, uint64_t &out);
+
+// Intrusive reference count for objects a command buffer may keep alive.
+struct Counted {
+  std::atomic<int> refs{1};
+  void retain() { refs.fetch_add(1, std::memory_order_relaxed); }
+  bool drop() { return refs.fetch_sub(1, std::memory_order_acq_rel) == 1; }
+};
+}  // namespace ck
+
+struct ck_buffer : ck::Counted {
+  char *data = nullptr;
+  size_t length = 0;
+  bool owned = false;  // false: wraps caller memory
+  ~ck_buffer();
+};
+void ck_buffer_unref(ck_buffer *b);
+
+struct ck_event : ck::Counted {
+  uint32_t id = 0;
+  std::mutex m;
+  std::condition_variable cv;
+  uint64_t value = 0;  // guarded by m
+  void set(uint64_t v);
+  bool wait_at_least(uint64_t v, uint32_t timeout_ms);
+};
+void ck_event_unref(ck_event *e);
+
+struct ck_pipeline {
+  const ck::KernelInfo *info;
+};
+
+struct ck_library {
+  ck_device *dev;
+  std::vector<ck_pipeline> pipelines;  // sorted by name
+  std::unordered_map<std::string, ck_pipeline *> by_name;
+};
+
+namespace ck {
+struct Command {
+  enum Kind { kDispatch, kSignal, kWait } kind;
+  Dispatch dispatch;        // kDispatch; buf[0] patched to the params at run time
+  uint32_t params_offset;   // into ck_cmdbuf::params
+  uint32_t params_len;
+  ck_event *event;          // kSignal, kWait (retained)
+  uint64_t value;
+};
+}  // namespace ck
+
+struct ck_cmdbuf : ck::Counted {
+  uint32_t id = 0;
+  ck_device *dev = nullptr;
+  std::atomic<int32_t> status{CK_CMDBUF_ENCODING};
+  std::vector<ck::Command> commands;
+  std::vector<unsigned char> params;       // every dispatch's param bytes, 16-byte aligned
+  std::vector<ck_buffer *> buffers;        // retained until completion
+  std::string error;                       // written before status becomes FAILED
+  ~ck_cmdbuf();
+};
+void ck_cmdbuf_unref(ck_cmdbuf *cb);
+
+struct ck_device {
+  std::string name;
+  uint32_t page_size = 4096;
+  double working_set = 0;
+  unsigned threads = 1;
+  std::atomic<uint32_t> wait_timeout_ms{10000};
+  std::atomic<uint32_t> next_cmdbuf_id{1};
+  std::atomic<uint32_t> next_event_id{1};
+  std::unique_ptr<ck::Pool> pool;
+  // Command queue: one thread runs committed command buffers in order.
+  std::mutex qm;
+  std::condition_variable qcv;    // work arrived or stopping
+  std::condition_variable donecv; // some command buffer finished
+  std::deque<ck_cmdbuf *> queue;
+  bool stopping = false;
+  std::thread qthread;
+};
+void ck_queue_start(ck_device *dev);
+void ck_queue_stop(ck_device *dev);

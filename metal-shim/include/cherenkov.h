@@ -1,0 +1,214 @@
+/*
+ * cherenkov.h: the C ABI of metal-shim, implemented by every backend
+ * (metal-shim/metal over Apple's Metal, metal-shim/cpu on any POSIX CPU).
+ *
+ * It is a thin GPU verb set and knows nothing about language models:
+ * a device, shared buffers, a kernel library with pipelines looked up by name,
+ * command buffers recorded as a compact command stream (dispatch, signal event,
+ * wait event), and host-side events.
+ *
+ * Rules that keep the ABI cheap and safe to call from bun:ffi:
+ *  - Handles are opaque pointers. Hot calls take only pointers, 32-bit integers
+ *    and doubles; nothing is passed or returned as a struct by value; no
+ *    function is variadic.
+ *  - 64-bit quantities (byte lengths, event values) cross as double: they must
+ *    be non-negative integers below 2^53, else the call fails.
+ *  - Functions returning int32_t return CK_OK (0) on success and CK_ERROR (-1)
+ *    on failure; functions returning a handle return NULL on failure. In both
+ *    cases ck_last_error() then holds a message naming what was wrong. A kernel
+ *    bug the backend can detect (unknown pipeline, binding index out of range,
+ *    missing buffer, threadgroup too large, params too small) is an error,
+ *    never a crash.
+ *  - Every handle may be released from any thread; objects used by a committed
+ *    command buffer are retained by it until it completes.
+ */
+#ifndef CHERENKOV_H
+#define CHERENKOV_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define CK_API __declspec(dllexport)
+#else
+#define CK_API __attribute__((visibility("default")))
+#endif
+
+#define CK_ABI_VERSION 1
+
+/* Status codes. */
+#define CK_OK 0
+#define CK_ERROR (-1)
+#define CK_TIMEOUT 1
+
+/* Command buffer states (ck_cmdbuf_status). */
+#define CK_CMDBUF_ENCODING 0  /* begun, not committed */
+#define CK_CMDBUF_COMMITTED 1 /* queued or running */
+#define CK_CMDBUF_COMPLETED 2 /* every command ran */
+#define CK_CMDBUF_FAILED 3    /* stopped at a failing command: see ck_cmdbuf_error */
+
+/* Hard limits shared by all backends (Metal's). */
+#define CK_MAX_BUFFER_BINDINGS 31 /* buffer indices 0..30 */
+#define CK_MAX_PARAMS_BYTES 4096  /* setBytes limit */
+
+typedef struct ck_device ck_device;
+typedef struct ck_buffer ck_buffer;
+typedef struct ck_library ck_library;
+typedef struct ck_pipeline ck_pipeline;
+typedef struct ck_cmdbuf ck_cmdbuf;
+typedef struct ck_event ck_event;
+
+/* One buffer binding, read through a pointer (never passed by value).
+ * 16 bytes: the buffer handle (NULL = unbound) and a byte offset into it. */
+typedef struct ck_binding {
+  ck_buffer *buffer;
+  uint64_t offset;
+} ck_binding;
+
+/* ---- errors ------------------------------------------------------------ */
+
+/* Message of the last failed call on this OS thread ("" if none). Valid until
+ * the next failing call on the same thread. */
+CK_API const char *ck_last_error(void);
+
+/* CK_ABI_VERSION of the library (check it before anything else). */
+CK_API int32_t ck_abi_version(void);
+
+/* ---- device ------------------------------------------------------------ */
+
+/* Opens the default device. The CPU backend starts its command queue thread
+ * here; its worker pool has CHERENKOV_CPU_THREADS threads (default: all
+ * cores). */
+CK_API ck_device *ck_device_open(void);
+/* Waits for committed command buffers to finish, then frees the device.
+ * Buffers, libraries and events of the device must not be used afterwards. */
+CK_API void ck_device_close(ck_device *dev);
+
+/* "metal" or "cpu". */
+CK_API const char *ck_device_backend(ck_device *dev);
+/* Human-readable device name (e.g. "Apple M3 Max", "cpu x86_64 (16 threads)"). */
+CK_API const char *ck_device_name(ck_device *dev);
+/* Bytes the device can keep resident (Metal: recommendedMaxWorkingSetSize;
+ * cpu: 3/4 of physical memory). */
+CK_API double ck_device_max_working_set(ck_device *dev);
+/* Bytes of threadgroup memory a threadgroup may use (32768). */
+CK_API uint32_t ck_device_max_threadgroup_memory(ck_device *dev);
+/* Threads per threadgroup a dispatch may use (1024). */
+CK_API uint32_t ck_device_max_threads_per_threadgroup(ck_device *dev);
+/* Threads per SIMD group (32). */
+CK_API uint32_t ck_device_simd_width(ck_device *dev);
+/* Buffer alignment and length granule: the VM page size (16384 on Apple
+ * silicon, usually 4096 elsewhere). */
+CK_API uint32_t ck_device_page_size(ck_device *dev);
+/* How long a GPU-side event wait may block before its command buffer fails
+ * (default 10000 ms). The Metal backend enforces it from the host: a wait that
+ * outlives it fails the command buffer on completion. */
+CK_API void ck_device_set_wait_timeout(ck_device *dev, uint32_t timeout_ms);
+
+/* ---- buffers ----------------------------------------------------------- */
+
+/* A new zero-filled buffer shared by host and GPU, page-aligned, its length
+ * rounded up to the page size. */
+CK_API ck_buffer *ck_buffer_new(ck_device *dev, double length);
+/* Wraps host memory without copying (Metal: newBufferWithBytesNoCopy). `ptr`
+ * must be page-aligned (a mmap result is); `length` is rounded up to the page
+ * size and those pages must stay mapped until the buffer is released. The
+ * caller keeps ownership of the memory. */
+CK_API ck_buffer *ck_buffer_wrap(ck_device *dev, void *ptr, double length);
+/* Host address of the buffer's first byte (stable for its lifetime). */
+CK_API void *ck_buffer_contents(ck_buffer *buf);
+/* Length in bytes (after rounding). */
+CK_API double ck_buffer_length(ck_buffer *buf);
+CK_API void ck_buffer_release(ck_buffer *buf);
+
+/* ---- kernels ----------------------------------------------------------- */
+
+/* Loads the kernel library. Metal: compiles every *.metal file in `dir`
+ * (cached). cpu: the kernels compiled into the shim when it was built;
+ * `dir` is ignored (may be NULL). */
+CK_API ck_library *ck_library_load(ck_device *dev, const char *dir);
+/* Pipelines obtained from the library stay valid until it is released. */
+CK_API void ck_library_release(ck_library *lib);
+/* Number of kernels in the library and the name of kernel i (sorted). */
+CK_API uint32_t ck_library_kernel_count(ck_library *lib);
+CK_API const char *ck_library_kernel_name(ck_library *lib, uint32_t index);
+/* The pipeline of the kernel named `name` (its [[host_name]] if it has one),
+ * or NULL with "pipeline not found: <name>". Function constants are not part
+ * of the ABI: variants are separate kernels (see kernels/README.md). */
+CK_API ck_pipeline *ck_pipeline_get(ck_library *lib, const char *name);
+CK_API const char *ck_pipeline_name(ck_pipeline *pipe);
+/* Largest threadgroup (threads) this pipeline can be dispatched with. */
+CK_API uint32_t ck_pipeline_max_threads(ck_pipeline *pipe);
+
+/* ---- command buffers (hot path) --------------------------------------- */
+
+/* A new command buffer in the ENCODING state. Every command buffer gets an id
+ * (1, 2, ...) that error messages use. */
+CK_API ck_cmdbuf *ck_cmdbuf_begin(ck_device *dev);
+CK_API uint32_t ck_cmdbuf_id(ck_cmdbuf *cb);
+
+/* Records a dispatch of `grid_x*grid_y*grid_z` threadgroups of
+ * `tg_x*tg_y*tg_z` threads (Metal: dispatchThreadgroups).
+ * bindings[i] binds [[buffer(i)]] for i < binding_count; a NULL buffer leaves
+ * the index unbound. When params_len > 0 the `params_len` bytes at `params`
+ * are copied into the command and bound at [[buffer(0)]] (setBytes), and
+ * bindings[0] must then be unbound. Dispatches of one command buffer run in
+ * order and each sees the memory writes of the ones before it.
+ * Fails (nothing recorded) when the pipeline is NULL, the threadgroup is empty
+ * or larger than the pipeline allows, binding_count > 31, a buffer the kernel
+ * declares is unbound, a binding is past the kernel's last buffer, an offset
+ * is past its buffer's end, or params are shorter than the struct the kernel
+ * reads or longer than 4096 bytes. */
+CK_API int32_t ck_encode_dispatch(ck_cmdbuf *cb, ck_pipeline *pipe,
+                                  uint32_t grid_x, uint32_t grid_y, uint32_t grid_z,
+                                  uint32_t tg_x, uint32_t tg_y, uint32_t tg_z,
+                                  const ck_binding *bindings, uint32_t binding_count,
+                                  const void *params, uint32_t params_len);
+/* As ck_encode_dispatch, but grid_* count threads, not threadgroups
+ * (Metal: dispatchThreads): the last threadgroup along an axis may be partial
+ * and its [[threads_per_threadgroup]] reports the partial size. */
+CK_API int32_t ck_encode_dispatch_threads(ck_cmdbuf *cb, ck_pipeline *pipe,
+                                          uint32_t threads_x, uint32_t threads_y, uint32_t threads_z,
+                                          uint32_t tg_x, uint32_t tg_y, uint32_t tg_z,
+                                          const ck_binding *bindings, uint32_t binding_count,
+                                          const void *params, uint32_t params_len);
+/* Records "set event to value" after every earlier command has finished. */
+CK_API int32_t ck_encode_signal(ck_cmdbuf *cb, ck_event *ev, double value);
+/* Records "block until event >= value" before any later command starts. A
+ * wait longer than the device's wait timeout fails the command buffer with
+ * "command buffer C: wait for event E >= V timed out after T ms". */
+CK_API int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value);
+/* Queues the command buffer; command buffers run in commit order. */
+CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *cb);
+/* Blocks until the command buffer completes or fails, at most timeout_ms
+ * (0 = just poll). Returns CK_OK (completed), CK_TIMEOUT (still pending) or
+ * CK_ERROR (failed: ck_last_error() is set to ck_cmdbuf_error()). */
+CK_API int32_t ck_cmdbuf_wait(ck_cmdbuf *cb, uint32_t timeout_ms);
+/* One of CK_CMDBUF_*. */
+CK_API int32_t ck_cmdbuf_status(ck_cmdbuf *cb);
+/* Why the command buffer failed ("" unless FAILED). */
+CK_API const char *ck_cmdbuf_error(ck_cmdbuf *cb);
+/* Drops the caller's reference; a committed command buffer still runs. */
+CK_API void ck_cmdbuf_release(ck_cmdbuf *cb);
+
+/* ---- events ------------------------------------------------------------ */
+
+/* A shared event (Metal: MTLSharedEvent) with value 0 and an id (1, 2, ...). */
+CK_API ck_event *ck_event_new(ck_device *dev);
+CK_API uint32_t ck_event_id(ck_event *ev);
+CK_API double ck_event_value(ck_event *ev);
+/* Sets the value from the host; releases GPU waits for values <= value. */
+CK_API int32_t ck_event_set(ck_event *ev, double value);
+/* Blocks the calling thread until value >= `value`, at most timeout_ms.
+ * Returns CK_OK or CK_TIMEOUT. */
+CK_API int32_t ck_event_wait(ck_event *ev, double value, uint32_t timeout_ms);
+CK_API void ck_event_release(ck_event *ev);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CHERENKOV_H */

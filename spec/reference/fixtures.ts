@@ -1,0 +1,40 @@
+// Shared helpers of the reference tests: seeded random data and models of the tiny preset.
+import { presetConfig, type Features } from "../../lib/convert/presets.ts";
+import type { ModelConfig } from "../../lib/model/config.ts";
+import { Rng } from "../../lib/model/rng.ts";
+import { RandomWeights } from "../../lib/model/weights.ts";
+import { ReferenceModel } from "../../lib/reference/index.ts";
+
+/** A Float32Array of n values uniform in [-scale, scale). */
+export function randomArray(rng: Rng, n: number, scale = 1): Float32Array {
+  const a = new Float32Array(n);
+  for (let i = 0; i < n; i++) a[i] = rng.symmetric() * scale;
+  return a;
+}
+
+/** n token ids in [0, vocab), reproducible from the seed. */
+export function randomTokens(seed: number, n: number, vocab: number): number[] {
+  const rng = new Rng(seed, "tokens");
+  return Array.from({ length: n }, () => rng.int(vocab));
+}
+
+export function tinyModel(seed: number, features: Features = {}, edit?: (c: ModelConfig) => void): ReferenceModel {
+  const config = presetConfig("tiny", features);
+  edit?.(config);
+  return new ReferenceModel(new RandomWeights(config, seed));
+}
+
+/** Largest |a - b| over two equally long arrays. */
+export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  if (a.length !== b.length) throw new Error(`length ${a.length} vs ${b.length}`);
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!));
+  return m;
+}
+
+/** Largest |x| of an array. */
+export function maxAbs(a: ArrayLike<number>): number {
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]!));
+  return m;
+}
