@@ -82,19 +82,16 @@ function lineOf(text: string, pos: number): number {
   return line;
 }
 
-/** Index just past the bracket that closes the one at `open`. */
+/** Index just past the bracket that closes the one at `open` (<> count only when matching <). */
 function matchBracket(code: string, open: number): number {
-  const pairs: Record<string, string> = { "(": ")", "<": ">", "[": "]", "{": "}" };
-  const stack = [pairs[code[open]!]!];
-  for (let i = open + 1; i < code.length; i++) {
+  const angle = code[open] === "<";
+  let depth = 0;
+  for (let i = open; i < code.length; i++) {
     const c = code[i]!;
-    if (c === stack[stack.length - 1]) {
-      stack.pop();
-      if (stack.length === 0) return i + 1;
-    } else if (c in pairs && (c !== "<" || stack[stack.length - 1] === ">")) {
-      stack.push(pairs[c]!);
-    } else if ("([{".includes(c)) {
-      stack.push(pairs[c]!);
+    if ("([{".includes(c) || (angle && c === "<")) depth++;
+    else if (")]}".includes(c) || (angle && c === ">")) {
+      depth--;
+      if (depth === 0) return i + 1;
     }
   }
   return -1;
@@ -163,10 +160,26 @@ export function findKernels(source: string, file: string): Found[] {
     const isTemplate = /\btemplate\s*</.test(prefix);
     const isInstantiation = !isTemplate && /\btemplate\b/.test(prefix);
 
-    const head = /^kernel\s+([A-Za-z_][\w:]*)\s+([A-Za-z_]\w*)\s*/.exec(code.slice(at));
-    if (!head) throw new KernelParseError(`${where}: cannot read the kernel signature after \`kernel\``);
-    const name = head[2]!;
-    let pos = at + head[0].length;
+    // Return type: a name (void, a typedef) or decltype(...), then the function name.
+    let pos = at + "kernel".length;
+    const skipSpace = () => {
+      while (/\s/.test(code[pos] ?? "")) pos++;
+    };
+    skipSpace();
+    if (/^decltype\s*\(/.test(code.slice(pos))) {
+      pos = matchBracket(code, code.indexOf("(", pos));
+      if (pos < 0) throw new KernelParseError(`${where}: unbalanced decltype(...)`);
+    } else {
+      const type = /^[A-Za-z_][\w:]*/.exec(code.slice(pos));
+      if (!type) throw new KernelParseError(`${where}: cannot read the kernel's return type`);
+      pos += type[0].length;
+    }
+    skipSpace();
+    const head = /^[A-Za-z_]\w*/.exec(code.slice(pos));
+    if (!head) throw new KernelParseError(`${where}: cannot read the kernel's name`);
+    const name = head[0];
+    pos += name.length;
+    skipSpace();
     let templateArgs: string | null = null;
     if (code[pos] === "<") {
       const end = matchBracket(code, pos);

@@ -8,6 +8,11 @@ export interface CliIO {
 }
 
 export function processIO(): CliIO {
+  // `cherenkov inspect DIR | head` closes the pipe early: that is the reader's choice, not an error.
+  process.stdout.on("error", (e: NodeJS.ErrnoException) => {
+    if (e.code === "EPIPE") process.exit(0);
+    throw e;
+  });
   return {
     stdout: (t) => void process.stdout.write(t),
     stderr: (t) => void process.stderr.write(t),

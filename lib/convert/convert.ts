@@ -7,8 +7,7 @@ import { basename, join } from "node:path";
 import { encode } from "../model/codec.ts";
 import type { DType, ModelConfig } from "../model/config.ts";
 import type { Manifest } from "../model/manifest.ts";
-import { numel, storageDType, type TensorSpec } from "../model/tensors.ts";
-import { denseTensorSpecs } from "../model/tensors.ts";
+import { denseTensorSpecs, numel, storageDType, type TensorSpec } from "../model/tensors.ts";
 import { ModelWriter, plannedBytes } from "../model/writer.ts";
 import {
   architectureOf,

@@ -5,7 +5,7 @@
 import { parseConfig, type LayerType, type ModelConfig } from "../model/config.ts";
 import { denseTensorSpecs } from "../model/tensors.ts";
 import { RowMatrix, span } from "./rows.ts";
-import { CheckpointError, type Checkpoint } from "./safetensors.ts";
+import type { Checkpoint } from "./safetensors.ts";
 
 export type Architecture = "qwen3_next" | "qwen3_5_moe";
 export const SUPPORTED_MODEL_TYPES = ["qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"];
@@ -400,4 +400,3 @@ export function planConversion(arch: Architecture, config: ModelConfig, src: Ten
 /** Whether the checkpoint holds an MTP head. */
 export const hasMtp = (src: TensorSource) => src.has("mtp.fc.weight");
 
-export { CheckpointError };

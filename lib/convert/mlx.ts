@@ -6,7 +6,7 @@
 // little-endian bytes are exactly cherenkov's q4 nibbles (even column in the low nibble). A
 // group of 64 (or 128) is two (four) groups of 32 with the same scale and bias: 4-bit MLX
 // weights become q4 rows bit for bit.
-import { bf16ToF32, f32ToBf16 } from "../model/dtype.ts";
+import { f32ToBf16 } from "../model/dtype.ts";
 import { Q4_GROUP } from "../model/q4.ts";
 import { canonicalName, ConvertError, rowsCols, type TensorSource } from "./hf.ts";
 import { RowMatrix } from "./rows.ts";
@@ -193,4 +193,3 @@ export class MlxSource implements TensorSource {
   }
 }
 
-export { bf16ToF32 };

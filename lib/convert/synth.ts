@@ -1,11 +1,11 @@
 // Seeded synthetic models: every tensor drawn from its own (seed, name) stream (init.ts),
-// written one tensor or expert record at a time, so a 45 GB preset needs one record of memory.
+// written one tensor or expert record at a time: the 51 GB q4 80b-a3b-shape preset peaks at
+// its largest dense tensor (the f32 embedding before quantization, 1.2 GB) plus a few records.
 // The values are exactly those of RandomWeights before the storage dtype is applied.
 import { availableParallelism } from "node:os";
 import type { DType, ModelConfig } from "../model/config.ts";
 import { initPleTable, initTensor } from "../model/init.ts";
-import type { Manifest } from "../model/manifest.ts";
-import type { ExpertsIndex } from "../model/manifest.ts";
+import type { ExpertsIndex, Manifest } from "../model/manifest.ts";
 import { denseTensorSpecs, expertPartSpecs } from "../model/tensors.ts";
 import { expertName, pleTableName } from "../model/weights.ts";
 import { encodeExpertRecord, ModelWriter, plannedBytes } from "../model/writer.ts";

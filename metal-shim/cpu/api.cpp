@@ -35,6 +35,24 @@ bool to_u64(double v, uint64_t &out) {
 
 using ck::set_error;
 
+ck_buffer::~ck_buffer() {
+  if (owned && data) munmap(data, length);
+}
+
+void ck_buffer_unref(ck_buffer *b) {
+  if (b && b->drop()) delete b;
+}
+
+static bool checked_length(ck_device *dev, double length, const char *fn, size_t &out) {
+  uint64_t n;
+  if (!dev) return set_error("%s: device is NULL", fn), false;
+  if (!ck::to_u64(length, n) || n == 0)
+    return set_error("%s: length %.17g is not a positive integer below 2^53", fn, length), false;
+  uint64_t page = dev->page_size;
+  out = size_t((n + page - 1) / page * page);
+  return true;
+}
+
 extern "C" {
 
 CK_API const char *ck_last_error(void) { return ck::last_error.c_str(); }
@@ -90,24 +108,6 @@ CK_API void ck_device_set_wait_timeout(ck_device *dev, uint32_t timeout_ms) {
 }
 
 // ---- buffers ----------------------------------------------------------------
-
-ck_buffer::~ck_buffer() {
-  if (owned && data) munmap(data, length);
-}
-
-void ck_buffer_unref(ck_buffer *b) {
-  if (b && b->drop()) delete b;
-}
-
-static bool checked_length(ck_device *dev, double length, const char *fn, size_t &out) {
-  uint64_t n;
-  if (!dev) return set_error("%s: device is NULL", fn), false;
-  if (!ck::to_u64(length, n) || n == 0)
-    return set_error("%s: length %.17g is not a positive integer below 2^53", fn, length), false;
-  uint64_t page = dev->page_size;
-  out = size_t((n + page - 1) / page * page);
-  return true;
-}
 
 CK_API ck_buffer *ck_buffer_new(ck_device *dev, double length) {
   size_t n;

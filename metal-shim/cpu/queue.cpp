@@ -33,6 +33,7 @@ static void release_resources(ck_cmdbuf *cb) {
   for (auto &c : cb->commands)
     if (c.kind != ck::Command::kDispatch) ck_event_unref(c.event);
   cb->commands.clear();
+  cb->bindings.clear();
   cb->params.clear();
 }
 
@@ -56,10 +57,22 @@ static void run_cmdbuf(ck_device *dev, ck_cmdbuf *cb) {
   for (size_t i = 0; i < cb->commands.size(); i++) {
     ck::Command &c = cb->commands[i];
     if (c.kind == ck::Command::kDispatch) {
-      if (c.params_len) c.dispatch.buf[0] = cb->params.data() + c.params_offset;
-      if (!dev->pool->run(c.dispatch, err)) {
+      ck::Dispatch d;
+      d.kernel = c.kernel;
+      std::memset(d.buf, 0, sizeof d.buf);
+      for (int k = 0; k < 3; k++) {
+        d.groups[k] = c.groups[k];
+        d.tg[k] = c.tg[k];
+        d.threads[k] = c.threads[k];
+      }
+      for (uint32_t b = 0; b < c.binding_count; b++) {
+        const ck::BoundBuffer &bound = cb->bindings[c.first_binding + b];
+        d.buf[bound.index] = bound.address;
+      }
+      if (c.params_len) d.buf[0] = cb->params.data() + c.params_offset;
+      if (!dev->pool->run(d, err)) {
         std::snprintf(msg, sizeof msg, "command buffer %u: command %zu, dispatch of '%s' (%s): %s",
-                      cb->id, i, c.dispatch.kernel->name, c.dispatch.kernel->where, err.c_str());
+                      cb->id, i, c.kernel->name, c.kernel->where, err.c_str());
         cb->error = msg;
         return finish(cb, CK_CMDBUF_FAILED);
       }
@@ -135,11 +148,10 @@ static int32_t encode_dispatch(ck_cmdbuf *cb, ck_pipeline *pipe, const uint32_t 
 
   ck::Command c{};
   c.kind = ck::Command::kDispatch;
-  ck::Dispatch &d = c.dispatch;
-  d.kernel = k;
+  c.kernel = k;
   uint64_t groups_total = 1;
   for (int i = 0; i < 3; i++) {
-    d.tg[i] = tg[i];
+    c.tg[i] = tg[i];
     uint64_t threads, groups;
     if (grid_counts_threads) {
       threads = grid[i];
@@ -149,12 +161,13 @@ static int32_t encode_dispatch(ck_cmdbuf *cb, ck_pipeline *pipe, const uint32_t 
       threads = groups * tg[i];
     }
     if (threads > UINT32_MAX) FAIL("grid axis %d has %llu threads, more than 2^32 - 1", i, static_cast<unsigned long long>(threads));
-    d.groups[i] = uint32_t(groups);
-    d.threads[i] = uint32_t(threads);
+    c.groups[i] = uint32_t(groups);
+    c.threads[i] = uint32_t(threads);
     groups_total *= groups;
   }
   if (groups_total > UINT32_MAX) FAIL("grid has more than 2^32 - 1 threadgroups");
 
+  uint32_t bound = 0;  // mask of indices given a buffer
   for (uint32_t i = 0; i < binding_count; i++) {
     ck_buffer *b = bindings[i].buffer;
     if (!b) continue;
@@ -167,17 +180,15 @@ static int32_t encode_dispatch(ck_cmdbuf *cb, ck_pipeline *pipe, const uint32_t 
     if (b->length - off < k->min_bytes[i])
       FAIL("[[buffer(%u)]] has %llu bytes left after offset %llu; the kernel reads %u", i,
            static_cast<unsigned long long>(b->length - off), static_cast<unsigned long long>(off), k->min_bytes[i]);
-    d.buf[i] = b->data + off;
+    bound |= 1u << i;
   }
   if (params_len) {
     if (!(k->buffer_mask & 1u)) FAIL("params given, but the kernel declares no [[buffer(0)]]");
     if (params_len < k->min_bytes[0])
       FAIL("params are %u bytes; the kernel reads %u at [[buffer(0)]]", params_len, k->min_bytes[0]);
   }
-  for (uint32_t i = 0; i < ck::kMaxBuffers; i++) {
-    if (!((k->buffer_mask >> i) & 1u) || d.buf[i] || (i == 0 && params_len)) continue;
-    FAIL("[[buffer(%u)]] is not bound", i);
-  }
+  uint32_t missing = k->buffer_mask & ~bound & ~(params_len ? 1u : 0u);
+  if (missing) FAIL("[[buffer(%d)]] is not bound", __builtin_ctz(missing));
 #undef FAIL
 
   if (params_len) {
@@ -187,12 +198,15 @@ static int32_t encode_dispatch(ck_cmdbuf *cb, ck_pipeline *pipe, const uint32_t 
     c.params_offset = uint32_t(off);
     c.params_len = params_len;
   }
+  c.first_binding = uint32_t(cb->bindings.size());
   for (uint32_t i = 0; i < binding_count; i++) {
     if (ck_buffer *b = bindings[i].buffer) {
       b->retain();
       cb->buffers.push_back(b);
+      cb->bindings.push_back(ck::BoundBuffer{i, b->data + bindings[i].offset});
     }
   }
+  c.binding_count = uint32_t(cb->bindings.size()) - c.first_binding;
   cb->commands.push_back(c);
   return CK_OK;
 }
@@ -219,6 +233,8 @@ CK_API ck_cmdbuf *ck_cmdbuf_begin(ck_device *dev) {
   if (!dev) return set_error("ck_cmdbuf_begin: device is NULL"), nullptr;
   auto *cb = new ck_cmdbuf();
   cb->dev = dev;
+  cb->commands.reserve(64);
+  cb->bindings.reserve(256);
   cb->id = dev->next_cmdbuf_id.fetch_add(1);
   return cb;
 }

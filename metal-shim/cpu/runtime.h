@@ -56,13 +56,22 @@ struct ck_library {
 };
 
 namespace ck {
+// One recorded command, kept small: a command buffer may hold thousands.
 struct Command {
   enum Kind { kDispatch, kSignal, kWait } kind;
-  Dispatch dispatch;        // kDispatch; buf[0] patched to the params at run time
-  uint32_t params_offset;   // into ck_cmdbuf::params
+  const KernelInfo *kernel;   // kDispatch
+  uint32_t groups[3], tg[3], threads[3];
+  uint32_t first_binding;     // into ck_cmdbuf::bindings
+  uint32_t binding_count;
+  uint32_t params_offset;     // into ck_cmdbuf::params
   uint32_t params_len;
-  ck_event *event;          // kSignal, kWait (retained)
+  ck_event *event;            // kSignal, kWait (retained)
   uint64_t value;
+};
+
+struct BoundBuffer {
+  uint32_t index;
+  char *address;  // buffer contents + offset (the buffer is retained)
 };
 }  // namespace ck
 
@@ -71,6 +80,7 @@ struct ck_cmdbuf : ck::Counted {
   ck_device *dev = nullptr;
   std::atomic<int32_t> status{CK_CMDBUF_ENCODING};
   std::vector<ck::Command> commands;
+  std::vector<ck::BoundBuffer> bindings;   // every dispatch's buffers
   std::vector<unsigned char> params;       // every dispatch's param bytes, 16-byte aligned
   std::vector<ck_buffer *> buffers;        // retained until completion
   std::string error;                       // written before status becomes FAILED

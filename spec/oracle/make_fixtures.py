@@ -62,7 +62,7 @@ SPECS = [
         dtype="BF16", layout="fused", save="own", shards=2, seed=37, composite=True,
     ),
     dict(
-        name="qwen3_5_moe_r1", kind="qwen3_5_moe", hidden=128, layers=["linear", "full"],
+        name="qwen3_5_moe_r1", kind="qwen3_5_moe", hidden=96, layers=["linear", "full"],
         hk=4, hv=4, dk=32, dv=32, heads=4, kv=4, head_dim=32, partial=1.0, theta=10000.0,
         experts=4, top_k=3, norm_topk=True, moe_i=32, shared_i=32, vocab=300, tie=False, mtp=False,
         dtype="F16", layout="per_expert", save="own", shards=1, seed=41, composite=False,

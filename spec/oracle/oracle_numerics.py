@@ -44,8 +44,8 @@ def q4_quantize(w):
     s = bf16_bits_to_f32(s_bits).astype(np.float64)
     b = bf16_bits_to_f32(b_bits).astype(np.float64)
     ok = s > 0
-    safe = np.where(ok, s, 1.0)
-    q = np.floor((g.astype(np.float64) - b[:, None]) / safe[:, None] + 0.5)
+    inv = 1.0 / np.where(ok, s, 1.0)
+    q = np.floor((g.astype(np.float64) - b[:, None]) * inv[:, None] + 0.5)
     q = np.clip(q, 0, 15)
     q[~ok] = 0
     return q.astype(np.uint8), s_bits, b_bits
@@ -163,3 +163,42 @@ def write_sharded(directory, tensors, shards, metadata=None):
             total += len(data)
     with open(f"{directory}/model.safetensors.index.json", "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+
+
+def _exact_ties(groups):
+    """Groups of bf16 values in which some (w - bias) / scale is exactly k + 1/2."""
+    mn = groups.min(axis=1)
+    mx = groups.max(axis=1)
+    s = bf16_bits_to_f32(f32_to_bf16_bits(((mx.astype(np.float64) - mn) / 15.0).astype(np.float32))).astype(np.float64)
+    b = bf16_bits_to_f32(f32_to_bf16_bits(mn)).astype(np.float64)
+    x = (groups.astype(np.float64) - b[:, None]) / np.where(s > 0, s, 1.0)[:, None]
+    return ((x - np.floor(x)) == 0.5).any(axis=1)
+
+
+def write_q4_golden(directory, seed=3):
+    """bf16-valued weights and the q4 bytes this mirror makes of them: half the groups hold an
+    exact rounding tie, where the order of operations decides q. spec/oracle/q4-mirror.test.ts
+    requires lib/model/q4.ts to produce the same bytes."""
+    import os
+
+    os.makedirs(directory, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    cand = round_bf16((rng.uniform(-1, 1, (200000, 32)) * rng.uniform(0.01, 2, (200000, 1))).astype(np.float32))
+    tied = cand[_exact_ties(cand)][:128]
+    plain = cand[~_exact_ties(cand)][:128]
+    w = np.concatenate([tied, plain]).reshape(64, 128)
+    w[5, :32] = 0.25  # a constant group
+    w.astype("<f4").tofile(os.path.join(directory, "weights.f32"))
+    q, s, b = q4_quantize(w)
+    with open(os.path.join(directory, "weights.q4"), "wb") as f:
+        f.write(q4_pack_nibbles(q).tobytes() + s.astype("<u2").tobytes() + b.astype("<u2").tobytes())
+    return int(_exact_ties(w.reshape(-1, 32)).sum())
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) == 3 and sys.argv[1] == "--q4-golden":
+        print(f"{write_q4_golden(sys.argv[2])} groups with exact ties")
+    else:
+        print("usage: python3 spec/oracle/oracle_numerics.py --q4-golden DIR")

@@ -1,0 +1,179 @@
+/**
+ * Kernel parameter structs: the single source of truth for the bytes bound at
+ * [[buffer(0)]] of every kernel. kernels/params.h is generated from this file
+ * (`bun lib/gpu/params-gen.ts`); a test fails when it is stale.
+ *
+ * Rules (ggml's): counts are i32, byte offsets and strides u64, f32 for
+ * scalars, u32 for ids and flags. Padding is explicit (fields named `_pad*`):
+ * a field must sit at a multiple of its own size and the struct's size must be
+ * a multiple of its largest field, so C, Metal and this file agree without
+ * compiler-inserted padding.
+ *
+ * To add a struct: add one entry to `Params` below (the key is the struct's
+ * name without the `Params` suffix), then run `bun lib/gpu/params-gen.ts`.
+ */
+
+const FIELD_BYTES = { i32: 4, u32: 4, f32: 4, u64: 8 } as const;
+export type FieldType = keyof typeof FIELD_BYTES;
+
+export interface FieldSpec {
+  readonly name: string;
+  readonly type: FieldType;
+  /** Fixed-length array of `count` elements. */
+  readonly count?: number;
+  readonly doc?: string;
+}
+
+export interface FieldLayout extends FieldSpec {
+  readonly offset: number;
+  readonly count: number;
+  readonly bytes: number;
+  readonly isArray: boolean;
+}
+
+export interface ParamStruct<F extends readonly FieldSpec[] = readonly FieldSpec[]> {
+  /** Base name ("RmsNorm"); the C type is `${name}Params`. */
+  readonly name: string;
+  readonly cName: string;
+  readonly doc: string;
+  readonly specs: F;
+  readonly fields: readonly FieldLayout[];
+  readonly size: number;
+}
+
+type FieldValue<F extends FieldSpec> = F extends { count: number }
+  ? readonly number[]
+  : F["type"] extends "u64"
+    ? number | bigint
+    : number;
+
+/** The JS object packParams takes for a struct: every non-padding field. */
+export type ParamValues<S extends ParamStruct> = {
+  [F in S["specs"][number] as F["name"] extends `_${string}` ? never : F["name"]]: FieldValue<F>;
+};
+
+export function isPadding(name: string): boolean {
+  return name.startsWith("_");
+}
+
+/** Lays a struct out and checks the alignment rules (errors name the field). */
+export function defineParams<const F extends readonly FieldSpec[]>(name: string, doc: string, specs: F): ParamStruct<F> {
+  const cName = `${name}Params`;
+  if (!/^[A-Z][A-Za-z0-9]*$/.test(name)) throw new Error(`params struct name "${name}" must be PascalCase`);
+  if (specs.length === 0) throw new Error(`${cName}: has no fields`);
+  const fields: FieldLayout[] = [];
+  const seen = new Set<string>();
+  let offset = 0;
+  let maxAlign = 4;
+  for (const spec of specs) {
+    const where = `${cName}.${spec.name}`;
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(spec.name)) throw new Error(`${where}: not a C identifier`);
+    if (seen.has(spec.name)) throw new Error(`${where}: declared twice`);
+    seen.add(spec.name);
+    const align = FIELD_BYTES[spec.type];
+    if (align === undefined) throw new Error(`${where}: unknown type ${spec.type}`);
+    const count = spec.count ?? 1;
+    if (!Number.isInteger(count) || count < 1) throw new Error(`${where}: count must be a positive integer`);
+    if (offset % align !== 0)
+      throw new Error(`${where}: at offset ${offset}, not a multiple of ${align}: add a u32 padding field (_padN) before it`);
+    fields.push({ ...spec, offset, count, bytes: align * count, isArray: spec.count !== undefined });
+    offset += align * count;
+    maxAlign = Math.max(maxAlign, align);
+  }
+  if (offset % maxAlign !== 0)
+    throw new Error(`${cName}: size ${offset} is not a multiple of ${maxAlign}: add a trailing u32 padding field (_padN)`);
+  return { name, cName, doc, specs, fields, size: offset };
+}
+
+const I32_MIN = -(2 ** 31);
+const U32_MAX = 2 ** 32 - 1;
+const U64_MAX = 2n ** 64n - 1n;
+
+function writeScalar(view: DataView, offset: number, type: FieldType, value: unknown, where: string): void {
+  if (type === "u64") {
+    if (typeof value === "bigint") {
+      if (value < 0n || value > U64_MAX) throw new Error(`${where}: ${value} is outside u64`);
+      view.setBigUint64(offset, value, true);
+      return;
+    }
+    if (typeof value !== "number" || !Number.isSafeInteger(value) || value < 0)
+      throw new Error(`${where}: expected a non-negative safe integer or bigint, got ${String(value)}`);
+    view.setUint32(offset, value % 2 ** 32, true);
+    view.setUint32(offset + 4, Math.floor(value / 2 ** 32), true);
+    return;
+  }
+  if (typeof value !== "number") throw new Error(`${where}: expected a number, got ${typeof value}`);
+  if (type === "f32") {
+    view.setFloat32(offset, value, true);
+  } else if (type === "i32") {
+    if (!Number.isInteger(value) || value < I32_MIN || value > 2 ** 31 - 1)
+      throw new Error(`${where}: ${value} is not an i32`);
+    view.setInt32(offset, value, true);
+  } else {
+    if (!Number.isInteger(value) || value < 0 || value > U32_MAX) throw new Error(`${where}: ${value} is not a u32`);
+    view.setUint32(offset, value, true);
+  }
+}
+
+/**
+ * Packs `values` into the struct's bytes (little-endian, as every target is).
+ * Padding is zeroed. Missing, unknown or out-of-range fields throw, naming the
+ * field. Pass `out` (at least `size` bytes) to reuse a buffer.
+ */
+export function packParams<S extends ParamStruct>(s: S, values: ParamValues<S>, out?: Uint8Array): Uint8Array {
+  const bytes = out ?? new Uint8Array(s.size);
+  if (bytes.byteLength < s.size) throw new Error(`${s.cName}: output has ${bytes.byteLength} bytes, needs ${s.size}`);
+  const view = new DataView(bytes.buffer, bytes.byteOffset, s.size);
+  const record = values as Record<string, unknown>;
+  for (const key of Object.keys(record)) {
+    if (!s.fields.some((f) => f.name === key && !isPadding(f.name))) throw new Error(`${s.cName}: unknown field ${key}`);
+  }
+  for (const f of s.fields) {
+    const where = `${s.cName}.${f.name}`;
+    if (isPadding(f.name)) {
+      bytes.fill(0, f.offset, f.offset + f.bytes);
+      continue;
+    }
+    const value = record[f.name];
+    if (value === undefined) throw new Error(`${where}: missing`);
+    if (!f.isArray) {
+      writeScalar(view, f.offset, f.type, value, where);
+      continue;
+    }
+    if (!Array.isArray(value) || value.length !== f.count)
+      throw new Error(`${where}: expected an array of ${f.count} values`);
+    const step = FIELD_BYTES[f.type];
+    value.forEach((v, i) => writeScalar(view, f.offset + i * step, f.type, v, `${where}[${i}]`));
+  }
+  return bytes;
+}
+
+/** Every params struct. Keys must equal the struct names. */
+export const Params = {
+  Selftest: defineParams("Selftest", "Parameters of the emulator self-test kernels (kernels/selftest.metal).", [
+    { name: "n", type: "u32", doc: "elements (threads that do work)" },
+    { name: "cols", type: "u32", doc: "row length of the row-reduction kernels" },
+    { name: "scale", type: "f32", doc: "multiplier applied to results" },
+    { name: "_pad0", type: "u32" },
+    { name: "row_stride", type: "u64", doc: "bytes between rows" },
+  ]),
+  RmsNorm: defineParams("RmsNorm", "RMSNorm over row batches: y = x * rsqrt(mean(x^2) + eps) * w.", [
+    { name: "rows", type: "i32", doc: "rows in the batch (nb)" },
+    { name: "cols", type: "i32", doc: "elements per row" },
+    { name: "eps", type: "f32" },
+    { name: "_pad0", type: "u32" },
+    { name: "x_stride", type: "u64", doc: "bytes between input rows" },
+    { name: "y_stride", type: "u64", doc: "bytes between output rows" },
+  ]),
+  Matvec: defineParams("Matvec", "Row-batched matrix-vector product y[r] = W x[r] over a weight matrix in a bound buffer.", [
+    { name: "rows", type: "i32", doc: "rows in the batch (nb)" },
+    { name: "in_dim", type: "i32" },
+    { name: "out_dim", type: "i32" },
+    { name: "_pad0", type: "u32" },
+    { name: "w_offset", type: "u64", doc: "byte offset of W in its buffer" },
+    { name: "x_stride", type: "u64", doc: "bytes between input rows" },
+    { name: "y_stride", type: "u64", doc: "bytes between output rows" },
+  ]),
+} as const;
+
+export type ParamsName = keyof typeof Params;

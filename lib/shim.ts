@@ -1,0 +1,584 @@
+/**
+ * bun:ffi bindings to metal-shim (metal-shim/include/cherenkov.h): the only file
+ * that calls dlopen. Raw symbols behind a typed `Shim`, plus thin helpers
+ * (Device, Buffer, Pipeline, CommandBuffer, Event) that turn error codes into
+ * exceptions carrying the native message.
+ *
+ * Library resolution, for the selected backend (CHERENKOV_BACKEND=cpu|metal;
+ * default metal on macOS when available, else cpu):
+ *  1. setShimPath(path) or CHERENKOV_SHIM_PATH;
+ *  2. the optional package @cherenkov/shim-<platform>-<arch>, whose main
+ *     module exports `{ cpu?: string, metal?: string }` (library paths);
+ *  3. the local build in metal-shim/build/. When it is missing or older than
+ *     its sources it is (re)built here first, by running metal-shim/build.ts
+ *     (CHERENKOV_NO_AUTOBUILD=1 turns that off). This is what makes `bun test`
+ *     build the shim when needed.
+ * CHERENKOV_DEBUG_FFI=1 logs every native call to stderr.
+ */
+import { dlopen, FFIType, ptr as addressOf, toArrayBuffer, type Pointer } from "bun:ffi";
+import { existsSync } from "node:fs";
+import { createRequire } from "node:module";
+import { join } from "node:path";
+
+import { buildIsStale, localLibraryPath, type Backend } from "../metal-shim/build.ts";
+
+export type { Backend };
+
+const { ptr, u32, i32, f64, cstring, void: none } = FFIType;
+
+/** Every symbol of cherenkov.h, with its C signature. */
+const SYMBOLS = {
+  // const char *ck_last_error(void)
+  ck_last_error: { args: [], returns: cstring },
+  // int32_t ck_abi_version(void)
+  ck_abi_version: { args: [], returns: i32 },
+
+  // ck_device *ck_device_open(void)
+  ck_device_open: { args: [], returns: ptr },
+  // void ck_device_close(ck_device *dev)
+  ck_device_close: { args: [ptr], returns: none },
+  // const char *ck_device_backend(ck_device *dev)
+  ck_device_backend: { args: [ptr], returns: cstring },
+  // const char *ck_device_name(ck_device *dev)
+  ck_device_name: { args: [ptr], returns: cstring },
+  // double ck_device_max_working_set(ck_device *dev)
+  ck_device_max_working_set: { args: [ptr], returns: f64 },
+  // uint32_t ck_device_max_threadgroup_memory(ck_device *dev)
+  ck_device_max_threadgroup_memory: { args: [ptr], returns: u32 },
+  // uint32_t ck_device_max_threads_per_threadgroup(ck_device *dev)
+  ck_device_max_threads_per_threadgroup: { args: [ptr], returns: u32 },
+  // uint32_t ck_device_simd_width(ck_device *dev)
+  ck_device_simd_width: { args: [ptr], returns: u32 },
+  // uint32_t ck_device_page_size(ck_device *dev)
+  ck_device_page_size: { args: [ptr], returns: u32 },
+  // void ck_device_set_wait_timeout(ck_device *dev, uint32_t timeout_ms)
+  ck_device_set_wait_timeout: { args: [ptr, u32], returns: none },
+
+  // ck_buffer *ck_buffer_new(ck_device *dev, double length)
+  ck_buffer_new: { args: [ptr, f64], returns: ptr },
+  // ck_buffer *ck_buffer_wrap(ck_device *dev, void *ptr, double length)
+  ck_buffer_wrap: { args: [ptr, ptr, f64], returns: ptr },
+  // void *ck_buffer_contents(ck_buffer *buf)
+  ck_buffer_contents: { args: [ptr], returns: ptr },
+  // double ck_buffer_length(ck_buffer *buf)
+  ck_buffer_length: { args: [ptr], returns: f64 },
+  // void ck_buffer_release(ck_buffer *buf)
+  ck_buffer_release: { args: [ptr], returns: none },
+
+  // ck_library *ck_library_load(ck_device *dev, const char *dir)
+  ck_library_load: { args: [ptr, ptr], returns: ptr },
+  // void ck_library_release(ck_library *lib)
+  ck_library_release: { args: [ptr], returns: none },
+  // uint32_t ck_library_kernel_count(ck_library *lib)
+  ck_library_kernel_count: { args: [ptr], returns: u32 },
+  // const char *ck_library_kernel_name(ck_library *lib, uint32_t index)
+  ck_library_kernel_name: { args: [ptr, u32], returns: cstring },
+  // ck_pipeline *ck_pipeline_get(ck_library *lib, const char *name)
+  ck_pipeline_get: { args: [ptr, ptr], returns: ptr },
+  // const char *ck_pipeline_name(ck_pipeline *pipe)
+  ck_pipeline_name: { args: [ptr], returns: cstring },
+  // uint32_t ck_pipeline_max_threads(ck_pipeline *pipe)
+  ck_pipeline_max_threads: { args: [ptr], returns: u32 },
+
+  // ck_cmdbuf *ck_cmdbuf_begin(ck_device *dev)
+  ck_cmdbuf_begin: { args: [ptr], returns: ptr },
+  // uint32_t ck_cmdbuf_id(ck_cmdbuf *cb)
+  ck_cmdbuf_id: { args: [ptr], returns: u32 },
+  // int32_t ck_encode_dispatch(ck_cmdbuf *cb, ck_pipeline *pipe, uint32_t grid_x, uint32_t grid_y,
+  //     uint32_t grid_z, uint32_t tg_x, uint32_t tg_y, uint32_t tg_z, const ck_binding *bindings,
+  //     uint32_t binding_count, const void *params, uint32_t params_len)
+  ck_encode_dispatch: { args: [ptr, ptr, u32, u32, u32, u32, u32, u32, ptr, u32, ptr, u32], returns: i32 },
+  // int32_t ck_encode_dispatch_threads(ck_cmdbuf *cb, ck_pipeline *pipe, uint32_t threads_x,
+  //     uint32_t threads_y, uint32_t threads_z, uint32_t tg_x, uint32_t tg_y, uint32_t tg_z,
+  //     const ck_binding *bindings, uint32_t binding_count, const void *params, uint32_t params_len)
+  ck_encode_dispatch_threads: { args: [ptr, ptr, u32, u32, u32, u32, u32, u32, ptr, u32, ptr, u32], returns: i32 },
+  // int32_t ck_encode_signal(ck_cmdbuf *cb, ck_event *ev, double value)
+  ck_encode_signal: { args: [ptr, ptr, f64], returns: i32 },
+  // int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value)
+  ck_encode_wait: { args: [ptr, ptr, f64], returns: i32 },
+  // int32_t ck_cmdbuf_commit(ck_cmdbuf *cb)
+  ck_cmdbuf_commit: { args: [ptr], returns: i32 },
+  // int32_t ck_cmdbuf_wait(ck_cmdbuf *cb, uint32_t timeout_ms)
+  ck_cmdbuf_wait: { args: [ptr, u32], returns: i32 },
+  // int32_t ck_cmdbuf_status(ck_cmdbuf *cb)
+  ck_cmdbuf_status: { args: [ptr], returns: i32 },
+  // const char *ck_cmdbuf_error(ck_cmdbuf *cb)
+  ck_cmdbuf_error: { args: [ptr], returns: cstring },
+  // void ck_cmdbuf_release(ck_cmdbuf *cb)
+  ck_cmdbuf_release: { args: [ptr], returns: none },
+
+  // ck_event *ck_event_new(ck_device *dev)
+  ck_event_new: { args: [ptr], returns: ptr },
+  // uint32_t ck_event_id(ck_event *ev)
+  ck_event_id: { args: [ptr], returns: u32 },
+  // double ck_event_value(ck_event *ev)
+  ck_event_value: { args: [ptr], returns: f64 },
+  // int32_t ck_event_set(ck_event *ev, double value)
+  ck_event_set: { args: [ptr, f64], returns: i32 },
+  // int32_t ck_event_wait(ck_event *ev, double value, uint32_t timeout_ms)
+  ck_event_wait: { args: [ptr, f64, u32], returns: i32 },
+  // void ck_event_release(ck_event *ev)
+  ck_event_release: { args: [ptr], returns: none },
+} as const;
+
+const ABI_VERSION = 1;
+export const CK_OK = 0;
+export const CK_ERROR = -1;
+export const CK_TIMEOUT = 1;
+export const CmdbufStatus = { encoding: 0, committed: 1, completed: 2, failed: 3 } as const;
+const STATUS_NAMES = ["encoding", "committed", "completed", "failed"] as const;
+export type CmdbufState = (typeof STATUS_NAMES)[number];
+
+type Symbols = ReturnType<typeof dlopen<typeof SYMBOLS>>["symbols"];
+
+/** A loaded metal-shim library. */
+export interface Shim {
+  readonly backend: Backend;
+  readonly path: string;
+  readonly symbols: Symbols;
+  /** ck_last_error() of this thread. */
+  lastError(): string;
+}
+
+/** A native call failed; the message is the shim's own. */
+export class ShimError extends Error {
+  override name = "ShimError";
+}
+
+const KERNELS_DIR = join(import.meta.dir, "..", "kernels");
+const ROOT = join(import.meta.dir, "..");
+
+let pathOverride: string | null = null;
+const loaded = new Map<Backend, Shim>();
+
+/** Use this library file instead of resolving one (null: back to resolution). */
+export function setShimPath(path: string | null): void {
+  pathOverride = path;
+  loaded.clear();
+}
+
+/** The backend CHERENKOV_BACKEND asks for, or the platform default. */
+export function defaultBackend(): Backend {
+  const env = process.env.CHERENKOV_BACKEND;
+  if (env === "cpu" || env === "metal") return env;
+  if (env) throw new ShimError(`CHERENKOV_BACKEND=${env}: expected cpu or metal`);
+  if (process.platform !== "darwin") return "cpu";
+  return platformPackagePath("metal") || existsSync(localLibraryPath("metal")) ? "metal" : "cpu";
+}
+
+function platformPackageName(): string {
+  return `@cherenkov/shim-${process.platform}-${process.arch}`;
+}
+
+function platformPackagePath(backend: Backend): string | null {
+  try {
+    const mod = createRequire(import.meta.url)(platformPackageName()) as Partial<Record<Backend, string>>;
+    return mod[backend] ?? null;
+  } catch {
+    return null;
+  }
+}
+
+function buildLocal(): string | null {
+  if (process.env.CHERENKOV_NO_AUTOBUILD === "1") return "stale or missing, and CHERENKOV_NO_AUTOBUILD=1";
+  const proc = Bun.spawnSync([process.execPath, join(ROOT, "metal-shim", "build.ts"), "--quiet"], {
+    cwd: ROOT,
+    stdout: "pipe",
+    stderr: "pipe",
+  });
+  if (proc.exitCode === 0) return null;
+  return `build failed: ${(proc.stderr.toString() + proc.stdout.toString()).trim()}`;
+}
+
+function resolveLibrary(backend: Backend): string {
+  const tried: string[] = [];
+  const override = pathOverride ?? process.env.CHERENKOV_SHIM_PATH ?? null;
+  if (override) {
+    if (existsSync(override)) return override;
+    tried.push(`${pathOverride ? "setShimPath" : "CHERENKOV_SHIM_PATH"}=${override}: no such file`);
+  } else {
+    tried.push("CHERENKOV_SHIM_PATH: not set");
+  }
+  if (!override) {
+    const fromPackage = platformPackagePath(backend);
+    if (fromPackage && existsSync(fromPackage)) return fromPackage;
+    tried.push(`package ${platformPackageName()}: ${fromPackage ? `${fromPackage} missing` : `not installed or has no ${backend} library`}`);
+    const local = localLibraryPath(backend);
+    const canBuild = backend === "cpu" || process.platform === "darwin";
+    let why = existsSync(local) ? null : "not built";
+    if (canBuild && buildIsStale(backend)) why = buildLocal() ?? null;
+    if (!why && existsSync(local)) return local;
+    tried.push(`local build ${local}: ${why ?? "not built"}`);
+  }
+  throw new ShimError(
+    `cannot load the ${backend} backend of metal-shim. Tried:\n  - ${tried.join("\n  - ")}\n` +
+      "Build it with `bun run build:native` (needs a C++ compiler), or set CHERENKOV_SHIM_PATH.",
+  );
+}
+
+function traced(symbols: Symbols): Symbols {
+  const show = (v: unknown) => (typeof v === "object" && v !== null ? `<${v.constructor.name}>` : String(v));
+  const out: Record<string, unknown> = {};
+  for (const [name, fn] of Object.entries(symbols) as [string, (...a: unknown[]) => unknown][]) {
+    out[name] = (...args: unknown[]) => {
+      const result = fn(...args);
+      console.error(`[ffi] ${name}(${args.map(show).join(", ")}) -> ${show(result)}`);
+      return result;
+    };
+  }
+  return out as Symbols;
+}
+
+/** The shim library of a backend, loaded once (lazily). */
+export function loadShim(backend: Backend = defaultBackend()): Shim {
+  const cached = loaded.get(backend);
+  if (cached) return cached;
+  const path = resolveLibrary(backend);
+  let lib: ReturnType<typeof dlopen<typeof SYMBOLS>>;
+  try {
+    lib = dlopen(path, SYMBOLS);
+  } catch (e) {
+    throw new ShimError(`cannot dlopen ${path}: ${e instanceof Error ? e.message : String(e)}`);
+  }
+  const version = lib.symbols.ck_abi_version();
+  if (version !== ABI_VERSION) throw new ShimError(`${path}: ABI version ${version}, expected ${ABI_VERSION}`);
+  const symbols = process.env.CHERENKOV_DEBUG_FFI === "1" ? traced(lib.symbols) : lib.symbols;
+  const shim: Shim = { backend, path, symbols, lastError: () => String(lib.symbols.ck_last_error()) };
+  loaded.set(backend, shim);
+  return shim;
+}
+
+// ---- helpers over the raw symbols ---------------------------------------------------
+
+function cString(text: string): Uint8Array {
+  return new TextEncoder().encode(text + "\0");
+}
+
+function check(shim: Shim, status: number): void {
+  if (status !== CK_OK) throw new ShimError(shim.lastError());
+}
+
+/** A handle returned by the shim, or the shim's error. */
+function orThrow(shim: Shim, p: Pointer | bigint | null): Pointer {
+  if (!p) throw new ShimError(shim.lastError());
+  return (typeof p === "bigint" ? Number(p) : p) as Pointer;
+}
+
+export interface DeviceLimits {
+  maxWorkingSet: number;
+  maxThreadgroupMemory: number;
+  maxThreadsPerThreadgroup: number;
+  simdWidth: number;
+  pageSize: number;
+}
+
+/** 1 to 3 dimensions; missing ones are 1. */
+export type Dims = number | readonly [number, number?, number?];
+export type Binding = Buffer | { buffer: Buffer; offset: number };
+/** bindings[i] binds [[buffer(i)]]; leave index 0 empty when passing params. */
+export type Bindings = readonly (Binding | null | undefined)[];
+
+export class Device {
+  readonly shim: Shim;
+  readonly handle: Pointer;
+  readonly backend: string;
+  readonly name: string;
+  readonly limits: DeviceLimits;
+  #library: Library | null = null;
+  #closed = false;
+
+  private constructor(shim: Shim, handle: Pointer) {
+    const s = shim.symbols;
+    this.shim = shim;
+    this.handle = handle;
+    this.backend = String(s.ck_device_backend(handle));
+    this.name = String(s.ck_device_name(handle));
+    this.limits = {
+      maxWorkingSet: s.ck_device_max_working_set(handle),
+      maxThreadgroupMemory: s.ck_device_max_threadgroup_memory(handle),
+      maxThreadsPerThreadgroup: s.ck_device_max_threads_per_threadgroup(handle),
+      simdWidth: s.ck_device_simd_width(handle),
+      pageSize: s.ck_device_page_size(handle),
+    };
+  }
+
+  static open(options: { backend?: Backend } = {}): Device {
+    const shim = loadShim(options.backend);
+    return new Device(shim, orThrow(shim, shim.symbols.ck_device_open()));
+  }
+
+  /** How long a GPU-side event wait may block before its command buffer fails. */
+  setWaitTimeout(ms: number): void {
+    this.shim.symbols.ck_device_set_wait_timeout(this.handle, ms);
+  }
+
+  /** A zero-filled shared buffer (length rounded up to the page size). */
+  buffer(length: number): Buffer {
+    return new Buffer(this.shim, orThrow(this.shim, this.shim.symbols.ck_buffer_new(this.handle, length)), null);
+  }
+
+  /** Wraps page-aligned memory (e.g. a Bun.mmap view) without copying; keeps `memory` alive. */
+  wrap(memory: NodeJS.TypedArray): Buffer {
+    const p = addressOf(memory);
+    const h = this.shim.symbols.ck_buffer_wrap(this.handle, p, memory.byteLength);
+    return new Buffer(this.shim, orThrow(this.shim, h), memory);
+  }
+
+  /** The kernel library (Metal: compiled from `dir`; cpu: built into the shim). */
+  library(dir: string = KERNELS_DIR): Library {
+    if (dir === KERNELS_DIR && this.#library) return this.#library;
+    const lib = new Library(this.shim, orThrow(this.shim, this.shim.symbols.ck_library_load(this.handle, cString(dir))));
+    if (dir === KERNELS_DIR) this.#library = lib;
+    return lib;
+  }
+
+  /** A pipeline of the default library, by kernel name (cached). */
+  pipeline(name: string): Pipeline {
+    return this.library().pipeline(name);
+  }
+
+  commandBuffer(): CommandBuffer {
+    return new CommandBuffer(this, orThrow(this.shim, this.shim.symbols.ck_cmdbuf_begin(this.handle)));
+  }
+
+  event(): Event {
+    return new Event(this.shim, orThrow(this.shim, this.shim.symbols.ck_event_new(this.handle)));
+  }
+
+  /** Waits for committed command buffers, then frees the device. */
+  close(): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    this.#library?.release();
+    this.shim.symbols.ck_device_close(this.handle);
+  }
+
+  [Symbol.dispose](): void {
+    this.close();
+  }
+}
+
+export class Library {
+  readonly #pipelines = new Map<string, Pipeline>();
+  constructor(
+    readonly shim: Shim,
+    readonly handle: Pointer,
+  ) {}
+
+  kernelNames(): string[] {
+    const s = this.shim.symbols;
+    const n = s.ck_library_kernel_count(this.handle);
+    return Array.from({ length: n }, (_, i) => String(s.ck_library_kernel_name(this.handle, i)));
+  }
+
+  pipeline(name: string): Pipeline {
+    let p = this.#pipelines.get(name);
+    if (!p) {
+      const h = orThrow(this.shim, this.shim.symbols.ck_pipeline_get(this.handle, cString(name)));
+      p = new Pipeline(name, h, this.shim.symbols.ck_pipeline_max_threads(h));
+      this.#pipelines.set(name, p);
+    }
+    return p;
+  }
+
+  release(): void {
+    this.#pipelines.clear();
+    this.shim.symbols.ck_library_release(this.handle);
+  }
+}
+
+export class Pipeline {
+  constructor(
+    readonly name: string,
+    readonly handle: Pointer,
+    readonly maxThreads: number,
+  ) {}
+}
+
+/** A shared buffer with zero-copy typed views (created once, then reused). */
+export class Buffer {
+  readonly length: number;
+  readonly contents: Pointer;
+  #bytes: Uint8Array | null = null;
+  #f32: Float32Array | null = null;
+  #u32: Uint32Array | null = null;
+  #i32: Int32Array | null = null;
+  #released = false;
+
+  constructor(
+    readonly shim: Shim,
+    readonly handle: Pointer,
+    /** The wrapped host memory, kept reachable while the buffer lives. */
+    readonly wrapped: ArrayBufferView | null,
+  ) {
+    this.length = shim.symbols.ck_buffer_length(handle);
+    this.contents = orThrow(shim, shim.symbols.ck_buffer_contents(handle));
+  }
+
+  get bytes(): Uint8Array {
+    this.#bytes ??= new Uint8Array(toArrayBuffer(this.contents, 0, this.length));
+    return this.#bytes;
+  }
+  get f32(): Float32Array {
+    this.#f32 ??= new Float32Array(this.bytes.buffer, this.bytes.byteOffset, this.length >>> 2);
+    return this.#f32;
+  }
+  get u32(): Uint32Array {
+    this.#u32 ??= new Uint32Array(this.bytes.buffer, this.bytes.byteOffset, this.length >>> 2);
+    return this.#u32;
+  }
+  get i32(): Int32Array {
+    this.#i32 ??= new Int32Array(this.bytes.buffer, this.bytes.byteOffset, this.length >>> 2);
+    return this.#i32;
+  }
+
+  release(): void {
+    if (this.#released) return;
+    this.#released = true;
+    this.shim.symbols.ck_buffer_release(this.handle);
+  }
+
+  [Symbol.dispose](): void {
+    this.release();
+  }
+}
+
+function dims(d: Dims): [number, number, number] {
+  if (typeof d === "number") return [d, 1, 1];
+  return [d[0], d[1] ?? 1, d[2] ?? 1];
+}
+
+const MAX_BINDINGS = 31;
+
+/** Records commands; commit() queues them; waitUntilCompleted() throws the native error. */
+export class CommandBuffer {
+  readonly id: number;
+  readonly #shim: Shim;
+  // ck_binding[31]: {buffer pointer, u64 offset} as four u32 each.
+  readonly #bindings = new Uint32Array(MAX_BINDINGS * 4);
+  #released = false;
+
+  constructor(
+    readonly device: Device,
+    readonly handle: Pointer,
+  ) {
+    this.#shim = device.shim;
+    this.id = this.#shim.symbols.ck_cmdbuf_id(handle);
+  }
+
+  /** dispatchThreadgroups: `grid` counts threadgroups of `threadgroup` threads. */
+  dispatch(pipeline: Pipeline | string, grid: Dims, threadgroup: Dims, bindings: Bindings, params?: Uint8Array): this {
+    return this.#dispatch(false, pipeline, grid, threadgroup, bindings, params);
+  }
+
+  /** dispatchThreads: `threads` counts threads; edge threadgroups may be partial. */
+  dispatchThreads(pipeline: Pipeline | string, threads: Dims, threadgroup: Dims, bindings: Bindings, params?: Uint8Array): this {
+    return this.#dispatch(true, pipeline, threads, threadgroup, bindings, params);
+  }
+
+  #dispatch(byThreads: boolean, pipeline: Pipeline | string, grid: Dims, tg: Dims, bindings: Bindings, params?: Uint8Array): this {
+    const pipe = typeof pipeline === "string" ? this.device.pipeline(pipeline) : pipeline;
+    if (bindings.length > MAX_BINDINGS) throw new ShimError(`${bindings.length} bindings: at most ${MAX_BINDINGS}`);
+    const b = this.#bindings;
+    for (let i = 0; i < bindings.length; i++) {
+      const binding = bindings[i];
+      const buffer = binding instanceof Buffer ? binding : (binding?.buffer ?? null);
+      const offset = binding instanceof Buffer || !binding ? 0 : binding.offset;
+      const address = buffer ? Number(buffer.handle) : 0;
+      b[4 * i] = address % 0x100000000;
+      b[4 * i + 1] = Math.floor(address / 0x100000000);
+      b[4 * i + 2] = offset % 0x100000000;
+      b[4 * i + 3] = Math.floor(offset / 0x100000000);
+    }
+    const [gx, gy, gz] = dims(grid);
+    const [tx, ty, tz] = dims(tg);
+    const s = this.#shim.symbols;
+    const encode = byThreads ? s.ck_encode_dispatch_threads : s.ck_encode_dispatch;
+    const status = encode(this.handle, pipe.handle, gx, gy, gz, tx, ty, tz, b, bindings.length, params ?? null, params?.byteLength ?? 0);
+    check(this.#shim, status);
+    return this;
+  }
+
+  /** After everything before it: set `event` to `value`. */
+  signal(event: Event, value: number): this {
+    check(this.#shim, this.#shim.symbols.ck_encode_signal(this.handle, event.handle, value));
+    return this;
+  }
+
+  /** Before anything after it: block until `event` >= `value`. */
+  wait(event: Event, value: number): this {
+    check(this.#shim, this.#shim.symbols.ck_encode_wait(this.handle, event.handle, value));
+    return this;
+  }
+
+  commit(): this {
+    check(this.#shim, this.#shim.symbols.ck_cmdbuf_commit(this.handle));
+    return this;
+  }
+
+  get status(): CmdbufState {
+    return STATUS_NAMES[this.#shim.symbols.ck_cmdbuf_status(this.handle)] ?? "failed";
+  }
+
+  /** Why the command buffer failed ("" unless it did). */
+  get error(): string {
+    return String(this.#shim.symbols.ck_cmdbuf_error(this.handle));
+  }
+
+  /** Blocks until completion; throws the native error on failure, or after timeoutMs. */
+  waitUntilCompleted(timeoutMs = 60_000): void {
+    const status = this.#shim.symbols.ck_cmdbuf_wait(this.handle, timeoutMs);
+    if (status === CK_OK) return;
+    if (status === CK_TIMEOUT) throw new ShimError(`command buffer ${this.id} did not complete within ${timeoutMs} ms`);
+    throw new ShimError(this.#shim.lastError());
+  }
+
+  release(): void {
+    if (this.#released) return;
+    this.#released = true;
+    this.#shim.symbols.ck_cmdbuf_release(this.handle);
+  }
+
+  [Symbol.dispose](): void {
+    this.release();
+  }
+}
+
+/** A shared event: the host reads, sets and waits for its value (integers below 2^53). */
+export class Event {
+  readonly id: number;
+  #released = false;
+
+  constructor(
+    readonly shim: Shim,
+    readonly handle: Pointer,
+  ) {
+    this.id = shim.symbols.ck_event_id(handle);
+  }
+
+  get value(): number {
+    return this.shim.symbols.ck_event_value(this.handle);
+  }
+
+  /** Sets the value; releases GPU waits for values up to it. */
+  set(value: number): void {
+    check(this.shim, this.shim.symbols.ck_event_set(this.handle, value));
+  }
+
+  /** Blocks until value >= `value`; false after timeoutMs. */
+  waitFor(value: number, timeoutMs: number): boolean {
+    const status = this.shim.symbols.ck_event_wait(this.handle, value, timeoutMs);
+    if (status === CK_ERROR) throw new ShimError(this.shim.lastError());
+    return status === CK_OK;
+  }
+
+  release(): void {
+    if (this.#released) return;
+    this.#released = true;
+    this.shim.symbols.ck_event_release(this.handle);
+  }
+
+  [Symbol.dispose](): void {
+    this.release();
+  }
+}

@@ -1,0 +1,209 @@
+/**
+ * `bun run build:native`: builds metal-shim's native libraries into metal-shim/build/.
+ *  - libcherenkov_cpu.(so|dylib): the CPU backend (metal-shim/cpu/*.cpp) together with
+ *    kernels/*.metal compiled as C++ through metal-shim/gen-bindings.ts.
+ *  - on macOS also libcherenkov_metal.dylib from metal-shim/metal/*.m, when present.
+ * Incremental: an object is recompiled when a file it depends on (from the compiler's
+ * -MMD output) or the flags changed; the library is relinked when an object changed.
+ *
+ *   bun metal-shim/build.ts [--force] [--quiet] [--optional]
+ * --optional (postinstall): a failure prints a warning and exits 0.
+ */
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, statSync, utimesSync, writeFileSync } from "node:fs";
+import { availableParallelism } from "node:os";
+import { basename, join, relative } from "node:path";
+
+import { paramsHeaderIsStale } from "../lib/gpu/params-gen.ts";
+import { generate } from "./gen-bindings.ts";
+
+const ROOT = join(import.meta.dir, "..");
+export const BUILD_DIR = join(ROOT, "metal-shim", "build");
+const CPU_DIR = join(ROOT, "metal-shim", "cpu");
+const METAL_DIR = join(ROOT, "metal-shim", "metal");
+const GEN_DIR = join(BUILD_DIR, "gen");
+const OBJ_DIR = join(BUILD_DIR, "obj");
+const isMac = process.platform === "darwin";
+const LIB_EXT = isMac ? "dylib" : "so";
+
+export type Backend = "cpu" | "metal";
+
+/** Where the local build puts a backend's library. */
+export function localLibraryPath(backend: Backend): string {
+  return join(BUILD_DIR, `libcherenkov_${backend}.${backend === "metal" ? "dylib" : LIB_EXT}`);
+}
+
+/** Files and folders whose change means the CPU library must be rebuilt. */
+function inputs(): string[] {
+  const dirs = [CPU_DIR, join(ROOT, "metal-shim", "include"), join(ROOT, "kernels")];
+  if (isMac && existsSync(METAL_DIR)) dirs.push(METAL_DIR);
+  const out = [join(ROOT, "metal-shim", "build.ts"), join(ROOT, "metal-shim", "gen-bindings.ts"), join(ROOT, "lib", "gpu", "params.ts")];
+  const walk = (dir: string) => {
+    if (!existsSync(dir)) return;
+    out.push(dir); // a folder's mtime changes when a file is added or removed
+    for (const name of readdirSync(dir)) {
+      const path = join(dir, name);
+      if (statSync(path).isDirectory()) walk(path);
+      else out.push(path);
+    }
+  };
+  dirs.forEach(walk);
+  return out;
+}
+
+const mtime = (path: string) => statSync(path).mtimeMs;
+
+/** Cheap synchronous check (lib/shim.ts uses it): is a local library missing or older than its sources? */
+export function buildIsStale(backend: Backend = "cpu"): boolean {
+  const lib = localLibraryPath(backend);
+  if (!existsSync(lib)) return true;
+  const built = mtime(lib);
+  return inputs().some((p) => mtime(p) > built);
+}
+
+interface Job {
+  source: string;
+  object: string;
+  flags: string[];
+}
+
+function compilerFor(lang: "c++" | "objc"): string {
+  if (lang === "objc") return process.env.CC ?? "clang";
+  return process.env.CXX ?? (isMac ? "clang++" : "g++");
+}
+
+function commonFlags(): string[] {
+  return ["-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-pthread", "-Wall"];
+}
+
+function runtimeFlags(): string[] {
+  return [...commonFlags(), "-Wextra"];
+}
+
+function kernelFlags(): string[] {
+  const unknownAttributes = isMac ? "-Wno-unknown-attributes" : "-Wno-attributes";
+  // Kernels type-pun device memory as freely as Metal allows: no strict aliasing.
+  return [...commonFlags(), unknownAttributes, "-fno-strict-aliasing", "-I", join(CPU_DIR, "include"), "-I", CPU_DIR, "-I", GEN_DIR];
+}
+
+/** Dependencies an object was built from, per the compiler's .d file. */
+function dependencies(depFile: string): string[] | null {
+  if (!existsSync(depFile)) return null;
+  const text = readFileSync(depFile, "utf8").replace(/\\\n/g, " ");
+  const colon = text.indexOf(": ");
+  if (colon < 0) return null;
+  return text
+    .slice(colon + 2)
+    .split(/\s+/)
+    .filter(Boolean)
+    .map((d) => d.replace(/\\ /g, " "));
+}
+
+function objectIsStale(job: Job, flagsChanged: boolean): boolean {
+  if (flagsChanged || !existsSync(job.object)) return true;
+  const deps = dependencies(job.object.replace(/\.o$/, ".d"));
+  if (!deps) return true;
+  const built = mtime(job.object);
+  return deps.some((d) => !existsSync(d) || mtime(d) > built);
+}
+
+async function run(cmd: string[], what: string): Promise<void> {
+  const proc = Bun.spawn(cmd, { cwd: ROOT, stdout: "pipe", stderr: "pipe" });
+  const [out, err, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
+  const text = (out + err).trim();
+  if (code !== 0) throw new Error(`${what} failed (exit ${code}):\n${cmd.join(" ")}\n${text}`);
+  if (text) console.warn(`${what}:\n${text}`); // warnings: -Wall must stay clean
+}
+
+async function inParallel<T>(items: T[], limit: number, fn: (item: T) => Promise<void>): Promise<void> {
+  let next = 0;
+  const workers = Array.from({ length: Math.min(limit, items.length) }, async () => {
+    while (next < items.length) await fn(items[next++]!);
+  });
+  await Promise.all(workers);
+}
+
+export interface BuildOptions {
+  force?: boolean;
+  quiet?: boolean;
+}
+
+async function buildCpu(opts: BuildOptions): Promise<string> {
+  if (paramsHeaderIsStale())
+    throw new Error("kernels/params.h is stale: run `bun lib/gpu/params-gen.ts` (lib/gpu/params.ts is its source)");
+  mkdirSync(OBJ_DIR, { recursive: true });
+  const generated = generate(ROOT, GEN_DIR);
+  const cxx = compilerFor("c++");
+  const runtime = readdirSync(CPU_DIR)
+    .filter((f) => f.endsWith(".cpp"))
+    .sort()
+    .map((f) => join(CPU_DIR, f));
+  const jobs: Job[] = [
+    ...runtime.map((source) => ({ source, object: join(OBJ_DIR, `cpu_${basename(source, ".cpp")}.o`), flags: runtimeFlags() })),
+    ...generated.sources.map((source) => ({ source, object: join(OBJ_DIR, `gen_${basename(source, ".cpp")}.o`), flags: kernelFlags() })),
+  ];
+  const lib = localLibraryPath("cpu");
+  const stampPath = join(BUILD_DIR, "stamp.json");
+  const stamp = JSON.stringify({ cxx, runtime: runtimeFlags(), kernels: kernelFlags(), objects: jobs.map((j) => j.object) });
+  const flagsChanged = opts.force === true || !existsSync(stampPath) || readFileSync(stampPath, "utf8") !== stamp;
+  const stale = jobs.filter((j) => objectIsStale(j, flagsChanged));
+  const started = performance.now();
+  await inParallel(stale, availableParallelism(), (j) =>
+    run([cxx, ...j.flags, "-MMD", "-MF", j.object.replace(/\.o$/, ".d"), "-c", j.source, "-o", j.object], `compile ${relative(ROOT, j.source)}`),
+  );
+  const relink = flagsChanged || stale.length > 0 || !existsSync(lib) || jobs.some((j) => mtime(j.object) > mtime(lib));
+  if (relink) {
+    const tmp = `${lib}.${process.pid}.tmp`;
+    const shared = isMac ? ["-dynamiclib"] : ["-shared"];
+    await run([cxx, ...shared, "-pthread", "-o", tmp, ...jobs.map((j) => j.object), "-lm"], `link ${relative(ROOT, lib)}`);
+    renameSync(tmp, lib); // atomic: a process loading the old library keeps its copy
+    writeFileSync(stampPath, stamp);
+  } else {
+    const now = new Date();
+    utimesSync(lib, now, now); // sources touched without effect: mark the library current
+  }
+  const seconds = ((performance.now() - started) / 1000).toFixed(1);
+  return relink
+    ? `metal-shim: built ${relative(ROOT, lib)} (${generated.kernels} kernels; compiled ${stale.length} of ${jobs.length} files in ${seconds} s)`
+    : "";
+}
+
+async function buildMetal(opts: BuildOptions): Promise<string> {
+  if (!isMac || !existsSync(METAL_DIR)) return "";
+  const sources = readdirSync(METAL_DIR)
+    .filter((f) => f.endsWith(".m"))
+    .map((f) => join(METAL_DIR, f));
+  if (sources.length === 0) return "";
+  const lib = localLibraryPath("metal");
+  const newest = Math.max(...inputs().map(mtime));
+  if (!opts.force && existsSync(lib) && mtime(lib) >= newest) return "";
+  const tmp = `${lib}.${process.pid}.tmp`;
+  await run(
+    [compilerFor("objc"), "-fobjc-arc", "-O2", "-Wall", "-dynamiclib", "-framework", "Metal", "-framework", "Foundation", "-I", join(ROOT, "metal-shim", "include"), "-o", tmp, ...sources],
+    "build the Metal backend",
+  );
+  renameSync(tmp, lib);
+  return `metal-shim: built ${relative(ROOT, lib)}`;
+}
+
+/** Builds whatever is stale; returns the lines it would print. */
+export async function buildNative(opts: BuildOptions = {}): Promise<string[]> {
+  mkdirSync(BUILD_DIR, { recursive: true });
+  return [await buildCpu(opts), await buildMetal(opts)].filter(Boolean);
+}
+
+if (import.meta.main) {
+  const args = new Set(process.argv.slice(2));
+  try {
+    const lines = await buildNative({ force: args.has("--force"), quiet: args.has("--quiet") });
+    if (lines.length) console.log(lines.join("\n"));
+    else if (!args.has("--quiet")) console.log("metal-shim: up to date");
+  } catch (e) {
+    const message = e instanceof Error ? e.message : String(e);
+    if (args.has("--optional")) {
+      console.warn(`metal-shim: native build skipped: ${message}\n(run \`bun run build:native\` once a C++ compiler is installed)`);
+      process.exit(0);
+    }
+    console.error(message);
+    process.exit(1);
+  }
+}

@@ -1,0 +1,384 @@
+// cherenkov.h over Metal: command buffers, compute encoders, shared events and
+// the watchdog that enforces GPU event-wait timeouts.
+//
+// A ck_cmdbuf is one MTLCommandBuffer. Dispatches go into a compute encoder
+// (serial dispatch type: each dispatch sees the writes of the ones before
+// it), opened lazily. Metal only lets a command buffer wait for or signal an
+// event between encoders, so ck_encode_signal / ck_encode_wait end the open
+// encoder, encode the event command on the command buffer itself, and the
+// next dispatch opens a new encoder.
+//
+// Timeouts: a Metal event wait cannot be cancelled and has no timeout. Before
+// each wait the command buffer signals a private "arrivals" event with the
+// wait's number; a per-device serial watchdog queue blocks until the GPU
+// arrives there, then gives the awaited event the device's wait timeout. If
+// the host has not released it by then, the command buffer is marked FAILED
+// with the same message as the CPU backend, and the watchdog sets the event
+// itself so the GPU (and every later command buffer of the queue) moves on.
+// The commands after that wait still run, on inputs the host never
+// published: the FAILED status says to discard what they wrote.
+#import "shim.h"
+
+@implementation CKEvent
+@end
+@implementation CKWait
+@end
+
+@implementation CKCmdbuf
+- (void)dealloc {
+  // A command buffer released before commit may still have an open encoder.
+  if (enc) [enc endEncoding];
+}
+@end
+
+static int32_t status_of(CKCmdbuf *cb) { return __atomic_load_n(&cb->status, __ATOMIC_ACQUIRE); }
+static BOOL finished(CKCmdbuf *cb) { return status_of(cb) >= CK_CMDBUF_COMPLETED; }
+
+void ck_cmdbuf_finish(CKCmdbuf *cb, NSString *gpu_error) {
+  CKDevice *d = cb->dev;
+  [d->done lock];
+  if (!finished(cb)) {
+    NSString *error = cb->error ? cb->error : gpu_error;  // a timed-out wait is the first cause
+    if (error) {
+      cb->error = error;
+      cb->error_c = ck_cstring(error);
+    }
+    __atomic_store_n(&cb->status, error ? CK_CMDBUF_FAILED : CK_CMDBUF_COMPLETED, __ATOMIC_RELEASE);
+    d->inflight--;
+  }
+  cb->mtl = nil;  // the completion handler holds cb; drop the command buffer that holds the handler
+  [d->done broadcast];
+  [d->done unlock];
+}
+
+static int32_t check_encoding(ck_cmdbuf *handle, const char *what) {
+  if (!handle) return ck_fail(@"%s: command buffer is NULL", what);
+  CKCmdbuf *cb = CK_OBJ(CKCmdbuf, handle);
+  if (status_of(cb) != CK_CMDBUF_ENCODING) return ck_fail(@"command buffer %u: %s after commit", cb->ident, what);
+  return CK_OK;
+}
+
+static void end_encoder(CKCmdbuf *cb) {
+  if (!cb->enc) return;
+  [cb->enc endEncoding];
+  cb->enc = nil;
+  cb->enc_pipeline = nil;
+}
+
+// ---- command buffers ------------------------------------------------------------------
+
+CK_API ck_cmdbuf *ck_cmdbuf_begin(ck_device *dev) {
+  @autoreleasepool {
+    if (!dev) return ck_fail(@"ck_cmdbuf_begin: device is NULL"), NULL;
+    CKDevice *d = CK_OBJ(CKDevice, dev);
+    // Retained references (the default): Metal keeps every buffer, pipeline
+    // and event it encodes alive until the command buffer completes.
+    id<MTLCommandBuffer> mtl = [d->queue commandBuffer];
+    if (!mtl) return ck_fail(@"ck_cmdbuf_begin: Metal gave no command buffer"), NULL;
+    CKCmdbuf *cb = [CKCmdbuf new];
+    cb->dev = d;
+    cb->mtl = mtl;
+    cb->ident = __atomic_fetch_add(&d->next_cmdbuf_id, 1, __ATOMIC_RELAXED);
+    cb->status = CK_CMDBUF_ENCODING;
+    cb->waits = [NSMutableArray array];
+    mtl.label = [NSString stringWithFormat:@"cherenkov command buffer %u", cb->ident];
+    return CK_HANDLE(ck_cmdbuf, cb);
+  }
+}
+
+CK_API uint32_t ck_cmdbuf_id(ck_cmdbuf *cb) { return cb ? CK_OBJ(CKCmdbuf, cb)->ident : 0; }
+
+// Validates as the CPU backend does (same messages), then encodes.
+static int32_t encode_dispatch(ck_cmdbuf *handle, ck_pipeline *pipe, const uint32_t grid[3], const uint32_t tg[3],
+                               BOOL grid_counts_threads, const ck_binding *bindings, uint32_t binding_count,
+                               const void *params, uint32_t params_len) {
+  if (check_encoding(handle, "dispatch") != CK_OK) return CK_ERROR;
+  CKCmdbuf *cb = CK_OBJ(CKCmdbuf, handle);
+  if (!pipe) return ck_fail(@"command buffer %u: dispatch: pipeline is NULL", cb->ident);
+  CKPipeline *p = CK_OBJ(CKPipeline, pipe);
+#define FAIL(fmt, ...) \
+  return ck_fail(@"command buffer %u: dispatch of '%@' (%@): " fmt, cb->ident, p->name, p->where, ##__VA_ARGS__)
+
+  uint64_t tg_threads = (uint64_t)tg[0] * tg[1] * tg[2];
+  if (tg_threads == 0) FAIL("threadgroup %ux%ux%u is empty", tg[0], tg[1], tg[2]);
+  if (tg_threads > p->max_threads)
+    FAIL("threadgroup %ux%ux%u = %llu threads exceeds the pipeline's maximum of %u", tg[0], tg[1], tg[2],
+         (unsigned long long)tg_threads, p->max_threads);
+  if (binding_count > CK_MAX_BUFFER_BINDINGS)
+    FAIL("%u bindings: buffer indices go from 0 to %u", binding_count, CK_MAX_BUFFER_BINDINGS - 1);
+  if (params_len > CK_MAX_PARAMS_BYTES) FAIL("params are %u bytes, at most %u", params_len, CK_MAX_PARAMS_BYTES);
+  if (params_len && !params) FAIL("params pointer is NULL with params_len %u", params_len);
+  if (binding_count && !bindings) FAIL("bindings pointer is NULL with binding_count %u", binding_count);
+
+  uint64_t groups_total = 1;
+  for (int i = 0; i < 3; i++) {
+    uint64_t threads = grid_counts_threads ? grid[i] : (uint64_t)grid[i] * tg[i];
+    uint64_t groups = grid_counts_threads ? (threads + tg[i] - 1) / tg[i] : grid[i];
+    if (threads > UINT32_MAX) FAIL("grid axis %d has %llu threads, more than 2^32 - 1", i, (unsigned long long)threads);
+    groups_total *= groups;
+  }
+  if (groups_total > UINT32_MAX) FAIL("grid has more than 2^32 - 1 threadgroups");
+
+  uint32_t bound = 0;
+  for (uint32_t i = 0; i < binding_count; i++) {
+    if (!bindings[i].buffer) continue;
+    CKBuffer *b = CK_OBJ(CKBuffer, bindings[i].buffer);
+    uint64_t off = bindings[i].offset;
+    if (i == 0 && params_len) FAIL("[[buffer(0)]] is bound to a buffer and to params");
+    if (!((p->buffer_mask >> i) & 1u)) FAIL("binds [[buffer(%u)]], which the kernel does not declare", i);
+    if (off > b->length)
+      FAIL("[[buffer(%u)]] offset %llu is past the end of its %lu-byte buffer", i, (unsigned long long)off,
+           (unsigned long)b->length);
+    // Metal's reflection gives the pointee size of every buffer argument, but
+    // not whether it is a reference or a pointer: only [[buffer(0)]] (the
+    // params struct, by reference in this project) is size-checked here.
+    if (i == 0 && b->length - off < p->bytes0)
+      FAIL("[[buffer(%u)]] has %llu bytes left after offset %llu; the kernel reads %u", i,
+           (unsigned long long)(b->length - off), (unsigned long long)off, p->bytes0);
+    bound |= 1u << i;
+  }
+  if (params_len) {
+    if (!(p->buffer_mask & 1u)) FAIL("params given, but the kernel declares no [[buffer(0)]]");
+    if (params_len < p->bytes0) FAIL("params are %u bytes; the kernel reads %u at [[buffer(0)]]", params_len, p->bytes0);
+    bound |= 1u;
+  }
+  uint32_t missing = p->buffer_mask & ~bound;
+  if (missing) FAIL("[[buffer(%u)]] is not bound", (unsigned)__builtin_ctz(missing));
+#undef FAIL
+
+  if (!cb->enc) {
+    cb->enc = [cb->mtl computeCommandEncoder];
+    cb->enc_pipeline = nil;
+    if (!cb->enc) return ck_fail(@"command buffer %u: Metal gave no compute encoder", cb->ident);
+  }
+  id<MTLComputeCommandEncoder> enc = cb->enc;
+  if (cb->enc_pipeline != p->state) {
+    [enc setComputePipelineState:p->state];
+    cb->enc_pipeline = p->state;
+  }
+  for (uint32_t i = 0; i < binding_count; i++) {
+    if (!bindings[i].buffer) continue;
+    [enc setBuffer:CK_OBJ(CKBuffer, bindings[i].buffer)->mtl offset:(NSUInteger)bindings[i].offset atIndex:i];
+  }
+  if (params_len) [enc setBytes:params length:params_len atIndex:0];
+  if (groups_total == 0) return CK_OK;  // an empty grid runs nothing; Metal is not asked to dispatch it
+  MTLSize threads_per_group = MTLSizeMake(tg[0], tg[1], tg[2]);
+  if (grid_counts_threads)
+    [enc dispatchThreads:MTLSizeMake(grid[0], grid[1], grid[2]) threadsPerThreadgroup:threads_per_group];
+  else
+    [enc dispatchThreadgroups:MTLSizeMake(grid[0], grid[1], grid[2]) threadsPerThreadgroup:threads_per_group];
+  return CK_OK;
+}
+
+CK_API int32_t ck_encode_dispatch(ck_cmdbuf *cb, ck_pipeline *pipe, uint32_t grid_x, uint32_t grid_y,
+                                  uint32_t grid_z, uint32_t tg_x, uint32_t tg_y, uint32_t tg_z,
+                                  const ck_binding *bindings, uint32_t binding_count, const void *params,
+                                  uint32_t params_len) {
+  @autoreleasepool {
+    const uint32_t grid[3] = {grid_x, grid_y, grid_z}, tg[3] = {tg_x, tg_y, tg_z};
+    return encode_dispatch(cb, pipe, grid, tg, NO, bindings, binding_count, params, params_len);
+  }
+}
+
+CK_API int32_t ck_encode_dispatch_threads(ck_cmdbuf *cb, ck_pipeline *pipe, uint32_t threads_x, uint32_t threads_y,
+                                          uint32_t threads_z, uint32_t tg_x, uint32_t tg_y, uint32_t tg_z,
+                                          const ck_binding *bindings, uint32_t binding_count, const void *params,
+                                          uint32_t params_len) {
+  @autoreleasepool {
+    const uint32_t grid[3] = {threads_x, threads_y, threads_z}, tg[3] = {tg_x, tg_y, tg_z};
+    return encode_dispatch(cb, pipe, grid, tg, YES, bindings, binding_count, params, params_len);
+  }
+}
+
+static int32_t encode_event(ck_cmdbuf *handle, ck_event *event, double value, BOOL is_wait) {
+  const char *what = is_wait ? "wait" : "signal";
+  if (check_encoding(handle, what) != CK_OK) return CK_ERROR;
+  CKCmdbuf *cb = CK_OBJ(CKCmdbuf, handle);
+  if (!event) return ck_fail(@"command buffer %u: %s: event is NULL", cb->ident, what);
+  uint64_t v;
+  if (!ck_to_u64(value, &v))
+    return ck_fail(@"command buffer %u: %s: event value %.17g is not an integer in [0, 2^53]", cb->ident, what, value);
+  CKEvent *e = CK_OBJ(CKEvent, event);
+  if (is_wait && !cb->arrivals) {
+    cb->arrivals = [cb->dev->mtl newSharedEvent];
+    if (!cb->arrivals) return ck_fail(@"command buffer %u: wait: Metal gave no shared event", cb->ident);
+  }
+  end_encoder(cb);  // event commands sit between encoders
+  if (is_wait) {
+    CKWait *w = [CKWait new];
+    w->event = e;
+    w->value = v;
+    [cb->waits addObject:w];
+    [cb->mtl encodeSignalEvent:cb->arrivals value:cb->waits.count];
+    [cb->mtl encodeWaitForEvent:e->mtl value:v];
+  } else {
+    [cb->mtl encodeSignalEvent:e->mtl value:v];
+  }
+  return CK_OK;
+}
+
+CK_API int32_t ck_encode_signal(ck_cmdbuf *cb, ck_event *ev, double value) {
+  @autoreleasepool {
+    return encode_event(cb, ev, value, NO);
+  }
+}
+
+CK_API int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value) {
+  @autoreleasepool {
+    return encode_event(cb, ev, value, YES);
+  }
+}
+
+// Lets the GPU past a wait the host did not release in time.
+static void force_release(CKWait *w) {
+  id<MTLSharedEvent> e = w->event->mtl;
+  if (e.signaledValue < w->value) e.signaledValue = w->value;
+}
+
+// Runs on the device's watchdog queue, one command buffer at a time in commit
+// order (the order the GPU reaches their waits).
+static void watch_waits(CKCmdbuf *cb) {
+  @autoreleasepool {
+    CKDevice *d = cb->dev;
+    BOOL failed = NO;
+    uint64_t k = 0;
+    for (CKWait *w in cb->waits) {
+      k++;
+      // The work before the wait may take any time; poll for the end of the
+      // command buffer too (a GPU error means it never arrives).
+      while (![cb->arrivals waitUntilSignaledValue:k timeoutMS:100])
+        if (finished(cb)) return;
+      if (failed) {
+        force_release(w);
+        continue;
+      }
+      uint32_t timeout = __atomic_load_n(&d->wait_timeout_ms, __ATOMIC_RELAXED);
+      if ([w->event->mtl waitUntilSignaledValue:w->value timeoutMS:timeout]) continue;
+      [d->done lock];
+      if (!cb->error)
+        cb->error = [NSString stringWithFormat:@"command buffer %u: wait for event %u >= %llu timed out after %u ms",
+                                               cb->ident, w->event->ident, (unsigned long long)w->value, timeout];
+      [d->done unlock];
+      failed = YES;
+      force_release(w);
+    }
+  }
+}
+
+CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *handle) {
+  @autoreleasepool {
+    if (check_encoding(handle, "commit") != CK_OK) return CK_ERROR;
+    CKCmdbuf *cb = CK_OBJ(CKCmdbuf, handle);
+    CKDevice *d = cb->dev;
+    end_encoder(cb);
+    [d residencyCommit];
+    id<MTLCommandBuffer> mtl = cb->mtl;
+    // The handler keeps cb alive until the GPU is done with it, whatever the
+    // caller releases meanwhile.
+    [mtl addCompletedHandler:^(id<MTLCommandBuffer> done) {
+      NSString *gpu_error = nil;
+      if (done.status == MTLCommandBufferStatusError) {
+        NSString *why = done.error ? done.error.localizedDescription : @"no reason given";
+        gpu_error = [NSString stringWithFormat:@"command buffer %u: the GPU stopped it: %@", cb->ident, why];
+      }
+      ck_cmdbuf_finish(cb, gpu_error);
+    }];
+    [d->done lock];
+    __atomic_store_n(&cb->status, CK_CMDBUF_COMMITTED, __ATOMIC_RELEASE);
+    d->inflight++;
+    [d->done unlock];
+    [mtl commit];
+    if (cb->waits.count > 0) dispatch_async(d->watchdog, ^{
+      watch_waits(cb);
+    });
+    return CK_OK;
+  }
+}
+
+CK_API int32_t ck_cmdbuf_wait(ck_cmdbuf *handle, uint32_t timeout_ms) {
+  @autoreleasepool {
+    if (!handle) return ck_fail(@"ck_cmdbuf_wait: command buffer is NULL");
+    CKCmdbuf *cb = CK_OBJ(CKCmdbuf, handle);
+    if (status_of(cb) == CK_CMDBUF_ENCODING) return ck_fail(@"command buffer %u: wait before commit", cb->ident);
+    CKDevice *d = cb->dev;
+    NSDate *deadline = [NSDate dateWithTimeIntervalSinceNow:timeout_ms / 1000.0];
+    [d->done lock];
+    // Every finishing command buffer broadcasts; re-check ours after each.
+    while (!finished(cb) && timeout_ms > 0)
+      if (![d->done waitUntilDate:deadline]) break;
+    int32_t status = status_of(cb);
+    NSString *error = cb->error;
+    [d->done unlock];
+    if (status == CK_CMDBUF_COMPLETED) return CK_OK;
+    if (status == CK_CMDBUF_FAILED) return ck_fail(@"%@", error);
+    return CK_TIMEOUT;
+  }
+}
+
+CK_API int32_t ck_cmdbuf_status(ck_cmdbuf *cb) { return cb ? status_of(CK_OBJ(CKCmdbuf, cb)) : CK_ERROR; }
+
+CK_API const char *ck_cmdbuf_error(ck_cmdbuf *handle) {
+  if (!handle) return "";
+  CKCmdbuf *cb = CK_OBJ(CKCmdbuf, handle);
+  if (status_of(cb) != CK_CMDBUF_FAILED) return "";
+  return (const char *)cb->error_c.bytes;  // written before the status became FAILED
+}
+
+CK_API void ck_cmdbuf_release(ck_cmdbuf *handle) {
+  @autoreleasepool {
+    ck_drop_handle(handle);
+  }
+}
+
+// ---- events -------------------------------------------------------------------------
+
+CK_API ck_event *ck_event_new(ck_device *dev) {
+  @autoreleasepool {
+    if (!dev) return ck_fail(@"ck_event_new: device is NULL"), NULL;
+    CKDevice *d = CK_OBJ(CKDevice, dev);
+    id<MTLSharedEvent> mtl = [d->mtl newSharedEvent];
+    if (!mtl) return ck_fail(@"ck_event_new: Metal gave no shared event"), NULL;
+    CKEvent *e = [CKEvent new];
+    e->mtl = mtl;
+    e->ident = __atomic_fetch_add(&d->next_event_id, 1, __ATOMIC_RELAXED);
+    mtl.label = [NSString stringWithFormat:@"cherenkov event %u", e->ident];
+    return CK_HANDLE(ck_event, e);
+  }
+}
+
+CK_API uint32_t ck_event_id(ck_event *ev) { return ev ? CK_OBJ(CKEvent, ev)->ident : 0; }
+
+CK_API double ck_event_value(ck_event *ev) { return ev ? (double)CK_OBJ(CKEvent, ev)->mtl.signaledValue : 0; }
+
+CK_API int32_t ck_event_set(ck_event *ev, double value) {
+  @autoreleasepool {
+    uint64_t v;
+    if (!ev) return ck_fail(@"ck_event_set: event is NULL");
+    CKEvent *e = CK_OBJ(CKEvent, ev);
+    if (!ck_to_u64(value, &v)) return ck_fail(@"event %u: value %.17g is not an integer in [0, 2^53]", e->ident, value);
+    uint64_t now = e->mtl.signaledValue;
+    if (v < now)
+      return ck_fail(@"event %u: value %llu is below its current value %llu (a Metal shared event only moves forward)",
+                     e->ident, (unsigned long long)v, (unsigned long long)now);
+    e->mtl.signaledValue = v;
+    return CK_OK;
+  }
+}
+
+CK_API int32_t ck_event_wait(ck_event *ev, double value, uint32_t timeout_ms) {
+  @autoreleasepool {
+    uint64_t v;
+    if (!ev) return ck_fail(@"ck_event_wait: event is NULL");
+    CKEvent *e = CK_OBJ(CKEvent, ev);
+    if (!ck_to_u64(value, &v)) return ck_fail(@"event %u: value %.17g is not an integer in [0, 2^53]", e->ident, value);
+    if (e->mtl.signaledValue >= v) return CK_OK;
+    if (timeout_ms == 0) return CK_TIMEOUT;
+    return [e->mtl waitUntilSignaledValue:v timeoutMS:timeout_ms] ? CK_OK : CK_TIMEOUT;
+  }
+}
+
+CK_API void ck_event_release(ck_event *ev) {
+  @autoreleasepool {
+    ck_drop_handle(ev);
+  }
+}

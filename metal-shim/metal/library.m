@@ -1,0 +1,273 @@
+// cherenkov.h over Metal: the kernel library (compiled from kernels/*.metal at
+// load) and compute pipelines looked up by name.
+//
+// Each .metal file is compiled as its own MTLLibrary, as the CPU backend
+// compiles each as its own translation unit: two files may then both define
+// the same static helper, and a kernel name defined twice is an error here.
+// Quoted includes that name a file in the same directory (kernels/params.h)
+// are inlined, with #line directives so compiler messages name the real file
+// and line: newLibraryWithSource has no include path.
+//
+// Caching: compiled libraries are kept per device in an in-process dictionary
+// keyed by the complete expanded source text (NSDictionary hashes the text and
+// compares it in full, so a changed kernel is never served stale). Pipelines
+// are cached per library by name. Across processes, macOS keeps its own
+// shader cache; nothing here depends on it.
+#import "shim.h"
+
+@implementation CKPipeline
+@end
+@implementation CKLibrary
+@end
+
+// The file name of `line` if it is `#include "name"`, else nil.
+static NSString *quoted_include(NSString *line) {
+  NSString *t = [line stringByTrimmingCharactersInSet:NSCharacterSet.whitespaceCharacterSet];
+  if (![t hasPrefix:@"#"]) return nil;
+  t = [[t substringFromIndex:1] stringByTrimmingCharactersInSet:NSCharacterSet.whitespaceCharacterSet];
+  if (![t hasPrefix:@"include"]) return nil;
+  t = [[t substringFromIndex:7] stringByTrimmingCharactersInSet:NSCharacterSet.whitespaceCharacterSet];
+  if (![t hasPrefix:@"\""]) return nil;
+  NSRange close = [t rangeOfString:@"\"" options:NSLiteralSearch range:NSMakeRange(1, t.length - 1)];
+  if (close.location == NSNotFound) return nil;
+  return [t substringWithRange:NSMakeRange(1, close.location - 1)];
+}
+
+// Appends `file` (relative to `dir`) to `out` with its local includes inlined
+// once each. Returns NO with *problem set when a file cannot be read.
+static BOOL expand_file(NSString *dir, NSString *file, NSMutableSet<NSString *> *seen, NSMutableString *out,
+                        NSString **original, NSString **problem) {
+  NSError *error = nil;
+  NSString *path = [dir stringByAppendingPathComponent:file];
+  NSString *text = [NSString stringWithContentsOfFile:path encoding:NSUTF8StringEncoding error:&error];
+  if (!text) {
+    *problem = [NSString stringWithFormat:@"cannot read %@: %@", path, error.localizedDescription];
+    return NO;
+  }
+  if (original) *original = text;
+  [out appendFormat:@"#line 1 \"%@\"\n", file];
+  NSArray<NSString *> *lines = [text componentsSeparatedByString:@"\n"];
+  for (NSUInteger i = 0; i < lines.count; i++) {
+    NSString *line = lines[i];
+    NSString *trimmed = [line stringByTrimmingCharactersInSet:NSCharacterSet.whitespaceCharacterSet];
+    if ([trimmed hasPrefix:@"#pragma once"]) {
+      [out appendString:@"\n"];
+      continue;
+    }
+    NSString *include = quoted_include(line);
+    if (include && [NSFileManager.defaultManager fileExistsAtPath:[dir stringByAppendingPathComponent:include]]) {
+      if (![seen containsObject:include]) {
+        [seen addObject:include];
+        if (!expand_file(dir, include, seen, out, NULL, problem)) return NO;
+      }
+      [out appendFormat:@"#line %lu \"%@\"\n", (unsigned long)(i + 2), file];
+      continue;
+    }
+    [out appendString:line];
+    [out appendString:@"\n"];
+  }
+  return YES;
+}
+
+static BOOL is_ident_char(unichar c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+// Does `line` declare the kernel `name` (the word followed by '(' on a line
+// that says `kernel`)?
+static BOOL declares_kernel(NSString *line, NSString *name) {
+  if ([line rangeOfString:@"kernel"].location == NSNotFound) return NO;
+  NSRange search = NSMakeRange(0, line.length);
+  for (;;) {
+    NSRange r = [line rangeOfString:name options:NSLiteralSearch range:search];
+    if (r.location == NSNotFound) return NO;
+    NSUInteger end = r.location + r.length;
+    BOOL word_start = r.location == 0 || !is_ident_char([line characterAtIndex:r.location - 1]);
+    NSUInteger j = end;
+    while (j < line.length && [line characterAtIndex:j] == ' ') j++;
+    if (word_start && j < line.length && [line characterAtIndex:j] == '(') return YES;
+    search = NSMakeRange(end, line.length - end);
+  }
+}
+
+// ":line" of the kernel's [[host_name]] or signature in its file, or "".
+static NSString *line_suffix(NSString *text, NSString *name) {
+  NSArray<NSString *> *lines = [text componentsSeparatedByString:@"\n"];
+  NSString *host = [NSString stringWithFormat:@"host_name(\"%@\")", name];
+  for (NSUInteger i = 0; i < lines.count; i++)
+    if ([lines[i] rangeOfString:host].location != NSNotFound) return [NSString stringWithFormat:@":%lu", (unsigned long)(i + 1)];
+  for (NSUInteger i = 0; i < lines.count; i++)
+    if (declares_kernel(lines[i], name)) return [NSString stringWithFormat:@":%lu", (unsigned long)(i + 1)];
+  return @"";
+}
+
+// The compiled library of `source`, from the device's cache or compiled now.
+static id<MTLLibrary> library_for(CKDevice *d, NSString *source, NSString **problem) {
+  [d->libraries_lock lock];
+  id<MTLLibrary> lib = d->libraries[source];
+  [d->libraries_lock unlock];
+  if (lib) return lib;
+  MTLCompileOptions *options = [MTLCompileOptions new];
+  // MSL 3.1 (macOS 14) is the first with bfloat. Fast math is off: kernels
+  // use infinities (softmax and top-k initial values), which fast math may
+  // assume away, and the CPU backend is precise too.
+  options.languageVersion = MTLLanguageVersion3_1;
+  options.fastMathEnabled = NO;
+  NSError *error = nil;
+  lib = [d->mtl newLibraryWithSource:source options:options error:&error];
+  if (!lib) {
+    *problem = error ? error.localizedDescription : @"the compiler gave no reason";
+    return nil;
+  }
+  [d->libraries_lock lock];
+  d->libraries[source] = lib;
+  [d->libraries_lock unlock];
+  return lib;
+}
+
+static NSArray<NSString *> *sorted_bytewise(NSArray<NSString *> *names) {
+  return [names sortedArrayUsingComparator:^NSComparisonResult(id a, id b) {
+    return [(NSString *)a compare:(NSString *)b options:NSLiteralSearch];
+  }];
+}
+
+CK_API ck_library *ck_library_load(ck_device *dev, const char *dir) {
+  @autoreleasepool {
+    if (!dev) return ck_fail(@"ck_library_load: device is NULL"), NULL;
+    if (!dir) return ck_fail(@"ck_library_load: dir is NULL (the Metal backend compiles the .metal files of a directory)"), NULL;
+    CKDevice *d = CK_OBJ(CKDevice, dev);
+    NSString *path = [NSString stringWithUTF8String:dir];
+    if (!path) return ck_fail(@"ck_library_load: the directory name is not UTF-8"), NULL;
+    NSError *error = nil;
+    NSArray<NSString *> *entries = [NSFileManager.defaultManager contentsOfDirectoryAtPath:path error:&error];
+    if (!entries) return ck_fail(@"ck_library_load: cannot list %@: %@", path, error.localizedDescription), NULL;
+    NSMutableArray<NSString *> *files = [NSMutableArray array];
+    for (NSString *entry in entries)
+      if ([entry hasSuffix:@".metal"]) [files addObject:entry];
+    if (files.count == 0) return ck_fail(@"ck_library_load: %@ has no .metal files", path), NULL;
+
+    NSString *shown = path.lastPathComponent;
+    NSMutableDictionary<NSString *, id<MTLFunction>> *functions = [NSMutableDictionary dictionary];
+    NSMutableDictionary<NSString *, NSString *> *where = [NSMutableDictionary dictionary];
+    NSMutableDictionary<NSString *, NSString *> *file_of = [NSMutableDictionary dictionary];
+    for (NSString *file in sorted_bytewise(files)) {
+      NSMutableString *source = [NSMutableString string];
+      NSString *original = nil, *problem = nil;
+      if (!expand_file(path, file, [NSMutableSet set], source, &original, &problem))
+        return ck_fail(@"ck_library_load: %@", problem), NULL;
+      id<MTLLibrary> lib = library_for(d, source, &problem);
+      if (!lib) return ck_fail(@"ck_library_load: %@/%@ does not compile:\n%@", shown, file, problem), NULL;
+      for (NSString *name in lib.functionNames) {
+        id<MTLFunction> fn = [lib newFunctionWithName:name];
+        if (!fn || fn.functionType != MTLFunctionTypeKernel) continue;
+        if (functions[name])
+          return ck_fail(@"ck_library_load: kernel %@ is defined in both %@/%@ and %@/%@", name, shown, file_of[name],
+                         shown, file), NULL;
+        functions[name] = fn;
+        file_of[name] = file;
+        where[name] = [NSString stringWithFormat:@"%@/%@%@", shown, file, line_suffix(original, name)];
+      }
+    }
+
+    CKLibrary *l = [CKLibrary new];
+    l->dev = d;
+    l->dir = path;
+    l->names = sorted_bytewise(functions.allKeys);
+    NSMutableArray<NSData *> *names_c = [NSMutableArray arrayWithCapacity:l->names.count];
+    for (NSString *name in l->names) [names_c addObject:ck_cstring(name)];
+    l->names_c = names_c;
+    l->functions = functions;
+    l->where = where;
+    l->pipelines = [NSMutableDictionary dictionary];
+    l->lock = [NSLock new];
+    return CK_HANDLE(ck_library, l);
+  }
+}
+
+CK_API void ck_library_release(ck_library *lib) {
+  @autoreleasepool {
+    ck_drop_handle(lib);
+  }
+}
+
+CK_API uint32_t ck_library_kernel_count(ck_library *lib) {
+  return lib ? (uint32_t)CK_OBJ(CKLibrary, lib)->names.count : 0;
+}
+
+CK_API const char *ck_library_kernel_name(ck_library *lib, uint32_t index) {
+  if (!lib || index >= CK_OBJ(CKLibrary, lib)->names_c.count) return "";
+  return (const char *)CK_OBJ(CKLibrary, lib)->names_c[index].bytes;
+}
+
+// Builds the pipeline of `name` and reads its buffer arguments from Metal's
+// reflection, for the checks ck_encode_dispatch makes. Called with l->lock held.
+static CKPipeline *build_pipeline(CKLibrary *l, NSString *name, const char *raw_name) {
+  id<MTLFunction> fn = name ? l->functions[name] : nil;
+  if (!fn) {
+    ck_fail(@"pipeline not found: %s (the metal library has %lu kernels, compiled from %@)", raw_name,
+            (unsigned long)l->names.count, l->dir);
+    return nil;
+  }
+  NSString *where = l->where[name];
+  MTLAutoreleasedComputePipelineReflection reflection = nil;
+  NSError *error = nil;
+  id<MTLComputePipelineState> state =
+      [l->dev->mtl newComputePipelineStateWithFunction:fn
+                                               options:MTLPipelineOptionBindingInfo | MTLPipelineOptionBufferTypeInfo
+                                            reflection:&reflection
+                                                 error:&error];
+  if (!state) {
+    ck_fail(@"ck_pipeline_get: %@ (%@): Metal could not build its pipeline: %@", name, where,
+            error ? error.localizedDescription : @"no reason given");
+    return nil;
+  }
+  CKPipeline *p = [CKPipeline new];
+  p->state = state;
+  p->name = name;
+  p->name_c = ck_cstring(name);
+  p->where = where;
+  p->max_threads = (uint32_t)state.maxTotalThreadsPerThreadgroup;
+  for (id<MTLBinding> b in reflection.bindings) {
+    if (b.type == MTLBindingTypeThreadgroupMemory) {
+      // cherenkov.h has no call to size threadgroup arguments: declare
+      // threadgroup arrays inside the kernel instead.
+      ck_fail(@"ck_pipeline_get: %@ (%@): argument %@ is [[threadgroup(%lu)]] memory, which cherenkov.h cannot size",
+              name, where, b.name, (unsigned long)b.index);
+      return nil;
+    }
+    if (b.type != MTLBindingTypeBuffer) continue;
+    if (b.index >= CK_MAX_BUFFER_BINDINGS) {
+      ck_fail(@"ck_pipeline_get: %@ (%@): argument %@ is [[buffer(%lu)]]; cherenkov.h binds indices 0 to %d", name,
+              where, b.name, (unsigned long)b.index, CK_MAX_BUFFER_BINDINGS - 1);
+      return nil;
+    }
+    p->buffer_mask |= 1u << b.index;
+    if (b.index == 0) p->bytes0 = (uint32_t)((id<MTLBufferBinding>)b).bufferDataSize;
+  }
+  return p;
+}
+
+CK_API ck_pipeline *ck_pipeline_get(ck_library *lib, const char *name) {
+  @autoreleasepool {
+    if (!lib || !name) return ck_fail(@"ck_pipeline_get: library or name is NULL"), NULL;
+    CKLibrary *l = CK_OBJ(CKLibrary, lib);
+    NSString *key = [NSString stringWithUTF8String:name];
+    [l->lock lock];
+    CKPipeline *p = key ? l->pipelines[key] : nil;
+    if (!p) {
+      p = build_pipeline(l, key, name);
+      if (p) l->pipelines[key] = p;
+    }
+    [l->lock unlock];
+    // The library keeps the pipeline; the caller borrows it.
+    return p ? (ck_pipeline *)(__bridge void *)p : NULL;
+  }
+}
+
+CK_API const char *ck_pipeline_name(ck_pipeline *pipe) {
+  return pipe ? (const char *)CK_OBJ(CKPipeline, pipe)->name_c.bytes : "";
+}
+
+CK_API uint32_t ck_pipeline_max_threads(ck_pipeline *pipe) {
+  return pipe ? CK_OBJ(CKPipeline, pipe)->max_threads : 0;
+}

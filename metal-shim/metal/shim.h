@@ -1,0 +1,140 @@
+// Objects behind cherenkov.h's opaque handles, for the Metal backend.
+//
+// Memory management is ARC (build with -fobjc-arc). A handle given to the
+// caller is an object retained once for the caller (__bridge_retained); the
+// matching *_release call drops that reference (__bridge_transfer). Pipelines
+// are the exception: the library owns them and hands out unretained pointers,
+// valid until the library is released, as cherenkov.h says. Objects a
+// committed command buffer needs are kept alive by its completion handler
+// (and Metal retains the buffers and pipelines it encodes).
+//
+// Every entry point that may create autoreleased objects runs inside
+// @autoreleasepool: bun:ffi calls arrive on threads with no pool, where
+// autoreleased objects would otherwise live until the thread exits.
+#pragma once
+#import <Foundation/Foundation.h>
+#import <Metal/Metal.h>
+
+#include "../include/cherenkov.h"
+
+#define CK_INTERNAL __attribute__((visibility("hidden")))
+
+// A handle for the caller: one retain that the caller owns.
+#define CK_HANDLE(type, obj) ((type *)(__bridge_retained void *)(obj))
+// An object from a handle, without touching its retain count.
+#define CK_OBJ(cls, handle) ((__bridge cls *)(void *)(handle))
+
+// ---- errors (device.m) -------------------------------------------------------
+
+// Sets this thread's ck_last_error() text; returns CK_ERROR.
+CK_INTERNAL int32_t ck_fail(NSString *format, ...) NS_FORMAT_FUNCTION(1, 2);
+// Converts a double crossing the ABI to an exact integer in [0, 2^53].
+CK_INTERNAL BOOL ck_to_u64(double v, uint64_t *out);
+// A NUL-terminated UTF-8 copy whose bytes stay put while the object lives.
+CK_INTERNAL NSData *ck_cstring(NSString *s);
+// Drops the caller's reference taken by CK_HANDLE (NULL is ignored).
+CK_INTERNAL void ck_drop_handle(void *handle);
+
+// ---- objects ----------------------------------------------------------------------
+
+@interface CKDevice : NSObject {
+ @public
+  id<MTLDevice> mtl;
+  id<MTLCommandQueue> queue;
+  NSData *name_c;
+  uint32_t page_size;
+  uint32_t wait_timeout_ms;  // read and written with __atomic builtins
+  uint32_t next_cmdbuf_id;   // __atomic
+  uint32_t next_event_id;    // __atomic
+  // Guards every command buffer's status and `inflight`; broadcast whenever a
+  // command buffer of this device finishes.
+  NSCondition *done;
+  uint32_t inflight;  // committed, not yet finished
+  // Serial queue that enforces GPU event-wait timeouts, in commit order.
+  dispatch_queue_t watchdog;
+  // Compiled libraries keyed by their complete expanded source text.
+  NSMutableDictionary<NSString *, id<MTLLibrary>> *libraries;
+  NSLock *libraries_lock;
+  // id<MTLResidencySet> on macOS 15 and later (nil before, or when disabled).
+  id residency;
+  NSLock *residency_lock;
+  BOOL residency_dirty;
+}
+// Residency set bookkeeping; all no-ops without a residency set.
+- (void)residencyAdd:(id<MTLBuffer>)buffer;
+- (void)residencyRemove:(id<MTLBuffer>)buffer;
+// Applies pending adds/removes; called before each command buffer commit.
+- (void)residencyCommit;
+@end
+
+@interface CKBuffer : NSObject {
+ @public
+  CKDevice *dev;
+  id<MTLBuffer> mtl;
+  void *contents;
+  NSUInteger length;  // rounded to the page size
+  BOOL resident;      // in the device's residency set
+}
+@end
+
+@interface CKPipeline : NSObject {
+ @public
+  id<MTLComputePipelineState> state;
+  NSString *name;
+  NSData *name_c;
+  NSString *where;       // "kernels/file.metal:line" of the kernel
+  uint32_t max_threads;  // maxTotalThreadsPerThreadgroup
+  uint32_t buffer_mask;  // bit i: the kernel declares [[buffer(i)]]
+  uint32_t bytes0;       // size of what [[buffer(0)]] points to (the params struct)
+}
+@end
+
+@interface CKLibrary : NSObject {
+ @public
+  CKDevice *dev;
+  NSString *dir;
+  NSArray<NSString *> *names;  // kernel names, sorted bytewise
+  NSArray<NSData *> *names_c;
+  NSDictionary<NSString *, id<MTLFunction>> *functions;
+  NSDictionary<NSString *, NSString *> *where;
+  NSMutableDictionary<NSString *, CKPipeline *> *pipelines;
+  NSLock *lock;
+}
+@end
+
+@interface CKEvent : NSObject {
+ @public
+  id<MTLSharedEvent> mtl;
+  uint32_t ident;
+}
+@end
+
+// One recorded GPU wait, for the watchdog.
+@interface CKWait : NSObject {
+ @public
+  CKEvent *event;
+  uint64_t value;
+}
+@end
+
+@interface CKCmdbuf : NSObject {
+ @public
+  CKDevice *dev;
+  id<MTLCommandBuffer> mtl;  // nil once finished (breaks the handler's cycle)
+  id<MTLComputeCommandEncoder> enc;  // the open encoder, or nil
+  id<MTLComputePipelineState> enc_pipeline;
+  uint32_t ident;
+  int32_t status;  // CK_CMDBUF_*; written under dev->done, read with __atomic
+  NSString *error;
+  NSData *error_c;
+  NSMutableArray<CKWait *> *waits;  // in record order
+  // Signalled with k just before the k-th wait (1-based), so the watchdog
+  // knows when the GPU has reached it.
+  id<MTLSharedEvent> arrivals;
+}
+@end
+
+// ---- shared helpers ----------------------------------------------------------------
+
+// Finishes a command buffer: records the outcome, wakes waiters (commands.m).
+CK_INTERNAL void ck_cmdbuf_finish(CKCmdbuf *cb, NSString *gpu_error);
