@@ -5,7 +5,7 @@
  * exceptions carrying the native message.
  *
  * Library resolution, for the selected backend (CHERENKOV_BACKEND=cpu|metal;
- * default metal on macOS when available, else cpu):
+ * default metal on macOS when it is installed, built or buildable, else cpu):
  *  1. setShimPath(path) or CHERENKOV_SHIM_PATH;
  *  2. the optional package @cherenkov/shim-<platform>-<arch>, whose main
  *     module exports `{ cpu?: string, metal?: string }` (library paths);
@@ -20,7 +20,7 @@ import { existsSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join } from "node:path";
 
-import { buildIsStale, localLibraryPath, type Backend } from "../metal-shim/build.ts";
+import { buildIsStale, canBuildMetal, localLibraryPath, type Backend } from "../metal-shim/build.ts";
 
 export type { Backend };
 
@@ -119,6 +119,18 @@ const SYMBOLS = {
   ck_event_wait: { args: [ptr, f64, u32], returns: i32 },
   // void ck_event_release(ck_event *ev)
   ck_event_release: { args: [ptr], returns: none },
+
+  // Fixed-arity file helpers (metal-shim/include/cherenkov_io.h); negative results are -errno.
+  // int32_t ck_open_direct(const char *path, int32_t flags)
+  ck_open_direct: { args: [ptr, i32], returns: i32 },
+  // int32_t ck_fd_set_nocache(int32_t fd, int32_t on)
+  ck_fd_set_nocache: { args: [i32, i32], returns: i32 },
+  // int32_t ck_fd_is_direct(int32_t fd)
+  ck_fd_is_direct: { args: [i32], returns: i32 },
+  // int32_t ck_fd_io_alignment(int32_t fd)
+  ck_fd_io_alignment: { args: [i32], returns: i32 },
+  // const char *ck_io_error_text(int32_t err)
+  ck_io_error_text: { args: [i32], returns: cstring },
 } as const;
 
 const ABI_VERSION = 1;
@@ -163,7 +175,7 @@ export function defaultBackend(): Backend {
   if (env === "cpu" || env === "metal") return env;
   if (env) throw new ShimError(`CHERENKOV_BACKEND=${env}: expected cpu or metal`);
   if (process.platform !== "darwin") return "cpu";
-  return platformPackagePath("metal") || existsSync(localLibraryPath("metal")) ? "metal" : "cpu";
+  return platformPackagePath("metal") || existsSync(localLibraryPath("metal")) || canBuildMetal() ? "metal" : "cpu";
 }
 
 function platformPackageName(): string {
@@ -204,7 +216,7 @@ function resolveLibrary(backend: Backend): string {
     if (fromPackage && existsSync(fromPackage)) return fromPackage;
     tried.push(`package ${platformPackageName()}: ${fromPackage ? `${fromPackage} missing` : `not installed or has no ${backend} library`}`);
     const local = localLibraryPath(backend);
-    const canBuild = backend === "cpu" || process.platform === "darwin";
+    const canBuild = backend === "cpu" || canBuildMetal();
     let why = existsSync(local) ? null : "not built";
     if (canBuild && buildIsStale(backend)) why = buildLocal() ?? null;
     if (!why && existsSync(local)) return local;
@@ -399,6 +411,9 @@ export class Pipeline {
 export class Buffer {
   readonly length: number;
   readonly contents: Pointer;
+  /** The handle as the two 32-bit halves a ck_binding stores (precomputed for dispatch). */
+  readonly handleLo: number;
+  readonly handleHi: number;
   #bytes: Uint8Array | null = null;
   #f32: Float32Array | null = null;
   #u32: Uint32Array | null = null;
@@ -412,6 +427,8 @@ export class Buffer {
     readonly wrapped: ArrayBufferView | null,
   ) {
     this.length = shim.symbols.ck_buffer_length(handle);
+    this.handleLo = Number(handle) % 0x100000000;
+    this.handleHi = Math.floor(Number(handle) / 0x100000000);
     this.contents = orThrow(shim, shim.symbols.ck_buffer_contents(handle));
   }
 
@@ -482,19 +499,23 @@ export class CommandBuffer {
     const b = this.#bindings;
     for (let i = 0; i < bindings.length; i++) {
       const binding = bindings[i];
-      const buffer = binding instanceof Buffer ? binding : (binding?.buffer ?? null);
-      const offset = binding instanceof Buffer || !binding ? 0 : binding.offset;
-      const address = buffer ? Number(buffer.handle) : 0;
-      b[4 * i] = address % 0x100000000;
-      b[4 * i + 1] = Math.floor(address / 0x100000000);
+      if (!binding) {
+        b[4 * i] = b[4 * i + 1] = b[4 * i + 2] = b[4 * i + 3] = 0;
+        continue;
+      }
+      const buffer = binding instanceof Buffer ? binding : binding.buffer;
+      const offset = binding instanceof Buffer ? 0 : binding.offset;
+      b[4 * i] = buffer.handleLo;
+      b[4 * i + 1] = buffer.handleHi;
       b[4 * i + 2] = offset % 0x100000000;
       b[4 * i + 3] = Math.floor(offset / 0x100000000);
     }
-    const [gx, gy, gz] = dims(grid);
-    const [tx, ty, tz] = dims(tg);
     const s = this.#shim.symbols;
     const encode = byThreads ? s.ck_encode_dispatch_threads : s.ck_encode_dispatch;
-    const status = encode(this.handle, pipe.handle, gx, gy, gz, tx, ty, tz, b, bindings.length, params ?? null, params?.byteLength ?? 0);
+    const status =
+      typeof grid === "number" && typeof tg === "number"
+        ? encode(this.handle, pipe.handle, grid, 1, 1, tg, 1, 1, b, bindings.length, params ?? null, params ? params.byteLength : 0)
+        : encode(this.handle, pipe.handle, ...dims(grid), ...dims(tg), b, bindings.length, params ?? null, params ? params.byteLength : 0);
     check(this.#shim, status);
     return this;
   }

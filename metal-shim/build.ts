@@ -19,6 +19,7 @@ import { generate } from "./gen-bindings.ts";
 const ROOT = join(import.meta.dir, "..");
 export const BUILD_DIR = join(ROOT, "metal-shim", "build");
 const CPU_DIR = join(ROOT, "metal-shim", "cpu");
+const COMMON_DIR = join(ROOT, "metal-shim", "common"); // plain C shared by every backend (cherenkov_io.h)
 const METAL_DIR = join(ROOT, "metal-shim", "metal");
 const GEN_DIR = join(BUILD_DIR, "gen");
 const OBJ_DIR = join(BUILD_DIR, "obj");
@@ -32,11 +33,12 @@ export function localLibraryPath(backend: Backend): string {
   return join(BUILD_DIR, `libcherenkov_${backend}.${backend === "metal" ? "dylib" : LIB_EXT}`);
 }
 
-/** Files and folders whose change means the CPU library must be rebuilt. */
-function inputs(): string[] {
-  const dirs = [CPU_DIR, join(ROOT, "metal-shim", "include"), join(ROOT, "kernels")];
-  if (isMac && existsSync(METAL_DIR)) dirs.push(METAL_DIR);
-  const out = [join(ROOT, "metal-shim", "build.ts"), join(ROOT, "metal-shim", "gen-bindings.ts"), join(ROOT, "lib", "gpu", "params.ts")];
+/** Files and folders whose change means a backend's library must be rebuilt. */
+function inputs(backend: Backend): string[] {
+  const include = join(ROOT, "metal-shim", "include");
+  const dirs = backend === "cpu" ? [CPU_DIR, COMMON_DIR, include, join(ROOT, "kernels")] : [METAL_DIR, COMMON_DIR, include];
+  const out = [join(ROOT, "metal-shim", "build.ts")];
+  if (backend === "cpu") out.push(join(ROOT, "metal-shim", "gen-bindings.ts"), join(ROOT, "lib", "gpu", "params.ts"));
   const walk = (dir: string) => {
     if (!existsSync(dir)) return;
     out.push(dir); // a folder's mtime changes when a file is added or removed
@@ -50,6 +52,11 @@ function inputs(): string[] {
   return out;
 }
 
+/** True when this machine can build the Metal backend (macOS with its sources present). */
+export function canBuildMetal(): boolean {
+  return isMac && existsSync(METAL_DIR) && readdirSync(METAL_DIR).some((f) => f.endsWith(".m"));
+}
+
 const mtime = (path: string) => statSync(path).mtimeMs;
 
 /** Cheap synchronous check (lib/shim.ts uses it): is a local library missing or older than its sources? */
@@ -57,18 +64,32 @@ export function buildIsStale(backend: Backend = "cpu"): boolean {
   const lib = localLibraryPath(backend);
   if (!existsSync(lib)) return true;
   const built = mtime(lib);
-  return inputs().some((p) => mtime(p) > built);
+  return inputs(backend).some((p) => mtime(p) > built);
 }
 
 interface Job {
+  compiler: string;
   source: string;
   object: string;
   flags: string[];
 }
 
-function compilerFor(lang: "c++" | "objc"): string {
+function compilerFor(lang: "c" | "c++" | "objc"): string {
   if (lang === "objc") return process.env.CC ?? "clang";
+  if (lang === "c") return process.env.CC ?? (isMac ? "clang" : "gcc");
   return process.env.CXX ?? (isMac ? "clang++" : "g++");
+}
+
+function commonSources(): string[] {
+  if (!existsSync(COMMON_DIR)) return [];
+  return readdirSync(COMMON_DIR)
+    .filter((f) => f.endsWith(".c"))
+    .sort()
+    .map((f) => join(COMMON_DIR, f));
+}
+
+function cFlags(): string[] {
+  return ["-std=c11", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-I", join(ROOT, "metal-shim", "include")];
 }
 
 function commonFlags(): string[] {
@@ -137,18 +158,20 @@ async function buildCpu(opts: BuildOptions): Promise<string> {
     .filter((f) => f.endsWith(".cpp"))
     .sort()
     .map((f) => join(CPU_DIR, f));
+  const cc = compilerFor("c");
   const jobs: Job[] = [
-    ...runtime.map((source) => ({ source, object: join(OBJ_DIR, `cpu_${basename(source, ".cpp")}.o`), flags: runtimeFlags() })),
-    ...generated.sources.map((source) => ({ source, object: join(OBJ_DIR, `gen_${basename(source, ".cpp")}.o`), flags: kernelFlags() })),
+    ...runtime.map((source) => ({ compiler: cxx, source, object: join(OBJ_DIR, `cpu_${basename(source, ".cpp")}.o`), flags: runtimeFlags() })),
+    ...commonSources().map((source) => ({ compiler: cc, source, object: join(OBJ_DIR, `common_${basename(source, ".c")}.o`), flags: cFlags() })),
+    ...generated.sources.map((source) => ({ compiler: cxx, source, object: join(OBJ_DIR, `gen_${basename(source, ".cpp")}.o`), flags: kernelFlags() })),
   ];
   const lib = localLibraryPath("cpu");
   const stampPath = join(BUILD_DIR, "stamp.json");
-  const stamp = JSON.stringify({ cxx, runtime: runtimeFlags(), kernels: kernelFlags(), objects: jobs.map((j) => j.object) });
+  const stamp = JSON.stringify({ cxx, cc, runtime: runtimeFlags(), c: cFlags(), kernels: kernelFlags(), objects: jobs.map((j) => j.object) });
   const flagsChanged = opts.force === true || !existsSync(stampPath) || readFileSync(stampPath, "utf8") !== stamp;
   const stale = jobs.filter((j) => objectIsStale(j, flagsChanged));
   const started = performance.now();
   await inParallel(stale, availableParallelism(), (j) =>
-    run([cxx, ...j.flags, "-MMD", "-MF", j.object.replace(/\.o$/, ".d"), "-c", j.source, "-o", j.object], `compile ${relative(ROOT, j.source)}`),
+    run([j.compiler, ...j.flags, "-MMD", "-MF", j.object.replace(/\.o$/, ".d"), "-c", j.source, "-o", j.object], `compile ${relative(ROOT, j.source)}`),
   );
   const relink = flagsChanged || stale.length > 0 || !existsSync(lib) || jobs.some((j) => mtime(j.object) > mtime(lib));
   if (relink) {
@@ -168,17 +191,17 @@ async function buildCpu(opts: BuildOptions): Promise<string> {
 }
 
 async function buildMetal(opts: BuildOptions): Promise<string> {
-  if (!isMac || !existsSync(METAL_DIR)) return "";
+  if (!canBuildMetal()) return "";
   const sources = readdirSync(METAL_DIR)
     .filter((f) => f.endsWith(".m"))
     .map((f) => join(METAL_DIR, f));
   if (sources.length === 0) return "";
   const lib = localLibraryPath("metal");
-  const newest = Math.max(...inputs().map(mtime));
+  const newest = Math.max(...inputs("metal").map(mtime));
   if (!opts.force && existsSync(lib) && mtime(lib) >= newest) return "";
   const tmp = `${lib}.${process.pid}.tmp`;
   await run(
-    [compilerFor("objc"), "-fobjc-arc", "-O2", "-Wall", "-dynamiclib", "-framework", "Metal", "-framework", "Foundation", "-I", join(ROOT, "metal-shim", "include"), "-o", tmp, ...sources],
+    [compilerFor("objc"), "-fobjc-arc", "-O2", "-Wall", "-dynamiclib", "-framework", "Metal", "-framework", "Foundation", "-I", join(ROOT, "metal-shim", "include"), "-o", tmp, ...sources, ...commonSources()],
     "build the Metal backend",
   );
   renameSync(tmp, lib);

@@ -4,6 +4,7 @@
 import { ConfigError } from "../model/config.ts";
 import { ModelFormatError } from "../model/errors.ts";
 import { UsageError } from "./args.ts";
+import { convertCommand } from "./commands/convert.ts";
 import { helpText, usage } from "./commands/help.ts";
 import { inspectCommand } from "./commands/inspect.ts";
 import { runCommand } from "./commands/run.ts";
@@ -14,6 +15,7 @@ const commands: Record<string, (argv: string[], io: CliIO) => Promise<number>> =
   synth: synthCommand,
   inspect: inspectCommand,
   run: runCommand,
+  convert: convertCommand,
 };
 
 export async function main(argv: string[], io: CliIO = processIO()): Promise<number> {

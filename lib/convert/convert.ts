@@ -17,6 +17,7 @@ import {
   hfModelConfig,
   planConversion,
   type Architecture,
+  type ConversionPlan,
   type Piece,
   type TensorSource,
 } from "./hf.ts";
@@ -39,6 +40,11 @@ export interface ConvertOptions {
   onProgress?: (doneBytes: number, totalBytes: number) => void;
   /** Informational lines (what was found, ignored, rounded). */
   log?: (line: string) => void;
+  /**
+   * Worker threads that encode expert records (0 or 1: this thread). Default: one per core, at
+   * most 8, when the experts take 256 MB or more (this thread mostly writes meanwhile).
+   */
+  workers?: number;
 }
 
 export interface ConvertResult {
@@ -84,7 +90,7 @@ export function openCheckpoint(src: string, opts: Pick<ConvertOptions, "kvCache"
 }
 
 /** Reads the source matrix of a piece, keeping the last one (consecutive pieces share sources). */
-class PieceReader {
+export class PieceReader {
   private key = "";
   private last: RowMatrix | null = null;
   constructor(private readonly src: TensorSource) {}
@@ -100,7 +106,7 @@ class PieceReader {
 }
 
 /** The bytes of `m` in `dtype` for a tensor of `spec`'s shape: q4 rows pass through unchanged. */
-function storedBytes(m: RowMatrix, spec: Pick<TensorSpec, "name" | "shape">, dtype: DType): Uint8Array {
+export function storedBytes(m: RowMatrix, spec: Pick<TensorSpec, "name" | "shape">, dtype: DType): Uint8Array {
   if (m.rows * m.cols !== numel(spec.shape))
     throw new Error(`convert: ${spec.name}: ${m.rows * m.cols} values for shape [${spec.shape.join(", ")}]`);
   if (dtype === "q4" && m.isQ4) return m.toQ4Bytes()!;
@@ -144,18 +150,15 @@ export async function convertCheckpoint(opts: ConvertOptions): Promise<ConvertRe
         else w.addDense(name, m.toF32());
         progress(w.lastDenseBytes);
       }
-      const { layers, per_layer, parts, stride } = w.expertLayout;
-      for (let l = 0; l < layers; l++)
-        for (let e = 0; e < per_layer; e++) {
-          const pieces = plan.expert(l, e);
-          const record: Record<string, Uint8Array> = {};
-          for (const part of parts) {
-            const m = reader.read(pieces[part.name as "gate" | "up" | "down"]);
-            record[part.name] = storedBytes(m, { name: `experts.${l}.${e}.${part.name}`, shape: part.shape }, part.dtype);
+      const { layers, per_layer, stride } = w.expertLayout;
+      const workers = opts.workers ?? (layers * per_layer * stride >= 256 << 20 ? Math.min(8, navigator.hardwareConcurrency) : 0);
+      if (workers > 1) await writeExpertsInWorkers(w, opts, workers, () => progress(stride));
+      else
+        for (let l = 0; l < layers; l++)
+          for (let e = 0; e < per_layer; e++) {
+            w.addExpertRaw(l, e, expertRecord(plan, reader, w.expertLayout.parts, l, e));
+            progress(stride);
           }
-          w.addExpertRaw(l, e, record);
-          progress(stride);
-        }
       copyTokenizer(opts.src, w, log);
       if (source instanceof MlxSource && source.roundedScales.length)
         log(`${source.roundedScales.length} MLX tensor(s) had non-bf16 scales, rounded to bf16 (not bit-exact): ${source.roundedScales.slice(0, 3).join(", ")}`);
@@ -168,6 +171,66 @@ export async function convertCheckpoint(opts: ConvertOptions): Promise<ConvertRe
     }
   } finally {
     ckpt.close();
+  }
+}
+
+export type RecordParts = { name: string; dtype: DType; shape: number[] }[];
+
+/** The stored bytes of each part of expert (l, e). */
+export function expertRecord(plan: ConversionPlan, reader: PieceReader, parts: RecordParts, l: number, e: number): Record<string, Uint8Array> {
+  const pieces = plan.expert(l, e);
+  const record: Record<string, Uint8Array> = {};
+  for (const part of parts) {
+    const m = reader.read(pieces[part.name as "gate" | "up" | "down"]);
+    record[part.name] = storedBytes(m, { name: `experts.${l}.${e}.${part.name}`, shape: part.shape }, part.dtype);
+  }
+  return record;
+}
+
+/**
+ * Encodes expert records in `count` workers (each opens the checkpoint itself) and writes them
+ * in order; at most two jobs per worker are in flight, so memory stays at a few records.
+ */
+async function writeExpertsInWorkers(w: ModelWriter, opts: ConvertOptions, count: number, progress: () => void): Promise<void> {
+  const { layers, per_layer, parts } = w.expertLayout;
+  const jobs = layers * per_layer;
+  const pool = Array.from({ length: count }, () => new Worker(new URL("./expert-worker.ts", import.meta.url).href));
+  try {
+    await new Promise<void>((resolve, reject) => {
+      let next = 0;
+      let written = 0;
+      const done = new Map<number, Record<string, Uint8Array>>();
+      const dispatch = (worker: Worker) => {
+        if (next >= jobs) return;
+        const i = next++;
+        worker.postMessage({ type: "job", i, l: Math.floor(i / per_layer), e: i % per_layer });
+      };
+      for (const worker of pool) {
+        worker.onmessage = (ev: MessageEvent) => {
+          const m = ev.data as { type: string; i: number; record: Record<string, Uint8Array>; message: string };
+          if (m.type === "error") return reject(new ConvertError(m.message));
+          done.set(m.i, m.record);
+          try {
+            for (let rec = done.get(written); rec; rec = done.get(written)) {
+              done.delete(written);
+              w.addExpertRaw(Math.floor(written / per_layer), written % per_layer, rec);
+              progress();
+              written++;
+            }
+          } catch (e) {
+            return reject(e);
+          }
+          if (written === jobs) resolve();
+          else dispatch(worker);
+        };
+        worker.onerror = (ev: ErrorEvent) => reject(new Error(`expert worker: ${ev.message}`));
+        worker.postMessage({ type: "init", src: opts.src, kvCache: opts.kvCache, mtp: opts.mtp, parts });
+        dispatch(worker);
+        dispatch(worker);
+      }
+    });
+  } finally {
+    for (const worker of pool) worker.terminate();
   }
 }
 

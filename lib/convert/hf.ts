@@ -152,6 +152,8 @@ export interface TensorSource {
   readonly ignored: string[];
   /** Canonical names present. */
   readonly names: string[];
+  /** Why a present tensor cannot be read (e.g. an FP8 dtype), checked before anything is written. */
+  problem?(name: string): string | undefined;
 }
 
 /** Stored-name prefixes and the canonical prefix each becomes; null = not part of the text model. */
@@ -221,6 +223,12 @@ export class HfSource implements TensorSource {
     const info = this.ckpt.info(this.raw(name));
     const [rows, cols] = rowsCols(info.shape, index !== undefined);
     return RowMatrix.f32(rows, cols, this.ckpt.readF32(info.name, index));
+  }
+
+  problem(name: string): string | undefined {
+    const { dtype } = this.ckpt.info(this.raw(name));
+    if (!["F32", "BF16", "F16", "F64"].includes(dtype))
+      return `dtype ${dtype} is not supported (F32, BF16, F16; for FP8/FP4 checkpoints convert the bf16 release)`;
   }
 }
 
@@ -361,6 +369,8 @@ export function planConversion(arch: Architecture, config: ModelConfig, src: Ten
       missing[0],
     );
   for (const [name, { shape, why }] of expected) {
+    const problem = src.problem?.(name);
+    if (problem) throw new ConvertError(`tensor ${name} (${src.where(name)}): ${problem}`, name);
     const got = src.shape(name);
     if (got.length !== shape.length || got.some((x, i) => x !== shape[i]))
       throw new ConvertError(

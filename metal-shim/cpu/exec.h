@@ -30,7 +30,10 @@ Worker *this_thread_worker();
 bool run_threadgroup(Worker *w, const Dispatch &d, uint32_t linear, std::string &error);
 
 // Runs all threadgroups of a dispatch on `threads` OS threads (the caller
-// included). Only one thread calls run() at a time.
+// included). Only one thread calls run() at a time. Threadgroups are claimed
+// through one atomic word holding (dispatch generation, next index), so the
+// caller waits only for threadgroups actually claimed, never for a worker that
+// is still asleep. Between dispatches workers spin briefly, then sleep.
 class Pool {
  public:
   explicit Pool(unsigned threads);
@@ -39,20 +42,24 @@ class Pool {
   unsigned size() const { return unsigned(threads_.size()) + 1; }
 
  private:
+  struct Job {
+    Dispatch d;
+    std::atomic<uint32_t> total{0};
+    std::atomic<uint32_t> done{0};
+    std::atomic<bool> failed{false};
+  };
   void loop();
-  void work();
+  void work(uint64_t generation);
 
   std::vector<std::thread> threads_;
   std::mutex m_;
-  std::condition_variable wake_, done_;
-  const Dispatch *job_ = nullptr;
-  uint64_t seq_ = 0;
-  unsigned running_ = 0;
-  bool stop_ = false;
-  uint32_t total_ = 0;
-  std::atomic<uint32_t> next_{0};
-  std::atomic<bool> failed_{false};
-  std::string error_;  // guarded by m_
+  std::condition_variable wake_;
+  unsigned sleepers_ = 0;             // guarded by m_
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> claim_{0};    // generation << 32 | next threadgroup index
+  uint64_t generation_ = 0;           // of the last run(), written by its caller only
+  Job jobs_[2];                       // jobs_[generation & 1]
+  std::string error_;                 // guarded by m_
 };
 
 }  // namespace ck

@@ -19,23 +19,23 @@
 // published: the FAILED status says to discard what they wrote.
 #import "shim.h"
 
-@implementation CKEvent
+@implementation CherenkovEvent
 @end
-@implementation CKWait
+@implementation CherenkovWait
 @end
 
-@implementation CKCmdbuf
+@implementation CherenkovCmdbuf
 - (void)dealloc {
   // A command buffer released before commit may still have an open encoder.
   if (enc) [enc endEncoding];
 }
 @end
 
-static int32_t status_of(CKCmdbuf *cb) { return __atomic_load_n(&cb->status, __ATOMIC_ACQUIRE); }
-static BOOL finished(CKCmdbuf *cb) { return status_of(cb) >= CK_CMDBUF_COMPLETED; }
+static int32_t status_of(CherenkovCmdbuf *cb) { return __atomic_load_n(&cb->status, __ATOMIC_ACQUIRE); }
+static BOOL finished(CherenkovCmdbuf *cb) { return status_of(cb) >= CK_CMDBUF_COMPLETED; }
 
-void ck_cmdbuf_finish(CKCmdbuf *cb, NSString *gpu_error) {
-  CKDevice *d = cb->dev;
+void ck_cmdbuf_finish(CherenkovCmdbuf *cb, NSString *gpu_error) {
+  CherenkovDevice *d = cb->dev;
   [d->done lock];
   if (!finished(cb)) {
     NSString *error = cb->error ? cb->error : gpu_error;  // a timed-out wait is the first cause
@@ -53,12 +53,12 @@ void ck_cmdbuf_finish(CKCmdbuf *cb, NSString *gpu_error) {
 
 static int32_t check_encoding(ck_cmdbuf *handle, const char *what) {
   if (!handle) return ck_fail(@"%s: command buffer is NULL", what);
-  CKCmdbuf *cb = CK_OBJ(CKCmdbuf, handle);
+  CherenkovCmdbuf *cb = CK_OBJ(CherenkovCmdbuf, handle);
   if (status_of(cb) != CK_CMDBUF_ENCODING) return ck_fail(@"command buffer %u: %s after commit", cb->ident, what);
   return CK_OK;
 }
 
-static void end_encoder(CKCmdbuf *cb) {
+static void end_encoder(CherenkovCmdbuf *cb) {
   if (!cb->enc) return;
   [cb->enc endEncoding];
   cb->enc = nil;
@@ -70,12 +70,12 @@ static void end_encoder(CKCmdbuf *cb) {
 CK_API ck_cmdbuf *ck_cmdbuf_begin(ck_device *dev) {
   @autoreleasepool {
     if (!dev) return ck_fail(@"ck_cmdbuf_begin: device is NULL"), NULL;
-    CKDevice *d = CK_OBJ(CKDevice, dev);
+    CherenkovDevice *d = CK_OBJ(CherenkovDevice, dev);
     // Retained references (the default): Metal keeps every buffer, pipeline
     // and event it encodes alive until the command buffer completes.
     id<MTLCommandBuffer> mtl = [d->queue commandBuffer];
     if (!mtl) return ck_fail(@"ck_cmdbuf_begin: Metal gave no command buffer"), NULL;
-    CKCmdbuf *cb = [CKCmdbuf new];
+    CherenkovCmdbuf *cb = [CherenkovCmdbuf new];
     cb->dev = d;
     cb->mtl = mtl;
     cb->ident = __atomic_fetch_add(&d->next_cmdbuf_id, 1, __ATOMIC_RELAXED);
@@ -86,16 +86,16 @@ CK_API ck_cmdbuf *ck_cmdbuf_begin(ck_device *dev) {
   }
 }
 
-CK_API uint32_t ck_cmdbuf_id(ck_cmdbuf *cb) { return cb ? CK_OBJ(CKCmdbuf, cb)->ident : 0; }
+CK_API uint32_t ck_cmdbuf_id(ck_cmdbuf *cb) { return cb ? CK_OBJ(CherenkovCmdbuf, cb)->ident : 0; }
 
 // Validates as the CPU backend does (same messages), then encodes.
 static int32_t encode_dispatch(ck_cmdbuf *handle, ck_pipeline *pipe, const uint32_t grid[3], const uint32_t tg[3],
                                BOOL grid_counts_threads, const ck_binding *bindings, uint32_t binding_count,
                                const void *params, uint32_t params_len) {
   if (check_encoding(handle, "dispatch") != CK_OK) return CK_ERROR;
-  CKCmdbuf *cb = CK_OBJ(CKCmdbuf, handle);
+  CherenkovCmdbuf *cb = CK_OBJ(CherenkovCmdbuf, handle);
   if (!pipe) return ck_fail(@"command buffer %u: dispatch: pipeline is NULL", cb->ident);
-  CKPipeline *p = CK_OBJ(CKPipeline, pipe);
+  CherenkovPipeline *p = CK_OBJ(CherenkovPipeline, pipe);
 #define FAIL(fmt, ...) \
   return ck_fail(@"command buffer %u: dispatch of '%@' (%@): " fmt, cb->ident, p->name, p->where, ##__VA_ARGS__)
 
@@ -122,10 +122,10 @@ static int32_t encode_dispatch(ck_cmdbuf *handle, ck_pipeline *pipe, const uint3
   uint32_t bound = 0;
   for (uint32_t i = 0; i < binding_count; i++) {
     if (!bindings[i].buffer) continue;
-    CKBuffer *b = CK_OBJ(CKBuffer, bindings[i].buffer);
+    CherenkovBuffer *b = CK_OBJ(CherenkovBuffer, bindings[i].buffer);
     uint64_t off = bindings[i].offset;
     if (i == 0 && params_len) FAIL("[[buffer(0)]] is bound to a buffer and to params");
-    if (!((p->buffer_mask >> i) & 1u)) FAIL("binds [[buffer(%u)]], which the kernel does not declare", i);
+    if (p->checked && !((p->buffer_mask >> i) & 1u)) FAIL("binds [[buffer(%u)]], which the kernel does not declare", i);
     if (off > b->length)
       FAIL("[[buffer(%u)]] offset %llu is past the end of its %lu-byte buffer", i, (unsigned long long)off,
            (unsigned long)b->length);
@@ -138,11 +138,13 @@ static int32_t encode_dispatch(ck_cmdbuf *handle, ck_pipeline *pipe, const uint3
     bound |= 1u << i;
   }
   if (params_len) {
-    if (!(p->buffer_mask & 1u)) FAIL("params given, but the kernel declares no [[buffer(0)]]");
+    if (p->checked && !(p->buffer_mask & 1u)) FAIL("params given, but the kernel declares no [[buffer(0)]]");
     if (params_len < p->bytes0) FAIL("params are %u bytes; the kernel reads %u at [[buffer(0)]]", params_len, p->bytes0);
     bound |= 1u;
   }
-  uint32_t missing = p->buffer_mask & ~bound;
+  // Only arguments the compiled kernel uses must be bound (the CPU backend,
+  // which cannot tell, asks for every declared one).
+  uint32_t missing = p->used_mask & ~bound;
   if (missing) FAIL("[[buffer(%u)]] is not bound", (unsigned)__builtin_ctz(missing));
 #undef FAIL
 
@@ -158,7 +160,7 @@ static int32_t encode_dispatch(ck_cmdbuf *handle, ck_pipeline *pipe, const uint3
   }
   for (uint32_t i = 0; i < binding_count; i++) {
     if (!bindings[i].buffer) continue;
-    [enc setBuffer:CK_OBJ(CKBuffer, bindings[i].buffer)->mtl offset:(NSUInteger)bindings[i].offset atIndex:i];
+    [enc setBuffer:CK_OBJ(CherenkovBuffer, bindings[i].buffer)->mtl offset:(NSUInteger)bindings[i].offset atIndex:i];
   }
   if (params_len) [enc setBytes:params length:params_len atIndex:0];
   if (groups_total == 0) return CK_OK;  // an empty grid runs nothing; Metal is not asked to dispatch it
@@ -193,19 +195,19 @@ CK_API int32_t ck_encode_dispatch_threads(ck_cmdbuf *cb, ck_pipeline *pipe, uint
 static int32_t encode_event(ck_cmdbuf *handle, ck_event *event, double value, BOOL is_wait) {
   const char *what = is_wait ? "wait" : "signal";
   if (check_encoding(handle, what) != CK_OK) return CK_ERROR;
-  CKCmdbuf *cb = CK_OBJ(CKCmdbuf, handle);
+  CherenkovCmdbuf *cb = CK_OBJ(CherenkovCmdbuf, handle);
   if (!event) return ck_fail(@"command buffer %u: %s: event is NULL", cb->ident, what);
   uint64_t v;
   if (!ck_to_u64(value, &v))
     return ck_fail(@"command buffer %u: %s: event value %.17g is not an integer in [0, 2^53]", cb->ident, what, value);
-  CKEvent *e = CK_OBJ(CKEvent, event);
+  CherenkovEvent *e = CK_OBJ(CherenkovEvent, event);
   if (is_wait && !cb->arrivals) {
     cb->arrivals = [cb->dev->mtl newSharedEvent];
     if (!cb->arrivals) return ck_fail(@"command buffer %u: wait: Metal gave no shared event", cb->ident);
   }
   end_encoder(cb);  // event commands sit between encoders
   if (is_wait) {
-    CKWait *w = [CKWait new];
+    CherenkovWait *w = [CherenkovWait new];
     w->event = e;
     w->value = v;
     [cb->waits addObject:w];
@@ -230,19 +232,19 @@ CK_API int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value) {
 }
 
 // Lets the GPU past a wait the host did not release in time.
-static void force_release(CKWait *w) {
+static void force_release(CherenkovWait *w) {
   id<MTLSharedEvent> e = w->event->mtl;
   if (e.signaledValue < w->value) e.signaledValue = w->value;
 }
 
 // Runs on the device's watchdog queue, one command buffer at a time in commit
 // order (the order the GPU reaches their waits).
-static void watch_waits(CKCmdbuf *cb) {
+static void watch_waits(CherenkovCmdbuf *cb) {
   @autoreleasepool {
-    CKDevice *d = cb->dev;
+    CherenkovDevice *d = cb->dev;
     BOOL failed = NO;
     uint64_t k = 0;
-    for (CKWait *w in cb->waits) {
+    for (CherenkovWait *w in cb->waits) {
       k++;
       // The work before the wait may take any time; poll for the end of the
       // command buffer too (a GPU error means it never arrives).
@@ -268,8 +270,8 @@ static void watch_waits(CKCmdbuf *cb) {
 CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *handle) {
   @autoreleasepool {
     if (check_encoding(handle, "commit") != CK_OK) return CK_ERROR;
-    CKCmdbuf *cb = CK_OBJ(CKCmdbuf, handle);
-    CKDevice *d = cb->dev;
+    CherenkovCmdbuf *cb = CK_OBJ(CherenkovCmdbuf, handle);
+    CherenkovDevice *d = cb->dev;
     end_encoder(cb);
     [d residencyCommit];
     id<MTLCommandBuffer> mtl = cb->mtl;
@@ -298,9 +300,9 @@ CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *handle) {
 CK_API int32_t ck_cmdbuf_wait(ck_cmdbuf *handle, uint32_t timeout_ms) {
   @autoreleasepool {
     if (!handle) return ck_fail(@"ck_cmdbuf_wait: command buffer is NULL");
-    CKCmdbuf *cb = CK_OBJ(CKCmdbuf, handle);
+    CherenkovCmdbuf *cb = CK_OBJ(CherenkovCmdbuf, handle);
     if (status_of(cb) == CK_CMDBUF_ENCODING) return ck_fail(@"command buffer %u: wait before commit", cb->ident);
-    CKDevice *d = cb->dev;
+    CherenkovDevice *d = cb->dev;
     NSDate *deadline = [NSDate dateWithTimeIntervalSinceNow:timeout_ms / 1000.0];
     [d->done lock];
     // Every finishing command buffer broadcasts; re-check ours after each.
@@ -315,11 +317,11 @@ CK_API int32_t ck_cmdbuf_wait(ck_cmdbuf *handle, uint32_t timeout_ms) {
   }
 }
 
-CK_API int32_t ck_cmdbuf_status(ck_cmdbuf *cb) { return cb ? status_of(CK_OBJ(CKCmdbuf, cb)) : CK_ERROR; }
+CK_API int32_t ck_cmdbuf_status(ck_cmdbuf *cb) { return cb ? status_of(CK_OBJ(CherenkovCmdbuf, cb)) : CK_ERROR; }
 
 CK_API const char *ck_cmdbuf_error(ck_cmdbuf *handle) {
   if (!handle) return "";
-  CKCmdbuf *cb = CK_OBJ(CKCmdbuf, handle);
+  CherenkovCmdbuf *cb = CK_OBJ(CherenkovCmdbuf, handle);
   if (status_of(cb) != CK_CMDBUF_FAILED) return "";
   return (const char *)cb->error_c.bytes;  // written before the status became FAILED
 }
@@ -335,10 +337,10 @@ CK_API void ck_cmdbuf_release(ck_cmdbuf *handle) {
 CK_API ck_event *ck_event_new(ck_device *dev) {
   @autoreleasepool {
     if (!dev) return ck_fail(@"ck_event_new: device is NULL"), NULL;
-    CKDevice *d = CK_OBJ(CKDevice, dev);
+    CherenkovDevice *d = CK_OBJ(CherenkovDevice, dev);
     id<MTLSharedEvent> mtl = [d->mtl newSharedEvent];
     if (!mtl) return ck_fail(@"ck_event_new: Metal gave no shared event"), NULL;
-    CKEvent *e = [CKEvent new];
+    CherenkovEvent *e = [CherenkovEvent new];
     e->mtl = mtl;
     e->ident = __atomic_fetch_add(&d->next_event_id, 1, __ATOMIC_RELAXED);
     mtl.label = [NSString stringWithFormat:@"cherenkov event %u", e->ident];
@@ -346,15 +348,15 @@ CK_API ck_event *ck_event_new(ck_device *dev) {
   }
 }
 
-CK_API uint32_t ck_event_id(ck_event *ev) { return ev ? CK_OBJ(CKEvent, ev)->ident : 0; }
+CK_API uint32_t ck_event_id(ck_event *ev) { return ev ? CK_OBJ(CherenkovEvent, ev)->ident : 0; }
 
-CK_API double ck_event_value(ck_event *ev) { return ev ? (double)CK_OBJ(CKEvent, ev)->mtl.signaledValue : 0; }
+CK_API double ck_event_value(ck_event *ev) { return ev ? (double)CK_OBJ(CherenkovEvent, ev)->mtl.signaledValue : 0; }
 
 CK_API int32_t ck_event_set(ck_event *ev, double value) {
   @autoreleasepool {
     uint64_t v;
     if (!ev) return ck_fail(@"ck_event_set: event is NULL");
-    CKEvent *e = CK_OBJ(CKEvent, ev);
+    CherenkovEvent *e = CK_OBJ(CherenkovEvent, ev);
     if (!ck_to_u64(value, &v)) return ck_fail(@"event %u: value %.17g is not an integer in [0, 2^53]", e->ident, value);
     uint64_t now = e->mtl.signaledValue;
     if (v < now)
@@ -369,7 +371,7 @@ CK_API int32_t ck_event_wait(ck_event *ev, double value, uint32_t timeout_ms) {
   @autoreleasepool {
     uint64_t v;
     if (!ev) return ck_fail(@"ck_event_wait: event is NULL");
-    CKEvent *e = CK_OBJ(CKEvent, ev);
+    CherenkovEvent *e = CK_OBJ(CherenkovEvent, ev);
     if (!ck_to_u64(value, &v)) return ck_fail(@"event %u: value %.17g is not an integer in [0, 2^53]", e->ident, value);
     if (e->mtl.signaledValue >= v) return CK_OK;
     if (timeout_ms == 0) return CK_TIMEOUT;

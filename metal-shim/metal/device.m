@@ -45,7 +45,7 @@ CK_API int32_t ck_abi_version(void) { return CK_ABI_VERSION; }
 
 // ---- device ------------------------------------------------------------------------
 
-@implementation CKDevice
+@implementation CherenkovDevice
 
 - (void)residencyAdd:(id<MTLBuffer>)buffer {
   if (!residency) return;
@@ -90,7 +90,7 @@ CK_API int32_t ck_abi_version(void) { return CK_ABI_VERSION; }
 // resident again by each one. Wrapped buffers (mapped files) stay out: their
 // pages belong to the page cache, and the "mapped" pool backing relies on the
 // OS deciding. CHERENKOV_METAL_RESIDENCY=0 turns the set off (for measuring).
-static void open_residency_set(CKDevice *d) {
+static void open_residency_set(CherenkovDevice *d) {
   NSString *flag = NSProcessInfo.processInfo.environment[@"CHERENKOV_METAL_RESIDENCY"];
   if (flag && [flag isEqualToString:@"0"]) return;
   if (@available(macOS 15.0, *)) {
@@ -110,7 +110,7 @@ CK_API ck_device *ck_device_open(void) {
     if (!mtl) return ck_fail(@"ck_device_open: no Metal device (MTLCreateSystemDefaultDevice returned nil)"), NULL;
     id<MTLCommandQueue> queue = [mtl newCommandQueue];
     if (!queue) return ck_fail(@"ck_device_open: %@ gave no command queue", mtl.name), NULL;
-    CKDevice *d = [CKDevice new];
+    CherenkovDevice *d = [CherenkovDevice new];
     d->mtl = mtl;
     d->queue = queue;
     queue.label = @"cherenkov";
@@ -132,7 +132,7 @@ CK_API ck_device *ck_device_open(void) {
 CK_API void ck_device_close(ck_device *dev) {
   if (!dev) return;
   @autoreleasepool {
-    CKDevice *d = CK_OBJ(CKDevice, dev);
+    CherenkovDevice *d = CK_OBJ(CherenkovDevice, dev);
     // Wait for committed work. A command buffer blocked on an event is freed
     // by the watchdog after the wait timeout, so this cannot hang forever on
     // an event the host never sets.
@@ -158,35 +158,35 @@ CK_API const char *ck_device_backend(ck_device *dev) {
 }
 
 CK_API const char *ck_device_name(ck_device *dev) {
-  return dev ? (const char *)CK_OBJ(CKDevice, dev)->name_c.bytes : "";
+  return dev ? (const char *)CK_OBJ(CherenkovDevice, dev)->name_c.bytes : "";
 }
 
 CK_API double ck_device_max_working_set(ck_device *dev) {
-  return dev ? (double)CK_OBJ(CKDevice, dev)->mtl.recommendedMaxWorkingSetSize : 0;
+  return dev ? (double)CK_OBJ(CherenkovDevice, dev)->mtl.recommendedMaxWorkingSetSize : 0;
 }
 
 CK_API uint32_t ck_device_max_threadgroup_memory(ck_device *dev) {
-  return dev ? (uint32_t)CK_OBJ(CKDevice, dev)->mtl.maxThreadgroupMemoryLength : 0;
+  return dev ? (uint32_t)CK_OBJ(CherenkovDevice, dev)->mtl.maxThreadgroupMemoryLength : 0;
 }
 
 CK_API uint32_t ck_device_max_threads_per_threadgroup(ck_device *dev) {
-  return dev ? (uint32_t)CK_OBJ(CKDevice, dev)->mtl.maxThreadsPerThreadgroup.width : 0;
+  return dev ? (uint32_t)CK_OBJ(CherenkovDevice, dev)->mtl.maxThreadsPerThreadgroup.width : 0;
 }
 
 // Every Apple-silicon GPU executes SIMD groups of 32 threads.
 CK_API uint32_t ck_device_simd_width(ck_device *dev) { return dev ? 32 : 0; }
 
 CK_API uint32_t ck_device_page_size(ck_device *dev) {
-  return dev ? CK_OBJ(CKDevice, dev)->page_size : 0;
+  return dev ? CK_OBJ(CherenkovDevice, dev)->page_size : 0;
 }
 
 CK_API void ck_device_set_wait_timeout(ck_device *dev, uint32_t timeout_ms) {
-  if (dev) __atomic_store_n(&CK_OBJ(CKDevice, dev)->wait_timeout_ms, timeout_ms, __ATOMIC_RELAXED);
+  if (dev) __atomic_store_n(&CK_OBJ(CherenkovDevice, dev)->wait_timeout_ms, timeout_ms, __ATOMIC_RELAXED);
 }
 
 // ---- buffers ------------------------------------------------------------------------
 
-@implementation CKBuffer
+@implementation CherenkovBuffer
 - (void)dealloc {
   if (resident) [dev residencyRemove:mtl];
 }
@@ -197,7 +197,7 @@ static BOOL checked_length(ck_device *dev, double length, const char *fn, NSUInt
   if (!dev) return ck_fail(@"%s: device is NULL", fn), NO;
   if (!ck_to_u64(length, &n) || n == 0)
     return ck_fail(@"%s: length %.17g is not a positive integer below 2^53", fn, length), NO;
-  CKDevice *d = CK_OBJ(CKDevice, dev);
+  CherenkovDevice *d = CK_OBJ(CherenkovDevice, dev);
   uint64_t page = d->page_size;
   uint64_t rounded = (n + page - 1) / page * page;
   if (rounded > d->mtl.maxBufferLength)
@@ -211,7 +211,7 @@ CK_API ck_buffer *ck_buffer_new(ck_device *dev, double length) {
   @autoreleasepool {
     NSUInteger n;
     if (!checked_length(dev, length, "ck_buffer_new", &n)) return NULL;
-    CKDevice *d = CK_OBJ(CKDevice, dev);
+    CherenkovDevice *d = CK_OBJ(CherenkovDevice, dev);
     // Shared storage: one allocation both the CPU and the GPU address; Metal
     // zero-fills it. Hazard tracking stays on, so later dispatches of a
     // command buffer see earlier writes.
@@ -230,7 +230,7 @@ CK_API ck_buffer *ck_buffer_new(ck_device *dev, double length) {
       if (pages && !mtl) NSDeallocateMemoryPages(pages, n);
     }
     if (!mtl) return ck_fail(@"ck_buffer_new: cannot allocate %lu bytes", (unsigned long)n), NULL;
-    CKBuffer *b = [CKBuffer new];
+    CherenkovBuffer *b = [CherenkovBuffer new];
     b->dev = d;
     b->mtl = mtl;
     b->contents = mtl.contents;
@@ -247,7 +247,7 @@ CK_API ck_buffer *ck_buffer_wrap(ck_device *dev, void *ptr, double length) {
   @autoreleasepool {
     NSUInteger n;
     if (!checked_length(dev, length, "ck_buffer_wrap", &n)) return NULL;
-    CKDevice *d = CK_OBJ(CKDevice, dev);
+    CherenkovDevice *d = CK_OBJ(CherenkovDevice, dev);
     if (!ptr || (uintptr_t)ptr % d->page_size != 0)
       return ck_fail(@"ck_buffer_wrap: pointer %p is not page-aligned (page size %u)", ptr, d->page_size), NULL;
     // No deallocator: the caller owns the memory (a mapping of dense.bin).
@@ -258,7 +258,7 @@ CK_API ck_buffer *ck_buffer_wrap(ck_device *dev, void *ptr, double length) {
     if (!mtl)
       return ck_fail(@"ck_buffer_wrap: Metal could not wrap %lu bytes at %p (are all of its pages mapped?)",
                      (unsigned long)n, ptr), NULL;
-    CKBuffer *b = [CKBuffer new];
+    CherenkovBuffer *b = [CherenkovBuffer new];
     b->dev = d;
     b->mtl = mtl;
     b->contents = ptr;
@@ -268,11 +268,11 @@ CK_API ck_buffer *ck_buffer_wrap(ck_device *dev, void *ptr, double length) {
 }
 
 CK_API void *ck_buffer_contents(ck_buffer *buf) {
-  return buf ? CK_OBJ(CKBuffer, buf)->contents : NULL;
+  return buf ? CK_OBJ(CherenkovBuffer, buf)->contents : NULL;
 }
 
 CK_API double ck_buffer_length(ck_buffer *buf) {
-  return buf ? (double)CK_OBJ(CKBuffer, buf)->length : 0;
+  return buf ? (double)CK_OBJ(CherenkovBuffer, buf)->length : 0;
 }
 
 CK_API void ck_buffer_release(ck_buffer *buf) {

@@ -5,8 +5,8 @@
 // compiles each as its own translation unit: two files may then both define
 // the same static helper, and a kernel name defined twice is an error here.
 // Quoted includes that name a file in the same directory (kernels/params.h)
-// are inlined, with #line directives so compiler messages name the real file
-// and line: newLibraryWithSource has no include path.
+// are inlined where they stand, with #line directives so compiler messages
+// name the real file and line: newLibraryWithSource has no include path.
 //
 // Caching: compiled libraries are kept per device in an in-process dictionary
 // keyed by the complete expanded source text (NSDictionary hashes the text and
@@ -15,9 +15,9 @@
 // shader cache; nothing here depends on it.
 #import "shim.h"
 
-@implementation CKPipeline
+@implementation CherenkovPipeline
 @end
-@implementation CKLibrary
+@implementation CherenkovLibrary
 @end
 
 // The file name of `line` if it is `#include "name"`, else nil.
@@ -34,9 +34,15 @@ static NSString *quoted_include(NSString *line) {
 }
 
 // Appends `file` (relative to `dir`) to `out` with its local includes inlined
-// once each. Returns NO with *problem set when a file cannot be read.
-static BOOL expand_file(NSString *dir, NSString *file, NSMutableSet<NSString *> *seen, NSMutableString *out,
-                        NSString **original, NSString **problem) {
+// where they stand, as the preprocessor would include them (so conditional
+// includes keep working). A file with `#pragma once` is wrapped in an include
+// guard instead. Returns NO with *problem set when a file cannot be read.
+static BOOL expand_file(NSString *dir, NSString *file, int depth, NSMutableString *out, NSString **original,
+                        NSString **problem) {
+  if (depth > 16) {
+    *problem = [NSString stringWithFormat:@"%@: includes nested more than 16 deep (an include cycle?)", file];
+    return NO;
+  }
   NSError *error = nil;
   NSString *path = [dir stringByAppendingPathComponent:file];
   NSString *text = [NSString stringWithContentsOfFile:path encoding:NSUTF8StringEncoding error:&error];
@@ -45,8 +51,22 @@ static BOOL expand_file(NSString *dir, NSString *file, NSMutableSet<NSString *> 
     return NO;
   }
   if (original) *original = text;
-  [out appendFormat:@"#line 1 \"%@\"\n", file];
   NSArray<NSString *> *lines = [text componentsSeparatedByString:@"\n"];
+  BOOL once = NO;
+  for (NSString *line in lines)
+    if ([[line stringByTrimmingCharactersInSet:NSCharacterSet.whitespaceCharacterSet] hasPrefix:@"#pragma once"]) once = YES;
+  NSString *guard = nil;
+  if (once) {
+    NSMutableString *g = [NSMutableString stringWithString:@"CK_INLINED_"];
+    for (NSUInteger i = 0; i < file.length; i++) {
+      unichar c = [file characterAtIndex:i];
+      BOOL word = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+      [g appendFormat:@"%c", word ? (char)c : '_'];
+    }
+    guard = g;
+    [out appendFormat:@"#ifndef %@\n#define %@\n", guard, guard];
+  }
+  [out appendFormat:@"#line 1 \"%@\"\n", file];
   for (NSUInteger i = 0; i < lines.count; i++) {
     NSString *line = lines[i];
     NSString *trimmed = [line stringByTrimmingCharactersInSet:NSCharacterSet.whitespaceCharacterSet];
@@ -56,16 +76,14 @@ static BOOL expand_file(NSString *dir, NSString *file, NSMutableSet<NSString *> 
     }
     NSString *include = quoted_include(line);
     if (include && [NSFileManager.defaultManager fileExistsAtPath:[dir stringByAppendingPathComponent:include]]) {
-      if (![seen containsObject:include]) {
-        [seen addObject:include];
-        if (!expand_file(dir, include, seen, out, NULL, problem)) return NO;
-      }
+      if (!expand_file(dir, include, depth + 1, out, NULL, problem)) return NO;
       [out appendFormat:@"#line %lu \"%@\"\n", (unsigned long)(i + 2), file];
       continue;
     }
     [out appendString:line];
     [out appendString:@"\n"];
   }
+  if (guard) [out appendFormat:@"#endif  // %@\n", guard];
   return YES;
 }
 
@@ -102,7 +120,7 @@ static NSString *line_suffix(NSString *text, NSString *name) {
 }
 
 // The compiled library of `source`, from the device's cache or compiled now.
-static id<MTLLibrary> library_for(CKDevice *d, NSString *source, NSString **problem) {
+static id<MTLLibrary> library_for(CherenkovDevice *d, NSString *source, NSString **problem) {
   [d->libraries_lock lock];
   id<MTLLibrary> lib = d->libraries[source];
   [d->libraries_lock unlock];
@@ -112,7 +130,14 @@ static id<MTLLibrary> library_for(CKDevice *d, NSString *source, NSString **prob
   // use infinities (softmax and top-k initial values), which fast math may
   // assume away, and the CPU backend is precise too.
   options.languageVersion = MTLLanguageVersion3_1;
-  options.fastMathEnabled = NO;
+  if (@available(macOS 15.0, *)) {
+    options.mathMode = MTLMathModeSafe;
+  } else {
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wdeprecated-declarations"  // deprecated only from macOS 15
+    options.fastMathEnabled = NO;
+#pragma clang diagnostic pop
+  }
   NSError *error = nil;
   lib = [d->mtl newLibraryWithSource:source options:options error:&error];
   if (!lib) {
@@ -135,7 +160,7 @@ CK_API ck_library *ck_library_load(ck_device *dev, const char *dir) {
   @autoreleasepool {
     if (!dev) return ck_fail(@"ck_library_load: device is NULL"), NULL;
     if (!dir) return ck_fail(@"ck_library_load: dir is NULL (the Metal backend compiles the .metal files of a directory)"), NULL;
-    CKDevice *d = CK_OBJ(CKDevice, dev);
+    CherenkovDevice *d = CK_OBJ(CherenkovDevice, dev);
     NSString *path = [NSString stringWithUTF8String:dir];
     if (!path) return ck_fail(@"ck_library_load: the directory name is not UTF-8"), NULL;
     NSError *error = nil;
@@ -153,7 +178,7 @@ CK_API ck_library *ck_library_load(ck_device *dev, const char *dir) {
     for (NSString *file in sorted_bytewise(files)) {
       NSMutableString *source = [NSMutableString string];
       NSString *original = nil, *problem = nil;
-      if (!expand_file(path, file, [NSMutableSet set], source, &original, &problem))
+      if (!expand_file(path, file, 0, source, &original, &problem))
         return ck_fail(@"ck_library_load: %@", problem), NULL;
       id<MTLLibrary> lib = library_for(d, source, &problem);
       if (!lib) return ck_fail(@"ck_library_load: %@/%@ does not compile:\n%@", shown, file, problem), NULL;
@@ -169,7 +194,7 @@ CK_API ck_library *ck_library_load(ck_device *dev, const char *dir) {
       }
     }
 
-    CKLibrary *l = [CKLibrary new];
+    CherenkovLibrary *l = [CherenkovLibrary new];
     l->dev = d;
     l->dir = path;
     l->names = sorted_bytewise(functions.allKeys);
@@ -191,17 +216,17 @@ CK_API void ck_library_release(ck_library *lib) {
 }
 
 CK_API uint32_t ck_library_kernel_count(ck_library *lib) {
-  return lib ? (uint32_t)CK_OBJ(CKLibrary, lib)->names.count : 0;
+  return lib ? (uint32_t)CK_OBJ(CherenkovLibrary, lib)->names.count : 0;
 }
 
 CK_API const char *ck_library_kernel_name(ck_library *lib, uint32_t index) {
-  if (!lib || index >= CK_OBJ(CKLibrary, lib)->names_c.count) return "";
-  return (const char *)CK_OBJ(CKLibrary, lib)->names_c[index].bytes;
+  if (!lib || index >= CK_OBJ(CherenkovLibrary, lib)->names_c.count) return "";
+  return (const char *)CK_OBJ(CherenkovLibrary, lib)->names_c[index].bytes;
 }
 
 // Builds the pipeline of `name` and reads its buffer arguments from Metal's
 // reflection, for the checks ck_encode_dispatch makes. Called with l->lock held.
-static CKPipeline *build_pipeline(CKLibrary *l, NSString *name, const char *raw_name) {
+static CherenkovPipeline *build_pipeline(CherenkovLibrary *l, NSString *name, const char *raw_name) {
   id<MTLFunction> fn = name ? l->functions[name] : nil;
   if (!fn) {
     ck_fail(@"pipeline not found: %s (the metal library has %lu kernels, compiled from %@)", raw_name,
@@ -221,12 +246,20 @@ static CKPipeline *build_pipeline(CKLibrary *l, NSString *name, const char *raw_
             error ? error.localizedDescription : @"no reason given");
     return nil;
   }
-  CKPipeline *p = [CKPipeline new];
+  CherenkovPipeline *p = [CherenkovPipeline new];
   p->state = state;
   p->name = name;
   p->name_c = ck_cstring(name);
   p->where = where;
   p->max_threads = (uint32_t)state.maxTotalThreadsPerThreadgroup;
+  if (!reflection) {
+    // Without reflection nothing is known about the arguments: accept every
+    // binding rather than reject valid dispatches (Metal then validates).
+    p->buffer_mask = p->used_mask = 0;
+    p->checked = NO;
+    return p;
+  }
+  p->checked = YES;
   for (id<MTLBinding> b in reflection.bindings) {
     if (b.type == MTLBindingTypeThreadgroupMemory) {
       // cherenkov.h has no call to size threadgroup arguments: declare
@@ -242,6 +275,7 @@ static CKPipeline *build_pipeline(CKLibrary *l, NSString *name, const char *raw_
       return nil;
     }
     p->buffer_mask |= 1u << b.index;
+    if (b.used) p->used_mask |= 1u << b.index;
     if (b.index == 0) p->bytes0 = (uint32_t)((id<MTLBufferBinding>)b).bufferDataSize;
   }
   return p;
@@ -250,10 +284,10 @@ static CKPipeline *build_pipeline(CKLibrary *l, NSString *name, const char *raw_
 CK_API ck_pipeline *ck_pipeline_get(ck_library *lib, const char *name) {
   @autoreleasepool {
     if (!lib || !name) return ck_fail(@"ck_pipeline_get: library or name is NULL"), NULL;
-    CKLibrary *l = CK_OBJ(CKLibrary, lib);
+    CherenkovLibrary *l = CK_OBJ(CherenkovLibrary, lib);
     NSString *key = [NSString stringWithUTF8String:name];
     [l->lock lock];
-    CKPipeline *p = key ? l->pipelines[key] : nil;
+    CherenkovPipeline *p = key ? l->pipelines[key] : nil;
     if (!p) {
       p = build_pipeline(l, key, name);
       if (p) l->pipelines[key] = p;
@@ -265,9 +299,9 @@ CK_API ck_pipeline *ck_pipeline_get(ck_library *lib, const char *name) {
 }
 
 CK_API const char *ck_pipeline_name(ck_pipeline *pipe) {
-  return pipe ? (const char *)CK_OBJ(CKPipeline, pipe)->name_c.bytes : "";
+  return pipe ? (const char *)CK_OBJ(CherenkovPipeline, pipe)->name_c.bytes : "";
 }
 
 CK_API uint32_t ck_pipeline_max_threads(ck_pipeline *pipe) {
-  return pipe ? CK_OBJ(CKPipeline, pipe)->max_threads : 0;
+  return pipe ? CK_OBJ(CherenkovPipeline, pipe)->max_threads : 0;
 }

@@ -37,7 +37,7 @@ CK_INTERNAL void ck_drop_handle(void *handle);
 
 // ---- objects ----------------------------------------------------------------------
 
-@interface CKDevice : NSObject {
+CK_INTERNAL @interface CherenkovDevice : NSObject {
  @public
   id<MTLDevice> mtl;
   id<MTLCommandQueue> queue;
@@ -67,9 +67,9 @@ CK_INTERNAL void ck_drop_handle(void *handle);
 - (void)residencyCommit;
 @end
 
-@interface CKBuffer : NSObject {
+CK_INTERNAL @interface CherenkovBuffer : NSObject {
  @public
-  CKDevice *dev;
+  CherenkovDevice *dev;
   id<MTLBuffer> mtl;
   void *contents;
   NSUInteger length;  // rounded to the page size
@@ -77,32 +77,34 @@ CK_INTERNAL void ck_drop_handle(void *handle);
 }
 @end
 
-@interface CKPipeline : NSObject {
+CK_INTERNAL @interface CherenkovPipeline : NSObject {
  @public
   id<MTLComputePipelineState> state;
   NSString *name;
   NSData *name_c;
   NSString *where;       // "kernels/file.metal:line" of the kernel
   uint32_t max_threads;  // maxTotalThreadsPerThreadgroup
+  BOOL checked;          // reflection was available: the masks below are known
   uint32_t buffer_mask;  // bit i: the kernel declares [[buffer(i)]]
+  uint32_t used_mask;    // bit i: ... and reads or writes it (Metal's `used`)
   uint32_t bytes0;       // size of what [[buffer(0)]] points to (the params struct)
 }
 @end
 
-@interface CKLibrary : NSObject {
+CK_INTERNAL @interface CherenkovLibrary : NSObject {
  @public
-  CKDevice *dev;
+  CherenkovDevice *dev;
   NSString *dir;
   NSArray<NSString *> *names;  // kernel names, sorted bytewise
   NSArray<NSData *> *names_c;
   NSDictionary<NSString *, id<MTLFunction>> *functions;
   NSDictionary<NSString *, NSString *> *where;
-  NSMutableDictionary<NSString *, CKPipeline *> *pipelines;
+  NSMutableDictionary<NSString *, CherenkovPipeline *> *pipelines;
   NSLock *lock;
 }
 @end
 
-@interface CKEvent : NSObject {
+CK_INTERNAL @interface CherenkovEvent : NSObject {
  @public
   id<MTLSharedEvent> mtl;
   uint32_t ident;
@@ -110,16 +112,16 @@ CK_INTERNAL void ck_drop_handle(void *handle);
 @end
 
 // One recorded GPU wait, for the watchdog.
-@interface CKWait : NSObject {
+CK_INTERNAL @interface CherenkovWait : NSObject {
  @public
-  CKEvent *event;
+  CherenkovEvent *event;
   uint64_t value;
 }
 @end
 
-@interface CKCmdbuf : NSObject {
+CK_INTERNAL @interface CherenkovCmdbuf : NSObject {
  @public
-  CKDevice *dev;
+  CherenkovDevice *dev;
   id<MTLCommandBuffer> mtl;  // nil once finished (breaks the handler's cycle)
   id<MTLComputeCommandEncoder> enc;  // the open encoder, or nil
   id<MTLComputePipelineState> enc_pipeline;
@@ -127,7 +129,7 @@ CK_INTERNAL void ck_drop_handle(void *handle);
   int32_t status;  // CK_CMDBUF_*; written under dev->done, read with __atomic
   NSString *error;
   NSData *error_c;
-  NSMutableArray<CKWait *> *waits;  // in record order
+  NSMutableArray<CherenkovWait *> *waits;  // in record order
   // Signalled with k just before the k-th wait (1-based), so the watchdog
   // knows when the GPU has reached it.
   id<MTLSharedEvent> arrivals;
@@ -137,4 +139,4 @@ CK_INTERNAL void ck_drop_handle(void *handle);
 // ---- shared helpers ----------------------------------------------------------------
 
 // Finishes a command buffer: records the outcome, wakes waiters (commands.m).
-CK_INTERNAL void ck_cmdbuf_finish(CKCmdbuf *cb, NSString *gpu_error);
+CK_INTERNAL void ck_cmdbuf_finish(CherenkovCmdbuf *cb, NSString *gpu_error);

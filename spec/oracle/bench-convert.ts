@@ -1,14 +1,14 @@
 // Converter throughput (not a test): writes a random bf16 Qwen3-Next-shaped checkpoint of
 // about 1.6 GB (real tensor names, one shard per layer), converts it to q4 and to bf16, and
 // prints seconds and GB/s of checkpoint read. The checkpoint is deleted unless --keep.
-//   bun spec/oracle/bench-convert.ts [--dir /tmp/cherenkov-bench] [--keep]
+//   bun spec/oracle/bench-convert.ts [--dir /tmp/cherenkov-bench] [--keep] [--workers N]
 import { existsSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { convertCheckpoint } from "../../lib/convert/convert.ts";
 import { writeSafetensors, type StWriteTensor } from "../../lib/convert/safetensors.ts";
 
-const { values: flags } = parseArgs({ options: { dir: { type: "string" }, keep: { type: "boolean" } } });
+const { values: flags } = parseArgs({ options: { dir: { type: "string" }, keep: { type: "boolean" }, workers: { type: "string" } } });
 const root = flags.dir ?? "/tmp/cherenkov-bench";
 const ckpt = join(root, "checkpoint");
 
@@ -128,10 +128,10 @@ if (!existsSync(join(ckpt, "model.safetensors.index.json"))) {
 }
 for (const weights of ["q4", "bf16"] as const) {
   const out = join(root, `out-${weights}`);
-  const r = await convertCheckpoint({ src: ckpt, out, weights });
+  const r = await convertCheckpoint({ src: ckpt, out, weights, workers: flags.workers === undefined ? undefined : Number(flags.workers) });
   const gb = r.sourceBytes / 1e9;
   console.log(
-    `${weights}: ${gb.toFixed(2)} GB of bf16 checkpoint -> ${(r.bytes / 1e9).toFixed(2)} GB in ${r.seconds.toFixed(2)} s: ` +
+    `${weights} (workers ${flags.workers ?? "default"}): ${gb.toFixed(2)} GB of bf16 checkpoint -> ${(r.bytes / 1e9).toFixed(2)} GB in ${r.seconds.toFixed(2)} s: ` +
       `${(gb / r.seconds).toFixed(3)} GB/s, ${(r.seconds / gb).toFixed(2)} s per GB`,
   );
   rmSync(out, { recursive: true, force: true });

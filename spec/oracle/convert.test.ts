@@ -103,6 +103,22 @@ describe("MLX checkpoints", () => {
   });
 });
 
+describe("expert records encoded in workers", () => {
+  test("are byte for byte the records the single-threaded path writes (HF per-expert, HF fused, MLX)", async () => {
+    for (const fixture of ["qwen3_next_r1", "qwen3_5_moe_r2", "mlx_qwen3_next_g64"]) {
+      const a = out();
+      const b = out();
+      await convertCheckpoint({ src: join(FIXTURES, fixture), out: a, weights: "q4", workers: 0 });
+      await convertCheckpoint({ src: join(FIXTURES, fixture), out: b, weights: "q4", workers: 3 });
+      const ea = readFileSync(join(a, "experts.bin"));
+      const eb = readFileSync(join(b, "experts.bin"));
+      expect(ea.length).toBeGreaterThan(0);
+      expect(Buffer.compare(ea, eb)).toBe(0);
+      expect(readFileSync(join(b, "cherenkov.json"), "utf8")).toBe(readFileSync(join(a, "cherenkov.json"), "utf8"));
+    }
+  });
+});
+
 describe("what comes along", () => {
   test("the MTP head when the checkpoint has mtp.* tensors, unless mtp is switched off", async () => {
     const withMtp = openCheckpoint(join(FIXTURES, "qwen3_next_r1"));
@@ -164,11 +180,15 @@ describe("bad checkpoints fail before anything is written", () => {
     await expectFailure(experts, /missing tensor mtp\.layers\.0\.mlp\.experts\.down_proj/);
   });
 
-  test("a shape that does not match the config names the tensor, both shapes and the config fields", async () => {
+  test("a shape that does not match the config, or an unreadable dtype, names the tensor (and both shapes and the config fields)", async () => {
     const wrong = editedCopy("qwen3_next_r1", {
       replace: { "model.layers.3.self_attn.q_norm.weight": { dtype: "F32", shape: [8], data: new Uint8Array(32) } },
     });
     await expectFailure(wrong, /tensor model\.layers\.3\.self_attn\.q_norm\.weight \(model\.safetensors\): shape \[8\], expected \[16\] = \[head_dim\]/);
+    const fp8 = editedCopy("qwen3_next_r1", {
+      replace: { "model.layers.3.self_attn.o_proj.weight": { dtype: "F8_E4M3", shape: [64, 64], data: new Uint8Array(4096) } },
+    });
+    await expectFailure(fp8, /tensor model\.layers\.3\.self_attn\.o_proj\.weight \(model\.safetensors\): dtype F8_E4M3 is not supported/);
     const config = editedCopy("qwen3_next_r1", { config: (c) => (c.moe_intermediate_size = 64) });
     await expectFailure(config, /tensor model\.layers\.0\.mlp\.experts\.0\.gate_proj\.weight .*shape \[32, 64\], expected \[64, 64\] = \[moe_intermediate_size, hidden_size\]/);
   });

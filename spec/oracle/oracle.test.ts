@@ -43,7 +43,7 @@ function readRows(dir: string, ref: LogitsRef): Float32Array[] {
 }
 
 /** Per position: max |got - want| / max |want|. */
-export function relativeErrors(got: Float32Array[], want: Float32Array[]): number[] {
+function relativeErrors(got: Float32Array[], want: Float32Array[]): number[] {
   expect(got.length).toBe(want.length);
   return want.map((w, r) => {
     const g = got[r]!;

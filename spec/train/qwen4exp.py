@@ -603,17 +603,19 @@ class Qwen4Exp(nn.Module):
         head = self.w("embed") if c["tie_embeddings"] else self.w("lm_head")
         return F.linear(hidden, head.to(hidden.dtype)), hidden
 
-    def mtp(self, hidden, tokens, kv="f32", aux=None):
+    def mtp(self, hidden, tokens, kv="f32", aux=None, detach_shared=False):
         """MTP rows t = 0..T-2 from (hidden[t], tokens[t+1]) at MTP positions t -> (logits, out).
-        The row's argmax drafts tokens[t+2]."""
+        The row's argmax drafts tokens[t+2]. detach_shared: the embedding and LM head, shared with
+        the trunk, get no gradient from the head."""
         c = self.c
         eps = c["rms_norm_eps"]
-        emb = F.embedding(tokens[:, 1:], self.w("embed"))
+        shared = (lambda t: t.detach()) if detach_shared else (lambda t: t)  # noqa: E731
+        emb = F.embedding(tokens[:, 1:], shared(self.w("embed")))
         h = hidden[:, :-1]
         cat = torch.cat([rms_norm(emb, self.w("mtp.embed_norm"), eps), rms_norm(h, self.w("mtp.hidden_norm"), eps)], dim=-1)
         x = up(F.linear(cat.to(hidden.dtype), self.w("mtp.fc").to(hidden.dtype)))
         x = x + up(self.attention(rms_norm(x, self.w("mtp.mixer_norm"), eps).to(hidden.dtype), "mtp.", kv, None, None))
         x = x + self.moe(rms_norm(x, self.w("mtp.moe_norm"), eps).to(hidden.dtype), "mtp.", c["num_layers"], aux)
         out = rms_norm(x, self.w("mtp.norm"), eps)
-        head = self.w("embed") if c["tie_embeddings"] else self.w("lm_head")
+        head = shared(self.w("embed") if c["tie_embeddings"] else self.w("lm_head"))
         return F.linear(out.to(hidden.dtype), head.to(hidden.dtype)), out

@@ -1,6 +1,8 @@
 // Usage text of every command, shown by `cherenkov help [command]` and `--help`.
+import { convertUsage } from "./convert.ts";
 
 export const usage: Record<string, string> = {
+  convert: convertUsage,
   synth: `cherenkov synth --preset NAME --out DIR [options]
   Writes a seeded random qwen4-exp model (every feature on unless switched off).
     --preset tiny|small|30b-a3b-shape|80b-a3b-shape

@@ -9,8 +9,55 @@ typedef unsigned short ushort;
 typedef unsigned int uint;
 typedef unsigned long ulong;
 
-// half: IEEE binary16 (GCC >= 12 and clang support _Float16 on x86-64 and arm64).
+#if !defined(CK_SOFT_HALF) && (defined(__clang__) || __GNUC__ >= 13 || (__GNUC__ == 12 && defined(__x86_64__)))
+// half: IEEE binary16, native where the compiler has _Float16 in C++ (clang;
+// GCC >= 12 on x86-64, >= 13 on arm64; __FLT16_MAX__ does not tell).
 typedef _Float16 half;
+#else
+// Otherwise a storage type: arithmetic happens in float, as for bfloat.
+struct half {
+  uint16_t bits;
+  half() = default;
+  constexpr half(float f) : bits(from_float(f)) {}
+  constexpr half(double d) : half(float(d)) {}
+  constexpr half(int i) : half(float(i)) {}
+  constexpr half(uint i) : half(float(i)) {}
+  constexpr operator float() const { return to_float(bits); }
+  half &operator+=(float o) { return *this = half(float(*this) + o); }
+  half &operator-=(float o) { return *this = half(float(*this) - o); }
+  half &operator*=(float o) { return *this = half(float(*this) * o); }
+  half &operator/=(float o) { return *this = half(float(*this) / o); }
+  half operator-() const { half r; r.bits = uint16_t(bits ^ 0x8000u); return r; }
+
+  // Round to nearest even, with subnormals, infinities and NaN.
+  static constexpr uint16_t from_float(float f) {
+    uint32_t u = __builtin_bit_cast(uint32_t, f);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);             // NaN
+    if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);            // overflow -> inf
+    if (a >= 0x38800000u) {                                           // normal
+      uint32_t r = a - 0x38000000u;                                   // rebias 127 -> 15
+      r = r + 0xfffu + ((r >> 13) & 1u);
+      return uint16_t(sign | (r >> 13));
+    }
+    if (a < 0x33000000u) return uint16_t(sign);                       // below half the smallest subnormal
+    uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126u - (a >> 23);                                // 14..24
+    uint32_t r = mant >> shift;
+    uint32_t rest = mant & ((1u << shift) - 1u), halfway = 1u << (shift - 1u);
+    if (rest > halfway || (rest == halfway && (r & 1u))) r++;
+    return uint16_t(sign | r);
+  }
+  static constexpr float to_float(uint16_t h) {
+    uint32_t sign = uint32_t(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 31) return __builtin_bit_cast(float, sign | 0x7f800000u | (m << 13));
+    if (e != 0) return __builtin_bit_cast(float, sign | ((e + 112u) << 23) | (m << 13));
+    float v = float(m) * 0x1p-24f;                                    // subnormal
+    return sign ? -v : v;
+  }
+};
+#endif
 
 // bfloat: the top 16 bits of a float; arithmetic happens in float.
 struct bfloat {

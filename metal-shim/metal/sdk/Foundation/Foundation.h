@@ -86,6 +86,7 @@ typedef NS_OPTIONS(NSUInteger, NSStringCompareOptions) {
 @property (readonly) NSUInteger length;
 - (unichar)characterAtIndex:(NSUInteger)index;
 + (instancetype)string;
++ (instancetype)stringWithString:(NSString *)string;
 + (nullable instancetype)stringWithUTF8String:(const char *)nullTerminatedCString;
 + (instancetype)stringWithFormat:(NSString *)format, ... NS_FORMAT_FUNCTION(1, 2);
 - (instancetype)initWithFormat:(NSString *)format arguments:(va_list)argList NS_FORMAT_FUNCTION(1, 0);

@@ -114,10 +114,18 @@ typedef NS_ENUM(NSUInteger, MTLLanguageVersion) {
 @property (readonly) NSString *name;
 @end
 
+/* How freely the compiler may rewrite floating-point math (macOS 15). */
+typedef NS_ENUM(NSInteger, MTLMathMode) {
+  MTLMathModeSafe = 0,
+  MTLMathModeRelaxed = 1,
+  MTLMathModeFast = 2,
+};
+
 @interface MTLCompileOptions : NSObject <NSCopying>
 @property (nullable, readwrite, copy, nonatomic) NSDictionary<NSString *, NSObject *> *preprocessorMacros;
-/* Deprecated in macOS 15 in favour of mathMode; this project targets 14. */
+/* Deprecated in macOS 15 in favour of mathMode. */
 @property (readwrite, nonatomic) BOOL fastMathEnabled CK_SDK_MACOS_DEPRECATED(10.11, 15.0);
+@property (readwrite, nonatomic) MTLMathMode mathMode CK_SDK_MACOS(15.0);
 @property (readwrite, nonatomic) MTLLanguageVersion languageVersion;
 @end
 
