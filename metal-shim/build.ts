@@ -9,7 +9,7 @@
  *   bun metal-shim/build.ts [--force] [--quiet] [--optional]
  * --optional (postinstall): a failure prints a warning and exits 0.
  */
-import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, statSync, utimesSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, utimesSync, writeFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { basename, join, relative } from "node:path";
 
@@ -144,8 +144,8 @@ async function inParallel<T>(items: T[], limit: number, fn: (item: T) => Promise
 }
 
 export interface BuildOptions {
+  /** Recompile everything. */
   force?: boolean;
-  quiet?: boolean;
 }
 
 async function buildCpu(opts: BuildOptions): Promise<string> {
@@ -208,16 +208,38 @@ async function buildMetal(opts: BuildOptions): Promise<string> {
   return `metal-shim: built ${relative(ROOT, lib)}`;
 }
 
+/** One build at a time across processes (say, two test runs on a fresh checkout): mkdir is atomic. */
+async function withBuildLock<T>(fn: () => Promise<T>): Promise<T> {
+  const lock = join(BUILD_DIR, ".lock");
+  const started = Date.now();
+  for (;;) {
+    try {
+      mkdirSync(lock);
+      break;
+    } catch {
+      const age = existsSync(lock) ? Date.now() - statSync(lock).mtimeMs : 0;
+      if (age > 10 * 60_000) rmSync(lock, { recursive: true, force: true }); // left by a killed build
+      else if (Date.now() - started > 5 * 60_000) throw new Error(`metal-shim: ${lock} held for 5 minutes; remove it if no build runs`);
+      else await Bun.sleep(100);
+    }
+  }
+  try {
+    return await fn();
+  } finally {
+    rmSync(lock, { recursive: true, force: true });
+  }
+}
+
 /** Builds whatever is stale; returns the lines it would print. */
 export async function buildNative(opts: BuildOptions = {}): Promise<string[]> {
   mkdirSync(BUILD_DIR, { recursive: true });
-  return [await buildCpu(opts), await buildMetal(opts)].filter(Boolean);
+  return withBuildLock(async () => [await buildCpu(opts), await buildMetal(opts)].filter(Boolean));
 }
 
 if (import.meta.main) {
   const args = new Set(process.argv.slice(2));
   try {
-    const lines = await buildNative({ force: args.has("--force"), quiet: args.has("--quiet") });
+    const lines = await buildNative({ force: args.has("--force") });
     if (lines.length) console.log(lines.join("\n"));
     else if (!args.has("--quiet")) console.log("metal-shim: up to date");
   } catch (e) {

@@ -13,6 +13,9 @@
  * name without the `Params` suffix), then run `bun lib/gpu/params-gen.ts`.
  */
 
+import { denseParams } from "./params-dense.ts";
+import { sequenceParams } from "./params-sequence.ts";
+
 const FIELD_BYTES = { i32: 4, u32: 4, f32: 4, u64: 8 } as const;
 export type FieldType = keyof typeof FIELD_BYTES;
 
@@ -148,32 +151,38 @@ export function packParams<S extends ParamStruct>(s: S, values: ParamValues<S>, 
   return bytes;
 }
 
-/** Every params struct. Keys must equal the struct names. */
+/** A family of param structs declared as plain data in its own file (no import cycle). */
+export type ParamFamily = Record<string, { readonly doc: string; readonly fields: readonly FieldSpec[] }>;
+type DefinedFamily<T extends ParamFamily> = { readonly [K in keyof T & string]: ParamStruct<T[K]["fields"]> };
+
+function defineFamily<const T extends ParamFamily>(family: T): DefinedFamily<T> {
+  const out: Record<string, ParamStruct> = {};
+  for (const [name, { doc, fields }] of Object.entries(family)) out[name] = defineParams(name, doc, fields);
+  return out as DefinedFamily<T>;
+}
+
+const coreParams = {
+  Selftest: {
+    doc: "Parameters of the emulator self-test kernels (kernels/selftest.metal).",
+    fields: [
+      { name: "n", type: "u32", doc: "elements (threads that do work)" },
+      { name: "cols", type: "u32", doc: "row length of the row-reduction kernels" },
+      { name: "scale", type: "f32", doc: "multiplier applied to results" },
+      { name: "_pad0", type: "u32" },
+      { name: "row_stride", type: "u64", doc: "bytes between rows" },
+    ],
+  },
+} as const satisfies ParamFamily;
+
+/**
+ * Every params struct. Keys equal the struct names. Kernel families declare theirs in
+ * params-dense.ts (embedding, norms, hyper-connections, projections, MoE, output) and
+ * params-sequence.ts (conv, DeltaNet, RoPE, KV cache, QSA, attention, PLE).
+ */
 export const Params = {
-  Selftest: defineParams("Selftest", "Parameters of the emulator self-test kernels (kernels/selftest.metal).", [
-    { name: "n", type: "u32", doc: "elements (threads that do work)" },
-    { name: "cols", type: "u32", doc: "row length of the row-reduction kernels" },
-    { name: "scale", type: "f32", doc: "multiplier applied to results" },
-    { name: "_pad0", type: "u32" },
-    { name: "row_stride", type: "u64", doc: "bytes between rows" },
-  ]),
-  RmsNorm: defineParams("RmsNorm", "RMSNorm over row batches: y = x * rsqrt(mean(x^2) + eps) * w.", [
-    { name: "rows", type: "i32", doc: "rows in the batch (nb)" },
-    { name: "cols", type: "i32", doc: "elements per row" },
-    { name: "eps", type: "f32" },
-    { name: "_pad0", type: "u32" },
-    { name: "x_stride", type: "u64", doc: "bytes between input rows" },
-    { name: "y_stride", type: "u64", doc: "bytes between output rows" },
-  ]),
-  Matvec: defineParams("Matvec", "Row-batched matrix-vector product y[r] = W x[r] over a weight matrix in a bound buffer.", [
-    { name: "rows", type: "i32", doc: "rows in the batch (nb)" },
-    { name: "in_dim", type: "i32" },
-    { name: "out_dim", type: "i32" },
-    { name: "_pad0", type: "u32" },
-    { name: "w_offset", type: "u64", doc: "byte offset of W in its buffer" },
-    { name: "x_stride", type: "u64", doc: "bytes between input rows" },
-    { name: "y_stride", type: "u64", doc: "bytes between output rows" },
-  ]),
+  ...defineFamily(coreParams),
+  ...defineFamily(denseParams),
+  ...defineFamily(sequenceParams),
 } as const;
 
 export type ParamsName = keyof typeof Params;

@@ -35,14 +35,21 @@ export interface CheckResult {
   output: string;
 }
 
-/** clang-19 (or $CK_CLANG); throws with the install command when absent. */
-export function findClang(): string {
+/** clang-19 (or $CK_CLANG), or null when neither is installed. */
+export function clangPath(): string | null {
   const candidates = [process.env.CK_CLANG, "clang-19", "/usr/lib/llvm-19/bin/clang"].filter(Boolean) as string[];
   for (const c of candidates) {
     const found = c.includes("/") ? (existsSync(c) ? c : null) : Bun.which(c);
     if (found) return found;
   }
-  throw new Error("clang-19 not found (apt-get install clang-19, or set CK_CLANG)");
+  return null;
+}
+
+/** clang-19 (or $CK_CLANG); throws with the install command when absent. */
+export function findClang(): string {
+  const found = clangPath();
+  if (!found) throw new Error("clang-19 not found (apt-get install clang-19, or set CK_CLANG)");
+  return found;
 }
 
 interface Run {
@@ -166,7 +173,12 @@ function isBuiltinType(name: string): boolean {
  *  - `template [[host_name("x")]]` loses the attribute, which C++ does not
  *    allow at that place.
  */
-export function rewriteForStrict(src: string): string {
+export function rewriteForStrict(original: string): string {
+  // host_name first, by pattern, so that instantiation macros (#define lines,
+  // which the tokenizer skips) are covered too; blanks keep every position.
+  const src = original.replace(/template(?:\s|\\\n)*\[\[[^\]]*\bhost_name\b[^\]]*\]\]/g, (m) =>
+    "template" + m.slice("template".length).replace(/[^\n\\]/g, " "),
+  );
   const tokens = tokenize(src);
   const edits: { pos: number; del: number; ins: string }[] = [];
   const stack: string[] = [];
@@ -175,18 +187,6 @@ export function rewriteForStrict(src: string): string {
     if (tok.kind === "punct") {
       if ("([{".includes(tok.text)) stack.push(tok.text);
       else if (")]}".includes(tok.text)) stack.pop();
-      continue;
-    }
-    if (tok.text === "template" && tokens[t + 1]?.text === "[" && tokens[t + 2]?.text === "[") {
-      let depth = 0;
-      let u = t + 1;
-      for (; u < tokens.length; u++) {
-        if (tokens[u]!.text === "[") depth++;
-        else if (tokens[u]!.text === "]" && --depth === 0) break;
-      }
-      const from = tokens[t + 1]!.pos;
-      const to = tokens[u]!.pos + 1;
-      edits.push({ pos: from, del: to - from, ins: src.slice(from, to).replace(/[^\n]/g, " ") });
       continue;
     }
     if (tok.text !== "threadgroup") continue;

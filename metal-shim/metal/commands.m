@@ -15,8 +15,12 @@
 // the host has not released it by then, the command buffer is marked FAILED
 // with the same message as the CPU backend, and the watchdog sets the event
 // itself so the GPU (and every later command buffer of the queue) moves on.
-// The commands after that wait still run, on inputs the host never
-// published: the FAILED status says to discard what they wrote.
+// To stop at the failed wait as cherenkov.h promises, every ck_encode_dispatch
+// recorded after a wait is an indirect dispatch whose threadgroup counts sit
+// in a shared buffer: the watchdog zeroes the counts of everything after the
+// failed wait before letting the GPU go, so those dispatches run no threads.
+// (ck_encode_dispatch_threads has no indirect form in Metal 3: such a dispatch
+// after a failed wait still runs; so do event signals.)
 #import "shim.h"
 
 @implementation CherenkovEvent
@@ -87,6 +91,30 @@ CK_API ck_cmdbuf *ck_cmdbuf_begin(ck_device *dev) {
 }
 
 CK_API uint32_t ck_cmdbuf_id(ck_cmdbuf *cb) { return cb ? CK_OBJ(CherenkovCmdbuf, cb)->ident : 0; }
+
+// Indirect dispatch arguments: three uint32_t threadgroup counts each, in
+// page-sized shared buffers allocated as a command buffer needs them.
+enum { kGridBytes = 12, kGridBufferBytes = 16384, kGridsPerBuffer = kGridBufferBytes / kGridBytes };
+
+static uint32_t *grid_at(CherenkovCmdbuf *cb, uint32_t index) {
+  id<MTLBuffer> buffer = cb->grids[index / kGridsPerBuffer];
+  return (uint32_t *)((char *)buffer.contents + (index % kGridsPerBuffer) * kGridBytes);
+}
+
+// The next free entry (NULL if Metal gives no buffer).
+static uint32_t *next_grid(CherenkovCmdbuf *cb, id<MTLBuffer> __strong *buffer, NSUInteger *offset) {
+  uint32_t index = cb->grid_count;
+  if (index % kGridsPerBuffer == 0) {
+    id<MTLBuffer> fresh = [cb->dev->mtl newBufferWithLength:kGridBufferBytes options:MTLResourceStorageModeShared];
+    if (!fresh) return NULL;
+    if (!cb->grids) cb->grids = [NSMutableArray array];
+    [cb->grids addObject:fresh];
+  }
+  cb->grid_count = index + 1;
+  *buffer = cb->grids.lastObject;
+  *offset = (index % kGridsPerBuffer) * kGridBytes;
+  return grid_at(cb, index);
+}
 
 // Validates as the CPU backend does (same messages), then encodes.
 static int32_t encode_dispatch(ck_cmdbuf *handle, ck_pipeline *pipe, const uint32_t grid[3], const uint32_t tg[3],
@@ -165,10 +193,21 @@ static int32_t encode_dispatch(ck_cmdbuf *handle, ck_pipeline *pipe, const uint3
   if (params_len) [enc setBytes:params length:params_len atIndex:0];
   if (groups_total == 0) return CK_OK;  // an empty grid runs nothing; Metal is not asked to dispatch it
   MTLSize threads_per_group = MTLSizeMake(tg[0], tg[1], tg[2]);
-  if (grid_counts_threads)
+  if (grid_counts_threads) {
     [enc dispatchThreads:MTLSizeMake(grid[0], grid[1], grid[2]) threadsPerThreadgroup:threads_per_group];
-  else
+  } else if (cb->waits.count > 0) {
+    // After a wait: an indirect dispatch, which the watchdog can cancel.
+    id<MTLBuffer> buffer = nil;
+    NSUInteger offset = 0;
+    uint32_t *counts = next_grid(cb, &buffer, &offset);
+    if (!counts) return ck_fail(@"command buffer %u: Metal gave no buffer for indirect dispatch arguments", cb->ident);
+    counts[0] = grid[0];
+    counts[1] = grid[1];
+    counts[2] = grid[2];
+    [enc dispatchThreadgroupsWithIndirectBuffer:buffer indirectBufferOffset:offset threadsPerThreadgroup:threads_per_group];
+  } else {
     [enc dispatchThreadgroups:MTLSizeMake(grid[0], grid[1], grid[2]) threadsPerThreadgroup:threads_per_group];
+  }
   return CK_OK;
 }
 
@@ -210,6 +249,7 @@ static int32_t encode_event(ck_cmdbuf *handle, ck_event *event, double value, BO
     CherenkovWait *w = [CherenkovWait new];
     w->event = e;
     w->value = v;
+    w->first_grid = cb->grid_count;
     [cb->waits addObject:w];
     [cb->mtl encodeSignalEvent:cb->arrivals value:cb->waits.count];
     [cb->mtl encodeWaitForEvent:e->mtl value:v];
@@ -228,6 +268,15 @@ CK_API int32_t ck_encode_signal(ck_cmdbuf *cb, ck_event *ev, double value) {
 CK_API int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value) {
   @autoreleasepool {
     return encode_event(cb, ev, value, YES);
+  }
+}
+
+// Cancels every indirect dispatch recorded after `w`: zero threadgroups. The
+// GPU has not read them yet (it is blocked at `w`, or at an earlier wait).
+static void cancel_after(CherenkovCmdbuf *cb, CherenkovWait *w) {
+  for (uint32_t i = w->first_grid; i < cb->grid_count; i++) {
+    uint32_t *counts = grid_at(cb, i);
+    counts[0] = counts[1] = counts[2] = 0;
   }
 }
 
@@ -262,6 +311,7 @@ static void watch_waits(CherenkovCmdbuf *cb) {
                                                cb->ident, w->event->ident, (unsigned long long)w->value, timeout];
       [d->done unlock];
       failed = YES;
+      cancel_after(cb, w);
       force_release(w);
     }
   }

@@ -116,6 +116,7 @@ CK_INTERNAL @interface CherenkovWait : NSObject {
  @public
   CherenkovEvent *event;
   uint64_t value;
+  uint32_t first_grid;  // index of the first indirect grid recorded after this wait
 }
 @end
 
@@ -133,6 +134,10 @@ CK_INTERNAL @interface CherenkovCmdbuf : NSObject {
   // Signalled with k just before the k-th wait (1-based), so the watchdog
   // knows when the GPU has reached it.
   id<MTLSharedEvent> arrivals;
+  // Threadgroup counts of the dispatches recorded after the first wait, read
+  // by the GPU (indirect dispatch) so that a timed-out wait can zero them.
+  NSMutableArray<id<MTLBuffer>> *grids;
+  uint32_t grid_count;
 }
 @end
 

@@ -5,7 +5,7 @@
 // Each check also meets inputs it must reject, so a check that silently
 // stopped checking would fail here.
 import { afterAll, describe, expect, test } from "bun:test";
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
@@ -16,12 +16,25 @@ import {
   checkAbi,
   checkKernels,
   checkObjc,
+  clangPath,
   findClang,
   machOSymbols,
   metalSources,
   objcFlags,
   rewriteForStrict,
 } from "../../metal-shim/metal/check.ts";
+import { localLibraryPath } from "../../metal-shim/build.ts";
+
+// These checks exist for machines without a Mac. On macOS without clang-19
+// the real build of the Metal library (Apple's SDK and compiler) stands in
+// for them; everywhere else clang-19 is required (.ci/run installs it).
+if (process.platform === "darwin" && !clangPath()) {
+  test("on macOS without clang-19, the Metal library is built by Apple's toolchain instead", () => {
+    expect(existsSync(localLibraryPath("metal"))).toBe(true);
+  });
+}
+const runChecks = !(process.platform === "darwin" && !clangPath());
+const describeChecks = runChecks ? describe : () => {};
 
 const scratch = mkdtempSync(join(tmpdir(), "cherenkov-metal-check-"));
 afterAll(() => rmSync(scratch, { recursive: true, force: true }));
@@ -95,7 +108,9 @@ kernel void norm(constant NormParams &p [[buffer(0)]],
 }
 
 template [[host_name("norm_f32")]] kernel decltype(norm<float>) norm<float>;
-template [[host_name("norm_f16")]] kernel decltype(norm<half>) norm<half>;
+#define INSTANTIATE_NORM(T, suffix) \\
+  template [[host_name("norm_" #suffix)]] kernel decltype(norm<T>) norm<T>;
+INSTANTIATE_NORM(half, f16)
 
 kernel void copy_rows(device const float4 *src [[buffer(1)]], device float4 *dst [[buffer(2)]],
                       uint3 gid [[thread_position_in_grid]]) {
@@ -103,7 +118,7 @@ kernel void copy_rows(device const float4 *src [[buffer(1)]], device float4 *dst
 }
 `;
 
-describe("(a) kernels: strict syntax check with Metal's address spaces", () => {
+describeChecks("(a) kernels: strict syntax check with Metal's address spaces", () => {
   test("every kernels/*.metal passes", async () => {
     const r = await checkKernels();
     expect({ ok: r.ok, output: r.output }).toEqual({ ok: true, output: "" });
@@ -182,6 +197,8 @@ kernel void k(device float *y [[buffer(1)]], uint i [[thread_position_in_grid]])
   threadgroup uint x[2], y[2];
 }
 template [[host_name("f_x")]] kernel void g<float>(device float *);
+#define INST(T) \\
+  template [[host_name("g_" #T)]] kernel void g<T>(device T *);
 `;
     const out = rewriteForStrict(src);
     expect(out.split("\n")).toHaveLength(src.split("\n").length);
@@ -194,7 +211,7 @@ template [[host_name("f_x")]] kernel void g<float>(device float *);
   });
 });
 
-describe("(b) objc: the Metal backend against Apple's declarations", () => {
+describeChecks("(b) objc: the Metal backend against Apple's declarations", () => {
   test("every metal-shim/metal/*.m and common/io.c pass", async () => {
     const r = await checkObjc();
     expect({ ok: r.ok, output: r.output }).toEqual({ ok: true, output: "" });
@@ -261,7 +278,7 @@ describe("(b) objc: the Metal backend against Apple's declarations", () => {
   });
 });
 
-describe("(c) abi: the .m files implement cherenkov.h", () => {
+describeChecks("(c) abi: the .m files implement cherenkov.h", () => {
   test("every CK_API function is defined once with the header's types", () => {
     const r = checkAbi();
     expect({ ok: r.ok, output: r.output }).toEqual({ ok: true, output: "" });

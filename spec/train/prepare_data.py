@@ -1,9 +1,10 @@
 """Corpus and tokenizer for the trained example models (runs offline, on the H200 machine):
-the Python standard library's own source (*.py of the running interpreter, PSF licence), split
-into training and held-out files by a hash of the path, and a byte-level BPE tokenizer trained
-on the training files with the `tokenizers` library.
+the Python standard library's own source (*.py of the running interpreter, PSF licence) and,
+with --extra, the Python source of a few BSD-3-Clause packages installed there (at most
+--extra-chars characters each), split into training and held-out files by a hash of the path,
+and a byte-level BPE tokenizer trained on the training files with the `tokenizers` library.
 
-  python3 spec/train/prepare_data.py --out DIR [--vocab 4096] [--max-files N]
+  python3 spec/train/prepare_data.py --out DIR [--vocab 4096] [--extra numpy,scipy] [--max-files N]
 
 Writes DIR/tokenizer.json, DIR/tokenizer_config.json (ChatML template, <|endoftext|>),
 DIR/train.u16 and DIR/val.u16 (token ids, documents joined by <|endoftext|>),
@@ -28,12 +29,34 @@ CHAT_TEMPLATE = (
 MAX_FILE_BYTES = 400_000  # skips generated tables (unicode data and the like)
 
 
+# Packages that may be added with --extra, and their licences (read from their distributions).
+EXTRA_LICENCES = {"numpy": "BSD-3-Clause", "scipy": "BSD-3-Clause", "sympy": "BSD-3-Clause",
+                  "networkx": "BSD-3-Clause", "pandas": "BSD-3-Clause", "sklearn": "BSD-3-Clause"}
+DIST_NAMES = {"sklearn": "scikit-learn"}
+
+
+def package_dir(name):
+    import importlib.util
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+def package_version(name):
+    try:
+        import importlib.metadata
+        return importlib.metadata.version(DIST_NAMES.get(name, name))
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
 def heldout(rel):
     """One file in 20 is held out, by a stable hash of its path."""
     return zlib.crc32(rel.encode()) % 20 == 0
 
 
-def collect(root, max_files):
+def collect(root, max_files, prefix="", max_chars=0):
     files = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__"))
@@ -53,7 +76,16 @@ def collect(root, max_files):
         except (UnicodeDecodeError, OSError):
             continue
         if text.strip():
-            docs.append((os.path.relpath(path, root), text))
+            docs.append((prefix + os.path.relpath(path, root), text))
+    if max_chars:  # an even spread of files up to the character budget
+        docs.sort(key=lambda d: zlib.crc32(d[0].encode()))
+        kept, total = [], 0
+        for d in docs:
+            if total + len(d[1]) > max_chars:
+                continue
+            kept.append(d)
+            total += len(d[1])
+        docs = sorted(kept)
     return docs
 
 
@@ -62,6 +94,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--max-files", type=int, default=0)
+    ap.add_argument("--extra", default="")
+    ap.add_argument("--extra-chars", type=int, default=20_000_000)
     args = ap.parse_args()
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -69,6 +103,20 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     root = sysconfig.get_paths()["stdlib"]
     docs = collect(root, args.max_files)
+    sources = [{"name": "python-stdlib", "version": sys.version.split()[0], "licence": "PSF-2.0", "files": len(docs),
+                "chars": sum(len(t) for _, t in docs)}]
+    for name in [x for x in args.extra.split(",") if x]:
+        if name not in EXTRA_LICENCES:
+            raise SystemExit(f"--extra {name}: not in the list of packages with a known licence")
+        where = package_dir(name)
+        if where is None:
+            print(f"extra package {name}: not installed, skipped", flush=True)
+            continue
+        got = collect(where, args.max_files, prefix=f"{name}/", max_chars=args.extra_chars)
+        sources.append({"name": name, "version": package_version(name), "licence": EXTRA_LICENCES[name],
+                        "files": len(got), "chars": sum(len(t) for _, t in got)})
+        print(f"extra package {name} {sources[-1]['version']}: {len(got)} files, {sources[-1]['chars'] / 1e6:.1f} M chars", flush=True)
+        docs += got
     train = [t for r, t in docs if not heldout(r)]
     val = [(r, t) for r, t in docs if heldout(r)]
     print(f"corpus: {root}: {len(docs)} files, {len(train)} train, {len(val)} held out, "
@@ -104,8 +152,9 @@ def main():
     with open(os.path.join(args.out, "heldout.json"), "w") as f:
         json.dump([{"path": r, "text": t} for r, t in val], f)
     info = {
-        "source": f"Python {sys.version.split()[0]} standard library source ({root}), *.py files up to {MAX_FILE_BYTES} bytes; "
-                  "PSF License Agreement",
+        "source": f"Python source (*.py files up to {MAX_FILE_BYTES} bytes) of the standard library ({root}) and of the "
+                  "packages listed in sources; held out: files whose path hash is 0 mod 20",
+        "sources": sources,
         "files": len(docs), "train_files": len(train), "heldout_files": len(val),
         "train_tokens": int(tr.size), "heldout_tokens": int(va.size), "vocab": tok.get_vocab_size(), "eos": eos,
         "chars_per_token": sum(len(t) for t in train) / max(1, tr.size - len(train)),

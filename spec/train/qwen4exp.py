@@ -340,7 +340,8 @@ class Qwen4Exp(nn.Module):
 
     def init_weights(self, seed):
         """Training init: small normal projections, zero-centred norms at 0, DeltaNet constants as
-        Qwen3-Next, hyper-connections near a plain residual (comb near identity, post 1)."""
+        Qwen3-Next, hyper-connections near a plain residual (comb near identity, post 1, small
+        dynamic scales, as HC / mHC start), the n-gram memory near silent."""
         c = self.c
         gen = torch.Generator().manual_seed(seed)
         L = c["num_layers"]
@@ -369,9 +370,11 @@ class Qwen4Exp(nn.Module):
                     K = shape[1]
                     t.copy_((torch.rand(shape, generator=gen) * 2 - 1) / math.sqrt(K))
                 elif role == "ple_conv":
-                    t.copy_((torch.rand(shape, generator=gen) * 2 - 1) * 0.1)
-                elif role in ("ple_k", "ple_v"):
+                    t.zero_()  # the conv branch starts silent: RMSNorm(v) has unit scale
+                elif role == "ple_k":
                     t.copy_(normal(shape, 0.02))
+                elif role == "ple_v":
+                    t.copy_(normal(shape, 0.005))
                 elif role == "hc_fn":
                     t.copy_(normal(shape, 0.02 / math.sqrt(shape[1])))
                 elif role == "hc_base":
@@ -379,7 +382,7 @@ class Qwen4Exp(nn.Module):
                     base[2 * n:] = (torch.eye(n) * 4.0).reshape(-1)
                     t.copy_(base)
                 elif role == "hc_scale":
-                    t.fill_(1.0)
+                    t.fill_(0.01)
                 else:  # norm, bias
                     t.zero_()
             for l in range(expert_layers(c)):
@@ -403,7 +406,8 @@ class Qwen4Exp(nn.Module):
         B, T, _, d = X.shape
         flat = up(X).reshape(B, T, n * d)
         r = torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + eps)
-        mixes = up(F.linear(flat, self.w(f"{site}.fn").to(flat.dtype))) * r
+        with no_autocast(flat):
+            mixes = F.linear(flat, self.w(f"{site}.fn").to(flat.dtype)) * r
         base = self.w(f"{site}.base").to(mixes.dtype)
         scale = self.w(f"{site}.scale").to(mixes.dtype)
         pre = torch.sigmoid(mixes[..., :n] * scale[0] + base[:n]) + eps
@@ -424,9 +428,12 @@ class Qwen4Exp(nn.Module):
             return X + up(y)[:, :, None, :]
         pre, post, comb = self.hc_coefficients(X, site)
         Xf = up(X)
-        x = torch.einsum("btn,btnd->btd", pre, Xf)
+        # Read and write as f32 elementwise sums: under autocast an einsum would round the
+        # residual streams to bf16 at every site.
+        x = (pre[..., None] * Xf).sum(-2)
         y = up(sub(rms_norm(x, self.w(norm), eps)))
-        return post[..., None] * y[:, :, None, :] + torch.einsum("btij,btid->btjd", comb, Xf)
+        mixed = (comb[..., None] * Xf[:, :, :, None, :]).sum(-3)  # [B,T,j,d] = sum_i comb[i][j] X_i
+        return post[..., None] * y[:, :, None, :] + mixed
 
     def final_read(self, X):
         hc = self.c["hc"]
@@ -436,9 +443,10 @@ class Qwen4Exp(nn.Module):
         B, T, _, d = X.shape
         flat = up(X).reshape(B, T, n * d)
         r = torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + eps)
-        mixes = up(F.linear(flat, self.w("hc_head.fn").to(flat.dtype))) * r
+        with no_autocast(flat):
+            mixes = F.linear(flat, self.w("hc_head.fn").to(flat.dtype)) * r
         pre = torch.sigmoid(mixes * self.w("hc_head.scale").to(mixes.dtype)[0] + self.w("hc_head.base").to(mixes.dtype)) + eps
-        return torch.einsum("btn,btnd->btd", pre, up(X))
+        return (pre[..., None] * up(X)).sum(-2)
 
     def deltanet(self, xn, l, mode):
         c = self.c
@@ -493,11 +501,13 @@ class Qwen4Exp(nn.Module):
         cfg = at["qsa"]
         if qsa and cfg:
             Hi, di, topk = cfg["heads"], cfg["head_dim"], cfg["topk"]
-            iq = lin("iq").reshape(B, T, Hi, di)
-            ik = rms_norm(lin("ik"), self.w(p + "ik_norm"), eps)
+            xi = xn.detach()  # the indexer learns from its own loss only (DSA)
+            ilin = lambda name: up(F.linear(xi, self.w(p + name).to(xi.dtype)))  # noqa: E731
+            iq = ilin("iq").reshape(B, T, Hi, di)
+            ik = rms_norm(ilin("ik"), self.w(p + "ik_norm"), eps)
             if kv == "q8":
                 ik = q8_roundtrip(ik)
-            iw = lin("iw")  # [B, T, Hi]
+            iw = ilin("iw")  # [B, T, Hi]
             score = torch.einsum("bthd,bsd->bths", iq, ik).relu()
             score = torch.einsum("bths,bth->bts", score, iw) / math.sqrt(di)
             masked = score.masked_fill(~causal, float("-inf"))

@@ -401,7 +401,7 @@ def main():
     global DEVICE
     DEVICE = args.device
     os.makedirs(args.out, exist_ok=True)
-    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = False  # f32 parts (DeltaNet, hc) stay f32
     device = args.device
     metrics = {"arch": args.arch, "seed": SEED, "batch": args.batch, "seq": args.seq, "lr": args.lr, "torch": torch.__version__}
 

@@ -151,6 +151,7 @@ typedef NSString *NSErrorDomain;
 - (ObjectType)objectAtIndex:(NSUInteger)index;
 - (ObjectType)objectAtIndexedSubscript:(NSUInteger)idx;
 @property (nullable, nonatomic, readonly) ObjectType firstObject;
+@property (nullable, nonatomic, readonly) ObjectType lastObject;
 - (BOOL)containsObject:(ObjectType)anObject;
 - (NSArray<ObjectType> *)sortedArrayUsingComparator:(NSComparator NS_NOESCAPE)cmptr;
 @end

@@ -247,6 +247,11 @@ typedef NS_ENUM(NSUInteger, MTLDispatchType) {
 - (void)setBuffer:(nullable id<MTLBuffer>)buffer offset:(NSUInteger)offset atIndex:(NSUInteger)index;
 - (void)dispatchThreadgroups:(MTLSize)threadgroupsPerGrid threadsPerThreadgroup:(MTLSize)threadsPerThreadgroup;
 - (void)dispatchThreads:(MTLSize)threadsPerGrid threadsPerThreadgroup:(MTLSize)threadsPerThreadgroup;
+/* Threadgroup counts read by the GPU when the dispatch runs: three uint32_t
+ * (MTLDispatchThreadgroupsIndirectArguments) at a 4-byte aligned offset. */
+- (void)dispatchThreadgroupsWithIndirectBuffer:(id<MTLBuffer>)indirectBuffer
+                          indirectBufferOffset:(NSUInteger)indirectBufferOffset
+                         threadsPerThreadgroup:(MTLSize)threadsPerThreadgroup;
 - (void)useResource:(id<MTLResource>)resource usage:(MTLResourceUsage)usage;
 @end
 
