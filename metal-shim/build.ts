@@ -201,7 +201,7 @@ async function buildMetal(opts: BuildOptions): Promise<string> {
   if (!opts.force && existsSync(lib) && mtime(lib) >= newest) return "";
   const tmp = `${lib}.${process.pid}.tmp`;
   await run(
-    [compilerFor("objc"), "-fobjc-arc", "-O2", "-Wall", "-dynamiclib", "-framework", "Metal", "-framework", "Foundation", "-I", join(ROOT, "metal-shim", "include"), "-o", tmp, ...sources, ...commonSources()],
+    [compilerFor("objc"), "-fobjc-arc", "-O2", "-Wall", "-mmacosx-version-min=14.0", "-fvisibility=hidden", "-dynamiclib", "-framework", "Metal", "-framework", "Foundation", "-I", join(ROOT, "metal-shim", "include"), "-o", tmp, ...sources, ...commonSources()],
     "build the Metal backend",
   );
   renameSync(tmp, lib);

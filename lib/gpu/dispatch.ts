@@ -1,0 +1,65 @@
+// The one place the engine's encode functions talk to the shim: every dispatch goes through
+// `dispatch()` with ggml's fixed steps (params, pipeline, slot 0, buffers 1.., geometry).
+import type { DType } from "../model/config.ts";
+import type { Binding, Buffer, CommandBuffer, Device, Dims } from "../shim.ts";
+import { packParams, type ParamStruct, type ParamValues } from "./params.ts";
+
+/** What an encode function needs: the device and the command buffer being recorded. */
+export interface EncodeContext {
+  readonly device: Device;
+  readonly cb: CommandBuffer;
+}
+
+/** A weight tensor inside a bound buffer (usually the wrapped dense.bin). */
+export interface TensorRef {
+  readonly buffer: Buffer;
+  /** Byte offset of the tensor's first byte in `buffer`. For q4: the nibbles; scales and
+   * biases follow (see docs/format.md). */
+  readonly offset: number;
+  readonly dtype: DType;
+  /** [out, in] for matrices, [n] for vectors. */
+  readonly shape: readonly number[];
+}
+
+/** A region of an activation buffer: rows of `stride` bytes starting at `offset`. */
+export interface RowsRef {
+  readonly buffer: Buffer;
+  readonly offset: number;
+  /** Bytes between consecutive rows. */
+  readonly stride: number;
+}
+
+export const bind = (buffer: Buffer, offset = 0): Binding => (offset === 0 ? buffer : { buffer, offset });
+
+/** Kernel name suffix of a storage dtype ("matvec_q4" etc.). */
+export const dtypeSuffix = (d: DType) => d;
+
+/**
+ * Records one dispatch: packs `values` into `struct`'s bytes (bound at [[buffer(0)]]),
+ * looks the pipeline up by name (cached by the device), binds `buffers` at indices 1..,
+ * and dispatches `grid` threadgroups of `threadgroup` threads.
+ */
+export function dispatch<S extends ParamStruct>(
+  ctx: EncodeContext,
+  kernel: string,
+  struct: S,
+  values: ParamValues<S>,
+  buffers: readonly Binding[],
+  grid: Dims,
+  threadgroup: Dims,
+): void {
+  const params = packParams(struct, values);
+  const pipeline = ctx.device.pipeline(kernel);
+  ctx.cb.dispatch(pipeline, grid, threadgroup, [null, ...buffers], params);
+}
+
+/** One encode-commit-wait round trip, for tests and one-off transfers. */
+export function runNow(device: Device, encode: (ctx: EncodeContext) => void, timeoutMs = 60_000): void {
+  const cb = device.commandBuffer();
+  try {
+    encode({ device, cb });
+    cb.commit().waitUntilCompleted(timeoutMs);
+  } finally {
+    cb.release();
+  }
+}
