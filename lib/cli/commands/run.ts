@@ -1,12 +1,12 @@
-// `cherenkov run`: greedy generation from a prompt, on the reference backend for now.
+// `cherenkov run`: greedy generation from a prompt through Model (streamed to stdout).
+import { BackendUnavailableError } from "../../api/backend.ts";
+import { Model } from "../../api/model.ts";
 import { defaultModelDir } from "../../model/default-model.ts";
-import { openModel } from "../../model/format.ts";
 import { MANIFEST_FILE } from "../../model/manifest.ts";
-import { loadTokenizer } from "../../model/tokenizer.ts";
 import { choiceFlag, intFlag, parseFlags, stringFlag, UsageError } from "../args.ts";
 import type { CliIO } from "../io.ts";
 
-const BACKENDS = ["reference"] as const;
+const BACKENDS = ["auto", "reference", "cpu", "metal"] as const;
 
 /** "1, 2,3" -> [1, 2, 3], each checked against the vocabulary. */
 export function parsePromptTokens(text: string, vocabSize: number, where: string): number[] {
@@ -28,8 +28,11 @@ export async function runCommand(argv: string[], io: CliIO): Promise<number> {
       "prompt-tokens": { type: "string" },
       "max-tokens": { type: "string" },
       backend: { type: "string" },
+      drafts: { type: "string" },
+      "prefill-chunk": { type: "string" },
       json: { type: "boolean" },
       chat: { type: "boolean" },
+      stats: { type: "boolean" },
     },
     1,
   );
@@ -38,29 +41,42 @@ export async function runCommand(argv: string[], io: CliIO): Promise<number> {
   if ((prompt === undefined) === (promptTokens === undefined)) throw new UsageError("give exactly one of --prompt TEXT or --prompt-tokens IDS");
   if (flags.chat && prompt === undefined) throw new UsageError("--chat needs --prompt");
   const maxTokens = intFlag(flags, "max-tokens", 16, 1, 1 << 20);
-  choiceFlag(flags, "backend", BACKENDS, "reference");
+  const drafts = intFlag(flags, "drafts", 0, 0, 16);
+  const prefillChunk = intFlag(flags, "prefill-chunk", 512, 1, 1 << 20);
+  const backend = choiceFlag(flags, "backend", BACKENDS, "auto");
 
   const dir = positionals[0] ?? (await defaultModelDir());
-  const model = await openModel(dir);
+  const model = await Model.load(dir, { backend, prefillChunk }).catch((e: unknown) => {
+    throw e instanceof BackendUnavailableError ? new UsageError(`--backend: ${e.message}`) : e;
+  });
   try {
-    const tokenizer = await loadTokenizer(dir);
+    const vocab = model.config.vocab_size;
     let tokens: number[];
     if (promptTokens !== undefined) {
-      tokens = parsePromptTokens(promptTokens, model.config.vocab_size, `${dir}/${MANIFEST_FILE}`);
+      tokens = parsePromptTokens(promptTokens, vocab, `${dir}/${MANIFEST_FILE}`);
     } else {
-      const text = flags.chat ? tokenizer.applyChatTemplate([{ role: "user", content: prompt! }], { addGenerationPrompt: true }) : prompt!;
-      tokens = tokenizer.encode(text, { addSpecialTokens: !flags.chat });
+      if (!model.tokenizer) throw new UsageError(`--prompt: ${dir} has no tokenizer.json; use --prompt-tokens`);
+      tokens = flags.chat ? model.encode([{ role: "user", content: prompt! }]) : model.encode(prompt!);
       if (tokens.length === 0) throw new UsageError("--prompt: the prompt has no tokens");
-      const bad = tokens.find((t) => t >= model.config.vocab_size);
-      if (bad !== undefined) throw new UsageError(`--prompt: the tokenizer gave id ${bad}, outside the model's vocabulary (${model.config.vocab_size})`);
+      const bad = tokens.find((t) => t >= vocab);
+      if (bad !== undefined) throw new UsageError(`--prompt: the tokenizer gave id ${bad}, outside the model's vocabulary (${vocab})`);
     }
-    // Loaded on demand: the reference is the heaviest module and other commands do not need it.
-    const { generateGreedy } = await import("../../reference/index.ts");
-    const result = generateGreedy(model, tokens, { maxTokens, stopAtEos: true });
-    const text = tokenizer.decode(result.tokens);
-    io.stdout(flags.json ? JSON.stringify({ tokens: result.tokens, text }) + "\n" : text + "\n");
+    if (drafts > 0 && model.maxDrafts === 0) throw new UsageError(`--drafts: ${dir} has no MTP head`);
+    const stream = model.stream(tokens, { maxTokens, drafts });
+    let r = await stream.next();
+    while (!r.done) {
+      if (!flags.json) io.stdout(r.value.text);
+      r = await stream.next();
+    }
+    const result = r.value;
+    const stats = flags.stats ? { ...model.stats(), timings: result.timings, drafts: result.drafts } : undefined;
+    if (flags.json) io.stdout(JSON.stringify({ tokens: result.tokens, text: result.text, ...(stats ? { stats } : {}) }) + "\n");
+    else {
+      io.stdout("\n");
+      if (stats) io.stderr(JSON.stringify(stats) + "\n");
+    }
   } finally {
-    model.close();
+    await model.close();
   }
   return 0;
 }

@@ -1,0 +1,54 @@
+// What a backend gives the generation loop: sequences that run row batches and report the
+// greedy next token of every row. The reference (pure TS) and the engine (metal-shim, CPU or
+// Metal) both implement it, so Model, sessions, streaming and the CLI are written once.
+import type { ModelConfig } from "../model/config.ts";
+
+/** Greedy result of a row batch: next[i] is the argmax after row i; margins[i] its top-1 minus top-2 logit. */
+export interface RowsResult {
+  next: number[];
+  margins: number[];
+}
+
+/** Result of one speculative step: accepted drafts then the bonus token. */
+export interface SpeculativeResult extends RowsResult {
+  /** Drafts that were proposed (accepted = next.length - 1). */
+  proposed: number;
+}
+
+export interface BackendSequence {
+  /** Rows (tokens) the sequence holds. */
+  readonly length: number;
+  /** Runs `tokens` at positions length.. (prefill chunks are the backend's business). */
+  forward(tokens: number[], signal?: AbortSignal): Promise<RowsResult>;
+  /**
+   * Speculative step: `next` is the newest token, not yet run. Proposes up to `drafts` tokens,
+   * verifies [next, ...drafts] as one row batch and rolls back to the last accepted row.
+   * Absent when the backend or the model cannot draft.
+   */
+  speculate?(next: number, drafts: number, signal?: AbortSignal): Promise<SpeculativeResult>;
+  /** Forgets every row. */
+  reset(): void;
+  dispose(): void;
+}
+
+export interface Backend {
+  /** "reference", "cpu" or "metal". */
+  readonly name: string;
+  readonly config: ModelConfig;
+  /** Drafts per step the backend can verify (0 = no speculative decoding). */
+  readonly maxDrafts: number;
+  newSequence(): BackendSequence;
+  /** Backend-specific telemetry (the engine's pool, IO, lookahead, phases ...). */
+  stats(): Record<string, unknown>;
+  close(): Promise<void>;
+}
+
+/** The backend asked for cannot run here (not built, or not this platform). */
+export class BackendUnavailableError extends Error {
+  override name = "BackendUnavailableError";
+}
+
+/** Throws the standard AbortError when `signal` is aborted. */
+export function throwIfAborted(signal?: AbortSignal): void {
+  if (signal?.aborted) throw signal.reason instanceof Error ? signal.reason : new DOMException("generation aborted", "AbortError");
+}

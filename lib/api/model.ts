@@ -1,0 +1,338 @@
+// The public face of cherenkov: Model.load(), generate(), stream(), sessions.
+import type { ModelConfig } from "../model/config.ts";
+import { defaultModelDir } from "../model/default-model.ts";
+import { openModel, type ModelFiles } from "../model/format.ts";
+import { loadTokenizer, type ChatMessage, type TextTokenizer } from "../model/tokenizer.ts";
+import { BackendUnavailableError, throwIfAborted, type Backend, type BackendSequence } from "./backend.ts";
+import { ReferenceBackend } from "./reference-backend.ts";
+
+export type BackendName = "auto" | "reference" | "cpu" | "metal";
+
+export interface LoadOptions {
+  /**
+   * Which backend runs the model: "cpu" / "metal" run the engine through metal-shim,
+   * "reference" the pure-TypeScript oracle; "auto" (default) takes the best one available.
+   */
+  backend?: BackendName;
+  /** Verify every checksum while loading (reads the whole model once). */
+  verify?: boolean;
+  /** Rows per prefill chunk. */
+  prefillChunk?: number;
+  /** Engine options (ignored by the reference backend). */
+  engine?: Record<string, unknown>;
+  /** Progress of long loads, in bytes. */
+  onProgress?: (done: number, total: number) => void;
+}
+
+/** What to generate from: text, token ids, or chat messages (rendered with the model's chat template). */
+export type Prompt = string | number[] | ChatMessage[];
+
+export interface GenerateOptions {
+  /** Tokens to generate at most (default 256). */
+  maxTokens?: number;
+  /** Stop at the end-of-sequence token (default true). */
+  stopAtEos?: boolean;
+  /** Stop when the text contains one of these; the stop string is not returned. */
+  stop?: string[];
+  /** MTP drafts per step (speculative decoding; the output is identical to plain greedy). */
+  drafts?: number;
+  /** Cancels generation: generate() rejects and stream() throws an AbortError. */
+  signal?: AbortSignal;
+}
+
+export type FinishReason = "length" | "eos" | "stop";
+
+export interface GenerationResult {
+  text: string;
+  tokens: number[];
+  finishReason: FinishReason;
+  usage: { promptTokens: number; completionTokens: number };
+  timings: { prefillMs: number; decodeMs: number; tokensPerSecond: number };
+  /** With drafts: proposed and accepted drafts. */
+  drafts?: { proposed: number; accepted: number };
+}
+
+export interface StreamChunk {
+  token: number;
+  /** Text this token completed (may be "" while a UTF-8 character is split across tokens). */
+  text: string;
+}
+
+/** Cumulative generation counters; the backend adds its own telemetry under `backend`. */
+export interface ModelStats {
+  backend: string;
+  generations: number;
+  promptTokens: number;
+  completionTokens: number;
+  prefillMs: number;
+  decodeMs: number;
+  drafts: { proposed: number; accepted: number };
+  engine: Record<string, unknown>;
+}
+
+async function openBackend(files: ModelFiles, opts: LoadOptions): Promise<Backend> {
+  const name = opts.backend ?? "auto";
+  if (name === "reference" || name === "auto") return new ReferenceBackend(files, { prefillChunk: opts.prefillChunk });
+  throw new BackendUnavailableError(`backend "${name}" is not available in this build (available: reference, auto)`);
+}
+
+export class Model {
+  private closed = false;
+  private counters: Omit<ModelStats, "backend" | "engine"> = {
+    generations: 0, promptTokens: 0, completionTokens: 0, prefillMs: 0, decodeMs: 0, drafts: { proposed: 0, accepted: 0 },
+  };
+
+  private constructor(
+    /** The model directory. */
+    readonly dir: string,
+    readonly config: ModelConfig,
+    /** The tokenizer, or null when the directory has none (token-id prompts only). */
+    readonly tokenizer: TextTokenizer | null,
+    private backend: Backend,
+  ) {}
+
+  /**
+   * Loads a model directory (the cherenkov format; `cherenkov convert` makes one from Hugging
+   * Face or MLX checkpoints). Without `dir`, the embedded default model.
+   */
+  static async load(dir?: string, opts: LoadOptions = {}): Promise<Model> {
+    const path = dir ?? (await defaultModelDir());
+    const files = await openModel(path, { verify: opts.verify });
+    let tokenizer: TextTokenizer | null = null;
+    try {
+      tokenizer = await loadTokenizer(path);
+    } catch {
+      tokenizer = null;
+    }
+    const backend = await openBackend(files, opts);
+    return new Model(path, files.config, tokenizer, backend);
+  }
+
+  /** "reference", "cpu" or "metal". */
+  get backendName(): string {
+    return this.backend.name;
+  }
+
+  /** Token ids of a prompt. */
+  encode(prompt: Prompt): number[] {
+    if (Array.isArray(prompt) && prompt.every((t) => typeof t === "number")) return prompt as number[];
+    const tok = this.requireTokenizer();
+    if (typeof prompt === "string") return tok.encode(prompt);
+    return tok.encode(tok.applyChatTemplate(prompt as ChatMessage[], { addGenerationPrompt: true }), { addSpecialTokens: false });
+  }
+
+  decode(tokens: number[]): string {
+    return this.tokenizer ? this.tokenizer.decode(tokens, { skipSpecialTokens: true }) : "";
+  }
+
+  private requireTokenizer(): TextTokenizer {
+    if (!this.tokenizer) throw new Error(`${this.dir} has no tokenizer.json: pass token ids instead of text`);
+    return this.tokenizer;
+  }
+
+  private check() {
+    if (this.closed) throw new Error("the model is closed");
+  }
+
+  /** Generates a continuation of `prompt` in a fresh sequence. */
+  async generate(prompt: Prompt, opts: GenerateOptions = {}): Promise<GenerationResult> {
+    const s = this.session();
+    try {
+      await s.append(prompt, opts.signal);
+      return await s.generate(opts);
+    } finally {
+      s.close();
+    }
+  }
+
+  /** Streams the continuation of `prompt` token by token. Breaking out of the loop stops generation. */
+  async *stream(prompt: Prompt, opts: GenerateOptions = {}): AsyncGenerator<StreamChunk, GenerationResult> {
+    const s = this.session();
+    try {
+      await s.append(prompt, opts.signal);
+      return yield* s.stream(opts);
+    } finally {
+      s.close();
+    }
+  }
+
+  /** A conversation or document that grows: append, generate, append more, ... */
+  session(): Session {
+    this.check();
+    return new Session(this, this.backend.newSequence(), (c) => this.account(c));
+  }
+
+  private account(c: Partial<Omit<ModelStats, "backend" | "engine">>) {
+    const k = this.counters;
+    k.generations += c.generations ?? 0;
+    k.promptTokens += c.promptTokens ?? 0;
+    k.completionTokens += c.completionTokens ?? 0;
+    k.prefillMs += c.prefillMs ?? 0;
+    k.decodeMs += c.decodeMs ?? 0;
+    k.drafts.proposed += c.drafts?.proposed ?? 0;
+    k.drafts.accepted += c.drafts?.accepted ?? 0;
+  }
+
+  /** Counters since load, and the backend's telemetry. */
+  stats(): ModelStats {
+    return { backend: this.backend.name, ...structuredClone(this.counters), engine: this.backend.stats() };
+  }
+
+  /** @internal */
+  get maxDrafts(): number {
+    return this.backend.maxDrafts;
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.backend.close();
+  }
+}
+
+/** Incremental detokenizer: emits text only once a UTF-8 character is complete. */
+class TextStream {
+  private emitted = "";
+  constructor(private model: Model, private tokens: number[] = []) {}
+  push(token: number): string {
+    this.tokens.push(token);
+    const text = this.model.decode(this.tokens);
+    if (text.endsWith("\uFFFD")) return "";
+    const delta = text.slice(this.emitted.length);
+    this.emitted = text;
+    return delta;
+  }
+  get text() {
+    return this.emitted;
+  }
+}
+
+export class Session {
+  /** Every token of the session, prompts and generated ones. */
+  readonly tokens: number[] = [];
+  /** Greedy next token after the last row, valid while every token has been run. */
+  private prediction: number | null = null;
+  private newPromptTokens = 0;
+  private prefillMs = 0;
+  private closed = false;
+
+  /** @internal */
+  constructor(private model: Model, private seq: BackendSequence, private account: (c: object) => void) {}
+
+  /**
+   * Runs the tokens not yet in the sequence, then `extra`; returns the prediction after them.
+   * A stop inside an accepted draft run leaves rows past the last token: then the sequence is
+   * rebuilt from the tokens (rare, and exact).
+   */
+  private async catchUp(extra: number[], signal?: AbortSignal): Promise<number> {
+    if (this.seq.length > this.tokens.length) this.seq.reset();
+    const run = [...this.tokens.slice(this.seq.length), ...extra];
+    const t0 = performance.now();
+    const r = await this.seq.forward(run, signal);
+    this.prefillMs += performance.now() - t0;
+    return r.next[r.next.length - 1]!;
+  }
+
+  /** Runs `prompt` through the model (a prefill); generation continues after it. */
+  async append(prompt: Prompt, signal?: AbortSignal): Promise<void> {
+    if (this.closed) throw new Error("the session is closed");
+    const ids = this.model.encode(prompt);
+    if (ids.length === 0) throw new Error("append: the prompt is empty");
+    this.prediction = null;
+    const next = await this.catchUp(ids, signal);
+    this.tokens.push(...ids);
+    this.newPromptTokens += ids.length;
+    this.prediction = next;
+  }
+
+  /** Generates from the current end of the session. */
+  async generate(opts: GenerateOptions = {}): Promise<GenerationResult> {
+    const it = this.stream(opts);
+    for (;;) {
+      const r = await it.next();
+      if (r.done) return r.value;
+    }
+  }
+
+  /** Streams tokens from the current end of the session. */
+  async *stream(opts: GenerateOptions = {}): AsyncGenerator<StreamChunk, GenerationResult> {
+    if (this.closed) throw new Error("the session is closed");
+    if (this.tokens.length === 0) throw new Error("generate: append a prompt first");
+    const maxTokens = opts.maxTokens ?? 256;
+    if (!Number.isInteger(maxTokens) || maxTokens < 0) throw new Error(`maxTokens ${maxTokens} must be an integer >= 0`);
+    const stopAtEos = opts.stopAtEos ?? true;
+    const eos = this.model.config.eos_token_id;
+    const wanted = opts.drafts ?? 0;
+    if (wanted > 0 && (!this.seq.speculate || this.model.maxDrafts === 0))
+      throw new Error("speculative decoding needs a model with an MTP head");
+    const drafts = Math.min(wanted, this.model.maxDrafts);
+    const text = new TextStream(this.model);
+    const generated: number[] = [];
+    const stats = { proposed: 0, accepted: 0 };
+    let finishReason: FinishReason = "length";
+    const t0 = performance.now();
+    throwIfAborted(opts.signal);
+    let queue = [this.prediction ?? (await this.catchUp([], opts.signal))];
+    this.prediction = null;
+    outer: while (generated.length < maxTokens) {
+      for (const token of queue) {
+        generated.push(token);
+        this.tokens.push(token);
+        const delta = text.push(token);
+        yield { token, text: delta };
+        if (stopAtEos && token === eos) {
+          finishReason = "eos";
+          break outer;
+        }
+        if (opts.stop?.some((s) => text.text.includes(s))) {
+          finishReason = "stop";
+          break outer;
+        }
+        if (generated.length >= maxTokens) break outer;
+      }
+      throwIfAborted(opts.signal);
+      // The newest token has not been run yet: it leads the next step.
+      const last = this.tokens[this.tokens.length - 1]!;
+      const k = Math.min(drafts, maxTokens - generated.length - 1);
+      if (k > 0 && this.seq.speculate) {
+        const r = await this.seq.speculate(last, k, opts.signal);
+        stats.proposed += r.proposed;
+        stats.accepted += r.next.length - 1;
+        queue = r.next;
+      } else {
+        queue = [(await this.seq.forward([last], opts.signal)).next[0]!];
+      }
+    }
+    const decodeMs = performance.now() - t0;
+    let out = text.text;
+    if (finishReason === "stop") {
+      const cut = Math.min(...opts.stop!.map((s) => out.indexOf(s)).filter((i) => i >= 0));
+      out = out.slice(0, cut);
+    }
+    const result: GenerationResult = {
+      text: out,
+      tokens: generated,
+      finishReason,
+      usage: { promptTokens: this.newPromptTokens, completionTokens: generated.length },
+      timings: { prefillMs: this.prefillMs, decodeMs, tokensPerSecond: generated.length / Math.max(decodeMs / 1000, 1e-9) },
+      ...(drafts > 0 ? { drafts: stats } : {}),
+    };
+    this.account({ generations: 1, promptTokens: this.newPromptTokens, completionTokens: generated.length, prefillMs: this.prefillMs, decodeMs, drafts: stats });
+    this.newPromptTokens = 0;
+    this.prefillMs = 0;
+    return result;
+  }
+
+  /** Forgets everything: the next append starts a new sequence. */
+  reset(): void {
+    this.seq.reset();
+    this.tokens.length = 0;
+    this.prediction = null;
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.seq.dispose();
+  }
+}

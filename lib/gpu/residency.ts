@@ -1,0 +1,669 @@
+/**
+ * The expert pool: which expert records the GPU may touch, LRU managed here, with two
+ * backings behind one interface ({@link ExpertPool}).
+ *
+ * - "wired": `capacity` page-aligned slots carved out of one or a few shim buffers; a miss
+ *   takes a victim slot and reads the record into it with an uncached read through the
+ *   {@link IoScheduler}. The slot number is an index into those slots.
+ * - "mapped": experts.bin mapped (Bun.mmap) and wrapped without copying; the slot of
+ *   (layer, e) is its record index `layer * perLayer + e` in that mapping and nothing is read
+ *   explicitly (the OS pages it in). The same LRU runs over `capacity` virtual slots so that
+ *   hits, misses and evictions are reported exactly as a wired pool of that size would see
+ *   them.
+ *
+ * How the GPU step uses it, per layer l of a step:
+ * ```ts
+ * const a = pool.acquire(l, unionOfRoutedIds);     // pins l's union; misses start reading
+ * pool.writeSlotTable(l, slotTable.subarray(l * stride, (l + 1) * stride));
+ * pool.prefetch(l + 1, lookaheadIds);              // optional: next layer's predicted union
+ * await a.ready;                                   // every record of the union is in place
+ * releaseGpu(l);                                   // the GPU computes layer l's experts
+ * // ... once the GPU is past layer l's expert compute (e.g. at the next layer's signal):
+ * pool.release(l);
+ * ```
+ * Decisions (which slot, which victim) are made synchronously inside acquire/prefetch and do
+ * not depend on IO timing, so the same call sequence gives the same slots and counters.
+ * Only a failed read changes the state asynchronously (its slot becomes empty).
+ */
+import { ptr } from "bun:ffi";
+import type { ExpertLayout } from "../model/format.ts";
+import type { Buffer, Device } from "../shim.ts";
+import { IoScheduler, type IoFile, type Priority, type ReadTicket } from "./streaming.ts";
+import type { LookaheadStats, PoolStats } from "./telemetry.ts";
+
+export type Backing = "wired" | "mapped";
+
+/** Where the expert records come from: a ModelFiles (lib/model/format.ts) satisfies it. */
+export interface ExpertSource {
+  readonly paths: { readonly experts: string };
+  readonly expertLayout: Pick<ExpertLayout, "stride" | "layers" | "perLayer">;
+}
+
+/** The result of {@link ExpertPool.acquire}. */
+export interface Acquired {
+  /** Per expert of the layer (length perLayer): its slot, or -1 if not in this union. */
+  readonly slotOf: Int32Array;
+  /** The union, deduplicated, in first-seen order. */
+  readonly union: readonly number[];
+  /** Experts of the union that were not resident (a read was issued for each, wired backing). */
+  readonly misses: number;
+  /** Those experts, in union order. */
+  readonly missIds: readonly number[];
+  /**
+   * Resolves when every record of the union is in its slot. Rejects with the IoReadError of
+   * a failed read (naming file, offset, layer and expert); the failed slot is left empty
+   * and the pool stays usable. Always settles: nothing waits forever.
+   */
+  readonly ready: Promise<void>;
+}
+
+/** The result of {@link ExpertPool.prefetch}. */
+export interface Prefetched {
+  /** Reads issued (records that were not resident and got a slot). */
+  readonly issued: number;
+  /** Settles when those reads have finished; never rejects (failures are counted). */
+  readonly ready: Promise<void>;
+}
+
+/**
+ * The expert pool, as the GPU step sees it. Layers are expert layers (trunk layers, then the
+ * MTP layer); expert ids are 0..perLayer-1.
+ */
+export interface ExpertPool {
+  readonly backing: Backing;
+  /** Records the LRU holds at once (the budget's slots). */
+  readonly capacity: number;
+  /** Slot numbers run 0..slotCount-1: capacity (wired) or every record (mapped). */
+  readonly slotCount: number;
+  readonly recordBytes: number;
+  readonly layers: number;
+  readonly perLayer: number;
+  /** Entries per layer of a slot table: perLayer slots, then the union size. */
+  readonly slotTableStride: number;
+
+  /**
+   * Maps this step's union for `layer` to slots and pins them until {@link release}. Hits keep
+   * their slot; each miss takes a free slot or the least recently used unpinned one and
+   * (wired) reads its record with `priority` (default "demand"). A queued lookahead read of a
+   * hit is promoted; a queued lookahead read in a victim slot is cancelled.
+   * Throws {@link PoolTooSmallError} if the union cannot fit beside the slots other layers
+   * pin, and an Error if `layer` is already acquired or an id is out of range.
+   */
+  acquire(layer: number, expertIds: ArrayLike<number>, priority?: Priority): Acquired;
+  /** Unpins the slots of `layer` (no-op if it is not acquired). */
+  release(layer: number): void;
+  /** Unpins every layer (after a failed or aborted step). */
+  releaseAll(): void;
+  /**
+   * Lookahead: starts reading the records of `expertIds` that are not resident, into unpinned
+   * slots, without pinning (default priority "lookahead"). Each is a prediction: counted as
+   * used when a later acquire hits it, as wasted (with its bytes) when evicted unused.
+   * Records already resident are touched (made most recent). Best effort: skips records when
+   * no unpinned slot is left.
+   */
+  prefetch(layer: number, expertIds: ArrayLike<number>, priority?: Priority): Prefetched;
+  /**
+   * Writes the acquired layer's slot table: dst[e] = slot of expert e or -1 (e < perLayer),
+   * dst[perLayer] = union size. dst needs at least {@link slotTableStride} entries.
+   */
+  writeSlotTable(layer: number, dst: Int32Array): void;
+  /** The shim buffer holding `slot` (throws for a pool made without a device). */
+  slotBuffer(slot: number): Buffer;
+  /** Index of that buffer in {@link buffers}. */
+  slotBufferIndex(slot: number): number;
+  /** Byte offset of `slot` inside its buffer. */
+  slotOffset(slot: number): number;
+  /** Every buffer slots live in, in index order (bind them all). Empty without a device. */
+  readonly buffers: readonly Buffer[];
+  /** The record bytes of `slot` (a view, no copy). */
+  slotView(slot: number): Uint8Array;
+  /** Whether (layer, e) is resident (or being read). */
+  isResident(layer: number, e: number): boolean;
+  poolStats(): PoolStats;
+  lookaheadStats(): LookaheadStats;
+  /** Cancels queued reads, waits for reads in flight, frees buffers. The pool is unusable after. */
+  close(): Promise<void>;
+}
+
+/** The pool cannot hold a layer's union next to the slots already pinned. */
+export class PoolTooSmallError extends Error {
+  override name = "PoolTooSmallError";
+  constructor(
+    readonly layer: number,
+    readonly needed: number,
+    readonly capacity: number,
+    readonly pinned: number,
+  ) {
+    super(
+      `expert pool too small: layer ${layer} routes ${needed} distinct experts this step, the pool has ${capacity} slots` +
+        (pinned ? ` of which ${pinned} are pinned by other layers` : "") +
+        ` (raise the pool size, or run fewer rows per step)`,
+    );
+  }
+}
+
+export interface ExpertPoolOptions {
+  backing: Backing;
+  model: ExpertSource;
+  /** Records held at once, usually planPool(...).slots. At most every record. */
+  capacity: number;
+  /** Slots become shim buffers (wired) / the mapping is wrapped (mapped). Without one: host memory only. */
+  device?: Device;
+  /** Wired: the scheduler reads go through (shared with PLE prefetch). Default: a new one the pool owns. */
+  scheduler?: IoScheduler;
+  /** Largest single buffer (default 1 GiB); slots never straddle buffers. */
+  maxBufferBytes?: number;
+}
+
+const EMPTY = 0;
+const LOADING = 1;
+const READY = 2;
+const RESOLVED: Promise<void> = Promise.resolve();
+/** Host-memory alignment of slots: the format's record alignment (16 KiB, Apple's page). */
+const SLOT_ALIGN = 16384;
+
+/** Page-aligned host memory (no device): for simulations and tests. */
+function alignedHostMemory(bytes: number): Uint8Array {
+  const raw = new Uint8Array(bytes + SLOT_ALIGN);
+  const skip = (SLOT_ALIGN - (Number(ptr(raw)) % SLOT_ALIGN)) % SLOT_ALIGN;
+  return raw.subarray(skip, skip + bytes);
+}
+
+/** Deduplicates ids (first-seen order) and checks their range. */
+function unionOf(ids: ArrayLike<number>, perLayer: number, layer: number, what: string): number[] {
+  const seen = new Uint8Array(perLayer);
+  const out: number[] = [];
+  for (let i = 0; i < ids.length; i++) {
+    const e = ids[i]!;
+    if (!Number.isInteger(e) || e < 0 || e >= perLayer) throw new Error(`${what}: layer ${layer}: expert id ${e} is not in 0..${perLayer - 1}`);
+    if (!seen[e]) {
+      seen[e] = 1;
+      out.push(e);
+    }
+  }
+  return out;
+}
+
+/** Creates a pool of either backing. */
+export function createExpertPool(opts: ExpertPoolOptions): ExpertPool {
+  return new LruExpertPool(opts);
+}
+
+/** Slots that hold data for one backing. */
+interface SlotMemory {
+  readonly slotCount: number;
+  readonly buffers: Buffer[];
+  /** Buffer index and byte offset of a slot. */
+  locate(slot: number): { buffer: number; offset: number };
+  view(slot: number): Uint8Array;
+  release(): void;
+}
+
+function wiredMemory(capacity: number, stride: number, maxBufferBytes: number, device?: Device): SlotMemory {
+  const perBuffer = Math.max(1, Math.floor(maxBufferBytes / stride));
+  const count = Math.ceil(capacity / perBuffer);
+  const buffers: Buffer[] = [];
+  const views: Uint8Array[] = [];
+  for (let b = 0; b < count; b++) {
+    const bytes = Math.min(perBuffer, capacity - b * perBuffer) * stride;
+    if (device) {
+      const buf = device.buffer(bytes);
+      buffers.push(buf);
+      views.push(buf.bytes);
+    } else {
+      views.push(alignedHostMemory(bytes));
+    }
+  }
+  return {
+    slotCount: capacity,
+    buffers,
+    locate: (slot) => ({ buffer: Math.floor(slot / perBuffer), offset: (slot % perBuffer) * stride }),
+    view(slot) {
+      const b = Math.floor(slot / perBuffer);
+      const off = (slot % perBuffer) * stride;
+      return views[b]!.subarray(off, off + stride);
+    },
+    release: () => buffers.forEach((b) => b.release()),
+  };
+}
+
+function mappedMemory(path: string, records: number, stride: number, maxBufferBytes: number, device?: Device): SlotMemory {
+  // MAP_PRIVATE, never written: the pages are the page cache's.
+  const map = Bun.mmap(path, { shared: false });
+  if (map.byteLength < records * stride)
+    throw new Error(`${path}: ${map.byteLength} bytes mapped, the experts need ${records * stride} (${records} records of ${stride})`);
+  const perBuffer = Math.max(1, Math.floor(maxBufferBytes / stride));
+  const buffers: Buffer[] = [];
+  if (device)
+    for (let first = 0; first < records; first += perBuffer) {
+      const n = Math.min(perBuffer, records - first);
+      buffers.push(device.wrap(map.subarray(first * stride, (first + n) * stride)));
+    }
+  return {
+    slotCount: records,
+    buffers,
+    locate: (slot) => ({ buffer: Math.floor(slot / perBuffer), offset: (slot % perBuffer) * stride }),
+    view: (slot) => map.subarray(slot * stride, (slot + 1) * stride),
+    release: () => buffers.forEach((b) => b.release()),
+  };
+}
+
+/** Both backings: one LRU over `capacity` slots; the backing decides what a slot number means. */
+class LruExpertPool implements ExpertPool {
+  readonly backing: Backing;
+  readonly capacity: number;
+  readonly slotCount: number;
+  readonly recordBytes: number;
+  readonly layers: number;
+  readonly perLayer: number;
+  readonly slotTableStride: number;
+  readonly buffers: readonly Buffer[];
+
+  private readonly memory: SlotMemory;
+  private readonly scheduler: IoScheduler | null;
+  private readonly ownsScheduler: boolean;
+  private readonly file: IoFile | null;
+  private closed = false;
+
+  // Per LRU slot.
+  private readonly slotKey: Int32Array; // record index held, -1 when empty
+  private readonly state: Uint8Array;
+  private readonly pinned: Uint8Array;
+  private readonly predicted: Uint8Array; // loaded by prefetch, not yet used by acquire
+  private readonly stamp: Float64Array; // prefetch call that last touched the slot
+  private readonly gen: Uint32Array; // bumped on every new assignment: stale completions are ignored
+  private readonly tickets: (ReadTicket | null)[];
+  private readonly prev: Int32Array; // LRU list: head = least recent
+  private readonly next: Int32Array;
+  private readonly inList: Uint8Array;
+  private head = -1;
+  private tail = -1;
+  private readonly free: number[] = []; // stack, lowest slot on top
+  // Per record.
+  private readonly keySlot: Int32Array;
+  // Per acquired layer.
+  private readonly pins = new Map<number, { slots: number[]; table: Int32Array; union: number }>();
+  private pinnedCount = 0;
+  private prefetchCall = 0;
+
+  private readonly c = {
+    hits: 0,
+    misses: 0,
+    hitsWhileLoading: 0,
+    evictions: 0,
+    layerHits: [] as number[],
+    layerMisses: [] as number[],
+    predictions: 0,
+    used: 0,
+    wasted: 0,
+    wastedBytes: 0,
+    cancelled: 0,
+    alreadyResident: 0,
+    skipped: 0,
+    readErrors: 0,
+  };
+
+  constructor(opts: ExpertPoolOptions) {
+    const { stride, layers, perLayer } = opts.model.expertLayout;
+    const records = layers * perLayer;
+    if (opts.backing !== "wired" && opts.backing !== "mapped") throw new Error(`expert pool: backing must be "wired" or "mapped", got ${JSON.stringify(opts.backing)}`);
+    if (!Number.isInteger(opts.capacity) || opts.capacity < 1 || opts.capacity > records)
+      throw new Error(`expert pool: capacity ${opts.capacity} must be an integer in 1..${records} (the model's expert records)`);
+    this.backing = opts.backing;
+    this.capacity = opts.capacity;
+    this.recordBytes = stride;
+    this.layers = layers;
+    this.perLayer = perLayer;
+    this.slotTableStride = perLayer + 1;
+    const maxBufferBytes = opts.maxBufferBytes ?? 1 << 30;
+    const path = opts.model.paths.experts;
+    if (this.backing === "wired") {
+      this.memory = wiredMemory(this.capacity, stride, maxBufferBytes, opts.device);
+      this.ownsScheduler = !opts.scheduler;
+      this.scheduler = opts.scheduler ?? new IoScheduler();
+      this.file = this.scheduler.open(path);
+      if (this.file.size < records * stride)
+        throw new Error(`${path}: ${this.file.size} bytes, the experts need ${records * stride} (${records} records of ${stride})`);
+    } else {
+      this.memory = mappedMemory(path, records, stride, maxBufferBytes, opts.device);
+      this.scheduler = null;
+      this.ownsScheduler = false;
+      this.file = null;
+    }
+    this.slotCount = this.memory.slotCount;
+    this.buffers = this.memory.buffers;
+
+    const n = this.capacity;
+    this.slotKey = new Int32Array(n).fill(-1);
+    this.state = new Uint8Array(n);
+    this.pinned = new Uint8Array(n);
+    this.predicted = new Uint8Array(n);
+    this.stamp = new Float64Array(n);
+    this.gen = new Uint32Array(n);
+    this.tickets = new Array<ReadTicket | null>(n).fill(null);
+    this.prev = new Int32Array(n).fill(-1);
+    this.next = new Int32Array(n).fill(-1);
+    this.inList = new Uint8Array(n);
+    for (let s = n - 1; s >= 0; s--) this.free.push(s);
+    this.keySlot = new Int32Array(records).fill(-1);
+    this.c.layerHits = new Array<number>(layers).fill(0);
+    this.c.layerMisses = new Array<number>(layers).fill(0);
+  }
+
+  // ---- LRU list ----------------------------------------------------------------------
+
+  private unlink(s: number): void {
+    if (!this.inList[s]) return;
+    const p = this.prev[s]!;
+    const q = this.next[s]!;
+    if (p >= 0) this.next[p] = q;
+    else this.head = q;
+    if (q >= 0) this.prev[q] = p;
+    else this.tail = p;
+    this.prev[s] = this.next[s] = -1;
+    this.inList[s] = 0;
+  }
+
+  /** Makes `s` the most recently used. */
+  private touch(s: number): void {
+    this.unlink(s);
+    this.prev[s] = this.tail;
+    this.next[s] = -1;
+    if (this.tail >= 0) this.next[this.tail] = s;
+    else this.head = s;
+    this.tail = s;
+    this.inList[s] = 1;
+  }
+
+  /**
+   * A slot for a new record: a free one, else the least recently used unpinned one that is
+   * not being read, else (allowBusy) the least recent one being read, whose next read then
+   * waits for the current one. -1 when every slot is pinned (or busy and !allowBusy).
+   */
+  private takeVictim(allowBusy: boolean, excludeStamp: number): number {
+    if (this.free.length) return this.free.pop()!;
+    let busy = -1;
+    for (let s = this.head; s >= 0; s = this.next[s]!) {
+      if (this.pinned[s] || (excludeStamp && this.stamp[s] === excludeStamp)) continue;
+      if (this.state[s] === LOADING && this.tickets[s]?.state === "reading") {
+        if (busy < 0) busy = s;
+        continue;
+      }
+      return s;
+    }
+    return allowBusy ? busy : -1;
+  }
+
+  /** Drops the record held by `s` (it stays off the free list: the caller reuses it). */
+  private evict(s: number): void {
+    const key = this.slotKey[s]!;
+    if (key < 0) return;
+    this.c.evictions++;
+    const t = this.tickets[s];
+    const cancelled = t !== null && t.cancel();
+    if (this.predicted[s]) {
+      if (cancelled) this.c.cancelled++;
+      else {
+        this.c.wasted++;
+        this.c.wastedBytes += this.recordBytes;
+      }
+      this.predicted[s] = 0;
+    }
+    this.keySlot[key] = -1;
+    this.slotKey[s] = -1;
+    this.state[s] = EMPTY;
+    this.unlink(s);
+  }
+
+  /** Puts record `key` in slot `s` and (wired) starts its read. */
+  private assign(s: number, key: number, priority: Priority): void {
+    const previous = this.tickets[s];
+    const busy = previous !== null && previous.state === "reading";
+    this.slotKey[s] = key;
+    this.keySlot[key] = s;
+    const g = ++this.gen[s]!;
+    if (!this.scheduler) {
+      this.state[s] = READY;
+      this.tickets[s] = null;
+      return;
+    }
+    this.state[s] = LOADING;
+    const layer = Math.floor(key / this.perLayer);
+    const expert = key % this.perLayer;
+    const t = this.scheduler.submit({
+      file: this.file!,
+      position: key * this.recordBytes,
+      into: this.memory.view(s),
+      priority,
+      label: { layer, expert },
+      // The previous record's read still writes into this slot: start after it.
+      after: busy ? previous!.done.catch(() => {}) : undefined,
+    });
+    this.tickets[s] = t;
+    t.done.then(
+      () => {
+        if (this.gen[s] !== g) return;
+        this.state[s] = READY;
+        this.tickets[s] = null;
+      },
+      () => {
+        if (this.gen[s] !== g) return;
+        this.c.readErrors++;
+        this.tickets[s] = null;
+        this.predicted[s] = 0;
+        this.keySlot[key] = -1;
+        this.slotKey[s] = -1;
+        this.state[s] = EMPTY;
+        this.unlink(s);
+        if (!this.pinned[s]) this.free.push(s);
+      },
+    );
+  }
+
+  // ---- ExpertPool --------------------------------------------------------------------
+
+  private checkLayer(layer: number, what: string): void {
+    if (this.closed) throw new Error(`${what}: the expert pool is closed`);
+    if (!Number.isInteger(layer) || layer < 0 || layer >= this.layers) throw new Error(`${what}: layer ${layer} is not in 0..${this.layers - 1}`);
+  }
+
+  /** The number the GPU uses for LRU slot `s` holding record `key`. */
+  private publicSlot(s: number, key: number): number {
+    return this.backing === "mapped" ? key : s;
+  }
+
+  acquire(layer: number, expertIds: ArrayLike<number>, priority: Priority = "demand"): Acquired {
+    this.checkLayer(layer, "acquire");
+    if (this.pins.has(layer)) throw new Error(`acquire: layer ${layer} is already acquired; release(${layer}) first`);
+    const union = unionOf(expertIds, this.perLayer, layer, "acquire");
+    if (union.length > this.capacity - this.pinnedCount) throw new PoolTooSmallError(layer, union.length, this.capacity, this.pinnedCount);
+
+    const base = layer * this.perLayer;
+    const table = new Int32Array(this.perLayer).fill(-1);
+    const slots = new Array<number>(union.length);
+    const waits: Promise<void>[] = [];
+    const missIds: number[] = [];
+    // Hits first, pinned at once so that the misses cannot take their slots.
+    for (let i = 0; i < union.length; i++) {
+      const s = this.keySlot[base + union[i]!]!;
+      if (s < 0) continue;
+      slots[i] = s;
+      this.pinned[s] = 1;
+      this.c.hits++;
+      this.c.layerHits[layer]!++;
+      if (this.predicted[s]) {
+        this.predicted[s] = 0;
+        this.c.used++;
+      }
+      if (this.state[s] === LOADING) {
+        this.c.hitsWhileLoading++;
+        const t = this.tickets[s]!;
+        t.promote(priority);
+        waits.push(t.done);
+      }
+    }
+    for (let i = 0; i < union.length; i++) {
+      if (slots[i] !== undefined) continue;
+      const s = this.takeVictim(true, 0);
+      // Cannot happen: the capacity check above leaves enough unpinned slots.
+      if (s < 0) throw new PoolTooSmallError(layer, union.length, this.capacity, this.pinnedCount);
+      this.evict(s);
+      this.assign(s, base + union[i]!, priority);
+      this.pinned[s] = 1;
+      slots[i] = s;
+      missIds.push(union[i]!);
+      this.c.misses++;
+      this.c.layerMisses[layer]!++;
+      const t = this.tickets[s];
+      if (t) waits.push(t.done);
+    }
+    for (let i = 0; i < union.length; i++) {
+      this.touch(slots[i]!);
+      table[union[i]!] = this.publicSlot(slots[i]!, base + union[i]!);
+    }
+    this.pinnedCount += union.length;
+    this.pins.set(layer, { slots, table, union: union.length });
+    const ready = waits.length === 0 ? RESOLVED : waits.length === 1 ? waits[0]! : Promise.all(waits).then(() => {});
+    return { slotOf: table.slice(), union, misses: missIds.length, missIds, ready };
+  }
+
+  release(layer: number): void {
+    const p = this.pins.get(layer);
+    if (!p) return;
+    this.pins.delete(layer);
+    for (const s of p.slots) {
+      this.pinned[s] = 0;
+      if (this.slotKey[s] === -1 && !this.inList[s]) this.free.push(s);
+    }
+    this.pinnedCount -= p.slots.length;
+  }
+
+  releaseAll(): void {
+    for (const layer of [...this.pins.keys()]) this.release(layer);
+  }
+
+  prefetch(layer: number, expertIds: ArrayLike<number>, priority: Priority = "lookahead"): Prefetched {
+    this.checkLayer(layer, "prefetch");
+    const ids = unionOf(expertIds, this.perLayer, layer, "prefetch");
+    const call = ++this.prefetchCall; // from 1 (0 = no exclusion)
+    const base = layer * this.perLayer;
+    const waits: Promise<void>[] = [];
+    let issued = 0;
+    for (const e of ids) {
+      const key = base + e;
+      const have = this.keySlot[key]!;
+      if (have >= 0) {
+        this.c.alreadyResident++;
+        this.stamp[have] = call;
+        this.touch(have);
+        continue;
+      }
+      // Never wait behind a read in flight, never push out what this call just predicted.
+      const s = this.takeVictim(false, call);
+      if (s < 0) {
+        this.c.skipped++;
+        continue;
+      }
+      this.evict(s);
+      this.assign(s, key, priority);
+      this.predicted[s] = 1;
+      this.stamp[s] = call;
+      this.touch(s);
+      this.c.predictions++;
+      issued++;
+      const t = this.tickets[s];
+      if (t) waits.push(t.done.catch(() => {}));
+    }
+    return { issued, ready: waits.length ? Promise.all(waits).then(() => {}) : RESOLVED };
+  }
+
+  writeSlotTable(layer: number, dst: Int32Array): void {
+    const p = this.pins.get(layer);
+    if (!p) throw new Error(`writeSlotTable: layer ${layer} is not acquired`);
+    if (dst.length < this.slotTableStride) throw new Error(`writeSlotTable: dst has ${dst.length} entries, needs ${this.slotTableStride}`);
+    dst.set(p.table);
+    dst[this.perLayer] = p.union;
+  }
+
+  private checkSlot(slot: number): void {
+    if (!Number.isInteger(slot) || slot < 0 || slot >= this.slotCount) throw new Error(`slot ${slot} is not in 0..${this.slotCount - 1}`);
+  }
+
+  slotBuffer(slot: number): Buffer {
+    this.checkSlot(slot);
+    const b = this.memory.buffers[this.memory.locate(slot).buffer];
+    if (!b) throw new Error("slotBuffer: this pool was made without a device (host memory only)");
+    return b;
+  }
+
+  slotBufferIndex(slot: number): number {
+    this.checkSlot(slot);
+    return this.memory.locate(slot).buffer;
+  }
+
+  slotOffset(slot: number): number {
+    this.checkSlot(slot);
+    return this.memory.locate(slot).offset;
+  }
+
+  slotView(slot: number): Uint8Array {
+    this.checkSlot(slot);
+    return this.memory.view(slot);
+  }
+
+  isResident(layer: number, e: number): boolean {
+    return this.keySlot[layer * this.perLayer + e]! >= 0;
+  }
+
+  poolStats(): PoolStats {
+    const c = this.c;
+    const total = c.hits + c.misses;
+    let resident = 0;
+    for (let s = 0; s < this.capacity; s++) if (this.slotKey[s]! >= 0) resident++;
+    return {
+      backing: this.backing,
+      capacity: this.capacity,
+      resident,
+      records: this.layers * this.perLayer,
+      recordBytes: this.recordBytes,
+      hits: c.hits,
+      misses: c.misses,
+      hitsWhileLoading: c.hitsWhileLoading,
+      evictions: c.evictions,
+      hitRate: total ? c.hits / total : 0,
+      perLayer: { hits: [...c.layerHits], misses: [...c.layerMisses] },
+    };
+  }
+
+  lookaheadStats(): LookaheadStats {
+    const c = this.c;
+    return {
+      predictions: c.predictions,
+      used: c.used,
+      wasted: c.wasted,
+      wastedBytes: c.wastedBytes,
+      cancelled: c.cancelled,
+      alreadyResident: c.alreadyResident,
+      skipped: c.skipped,
+      accuracy: c.predictions ? c.used / c.predictions : 0,
+    };
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    this.pins.clear();
+    const inFlight: Promise<void>[] = [];
+    for (const t of this.tickets) {
+      if (!t) continue;
+      t.cancel();
+      inFlight.push(t.done.catch(() => {}));
+    }
+    await Promise.all(inFlight);
+    if (this.scheduler) {
+      if (this.ownsScheduler) await this.scheduler.close();
+      else this.scheduler.closeFile(this.file!);
+    }
+    this.memory.release();
+  }
+}

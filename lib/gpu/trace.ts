@@ -1,0 +1,145 @@
+/**
+ * Routing traces: per step, the tokens, the routed expert ids and weights of every layer and
+ * row, and which experts missed the pool. Written as JSON lines (one step per line) so a
+ * long run can be dumped as it goes and read back by benchmarks (bench:pool) and research
+ * scripts.
+ *
+ * Line format (an object; readers also accept the seed's tuple `[tokens, experts, weights, misses]`):
+ * ```json
+ * {"tokens":[17],"experts":[[[3,9]],...],"weights":[[[0.6,0.4]],...],"misses":[[9],...]}
+ * ```
+ * experts/weights are [layer][row][k] in rank order (the reference's RouteStep); misses is
+ * [layer] of missed expert ids (empty when nothing missed or nothing was tracked); the
+ * optional `predicted` is [layer] of the lookahead's predicted union for that layer.
+ */
+import { closeSync, openSync, readFileSync, writeSync } from "node:fs";
+
+/** One step of a routing trace. */
+export interface TraceStep {
+  tokens: number[];
+  /** [layer][row][k] expert ids. */
+  experts: number[][][];
+  /** [layer][row][k] routing weights. */
+  weights: number[][][];
+  /** [layer] expert ids that missed the pool this step. */
+  misses: number[][];
+  /** [layer] the lookahead's predicted union for that layer, when one ran. */
+  predicted?: number[][];
+}
+
+/** Appends steps to a JSON-lines file as they happen (synchronous: a crash loses nothing written). */
+export class TraceWriter {
+  private fd: number | null;
+  steps = 0;
+
+  private constructor(
+    readonly path: string,
+    fd: number,
+  ) {
+    this.fd = fd;
+  }
+
+  /** Creates (truncates) `path`, or appends with `append: true`. */
+  static open(path: string, opts: { append?: boolean } = {}): TraceWriter {
+    let fd: number;
+    try {
+      fd = openSync(path, opts.append ? "a" : "w");
+    } catch (e) {
+      throw new Error(`routing trace: cannot open ${path} for writing: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+    }
+    return new TraceWriter(path, fd);
+  }
+
+  write(step: TraceStep): void {
+    if (this.fd === null) throw new Error(`routing trace ${this.path}: already closed`);
+    const line: TraceStep = { tokens: step.tokens, experts: step.experts, weights: step.weights, misses: step.misses };
+    if (step.predicted) line.predicted = step.predicted;
+    writeSync(this.fd, JSON.stringify(line) + "\n");
+    this.steps++;
+  }
+
+  close(): void {
+    if (this.fd === null) return;
+    closeSync(this.fd);
+    this.fd = null;
+  }
+}
+
+const isIntArray = (x: unknown): x is number[] => Array.isArray(x) && x.every((v) => Number.isInteger(v));
+const isNumArray = (x: unknown): x is number[] => Array.isArray(x) && x.every((v) => typeof v === "number");
+const isIds3 = (x: unknown): x is number[][][] => Array.isArray(x) && x.every((l) => Array.isArray(l) && l.every(isIntArray));
+const isNums3 = (x: unknown): x is number[][][] => Array.isArray(x) && x.every((l) => Array.isArray(l) && l.every(isNumArray));
+const isIds2 = (x: unknown): x is number[][] => Array.isArray(x) && x.every(isIntArray);
+
+/** Checks and normalises one step (object or tuple form); `where` names the file and line in errors. */
+export function parseTraceStep(raw: unknown, where: string): TraceStep {
+  const o = Array.isArray(raw) ? { tokens: raw[0], experts: raw[1], weights: raw[2], misses: raw[3] } : (raw as Record<string, unknown> | null);
+  if (!o || typeof o !== "object") throw new Error(`${where}: a trace step must be an object or a [tokens, experts, weights, misses] tuple`);
+  if (!isIntArray(o.tokens)) throw new Error(`${where}: tokens must be an array of integers`);
+  if (!isIds3(o.experts)) throw new Error(`${where}: experts must be [layer][row][k] integers`);
+  const weights = o.weights ?? [];
+  if (!isNums3(weights)) throw new Error(`${where}: weights must be [layer][row][k] numbers`);
+  const misses = o.misses ?? [];
+  if (!isIds2(misses)) throw new Error(`${where}: misses must be [layer] arrays of expert ids`);
+  o.experts.forEach((rows, l) => {
+    if (rows.length !== o.tokens!.length && rows.length !== 0)
+      throw new Error(`${where}: layer ${l} has ${rows.length} rows of experts for ${(o.tokens as number[]).length} tokens`);
+  });
+  const step: TraceStep = { tokens: o.tokens, experts: o.experts, weights, misses };
+  if (o.predicted !== undefined) {
+    if (!isIds2(o.predicted)) throw new Error(`${where}: predicted must be [layer] arrays of expert ids`);
+    step.predicted = o.predicted;
+  }
+  return step;
+}
+
+/**
+ * Reads a routing trace: JSON lines (this module's format), or a JSON document holding an
+ * array of steps, `{trace: [...]}` or `{steps: [...]}` (the reference's Generation, recorded traces).
+ */
+export function readTrace(path: string): TraceStep[] {
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8");
+  } catch (e) {
+    throw new Error(`routing trace: cannot read ${path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+  }
+  return parseTrace(text, path);
+}
+
+/** {@link readTrace} on text already read; `source` names it in errors. */
+export function parseTrace(text: string, source: string): TraceStep[] {
+  const trimmed = text.trim();
+  if (trimmed === "") return [];
+  // A whole JSON document first (arrays and objects), else JSON lines.
+  let doc: unknown;
+  let isDoc = false;
+  if (trimmed.startsWith("[") || trimmed.startsWith("{")) {
+    try {
+      doc = JSON.parse(trimmed);
+      isDoc = true;
+    } catch {
+      isDoc = false;
+    }
+  }
+  if (isDoc) {
+    const steps = Array.isArray(doc) ? doc : ((doc as { trace?: unknown; steps?: unknown }).trace ?? (doc as { steps?: unknown }).steps);
+    // A single JSON-lines step is also a valid document: tell them apart by shape.
+    if (!Array.isArray(doc) && steps === undefined && (doc as { experts?: unknown }).experts !== undefined) return [parseTraceStep(doc, `${source}:1`)];
+    if (!Array.isArray(steps)) throw new Error(`${source}: expected an array of trace steps, {trace: [...]} or {steps: [...]}`);
+    if (Array.isArray(doc) && doc.length > 0 && isIntArray(doc[0])) return [parseTraceStep(doc, `${source}:1`)]; // one tuple
+    return steps.map((s, i) => parseTraceStep(s, `${source}: step ${i}`));
+  }
+  const out: TraceStep[] = [];
+  trimmed.split("\n").forEach((line, i) => {
+    if (line.trim() === "") return;
+    let raw: unknown;
+    try {
+      raw = JSON.parse(line);
+    } catch (e) {
+      throw new Error(`${source}:${i + 1}: not valid JSON: ${(e as Error).message}`);
+    }
+    out.push(parseTraceStep(raw, `${source}:${i + 1}`));
+  });
+  return out;
+}

@@ -1,0 +1,19 @@
+// The public API of cherenkov. Explicit named exports only: nothing from lib/gpu or
+// lib/shim.ts is public.
+export { Model, Session } from "./api/model.ts";
+export type {
+  BackendName, FinishReason, GenerateOptions, GenerationResult, LoadOptions, ModelStats, Prompt, StreamChunk,
+} from "./api/model.ts";
+export { ConfigError, parseConfig } from "./model/config.ts";
+export type { ModelConfig } from "./model/config.ts";
+export { ModelFormatError } from "./model/errors.ts";
+export { openModel } from "./model/format.ts";
+export type { ModelFiles } from "./model/format.ts";
+export type { ChatMessage, TextTokenizer } from "./model/tokenizer.ts";
+export { defaultModelDir } from "./model/default-model.ts";
+export { synthesize } from "./convert/synth.ts";
+export { presetConfig, presetNames } from "./convert/presets.ts";
+export type { Features, PresetName } from "./convert/presets.ts";
+export { convertCheckpoint } from "./convert/convert.ts";
+export type { ConvertOptions, ConvertResult } from "./convert/convert.ts";
+export { BackendUnavailableError } from "./api/backend.ts";

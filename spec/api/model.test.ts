@@ -1,0 +1,163 @@
+// The public API over the reference backend: generate / stream / sessions / abort / stop /
+// drafts, each compared with the reference's own greedy generation.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { Model, synthesize } from "../../lib/index.ts";
+import { openModel } from "../../lib/model/format.ts";
+import { generateGreedy } from "../../lib/reference/index.ts";
+
+let dir: string;
+let model: Model;
+const prompt = [72, 101, 108, 108, 111, 44, 32, 119]; // "Hello, w"
+
+beforeAll(async () => {
+  dir = mkdtempSync(join(tmpdir(), "cherenkov-api-"));
+  await synthesize({ preset: "tiny", seed: 11, out: dir, weights: "q4", workers: 0 });
+  model = await Model.load(dir, { backend: "reference" });
+});
+afterAll(async () => {
+  await model.close();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+async function expected(maxTokens: number) {
+  const files = await openModel(dir);
+  const g = generateGreedy(files, prompt, { maxTokens });
+  files.close();
+  return g.tokens;
+}
+
+describe("Model", () => {
+  test("generate() from token ids equals the reference's greedy tokens", async () => {
+    const r = await model.generate(prompt, { maxTokens: 12, stopAtEos: false });
+    expect(r.tokens).toEqual(await expected(12));
+    expect(r.finishReason).toBe("length");
+    expect(r.usage).toEqual({ promptTokens: prompt.length, completionTokens: 12 });
+    expect(r.text).toBe(model.decode(r.tokens));
+  });
+
+  test("text prompts go through the tokenizer", async () => {
+    const a = await model.generate("Hello, w", { maxTokens: 6, stopAtEos: false });
+    const b = await model.generate(model.encode("Hello, w"), { maxTokens: 6, stopAtEos: false });
+    expect(a.tokens).toEqual(b.tokens);
+    expect(model.encode("Hello, w")).toEqual(prompt);
+  });
+
+  test("chat messages use the chat template", async () => {
+    const ids = model.encode([{ role: "user", content: "hi" }]);
+    const text = model.tokenizer!.decode(ids);
+    expect(text).toContain("<|im_start|>user");
+    expect(text).toContain("hi");
+    expect(text.trimEnd().endsWith("<|im_start|>assistant")).toBe(true);
+  });
+
+  test("stream() yields the same tokens as generate(), and its text concatenates to the result", async () => {
+    const want = await expected(10);
+    const it = model.stream(prompt, { maxTokens: 10, stopAtEos: false });
+    const got: number[] = [];
+    let text = "";
+    let r = await it.next();
+    while (!r.done) {
+      got.push(r.value.token);
+      text += r.value.text;
+      r = await it.next();
+    }
+    expect(got).toEqual(want);
+    expect(r.value.tokens).toEqual(want);
+    expect(text).toBe(r.value.text);
+  });
+
+  test("speculative decoding with 1..3 drafts gives the greedy tokens", async () => {
+    const want = await expected(14);
+    for (const drafts of [1, 2, 3]) {
+      const r = await model.generate(prompt, { maxTokens: 14, stopAtEos: false, drafts });
+      expect(r.tokens).toEqual(want);
+      expect(r.drafts!.proposed).toBeGreaterThan(0);
+    }
+  });
+
+  test("an aborted signal rejects with AbortError, and the model stays usable", async () => {
+    const ac = new AbortController();
+    const it = model.stream(prompt, { maxTokens: 50, signal: ac.signal, stopAtEos: false });
+    await it.next();
+    ac.abort();
+    await expect(it.next()).rejects.toThrow();
+    const pre = new AbortController();
+    pre.abort();
+    await expect(model.generate(prompt, { signal: pre.signal })).rejects.toHaveProperty("name", "AbortError");
+    expect((await model.generate(prompt, { maxTokens: 3, stopAtEos: false })).tokens).toEqual((await expected(3)));
+  });
+
+  test("stop strings end generation and are cut from the text", async () => {
+    const full = await model.generate(prompt, { maxTokens: 16, stopAtEos: false });
+    // a printable ASCII character from the middle of the text (random weights: no words)
+    const i = [...full.text].findIndex((ch, j) => j >= 2 && /^[ -~]$/.test(ch));
+    expect(i).toBeGreaterThan(0);
+    const stopAt = [...full.text][i]!;
+    const r = await model.generate(prompt, { maxTokens: 16, stopAtEos: false, stop: [stopAt] });
+    expect(r.finishReason).toBe("stop");
+    expect(r.text).toBe(full.text.slice(0, full.text.indexOf(stopAt)));
+  });
+
+  test("out-of-vocabulary prompt ids are refused with the id named", async () => {
+    await expect(model.generate([1, 2, 99999])).rejects.toThrow(/99999/);
+  });
+
+  test("stats() counts generations and tokens", async () => {
+    const before = model.stats();
+    await model.generate(prompt, { maxTokens: 4, stopAtEos: false });
+    const after = model.stats();
+    expect(after.generations).toBe(before.generations + 1);
+    expect(after.completionTokens).toBe(before.completionTokens + 4);
+    expect(after.promptTokens).toBe(before.promptTokens + prompt.length);
+    expect(after.backend).toBe("reference");
+  });
+});
+
+describe("Session", () => {
+  test("append + generate in pieces equals one generation over the concatenation", async () => {
+    const s = model.session();
+    await s.append(prompt.slice(0, 3));
+    await s.append(prompt.slice(3));
+    const a = await s.generate({ maxTokens: 5, stopAtEos: false });
+    const b = await s.generate({ maxTokens: 5, stopAtEos: false });
+    expect([...a.tokens, ...b.tokens]).toEqual(await expected(10));
+    expect(s.tokens).toEqual([...prompt, ...a.tokens, ...b.tokens]);
+    s.close();
+  });
+
+  test("appending after generation continues the same sequence", async () => {
+    const s = model.session();
+    await s.append(prompt);
+    const a = await s.generate({ maxTokens: 4, stopAtEos: false });
+    await s.append([65, 66]);
+    const b = await s.generate({ maxTokens: 4, stopAtEos: false });
+    const files = await openModel(dir);
+    const want = generateGreedy(files, [...prompt, ...a.tokens, 65, 66], { maxTokens: 4 }).tokens;
+    files.close();
+    expect(b.tokens).toEqual(want);
+    s.close();
+  });
+
+  test("reset() starts over", async () => {
+    const s = model.session();
+    await s.append([1, 2, 3]);
+    await s.generate({ maxTokens: 3, stopAtEos: false });
+    s.reset();
+    expect(s.tokens).toEqual([]);
+    await s.append(prompt);
+    expect((await s.generate({ maxTokens: 6, stopAtEos: false })).tokens).toEqual(await expected(6));
+    await expect(s.generate({ maxTokens: -1 })).rejects.toThrow(/maxTokens/);
+    s.close();
+    await expect(s.append([1])).rejects.toThrow(/closed/);
+  });
+
+  test("a closed model refuses new sessions; an unknown backend is a clear error", async () => {
+    const m = await Model.load(dir, { backend: "reference" });
+    await m.close();
+    expect(() => m.session()).toThrow(/closed/);
+    await expect(Model.load(dir, { backend: "nope" as never })).rejects.toThrow(/backend "nope"/);
+  });
+});
