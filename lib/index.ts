@@ -7,11 +7,14 @@ export type {
 export { ConfigError, parseConfig } from "./model/config.ts";
 export type { ModelConfig } from "./model/config.ts";
 export { ModelFormatError } from "./model/errors.ts";
+export type { ModelFormatErrorInfo } from "./model/errors.ts";
+export type { ExpertWeights, Weights } from "./model/weights.ts";
 export { openModel } from "./model/format.ts";
-export type { ModelFiles } from "./model/format.ts";
+export type { ExpertLayout, ModelFiles, OpenOptions, ValidManifest, VerifyProgress } from "./model/format.ts";
 export type { ChatMessage, TextTokenizer } from "./model/tokenizer.ts";
 export { defaultModelDir } from "./model/default-model.ts";
 export { synthesize } from "./convert/synth.ts";
+export type { SynthOptions, SynthResult } from "./convert/synth.ts";
 export { presetConfig, presetNames } from "./convert/presets.ts";
 export type { Features, PresetName } from "./convert/presets.ts";
 export { convertCheckpoint } from "./convert/convert.ts";

@@ -149,7 +149,8 @@ export class IoCancelledError extends Error {
   }
 }
 
-const defaultReader: PositionalReader = (file, into, position) =>
+/** The default {@link PositionalReader}: node:fs `read` on Bun's thread pool (wrap it in hooks). */
+export const fsRead: PositionalReader = (file, into, position) =>
   new Promise((resolve, reject) => read(file.fd, into, 0, into.length, position, (err, n) => (err ? reject(err) : resolve(n))));
 
 const defaultOpener: FileOpener = (path, flags) => openSync(path, flags);
@@ -222,7 +223,7 @@ export class IoScheduler {
     if (!Number.isInteger(n) || n < 1) throw new Error(`IoScheduler: maxInFlight ${n} must be an integer >= 1`);
     this.maxInFlight = n;
     this.uncached = opts.uncached ?? true;
-    this.reader = opts.reader ?? defaultReader;
+    this.reader = opts.reader ?? fsRead;
     this.opener = opts.opener ?? defaultOpener;
   }
 

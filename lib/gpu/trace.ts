@@ -73,19 +73,23 @@ const isIds2 = (x: unknown): x is number[][] => Array.isArray(x) && x.every(isIn
 
 /** Checks and normalises one step (object or tuple form); `where` names the file and line in errors. */
 export function parseTraceStep(raw: unknown, where: string): TraceStep {
-  const o = Array.isArray(raw) ? { tokens: raw[0], experts: raw[1], weights: raw[2], misses: raw[3] } : (raw as Record<string, unknown> | null);
+  const o: Record<string, unknown> | null = Array.isArray(raw)
+    ? { tokens: raw[0], experts: raw[1], weights: raw[2], misses: raw[3] }
+    : (raw as Record<string, unknown> | null);
   if (!o || typeof o !== "object") throw new Error(`${where}: a trace step must be an object or a [tokens, experts, weights, misses] tuple`);
-  if (!isIntArray(o.tokens)) throw new Error(`${where}: tokens must be an array of integers`);
-  if (!isIds3(o.experts)) throw new Error(`${where}: experts must be [layer][row][k] integers`);
+  const tokens = o.tokens;
+  const experts = o.experts;
+  if (!isIntArray(tokens)) throw new Error(`${where}: tokens must be an array of integers`);
+  if (!isIds3(experts)) throw new Error(`${where}: experts must be [layer][row][k] integers`);
   const weights = o.weights ?? [];
   if (!isNums3(weights)) throw new Error(`${where}: weights must be [layer][row][k] numbers`);
   const misses = o.misses ?? [];
   if (!isIds2(misses)) throw new Error(`${where}: misses must be [layer] arrays of expert ids`);
-  o.experts.forEach((rows, l) => {
-    if (rows.length !== o.tokens!.length && rows.length !== 0)
-      throw new Error(`${where}: layer ${l} has ${rows.length} rows of experts for ${(o.tokens as number[]).length} tokens`);
+  experts.forEach((rows, l) => {
+    if (rows.length !== tokens.length && rows.length !== 0)
+      throw new Error(`${where}: layer ${l} has ${rows.length} rows of experts for ${tokens.length} tokens`);
   });
-  const step: TraceStep = { tokens: o.tokens, experts: o.experts, weights, misses };
+  const step: TraceStep = { tokens, experts, weights, misses };
   if (o.predicted !== undefined) {
     if (!isIds2(o.predicted)) throw new Error(`${where}: predicted must be [layer] arrays of expert ids`);
     step.predicted = o.predicted;
