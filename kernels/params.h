@@ -35,33 +35,74 @@ CK_PARAMS_ASSERT(__builtin_offsetof(SelftestParams, _pad0) == 12, "SelftestParam
 CK_PARAMS_ASSERT(__builtin_offsetof(SelftestParams, row_stride) == 16, "SelftestParams.row_stride: offset");
 #endif
 
-// RMSNorm over row batches: y = x * rsqrt(mean(x^2) + eps) * w.
+// Embedding gather: y[r][i] = table[ids[r]] for every stream i < streams.
 typedef struct {
   int32_t rows;                  // offset 0: rows in the batch (nb)
-  int32_t cols;                  // offset 4: elements per row
-  float eps;                     // offset 8
-  uint32_t _pad0;                // offset 12
-  uint64_t x_stride;             // offset 16: bytes between input rows
-  uint64_t y_stride;             // offset 24: bytes between output rows
-} RmsNormParams;
-CK_PARAMS_ASSERT(sizeof(RmsNormParams) == 32, "RmsNormParams: size");
+  int32_t cols;                  // offset 4: hidden size d
+  int32_t streams;               // offset 8: residual streams n the row is copied into
+  int32_t vocab;                 // offset 12: table rows; an id outside [0, vocab) writes NaN
+  uint64_t y_stride;             // offset 16: bytes between output rows
+  uint64_t stream_stride;        // offset 24: bytes between streams of one output row
+} EmbedParams;
+CK_PARAMS_ASSERT(sizeof(EmbedParams) == 32, "EmbedParams: size");
 #ifndef __METAL_VERSION__
-CK_PARAMS_ASSERT(__builtin_offsetof(RmsNormParams, rows) == 0, "RmsNormParams.rows: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(RmsNormParams, cols) == 4, "RmsNormParams.cols: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(RmsNormParams, eps) == 8, "RmsNormParams.eps: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(RmsNormParams, _pad0) == 12, "RmsNormParams._pad0: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(RmsNormParams, x_stride) == 16, "RmsNormParams.x_stride: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(RmsNormParams, y_stride) == 24, "RmsNormParams.y_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(EmbedParams, rows) == 0, "EmbedParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(EmbedParams, cols) == 4, "EmbedParams.cols: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(EmbedParams, streams) == 8, "EmbedParams.streams: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(EmbedParams, vocab) == 12, "EmbedParams.vocab: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(EmbedParams, y_stride) == 16, "EmbedParams.y_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(EmbedParams, stream_stride) == 24, "EmbedParams.stream_stride: offset");
 #endif
 
-// Row-batched matrix-vector product y[r] = W x[r] over a weight matrix in a bound buffer.
+// RMSNorm of `heads` vectors of `dim` per row: y = x * rsqrt(mean(x^2) + eps) * (centred ? 1 + w : w) [* SiLU(z) when gated].
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t heads;                 // offset 4: vectors per row (1 for a whole-row norm)
+  int32_t dim;                   // offset 8: elements per vector; vector h of a row starts at h * dim
+  uint32_t centred;              // offset 12: 1: scale by (1 + w) (zero-centred), 0: by w (plain)
+  float eps;                     // offset 16
+  uint32_t _pad0;                // offset 20
+  uint64_t x_stride;             // offset 24: bytes between input rows
+  uint64_t y_stride;             // offset 32: bytes between output rows
+  uint64_t z_stride;             // offset 40: bytes between gate rows (gated form only)
+} RmsNormParams;
+CK_PARAMS_ASSERT(sizeof(RmsNormParams) == 48, "RmsNormParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(RmsNormParams, rows) == 0, "RmsNormParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RmsNormParams, heads) == 4, "RmsNormParams.heads: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RmsNormParams, dim) == 8, "RmsNormParams.dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RmsNormParams, centred) == 12, "RmsNormParams.centred: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RmsNormParams, eps) == 16, "RmsNormParams.eps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RmsNormParams, _pad0) == 20, "RmsNormParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RmsNormParams, x_stride) == 24, "RmsNormParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RmsNormParams, y_stride) == 32, "RmsNormParams.y_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RmsNormParams, z_stride) == 40, "RmsNormParams.z_stride: offset");
+#endif
+
+// HalfSet prep: per row, the even and odd elements of x and its per-32 group sums (q4 matvec input).
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t cols;                  // offset 4: elements per row (a multiple of 32)
+  uint64_t x_stride;             // offset 8: bytes between input rows
+  uint64_t h_stride;             // offset 16: bytes between HalfSet rows
+} HalfSetParams;
+CK_PARAMS_ASSERT(sizeof(HalfSetParams) == 24, "HalfSetParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(HalfSetParams, rows) == 0, "HalfSetParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HalfSetParams, cols) == 4, "HalfSetParams.cols: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HalfSetParams, x_stride) == 8, "HalfSetParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HalfSetParams, h_stride) == 16, "HalfSetParams.h_stride: offset");
+#endif
+
+// Row-batched matrix-vector product y[r] = W x[r] (+ y[r] when accumulating); W [out_dim, in_dim] bound at its offset.
 typedef struct {
   int32_t rows;                  // offset 0: rows in the batch (nb)
   int32_t in_dim;                // offset 4
   int32_t out_dim;               // offset 8
-  uint32_t _pad0;                // offset 12
-  uint64_t w_offset;             // offset 16: byte offset of W in its buffer
-  uint64_t x_stride;             // offset 24: bytes between input rows
+  uint32_t accumulate;           // offset 12: 1: y += W x, 0: y = W x
+  int32_t rows_per_group;        // offset 16: batch rows one threadgroup serves (its weights are read once for them)
+  uint32_t _pad0;                // offset 20
+  uint64_t x_stride;             // offset 24: bytes between input rows (HalfSet rows for q4)
   uint64_t y_stride;             // offset 32: bytes between output rows
 } MatvecParams;
 CK_PARAMS_ASSERT(sizeof(MatvecParams) == 40, "MatvecParams: size");
@@ -69,10 +110,497 @@ CK_PARAMS_ASSERT(sizeof(MatvecParams) == 40, "MatvecParams: size");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecParams, rows) == 0, "MatvecParams.rows: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecParams, in_dim) == 4, "MatvecParams.in_dim: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecParams, out_dim) == 8, "MatvecParams.out_dim: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(MatvecParams, _pad0) == 12, "MatvecParams._pad0: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(MatvecParams, w_offset) == 16, "MatvecParams.w_offset: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecParams, accumulate) == 12, "MatvecParams.accumulate: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecParams, rows_per_group) == 16, "MatvecParams.rows_per_group: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecParams, _pad0) == 20, "MatvecParams._pad0: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecParams, x_stride) == 24, "MatvecParams.x_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecParams, y_stride) == 32, "MatvecParams.y_stride: offset");
+#endif
+
+// Hyper-connection coefficients per row from the raw fn . flat products: pre, post and Sinkhorn comb (site) or pre only (head).
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t streams;               // offset 4: n
+  int32_t cols;                  // offset 8: hidden size d
+  uint32_t head;                 // offset 12: 1: final read (n mixes, pre only), 0: a site (2n + n*n mixes)
+  int32_t iters;                 // offset 16: hc.sinkhorn_iters
+  float eps;                     // offset 20: hc.eps
+  uint64_t x_stride;             // offset 24: bytes between rows of the streams X [nb][n][d]
+  uint64_t raw_stride;           // offset 32: bytes between rows of the raw products
+  uint64_t c_stride;             // offset 40: bytes between coefficient rows (pre | post | comb)
+} HcCoeffsParams;
+CK_PARAMS_ASSERT(sizeof(HcCoeffsParams) == 48, "HcCoeffsParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, rows) == 0, "HcCoeffsParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, streams) == 4, "HcCoeffsParams.streams: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, cols) == 8, "HcCoeffsParams.cols: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, head) == 12, "HcCoeffsParams.head: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, iters) == 16, "HcCoeffsParams.iters: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, eps) == 20, "HcCoeffsParams.eps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, x_stride) == 24, "HcCoeffsParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, raw_stride) == 32, "HcCoeffsParams.raw_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, c_stride) == 40, "HcCoeffsParams.c_stride: offset");
+#endif
+
+// Hyper-connection read x[r] = sum_i pre_i X[r][i], optionally followed by RMSNorm(x, w).
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t streams;               // offset 4: n
+  int32_t cols;                  // offset 8: hidden size d
+  uint32_t centred;              // offset 12: norm weight: 1 zero-centred, 0 plain
+  float eps;                     // offset 16: rms_norm_eps (normalising form)
+  uint32_t _pad0;                // offset 20
+  uint64_t x_stride;             // offset 24: bytes between rows of X
+  uint64_t c_stride;             // offset 32: bytes between coefficient rows (pre first)
+  uint64_t y_stride;             // offset 40: bytes between output rows
+} HcReadParams;
+CK_PARAMS_ASSERT(sizeof(HcReadParams) == 48, "HcReadParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(HcReadParams, rows) == 0, "HcReadParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcReadParams, streams) == 4, "HcReadParams.streams: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcReadParams, cols) == 8, "HcReadParams.cols: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcReadParams, centred) == 12, "HcReadParams.centred: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcReadParams, eps) == 16, "HcReadParams.eps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcReadParams, _pad0) == 20, "HcReadParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcReadParams, x_stride) == 24, "HcReadParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcReadParams, c_stride) == 32, "HcReadParams.c_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcReadParams, y_stride) == 40, "HcReadParams.y_stride: offset");
+#endif
+
+// Hyper-connection write, in place: X'[r][j] = post_j y[r] + sum_i comb[i][j] X[r][i].
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t streams;               // offset 4: n
+  int32_t cols;                  // offset 8: hidden size d
+  uint32_t _pad0;                // offset 12
+  uint64_t x_stride;             // offset 16: bytes between rows of X
+  uint64_t c_stride;             // offset 24: bytes between coefficient rows (pre | post | comb)
+  uint64_t y_stride;             // offset 32: bytes between rows of the sub-layer output
+} HcWriteParams;
+CK_PARAMS_ASSERT(sizeof(HcWriteParams) == 40, "HcWriteParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteParams, rows) == 0, "HcWriteParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteParams, streams) == 4, "HcWriteParams.streams: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteParams, cols) == 8, "HcWriteParams.cols: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteParams, _pad0) == 12, "HcWriteParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteParams, x_stride) == 16, "HcWriteParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteParams, c_stride) == 24, "HcWriteParams.c_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteParams, y_stride) == 32, "HcWriteParams.y_stride: offset");
+#endif
+
+// Elementwise op over [rows][cols]: y = f(a, b) (add, SiLU(a) * b, a * sigmoid(b), a + scale * b). y may be a.
+typedef struct {
+  int32_t rows;                  // offset 0
+  int32_t cols;                  // offset 4
+  float scale;                   // offset 8: scale_add's factor
+  uint32_t _pad0;                // offset 12
+  uint64_t a_stride;             // offset 16: bytes between rows of a
+  uint64_t b_stride;             // offset 24: bytes between rows of b
+  uint64_t y_stride;             // offset 32: bytes between rows of y
+} ElementwiseParams;
+CK_PARAMS_ASSERT(sizeof(ElementwiseParams) == 40, "ElementwiseParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(ElementwiseParams, rows) == 0, "ElementwiseParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(ElementwiseParams, cols) == 4, "ElementwiseParams.cols: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(ElementwiseParams, scale) == 8, "ElementwiseParams.scale: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(ElementwiseParams, _pad0) == 12, "ElementwiseParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(ElementwiseParams, a_stride) == 16, "ElementwiseParams.a_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(ElementwiseParams, b_stride) == 24, "ElementwiseParams.b_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(ElementwiseParams, y_stride) == 32, "ElementwiseParams.y_stride: offset");
+#endif
+
+// Router per row: softmax over the expert logits, top-k (ties: lower id), weights p_k or p_k / sum.
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t experts;               // offset 4: E (at most 1024)
+  int32_t top_k;                 // offset 8
+  uint32_t norm_topk;            // offset 12: 1: divide the chosen p by their sum
+  uint64_t logits_stride;        // offset 16: bytes between logit rows
+} RouterParams;
+CK_PARAMS_ASSERT(sizeof(RouterParams) == 24, "RouterParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(RouterParams, rows) == 0, "RouterParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RouterParams, experts) == 4, "RouterParams.experts: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RouterParams, top_k) == 8, "RouterParams.top_k: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RouterParams, norm_topk) == 12, "RouterParams.norm_topk: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RouterParams, logits_stride) == 16, "RouterParams.logits_stride: offset");
+#endif
+
+// Groups the (row, k) pairs of a step by expert: offsets[E + 1] and pairs sorted by expert.
+typedef struct {
+  int32_t pairs;                 // offset 0: nb * top_k
+  int32_t experts;               // offset 4: E (at most 1024)
+} MoeListsParams;
+CK_PARAMS_ASSERT(sizeof(MoeListsParams) == 8, "MoeListsParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeListsParams, pairs) == 0, "MoeListsParams.pairs: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeListsParams, experts) == 4, "MoeListsParams.experts: offset");
+#endif
+
+// Routed experts through the slot table: pool slot s holds a record at s * record_stride; parts at their offsets.
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t top_k;                 // offset 4
+  int32_t in_dim;                // offset 8: d for gate/up, I for down
+  int32_t out_dim;               // offset 12: I for gate/up, d for down
+  int32_t experts;               // offset 16: E
+  int32_t slots;                 // offset 20: slots in the pool; a slot outside [0, slots) counts as missing
+  uint64_t record_stride;        // offset 24: bytes between pool slots
+  uint64_t w0_offset;            // offset 32: gate part (gate_up) or down part (down) inside a record
+  uint64_t w1_offset;            // offset 40: up part inside a record (gate_up only)
+  uint64_t x_stride;             // offset 48: bytes between input rows: per batch row (gate_up), per pair (down)
+  uint64_t y_stride;             // offset 56: bytes between output rows (per pair)
+} MoeExpertsParams;
+CK_PARAMS_ASSERT(sizeof(MoeExpertsParams) == 64, "MoeExpertsParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, rows) == 0, "MoeExpertsParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, top_k) == 4, "MoeExpertsParams.top_k: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, in_dim) == 8, "MoeExpertsParams.in_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, out_dim) == 12, "MoeExpertsParams.out_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, experts) == 16, "MoeExpertsParams.experts: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, slots) == 20, "MoeExpertsParams.slots: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, record_stride) == 24, "MoeExpertsParams.record_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, w0_offset) == 32, "MoeExpertsParams.w0_offset: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, w1_offset) == 40, "MoeExpertsParams.w1_offset: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, x_stride) == 48, "MoeExpertsParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, y_stride) == 56, "MoeExpertsParams.y_stride: offset");
+#endif
+
+// MoE output y[r] = sum_k w[r][k] o[r*k + k'] (+ sigmoid(sg[r]) s[r] with the shared expert).
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t top_k;                 // offset 4
+  int32_t cols;                  // offset 8: d
+  uint32_t _pad0;                // offset 12
+  uint64_t o_stride;             // offset 16: bytes between per-pair expert outputs
+  uint64_t s_stride;             // offset 24: bytes between shared expert output rows
+  uint64_t sg_stride;            // offset 32: bytes between shared gate logits
+  uint64_t y_stride;             // offset 40: bytes between output rows
+} MoeCombineParams;
+CK_PARAMS_ASSERT(sizeof(MoeCombineParams) == 48, "MoeCombineParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeCombineParams, rows) == 0, "MoeCombineParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeCombineParams, top_k) == 4, "MoeCombineParams.top_k: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeCombineParams, cols) == 8, "MoeCombineParams.cols: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeCombineParams, _pad0) == 12, "MoeCombineParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeCombineParams, o_stride) == 16, "MoeCombineParams.o_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeCombineParams, s_stride) == 24, "MoeCombineParams.s_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeCombineParams, sg_stride) == 32, "MoeCombineParams.sg_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeCombineParams, y_stride) == 40, "MoeCombineParams.y_stride: offset");
+#endif
+
+// Greedy pick per row: the index of the largest value (ties: lowest), and top1 - top2.
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t cols;                  // offset 4: vocabulary size
+  uint64_t x_stride;             // offset 8: bytes between logit rows
+} ArgmaxParams;
+CK_PARAMS_ASSERT(sizeof(ArgmaxParams) == 16, "ArgmaxParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(ArgmaxParams, rows) == 0, "ArgmaxParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(ArgmaxParams, cols) == 4, "ArgmaxParams.cols: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(ArgmaxParams, x_stride) == 8, "ArgmaxParams.x_stride: offset");
+#endif
+
+// MTP input: y[r] = [RMSNorm(embed[ids[r]], en) | RMSNorm(h[r], hn)] (embedding first), [nb][2d].
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t cols;                  // offset 4: hidden size d
+  int32_t vocab;                 // offset 8
+  float eps;                     // offset 12: rms_norm_eps
+  uint64_t h_stride;             // offset 16: bytes between hidden rows
+  uint64_t y_stride;             // offset 24: bytes between output rows
+} MtpFuseParams;
+CK_PARAMS_ASSERT(sizeof(MtpFuseParams) == 32, "MtpFuseParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(MtpFuseParams, rows) == 0, "MtpFuseParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MtpFuseParams, cols) == 4, "MtpFuseParams.cols: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MtpFuseParams, vocab) == 8, "MtpFuseParams.vocab: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MtpFuseParams, eps) == 12, "MtpFuseParams.eps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MtpFuseParams, h_stride) == 16, "MtpFuseParams.h_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MtpFuseParams, y_stride) == 24, "MtpFuseParams.y_stride: offset");
+#endif
+
+// Causal depthwise conv + SiLU over the DeltaNet qkv channels, one thread per channel, rows in order.
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t channels;              // offset 4
+  int32_t taps;                  // offset 8: kernel size K; the state holds the last K-1 inputs
+  int32_t snap_rows;             // offset 12: store the window after each of the first snap_rows rows (0: none)
+  uint64_t x_stride;             // offset 16: bytes between input rows
+  uint64_t y_stride;             // offset 24: bytes between output rows
+  uint64_t plane_stride;         // offset 32: bytes between snapshot planes
+} ConvParams;
+CK_PARAMS_ASSERT(sizeof(ConvParams) == 40, "ConvParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(ConvParams, rows) == 0, "ConvParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(ConvParams, channels) == 4, "ConvParams.channels: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(ConvParams, taps) == 8, "ConvParams.taps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(ConvParams, snap_rows) == 12, "ConvParams.snap_rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(ConvParams, x_stride) == 16, "ConvParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(ConvParams, y_stride) == 24, "ConvParams.y_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(ConvParams, plane_stride) == 32, "ConvParams.plane_stride: offset");
+#endif
+
+// Gated DeltaNet recurrence over nb rows: one simdgroup per (value head, state column).
+typedef struct {
+  int32_t rows;                  // offset 0
+  int32_t key_heads;             // offset 4
+  int32_t key_dim;               // offset 8
+  int32_t value_heads;           // offset 12
+  int32_t value_dim;             // offset 16
+  int32_t snap_rows;             // offset 20: store S after each of the first snap_rows rows (0: none)
+  float q_scale;                 // offset 24: key_dim^-0.5
+  float l2_eps;                  // offset 28: eps of the q/k L2 normalisation (1e-6)
+  uint64_t qkv_stride;           // offset 32: bytes between rows of the conv output [q | k | v]
+  uint64_t b_stride;             // offset 40: bytes between rows of b (beta logits)
+  uint64_t a_stride;             // offset 48: bytes between rows of a (decay inputs)
+  uint64_t o_stride;             // offset 56: bytes between output rows
+  uint64_t plane_stride;         // offset 64: bytes between snapshot planes
+} DeltaNetParams;
+CK_PARAMS_ASSERT(sizeof(DeltaNetParams) == 72, "DeltaNetParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetParams, rows) == 0, "DeltaNetParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetParams, key_heads) == 4, "DeltaNetParams.key_heads: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetParams, key_dim) == 8, "DeltaNetParams.key_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetParams, value_heads) == 12, "DeltaNetParams.value_heads: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetParams, value_dim) == 16, "DeltaNetParams.value_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetParams, snap_rows) == 20, "DeltaNetParams.snap_rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetParams, q_scale) == 24, "DeltaNetParams.q_scale: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetParams, l2_eps) == 28, "DeltaNetParams.l2_eps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetParams, qkv_stride) == 32, "DeltaNetParams.qkv_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetParams, b_stride) == 40, "DeltaNetParams.b_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetParams, a_stride) == 48, "DeltaNetParams.a_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetParams, o_stride) == 56, "DeltaNetParams.o_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetParams, plane_stride) == 64, "DeltaNetParams.plane_stride: offset");
+#endif
+
+// Copies two float regions (a snapshot plane back into live state); bindings carry the offsets.
+typedef struct {
+  int32_t n0;                    // offset 0: floats of region 0
+  int32_t n1;                    // offset 4: floats of region 1 (0: none)
+} SnapshotRestoreParams;
+CK_PARAMS_ASSERT(sizeof(SnapshotRestoreParams) == 8, "SnapshotRestoreParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(SnapshotRestoreParams, n0) == 0, "SnapshotRestoreParams.n0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SnapshotRestoreParams, n1) == 4, "SnapshotRestoreParams.n1: offset");
+#endif
+
+// NeoX rotate-half RoPE in place on q [nb][q_heads][head_dim] and k [nb][k_heads][head_dim].
+typedef struct {
+  int32_t rows;                  // offset 0
+  int32_t q_heads;               // offset 4
+  int32_t k_heads;               // offset 8
+  int32_t head_dim;              // offset 12
+  int32_t rot_dim;               // offset 16: rotated dims rd (even); pair (i, i + rd/2)
+  int32_t pos0;                  // offset 20: position of row 0
+  uint64_t q_stride;             // offset 24: bytes between q rows
+  uint64_t k_stride;             // offset 32: bytes between k rows
+  float inv_freq_hi[128];        // offset 40: theta^(-2i/rd) rounded to f32
+  float inv_freq_lo[128];        // offset 552: theta^(-2i/rd) - hi, rounded to f32
+} RopeParams;
+CK_PARAMS_ASSERT(sizeof(RopeParams) == 1064, "RopeParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, rows) == 0, "RopeParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, q_heads) == 4, "RopeParams.q_heads: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, k_heads) == 8, "RopeParams.k_heads: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, head_dim) == 12, "RopeParams.head_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, rot_dim) == 16, "RopeParams.rot_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, pos0) == 20, "RopeParams.pos0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, q_stride) == 24, "RopeParams.q_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, k_stride) == 32, "RopeParams.k_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, inv_freq_hi) == 40, "RopeParams.inv_freq_hi: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, inv_freq_lo) == 552, "RopeParams.inv_freq_lo: offset");
+#endif
+
+// Writes nb rows of heads x dim vectors into a cache at positions pos0.. (q8 codes + scales, or f32).
+typedef struct {
+  int32_t rows;                  // offset 0
+  int32_t heads;                 // offset 4
+  int32_t dim;                   // offset 8
+  int32_t pos0;                  // offset 12
+  uint64_t x_stride;             // offset 16: bytes between input rows
+} KvAppendParams;
+CK_PARAMS_ASSERT(sizeof(KvAppendParams) == 24, "KvAppendParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(KvAppendParams, rows) == 0, "KvAppendParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(KvAppendParams, heads) == 4, "KvAppendParams.heads: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(KvAppendParams, dim) == 8, "KvAppendParams.dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(KvAppendParams, pos0) == 12, "KvAppendParams.pos0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(KvAppendParams, x_stride) == 16, "KvAppendParams.x_stride: offset");
+#endif
+
+// QSA index scores: score(t, s) = sum_h iw_h relu(iq_h . ik_s) / sqrt(di) for s <= pos0 + t.
+typedef struct {
+  int32_t rows;                  // offset 0
+  int32_t heads;                 // offset 4: index heads Hi
+  int32_t head_dim;              // offset 8: di
+  int32_t pos0;                  // offset 12
+  int32_t topk;                  // offset 16: rows with pos + 1 <= topk are skipped (they attend everywhere)
+  float norm;                    // offset 20: sqrt(di)
+  uint64_t iq_stride;            // offset 24
+  uint64_t iw_stride;            // offset 32
+  uint64_t score_stride;         // offset 40: bytes between score rows
+} QsaScoresParams;
+CK_PARAMS_ASSERT(sizeof(QsaScoresParams) == 48, "QsaScoresParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(QsaScoresParams, rows) == 0, "QsaScoresParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(QsaScoresParams, heads) == 4, "QsaScoresParams.heads: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(QsaScoresParams, head_dim) == 8, "QsaScoresParams.head_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(QsaScoresParams, pos0) == 12, "QsaScoresParams.pos0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(QsaScoresParams, topk) == 16, "QsaScoresParams.topk: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(QsaScoresParams, norm) == 20, "QsaScoresParams.norm: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(QsaScoresParams, iq_stride) == 24, "QsaScoresParams.iq_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(QsaScoresParams, iw_stride) == 32, "QsaScoresParams.iw_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(QsaScoresParams, score_stride) == 40, "QsaScoresParams.score_stride: offset");
+#endif
+
+// Per row: the topk highest-scoring positions (ties: lower s), ascending; every position when pos + 1 <= topk.
+typedef struct {
+  int32_t rows;                  // offset 0
+  int32_t topk;                  // offset 4
+  int32_t pos0;                  // offset 8
+  uint32_t _pad0;                // offset 12
+  uint64_t score_stride;         // offset 16
+} QsaTopkParams;
+CK_PARAMS_ASSERT(sizeof(QsaTopkParams) == 24, "QsaTopkParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(QsaTopkParams, rows) == 0, "QsaTopkParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(QsaTopkParams, topk) == 4, "QsaTopkParams.topk: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(QsaTopkParams, pos0) == 8, "QsaTopkParams.pos0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(QsaTopkParams, _pad0) == 12, "QsaTopkParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(QsaTopkParams, score_stride) == 16, "QsaTopkParams.score_stride: offset");
+#endif
+
+// Softmax attention of nb rows over cached K/V (causal, or a selected-position list), split over positions.
+typedef struct {
+  int32_t rows;                  // offset 0
+  int32_t heads;                 // offset 4
+  int32_t kv_heads;              // offset 8
+  int32_t head_dim;              // offset 12
+  int32_t pos0;                  // offset 16
+  int32_t use_list;              // offset 20: 1: row t reads positions list[t][0 .. counts[t]); 0: all s <= pos0 + t
+  int32_t list_stride;           // offset 24: entries between list rows (topk)
+  int32_t split_len;             // offset 28: positions per split
+  int32_t splits;                // offset 32: splits per (row, head); 1 writes o directly, else partials for the combine
+  float scale;                   // offset 36: 1/sqrt(head_dim)
+  uint64_t q_stride;             // offset 40
+  uint64_t o_stride;             // offset 48
+} AttentionParams;
+CK_PARAMS_ASSERT(sizeof(AttentionParams) == 56, "AttentionParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, rows) == 0, "AttentionParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, heads) == 4, "AttentionParams.heads: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, kv_heads) == 8, "AttentionParams.kv_heads: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, head_dim) == 12, "AttentionParams.head_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, pos0) == 16, "AttentionParams.pos0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, use_list) == 20, "AttentionParams.use_list: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, list_stride) == 24, "AttentionParams.list_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, split_len) == 28, "AttentionParams.split_len: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, splits) == 32, "AttentionParams.splits: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, scale) == 36, "AttentionParams.scale: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, q_stride) == 40, "AttentionParams.q_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, o_stride) == 48, "AttentionParams.o_stride: offset");
+#endif
+
+// Merges the per-split partial softmax results (max, sum, acc[hd]) of Attention into o.
+typedef struct {
+  int32_t rows;                  // offset 0
+  int32_t heads;                 // offset 4
+  int32_t head_dim;              // offset 8
+  int32_t splits;                // offset 12
+  uint64_t o_stride;             // offset 16
+} AttentionCombineParams;
+CK_PARAMS_ASSERT(sizeof(AttentionCombineParams) == 24, "AttentionCombineParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionCombineParams, rows) == 0, "AttentionCombineParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionCombineParams, heads) == 4, "AttentionCombineParams.heads: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionCombineParams, head_dim) == 8, "AttentionCombineParams.head_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionCombineParams, splits) == 12, "AttentionCombineParams.splits: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionCombineParams, o_stride) == 16, "AttentionCombineParams.o_stride: offset");
+#endif
+
+// PLE n-gram hash of each row and table, and the gather of the table rows into e [nb][tables * head_dim].
+typedef struct {
+  int32_t rows;                  // offset 0
+  int32_t tables;                // offset 4: orders x heads, order-major
+  int32_t head_dim;              // offset 8
+  int32_t pos0;                  // offset 12
+  int32_t history;               // offset 16: tokens before pos0 held at the start of the token buffer
+  int32_t pad_id;                // offset 20: token of positions < 0
+  uint64_t e_stride;             // offset 24
+  uint32_t table_order[16];      // offset 32
+  uint32_t table_rows[16];       // offset 96
+  uint32_t table_mult[64];       // offset 160: [table][i]
+  uint64_t table_offset[16];     // offset 416: byte offset of each table in the bound buffer
+} PleGatherParams;
+CK_PARAMS_ASSERT(sizeof(PleGatherParams) == 544, "PleGatherParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGatherParams, rows) == 0, "PleGatherParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGatherParams, tables) == 4, "PleGatherParams.tables: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGatherParams, head_dim) == 8, "PleGatherParams.head_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGatherParams, pos0) == 12, "PleGatherParams.pos0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGatherParams, history) == 16, "PleGatherParams.history: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGatherParams, pad_id) == 20, "PleGatherParams.pad_id: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGatherParams, e_stride) == 24, "PleGatherParams.e_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGatherParams, table_order) == 32, "PleGatherParams.table_order: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGatherParams, table_rows) == 96, "PleGatherParams.table_rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGatherParams, table_mult) == 160, "PleGatherParams.table_mult: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGatherParams, table_offset) == 416, "PleGatherParams.table_offset: offset");
+#endif
+
+// PLE gate and conv input: alpha from (k . q), v = alpha (W_v e + b_v), u = RMSNorm(v, conv_norm).
+typedef struct {
+  int32_t rows;                  // offset 0
+  int32_t dim;                   // offset 4: d
+  float eps;                     // offset 8
+  float norm;                    // offset 12: sqrt(d)
+  uint64_t k_stride;             // offset 16
+  uint64_t q_stride;             // offset 24
+  uint64_t vin_stride;           // offset 32: bytes between rows of W_v e (without bias)
+  uint64_t v_stride;             // offset 40: bytes between rows of v (output)
+  uint64_t u_stride;             // offset 48: bytes between rows of u (output)
+} PleGateParams;
+CK_PARAMS_ASSERT(sizeof(PleGateParams) == 56, "PleGateParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGateParams, rows) == 0, "PleGateParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGateParams, dim) == 4, "PleGateParams.dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGateParams, eps) == 8, "PleGateParams.eps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGateParams, norm) == 12, "PleGateParams.norm: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGateParams, k_stride) == 16, "PleGateParams.k_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGateParams, q_stride) == 24, "PleGateParams.q_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGateParams, vin_stride) == 32, "PleGateParams.vin_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGateParams, v_stride) == 40, "PleGateParams.v_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGateParams, u_stride) == 48, "PleGateParams.u_stride: offset");
+#endif
+
+// PLE dilated causal conv with history: y = v + SiLU(conv(u)), added to every stream.
+typedef struct {
+  int32_t rows;                  // offset 0
+  int32_t dim;                   // offset 4
+  int32_t taps;                  // offset 8: kernel size K
+  int32_t dilation;              // offset 12
+  int32_t streams;               // offset 16
+  int32_t snap_rows;             // offset 20
+  uint64_t u_stride;             // offset 24
+  uint64_t v_stride;             // offset 32
+  uint64_t x_stride;             // offset 40: bytes between rows of the streams X
+  uint64_t stream_stride;        // offset 48: bytes between the streams of one row
+  uint64_t plane_stride;         // offset 56
+} PleConvParams;
+CK_PARAMS_ASSERT(sizeof(PleConvParams) == 64, "PleConvParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(PleConvParams, rows) == 0, "PleConvParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleConvParams, dim) == 4, "PleConvParams.dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleConvParams, taps) == 8, "PleConvParams.taps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleConvParams, dilation) == 12, "PleConvParams.dilation: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleConvParams, streams) == 16, "PleConvParams.streams: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleConvParams, snap_rows) == 20, "PleConvParams.snap_rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleConvParams, u_stride) == 24, "PleConvParams.u_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleConvParams, v_stride) == 32, "PleConvParams.v_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleConvParams, x_stride) == 40, "PleConvParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleConvParams, stream_stride) == 48, "PleConvParams.stream_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleConvParams, plane_stride) == 56, "PleConvParams.plane_stride: offset");
 #endif
 
 #endif  // CHERENKOV_PARAMS_H

@@ -39,6 +39,15 @@ export function nativeTensorShapes(config: ModelConfig): Map<string, number[]> {
   return want;
 }
 
+/** Whether `src` holds a native checkpoint: a config.json that is a qwen4-exp config. */
+export function isNativeCheckpoint(src: string): boolean {
+  try {
+    return JSON.parse(readFileSync(join(src, "config.json"), "utf8"))?.architecture === "qwen4-exp";
+  } catch {
+    return false;
+  }
+}
+
 function readConfig(src: string): ModelConfig {
   const path = join(src, "config.json");
   let raw: unknown;

@@ -90,10 +90,19 @@ export interface ExpertPool {
    * pin, and an Error if `layer` is already acquired or an id is out of range.
    */
   acquire(layer: number, expertIds: ArrayLike<number>, priority?: Priority): Acquired;
-  /** Unpins the slots of `layer` (no-op if it is not acquired). */
+  /**
+   * Unpins the slots of `layer` (no-op if it is not acquired). Releasing before `ready`
+   * settles gives the reads up: a later acquire may take the slot, and a read of it still
+   * queued is then cancelled (that `ready` rejects with IoCancelledError).
+   */
   release(layer: number): void;
   /** Unpins every layer (after a failed or aborted step). */
   releaseAll(): void;
+  /**
+   * Drops every record (nothing may be pinned): queued reads are cancelled, slots stay
+   * allocated, counters are kept (no evictions counted). For benchmarks and cache resets.
+   */
+  evictAll(): void;
   /**
    * Lookahead: starts reading the records of `expertIds` that are not resident, into unpinned
    * slots, without pinning (default priority "lookahead"). Each is a prediction: counted as
@@ -147,7 +156,11 @@ export interface ExpertPoolOptions {
   model: ExpertSource;
   /** Records held at once, usually planPool(...).slots. At most every record. */
   capacity: number;
-  /** Slots become shim buffers (wired) / the mapping is wrapped (mapped). Without one: host memory only. */
+  /**
+   * Slots become shim buffers (wired) / the mapping is wrapped (mapped). Without one: host
+   * memory only (wired), or experts.bin mapped on the first slotView() (mapped: a pool used
+   * only for its decisions, as in simulations, needs no file).
+   */
   device?: Device;
   /** Wired: the scheduler reads go through (shared with PLE prefetch). Default: a new one the pool owns. */
   scheduler?: IoScheduler;
@@ -228,22 +241,29 @@ function wiredMemory(capacity: number, stride: number, maxBufferBytes: number, d
 }
 
 function mappedMemory(path: string, records: number, stride: number, maxBufferBytes: number, device?: Device): SlotMemory {
-  // MAP_PRIVATE, never written: the pages are the page cache's.
-  const map = Bun.mmap(path, { shared: false });
-  if (map.byteLength < records * stride)
-    throw new Error(`${path}: ${map.byteLength} bytes mapped, the experts need ${records * stride} (${records} records of ${stride})`);
+  let map: Uint8Array | null = null;
+  const mapped = (): Uint8Array => {
+    if (map) return map;
+    // MAP_PRIVATE, never written: the pages are the page cache's.
+    const m = Bun.mmap(path, { shared: false });
+    if (m.byteLength < records * stride)
+      throw new Error(`${path}: ${m.byteLength} bytes mapped, the experts need ${records * stride} (${records} records of ${stride})`);
+    return (map = m);
+  };
   const perBuffer = Math.max(1, Math.floor(maxBufferBytes / stride));
   const buffers: Buffer[] = [];
+  // With a device the mapping is made (and wrapped) now; without one, on the first slotView(),
+  // so that a pool used only for its decisions (bench:pool's simulations) needs no file.
   if (device)
     for (let first = 0; first < records; first += perBuffer) {
       const n = Math.min(perBuffer, records - first);
-      buffers.push(device.wrap(map.subarray(first * stride, (first + n) * stride)));
+      buffers.push(device.wrap(mapped().subarray(first * stride, (first + n) * stride)));
     }
   return {
     slotCount: records,
     buffers,
     locate: (slot) => ({ buffer: Math.floor(slot / perBuffer), offset: (slot % perBuffer) * stride }),
-    view: (slot) => map.subarray(slot * stride, (slot + 1) * stride),
+    view: (slot) => mapped().subarray(slot * stride, (slot + 1) * stride),
     release: () => buffers.forEach((b) => b.release()),
   };
 }
@@ -272,7 +292,8 @@ class LruExpertPool implements ExpertPool {
   private readonly predicted: Uint8Array; // loaded by prefetch, not yet used by acquire
   private readonly stamp: Float64Array; // prefetch call that last touched the slot
   private readonly gen: Uint32Array; // bumped on every new assignment: stale completions are ignored
-  private readonly tickets: (ReadTicket | null)[];
+  private readonly tickets: (ReadTicket | null)[]; // the read of the record the slot holds now
+  private ops: ReadTicket[][]; // every read into the slot not yet settled (pruned lazily)
   private readonly prev: Int32Array; // LRU list: head = least recent
   private readonly next: Int32Array;
   private readonly inList: Uint8Array;
@@ -341,6 +362,7 @@ class LruExpertPool implements ExpertPool {
     this.stamp = new Float64Array(n);
     this.gen = new Uint32Array(n);
     this.tickets = new Array<ReadTicket | null>(n).fill(null);
+    this.ops = Array.from({ length: n }, () => []);
     this.prev = new Int32Array(n).fill(-1);
     this.next = new Int32Array(n).fill(-1);
     this.inList = new Uint8Array(n);
@@ -385,13 +407,20 @@ class LruExpertPool implements ExpertPool {
     let busy = -1;
     for (let s = this.head; s >= 0; s = this.next[s]!) {
       if (this.pinned[s] || (excludeStamp && this.stamp[s] === excludeStamp)) continue;
-      if (this.state[s] === LOADING && this.tickets[s]?.state === "reading") {
+      if (this.ops[s]!.length && this.writing(s).length) {
         if (busy < 0) busy = s;
         continue;
       }
       return s;
     }
     return allowBusy ? busy : -1;
+  }
+
+  /** Reads still writing into slot `s` (started, not settled); prunes settled ones. */
+  private writing(s: number): ReadTicket[] {
+    const live = this.ops[s]!.filter((t) => t.state === "reading" || t.state === "queued" || t.state === "waiting");
+    this.ops[s] = live;
+    return live.filter((t) => t.state === "reading");
   }
 
   /** Drops the record held by `s` (it stays off the free list: the caller reuses it). */
@@ -415,10 +444,15 @@ class LruExpertPool implements ExpertPool {
     this.unlink(s);
   }
 
+  /** Settles when every read still writing into `s` has finished; undefined if none. */
+  private afterWrites(s: number): Promise<unknown> | undefined {
+    const w = this.writing(s);
+    if (w.length === 0) return undefined;
+    return Promise.all(w.map((t) => t.done.catch(() => {})));
+  }
+
   /** Puts record `key` in slot `s` and (wired) starts its read. */
   private assign(s: number, key: number, priority: Priority): void {
-    const previous = this.tickets[s];
-    const busy = previous !== null && previous.state === "reading";
     this.slotKey[s] = key;
     this.keySlot[key] = s;
     const g = ++this.gen[s]!;
@@ -436,10 +470,11 @@ class LruExpertPool implements ExpertPool {
       into: this.memory.view(s),
       priority,
       label: { layer, expert },
-      // The previous record's read still writes into this slot: start after it.
-      after: busy ? previous!.done.catch(() => {}) : undefined,
+      // Earlier records' reads still writing into this slot (they cannot be stopped): start after them.
+      after: this.afterWrites(s),
     });
     this.tickets[s] = t;
+    this.ops[s]!.push(t);
     t.done.then(
       () => {
         if (this.gen[s] !== g) return;
@@ -524,6 +559,8 @@ class LruExpertPool implements ExpertPool {
     this.pinnedCount += union.length;
     this.pins.set(layer, { slots, table, union: union.length });
     const ready = waits.length === 0 ? RESOLVED : waits.length === 1 ? waits[0]! : Promise.all(waits).then(() => {});
+    // Marked handled: a step aborted before it awaits `ready` must not crash the process.
+    ready.catch(() => {});
     return { slotOf: table.slice(), union, misses: missIds.length, missIds, ready };
   }
 
@@ -540,6 +577,25 @@ class LruExpertPool implements ExpertPool {
 
   releaseAll(): void {
     for (const layer of [...this.pins.keys()]) this.release(layer);
+  }
+
+  evictAll(): void {
+    if (this.pins.size) throw new Error(`evictAll: layers ${[...this.pins.keys()].join(", ")} are still acquired`);
+    for (let s = 0; s < this.capacity; s++) {
+      const key = this.slotKey[s]!;
+      if (key < 0) continue;
+      // A read in flight stays in ops[s]: the slot's next read waits for it.
+      this.tickets[s]?.cancel();
+      this.tickets[s] = null;
+      this.gen[s]!++; // its completion handlers must not touch the slot any more
+      this.keySlot[key] = -1;
+      this.slotKey[s] = -1;
+      this.state[s] = EMPTY;
+      this.predicted[s] = 0;
+      this.unlink(s);
+    }
+    this.free.length = 0;
+    for (let s = this.capacity - 1; s >= 0; s--) this.free.push(s);
   }
 
   prefetch(layer: number, expertIds: ArrayLike<number>, priority: Priority = "lookahead"): Prefetched {
@@ -654,10 +710,12 @@ class LruExpertPool implements ExpertPool {
     this.closed = true;
     this.pins.clear();
     const inFlight: Promise<void>[] = [];
-    for (const t of this.tickets) {
-      if (!t) continue;
-      t.cancel();
-      inFlight.push(t.done.catch(() => {}));
+    for (let s = 0; s < this.capacity; s++) {
+      this.gen[s]!++;
+      for (const t of this.ops[s]!) {
+        t.cancel();
+        inFlight.push(t.done.catch(() => {}));
+      }
     }
     await Promise.all(inFlight);
     if (this.scheduler) {

@@ -161,6 +161,45 @@ export function ioThreadPoolSize(): number {
   return Number.isInteger(n) && n > 0 ? n : availableParallelism() + 1;
 }
 
+/**
+ * A FIFO of tickets with O(1) push and shift (a head index, compacted now and then: Array
+ * shift is O(n) and a prefill can queue thousands of reads). Removal is lazy: a ticket that
+ * left the queue (started elsewhere, cancelled, promoted to another class) is skipped.
+ */
+class TicketQueue {
+  private items: (Ticket | null)[] = [];
+  private head = 0;
+  constructor(private readonly rank: number) {}
+
+  push(t: Ticket): void {
+    this.items.push(t);
+  }
+
+  /** The oldest ticket still queued in this class, removed; undefined when none. */
+  shift(): Ticket | undefined {
+    while (this.head < this.items.length) {
+      const t = this.items[this.head];
+      this.items[this.head++] = null;
+      if (this.head > 1024 && this.head * 2 > this.items.length) {
+        this.items = this.items.slice(this.head);
+        this.head = 0;
+      }
+      if (t && t.state === "queued" && RANK[t.priority] === this.rank) return t;
+    }
+    return undefined;
+  }
+
+  /** Tickets still queued in this class, oldest first. */
+  live(): Ticket[] {
+    const out: Ticket[] = [];
+    for (let i = this.head; i < this.items.length; i++) {
+      const t = this.items[i];
+      if (t && t.state === "queued" && RANK[t.priority] === this.rank) out.push(t);
+    }
+    return out;
+  }
+}
+
 class Ticket implements ReadTicket {
   state: ReadState = "queued";
   readonly done: Promise<void>;
@@ -200,7 +239,8 @@ export class IoScheduler {
   readonly uncached: boolean;
   private readonly reader: PositionalReader;
   private readonly opener: FileOpener;
-  private readonly queues: Ticket[][] = [[], [], []];
+  private readonly queues = [new TicketQueue(0), new TicketQueue(1), new TicketQueue(2)];
+  private queued = 0;
   private readonly reading = new Set<Ticket>();
   private readonly waiting = new Set<Ticket>();
   private readonly files = new Set<IoFile>();
@@ -307,11 +347,13 @@ export class IoScheduler {
         if (t.state !== "waiting") return;
         this.waiting.delete(t);
         t.state = "queued";
+        this.queued++;
         this.queues[RANK[t.priority]]!.push(t);
         this.pump();
       };
       req.after.then(enqueue, enqueue);
     } else {
+      this.queued++;
       this.queues[RANK[t.priority]]!.push(t);
       this.pump();
     }
@@ -321,20 +363,17 @@ export class IoScheduler {
   /** @internal Ticket.promote. */
   promote(t: Ticket, priority: Priority): void {
     if (RANK[priority] >= RANK[t.priority]) return;
-    if (t.state === "queued") {
-      const q = this.queues[RANK[t.priority]]!;
-      q.splice(q.indexOf(t), 1);
-      this.queues[RANK[priority]]!.push(t);
-    }
-    if (t.state === "queued" || t.state === "waiting") t.priority = priority;
+    if (t.state !== "queued" && t.state !== "waiting") return;
+    t.priority = priority;
+    // The entry in the old class goes stale (skipped there); a new one joins the new class.
+    if (t.state === "queued") this.queues[RANK[priority]]!.push(t);
     this.pump();
   }
 
   /** @internal Ticket.cancel. */
   cancel(t: Ticket, reason: "cancelled" | "closed"): boolean {
     if (t.state === "queued") {
-      const q = this.queues[RANK[t.priority]]!;
-      q.splice(q.indexOf(t), 1);
+      this.queued--; // its queue entry goes stale
     } else if (t.state === "waiting") {
       this.waiting.delete(t);
     } else {
@@ -352,6 +391,7 @@ export class IoScheduler {
     while (this.reading.size < this.maxInFlight) {
       const t = this.queues[0]!.shift() ?? this.queues[1]!.shift() ?? this.queues[2]!.shift();
       if (!t) return;
+      this.queued--;
       this.start(t);
     }
   }
@@ -419,13 +459,13 @@ export class IoScheduler {
 
   /** Reads in flight plus queued (and waiting) reads. */
   get pending(): number {
-    return this.reading.size + this.waiting.size + this.queues.reduce((s, q) => s + q.length, 0);
+    return this.reading.size + this.waiting.size + this.queued;
   }
 
   /** Resolves when nothing is queued or in flight. */
   async drain(): Promise<void> {
     while (this.pending > 0) {
-      const all = [...this.reading, ...this.waiting, ...this.queues.flat()].map((t) => t.done.catch(() => {}));
+      const all = [...this.reading, ...this.waiting, ...this.queues.flatMap((q) => q.live())].map((t) => t.done.catch(() => {}));
       await Promise.all(all);
     }
   }
@@ -463,7 +503,7 @@ export class IoScheduler {
   async close(): Promise<void> {
     if (this.closed) return this.drain();
     this.closed = true;
-    for (const t of [...this.waiting, ...this.queues.flat()]) this.cancel(t, "closed");
+    for (const t of [...this.waiting, ...this.queues.flatMap((q) => q.live())]) this.cancel(t, "closed");
     await this.drain();
     for (const f of this.files) closeSync(f.fd);
     this.files.clear();

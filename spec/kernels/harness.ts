@@ -6,6 +6,7 @@
 // openDevice, hostTensor, uploadWeights, uploadWeight, uploadF32, uploadI32, outputF32,
 // outputI32, readF32, readI32, run, expectClose, compareClose, expectExact, rows, worstErrors.
 import { expect } from "bun:test";
+import { appendFileSync } from "node:fs";
 
 import type { DType } from "../../lib/model/config.ts";
 import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from "../../lib/model/dtype.ts";
@@ -221,16 +222,13 @@ export function compareClose(actual: ArrayLike<number>, expected: ArrayLike<numb
 
 const worstSeen = new Map<string, { maxAbs: number; maxRel: number }>();
 
-/** Largest errors seen per label in this process (CHERENKOV_KERNEL_ERRORS=1 prints them at exit). */
+/** Largest errors seen per label in this process. */
 export function worstErrors(): ReadonlyMap<string, { maxAbs: number; maxRel: number }> {
   return worstSeen;
 }
 
-if (process.env.CHERENKOV_KERNEL_ERRORS === "1") {
-  process.on("beforeExit", () => {
-    for (const [k, v] of [...worstSeen].sort()) console.log(`[kernel-error] ${k}\tmax abs ${v.maxAbs.toExponential(2)}\tmax rel ${v.maxRel.toExponential(2)}`);
-  });
-}
+/** CHERENKOV_KERNEL_ERRORS=<file>: every comparison appends "label, max abs, max rel" to it (for reports). */
+const ERROR_LOG = process.env.CHERENKOV_KERNEL_ERRORS;
 
 /**
  * Fails the test with the worst element (index, row and column when `width` is given,
@@ -248,6 +246,7 @@ export function expectClose(
   const key = label.split(" ")[0]!;
   const prev = worstSeen.get(key);
   worstSeen.set(key, { maxAbs: Math.max(prev?.maxAbs ?? 0, c.maxAbs), maxRel: Math.max(prev?.maxRel ?? 0, c.maxRel) });
+  if (ERROR_LOG) appendFileSync(ERROR_LOG, `${label}\t${c.maxAbs}\t${c.maxRel}\n`);
   if (c.failures > 0) {
     const at = width ? `row ${Math.floor(c.worst / width)} col ${c.worst % width}` : `index ${c.worst}`;
     throw new Error(

@@ -1,4 +1,4 @@
-"""qwen4-exp in PyTorch: the model of ../../../shared/MODEL.md exactly as lib/reference computes it
+"""qwen4-exp in PyTorch: the model of MODEL.md (shared/MODEL.md) exactly as lib/reference computes it
 (docs/model.md, "Decisions where MODEL.md is silent"), over whole sequences from position 0.
 
 Parameters carry cherenkov tensor names (lib/model/tensors.ts): dense tensors by their names,

@@ -1,6 +1,7 @@
 // `cherenkov convert SRC_DIR OUT_DIR`: a Hugging Face or MLX Qwen3-Next / Qwen3.5-MoE
 // checkpoint to a cherenkov model directory.
 import { convertCheckpoint } from "../../convert/convert.ts";
+import { importNative, isNativeCheckpoint } from "../../convert/native.ts";
 import { ConvertError } from "../../convert/hf.ts";
 import { CheckpointError } from "../../convert/safetensors.ts";
 import { choiceFlag, parseFlags, UsageError } from "../args.ts";
@@ -25,6 +26,12 @@ export async function convertCommand(argv: string[], io: CliIO = processIO()): P
   const [src, out] = positionals as [string, string];
   const weights = choiceFlag(flags, "dtype", ["q4", "bf16", "f32"] as const, "q4");
   const kvCache = choiceFlag(flags, "kv", ["q8", "f32"] as const, "q8");
+  if (isNativeCheckpoint(src)) {
+    // safetensors with cherenkov's own tensor names (spec/train exports qwen4-exp this way)
+    await importNative(src, out, { weights, log: (l) => io.stderr(l + "\n") });
+    io.stdout(`wrote ${out}: native qwen4-exp, ${weights}\n`);
+    return 0;
+  }
   const bar = new ProgressBar("convert", progressSink(io, flags.progress === true));
   try {
     const r = await convertCheckpoint({

@@ -1,0 +1,186 @@
+// Hyper-connections (MODEL.md "Residual"): coefficients from the raw products fn . flat
+// (a matvec computes those), the gated read x = sum_i pre_i X_i (optionally normalised),
+// and the write X'_j = post_j y + sum_i comb[i][j] X_i. Coefficient rows are
+// [pre (n) | post (n) | comb (n * n, [i][j])] for a site and [pre (n)] for the final read.
+#include <metal_stdlib>
+#include "params.h"
+
+using namespace metal;
+
+#define HC_MAX_STREAMS 8
+#define HC_SG 4  // rows (simdgroups) per threadgroup
+
+inline float hc_sigmoid(float v) {
+  return 1.0f / (1.0f + exp(-v));
+}
+
+// One simdgroup per row: lanes sum flat^2, lane 0 turns the row's mixes into coefficients
+// (Sinkhorn is n x n with n <= 8: serial is cheaper than a reduction per step).
+kernel void hc_coeffs_f32(
+    constant HcCoeffsParams& p [[buffer(0)]],
+    device const uchar* x      [[buffer(1)]],
+    device const uchar* raw    [[buffer(2)]],
+    device const float* scale  [[buffer(3)]],
+    device const float* base   [[buffer(4)]],
+    device uchar* coeffs       [[buffer(5)]],
+    uint tg                    [[threadgroup_position_in_grid]],
+    ushort sg                  [[simdgroup_index_in_threadgroup]],
+    ushort lane                [[thread_index_in_simdgroup]]) {
+  int row = int(tg) * HC_SG + int(sg);
+  if (row >= p.rows) {
+    return;  // uniform per simdgroup
+  }
+  int n = p.streams;
+  int len = n * p.cols;
+  device const float* flat = (device const float*)(x + ulong(row) * p.x_stride);
+  float ss = 0.0f;
+  for (int c = int(lane); c < len; c += 32) {
+    float v = flat[c];
+    ss += v * v;
+  }
+  ss = simd_sum(ss);
+  if (lane != 0) {
+    return;
+  }
+  float rs = rsqrt(ss / float(len) + p.eps);
+  device const float* mix = (device const float*)(raw + ulong(row) * p.raw_stride);
+  device float* out = (device float*)(coeffs + ulong(row) * p.c_stride);
+  for (int i = 0; i < n; i++) {
+    out[i] = hc_sigmoid(mix[i] * rs * scale[0] + base[i]) + p.eps;
+  }
+  if (p.head != 0) {
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    out[n + i] = 2.0f * hc_sigmoid(mix[n + i] * rs * scale[1] + base[n + i]);
+  }
+  float comb[HC_MAX_STREAMS * HC_MAX_STREAMS];
+  for (int i = 0; i < n; i++) {
+    float m = -INFINITY;
+    for (int j = 0; j < n; j++) {
+      comb[i * n + j] = mix[2 * n + i * n + j] * rs * scale[2] + base[2 * n + i * n + j];
+      m = max(m, comb[i * n + j]);
+    }
+    float s = 0.0f;
+    for (int j = 0; j < n; j++) {
+      comb[i * n + j] = exp(comb[i * n + j] - m);
+      s += comb[i * n + j];
+    }
+    for (int j = 0; j < n; j++) {
+      comb[i * n + j] = comb[i * n + j] / s + p.eps;
+    }
+  }
+  // Columns first, then iters - 1 rounds of {rows, columns}: round 0 does columns only.
+  for (int it = 0; it < p.iters; it++) {
+    if (it > 0) {
+      for (int i = 0; i < n; i++) {
+        float s = 0.0f;
+        for (int j = 0; j < n; j++) {
+          s += comb[i * n + j];
+        }
+        for (int j = 0; j < n; j++) {
+          comb[i * n + j] /= s + p.eps;
+        }
+      }
+    }
+    for (int j = 0; j < n; j++) {
+      float s = 0.0f;
+      for (int i = 0; i < n; i++) {
+        s += comb[i * n + j];
+      }
+      for (int i = 0; i < n; i++) {
+        comb[i * n + j] /= s + p.eps;
+      }
+    }
+  }
+  for (int k = 0; k < n * n; k++) {
+    out[2 * n + k] = comb[k];
+  }
+}
+
+// x = sum_i pre_i X_i per row, then (NORM) x * rsqrt(mean(x^2) + eps) * w. One simdgroup
+// per row; the norm rescales, in a second pass, the elements the same lane wrote.
+template <bool NORM>
+inline void hc_read_row(constant HcReadParams& p, device const uchar* x, device const uchar* coeffs,
+                        device const float* w, device uchar* y, int row, ushort lane) {
+  int n = p.streams;
+  device const float* X = (device const float*)(x + ulong(row) * p.x_stride);
+  device const float* pre = (device const float*)(coeffs + ulong(row) * p.c_stride);
+  device float* out = (device float*)(y + ulong(row) * p.y_stride);
+  float ss = 0.0f;
+  for (int c = int(lane); c < p.cols; c += 32) {
+    float v = 0.0f;
+    for (int i = 0; i < n; i++) {
+      v += pre[i] * X[i * p.cols + c];
+    }
+    out[c] = v;
+    ss += v * v;
+  }
+  if (NORM) {
+    ss = simd_sum(ss);
+    float r = rsqrt(ss / float(p.cols) + p.eps);
+    float offset = p.centred != 0 ? 1.0f : 0.0f;
+    for (int c = int(lane); c < p.cols; c += 32) {
+      out[c] = out[c] * r * (offset + w[c]);
+    }
+  }
+}
+
+kernel void hc_read_f32(
+    constant HcReadParams& p  [[buffer(0)]],
+    device const uchar* x     [[buffer(1)]],
+    device const uchar* coeffs [[buffer(2)]],
+    device uchar* y           [[buffer(3)]],
+    uint tg                   [[threadgroup_position_in_grid]],
+    ushort sg                 [[simdgroup_index_in_threadgroup]],
+    ushort lane               [[thread_index_in_simdgroup]]) {
+  int row = int(tg) * HC_SG + int(sg);
+  if (row < p.rows) {
+    hc_read_row<false>(p, x, coeffs, (device const float*)coeffs, y, row, lane);
+  }
+}
+
+kernel void hc_read_norm_f32(
+    constant HcReadParams& p  [[buffer(0)]],
+    device const uchar* x     [[buffer(1)]],
+    device const uchar* coeffs [[buffer(2)]],
+    device uchar* y           [[buffer(3)]],
+    device const float* w     [[buffer(4)]],
+    uint tg                   [[threadgroup_position_in_grid]],
+    ushort sg                 [[simdgroup_index_in_threadgroup]],
+    ushort lane               [[thread_index_in_simdgroup]]) {
+  int row = int(tg) * HC_SG + int(sg);
+  if (row < p.rows) {
+    hc_read_row<true>(p, x, coeffs, w, y, row, lane);
+  }
+}
+
+// X'_j = post_j y + sum_i comb[i][j] X_i, in place: each thread owns one column of one row
+// and reads all its old stream values before writing any.
+kernel void hc_write_f32(
+    constant HcWriteParams& p  [[buffer(0)]],
+    device uchar* x            [[buffer(1)]],
+    device const uchar* coeffs [[buffer(2)]],
+    device const uchar* y      [[buffer(3)]],
+    uint2 gid                  [[thread_position_in_grid]]) {
+  int c = int(gid.x);
+  int r = int(gid.y);
+  if (c >= p.cols || r >= p.rows) {
+    return;
+  }
+  int n = p.streams;
+  device float* X = (device float*)(x + ulong(r) * p.x_stride);
+  device const float* k = (device const float*)(coeffs + ulong(r) * p.c_stride);
+  float yv = ((device const float*)(y + ulong(r) * p.y_stride))[c];
+  float old[HC_MAX_STREAMS];
+  for (int i = 0; i < n; i++) {
+    old[i] = X[i * p.cols + c];
+  }
+  for (int j = 0; j < n; j++) {
+    float v = k[n + j] * yv;
+    for (int i = 0; i < n; i++) {
+      v += k[2 * n + i * n + j] * old[i];
+    }
+    X[j * p.cols + c] = v;
+  }
+}

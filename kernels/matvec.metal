@@ -1,0 +1,78 @@
+// Row-batched dense projections y[r] = W x[r] for every storage dtype, and the HalfSet
+// prep that q4 projections read. Bodies are in matvec.h.
+#include <metal_stdlib>
+#include "params.h"
+#include "matvec.h"
+
+using namespace metal;
+
+// HalfSet row of x (cols a multiple of 32): [even elements | odd elements | group sums],
+// one thread per group of 32.
+kernel void halfset_f32(
+    constant HalfSetParams& p [[buffer(0)]],
+    device const uchar* x     [[buffer(1)]],
+    device uchar* h           [[buffer(2)]],
+    uint2 gid                 [[thread_position_in_grid]]) {
+  int g = int(gid.x);
+  int r = int(gid.y);
+  if (g >= p.cols / 32 || r >= p.rows) {
+    return;
+  }
+  device const float4* xr = (device const float4*)(x + ulong(r) * p.x_stride) + g * 8;
+  device float* hr = (device float*)(h + ulong(r) * p.h_stride);
+  device float4* even = (device float4*)(hr + g * 16);
+  device float4* odd = (device float4*)(hr + p.cols / 2 + g * 16);
+  float sum = 0.0f;
+  for (int k = 0; k < 4; k++) {
+    float4 a = xr[2 * k];
+    float4 b = xr[2 * k + 1];
+    even[k] = float4(a.x, a.z, b.x, b.z);
+    odd[k] = float4(a.y, a.w, b.y, b.w);
+    sum += (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
+  }
+  hr[p.cols + g] = sum;
+}
+
+// y[r] = W x[r] (+ y[r]). Threadgroup (x, y) covers MV_SG * MV_R output rows for batch rows
+// [y * rows_per_group, ...); each simdgroup walks those rows MV_NR at a time with its
+// MV_R weight rows, so a weight is read once per threadgroup row range.
+template <typename T>
+kernel void matvec(
+    constant MatvecParams& p [[buffer(0)]],
+    device const uchar* w    [[buffer(1)]],
+    device const uchar* x    [[buffer(2)]],
+    device uchar* y          [[buffer(3)]],
+    uint2 tg                 [[threadgroup_position_in_grid]],
+    ushort sg                [[simdgroup_index_in_threadgroup]],
+    ushort lane              [[thread_index_in_simdgroup]]) {
+  int o0 = (int(tg.x) * MV_SG + int(sg)) * MV_R;
+  int r_begin = int(tg.y) * p.rows_per_group;
+  int r_end = min(p.rows, r_begin + p.rows_per_group);
+  if (o0 >= p.out_dim || r_begin >= r_end) {
+    return;  // uniform per simdgroup
+  }
+  for (int r0 = r_begin; r0 < r_end; r0 += MV_NR) {
+    ulong xoff[MV_NR];
+    for (int j = 0; j < MV_NR; j++) {
+      xoff[j] = ulong(min(r0 + j, r_end - 1)) * p.x_stride;
+    }
+    float acc[MV_R * MV_NR];
+    mv_clear(acc);
+    MvPass<T>::run(w, p.in_dim, o0, p.out_dim, x, xoff, acc, lane);
+    mv_reduce(acc);
+    if (lane == 0) {
+      for (int j = 0; j < MV_NR && r0 + j < r_end; j++) {
+        device float* yr = (device float*)(y + ulong(r0 + j) * p.y_stride);
+        for (int i = 0; i < MV_R && o0 + i < p.out_dim; i++) {
+          float v = acc[i * MV_NR + j];
+          yr[o0 + i] = p.accumulate != 0 ? yr[o0 + i] + v : v;
+        }
+      }
+    }
+  }
+}
+
+template [[host_name("matvec_f32_f32")]] kernel decltype(matvec<float>) matvec<float>;
+template [[host_name("matvec_bf16_f32")]] kernel decltype(matvec<bfloat>) matvec<bfloat>;
+template [[host_name("matvec_f16_f32")]] kernel decltype(matvec<half>) matvec<half>;
+template [[host_name("matvec_q4_f32")]] kernel decltype(matvec<uchar>) matvec<uchar>;

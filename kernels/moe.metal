@@ -1,0 +1,299 @@
+// MoE (MODEL.md "MoE"): the router's softmax + top-k, the grouping of a step's (row, k)
+// pairs by expert, routed experts read through the layer's slot table from the expert
+// pool, the dense shared expert, and the weighted combine. Projections use matvec.h, so a
+// routed expert's weights are read once for all the rows routed to it.
+#include <metal_stdlib>
+#include "params.h"
+#include "matvec.h"
+
+using namespace metal;
+
+#define MOE_MAX_EXPERTS 1024
+#define MOE_MAX_TOPK 32
+#define ROUTER_SG 4  // rows (simdgroups) per threadgroup
+
+// Per row: p = softmax(logits); the top_k experts by logit (equal logits: lower id first),
+// weights p_k (or p_k / sum of the chosen p). One simdgroup per row; expert e lives in
+// lane e % 32, slot e / 32.
+kernel void router_topk_f32(
+    constant RouterParams& p  [[buffer(0)]],
+    device const uchar* logits [[buffer(1)]],
+    device int* ids           [[buffer(2)]],
+    device float* weights     [[buffer(3)]],
+    uint tg                   [[threadgroup_position_in_grid]],
+    ushort sg                 [[simdgroup_index_in_threadgroup]],
+    ushort lane               [[thread_index_in_simdgroup]]) {
+  int row = int(tg) * ROUTER_SG + int(sg);
+  if (row >= p.rows) {
+    return;  // uniform per simdgroup
+  }
+  device const float* l = (device const float*)(logits + ulong(row) * p.logits_stride);
+  int per = (p.experts + 31) / 32;
+  float v[MOE_MAX_EXPERTS / 32];
+  float m = -INFINITY;
+  for (int s = 0; s < per; s++) {
+    int e = s * 32 + int(lane);
+    v[s] = e < p.experts ? l[e] : -INFINITY;
+    m = max(m, v[s]);
+  }
+  m = simd_max(m);
+  float sum = 0.0f;
+  for (int s = 0; s < per; s++) {
+    if (s * 32 + int(lane) < p.experts) {
+      sum += exp(v[s] - m);
+    }
+  }
+  sum = simd_sum(sum);
+  uint taken = 0;
+  float chosen[MOE_MAX_TOPK];
+  float total = 0.0f;
+  for (int k = 0; k < p.top_k; k++) {
+    float best = -INFINITY;
+    int best_e = 0x7FFFFFFF;
+    for (int s = 0; s < per; s++) {
+      int e = s * 32 + int(lane);
+      if (e < p.experts && (taken & (1u << s)) == 0 && (v[s] > best || best_e == 0x7FFFFFFF)) {
+        best = v[s];
+        best_e = e;
+      }
+    }
+    float top = simd_max(best);
+    int e = simd_min(best == top ? best_e : 0x7FFFFFFF);
+    if (e % 32 == int(lane)) {
+      taken |= 1u << (e / 32);
+    }
+    chosen[k] = exp(top - m) / sum;
+    total += chosen[k];
+    if (lane == 0) {
+      ids[row * p.top_k + k] = e;
+    }
+  }
+  if (lane == 0) {
+    for (int k = 0; k < p.top_k; k++) {
+      weights[row * p.top_k + k] = p.norm_topk != 0 ? chosen[k] / total : chosen[k];
+    }
+  }
+}
+
+// Groups pair q = r * top_k + k by expert ids[q]: offsets[e] .. offsets[e + 1] index
+// pairs[], which lists the pairs of expert e (in no particular order: each pair's result
+// does not depend on it). One threadgroup; ids outside [0, E) are left out.
+kernel void moe_lists_i32(
+    constant MoeListsParams& p [[buffer(0)]],
+    device const int* ids      [[buffer(1)]],
+    device int* offsets        [[buffer(2)]],
+    device int* pairs          [[buffer(3)]],
+    uint t                     [[thread_index_in_threadgroup]],
+    uint nt                    [[threads_per_threadgroup]]) {
+  threadgroup atomic_uint counts[MOE_MAX_EXPERTS];
+  threadgroup uint starts[MOE_MAX_EXPERTS];
+  for (int e = int(t); e < p.experts; e += int(nt)) {
+    atomic_store_explicit(&counts[e], 0u, memory_order_relaxed);
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (int q = int(t); q < p.pairs; q += int(nt)) {
+    int e = ids[q];
+    if (e >= 0 && e < p.experts) {
+      atomic_fetch_add_explicit(&counts[e], 1u, memory_order_relaxed);
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (t == 0) {
+    uint run = 0;
+    for (int e = 0; e < p.experts; e++) {
+      starts[e] = run;
+      offsets[e] = int(run);
+      run += atomic_load_explicit(&counts[e], memory_order_relaxed);
+      atomic_store_explicit(&counts[e], 0u, memory_order_relaxed);
+    }
+    offsets[p.experts] = int(run);
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (int q = int(t); q < p.pairs; q += int(nt)) {
+    int e = ids[q];
+    if (e >= 0 && e < p.experts) {
+      uint at = starts[e] + atomic_fetch_add_explicit(&counts[e], 1u, memory_order_relaxed);
+      pairs[at] = q;
+    }
+  }
+}
+
+// Routed experts. Threadgroup (x, e): MV_SG * MV_R output rows of expert e for every pair
+// routed to it, MV_NR pairs per pass. The expert's record is pool slot slot_of[e]; a
+// missing slot (-1 or >= slots) reads nothing and writes NaN into its pairs' outputs, for
+// the engine's finite check to catch.
+//   gate_up (GATE_UP): out[q] = SiLU(gate x[q / top_k]) * up x[q / top_k]
+//   down:              out[q] = down x[q]
+// x rows are HalfSet rows for q4 records, plain rows otherwise.
+template <typename T, bool GATE_UP>
+inline void moe_experts(constant MoeExpertsParams& p, device const int* offsets, device const int* pairs,
+                        device const int* slot_of, device const uchar* pool, device const uchar* x,
+                        device uchar* y, uint2 tg, ushort sg, ushort lane) {
+  int e = int(tg.y);
+  int begin = offsets[e];
+  int end = offsets[e + 1];
+  int o0 = (int(tg.x) * MV_SG + int(sg)) * MV_R;
+  if (begin >= end || o0 >= p.out_dim) {
+    return;  // uniform per simdgroup
+  }
+  int slot = slot_of[e];
+  bool missing = slot < 0 || slot >= p.slots;
+  device const uchar* record = pool + (missing ? 0ul : ulong(slot) * p.record_stride);
+  for (int q0 = begin; q0 < end; q0 += MV_NR) {
+    ulong xoff[MV_NR];
+    for (int j = 0; j < MV_NR; j++) {
+      int q = pairs[min(q0 + j, end - 1)];
+      xoff[j] = ulong(GATE_UP ? q / p.top_k : q) * p.x_stride;
+    }
+    float acc[MV_R * MV_NR];
+    float up[MV_R * MV_NR];
+    mv_clear(acc);
+    mv_clear(up);
+    if (!missing) {
+      MvPass<T>::run(record + p.w0_offset, p.in_dim, o0, p.out_dim, x, xoff, acc, lane);
+      mv_reduce(acc);
+      if (GATE_UP) {
+        MvPass<T>::run(record + p.w1_offset, p.in_dim, o0, p.out_dim, x, xoff, up, lane);
+        mv_reduce(up);
+      }
+    }
+    if (lane == 0) {
+      for (int j = 0; j < MV_NR && q0 + j < end; j++) {
+        device float* yr = (device float*)(y + ulong(pairs[q0 + j]) * p.y_stride);
+        for (int i = 0; i < MV_R && o0 + i < p.out_dim; i++) {
+          float g = acc[i * MV_NR + j];
+          float v = GATE_UP ? g / (1.0f + exp(-g)) * up[i * MV_NR + j] : g;
+          yr[o0 + i] = missing ? NAN : v;
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+kernel void moe_gate_up(
+    constant MoeExpertsParams& p [[buffer(0)]],
+    device const int* offsets    [[buffer(1)]],
+    device const int* pairs      [[buffer(2)]],
+    device const int* slot_of    [[buffer(3)]],
+    device const uchar* pool     [[buffer(4)]],
+    device const uchar* x        [[buffer(5)]],
+    device uchar* y              [[buffer(6)]],
+    uint2 tg                     [[threadgroup_position_in_grid]],
+    ushort sg                    [[simdgroup_index_in_threadgroup]],
+    ushort lane                  [[thread_index_in_simdgroup]]) {
+  moe_experts<T, true>(p, offsets, pairs, slot_of, pool, x, y, tg, sg, lane);
+}
+
+template <typename T>
+kernel void moe_down(
+    constant MoeExpertsParams& p [[buffer(0)]],
+    device const int* offsets    [[buffer(1)]],
+    device const int* pairs      [[buffer(2)]],
+    device const int* slot_of    [[buffer(3)]],
+    device const uchar* pool     [[buffer(4)]],
+    device const uchar* x        [[buffer(5)]],
+    device uchar* y              [[buffer(6)]],
+    uint2 tg                     [[threadgroup_position_in_grid]],
+    ushort sg                    [[simdgroup_index_in_threadgroup]],
+    ushort lane                  [[thread_index_in_simdgroup]]) {
+  moe_experts<T, false>(p, offsets, pairs, slot_of, pool, x, y, tg, sg, lane);
+}
+
+template [[host_name("moe_gate_up_f32_f32")]] kernel decltype(moe_gate_up<float>) moe_gate_up<float>;
+template [[host_name("moe_gate_up_bf16_f32")]] kernel decltype(moe_gate_up<bfloat>) moe_gate_up<bfloat>;
+template [[host_name("moe_gate_up_f16_f32")]] kernel decltype(moe_gate_up<half>) moe_gate_up<half>;
+template [[host_name("moe_gate_up_q4_f32")]] kernel decltype(moe_gate_up<uchar>) moe_gate_up<uchar>;
+template [[host_name("moe_down_f32_f32")]] kernel decltype(moe_down<float>) moe_down<float>;
+template [[host_name("moe_down_bf16_f32")]] kernel decltype(moe_down<bfloat>) moe_down<bfloat>;
+template [[host_name("moe_down_f16_f32")]] kernel decltype(moe_down<half>) moe_down<half>;
+template [[host_name("moe_down_q4_f32")]] kernel decltype(moe_down<uchar>) moe_down<uchar>;
+
+// Dense gated MLP input half (the shared expert): y[r] = SiLU(W_gate x[r]) * (W_up x[r]),
+// tiled as matvec (rows_per_group batch rows per threadgroup).
+template <typename T>
+kernel void ffn_gate_up(
+    constant MatvecParams& p [[buffer(0)]],
+    device const uchar* wg   [[buffer(1)]],
+    device const uchar* wu   [[buffer(2)]],
+    device const uchar* x    [[buffer(3)]],
+    device uchar* y          [[buffer(4)]],
+    uint2 tg                 [[threadgroup_position_in_grid]],
+    ushort sg                [[simdgroup_index_in_threadgroup]],
+    ushort lane              [[thread_index_in_simdgroup]]) {
+  int o0 = (int(tg.x) * MV_SG + int(sg)) * MV_R;
+  int r_begin = int(tg.y) * p.rows_per_group;
+  int r_end = min(p.rows, r_begin + p.rows_per_group);
+  if (o0 >= p.out_dim || r_begin >= r_end) {
+    return;
+  }
+  for (int r0 = r_begin; r0 < r_end; r0 += MV_NR) {
+    ulong xoff[MV_NR];
+    for (int j = 0; j < MV_NR; j++) {
+      xoff[j] = ulong(min(r0 + j, r_end - 1)) * p.x_stride;
+    }
+    float g[MV_R * MV_NR];
+    float u[MV_R * MV_NR];
+    mv_clear(g);
+    mv_clear(u);
+    MvPass<T>::run(wg, p.in_dim, o0, p.out_dim, x, xoff, g, lane);
+    MvPass<T>::run(wu, p.in_dim, o0, p.out_dim, x, xoff, u, lane);
+    mv_reduce(g);
+    mv_reduce(u);
+    if (lane == 0) {
+      for (int j = 0; j < MV_NR && r0 + j < r_end; j++) {
+        device float* yr = (device float*)(y + ulong(r0 + j) * p.y_stride);
+        for (int i = 0; i < MV_R && o0 + i < p.out_dim; i++) {
+          float gv = g[i * MV_NR + j];
+          yr[o0 + i] = gv / (1.0f + exp(-gv)) * u[i * MV_NR + j];
+        }
+      }
+    }
+  }
+}
+
+template [[host_name("ffn_gate_up_f32_f32")]] kernel decltype(ffn_gate_up<float>) ffn_gate_up<float>;
+template [[host_name("ffn_gate_up_bf16_f32")]] kernel decltype(ffn_gate_up<bfloat>) ffn_gate_up<bfloat>;
+template [[host_name("ffn_gate_up_f16_f32")]] kernel decltype(ffn_gate_up<half>) ffn_gate_up<half>;
+template [[host_name("ffn_gate_up_q4_f32")]] kernel decltype(ffn_gate_up<uchar>) ffn_gate_up<uchar>;
+
+// y[r] = sum_k w[r][k] o[r * top_k + k] in k order (+ sigmoid(sg[r]) s[r] with SHARED).
+template <bool SHARED>
+inline void moe_combine_at(constant MoeCombineParams& p, device const float* w, device const uchar* o,
+                           device const uchar* s, device const uchar* sg, device uchar* y, uint2 gid) {
+  int c = int(gid.x);
+  int r = int(gid.y);
+  if (c >= p.cols || r >= p.rows) {
+    return;
+  }
+  float v = 0.0f;
+  for (int k = 0; k < p.top_k; k++) {
+    int q = r * p.top_k + k;
+    v += w[q] * ((device const float*)(o + ulong(q) * p.o_stride))[c];
+  }
+  if (SHARED) {
+    float gate = *((device const float*)(sg + ulong(r) * p.sg_stride));
+    v += ((device const float*)(s + ulong(r) * p.s_stride))[c] / (1.0f + exp(-gate));
+  }
+  ((device float*)(y + ulong(r) * p.y_stride))[c] = v;
+}
+
+kernel void moe_combine_f32(
+    constant MoeCombineParams& p [[buffer(0)]],
+    device const float* w        [[buffer(1)]],
+    device const uchar* o        [[buffer(2)]],
+    device uchar* y              [[buffer(3)]],
+    uint2 gid                    [[thread_position_in_grid]]) {
+  moe_combine_at<false>(p, w, o, o, o, y, gid);
+}
+
+kernel void moe_combine_shared_f32(
+    constant MoeCombineParams& p [[buffer(0)]],
+    device const float* w        [[buffer(1)]],
+    device const uchar* o        [[buffer(2)]],
+    device uchar* y              [[buffer(3)]],
+    device const uchar* s        [[buffer(4)]],
+    device const uchar* sg       [[buffer(5)]],
+    uint2 gid                    [[thread_position_in_grid]]) {
+  moe_combine_at<true>(p, w, o, s, sg, y, gid);
+}

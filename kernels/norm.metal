@@ -1,0 +1,67 @@
+// RMSNorm over row batches: whole rows or `heads` vectors of `dim` per row (q_norm/k_norm),
+// zero-centred (1 + w) or plain w, and DeltaNet's gated form (* SiLU(z)). One simdgroup
+// per vector: lanes stride over it, simd_sum joins the squares, no barriers. In place is
+// fine (each lane rewrites only the elements it read).
+#include <metal_stdlib>
+#include "params.h"
+
+using namespace metal;
+
+#define NORM_SG 4  // simdgroups (vectors) per threadgroup
+
+template <bool GATED>
+inline void rms_norm_vector(constant RmsNormParams& p, device const uchar* x, device const float* w,
+                            device uchar* y, device const uchar* z, uint unit, ushort lane) {
+  int row = int(unit) / p.heads;
+  int head = int(unit) % p.heads;
+  device const float* xv = (device const float*)(x + ulong(row) * p.x_stride) + head * p.dim;
+  device float* yv = (device float*)(y + ulong(row) * p.y_stride) + head * p.dim;
+  float ss = 0.0f;
+  for (int c = int(lane); c < p.dim; c += 32) {
+    float v = xv[c];
+    ss += v * v;
+  }
+  ss = simd_sum(ss);
+  float r = rsqrt(ss / float(p.dim) + p.eps);
+  float offset = p.centred != 0 ? 1.0f : 0.0f;
+  for (int c = int(lane); c < p.dim; c += 32) {
+    float v = xv[c] * r * (offset + w[c]);
+    if (GATED) {
+      float g = ((device const float*)(z + ulong(row) * p.z_stride))[head * p.dim + c];
+      v *= g / (1.0f + exp(-g));
+    }
+    yv[c] = v;
+  }
+}
+
+kernel void rms_norm_f32(
+    constant RmsNormParams& p [[buffer(0)]],
+    device const uchar* x     [[buffer(1)]],
+    device const float* w     [[buffer(2)]],
+    device uchar* y           [[buffer(3)]],
+    uint tg                   [[threadgroup_position_in_grid]],
+    ushort sg                 [[simdgroup_index_in_threadgroup]],
+    ushort lane               [[thread_index_in_simdgroup]]) {
+  uint unit = tg * NORM_SG + sg;
+  if (unit >= uint(p.rows * p.heads)) {
+    return;  // uniform per simdgroup
+  }
+  rms_norm_vector<false>(p, x, w, y, x, unit, lane);
+}
+
+// o * rsqrt(mean(o^2) + eps) * w * SiLU(z) per head (DeltaNet output; w plain when centred = 0).
+kernel void rms_norm_gated_f32(
+    constant RmsNormParams& p [[buffer(0)]],
+    device const uchar* x     [[buffer(1)]],
+    device const float* w     [[buffer(2)]],
+    device uchar* y           [[buffer(3)]],
+    device const uchar* z     [[buffer(4)]],
+    uint tg                   [[threadgroup_position_in_grid]],
+    ushort sg                 [[simdgroup_index_in_threadgroup]],
+    ushort lane               [[thread_index_in_simdgroup]]) {
+  uint unit = tg * NORM_SG + sg;
+  if (unit >= uint(p.rows * p.heads)) {
+    return;
+  }
+  rms_norm_vector<true>(p, x, w, y, z, unit, lane);
+}

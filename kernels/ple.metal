@@ -1,0 +1,154 @@
+// N-gram memory, "PLE" (docs/model.md): the hash and gather of table rows, the gate, and
+// the dilated causal conv whose output is added to every residual stream.
+//   e_t = concat over tables (order-major, then head) of table[row], row = mix % rows,
+//         mix = XOR_{i < order} tok[t - i] * mult[i] (u32, wrapping; tok[< 0] = pad_id);
+//   s = (k . q) / sqrt(d), s = sign(s) sqrt(max(|s|, 1e-6)), alpha = sigmoid(s),
+//   v = alpha (W_v e + b_v), u = RMSNorm(v, conv_norm) (zero-centred),
+//   y = v + SiLU(conv(u)) (weights [d][K], dilation D), X_i += y for every stream i.
+// The conv history is the last (K-1) D inputs u, oldest first, [(K-1) D][d] (the layout of
+// lib/reference's PleState.history); snapshot plane r holds it after row r.
+#include <metal_stdlib>
+#include "params.h"
+#include "sequence.h"
+
+using namespace metal;
+
+#define PLE_MAX_ORDER 4
+
+inline float ple_value(float x) { return x; }
+inline float ple_value(ushort bits) { return as_type<float>(uint(bits) << 16); }  // bf16
+
+// One thread per (row, table, element). tokens holds positions pos0 - history ..
+// pos0 + nb - 1 (history >= min(pos0, max order - 1)). Tables of type T (f32, or bf16 read
+// as ushort) at byte offsets table_offset[] of the bound buffer. Also writes the row
+// indices [nb][tables].
+template <typename T>
+kernel void ple_gather(
+    constant PleGatherParams& p [[buffer(0)]],
+    device const int* tokens    [[buffer(1)]],
+    device const T* tables      [[buffer(2)]],
+    device float* e             [[buffer(3)]],
+    device uint* rows_out       [[buffer(4)]],
+    uint gid                    [[thread_position_in_grid]]) {
+  const uint hd = uint(p.head_dim);
+  const uint nt = uint(p.tables);
+  if (gid >= uint(p.rows) * nt * hd) {
+    return;
+  }
+  const uint c = gid % hd;
+  const uint tb = (gid / hd) % nt;
+  const uint t = gid / (hd * nt);
+  const int pos = p.pos0 + int(t);
+  const int first = p.pos0 - p.history;  // position of tokens[0]
+  uint mix = 0;
+  for (uint i = 0; i < p.table_order[tb]; i++) {
+    const int at = pos - int(i);
+    const int tok = at < 0 ? p.pad_id : tokens[at - first];
+    mix ^= uint(tok) * p.table_mult[tb * PLE_MAX_ORDER + i];
+  }
+  const uint row = mix % p.table_rows[tb];
+  if (c == 0) {
+    rows_out[t * nt + tb] = row;
+  }
+  device const T* table = (device const T*)((device const char*)tables + p.table_offset[tb]);
+  seq_row(e, p.e_stride, t)[tb * hd + c] = ple_value(table[ulong(row) * hd + c]);
+}
+
+template [[host_name("ple_gather_f32")]] kernel decltype(ple_gather<float>) ple_gather<float>;
+template [[host_name("ple_gather_bf16")]] kernel decltype(ple_gather<ushort>) ple_gather<ushort>;
+
+// One simdgroup per row. Inputs: k = RMSNorm(W_k e + b_k, k_norm), q = RMSNorm(h, q_norm)
+// and vin = W_v e (no bias), each [nb][d]. Outputs v and u [nb][d].
+kernel void ple_gate_f32(
+    constant PleGateParams& p   [[buffer(0)]],
+    device const float* k       [[buffer(1)]],
+    device const float* q       [[buffer(2)]],
+    device const float* vin     [[buffer(3)]],
+    device const float* v_bias  [[buffer(4)]],
+    device const float* cnorm   [[buffer(5)]],
+    device float* v             [[buffer(6)]],
+    device float* u             [[buffer(7)]],
+    uint tg                     [[threadgroup_position_in_grid]],
+    ushort lane                 [[thread_index_in_simdgroup]],
+    ushort sg                   [[simdgroup_index_in_threadgroup]],
+    ushort nsg                  [[simdgroups_per_threadgroup]]) {
+  const uint t = tg * uint(nsg) + uint(sg);
+  if (t >= uint(p.rows)) {
+    return;  // whole simdgroup
+  }
+  const uint d = uint(p.dim);
+  device const float* kr = seq_row(k, p.k_stride, t);
+  device const float* qr = seq_row(q, p.q_stride, t);
+  device const float* vr = seq_row(vin, p.vin_stride, t);
+  device float* vo = seq_row(v, p.v_stride, t);
+  device float* uo = seq_row(u, p.u_stride, t);
+  float kq = 0.0f;
+  for (uint c = lane; c < d; c += 32u) {
+    kq = fma(kr[c], qr[c], kq);
+  }
+  float s = simd_sum(kq) / p.norm;
+  s = sign(s) * sqrt(max(fabs(s), 1e-6f));
+  const float alpha = seq_sigmoid(s);
+  float ss = 0.0f;
+  for (uint c = lane; c < d; c += 32u) {
+    const float x = alpha * (vr[c] + v_bias[c]);
+    vo[c] = x;
+    ss = fma(x, x, ss);
+  }
+  const float r = rsqrt(simd_sum(ss) / float(d) + p.eps);
+  for (uint c = lane; c < d; c += 32u) {
+    uo[c] = vo[c] * r * (1.0f + cnorm[c]);
+  }
+}
+
+// One thread per channel, rows in order (no synchronisation). X [nb][streams][d] with
+// byte strides; every stream of row t gets += y_t.
+kernel void ple_conv_f32(
+    constant PleConvParams& p   [[buffer(0)]],
+    device const float* u       [[buffer(1)]],
+    device const float* v       [[buffer(2)]],
+    device const float* w       [[buffer(3)]],
+    device float* history       [[buffer(4)]],
+    device float* X             [[buffer(5)]],
+    device float* snap          [[buffer(6)]],
+    uint c                      [[thread_position_in_grid]]) {
+  const uint d = uint(p.dim);
+  if (c >= d) {
+    return;
+  }
+  const int K = p.taps;
+  const int D = p.dilation;
+  const int span = (K - 1) * D;
+  float win[SEQ_CONV_MAX_SPAN];
+  for (int i = 0; i < span; i++) {
+    win[i] = history[uint(i) * d + c];
+  }
+  device const float* wc = w + c * uint(K);
+  for (int t = 0; t < p.rows; t++) {
+    const float ut = seq_row(u, p.u_stride, uint(t))[c];
+    float acc = wc[K - 1] * ut;
+    for (int k = 0; k + 1 < K; k++) {
+      acc = fma(wc[k], win[k * D], acc);
+    }
+    const float y = seq_row(v, p.v_stride, uint(t))[c] + seq_silu(acc);
+    device float* xr = seq_row(X, p.x_stride, uint(t));
+    for (int i = 0; i < p.streams; i++) {
+      seq_row(xr, p.stream_stride, uint(i))[c] += y;
+    }
+    for (int i = 0; i + 1 < span; i++) {
+      win[i] = win[i + 1];
+    }
+    if (span > 0) {
+      win[span - 1] = ut;
+    }
+    if (t < p.snap_rows) {
+      device float* plane = seq_row(snap, p.plane_stride, uint(t));
+      for (int i = 0; i < span; i++) {
+        plane[uint(i) * d + c] = win[i];
+      }
+    }
+  }
+  for (int i = 0; i < span; i++) {
+    history[uint(i) * d + c] = win[i];
+  }
+}

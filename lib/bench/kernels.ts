@@ -1,0 +1,433 @@
+/**
+ * `bun run bench:kernels`: time per kernel dispatch on the selected backend (the CPU
+ * backend off macOS) at the small preset's shapes (presetConfig("small")), for a decode row
+ * (nb = 1) and a 32-row batch. Weights are random, stored as a q4 model stores them
+ * (matrices q4, small tensors bf16, norms f32); all experts are resident.
+ *
+ *   bun lib/bench/kernels.ts [--json] [--iters N] [--nb 1,32] [--filter text]
+ *
+ * Each case records `reps` copies of its dispatches into one command buffer (so commit
+ * latency is spread), runs it `iters` times after a warm-up, and reports the median per
+ * copy. A case may be several dispatches (named in `kernels`).
+ */
+import { presetConfig } from "../convert/presets.ts";
+import { dims, type DType } from "../model/config.ts";
+import { f32ToBf16, f32ToF16 } from "../model/dtype.ts";
+import { quantizeQ4 } from "../model/q4.ts";
+import { Rng } from "../model/rng.ts";
+import { tensorBytes } from "../model/tensors.ts";
+import { encodeResidualAdd, encodeElementwise } from "../gpu/elementwise.ts";
+import { encodeEmbed } from "../gpu/embed.ts";
+import type { EncodeContext, RowsRef, TensorRef } from "../gpu/dispatch.ts";
+import { encodeExpertLists, encodeMoeCombine, encodeRouterTopK, encodeRoutedExperts, encodeSharedExpert, type ExpertPool } from "../gpu/experts.ts";
+import { encodeHcCoefficients, encodeHcRead, encodeHcWrite, hcMixCount, type HcSiteRefs } from "../gpu/hyperconnection.ts";
+import { encodeMtpInput } from "../gpu/mtp.ts";
+import { encodeRmsNorm, encodeRmsNormGated } from "../gpu/norms.ts";
+import { encodeHalfSet, encodeMatvec, halfSetAt, halfSetBytes } from "../gpu/projections.ts";
+import { encodeArgmax, encodeFinalRead } from "../gpu/sampling.ts";
+import { Device, type Buffer } from "../shim.ts";
+
+interface BenchCase {
+  name: string;
+  /** Pipelines it dispatches, in order. */
+  kernels: string[];
+  /** Shape note for the table. */
+  shape: string;
+  /** Returns the encode of one copy of the case at nb rows. */
+  setup(nb: number): (ctx: EncodeContext) => void;
+}
+
+export interface BenchResult {
+  name: string;
+  kernels: string[];
+  shape: string;
+  nb: number;
+  /** Median microseconds per copy. */
+  us: number;
+}
+
+const cfg = presetConfig("small");
+const D = dims(cfg);
+const { d, n } = D;
+const moe = cfg.moe;
+const dn = cfg.deltanet;
+const at = cfg.attention;
+
+/** A device and the random data of the cases (buffers live until the process ends). */
+class Fixture {
+  readonly rng = new Rng(1, "bench");
+  constructor(readonly dev: Device) {}
+
+  random(count: number, scale = 1): Float32Array {
+    return Float32Array.from({ length: count }, () => this.rng.symmetric() * scale);
+  }
+
+  /** Activation rows [nb][width] with random values. */
+  rows(nb: number, width: number, scale = 1): RowsRef {
+    const b = this.dev.buffer(nb * width * 4);
+    b.f32.set(this.random(nb * width, scale));
+    return { buffer: b, offset: 0, stride: width * 4 };
+  }
+
+  i32(values: ArrayLike<number>): Buffer {
+    const b = this.dev.buffer(Math.max(4, values.length * 4));
+    b.i32.set(Array.from(values));
+    return b;
+  }
+
+  /** A weight of `shape` stored as `dtype` in its own buffer. */
+  weight(shape: number[], dtype: DType, scale = 0.3): TensorRef {
+    const count = shape.reduce((a, b) => a * b, 1);
+    const values = this.random(count, scale);
+    const bytes =
+      dtype === "q4" ? quantizeQ4(values)
+      : dtype === "bf16" ? new Uint8Array(f32ToBf16(values).buffer)
+      : dtype === "f16" ? new Uint8Array(f32ToF16(values).buffer)
+      : new Uint8Array(values.buffer);
+    if (bytes.byteLength !== tensorBytes(shape, dtype)) throw new Error("bench: weight size mismatch");
+    const buffer = this.dev.buffer(bytes.byteLength + 256);
+    buffer.bytes.set(bytes, 256);
+    return { buffer, offset: 256, dtype, shape };
+  }
+
+  site(head = false): HcSiteRefs {
+    const M = hcMixCount(n, head);
+    return { fn: this.weight([M, n * d], "bf16", 0.05), base: this.weight([M], "f32"), scale: this.weight([head ? 1 : 3], "f32") };
+  }
+
+  scratch(nb: number, M: number) {
+    return { raw: this.rows(nb, M), coeffs: this.rows(nb, M) };
+  }
+}
+
+function cases(f: Fixture): BenchCase[] {
+  const q4 = "q4" as const;
+  const E = moe.experts;
+  const k = moe.top_k;
+  const I = moe.intermediate;
+  const SI = moe.shared_intermediate;
+  const vocab = cfg.vocab_size;
+  const proj = (name: string, out: number, inDim: number, dtype: DType): BenchCase => ({
+    name,
+    kernels: [`matvec_${dtype}_f32`],
+    shape: `[${out}, ${inDim}] ${dtype}`,
+    setup(nb) {
+      const w = f.weight([out, inDim], dtype);
+      const x = f.rows(nb, inDim);
+      const y = f.rows(nb, out);
+      if (dtype !== q4) return (ctx) => encodeMatvec(ctx, w, x, y, nb);
+      const half = halfSetAt(f.dev.buffer(halfSetBytes(inDim, nb)), inDim);
+      runOnce(f.dev, (ctx) => encodeHalfSet(ctx, x, half, nb));
+      return (ctx) => encodeMatvec(ctx, w, half, y, nb);
+    },
+  });
+  return [
+    {
+      name: "embed",
+      kernels: ["embed_q4_f32"],
+      shape: `[${vocab}, ${d}] q4 -> ${n} streams`,
+      setup(nb) {
+        const table = f.weight([vocab, d], q4);
+        const ids = f.i32(Array.from({ length: nb }, (_, i) => (i * 37) % vocab));
+        const X = f.rows(nb, n * d);
+        return (ctx) => encodeEmbed(ctx, table, ids, X, nb, n);
+      },
+    },
+    {
+      name: "hc coefficients",
+      kernels: ["matvec_bf16_f32", "hc_coeffs_f32"],
+      shape: `fn [${D.hcMix}, ${n * d}] bf16, Sinkhorn ${cfg.hc.sinkhorn_iters}`,
+      setup(nb) {
+        const X = f.rows(nb, n * d);
+        const site = f.site();
+        const s = f.scratch(nb, D.hcMix);
+        return (ctx) => encodeHcCoefficients(ctx, X, site, s, nb, cfg.hc, d);
+      },
+    },
+    {
+      name: "hc read + norm",
+      kernels: ["hc_read_norm_f32"],
+      shape: `${n} x ${d}`,
+      setup(nb) {
+        const X = f.rows(nb, n * d);
+        const coeffs = f.rows(nb, D.hcMix);
+        const y = f.rows(nb, d);
+        const w = f.weight([d], "f32");
+        return (ctx) => encodeHcRead(ctx, X, coeffs, y, nb, n, d, { w, eps: cfg.rms_norm_eps });
+      },
+    },
+    {
+      name: "hc write",
+      kernels: ["hc_write_f32"],
+      shape: `${n} x ${d}`,
+      setup(nb) {
+        const X = f.rows(nb, n * d);
+        const coeffs = f.rows(nb, D.hcMix, 0.5);
+        const y = f.rows(nb, d);
+        return (ctx) => encodeHcWrite(ctx, X, coeffs, y, nb, n, d);
+      },
+    },
+    {
+      name: "residual add (n = 1)",
+      kernels: ["ew_add_f32"],
+      shape: `${d}`,
+      setup(nb) {
+        const X = f.rows(nb, d);
+        const y = f.rows(nb, d);
+        return (ctx) => encodeResidualAdd(ctx, X, y, nb, d);
+      },
+    },
+    {
+      name: "rms norm",
+      kernels: ["rms_norm_f32"],
+      shape: `${d}`,
+      setup(nb) {
+        const x = f.rows(nb, d);
+        const w = f.weight([d], "f32");
+        return (ctx) => encodeRmsNorm(ctx, x, w, x, nb, cfg.rms_norm_eps);
+      },
+    },
+    {
+      name: "rms norm per head (q_norm)",
+      kernels: ["rms_norm_f32"],
+      shape: `${at.heads} x ${at.head_dim}`,
+      setup(nb) {
+        const x = f.rows(nb, D.attnQ);
+        const w = f.weight([at.head_dim], "f32");
+        return (ctx) => encodeRmsNorm(ctx, x, w, x, nb, cfg.rms_norm_eps, { heads: at.heads });
+      },
+    },
+    {
+      name: "rms norm gated (DeltaNet out)",
+      kernels: ["rms_norm_gated_f32"],
+      shape: `${dn.value_heads} x ${dn.value_dim}`,
+      setup(nb) {
+        const o = f.rows(nb, D.dnValue);
+        const z = f.rows(nb, D.dnValue);
+        const w = f.weight([dn.value_dim], "f32");
+        return (ctx) => encodeRmsNormGated(ctx, o, z, w, o, nb, dn.value_heads, cfg.rms_norm_eps);
+      },
+    },
+    {
+      name: "halfset",
+      kernels: ["halfset_f32"],
+      shape: `${d}`,
+      setup(nb) {
+        const x = f.rows(nb, d);
+        const h = halfSetAt(f.dev.buffer(halfSetBytes(d, nb)), d);
+        return (ctx) => encodeHalfSet(ctx, x, h, nb);
+      },
+    },
+    proj("dn.qkv projection", D.dnConvChannels, d, q4),
+    proj("attn.q projection", D.attnQ, d, q4),
+    proj("dn.out / attn.o projection", d, D.dnValue, q4),
+    proj("dn.b (small) projection", dn.value_heads, d, "bf16"),
+    proj("router logits", E, d, "bf16"),
+    proj("f32 projection", d, d, "f32"),
+    {
+      name: "attention gate",
+      kernels: ["ew_sigmoid_mul_f32"],
+      shape: `${D.attnQ}`,
+      setup(nb) {
+        const o = f.rows(nb, D.attnQ);
+        const g = f.rows(nb, D.attnQ);
+        return (ctx) => encodeElementwise(ctx, "sigmoid_mul", o, g, o, nb, D.attnQ);
+      },
+    },
+    {
+      name: "router top-k",
+      kernels: ["router_topk_f32"],
+      shape: `E ${E}, k ${k}`,
+      setup(nb) {
+        const logits = f.rows(nb, E, 3);
+        const ids = f.dev.buffer(nb * k * 4);
+        const weights = f.dev.buffer(nb * k * 4);
+        return (ctx) => encodeRouterTopK(ctx, logits, { ids, weights }, nb, moe);
+      },
+    },
+    {
+      name: "expert lists",
+      kernels: ["moe_lists_i32"],
+      shape: `${k} pairs per row`,
+      setup(nb) {
+        const ids = f.i32(Array.from({ length: nb * k }, (_, i) => (i * 7) % E));
+        const lists = { offsets: f.dev.buffer((E + 1) * 4), pairs: f.dev.buffer(nb * k * 4) };
+        return (ctx) => encodeExpertLists(ctx, ids, lists, nb, k, E);
+      },
+    },
+    {
+      name: "routed experts",
+      kernels: ["moe_gate_up_q4_f32", "halfset_f32", "moe_down_q4_f32"],
+      shape: `k ${k}, [${I}, ${d}] q4 records`,
+      setup(nb) {
+        const gate = f.weight([I, d], q4);
+        const up = f.weight([I, d], q4);
+        const down = f.weight([d, I], q4);
+        const parts = [gate, up, down];
+        const align = (x: number) => Math.ceil(x / 256) * 256;
+        let cursor = 0;
+        const offsets = parts.map((p) => {
+          const o = align(cursor);
+          cursor = o + (p.buffer.length - 256);
+          return o;
+        });
+        const stride = Math.ceil(cursor / 16384) * 16384;
+        const pool = f.dev.buffer(stride * E);
+        for (let s = 0; s < E; s++)
+          parts.forEach((p, i) => pool.bytes.set(p.buffer.bytes.subarray(256, 256 + tensorBytes(p.shape, q4)), s * stride + offsets[i]!));
+        const expertPool: ExpertPool = {
+          buffer: pool,
+          slots: E,
+          stride,
+          parts: ["gate", "up", "down"].map((name, i) => ({ name, dtype: q4, shape: parts[i]!.shape, offset: offsets[i]! })),
+        };
+        const slotOf = f.i32(Array.from({ length: E }, (_, e) => e));
+        const ids = f.i32(Array.from({ length: nb * k }, (_, i) => (i * 7 + Math.floor(i / k)) % E));
+        const lists = { offsets: f.dev.buffer((E + 1) * 4), pairs: f.dev.buffer(nb * k * 4) };
+        runOnce(f.dev, (ctx) => encodeExpertLists(ctx, ids, lists, nb, k, E));
+        const x = f.rows(nb, d);
+        const half = halfSetAt(f.dev.buffer(halfSetBytes(d, nb)), d);
+        runOnce(f.dev, (ctx) => encodeHalfSet(ctx, x, half, nb));
+        const scratch = { h: f.rows(nb * k, I), hHalf: halfSetAt(f.dev.buffer(halfSetBytes(I, nb * k)), I), o: f.rows(nb * k, d) };
+        return (ctx) => encodeRoutedExperts(ctx, expertPool, slotOf, lists, { rows: x, half }, scratch, nb, k, E);
+      },
+    },
+    {
+      name: "shared expert",
+      kernels: ["ffn_gate_up_q4_f32", "halfset_f32", "matvec_q4_f32", "matvec_bf16_f32"],
+      shape: `[${SI}, ${d}] q4 + gate`,
+      setup(nb) {
+        const w = { gate: f.weight([SI, d], q4), up: f.weight([SI, d], q4), down: f.weight([d, SI], q4), expertGate: f.weight([1, d], "bf16") };
+        const x = f.rows(nb, d);
+        const half = halfSetAt(f.dev.buffer(halfSetBytes(d, nb)), d);
+        runOnce(f.dev, (ctx) => encodeHalfSet(ctx, x, half, nb));
+        const scratch = { h: f.rows(nb, SI), hHalf: halfSetAt(f.dev.buffer(halfSetBytes(SI, nb)), SI), s: f.rows(nb, d), sg: f.rows(nb, 1) };
+        return (ctx) => encodeSharedExpert(ctx, w, { rows: x, half }, scratch, nb);
+      },
+    },
+    {
+      name: "moe combine",
+      kernels: ["moe_combine_shared_f32"],
+      shape: `k ${k} + shared, ${d}`,
+      setup(nb) {
+        const weights = f.rows(nb, k);
+        const o = f.rows(nb * k, d);
+        const s = f.rows(nb, d);
+        const sg = f.rows(nb, 1);
+        const y = f.rows(nb, d);
+        return (ctx) => encodeMoeCombine(ctx, weights.buffer, o, y, nb, k, d, { s, sg });
+      },
+    },
+    {
+      name: "final read + norm",
+      kernels: ["matvec_bf16_f32", "hc_coeffs_f32", "hc_read_norm_f32"],
+      shape: `${n} x ${d}`,
+      setup(nb) {
+        const X = f.rows(nb, n * d);
+        const head = f.site(true);
+        const s = f.scratch(nb, n);
+        const hidden = f.rows(nb, d);
+        const norm = f.weight([d], "f32");
+        return (ctx) => encodeFinalRead(ctx, X, head, s, hidden, nb, cfg.hc, d, norm, cfg.rms_norm_eps);
+      },
+    },
+    proj("logits (lm head)", vocab, d, q4),
+    {
+      name: "argmax",
+      kernels: ["argmax_f32"],
+      shape: `vocab ${vocab}`,
+      setup(nb) {
+        const logits = f.rows(nb, vocab, 5);
+        const ids = f.dev.buffer(nb * 4);
+        const margin = f.dev.buffer(nb * 4);
+        return (ctx) => encodeArgmax(ctx, logits, ids, margin, nb, vocab);
+      },
+    },
+    {
+      name: "mtp input fusion",
+      kernels: ["mtp_fuse_q4_f32"],
+      shape: `2 x ${d}`,
+      setup(nb) {
+        const embed = f.weight([vocab, d], q4);
+        const ids = f.i32(Array.from({ length: nb }, (_, i) => (i * 11) % vocab));
+        const h = f.rows(nb, d);
+        const norms = { embedNorm: f.weight([d], "f32"), hiddenNorm: f.weight([d], "f32") };
+        const y = f.rows(nb, 2 * d);
+        return (ctx) => encodeMtpInput(ctx, embed, ids, h, norms, y, nb, cfg.rms_norm_eps);
+      },
+    },
+  ];
+}
+
+function runOnce(dev: Device, encode: (ctx: EncodeContext) => void): void {
+  const cb = dev.commandBuffer();
+  try {
+    encode({ device: dev, cb });
+    cb.commit().waitUntilCompleted(120_000);
+  } finally {
+    cb.release();
+  }
+}
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.floor(s.length / 2)]!;
+}
+
+export function runBench(opts: { nbs: number[]; iters: number; reps: number; filter?: string }): BenchResult[] {
+  const dev = Device.open();
+  const f = new Fixture(dev);
+  const out: BenchResult[] = [];
+  try {
+    for (const c of cases(f)) {
+      if (opts.filter && !c.name.includes(opts.filter)) continue;
+      for (const nb of opts.nbs) {
+        const encode = c.setup(nb);
+        const once = (ctx: EncodeContext) => {
+          for (let r = 0; r < opts.reps; r++) encode(ctx);
+        };
+        runOnce(dev, once); // warm-up (pipelines, caches)
+        const times: number[] = [];
+        for (let i = 0; i < opts.iters; i++) {
+          const t0 = performance.now();
+          runOnce(dev, once);
+          times.push(((performance.now() - t0) * 1000) / opts.reps);
+        }
+        out.push({ name: c.name, kernels: c.kernels, shape: c.shape, nb, us: median(times) });
+      }
+    }
+  } finally {
+    dev.close();
+  }
+  return out;
+}
+
+function table(results: BenchResult[], nbs: number[]): string {
+  const names = [...new Set(results.map((r) => r.name))];
+  const head = ["case", "kernels", "shape", ...nbs.map((nb) => `nb=${nb} (us)`)];
+  const body = names.map((name) => {
+    const rs = results.filter((r) => r.name === name);
+    return [name, rs[0]!.kernels.join(" + "), rs[0]!.shape, ...nbs.map((nb) => rs.find((r) => r.nb === nb)?.us.toFixed(1) ?? "")];
+  });
+  const widths = head.map((h, i) => Math.max(h.length, ...body.map((row) => row[i]!.length)));
+  const line = (row: string[]) => row.map((v, i) => (i >= 3 ? v.padStart(widths[i]!) : v.padEnd(widths[i]!))).join("  ");
+  return [line(head), widths.map((w) => "-".repeat(w)).join("  "), ...body.map(line)].join("\n");
+}
+
+if (import.meta.main) {
+  const args = process.argv.slice(2);
+  const value = (flag: string) => {
+    const i = args.indexOf(flag);
+    return i >= 0 ? args[i + 1] : undefined;
+  };
+  const nbs = (value("--nb") ?? "1,32").split(",").map(Number);
+  if (nbs.some((x) => !Number.isInteger(x) || x < 1)) throw new Error(`--nb: expected row counts like 1,32`);
+  const iters = Number(value("--iters") ?? 5);
+  const results = runBench({ nbs, iters, reps: 10, filter: value("--filter") });
+  if (args.includes("--json")) {
+    console.log(JSON.stringify({ preset: "small", backend: process.env.CHERENKOV_BACKEND ?? "default", results }, null, 2));
+  } else {
+    console.log(`Kernel times at presetConfig("small") shapes (d ${d}, n ${n}); median of ${iters} runs, per dispatch group:\n`);
+    console.log(table(results, nbs));
+  }
+}

@@ -1,0 +1,334 @@
+// Attention mixer dispatch (docs/model.md, Mixer B): RoPE on q and k, the K/V and QSA
+// index-key cache appends (q8 or f32), the QSA index scores and top-k selection, and the
+// softmax attention over the cache (causal, or the selected positions), split over
+// positions for long-context decode. The projections, per-head RMSNorms and the sigmoid
+// output gate are the dense kernels'. Order within a step: norms, RoPE, append K/V (and
+// ik), then QSA and attention read everything back from the caches, this batch included.
+import type { Binding, Buffer, Device } from "../shim.ts";
+import { bind, dispatch, type EncodeContext, type RowsRef } from "./dispatch.ts";
+import { SIMD_WIDTH } from "./limits.ts";
+import { Params } from "./params.ts";
+import { ROPE_MAX_PAIRS, SEQ_MAX_HEAD_DIM } from "./params-sequence.ts";
+import { checkRows } from "./projections.ts";
+
+const at = (r: RowsRef): Binding => bind(r.buffer, r.offset);
+
+// ---- RoPE ----------------------------------------------------------------------------
+
+const ropeTables = new Map<string, { hi: number[]; lo: number[] }>();
+
+/**
+ * theta^(-2i/rd) for i < rd/2 as f32 pairs hi + lo (hi = f32 of the f64 value, lo = f32 of
+ * the rest), so the kernel's angles follow the reference's f64 ones. Cached per (rd, theta).
+ */
+export function ropeFrequencies(rotDim: number, theta: number): { hi: number[]; lo: number[] } {
+  const key = `${rotDim}:${theta}`;
+  let t = ropeTables.get(key);
+  if (!t) {
+    const hi = new Array<number>(ROPE_MAX_PAIRS).fill(0);
+    const lo = new Array<number>(ROPE_MAX_PAIRS).fill(0);
+    for (let i = 0; i < rotDim / 2; i++) {
+      const f = Math.pow(theta, (-2 * i) / rotDim);
+      hi[i] = Math.fround(f);
+      lo[i] = Math.fround(f - hi[i]!);
+    }
+    t = { hi, lo };
+    ropeTables.set(key, t);
+  }
+  return t;
+}
+
+export interface RopeArgs {
+  rows: number;
+  /** Position of row 0. */
+  pos0: number;
+  headDim: number;
+  /** rd = head_dim * partial_rotary_factor (even). */
+  rotDim: number;
+  theta: number;
+  /** q [nb][qHeads][hd] and k [nb][kHeads][hd], rotated in place. */
+  q: RowsRef;
+  qHeads: number;
+  k: RowsRef;
+  kHeads: number;
+}
+
+/** NeoX rotate-half RoPE on the first rd dims of every q and k head, in place. */
+export function encodeRope(ctx: EncodeContext, a: RopeArgs): void {
+  checkRows(a.rows, "rope");
+  if (!Number.isInteger(a.rotDim) || a.rotDim < 2 || a.rotDim % 2 !== 0 || a.rotDim > a.headDim || a.rotDim / 2 > ROPE_MAX_PAIRS)
+    throw new Error(`rope: rotary dim ${a.rotDim} must be even, in 2..min(head_dim ${a.headDim}, ${2 * ROPE_MAX_PAIRS})`);
+  if (a.pos0 < 0 || a.pos0 + a.rows > 2 ** 24) throw new RangeError(`rope: positions ${a.pos0}..${a.pos0 + a.rows - 1} outside 0..2^24`);
+  const f = ropeFrequencies(a.rotDim, a.theta);
+  const total = a.rows * (a.qHeads + a.kHeads) * (a.rotDim / 2);
+  const tg = 256;
+  dispatch(
+    ctx,
+    "rope_neox_f32",
+    Params.Rope,
+    {
+      rows: a.rows,
+      q_heads: a.qHeads,
+      k_heads: a.kHeads,
+      head_dim: a.headDim,
+      rot_dim: a.rotDim,
+      pos0: a.pos0,
+      q_stride: a.q.stride,
+      k_stride: a.k.stride,
+      inv_freq_hi: f.hi,
+      inv_freq_lo: f.lo,
+    },
+    [at(a.q), at(a.k)],
+    Math.ceil(total / tg),
+    tg,
+  );
+}
+
+// ---- caches --------------------------------------------------------------------------
+
+/**
+ * A per-position cache of `heads` vectors of `dim` values (attention K or V, or the QSA
+ * index keys with heads = 1). q8: int8 codes [capacity][heads][dim] at `data` and f32
+ * scales [capacity][heads] at `scales`; f32: values [capacity][heads][dim] at `data`.
+ */
+export interface KvCacheRef {
+  readonly kind: "q8" | "f32";
+  readonly heads: number;
+  readonly dim: number;
+  readonly capacity: number;
+  readonly data: Binding;
+  readonly scales: Binding | null;
+}
+
+/** Bytes of a cache's data and scales regions (scales 0 for f32). */
+export function kvCacheBytes(kind: "q8" | "f32", heads: number, dim: number, capacity: number): { data: number; scales: number } {
+  const n = capacity * heads * dim;
+  return kind === "q8" ? { data: n, scales: capacity * heads * 4 } : { data: n * 4, scales: 0 };
+}
+
+const offsetOf = (b: Binding) => ("offset" in b ? b.offset : 0);
+const bufferOf = (b: Binding): Buffer => ("buffer" in b ? b.buffer : b);
+
+/** A cache in new buffers (the data region and, for q8, the scales), zero-filled. */
+export function allocateKvCache(
+  device: Device,
+  kind: "q8" | "f32",
+  heads: number,
+  dim: number,
+  capacity: number,
+): KvCacheRef {
+  const bytes = kvCacheBytes(kind, heads, dim, capacity);
+  return {
+    kind,
+    heads,
+    dim,
+    capacity,
+    data: device.buffer(bytes.data),
+    scales: kind === "q8" ? device.buffer(bytes.scales) : null,
+  };
+}
+
+function checkCache(c: KvCacheRef, what: string): void {
+  if (c.dim > SEQ_MAX_HEAD_DIM || c.dim % 4 !== 0) throw new Error(`${what}: vector dim ${c.dim} must be a multiple of 4 up to ${SEQ_MAX_HEAD_DIM}`);
+  if (offsetOf(c.data) % 16 !== 0) throw new Error(`${what}: cache data offset ${offsetOf(c.data)} is not a multiple of 16`);
+  if (c.kind === "q8" && !c.scales) throw new Error(`${what}: a q8 cache needs its scales`);
+  const need = kvCacheBytes(c.kind, c.heads, c.dim, c.capacity);
+  if (offsetOf(c.data) + need.data > bufferOf(c.data).length) throw new Error(`${what}: cache data region exceeds its buffer`);
+  if (c.scales && offsetOf(c.scales) + need.scales > bufferOf(c.scales).length) throw new Error(`${what}: cache scales region exceeds its buffer`);
+}
+
+export interface KvAppendArgs {
+  rows: number;
+  pos0: number;
+  /** Input rows [nb][heads * dim]. */
+  x: RowsRef;
+  cache: KvCacheRef;
+}
+
+/** Writes rows' vectors at positions pos0.. of the cache (q8: quantized per vector). */
+export function encodeKvAppend(ctx: EncodeContext, a: KvAppendArgs): void {
+  checkRows(a.rows, "kv append");
+  const c = a.cache;
+  checkCache(c, "kv append");
+  if (a.pos0 < 0 || a.pos0 + a.rows > c.capacity)
+    throw new RangeError(`kv append: positions ${a.pos0}..${a.pos0 + a.rows - 1} exceed the cache capacity ${c.capacity}`);
+  const values = { rows: a.rows, heads: c.heads, dim: c.dim, pos0: a.pos0, x_stride: a.x.stride };
+  if (c.kind === "q8") {
+    const nsg = 4;
+    dispatch(ctx, "kv_append_q8", Params.KvAppend, values, [at(a.x), c.data, c.scales!], Math.ceil((a.rows * c.heads) / nsg), SIMD_WIDTH * nsg);
+  } else {
+    const tg = 256;
+    dispatch(ctx, "kv_append_f32", Params.KvAppend, values, [at(a.x), c.data], Math.ceil((a.rows * c.heads * c.dim) / tg), tg);
+  }
+}
+
+// ---- QSA -----------------------------------------------------------------------------
+
+/** Bytes of the score scratch for nb rows starting at pos0 (one row per batch row). */
+export const qsaScoreBytes = (rows: number, pos0: number) => rows * (pos0 + rows) * 4;
+
+export interface QsaArgs {
+  rows: number;
+  pos0: number;
+  topk: number;
+  /** iq [nb][Hi * di] and iw [nb][Hi] (f32 projections). */
+  iq: RowsRef;
+  iw: RowsRef;
+  heads: number;
+  /** The index-key cache (heads 1, dim di), already holding positions up to pos0 + nb - 1. */
+  ik: KvCacheRef;
+  /** Score scratch [nb][>= pos0 + nb] floats (qsaScoreBytes). */
+  scores: RowsRef;
+  /** Selected positions [nb][topk] (i32, ascending) and their count per row [nb]. */
+  selected: Binding;
+  counts: Binding;
+}
+
+/** QSA index scores, then the top-k positions of every row (two dispatches). */
+export function encodeQsa(ctx: EncodeContext, a: QsaArgs): void {
+  checkRows(a.rows, "qsa");
+  const ik = a.ik;
+  checkCache(ik, "qsa");
+  if (ik.heads !== 1) throw new Error(`qsa: the index-key cache has ${ik.heads} heads, expected 1`);
+  if (!Number.isInteger(a.topk) || a.topk < 1) throw new Error(`qsa: topk ${a.topk} must be a positive integer`);
+  const longest = a.pos0 + a.rows;
+  if (longest > ik.capacity) throw new RangeError(`qsa: positions up to ${longest - 1} exceed the cache capacity ${ik.capacity}`);
+  if (a.scores.stride < longest * 4) throw new Error(`qsa: score rows of ${a.scores.stride} bytes cannot hold ${longest} positions`);
+  if (longest > a.topk) {
+    const tg = 256;
+    dispatch(
+      ctx,
+      ik.kind === "q8" ? "qsa_scores_q8" : "qsa_scores_f32",
+      Params.QsaScores,
+      {
+        rows: a.rows,
+        heads: a.heads,
+        head_dim: ik.dim,
+        pos0: a.pos0,
+        topk: a.topk,
+        norm: Math.sqrt(ik.dim),
+        iq_stride: a.iq.stride,
+        iw_stride: a.iw.stride,
+        score_stride: a.scores.stride,
+      },
+      [at(a.iq), at(a.iw), ik.data, ik.scales ?? ik.data, at(a.scores)],
+      [Math.ceil(longest / tg), a.rows],
+      [tg, 1],
+    );
+  }
+  const tg = Math.min(256, Math.ceil(longest / SIMD_WIDTH) * SIMD_WIDTH);
+  dispatch(
+    ctx,
+    "qsa_topk_f32",
+    Params.QsaTopk,
+    { rows: a.rows, topk: a.topk, pos0: a.pos0, score_stride: a.scores.stride },
+    [at(a.scores), a.selected, a.counts],
+    a.rows,
+    tg,
+  );
+}
+
+// ---- attention -----------------------------------------------------------------------
+
+/** Query heads per threadgroup of attn_rows (one simdgroup each; kernels/attention.metal). */
+const ATTN_SIMDGROUPS = 4;
+/** Positions per split when one row reads a long cache (decode). */
+export const ATTN_DECODE_SPLIT = 256;
+
+export interface AttentionArgs {
+  rows: number;
+  pos0: number;
+  heads: number;
+  /** q [nb][H * hd] (after norm and RoPE). */
+  q: RowsRef;
+  /** The K and V caches (same kind, heads Hkv, dim hd), holding positions up to pos0 + nb - 1. */
+  k: KvCacheRef;
+  v: KvCacheRef;
+  /** QSA selection (from encodeQsa): row t reads list[t][0 .. counts[t]). Absent: causal. */
+  selection?: { list: Binding; counts: Binding; topk: number };
+  /** Output o [nb][H * hd]. */
+  o: RowsRef;
+  /** Positions per split (default: ATTN_DECODE_SPLIT for one row, else no split). */
+  splitLen?: number;
+  /** Scratch for the splits' partials (attentionPartialBytes), needed when there is more than one split. */
+  partials?: Binding;
+}
+
+type SplitInputs = Pick<AttentionArgs, "rows" | "pos0" | "selection" | "splitLen">;
+
+/** The split length and count an attention call uses (from the longest row's read). */
+export function attentionSplits(a: SplitInputs): { splitLen: number; splits: number } {
+  const longest = a.selection ? Math.min(a.selection.topk, a.pos0 + a.rows) : a.pos0 + a.rows;
+  const splitLen = a.splitLen ?? (a.rows === 1 ? ATTN_DECODE_SPLIT : longest);
+  if (!Number.isInteger(splitLen) || splitLen < 1) throw new Error(`attention: split length ${splitLen} must be a positive integer`);
+  return { splitLen, splits: Math.ceil(longest / splitLen) };
+}
+
+/** Bytes of the partials scratch for a split attention call. */
+export const attentionPartialBytes = (rows: number, heads: number, headDim: number, splits: number) => rows * heads * splits * (headDim + 2) * 4;
+
+/** softmax(q k^T / sqrt(hd)) v per row and head over the cache (GQA: head h reads kv head h Hkv / H). */
+export function encodeAttention(ctx: EncodeContext, a: AttentionArgs): void {
+  checkRows(a.rows, "attention");
+  const { k, v } = a;
+  checkCache(k, "attention K");
+  checkCache(v, "attention V");
+  if (k.kind !== v.kind || k.heads !== v.heads || k.dim !== v.dim) throw new Error("attention: K and V caches differ in kind or shape");
+  const hd = k.dim;
+  const Hkv = k.heads;
+  if (a.heads % Hkv !== 0) throw new Error(`attention: ${a.heads} heads not a multiple of ${Hkv} kv heads`);
+  if (a.pos0 + a.rows > k.capacity) throw new RangeError(`attention: positions up to ${a.pos0 + a.rows - 1} exceed the cache capacity ${k.capacity}`);
+  const { splitLen, splits } = attentionSplits(a);
+  if (splits > 1) {
+    const need = attentionPartialBytes(a.rows, a.heads, hd, splits);
+    if (!a.partials || offsetOf(a.partials) + need > bufferOf(a.partials).length)
+      throw new Error(`attention: ${splits} splits need a partials scratch of ${need} bytes (attentionPartialBytes)`);
+  }
+  const nsg = Math.min(ATTN_SIMDGROUPS, a.heads);
+  const sel = a.selection;
+  dispatch(
+    ctx,
+    k.kind === "q8" ? "attn_rows_q8" : "attn_rows_f32",
+    Params.Attention,
+    {
+      rows: a.rows,
+      heads: a.heads,
+      kv_heads: Hkv,
+      head_dim: hd,
+      pos0: a.pos0,
+      use_list: sel ? 1 : 0,
+      list_stride: sel ? sel.topk : 0,
+      split_len: splitLen,
+      splits,
+      scale: 1 / Math.sqrt(hd),
+      q_stride: a.q.stride,
+      o_stride: a.o.stride,
+    },
+    [
+      at(a.q),
+      k.data,
+      k.scales ?? k.data,
+      v.data,
+      v.scales ?? v.data,
+      sel ? sel.list : k.data,
+      sel ? sel.counts : k.data,
+      at(a.o),
+      a.partials ?? at(a.o),
+    ],
+    [Math.ceil(a.heads / nsg), a.rows, splits],
+    [SIMD_WIDTH * nsg, 1, 1],
+  );
+  if (splits > 1) {
+    const total = a.rows * a.heads * hd;
+    const tg = 256;
+    dispatch(
+      ctx,
+      "attn_combine_f32",
+      Params.AttentionCombine,
+      { rows: a.rows, heads: a.heads, head_dim: hd, splits, o_stride: a.o.stride },
+      [a.partials!, at(a.o)],
+      Math.ceil(total / tg),
+      tg,
+    );
+  }
+}

@@ -1,0 +1,139 @@
+// DeltaNet mixer dispatch (docs/model.md, Mixer A): the causal conv + SiLU over the qkv
+// channels with its window, and the gated delta rule recurrence with its state S, both
+// over the nb rows of a step, each able to store its state after every row into snapshot
+// planes (lib/gpu/snapshots.ts) for a verify batch's rollback. The projections before and
+// the gated RMSNorm and output projection after are the dense kernels'.
+import type { Binding } from "../shim.ts";
+import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
+import { SIMD_WIDTH } from "./limits.ts";
+import { Params } from "./params.ts";
+import { CONV_MAX_SPAN, SEQ_MAX_HEAD_DIM } from "./params-sequence.ts";
+import { checkRows, checkVector } from "./projections.ts";
+import { encodeRestore, snapshotArgs, type SnapshotPlanes, type SnapshotRequest } from "./snapshots.ts";
+
+const at = (r: RowsRef): Binding => bind(r.buffer, r.offset);
+
+export interface ConvSiluArgs {
+  rows: number;
+  /** Channels C (2 Hk dk + Hv dv for DeltaNet). */
+  channels: number;
+  /** Input rows [nb][C]. */
+  x: RowsRef;
+  /** Weights [C, K], f32. */
+  weight: TensorRef;
+  /** Live window [K-1][C], oldest first; updated. */
+  state: Binding;
+  /** Output rows [nb][C]: SiLU(conv). */
+  y: RowsRef;
+  /** Store the window after each of the first rows. */
+  snapshots?: SnapshotRequest;
+}
+
+/** Causal depthwise conv + SiLU over nb rows, one thread per channel. */
+export function encodeConvSilu(ctx: EncodeContext, a: ConvSiluArgs): void {
+  checkRows(a.rows, "conv");
+  const [C, K] = a.weight.shape;
+  if (a.weight.shape.length !== 2 || C !== a.channels)
+    throw new Error(`conv: weight shape [${a.weight.shape.join(", ")}], expected [${a.channels}, K]`);
+  checkVector(a.weight, C * K!, "conv");
+  if (K! < 1 || K! - 1 > CONV_MAX_SPAN) throw new Error(`conv: kernel size ${K} outside 1..${CONV_MAX_SPAN + 1}`);
+  const snap = snapshotArgs(a.snapshots, (K! - 1) * C, a.rows, a.state, "conv");
+  const tg = 256;
+  dispatch(
+    ctx,
+    "conv_silu_rows_f32",
+    Params.Conv,
+    {
+      rows: a.rows,
+      channels: C,
+      taps: K!,
+      snap_rows: snap.snapRows,
+      x_stride: a.x.stride,
+      y_stride: a.y.stride,
+      plane_stride: snap.planeStride,
+    },
+    [at(a.x), bind(a.weight.buffer, a.weight.offset), a.state, at(a.y), snap.binding],
+    Math.ceil(C / tg),
+    tg,
+  );
+}
+
+export interface DeltaNetShape {
+  keyHeads: number;
+  keyDim: number;
+  valueHeads: number;
+  valueDim: number;
+}
+
+export interface DeltaNetArgs extends DeltaNetShape {
+  rows: number;
+  /** Conv output rows [nb][q Hk*dk | k Hk*dk | v Hv*dv] (not yet L2-normalised). */
+  qkv: RowsRef;
+  /** Raw beta logits b [nb][Hv] and decay inputs a [nb][Hv]. */
+  b: RowsRef;
+  a: RowsRef;
+  /** A_log and dt_bias [Hv], f32. */
+  aLog: TensorRef;
+  dtBias: TensorRef;
+  /** Live state S [Hv][dk][dv]; updated. */
+  state: Binding;
+  /** Output o [nb][Hv*dv] (before the gated RMSNorm). */
+  o: RowsRef;
+  /** Store S after each of the first rows. */
+  snapshots?: SnapshotRequest;
+}
+
+/** Floats of the recurrent state S of one DeltaNet layer. */
+export const deltanetStateFloats = (s: DeltaNetShape) => s.valueHeads * s.keyDim * s.valueDim;
+
+/** Simdgroups (state columns) per threadgroup of deltanet_rows_f32. */
+const DELTANET_SIMDGROUPS = 4;
+
+/**
+ * The gated delta rule over nb rows: q, k L2-normalised per key head (q scaled by
+ * dk^-0.5), beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), then per row and
+ * value head S = e^g S; delta = beta (v - S^T k); S += k delta^T; o = S^T q.
+ */
+export function encodeDeltaNet(ctx: EncodeContext, a: DeltaNetArgs): void {
+  checkRows(a.rows, "deltanet");
+  const { keyHeads: Hk, keyDim: dk, valueHeads: Hv, valueDim: dv } = a;
+  if (Hv % Hk !== 0) throw new Error(`deltanet: value heads ${Hv} not a multiple of key heads ${Hk}`);
+  if (dk > SEQ_MAX_HEAD_DIM) throw new Error(`deltanet: key dim ${dk} exceeds ${SEQ_MAX_HEAD_DIM}`);
+  checkVector(a.aLog, Hv, "deltanet A_log");
+  checkVector(a.dtBias, Hv, "deltanet dt_bias");
+  const snap = snapshotArgs(a.snapshots, deltanetStateFloats(a), a.rows, a.state, "deltanet");
+  const nsg = Math.min(DELTANET_SIMDGROUPS, dv);
+  dispatch(
+    ctx,
+    "deltanet_rows_f32",
+    Params.DeltaNet,
+    {
+      rows: a.rows,
+      key_heads: Hk,
+      key_dim: dk,
+      value_heads: Hv,
+      value_dim: dv,
+      snap_rows: snap.snapRows,
+      q_scale: 1 / Math.sqrt(dk),
+      l2_eps: 1e-6,
+      qkv_stride: a.qkv.stride,
+      b_stride: a.b.stride,
+      a_stride: a.a.stride,
+      o_stride: a.o.stride,
+      plane_stride: snap.planeStride,
+    },
+    [at(a.qkv), at(a.b), at(a.a), bind(a.aLog.buffer, a.aLog.offset), bind(a.dtBias.buffer, a.dtBias.offset), a.state, at(a.o), snap.binding],
+    [Math.ceil(dv / nsg), Hv],
+    [SIMD_WIDTH * nsg, 1],
+  );
+}
+
+/** Rolls a DeltaNet layer (S and its conv window) back to the planes of row `plane`. */
+export function encodeDeltaNetRestore(
+  ctx: EncodeContext,
+  plane: number,
+  s: { planes: SnapshotPlanes; live: Binding },
+  conv: { planes: SnapshotPlanes; live: Binding },
+): void {
+  encodeRestore(ctx, { planes: s.planes, plane, live: s.live }, { planes: conv.planes, plane, live: conv.live });
+}

@@ -1,0 +1,257 @@
+// The MoE sub-layer on the GPU (kernels/moe.metal; MODEL.md "MoE"): router logits and
+// top-k, the grouping of the step's (row, k) pairs by expert, routed experts read from
+// the expert pool through the layer's slot table, the shared expert with its sigmoid gate,
+// and the weighted combine. Between the router and the routed experts the engine signals
+// the host and waits for the slot table (DESIGN.md "One command buffer per step"); these
+// functions only record the dispatches.
+import type { DType } from "../model/config.ts";
+import type { Binding, Buffer } from "../shim.ts";
+import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
+import { SIMD_WIDTH } from "./limits.ts";
+import { Params } from "./params.ts";
+import {
+  checkRows,
+  encodeHalfSet,
+  encodeMatvec,
+  encodeProjection,
+  MATVEC_TILE,
+  matrixShape,
+  type HalfSet,
+  type ProjectionInput,
+} from "./projections.ts";
+
+/** Largest expert count and top-k the router and list kernels hold. */
+export const MOE_MAX_EXPERTS = 1024;
+export const MOE_MAX_TOPK = 32;
+const ROUTER_SG = 4;
+const LIST_THREADS = 1024;
+const COMBINE_THREADS = 64;
+
+export interface RouterConfig {
+  experts: number;
+  top_k: number;
+  norm_topk_prob: boolean;
+}
+
+/** Router outputs: ids [nb][k] (i32) and weights [nb][k] (f32), rows packed. */
+export interface Routes {
+  ids: Binding;
+  weights: Binding;
+}
+
+/**
+ * logits = W_router x, then per row softmax over E and the top-k by logit (ties: lower id),
+ * weights p_k or p_k / sum (norm_topk_prob).
+ */
+export function encodeRouter(
+  ctx: EncodeContext,
+  router: TensorRef,
+  x: ProjectionInput,
+  logits: RowsRef,
+  routes: Routes,
+  nb: number,
+  cfg: RouterConfig,
+): void {
+  const [E] = matrixShape(router, "router");
+  if (E !== cfg.experts) throw new Error(`router has ${E} rows, config says ${cfg.experts} experts`);
+  encodeProjection(ctx, router, x, logits, nb);
+  encodeRouterTopK(ctx, logits, routes, nb, cfg);
+}
+
+/** Softmax + top-k of logits already computed. */
+export function encodeRouterTopK(ctx: EncodeContext, logits: RowsRef, routes: Routes, nb: number, cfg: RouterConfig): void {
+  checkRows(nb, "router_topk");
+  if (cfg.experts < 1 || cfg.experts > MOE_MAX_EXPERTS) throw new Error(`router: ${cfg.experts} experts, at most ${MOE_MAX_EXPERTS}`);
+  if (cfg.top_k < 1 || cfg.top_k > Math.min(cfg.experts, MOE_MAX_TOPK))
+    throw new Error(`router: top_k ${cfg.top_k} must be in 1..${Math.min(cfg.experts, MOE_MAX_TOPK)}`);
+  dispatch(
+    ctx,
+    "router_topk_f32",
+    Params.Router,
+    { rows: nb, experts: cfg.experts, top_k: cfg.top_k, norm_topk: cfg.norm_topk_prob ? 1 : 0, logits_stride: logits.stride },
+    [bind(logits.buffer, logits.offset), routes.ids, routes.weights],
+    Math.ceil(nb / ROUTER_SG),
+    SIMD_WIDTH * ROUTER_SG,
+  );
+}
+
+/** Pairs grouped by expert: offsets [E + 1] (i32), pairs [nb * k] (i32). */
+export interface ExpertLists {
+  offsets: Binding;
+  pairs: Binding;
+}
+
+/** Groups pair q = r * k + j by expert ids[q] into `lists`. */
+export function encodeExpertLists(ctx: EncodeContext, ids: Binding, lists: ExpertLists, nb: number, topK: number, experts: number): void {
+  checkRows(nb, "moe_lists");
+  if (experts < 1 || experts > MOE_MAX_EXPERTS) throw new Error(`moe_lists: ${experts} experts, at most ${MOE_MAX_EXPERTS}`);
+  dispatch(ctx, "moe_lists_i32", Params.MoeLists, { pairs: nb * topK, experts }, [ids, lists.offsets, lists.pairs], 1, LIST_THREADS);
+}
+
+/** One part of an expert record (lib/model/format.ts ExpertLayout.parts). */
+export interface ExpertPartRef {
+  name: string;
+  dtype: DType;
+  shape: readonly number[];
+  /** Byte offset inside a record. */
+  offset: number;
+}
+
+/**
+ * The expert pool: slot s holds one expert record at s * stride; `slotOf` (i32 [E]) maps
+ * this layer's experts to slots (-1: not resident). A missing slot makes its pairs' outputs
+ * NaN (never a read outside the pool), for the engine's finite check to catch.
+ */
+export interface ExpertPool {
+  buffer: Buffer;
+  slots: number;
+  stride: number;
+  parts: readonly ExpertPartRef[];
+}
+
+function part(pool: ExpertPool, name: string): ExpertPartRef {
+  const p = pool.parts.find((x) => x.name === name);
+  if (!p) throw new Error(`expert pool: record has no part ${name} (parts: ${pool.parts.map((x) => x.name).join(", ")})`);
+  if (p.offset % 16 !== 0) throw new Error(`expert pool: part ${name} at offset ${p.offset}, not 16-byte aligned`);
+  return p;
+}
+
+/** Scratch of the routed experts for nb rows: h [nb*k][I] (+ its HalfSet for q4 downs), o [nb*k][d]. */
+export interface RoutedScratch {
+  h: RowsRef;
+  hHalf?: HalfSet;
+  o: RowsRef;
+}
+
+/**
+ * Routed experts of one layer: for every pair q = r * k + j (expert e = ids[q]),
+ * h[q] = SiLU(gate_e x[r]) * up_e x[r], then o[q] = down_e h[q]. `x` must carry its
+ * HalfSet when the records are q4.
+ */
+export function encodeRoutedExperts(
+  ctx: EncodeContext,
+  pool: ExpertPool,
+  slotOf: Binding,
+  lists: ExpertLists,
+  x: ProjectionInput,
+  scratch: RoutedScratch,
+  nb: number,
+  topK: number,
+  experts: number,
+): void {
+  checkRows(nb, "moe_experts");
+  const gate = part(pool, "gate");
+  const up = part(pool, "up");
+  const down = part(pool, "down");
+  const [I, d] = gate.shape as [number, number];
+  if (up.shape[0] !== I || up.shape[1] !== d || down.shape[0] !== d || down.shape[1] !== I)
+    throw new Error(`expert parts: gate [${gate.shape}], up [${up.shape}], down [${down.shape}] do not fit together`);
+  if (gate.dtype !== up.dtype || gate.dtype !== down.dtype)
+    throw new Error(`expert parts: mixed dtypes ${gate.dtype}/${up.dtype}/${down.dtype} (one kernel reads all three)`);
+  const dtype = gate.dtype;
+  const q4 = dtype === "q4";
+  const xin = q4 ? x.half : x.rows;
+  if (!xin) throw new Error("routed experts: q4 records need the input's HalfSet");
+  if (q4 && !scratch.hHalf) throw new Error("routed experts: q4 records need scratch.hHalf for the down projections");
+  const T = MATVEC_TILE;
+  const common = { rows: nb, top_k: topK, experts, slots: pool.slots, record_stride: pool.stride };
+  const tables = [lists.offsets, lists.pairs, slotOf, pool.buffer] as const;
+  dispatch(
+    ctx,
+    `moe_gate_up_${dtype}_f32`,
+    Params.MoeExperts,
+    { ...common, in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: xin.stride, y_stride: scratch.h.stride },
+    [...tables, bind(xin.buffer, xin.offset), bind(scratch.h.buffer, scratch.h.offset)],
+    [Math.ceil(I / (T.rows * T.simdgroups)), experts],
+    SIMD_WIDTH * T.simdgroups,
+  );
+  let hin: RowsRef = scratch.h;
+  if (q4) {
+    encodeHalfSet(ctx, scratch.h, scratch.hHalf!, nb * topK);
+    hin = scratch.hHalf!;
+  }
+  dispatch(
+    ctx,
+    `moe_down_${dtype}_f32`,
+    Params.MoeExperts,
+    { ...common, in_dim: I, out_dim: d, w0_offset: down.offset, w1_offset: 0, x_stride: hin.stride, y_stride: scratch.o.stride },
+    [...tables, bind(hin.buffer, hin.offset), bind(scratch.o.buffer, scratch.o.offset)],
+    [Math.ceil(d / (T.rows * T.simdgroups)), experts],
+    SIMD_WIDTH * T.simdgroups,
+  );
+}
+
+/** The shared expert's tensors (`moe.shared_*`). */
+export interface SharedExpertRefs {
+  gate: TensorRef;
+  up: TensorRef;
+  down: TensorRef;
+  /** [1, d]: its gate logit. */
+  expertGate: TensorRef;
+}
+
+/** Scratch of the shared expert: h [nb][SI] (+ HalfSet for q4), s [nb][d], sg [nb][1]. */
+export interface SharedScratch {
+  h: RowsRef;
+  hHalf?: HalfSet;
+  s: RowsRef;
+  sg: RowsRef;
+}
+
+/** s[r] = down(SiLU(gate x[r]) * up x[r]) and sg[r] = w_sg . x[r] (the combine applies the sigmoid). */
+export function encodeSharedExpert(ctx: EncodeContext, w: SharedExpertRefs, x: ProjectionInput, scratch: SharedScratch, nb: number): void {
+  checkRows(nb, "shared expert");
+  const [SI, d] = matrixShape(w.gate, "shared_gate");
+  if (w.gate.dtype !== w.up.dtype) throw new Error(`shared expert: gate ${w.gate.dtype} and up ${w.up.dtype} differ`);
+  const xin = w.gate.dtype === "q4" ? x.half : x.rows;
+  if (!xin) throw new Error("shared expert: q4 weights need the input's HalfSet");
+  const T = MATVEC_TILE;
+  dispatch(
+    ctx,
+    `ffn_gate_up_${w.gate.dtype}_f32`,
+    Params.Matvec,
+    { rows: nb, in_dim: d, out_dim: SI, accumulate: 0, rows_per_group: nb, x_stride: xin.stride, y_stride: scratch.h.stride },
+    [bind(w.gate.buffer, w.gate.offset), bind(w.up.buffer, w.up.offset), bind(xin.buffer, xin.offset), bind(scratch.h.buffer, scratch.h.offset)],
+    [Math.ceil(SI / (T.rows * T.simdgroups)), 1],
+    SIMD_WIDTH * T.simdgroups,
+  );
+  if (w.down.dtype === "q4") {
+    if (!scratch.hHalf) throw new Error("shared expert: q4 down needs scratch.hHalf");
+    encodeHalfSet(ctx, scratch.h, scratch.hHalf, nb);
+    encodeMatvec(ctx, w.down, scratch.hHalf, scratch.s, nb);
+  } else encodeMatvec(ctx, w.down, scratch.h, scratch.s, nb);
+  encodeProjection(ctx, w.expertGate, x, scratch.sg, nb);
+}
+
+/** y[r] = sum_j w[r][j] o[r * k + j] (+ sigmoid(sg[r]) s[r] when `shared` is given). */
+export function encodeMoeCombine(
+  ctx: EncodeContext,
+  weights: Binding,
+  o: RowsRef,
+  y: RowsRef,
+  nb: number,
+  topK: number,
+  d: number,
+  shared?: { s: RowsRef; sg: RowsRef },
+): void {
+  checkRows(nb, "moe_combine");
+  const buffers: Binding[] = [weights, bind(o.buffer, o.offset), bind(y.buffer, y.offset)];
+  if (shared) buffers.push(bind(shared.s.buffer, shared.s.offset), bind(shared.sg.buffer, shared.sg.offset));
+  dispatch(
+    ctx,
+    shared ? "moe_combine_shared_f32" : "moe_combine_f32",
+    Params.MoeCombine,
+    {
+      rows: nb,
+      top_k: topK,
+      cols: d,
+      o_stride: o.stride,
+      s_stride: shared?.s.stride ?? 0,
+      sg_stride: shared?.sg.stride ?? 0,
+      y_stride: y.stride,
+    },
+    buffers,
+    [Math.ceil(d / COMBINE_THREADS), nb],
+    [COMBINE_THREADS, 1],
+  );
+}

@@ -1,0 +1,185 @@
+// Hyper-connections on the GPU (kernels/hc.metal; MODEL.md "Residual"): per site, the raw
+// products fn . flat (a matvec over the n*d stream values of each row), then the
+// coefficients (pre, post and the Sinkhorn comb), the gated read (fused with the site's
+// RMSNorm) and the write that mixes the streams and injects the sub-layer output. With
+// n = 1 a site is the plain pre-norm residual: the read is RMSNorm(X), the write X += y.
+import type { Binding } from "../shim.ts";
+import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
+import { encodeResidualAdd } from "./elementwise.ts";
+import { SIMD_WIDTH } from "./limits.ts";
+import { encodeRmsNorm } from "./norms.ts";
+import { Params } from "./params.ts";
+import { checkRows, checkVector, encodeMatvec, matrixShape } from "./projections.ts";
+
+/** Rows (simdgroups) per threadgroup in kernels/hc.metal, and the largest n it holds. */
+const HC_SG = 4;
+export const HC_MAX_STREAMS = 8;
+const WRITE_THREADS = 64;
+
+export interface HcConfig {
+  streams: number;
+  eps: number;
+  sinkhorn_iters: number;
+}
+
+/** The tensors of a site (`{site}.fn`, `.base`, `.scale`) or of the final read (`hc_head.*`). */
+export interface HcSiteRefs {
+  fn: TensorRef;
+  base: TensorRef;
+  scale: TensorRef;
+}
+
+/** Mixes per row: 2n + n*n for a site, n for the final read. */
+export const hcMixCount = (n: number, head = false) => (head ? n : 2 * n + n * n);
+
+/** Scratch of one site's coefficients: raw products and coefficients, nb rows of hcMixCount floats each. */
+export interface HcScratch {
+  raw: RowsRef;
+  coeffs: RowsRef;
+}
+
+/** The norm a site applies to its read: RMSNorm(x, w), zero-centred unless `centred` is false. */
+export interface ReadNorm {
+  w: TensorRef;
+  eps: number;
+  centred?: boolean;
+}
+
+function checkStreams(n: number, what: string): void {
+  if (!Number.isInteger(n) || n < 1 || n > HC_MAX_STREAMS) throw new Error(`${what}: ${n} streams, expected 1..${HC_MAX_STREAMS}`);
+}
+
+/**
+ * Coefficients of nb rows of X [nb][n][d]: raw = fn . flat, then per row
+ * pre (and for a site post and comb) into scratch.coeffs.
+ */
+export function encodeHcCoefficients(
+  ctx: EncodeContext,
+  X: RowsRef,
+  site: HcSiteRefs,
+  scratch: HcScratch,
+  nb: number,
+  cfg: HcConfig,
+  d: number,
+  head = false,
+): void {
+  const n = cfg.streams;
+  checkStreams(n, "hc_coeffs");
+  checkRows(nb, "hc_coeffs");
+  const M = hcMixCount(n, head);
+  const [out, inDim] = matrixShape(site.fn, "hc fn");
+  if (out !== M || inDim !== n * d) throw new Error(`hc fn has shape [${out}, ${inDim}], expected [${M}, ${n * d}]`);
+  if (site.fn.dtype === "q4") throw new Error("hc fn: q4 is not a storage dtype of hc tensors (expected bf16, f16 or f32)");
+  checkVector(site.base, M, "hc base");
+  checkVector(site.scale, head ? 1 : 3, "hc scale");
+  encodeMatvec(ctx, site.fn, X, scratch.raw, nb);
+  dispatch(
+    ctx,
+    "hc_coeffs_f32",
+    Params.HcCoeffs,
+    {
+      rows: nb,
+      streams: n,
+      cols: d,
+      head: head ? 1 : 0,
+      iters: cfg.sinkhorn_iters,
+      eps: cfg.eps,
+      x_stride: X.stride,
+      raw_stride: scratch.raw.stride,
+      c_stride: scratch.coeffs.stride,
+    },
+    [bind(X.buffer, X.offset), bind(scratch.raw.buffer, scratch.raw.offset), bind(site.scale.buffer, site.scale.offset), bind(site.base.buffer, site.base.offset), bind(scratch.coeffs.buffer, scratch.coeffs.offset)],
+    Math.ceil(nb / HC_SG),
+    SIMD_WIDTH * HC_SG,
+  );
+}
+
+/** y[r] = sum_i pre_i X[r][i] (pre = the first n coefficients), then RMSNorm when `norm` is given. */
+export function encodeHcRead(
+  ctx: EncodeContext,
+  X: RowsRef,
+  coeffs: RowsRef,
+  y: RowsRef,
+  nb: number,
+  n: number,
+  d: number,
+  norm?: ReadNorm,
+): void {
+  checkStreams(n, "hc_read");
+  checkRows(nb, "hc_read");
+  if (norm) checkVector(norm.w, d, "hc_read norm");
+  const buffers: Binding[] = [bind(X.buffer, X.offset), bind(coeffs.buffer, coeffs.offset), bind(y.buffer, y.offset)];
+  if (norm) buffers.push(bind(norm.w.buffer, norm.w.offset));
+  dispatch(
+    ctx,
+    norm ? "hc_read_norm_f32" : "hc_read_f32",
+    Params.HcRead,
+    {
+      rows: nb,
+      streams: n,
+      cols: d,
+      centred: (norm?.centred ?? true) ? 1 : 0,
+      eps: norm?.eps ?? 0,
+      x_stride: X.stride,
+      c_stride: coeffs.stride,
+      y_stride: y.stride,
+    },
+    buffers,
+    Math.ceil(nb / HC_SG),
+    SIMD_WIDTH * HC_SG,
+  );
+}
+
+/** X'[r][j] = post_j y[r] + sum_i comb[i][j] X[r][i], in place on X. */
+export function encodeHcWrite(ctx: EncodeContext, X: RowsRef, coeffs: RowsRef, y: RowsRef, nb: number, n: number, d: number): void {
+  checkStreams(n, "hc_write");
+  checkRows(nb, "hc_write");
+  dispatch(
+    ctx,
+    "hc_write_f32",
+    Params.HcWrite,
+    { rows: nb, streams: n, cols: d, x_stride: X.stride, c_stride: coeffs.stride, y_stride: y.stride },
+    [bind(X.buffer, X.offset), bind(coeffs.buffer, coeffs.offset), bind(y.buffer, y.offset)],
+    [Math.ceil(d / WRITE_THREADS), nb],
+    [WRITE_THREADS, 1],
+  );
+}
+
+/**
+ * A residual site's read: xn = RMSNorm(sum_i pre_i X_i, norm) with the site's coefficients
+ * left in scratch for the write; with n = 1 (site null) xn = RMSNorm(X, norm).
+ */
+export function encodeSiteRead(
+  ctx: EncodeContext,
+  X: RowsRef,
+  site: HcSiteRefs | null,
+  scratch: HcScratch,
+  xn: RowsRef,
+  nb: number,
+  cfg: HcConfig,
+  d: number,
+  norm: ReadNorm,
+): void {
+  if (!site) {
+    if (cfg.streams !== 1) throw new Error(`hc site weights are required with ${cfg.streams} streams`);
+    encodeRmsNorm(ctx, X, norm.w, xn, nb, norm.eps, { centred: norm.centred ?? true });
+    return;
+  }
+  encodeHcCoefficients(ctx, X, site, scratch, nb, cfg, d);
+  encodeHcRead(ctx, X, scratch.coeffs, xn, nb, cfg.streams, d, norm);
+}
+
+/** A residual site's write of the sub-layer output y: hc_write with the read's coefficients, or X += y (n = 1). */
+export function encodeSiteWrite(
+  ctx: EncodeContext,
+  X: RowsRef,
+  site: HcSiteRefs | null,
+  scratch: HcScratch,
+  y: RowsRef,
+  nb: number,
+  cfg: HcConfig,
+  d: number,
+): void {
+  if (!site) encodeResidualAdd(ctx, X, y, nb, d);
+  else encodeHcWrite(ctx, X, scratch.coeffs, y, nb, cfg.streams, d);
+}

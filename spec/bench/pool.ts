@@ -1,0 +1,216 @@
+/**
+ * `bun run bench:pool`: expert-pool hit rates on routing traces, for pool sizes from 10% to
+ * 100% of the expert records: the engine's LRU, LRU + one-layer lookahead (a perfect
+ * next-layer predictor; and the trace's own `predicted` sets when it has them), and
+ * Belady's offline optimum, with ratios to Belady.
+ *
+ * Traces, in order of preference:
+ *  --traces PATH   a trace file (.jsonl or .json) or a folder of them;
+ *  spec/train/traces/*.json(l) when present (trained models' routing);
+ *  else made here: a synthetic model (--preset, default small; --seed) run through the
+ *  reference (lib/reference) on a few prompts, plain and speculative (prefill chunk 4).
+ *  Synthetic routing is close to uniform: its numbers show the machinery, not real locality.
+ * Traces of one run are replayed back to back (a server keeps its pool across requests).
+ * Other options: --tokens N (per generated trace, default 64), --sizes 10,25,50 (percent),
+ * --save DIR (write the generated traces as JSON lines), --json (one JSON object).
+ */
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { basename, join } from "node:path";
+import { parseArgs } from "node:util";
+import { synthesize } from "../../lib/convert/synth.ts";
+import type { PresetName } from "../../lib/convert/presets.ts";
+import { parseTrace, TraceWriter, type TraceStep } from "../../lib/gpu/trace.ts";
+import { openModel } from "../../lib/model/format.ts";
+import { generateGreedy } from "../../lib/reference/index.ts";
+import { accessesOf, largestUnion, simulateBelady, simulateLru, type SimResult } from "./policies.ts";
+
+const ROOT = join(import.meta.dir, "..", "..");
+const { values: opts } = parseArgs({
+  options: {
+    traces: { type: "string" },
+    preset: { type: "string", default: "small" },
+    seed: { type: "string", default: "1" },
+    tokens: { type: "string", default: "64" },
+    sizes: { type: "string", default: "10,20,25,30,40,50,60,70,80,90,100" },
+    save: { type: "string" },
+    json: { type: "boolean", default: false },
+  },
+});
+const log = (s: string) => {
+  if (!opts.json) console.error(s);
+};
+
+interface TraceSet {
+  source: string;
+  files: string[];
+  steps: TraceStep[];
+  perLayer: number;
+}
+
+/** Experts per layer from a trace document's metadata, if it says. */
+function perLayerOf(doc: unknown): number | null {
+  const d = doc as { perLayer?: unknown; per_layer?: unknown; experts_per_layer?: unknown; config?: { moe?: { experts?: unknown } } };
+  for (const v of [d?.perLayer, d?.per_layer, d?.experts_per_layer, d?.config?.moe?.experts]) if (Number.isInteger(v)) return v as number;
+  return null;
+}
+
+function loadTraceFiles(paths: string[], source: string): TraceSet {
+  const steps: TraceStep[] = [];
+  let perLayer = 0;
+  for (const p of paths) {
+    const text = readFileSync(p, "utf8");
+    steps.push(...parseTrace(text, p));
+    try {
+      perLayer = Math.max(perLayer, perLayerOf(JSON.parse(text)) ?? 0);
+    } catch {
+      // JSON lines: no metadata
+    }
+  }
+  if (!perLayer) {
+    // No metadata: the largest id seen bounds it from below.
+    for (const s of steps) for (const l of s.experts) for (const r of l) for (const e of r) perLayer = Math.max(perLayer, e + 1);
+  }
+  return { source, files: paths, steps, perLayer };
+}
+
+function traceFilesIn(dir: string): string[] {
+  return readdirSync(dir)
+    .filter((f) => f.endsWith(".json") || f.endsWith(".jsonl"))
+    .sort()
+    .map((f) => join(dir, f));
+}
+
+async function generatedTraces(): Promise<TraceSet> {
+  const preset = opts.preset as PresetName;
+  const seed = Number(opts.seed);
+  const tokens = Number(opts.tokens);
+  const dir = mkdtempSync(join(tmpdir(), "cherenkov-bench-pool-"));
+  try {
+    log(`synthesizing ${preset} (seed ${seed}) and running the reference for ${tokens} tokens x 4 prompts ...`);
+    await synthesize({ preset, seed, out: dir, weights: "q4" });
+    const model = await openModel(dir);
+    const vocab = model.config.vocab_size;
+    let x = seed * 7919 + 17;
+    const prompt = (n: number) => Array.from({ length: n }, () => ((x = (Math.imul(x, 1103515245) + 12345) >>> 0) >>> 8) % Math.min(vocab, 256));
+    const runs = [
+      { prompt: prompt(12), drafts: 0 },
+      { prompt: prompt(8), drafts: 0 },
+      { prompt: prompt(16), drafts: 2 },
+      { prompt: prompt(6), drafts: 0 },
+    ];
+    const steps: TraceStep[] = [];
+    const files: string[] = [];
+    runs.forEach((r, i) => {
+      const gen = generateGreedy(model, r.prompt, { maxTokens: tokens, drafts: r.drafts, prefillChunk: 4 });
+      const trace: TraceStep[] = gen.trace.map((s) => ({ ...s, misses: [] }));
+      steps.push(...trace);
+      if (opts.save) {
+        const path = join(opts.save, `${preset}-s${seed}-${i}${r.drafts ? `-drafts${r.drafts}` : ""}.jsonl`);
+        const w = TraceWriter.open(path);
+        trace.forEach((s) => w.write(s));
+        w.close();
+        files.push(path);
+      }
+    });
+    const perLayer = model.config.moe.experts;
+    model.close();
+    return { source: `reference on synthetic ${preset} (seed ${seed}; near-uniform routing)`, files, steps, perLayer };
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+async function traces(): Promise<TraceSet> {
+  if (opts.traces) {
+    const st = statSync(opts.traces);
+    const files = st.isDirectory() ? traceFilesIn(opts.traces) : [opts.traces];
+    if (!files.length) throw new Error(`--traces ${opts.traces}: no .json or .jsonl files`);
+    return loadTraceFiles(files, opts.traces);
+  }
+  const recorded = join(ROOT, "spec", "train", "traces");
+  if (existsSync(recorded) && traceFilesIn(recorded).length) return loadTraceFiles(traceFilesIn(recorded), "spec/train/traces");
+  return generatedTraces();
+}
+
+const pct = (x: number) => `${(100 * x).toFixed(1)}%`;
+const ratio = (a: number, b: number) => (b ? (a / b).toFixed(3) : "-");
+
+const set = await traces();
+const steps = accessesOf(set.steps);
+const layers = Math.max(...set.steps.map((s) => s.experts.length));
+const shape = { layers, perLayer: set.perLayer };
+const records = layers * set.perLayer;
+const minimum = largestUnion(steps);
+const hasPredicted = set.steps.some((s) => s.predicted?.some((p) => p.length > 0));
+const sizes = opts.sizes.split(",").map(Number);
+const accesses = steps.reduce((s, a) => s + a.length, 0);
+
+interface Row {
+  percent: number;
+  slots: number;
+  lru?: SimResult;
+  lookahead?: SimResult;
+  lookaheadTrace?: SimResult;
+  belady?: SimResult;
+  skipped?: string;
+}
+const rows: Row[] = [];
+for (const p of sizes) {
+  const slots = Math.round((p / 100) * records);
+  if (slots < minimum) {
+    rows.push({ percent: p, slots, skipped: `below the largest union (${minimum} records)` });
+    continue;
+  }
+  const row: Row = { percent: p, slots };
+  row.lru = await simulateLru(steps, shape, slots);
+  row.lookahead = await simulateLru(steps, shape, slots, "perfect");
+  if (hasPredicted) row.lookaheadTrace = await simulateLru(steps, shape, slots, "trace");
+  row.belady = simulateBelady(steps, shape, slots);
+  rows.push(row);
+}
+
+const summary = {
+  bench: "pool",
+  source: set.source,
+  files: set.files.map((f) => basename(f)),
+  steps: set.steps.length,
+  accesses,
+  layers,
+  perLayer: set.perLayer,
+  records,
+  largestUnion: minimum,
+  rows,
+};
+
+if (opts.json) {
+  console.log(JSON.stringify(summary));
+} else {
+  console.log(`bench:pool  ${set.source}`);
+  console.log(`  ${set.steps.length} steps, ${accesses} layer accesses, ${layers} layers x ${set.perLayer} experts = ${records} records, largest union ${minimum}`);
+  console.log("  hit rate = demanded experts found resident; reads = records read (misses + prefetches)\n");
+  const head = ["pool", "slots", "LRU", "LRU+LA", ...(hasPredicted ? ["LRU+LA(trace)"] : []), "Belady", "LRU/Belady", "reads/Belady: LRU", "LRU+LA", "LA wasted"];
+  const table: string[][] = [head];
+  for (const r of rows) {
+    if (r.skipped) {
+      table.push([`${r.percent}%`, String(r.slots), `(${r.skipped})`]);
+      continue;
+    }
+    table.push([
+      `${r.percent}%`,
+      String(r.slots),
+      pct(r.lru!.hitRate),
+      pct(r.lookahead!.hitRate),
+      ...(hasPredicted ? [pct(r.lookaheadTrace!.hitRate)] : []),
+      pct(r.belady!.hitRate),
+      ratio(r.lru!.hitRate, r.belady!.hitRate),
+      ratio(r.lru!.reads, r.belady!.reads),
+      ratio(r.lookahead!.reads, r.belady!.reads),
+      String(r.lookahead!.wasted ?? 0),
+    ]);
+  }
+  const widths = head.map((_, i) => Math.max(...table.map((row) => (row[i] ?? "").length)));
+  for (const row of table) console.log("  " + row.map((c, i) => (i < 2 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join("  "));
+  console.log("\n  LRU+LA: LRU plus a perfect one-layer lookahead (the trace's next-layer union is prefetched);");
+  console.log("  its hit rate counts reads hidden behind compute; reads/Belady is what each policy costs in bandwidth.");
+}

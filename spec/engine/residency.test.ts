@@ -1,0 +1,333 @@
+// The expert pool (lib/gpu/residency.ts): LRU order, pinning, eviction never touching pinned
+// slots, pool-too-small errors, both backings holding the exact record bytes, lookahead
+// accounting, cancellation of queued lookahead reads, IO failures, determinism, close().
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { createExpertPool, PoolTooSmallError, type ExpertPool } from "../../lib/gpu/residency.ts";
+import { IoReadError, IoScheduler } from "../../lib/gpu/streaming.ts";
+import { Device } from "../../lib/shim.ts";
+import { faultyReader, gate, settledWithin, tinyModel, type TinyModel } from "./fixture.ts";
+
+let tiny: TinyModel;
+let layers: number;
+let perLayer: number;
+let stride: number;
+beforeAll(async () => {
+  tiny = await tinyModel(23);
+  ({ layers, perLayer, stride } = tiny.model.expertLayout);
+});
+afterAll(() => tiny.cleanup());
+
+/** A mapped pool without a device: no IO, the LRU alone (decisions are the same for both backings). */
+const lruPool = (capacity: number) => createExpertPool({ backing: "mapped", model: tiny.model, capacity });
+
+function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
+  return a.length === b.length && Buffer.compare(a, b) === 0;
+}
+
+test("misses fill free slots, hits keep theirs, and the least recently used unpinned record is evicted", async () => {
+  const pool = lruPool(4);
+  let a = pool.acquire(0, [0, 1]);
+  expect([a.misses, a.missIds]).toEqual([2, [0, 1]]);
+  pool.release(0);
+  a = pool.acquire(1, [0, 1]);
+  expect(a.misses).toBe(2);
+  pool.release(1);
+  // Recency now (oldest first): L0e0, L0e1, L1e0, L1e1. Touch L0e0.
+  a = pool.acquire(0, [0]);
+  expect(a.misses).toBe(0);
+  pool.release(0);
+  a = pool.acquire(2, [5]);
+  expect(a.missIds).toEqual([5]);
+  expect(pool.isResident(0, 1)).toBe(false); // the least recent went
+  expect(pool.isResident(0, 0)).toBe(true);
+  expect(pool.isResident(1, 0) && pool.isResident(1, 1)).toBe(true);
+  pool.release(2);
+  const s = pool.poolStats();
+  expect([s.hits, s.misses, s.evictions, s.resident]).toEqual([1, 5, 1, 4]);
+  expect(s.hitRate).toBeCloseTo(1 / 6, 12);
+  expect(s.perLayer.misses.slice(0, 3)).toEqual([2, 2, 1]);
+  await pool.close();
+});
+
+test("pinned slots are never evicted, and a union that cannot fit beside them fails clearly", async () => {
+  const pool = lruPool(4);
+  pool.acquire(0, [0, 1, 2]); // pinned until release(0)
+  for (let e = 0; e < perLayer; e++) {
+    // One free slot cycles through layer 1's experts; layer 0's three stay.
+    const a = pool.acquire(1, [e]);
+    expect(a.misses).toBe(1);
+    pool.release(1);
+    expect([0, 1, 2].every((x) => pool.isResident(0, x))).toBe(true);
+  }
+  expect(() => pool.acquire(2, [3, 4])).toThrow(PoolTooSmallError);
+  expect(() => pool.acquire(2, [3, 4])).toThrow(/layer 2 routes 2 distinct experts this step, the pool has 4 slots of which 3 are pinned/);
+  // The failed acquire changed nothing: layer 2 can be acquired once there is room.
+  pool.release(0);
+  expect(pool.acquire(2, [3, 4]).misses).toBe(2);
+  expect(() => pool.acquire(3, [0, 1, 2, 3, 4])).toThrow(/layer 3 routes 5 distinct experts this step, the pool has 4 slots/);
+  await pool.close();
+});
+
+test("acquire rejects a layer acquired twice and ids out of range; duplicates are one union entry", async () => {
+  const pool = lruPool(8);
+  const a = pool.acquire(1, [3, 5, 3, 1, 5]);
+  expect(a.union).toEqual([3, 5, 1]);
+  expect(() => pool.acquire(1, [2])).toThrow(/layer 1 is already acquired; release\(1\) first/);
+  expect(() => pool.acquire(2, [perLayer])).toThrow(new RegExp(`layer 2: expert id ${perLayer} is not in 0\\.\\.${perLayer - 1}`));
+  expect(() => pool.acquire(layers, [0])).toThrow(/layer 5 is not in 0\.\.4/);
+  pool.release(1);
+  pool.release(1); // idempotent
+  await pool.close();
+  expect(() => pool.acquire(0, [0])).toThrow(/closed/);
+});
+
+test("the slot table lists the acquired union's slots and its size; mapped slots are record indices", async () => {
+  const pool = lruPool(6);
+  const a = pool.acquire(3, [6, 2]);
+  const table = new Int32Array(pool.slotTableStride + 2).fill(99);
+  pool.writeSlotTable(3, table);
+  for (let e = 0; e < perLayer; e++) expect(table[e]).toBe(e === 6 || e === 2 ? 3 * perLayer + e : -1);
+  expect(table[perLayer]).toBe(2);
+  expect(table[perLayer + 1]).toBe(99); // nothing written past the stride
+  expect(Array.from(a.slotOf)).toEqual(Array.from(table.subarray(0, perLayer)));
+  expect(() => pool.writeSlotTable(2, table)).toThrow(/layer 2 is not acquired/);
+  await pool.close();
+});
+
+/** Acquires every record once, layer by layer, through a pool smaller than the model. */
+async function checkEveryRecord(pool: ExpertPool): Promise<void> {
+  for (let l = 0; l < layers; l++) {
+    const ids = Array.from({ length: perLayer }, (_, e) => (e * 3 + l) % perLayer);
+    for (let i = 0; i < ids.length; i += 3) {
+      const union = ids.slice(i, i + 3);
+      const a = pool.acquire(l, union);
+      await a.ready;
+      for (const e of union) {
+        const slot = a.slotOf[e]!;
+        const want = tiny.model.readExpertRecord(l, e);
+        expect(sameBytes(pool.slotView(slot), want)).toBe(true);
+        if (pool.buffers.length) {
+          const buf = pool.slotBuffer(slot);
+          const off = pool.slotOffset(slot);
+          expect(sameBytes(buf.bytes.subarray(off, off + stride), want)).toBe(true);
+          expect(pool.buffers[pool.slotBufferIndex(slot)]).toBe(buf);
+        }
+      }
+      pool.release(l);
+    }
+  }
+}
+
+test("wired slots (shim buffers, uncached reads) hold exactly the records of experts.bin", async () => {
+  const dev = Device.open();
+  // 5 slots across 3 buffers of 2 slots: slots never straddle buffers.
+  const pool = createExpertPool({ backing: "wired", model: tiny.model, capacity: 5, device: dev, maxBufferBytes: 2 * stride + 100 });
+  expect(pool.buffers.length).toBe(3);
+  expect(pool.slotOffset(3)).toBe(stride);
+  await checkEveryRecord(pool);
+  expect(pool.poolStats().misses).toBe(layers * perLayer);
+  await pool.close();
+  dev.close();
+});
+
+test("mapped slots (a wrapped mapping of experts.bin) hold exactly the records, with nothing read", async () => {
+  const dev = Device.open();
+  const pool = createExpertPool({ backing: "mapped", model: tiny.model, capacity: 5, device: dev, maxBufferBytes: 16 * stride });
+  expect(pool.slotCount).toBe(layers * perLayer);
+  expect(pool.buffers.length).toBe(Math.ceil((layers * perLayer) / 16));
+  await checkEveryRecord(pool);
+  await pool.close();
+  dev.close();
+});
+
+test("both backings make the same residency decisions for the same calls", async () => {
+  const calls: [number, number[]][] = [];
+  let x = 7;
+  for (let i = 0; i < 60; i++) {
+    const l = i % layers;
+    const ids: number[] = [];
+    for (let k = 0; k < 3; k++) ids.push(((x = (Math.imul(x, 1103515245) + 12345) >>> 0) >>> 16) % perLayer);
+    calls.push([l, ids]);
+  }
+  const run = async (backing: "wired" | "mapped") => {
+    const pool = createExpertPool({ backing, model: tiny.model, capacity: 9 });
+    const log: string[] = [];
+    for (const [l, ids] of calls) {
+      if (l % 2 === 0) pool.prefetch(l, ids.slice(0, 2));
+      const a = pool.acquire(l, ids);
+      await a.ready;
+      log.push(a.missIds.join(","));
+      pool.release(l);
+    }
+    const stats = { pool: pool.poolStats(), lookahead: pool.lookaheadStats() };
+    await pool.close();
+    return { log, stats };
+  };
+  const w1 = await run("wired");
+  const w2 = await run("wired");
+  const m = await run("mapped");
+  expect(w2).toEqual(w1);
+  expect(m.log).toEqual(w1.log);
+  // Mapped records are never "loading", everything else matches.
+  expect({ ...m.stats.pool, backing: "wired", hitsWhileLoading: 0 }).toEqual({ ...w1.stats.pool, hitsWhileLoading: 0 });
+  expect(m.stats.lookahead).toEqual(w1.stats.lookahead);
+  expect(w1.stats.pool.hits).toBeGreaterThan(0);
+  expect(w1.stats.pool.evictions).toBeGreaterThan(0);
+});
+
+test("lookahead predictions are counted as used when acquired, wasted (with bytes) when evicted unused", async () => {
+  const pool = createExpertPool({ backing: "wired", model: tiny.model, capacity: 4 });
+  const p = pool.prefetch(2, [0, 1]);
+  expect(p.issued).toBe(2);
+  await p.ready;
+  const a = pool.acquire(2, [0, 5]); // 0 predicted and used, 5 a miss
+  expect([a.misses, a.missIds]).toEqual([1, [5]]);
+  await a.ready;
+  pool.release(2);
+  expect(pool.prefetch(2, [0]).issued).toBe(0); // already resident
+  // Three new records: the unused prediction (2,1) is the least recent and goes first.
+  const b = pool.acquire(3, [0, 1, 2]);
+  await b.ready;
+  expect(pool.isResident(2, 1)).toBe(false);
+  pool.release(3);
+  const la = pool.lookaheadStats();
+  expect(la).toMatchObject({ predictions: 2, used: 1, wasted: 1, wastedBytes: stride, alreadyResident: 1, cancelled: 0 });
+  expect(la.accuracy).toBe(0.5);
+  await pool.close();
+});
+
+test("a demand that needs the slots of queued lookahead reads cancels them; the read in flight is waited for", async () => {
+  const f = faultyReader();
+  const hold = gate();
+  f.hold.set(tiny.model.expertOffset(1, 0), hold.promise);
+  const io = new IoScheduler({ maxInFlight: 1, reader: f.reader });
+  const pool = createExpertPool({ backing: "wired", model: tiny.model, capacity: 4, scheduler: io });
+  pool.prefetch(1, [0, 1, 2, 3]); // (1,0) reading and held; three queued
+  const a = pool.acquire(4, [4, 5, 6, 7]);
+  expect(a.misses).toBe(4);
+  const la = pool.lookaheadStats();
+  expect([la.predictions, la.cancelled, la.wasted]).toEqual([4, 3, 1]);
+  expect(await settledWithin(a.ready, 50)).toBe("pending"); // one slot still receives (1,0)
+  hold.open();
+  await a.ready;
+  for (const e of [4, 5, 6, 7]) expect(sameBytes(pool.slotView(a.slotOf[e]!), tiny.model.readExpertRecord(4, e))).toBe(true);
+  // (1,1..3) never touched the disk.
+  expect(f.started.filter((p) => p >= tiny.model.expertOffset(1, 1) && p <= tiny.model.expertOffset(1, 3))).toEqual([]);
+  pool.release(4);
+  await pool.close();
+  await io.close();
+});
+
+test("a hit on a record still being prefetched waits for that read and promotes it", async () => {
+  const f = faultyReader();
+  const hold = gate();
+  f.hold.set(tiny.model.expertOffset(0, 3), hold.promise);
+  const io = new IoScheduler({ maxInFlight: 1, reader: f.reader });
+  const pool = createExpertPool({ backing: "wired", model: tiny.model, capacity: 6, scheduler: io });
+  pool.prefetch(0, [3], "lookahead"); // in flight, held
+  pool.prefetch(0, [4, 5], "ngram"); // queued at the lowest priority
+  const a = pool.acquire(0, [5]); // a hit on a queued read: promoted to demand
+  expect(a.misses).toBe(0);
+  expect(pool.poolStats().hitsWhileLoading).toBe(1);
+  hold.open();
+  await a.ready;
+  const order = f.started.map((p) => (p - tiny.model.expertOffset(0, 0)) / stride);
+  expect(order).toEqual([3, 5, 4]); // the promoted read jumped the queue
+  expect(sameBytes(pool.slotView(a.slotOf[5]!), tiny.model.readExpertRecord(0, 5))).toBe(true);
+  pool.release(0);
+  await pool.close();
+  await io.close();
+});
+
+test("a failed read rejects the acquire naming file, offset, layer and expert; the slot is emptied and the pool stays usable", async () => {
+  const f = faultyReader();
+  const bad = tiny.model.expertOffset(3, 2);
+  f.fail.add(bad);
+  const io = new IoScheduler({ reader: f.reader });
+  const pool = createExpertPool({ backing: "wired", model: tiny.model, capacity: 4, scheduler: io });
+  const a = pool.acquire(3, [1, 2]);
+  const err = (await a.ready.catch((e) => e)) as IoReadError;
+  expect(err).toBeInstanceOf(IoReadError);
+  expect(err.message).toContain(tiny.model.paths.experts);
+  expect(err.message).toContain(`offset ${bad}`);
+  expect(err.message).toMatch(/layer 3 expert 2/);
+  expect(pool.isResident(3, 2)).toBe(false);
+  expect(pool.isResident(3, 1)).toBe(true);
+  pool.release(3);
+  // Usable: other records, and the failed one once the fault is gone.
+  const b = pool.acquire(2, [0, 1, 2, 3]);
+  await b.ready;
+  pool.release(2);
+  f.fail.clear();
+  const c = pool.acquire(3, [2]);
+  expect(c.misses).toBe(1);
+  await c.ready;
+  expect(sameBytes(pool.slotView(c.slotOf[2]!), tiny.model.readExpertRecord(3, 2))).toBe(true);
+  pool.release(3);
+  // A failed prefetch is counted, never thrown.
+  f.short.add(tiny.model.expertOffset(0, 7));
+  const p = pool.prefetch(0, [7]);
+  expect(await settledWithin(p.ready, 1000)).toBe("resolved");
+  expect(pool.isResident(0, 7)).toBe(false);
+  expect(io.stats().failed).toBe(2);
+  await pool.close();
+  await io.close();
+});
+
+test("close() while reads are in flight cancels the queued ones, waits for the rest, and rejects pending acquires", async () => {
+  const io = new IoScheduler({
+    maxInFlight: 1,
+    reader: async (file, into, pos) => {
+      await Bun.sleep(40);
+      const { fsRead } = await import("../../lib/gpu/streaming.ts");
+      return fsRead(file, into, pos);
+    },
+  });
+  const pool = createExpertPool({ backing: "wired", model: tiny.model, capacity: 8, scheduler: io });
+  const a = pool.acquire(1, [0, 1, 2, 3]);
+  await Bun.sleep(5);
+  expect(await settledWithin(pool.close(), 5000)).toBe("resolved");
+  expect(await settledWithin(a.ready, 100)).toBe("rejected");
+  expect(io.stats().inFlight).toBe(0);
+  expect(io.stats().cancelled).toBe(3);
+  await io.close();
+});
+
+test("a slot's next read always waits for every earlier read still writing into it", async () => {
+  const f = faultyReader();
+  const hold = gate();
+  f.hold.set(tiny.model.expertOffset(0, 0), hold.promise); // A: in flight, lands only when the gate opens
+  const io = new IoScheduler({ maxInFlight: 4, reader: f.reader });
+  const pool = createExpertPool({ backing: "wired", model: tiny.model, capacity: 1, scheduler: io });
+  pool.prefetch(0, [0]); // A into the only slot
+  pool.acquire(1, [0]); // B: must wait for A (chained)
+  pool.release(1); // B given up while still waiting
+  const c = pool.acquire(2, [0]); // C: B is cancelled, C must still wait for A
+  expect(io.stats().cancelled).toBe(1);
+  await Bun.sleep(10);
+  expect(await settledWithin(c.ready, 1)).toBe("pending");
+  hold.open();
+  await c.ready;
+  expect(sameBytes(pool.slotView(c.slotOf[0]!), tiny.model.readExpertRecord(2, 0))).toBe(true); // not A's bytes
+  pool.release(2);
+  await pool.close();
+  await io.close();
+});
+
+test("evictAll() drops every record but keeps the slots; it refuses while a layer is acquired", async () => {
+  const pool = createExpertPool({ backing: "wired", model: tiny.model, capacity: 6 });
+  const a = pool.acquire(1, [0, 1, 2]);
+  expect(() => pool.evictAll()).toThrow(/layers 1 are still acquired/);
+  await a.ready;
+  pool.release(1);
+  pool.prefetch(2, [4, 5]);
+  pool.evictAll();
+  expect(pool.poolStats().resident).toBe(0);
+  const b = pool.acquire(1, [0, 1, 2, 3, 4, 5]);
+  expect(b.misses).toBe(6);
+  await b.ready;
+  for (const e of [0, 3, 5]) expect(sameBytes(pool.slotView(b.slotOf[e]!), tiny.model.readExpertRecord(1, e))).toBe(true);
+  expect(pool.poolStats().evictions).toBe(0);
+  pool.release(1);
+  await pool.close();
+});

@@ -1,0 +1,116 @@
+// Hyper-connection kernels (kernels/hc.metal through lib/gpu/hyperconnection.ts and the
+// final read in lib/gpu/sampling.ts) against lib/reference/hyperconnection.ts: coefficients
+// (with Sinkhorn), a whole residual site (read + norm, write), n = 1, and the final read.
+import { afterAll, describe, expect, test } from "bun:test";
+
+import type { RowsRef } from "../../lib/gpu/dispatch.ts";
+import { encodeHcCoefficients, encodeSiteRead, encodeSiteWrite, hcMixCount, type HcConfig, type HcScratch } from "../../lib/gpu/hyperconnection.ts";
+import { encodeFinalRead } from "../../lib/gpu/sampling.ts";
+import { hcCoefficients, hcFinalRead, hcMixes, residualSite } from "../../lib/reference/hyperconnection.ts";
+import { rmsNorm } from "../../lib/reference/ops.ts";
+import type { Device } from "../../lib/shim.ts";
+import { expectClose, hostTensor, NB_CASES, openDevice, outputF32, randomF32, readF32, rows, run, uploadF32, uploadWeights } from "./harness.ts";
+
+const dev = openDevice();
+afterAll(() => dev.close());
+
+const cfg: HcConfig = { streams: 4, eps: 1e-6, sinkhorn_iters: 20 };
+const normEps = 1e-6;
+
+// Coefficients pass through an f32 dot of n*d terms, sigmoid/exp and 20 Sinkhorn rounds of
+// divisions: errors of a few 1e-7 that the rounds do not amplify (comb stays near uniform).
+const COEFF_TOL = { abs: 2e-6, rel: 1e-5 };
+// Stream values are sums of n products of coefficients and values up to ~3.
+const STREAM_TOL = { abs: 1e-5, rel: 1e-5 };
+
+function siteWeights(dev: Device, n: number, d: number, seed: number, head = false) {
+  const M = hcMixCount(n, head);
+  const tensors = {
+    fn: hostTensor(randomF32(M * n * d, seed, 0.2, "fn"), "bf16", [M, n * d]),
+    base: hostTensor(randomF32(M, seed, 1, "base"), "f32", [M]),
+    scale: hostTensor(head ? new Float32Array([0.8]) : new Float32Array([0.7, 1.3, 2.1]), "f32", [head ? 1 : 3]),
+    norm: hostTensor(randomF32(d, seed, 0.3, "norm"), "f32", [d]),
+  };
+  const { refs } = uploadWeights(dev, tensors);
+  // The reference computes with the stored values (fn rounded to bf16).
+  const host = { fn: tensors.fn.values, base: tensors.base.values, scale: tensors.scale.values, norm: tensors.norm.values };
+  return { refs, host };
+}
+
+function scratch(nb: number, M: number): HcScratch {
+  return { raw: rows(outputF32(dev, nb * M), M), coeffs: rows(outputF32(dev, nb * M), M) };
+}
+
+describe("hc_coeffs_f32 (site)", () => {
+  test.each(NB_CASES)("nb = %i", (nb) => {
+    const n = cfg.streams;
+    const d = nb === 1024 ? 32 : 64;
+    const M = hcMixCount(n);
+    const { refs, host } = siteWeights(dev, n, d, 5);
+    const X = randomF32(nb * n * d, nb, 2, "X");
+    const Xb = uploadF32(dev, X);
+    const s = scratch(nb, M);
+    run(dev, (ctx) => encodeHcCoefficients(ctx, rows(Xb, n * d), refs, s, nb, cfg, d));
+    const want = new Float32Array(nb * M);
+    for (let r = 0; r < nb; r++) {
+      const c = hcCoefficients(hcMixes(host.fn, X.subarray(r * n * d, (r + 1) * n * d), M, cfg.eps), host, cfg);
+      want.set(c.pre, r * M);
+      want.set(c.post, r * M + n);
+      want.set(c.comb, r * M + 2 * n);
+    }
+    expectClose(readF32(s.coeffs.buffer, nb * M), want, COEFF_TOL, `hc_coeffs_f32 nb=${nb}`, M);
+  });
+});
+
+describe("residual site: read (hc_read_norm_f32), write (hc_write_f32)", () => {
+  test.each(NB_CASES.flatMap((nb) => [[nb, 4], [nb, 1]] as const))("nb = %i, n = %i", (nb, n) => {
+    const c = { ...cfg, streams: n };
+    const d = nb === 1024 ? 32 : 96;
+    const M = hcMixCount(n);
+    const { refs, host } = siteWeights(dev, n, d, 9);
+    const X = randomF32(nb * n * d, nb + n, 2, "X");
+    const Y = randomF32(nb * d, nb + n, 1, "Y");
+    const Xb = uploadF32(dev, X);
+    const Yb = uploadF32(dev, Y);
+    const xn = outputF32(dev, nb * d);
+    const s = scratch(nb, M);
+    const site = n === 1 ? null : refs;
+    run(dev, (ctx) => {
+      encodeSiteRead(ctx, rows(Xb, n * d), site, s, rows(xn, d), nb, c, d, { w: refs.norm, eps: normEps });
+      encodeSiteWrite(ctx, rows(Xb, n * d), site, s, rows(Yb, d), nb, c, d);
+    });
+    const want = X.slice();
+    let read = new Float32Array(0);
+    residualSite(want, nb, d, c, n === 1 ? null : host, host.norm, normEps, (xs) => ((read = xs.slice()), Y));
+    expectClose(readF32(xn, nb * d), read, STREAM_TOL, `hc_read_norm_f32 nb=${nb} n=${n}`, d);
+    expectClose(readF32(Xb, nb * n * d), want, STREAM_TOL, `hc_write_f32 nb=${nb} n=${n}`, n * d);
+  });
+
+  test("needs site weights with n > 1", () => {
+    const b: RowsRef = rows(dev.buffer(4096), 64);
+    const { refs } = siteWeights(dev, 1, 16, 1);
+    expect(() => run(dev, (ctx) => encodeSiteRead(ctx, b, null, scratch(1, 24), b, 1, cfg, 16, { w: refs.norm, eps: normEps }))).toThrow(
+      "hc site weights are required with 4 streams",
+    );
+  });
+});
+
+describe("final read (hc_coeffs_f32 head + hc_read_norm_f32)", () => {
+  test.each(NB_CASES.flatMap((nb) => [[nb, 4], [nb, 1]] as const))("nb = %i, n = %i", (nb, n) => {
+    const c = { ...cfg, streams: n };
+    const d = nb === 1024 ? 32 : 64;
+    const { refs, host } = siteWeights(dev, n, d, 13, true);
+    const X = randomF32(nb * n * d, nb * 3 + n, 2, "X");
+    const Xb = uploadF32(dev, X);
+    const hidden = outputF32(dev, nb * d);
+    run(dev, (ctx) =>
+      encodeFinalRead(ctx, rows(Xb, n * d), n === 1 ? null : refs, scratch(nb, n), rows(hidden, d), nb, c, d, refs.norm, normEps),
+    );
+    const want = new Float32Array(nb * d);
+    for (let r = 0; r < nb; r++) {
+      const x = hcFinalRead(X.subarray(r * n * d, (r + 1) * n * d), n, d, n === 1 ? null : host, cfg.eps);
+      want.set(rmsNorm(x, host.norm, normEps), r * d);
+    }
+    expectClose(readF32(hidden, nb * d), want, STREAM_TOL, `hc_final_read nb=${nb} n=${n}`, d);
+  });
+});

@@ -1,0 +1,110 @@
+// Projections (kernels/matvec.metal) against lib/reference matmulRows, for every storage
+// dtype, with the reference computing on the stored values (bf16/f16 rounded, q4
+// dequantized), so the only difference left is f32 accumulation order.
+import { afterAll, describe, expect, test } from "bun:test";
+
+import { encodeHalfSet, encodeMatvec, halfSetAt, halfSetBytes, halfSetFloats } from "../../lib/gpu/projections.ts";
+import type { DType } from "../../lib/model/config.ts";
+import { matmulRows } from "../../lib/reference/ops.ts";
+import { expectClose, expectGuard, NB_CASES, openDevice, outputF32, randomF32, readF32, rows, run, uploadF32, uploadWeight } from "./harness.ts";
+
+const dev = openDevice();
+afterAll(() => dev.close());
+
+// Sums of `in` products of values in [-1, 1): f32 rounding in another order grows like
+// sqrt(in) ulps of the sum of |terms| (measured ~5e-6 at in = 1088); 4e-7 * in leaves room.
+const dotTolerance = (inDim: number) => ({ abs: 4e-7 * inDim });
+
+describe("halfset_f32", () => {
+  test.each(NB_CASES)("nb = %i", (nb) => {
+    const width = nb === 1024 ? 64 : 160;
+    const x = randomF32(nb * width, nb, 1, "halfset");
+    const xb = uploadF32(dev, x);
+    const hs = dev.buffer(halfSetBytes(width, nb));
+    hs.f32.fill(Number.NaN);
+    const half = halfSetAt(hs, width);
+    run(dev, (ctx) => encodeHalfSet(ctx, rows(xb, width), half, nb));
+    const F = halfSetFloats(width);
+    const want = new Float32Array(nb * (width + width / 32));
+    const got = new Float32Array(want.length);
+    let k = 0;
+    for (let r = 0; r < nb; r++) {
+      const row = x.subarray(r * width, (r + 1) * width);
+      const h = hs.f32.subarray(r * F, (r + 1) * F);
+      for (let i = 0; i < width / 2; i++, k++) [want[k], got[k]] = [row[2 * i]!, h[i]!];
+      for (let i = 0; i < width / 2; i++, k++) [want[k], got[k]] = [row[2 * i + 1]!, h[width / 2 + i]!];
+      for (let g = 0; g < width / 32; g++, k++) {
+        let s = 0;
+        for (let j = 0; j < 32; j++) s += row[g * 32 + j]!;
+        [want[k], got[k]] = [s, h[width + g]!];
+      }
+    }
+    // halves are copies (exact); group sums are 32 f32 additions
+    expectClose(got, want, { abs: 1e-5 }, `halfset_f32 nb=${nb}`);
+  });
+});
+
+const DTYPES: DType[] = ["f32", "bf16", "f16", "q4"];
+
+describe.each(DTYPES)("matvec_%s_f32", (dtype) => {
+  // Widths: out not a multiple of the 16-row tile; in wider than one pass of 32 lanes.
+  const shapes = (nb: number): [number, number] => (nb === 1024 ? [19, 64] : [37, dtype === "q4" ? 1088 : 548]);
+
+  test.each(NB_CASES)("nb = %i", (nb) => {
+    const [out, inDim] = shapes(nb);
+    const { ref, host } = uploadWeight(dev, dtype, [out, inDim], 11 + nb);
+    const x = randomF32(nb * inDim, nb, 1, `x-${dtype}`);
+    const xb = uploadF32(dev, x);
+    const y = outputF32(dev, nb * out);
+    run(dev, (ctx) => {
+      if (dtype === "q4") {
+        const half = halfSetAt(dev.buffer(halfSetBytes(inDim, nb)), inDim);
+        encodeHalfSet(ctx, rows(xb, inDim), half, nb);
+        encodeMatvec(ctx, ref, half, rows(y, out), nb);
+      } else encodeMatvec(ctx, ref, rows(xb, inDim), rows(y, out), nb);
+    });
+    const want = matmulRows(host.values, x, nb, out, inDim);
+    expectClose(readF32(y, nb * out), want, dotTolerance(inDim), `matvec_${dtype}_f32 nb=${nb}`, out);
+    expectGuard(y, nb * out);
+  });
+
+  test("accumulates into y, over row ranges split across threadgroups", () => {
+    const nb = 9;
+    const [out, inDim] = [21, 96];
+    const { ref, host } = uploadWeight(dev, dtype, [out, inDim], 5);
+    const x = randomF32(nb * inDim, 3, 1, "acc-x");
+    const y0 = randomF32(nb * out, 4, 1, "acc-y");
+    const xb = uploadF32(dev, x);
+    const y = uploadF32(dev, y0);
+    run(dev, (ctx) => {
+      const half = halfSetAt(dev.buffer(halfSetBytes(inDim, nb)), inDim);
+      if (dtype === "q4") encodeHalfSet(ctx, rows(xb, inDim), half, nb);
+      encodeMatvec(ctx, ref, dtype === "q4" ? half : rows(xb, inDim), rows(y, out), nb, { accumulate: true, rowsPerGroup: 4 });
+    });
+    const want = matmulRows(host.values, x, nb, out, inDim).map((v, i) => v + y0[i]!);
+    expectClose(readF32(y, nb * out), want, dotTolerance(inDim), `matvec_${dtype}_f32 accumulate`, out);
+  });
+});
+
+describe("matvec strides and errors", () => {
+  test("reads and writes rows at strides and offsets inside larger buffers", () => {
+    const [nb, out, inDim, xs, ys] = [3, 8, 32, 40, 12];
+    const { ref, host } = uploadWeight(dev, "bf16", [out, inDim], 2);
+    const xData = randomF32(nb * xs + 16, 9);
+    const xb = uploadF32(dev, xData);
+    const y = outputF32(dev, 4 + nb * ys);
+    run(dev, (ctx) => encodeMatvec(ctx, ref, { buffer: xb, offset: 64, stride: xs * 4 }, { buffer: y, offset: 16, stride: ys * 4 }, nb));
+    for (let r = 0; r < nb; r++) {
+      const want = matmulRows(host.values, xData.subarray(16 + r * xs, 16 + r * xs + inDim), 1, out, inDim);
+      expectClose(readF32(y, out, 4 + r * ys), want, dotTolerance(inDim), "matvec_bf16_f32 strided");
+      expect(Number.isNaN(y.f32[4 + r * ys + out]!)).toBe(true); // the gap between rows is untouched
+    }
+  });
+
+  test("rejects a q4 weight without a HalfSet and a bad row count", () => {
+    const { ref } = uploadWeight(dev, "q4", [4, 32], 1);
+    const x = dev.buffer(1024);
+    expect(() => run(dev, (ctx) => encodeMatvec(ctx, ref, rows(x, 32), rows(x, 4), 1))).toThrow("needs a HalfSet input of width 32");
+    expect(() => run(dev, (ctx) => encodeMatvec(ctx, ref, halfSetAt(x, 32), rows(x, 4), 0))).toThrow("nb 0 must be");
+  });
+});

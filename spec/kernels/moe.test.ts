@@ -1,0 +1,204 @@
+// MoE kernels (kernels/moe.metal through lib/gpu/experts.ts) against lib/reference/moe.ts:
+// router softmax + top-k (ties included), grouping of pairs by expert, and the whole MoE of
+// a row batch (router, routed experts read through a slot table from a pool of records in
+// the on-disk layout, shared expert, combine) for every record dtype, plus a missing slot.
+import { afterAll, describe, expect, test } from "bun:test";
+
+import { encodeExpertLists, encodeMoeCombine, encodeRouter, encodeRouterTopK, encodeRoutedExperts, encodeSharedExpert, type ExpertPool } from "../../lib/gpu/experts.ts";
+import { encodeHalfSet, halfSetAt, halfSetBytes, type ProjectionInput } from "../../lib/gpu/projections.ts";
+import type { DType } from "../../lib/model/config.ts";
+import { PART_ALIGN } from "../../lib/model/manifest.ts";
+import { moeRow, routerTopK, type MoeWeights } from "../../lib/reference/moe.ts";
+import type { ModelConfig } from "../../lib/model/config.ts";
+import type { Buffer } from "../../lib/shim.ts";
+import {
+  expectClose,
+  expectExact,
+  hostTensor,
+  NB_CASES,
+  openDevice,
+  outputF32,
+  outputI32,
+  randomF32,
+  randomTokens,
+  readF32,
+  readI32,
+  rng,
+  rows,
+  run,
+  uploadF32,
+  uploadI32,
+  uploadWeights,
+  type HostTensor,
+} from "./harness.ts";
+
+const dev = openDevice();
+afterAll(() => dev.close());
+
+// Softmax in f32 (exp and one division per weight) against f64: a few ulps.
+const WEIGHT_TOL = { rel: 2e-6, abs: 1e-7 };
+
+describe("router_topk_f32", () => {
+  const cases = NB_CASES.flatMap((nb) => [
+    [nb, 8, 2, true],
+    [nb, nb === 1024 ? 32 : 130, nb === 1024 ? 4 : 10, false],
+  ] as const);
+  test.each(cases)("nb = %i, E = %i, k = %i, norm_topk_prob %p", (nb, E, k, norm) => {
+    const r = rng(nb * E, "logits");
+    // Logits on a grid of 1/8 so equal values (ties) are common: ranks must take the lower id.
+    const logits = Float32Array.from({ length: nb * E }, () => Math.round(r.symmetric() * 24) / 8);
+    const lb = uploadF32(dev, logits);
+    const ids = outputI32(dev, nb * k);
+    const weights = outputF32(dev, nb * k);
+    run(dev, (ctx) => encodeRouterTopK(ctx, rows(lb, E), { ids, weights }, nb, { experts: E, top_k: k, norm_topk_prob: norm }));
+    const wantIds: number[] = [];
+    const wantW: number[] = [];
+    for (let row = 0; row < nb; row++) {
+      const routing = routerTopK(logits.subarray(row * E, (row + 1) * E), k, norm);
+      wantIds.push(...routing.experts);
+      wantW.push(...routing.weights);
+    }
+    expectExact(readI32(ids, nb * k), wantIds, `router_topk_f32 ids nb=${nb}`, k);
+    expectClose(readF32(weights, nb * k), wantW, WEIGHT_TOL, `router_topk_f32 nb=${nb}`, k);
+  });
+});
+
+describe("moe_lists_i32", () => {
+  test.each(NB_CASES)("nb = %i", (nb) => {
+    const [E, k] = [nb === 1024 ? 128 : 16, 4];
+    const ids = randomTokens(nb * k, E, nb);
+    const offsets = outputI32(dev, E + 1);
+    const pairs = outputI32(dev, nb * k);
+    run(dev, (ctx) => encodeExpertLists(ctx, uploadI32(dev, ids), { offsets, pairs }, nb, k, E));
+    const got = readI32(pairs, nb * k);
+    const off = readI32(offsets, E + 1);
+    for (let e = 0; e < E; e++) {
+      const want = [...ids.keys()].filter((q) => ids[q] === e);
+      const seg = Array.from(got.subarray(off[e]!, off[e + 1]!)).sort((a, b) => a - b); // order within an expert is free
+      expectExact(seg, want, `moe_lists_i32 expert ${e}`);
+      expect(seg.length).toBe(want.length);
+    }
+    expect(off[E]).toBe(nb * k);
+  });
+});
+
+interface MoeDims {
+  d: number;
+  E: number;
+  k: number;
+  I: number;
+  SI: number;
+}
+
+/** A pool of expert records (gate | up | down at 256-aligned offsets) in `slots` slots; expert e in slotOf[e]. */
+function buildPool(dims: MoeDims, dtype: DType, seed: number, slotOf: number[], slots: number) {
+  const shapes = { gate: [dims.I, dims.d], up: [dims.I, dims.d], down: [dims.d, dims.I] } as const;
+  const align = (x: number) => Math.ceil(x / PART_ALIGN) * PART_ALIGN;
+  const experts: Record<keyof typeof shapes, HostTensor>[] = [];
+  for (let e = 0; e < dims.E; e++) {
+    const t = {} as Record<keyof typeof shapes, HostTensor>;
+    for (const [name, shape] of Object.entries(shapes) as [keyof typeof shapes, readonly number[]][])
+      t[name] = hostTensor(randomF32(shape[0]! * shape[1]!, seed + e, 0.3, `expert-${name}`), dtype, shape);
+    experts.push(t);
+  }
+  let cursor = 0;
+  const parts = (Object.keys(shapes) as (keyof typeof shapes)[]).map((name) => {
+    const offset = align(cursor);
+    cursor = offset + experts[0]![name].bytes.byteLength;
+    return { name, dtype, shape: shapes[name], offset };
+  });
+  const stride = align(cursor);
+  const buffer: Buffer = dev.buffer(stride * slots);
+  buffer.bytes.fill(0xff); // unused slots hold garbage: only mapped slots may be read
+  slotOf.forEach((s, e) => {
+    if (s < 0) return;
+    for (const p of parts) buffer.bytes.set(experts[e]![p.name].bytes, s * stride + p.offset);
+  });
+  const pool: ExpertPool = { buffer, slots, stride, parts };
+  return { pool, experts };
+}
+
+/** Runs a whole MoE on nb rows of x and returns y with the reference's y per row. */
+function runMoe(nb: number, dims: MoeDims, dtype: DType, opts: { missing?: number } = {}) {
+  const { d, E, k, I, SI } = dims;
+  const slots = E + 3;
+  const perm = [...Array(E).keys()].map((e) => (e * 7 + 3) % slots); // slots are not expert ids
+  if (new Set(perm).size !== E) throw new Error("test setup: slot map is not one-to-one");
+  const slotOf = perm.map((s, e) => (e === opts.missing ? -1 : s));
+  const { pool, experts } = buildPool(dims, dtype, 100, slotOf, slots);
+  const dense = {
+    router: hostTensor(randomF32(E * d, 7, 0.5, "router"), "bf16", [E, d]),
+    gate: hostTensor(randomF32(SI * d, 8, 0.3, "sg"), dtype, [SI, d]),
+    up: hostTensor(randomF32(SI * d, 9, 0.3, "su"), dtype, [SI, d]),
+    down: hostTensor(randomF32(d * SI, 10, 0.3, "sd"), dtype, [d, SI]),
+    expertGate: hostTensor(randomF32(d, 11, 0.5, "seg"), "bf16", [1, d]),
+  };
+  const { refs } = uploadWeights(dev, dense);
+  const x = randomF32(nb * d, nb + 1, 1.5, "moe-x");
+  const xb = uploadF32(dev, x);
+  const q4 = dtype === "q4";
+  const input: ProjectionInput = { rows: rows(xb, d), half: halfSetAt(dev.buffer(halfSetBytes(d, nb)), d) };
+  const logits = outputF32(dev, nb * E);
+  const ids = outputI32(dev, nb * k);
+  const weights = outputF32(dev, nb * k);
+  const lists = { offsets: outputI32(dev, E + 1), pairs: outputI32(dev, nb * k) };
+  const routed = {
+    h: rows(outputF32(dev, nb * k * I), I),
+    hHalf: q4 ? halfSetAt(dev.buffer(halfSetBytes(I, nb * k)), I) : undefined,
+    o: rows(outputF32(dev, nb * k * d), d),
+  };
+  const shared = {
+    h: rows(outputF32(dev, nb * SI), SI),
+    hHalf: q4 ? halfSetAt(dev.buffer(halfSetBytes(SI, nb)), SI) : undefined,
+    s: rows(outputF32(dev, nb * d), d),
+    sg: rows(outputF32(dev, nb), 1),
+  };
+  const y = outputF32(dev, nb * d);
+  const cfg = { experts: E, top_k: k, norm_topk_prob: true };
+  run(dev, (ctx) => {
+    encodeHalfSet(ctx, input.rows, input.half!, nb);
+    encodeRouter(ctx, refs.router, input, rows(logits, E), { ids, weights }, nb, cfg);
+    encodeExpertLists(ctx, ids, lists, nb, k, E);
+    // (the engine waits here for the host to publish slotOf)
+    encodeRoutedExperts(ctx, pool, uploadI32(dev, slotOf), lists, input, routed, nb, k, E);
+    encodeSharedExpert(ctx, refs, input, shared, nb);
+    encodeMoeCombine(ctx, weights, routed.o, rows(y, d), nb, k, d, shared);
+  });
+  const mw: MoeWeights = {
+    router: dense.router.values,
+    shared: { gate: dense.gate.values, up: dense.up.values, down: dense.down.values, expertGate: dense.expertGate.values },
+  };
+  const config = { hidden_size: d, moe: { experts: E, top_k: k, intermediate: I, norm_topk_prob: true, shared_intermediate: SI } } as ModelConfig;
+  const expert = (e: number) => ({ gate: experts[e]!.gate.values, up: experts[e]!.up.values, down: experts[e]!.down.values });
+  const ref = Array.from({ length: nb }, (_, r) => moeRow(mw, config, expert, x.subarray(r * d, (r + 1) * d)));
+  return { y: readF32(y, nb * d), ids: readI32(ids, nb * k), ref };
+}
+
+// y sums k + 1 expert outputs, each two chained f32 dot products (d then I terms) of values
+// of size ~1: errors of ~1e-6 relative to the largest output.
+const MOE_TOL = { abs: 1e-5, relMax: 2e-5 };
+
+describe("whole MoE: router, lists, routed experts through slots, shared expert, combine", () => {
+  const DTYPES: DType[] = ["f32", "bf16", "f16", "q4"];
+  test.each(DTYPES.flatMap((dt) => NB_CASES.map((nb) => [dt, nb] as const)))("%s records, nb = %i", (dtype, nb) => {
+    const dims: MoeDims = nb === 1024 ? { d: 32, E: 8, k: 2, I: 32, SI: 32 } : { d: 64, E: 16, k: 4, I: 96, SI: 64 };
+    const { y, ids, ref } = runMoe(nb, dims, dtype);
+    expectExact(ids, ref.flatMap((r) => r.routing.experts), `router ids (${dtype}, nb=${nb})`, dims.k);
+    const want = new Float32Array(nb * dims.d);
+    ref.forEach((r, i) => want.set(r.y, i * dims.d));
+    expectClose(y, want, MOE_TOL, `moe_${dtype} nb=${nb}`, dims.d);
+  });
+
+  test("a missing slot (-1) writes NaN for exactly the rows routed to it, reading nothing", () => {
+    const dims: MoeDims = { d: 64, E: 8, k: 2, I: 32, SI: 32 };
+    const missing = runMoe(5, dims, "q4").ids[0]!; // an expert row 0 uses
+    const { y, ids, ref } = runMoe(5, dims, "q4", { missing });
+    for (let r = 0; r < 5; r++) {
+      const row = y.subarray(r * dims.d, (r + 1) * dims.d);
+      const usesMissing = [...ids.subarray(r * dims.k, (r + 1) * dims.k)].includes(missing);
+      if (usesMissing) expect(row.every(Number.isNaN)).toBe(true);
+      else expectClose(row, ref[r]!.y, MOE_TOL, "moe missing-slot other rows");
+    }
+    expect(ids[0]).toBe(missing); // the case is exercised
+  });
+});
