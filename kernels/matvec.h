@@ -16,10 +16,12 @@
 
 using namespace metal;
 
-// Output rows per simdgroup, batch rows per pass, simdgroups per threadgroup.
+// Output rows per simdgroup (4: one float4 accumulator per batch row holds them, so one
+// simd_sum reduces 4 outputs at once), batch rows per pass, simdgroups per threadgroup.
 #define MV_R 4
 #define MV_NR 4
 #define MV_SG 4
+static_assert(MV_R == 4, "an accumulator is one float4 of MV_R output rows");
 
 // ---- element conversions ----------------------------------------------------------
 
@@ -97,14 +99,14 @@ struct Weights<uchar> {
   }
 };
 
-// ---- one pass: acc[i * MV_NR + j] += W[o0 + i] . x_j --------------------------------
+// ---- one pass: acc[j][i] += W[o0 + i] . x_j for the first nx (<= MV_NR) batch rows -----
 // Rows of W past out_dim are clamped (their results are never written); x rows arrive as
 // byte offsets from x so the caller decides where each batch row lives.
 
 template <typename WL>
 inline void mv_pass_dense(device const uchar* w, int in_dim, int o0, int out_dim,
-                          device const uchar* x, thread const ulong* xoff,
-                          thread float* acc, ushort lane) {
+                          device const uchar* x, thread const ulong* xoff, int nx,
+                          thread float4* acc, ushort lane) {
   ulong wrow[MV_R];
   for (int i = 0; i < MV_R; i++) {
     wrow[i] = ulong(min(o0 + i, out_dim - 1)) * ulong(in_dim);
@@ -114,11 +116,9 @@ inline void mv_pass_dense(device const uchar* w, int in_dim, int o0, int out_dim
     for (int i = 0; i < MV_R; i++) {
       wv[i] = WL::load4(w, wrow[i] + ulong(c));
     }
-    for (int j = 0; j < MV_NR; j++) {
+    for (int j = 0; j < nx; j++) {
       float4 xv = *((device const float4*)(x + xoff[j] + ulong(c) * 4));
-      for (int i = 0; i < MV_R; i++) {
-        acc[i * MV_NR + j] += dot(wv[i], xv);
-      }
+      acc[j] += float4(dot(wv[0], xv), dot(wv[1], xv), dot(wv[2], xv), dot(wv[3], xv));
     }
   }
 }
@@ -126,8 +126,8 @@ inline void mv_pass_dense(device const uchar* w, int in_dim, int o0, int out_dim
 // q4 over HalfSet rows: a lane takes 16 columns at a time (8 nibble bytes: 8 even and
 // 8 odd elements) and adds its group's bias term on the first half of the group.
 inline void mv_pass_q4(device const uchar* w, int in_dim, int o0, int out_dim,
-                       device const uchar* x, thread const ulong* xoff,
-                       thread float* acc, ushort lane) {
+                       device const uchar* x, thread const ulong* xoff, int nx,
+                       thread float4* acc, ushort lane) {
   ulong total = ulong(out_dim) * ulong(in_dim);
   device const ushort* scales = (device const ushort*)(w + total / 2);
   device const ushort* biases = scales + total / 32;
@@ -138,16 +138,21 @@ inline void mv_pass_q4(device const uchar* w, int in_dim, int o0, int out_dim,
   int half_dim = in_dim / 2;
   for (int u = int(lane); u < in_dim / 16; u += 32) {
     int g = u >> 1;
-    uint2 nib[MV_R];
+    // The 16 nibbles of each row as floats, even and odd halves, unpacked once per unit.
+    float4 qe0[MV_R], qe1[MV_R], qo0[MV_R], qo1[MV_R];
     float sc[MV_R];
     float bi[MV_R];
     for (int i = 0; i < MV_R; i++) {
       ulong e = wrow[i] + ulong(u) * 16;
-      nib[i] = *((device const uint2*)(w + e / 2));
+      uint2 nib = *((device const uint2*)(w + e / 2));
+      qe0[i] = nibbles_lo(nib.x);
+      qo0[i] = nibbles_hi(nib.x);
+      qe1[i] = nibbles_lo(nib.y);
+      qo1[i] = nibbles_hi(nib.y);
       sc[i] = bf16_to_f32(scales[e >> 5]);
       bi[i] = (u & 1) == 0 ? bf16_to_f32(biases[e >> 5]) : 0.0f;
     }
-    for (int j = 0; j < MV_NR; j++) {
+    for (int j = 0; j < nx; j++) {
       device const float* h = (device const float*)(x + xoff[j]);
       float4 e0 = *((device const float4*)(h + u * 8));
       float4 e1 = *((device const float4*)(h + u * 8 + 4));
@@ -155,9 +160,8 @@ inline void mv_pass_q4(device const uchar* w, int in_dim, int o0, int out_dim,
       float4 d1 = *((device const float4*)(h + half_dim + u * 8 + 4));
       float gs = h[in_dim + g];
       for (int i = 0; i < MV_R; i++) {
-        float q = dot(nibbles_lo(nib[i].x), e0) + dot(nibbles_hi(nib[i].x), d0) +
-                  dot(nibbles_lo(nib[i].y), e1) + dot(nibbles_hi(nib[i].y), d1);
-        acc[i * MV_NR + j] += sc[i] * q + bi[i] * gs;
+        float q = dot(qe0[i], e0) + dot(qo0[i], d0) + dot(qe1[i], e1) + dot(qo1[i], d1);
+        acc[j][i] += sc[i] * q + bi[i] * gs;
       }
     }
   }
@@ -167,29 +171,30 @@ inline void mv_pass_q4(device const uchar* w, int in_dim, int o0, int out_dim,
 template <typename T>
 struct MvPass {
   static void run(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
-                  thread const ulong* xoff, thread float* acc, ushort lane) {
-    mv_pass_dense<Weights<T> >(w, in_dim, o0, out_dim, x, xoff, acc, lane);
+                  thread const ulong* xoff, int nx, thread float4* acc, ushort lane) {
+    mv_pass_dense<Weights<T> >(w, in_dim, o0, out_dim, x, xoff, nx, acc, lane);
   }
 };
 
 template <>
 struct MvPass<uchar> {
   static void run(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
-                  thread const ulong* xoff, thread float* acc, ushort lane) {
-    mv_pass_q4(w, in_dim, o0, out_dim, x, xoff, acc, lane);
+                  thread const ulong* xoff, int nx, thread float4* acc, ushort lane) {
+    mv_pass_q4(w, in_dim, o0, out_dim, x, xoff, nx, acc, lane);
   }
 };
 
-// Sums every accumulator over the simdgroup (each lane then holds the totals).
-inline void mv_reduce(thread float* acc) {
-  for (int k = 0; k < MV_R * MV_NR; k++) {
-    acc[k] = simd_sum(acc[k]);
+// Sums the first nx accumulators over the simdgroup (each lane then holds the totals).
+// nx is uniform across the simdgroup, so every lane makes the same simd_sum calls.
+inline void mv_reduce(thread float4* acc, int nx) {
+  for (int j = 0; j < nx; j++) {
+    acc[j] = simd_sum(acc[j]);
   }
 }
 
-inline void mv_clear(thread float* acc) {
-  for (int k = 0; k < MV_R * MV_NR; k++) {
-    acc[k] = 0.0f;
+inline void mv_clear(thread float4* acc) {
+  for (int j = 0; j < MV_NR; j++) {
+    acc[j] = float4(0.0f);
   }
 }
 

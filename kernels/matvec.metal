@@ -56,15 +56,16 @@ kernel void matvec(
     for (int j = 0; j < MV_NR; j++) {
       xoff[j] = ulong(min(r0 + j, r_end - 1)) * p.x_stride;
     }
-    float acc[MV_R * MV_NR];
+    int nx = min(MV_NR, r_end - r0);
+    float4 acc[MV_NR];
     mv_clear(acc);
-    MvPass<T>::run(w, p.in_dim, o0, p.out_dim, x, xoff, acc, lane);
-    mv_reduce(acc);
+    MvPass<T>::run(w, p.in_dim, o0, p.out_dim, x, xoff, nx, acc, lane);
+    mv_reduce(acc, nx);
     if (lane == 0) {
-      for (int j = 0; j < MV_NR && r0 + j < r_end; j++) {
+      for (int j = 0; j < nx; j++) {
         device float* yr = (device float*)(y + ulong(r0 + j) * p.y_stride);
         for (int i = 0; i < MV_R && o0 + i < p.out_dim; i++) {
-          float v = acc[i * MV_NR + j];
+          float v = acc[j][i];
           yr[o0 + i] = p.accumulate != 0 ? yr[o0 + i] + v : v;
         }
       }

@@ -77,12 +77,15 @@ kernel void router_topk_f32(
 
 // Groups pair q = r * top_k + k by expert ids[q]: offsets[e] .. offsets[e + 1] index
 // pairs[], which lists the pairs of expert e (in no particular order: each pair's result
-// does not depend on it). One threadgroup; ids outside [0, E) are left out.
+// does not depend on it); active[0] = the number of experts with pairs, active[1 ..] their
+// ids ascending (the expert kernels' threadgroup rows). One threadgroup; ids outside
+// [0, E) are left out.
 kernel void moe_lists_i32(
     constant MoeListsParams& p [[buffer(0)]],
     device const int* ids      [[buffer(1)]],
     device int* offsets        [[buffer(2)]],
     device int* pairs          [[buffer(3)]],
+    device int* active         [[buffer(4)]],
     uint t                     [[thread_index_in_threadgroup]],
     uint nt                    [[threads_per_threadgroup]]) {
   threadgroup atomic_uint counts[MOE_MAX_EXPERTS];
@@ -100,13 +103,20 @@ kernel void moe_lists_i32(
   threadgroup_barrier(mem_flags::mem_threadgroup);
   if (t == 0) {
     uint run = 0;
+    int used = 0;
     for (int e = 0; e < p.experts; e++) {
       starts[e] = run;
       offsets[e] = int(run);
-      run += atomic_load_explicit(&counts[e], memory_order_relaxed);
+      uint c = atomic_load_explicit(&counts[e], memory_order_relaxed);
+      if (c > 0) {
+        active[1 + used] = e;
+        used++;
+      }
+      run += c;
       atomic_store_explicit(&counts[e], 0u, memory_order_relaxed);
     }
     offsets[p.experts] = int(run);
+    active[0] = used;
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
   for (int q = int(t); q < p.pairs; q += int(nt)) {
@@ -118,8 +128,9 @@ kernel void moe_lists_i32(
   }
 }
 
-// Routed experts. Threadgroup (x, e): MV_SG * MV_R output rows of expert e for every pair
-// routed to it, MV_NR pairs per pass. The expert's record is pool slot slot_of[e]; a
+// Routed experts. Threadgroup (x, u): MV_SG * MV_R output rows of the u-th active expert e
+// for every pair routed to it, MV_NR pairs per pass (the grid has min(E, pairs) rows of
+// threadgroups; those past the active count return at once). The expert's record is pool slot slot_of[e]; a
 // missing slot (-1 or >= slots) reads nothing and writes NaN into its pairs' outputs, for
 // the engine's finite check to catch.
 //   gate_up (GATE_UP): out[q] = SiLU(gate x[q / top_k]) * up x[q / top_k]
@@ -127,9 +138,12 @@ kernel void moe_lists_i32(
 // x rows are HalfSet rows for q4 records, plain rows otherwise.
 template <typename T, bool GATE_UP>
 inline void moe_experts(constant MoeExpertsParams& p, device const int* offsets, device const int* pairs,
-                        device const int* slot_of, device const uchar* pool, device const uchar* x,
-                        device uchar* y, uint2 tg, ushort sg, ushort lane) {
-  int e = int(tg.y);
+                        device const int* active, device const int* slot_of, device const uchar* pool,
+                        device const uchar* x, device uchar* y, uint2 tg, ushort sg, ushort lane) {
+  if (int(tg.y) >= active[0]) {
+    return;  // uniform per threadgroup
+  }
+  int e = active[1 + int(tg.y)];
   int begin = offsets[e];
   int end = offsets[e + 1];
   int o0 = (int(tg.x) * MV_SG + int(sg)) * MV_R;
@@ -145,24 +159,25 @@ inline void moe_experts(constant MoeExpertsParams& p, device const int* offsets,
       int q = pairs[min(q0 + j, end - 1)];
       xoff[j] = ulong(GATE_UP ? q / p.top_k : q) * p.x_stride;
     }
-    float acc[MV_R * MV_NR];
-    float up[MV_R * MV_NR];
+    int nx = min(MV_NR, end - q0);
+    float4 acc[MV_NR];
+    float4 up[MV_NR];
     mv_clear(acc);
     mv_clear(up);
     if (!missing) {
-      MvPass<T>::run(record + p.w0_offset, p.in_dim, o0, p.out_dim, x, xoff, acc, lane);
-      mv_reduce(acc);
+      MvPass<T>::run(record + p.w0_offset, p.in_dim, o0, p.out_dim, x, xoff, nx, acc, lane);
+      mv_reduce(acc, nx);
       if (GATE_UP) {
-        MvPass<T>::run(record + p.w1_offset, p.in_dim, o0, p.out_dim, x, xoff, up, lane);
-        mv_reduce(up);
+        MvPass<T>::run(record + p.w1_offset, p.in_dim, o0, p.out_dim, x, xoff, nx, up, lane);
+        mv_reduce(up, nx);
       }
     }
     if (lane == 0) {
-      for (int j = 0; j < MV_NR && q0 + j < end; j++) {
+      for (int j = 0; j < nx; j++) {
         device float* yr = (device float*)(y + ulong(pairs[q0 + j]) * p.y_stride);
         for (int i = 0; i < MV_R && o0 + i < p.out_dim; i++) {
-          float g = acc[i * MV_NR + j];
-          float v = GATE_UP ? g / (1.0f + exp(-g)) * up[i * MV_NR + j] : g;
+          float g = acc[j][i];
+          float v = GATE_UP ? g / (1.0f + exp(-g)) * up[j][i] : g;
           yr[o0 + i] = missing ? NAN : v;
         }
       }
@@ -175,14 +190,15 @@ kernel void moe_gate_up(
     constant MoeExpertsParams& p [[buffer(0)]],
     device const int* offsets    [[buffer(1)]],
     device const int* pairs      [[buffer(2)]],
-    device const int* slot_of    [[buffer(3)]],
-    device const uchar* pool     [[buffer(4)]],
-    device const uchar* x        [[buffer(5)]],
-    device uchar* y              [[buffer(6)]],
+    device const int* active     [[buffer(3)]],
+    device const int* slot_of    [[buffer(4)]],
+    device const uchar* pool     [[buffer(5)]],
+    device const uchar* x        [[buffer(6)]],
+    device uchar* y              [[buffer(7)]],
     uint2 tg                     [[threadgroup_position_in_grid]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
-  moe_experts<T, true>(p, offsets, pairs, slot_of, pool, x, y, tg, sg, lane);
+  moe_experts<T, true>(p, offsets, pairs, active, slot_of, pool, x, y, tg, sg, lane);
 }
 
 template <typename T>
@@ -190,14 +206,15 @@ kernel void moe_down(
     constant MoeExpertsParams& p [[buffer(0)]],
     device const int* offsets    [[buffer(1)]],
     device const int* pairs      [[buffer(2)]],
-    device const int* slot_of    [[buffer(3)]],
-    device const uchar* pool     [[buffer(4)]],
-    device const uchar* x        [[buffer(5)]],
-    device uchar* y              [[buffer(6)]],
+    device const int* active     [[buffer(3)]],
+    device const int* slot_of    [[buffer(4)]],
+    device const uchar* pool     [[buffer(5)]],
+    device const uchar* x        [[buffer(6)]],
+    device uchar* y              [[buffer(7)]],
     uint2 tg                     [[threadgroup_position_in_grid]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
-  moe_experts<T, false>(p, offsets, pairs, slot_of, pool, x, y, tg, sg, lane);
+  moe_experts<T, false>(p, offsets, pairs, active, slot_of, pool, x, y, tg, sg, lane);
 }
 
 template [[host_name("moe_gate_up_f32_f32")]] kernel decltype(moe_gate_up<float>) moe_gate_up<float>;
@@ -232,20 +249,21 @@ kernel void ffn_gate_up(
     for (int j = 0; j < MV_NR; j++) {
       xoff[j] = ulong(min(r0 + j, r_end - 1)) * p.x_stride;
     }
-    float g[MV_R * MV_NR];
-    float u[MV_R * MV_NR];
+    int nx = min(MV_NR, r_end - r0);
+    float4 g[MV_NR];
+    float4 u[MV_NR];
     mv_clear(g);
     mv_clear(u);
-    MvPass<T>::run(wg, p.in_dim, o0, p.out_dim, x, xoff, g, lane);
-    MvPass<T>::run(wu, p.in_dim, o0, p.out_dim, x, xoff, u, lane);
-    mv_reduce(g);
-    mv_reduce(u);
+    MvPass<T>::run(wg, p.in_dim, o0, p.out_dim, x, xoff, nx, g, lane);
+    MvPass<T>::run(wu, p.in_dim, o0, p.out_dim, x, xoff, nx, u, lane);
+    mv_reduce(g, nx);
+    mv_reduce(u, nx);
     if (lane == 0) {
-      for (int j = 0; j < MV_NR && r0 + j < r_end; j++) {
+      for (int j = 0; j < nx; j++) {
         device float* yr = (device float*)(y + ulong(r0 + j) * p.y_stride);
         for (int i = 0; i < MV_R && o0 + i < p.out_dim; i++) {
-          float gv = g[i * MV_NR + j];
-          yr[o0 + i] = gv / (1.0f + exp(-gv)) * u[i * MV_NR + j];
+          float gv = g[j][i];
+          yr[o0 + i] = gv / (1.0f + exp(-gv)) * u[j][i];
         }
       }
     }

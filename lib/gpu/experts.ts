@@ -24,7 +24,7 @@ import {
 export const MOE_MAX_EXPERTS = 1024;
 export const MOE_MAX_TOPK = 32;
 const ROUTER_SG = 4;
-const LIST_THREADS = 1024;
+const LIST_THREADS = 256;
 const COMBINE_THREADS = 64;
 
 export interface RouterConfig {
@@ -75,17 +75,21 @@ export function encodeRouterTopK(ctx: EncodeContext, logits: RowsRef, routes: Ro
   );
 }
 
-/** Pairs grouped by expert: offsets [E + 1] (i32), pairs [nb * k] (i32). */
+/**
+ * Pairs grouped by expert: offsets [E + 1] (i32), pairs [nb * k] (i32), and active [E + 1]
+ * (i32: the count of experts with pairs, then their ids ascending).
+ */
 export interface ExpertLists {
   offsets: Binding;
   pairs: Binding;
+  active: Binding;
 }
 
 /** Groups pair q = r * k + j by expert ids[q] into `lists`. */
 export function encodeExpertLists(ctx: EncodeContext, ids: Binding, lists: ExpertLists, nb: number, topK: number, experts: number): void {
   checkRows(nb, "moe_lists");
   if (experts < 1 || experts > MOE_MAX_EXPERTS) throw new Error(`moe_lists: ${experts} experts, at most ${MOE_MAX_EXPERTS}`);
-  dispatch(ctx, "moe_lists_i32", Params.MoeLists, { pairs: nb * topK, experts }, [ids, lists.offsets, lists.pairs], 1, LIST_THREADS);
+  dispatch(ctx, "moe_lists_i32", Params.MoeLists, { pairs: nb * topK, experts }, [ids, lists.offsets, lists.pairs, lists.active], 1, LIST_THREADS);
 }
 
 /** One part of an expert record (lib/model/format.ts ExpertLayout.parts). */
@@ -155,14 +159,16 @@ export function encodeRoutedExperts(
   if (q4 && !scratch.hHalf) throw new Error("routed experts: q4 records need scratch.hHalf for the down projections");
   const T = MATVEC_TILE;
   const common = { rows: nb, top_k: topK, experts, slots: pool.slots, record_stride: pool.stride };
-  const tables = [lists.offsets, lists.pairs, slotOf, pool.buffer] as const;
+  const tables = [lists.offsets, lists.pairs, lists.active, slotOf, pool.buffer] as const;
+  // One threadgroup row per expert that can be active: at most E, at most one per pair.
+  const expertRows = Math.min(experts, nb * topK);
   dispatch(
     ctx,
     `moe_gate_up_${dtype}_f32`,
     Params.MoeExperts,
     { ...common, in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: xin.stride, y_stride: scratch.h.stride },
     [...tables, bind(xin.buffer, xin.offset), bind(scratch.h.buffer, scratch.h.offset)],
-    [Math.ceil(I / (T.rows * T.simdgroups)), experts],
+    [Math.ceil(I / (T.rows * T.simdgroups)), expertRows],
     SIMD_WIDTH * T.simdgroups,
   );
   let hin: RowsRef = scratch.h;
@@ -176,7 +182,7 @@ export function encodeRoutedExperts(
     Params.MoeExperts,
     { ...common, in_dim: I, out_dim: d, w0_offset: down.offset, w1_offset: 0, x_stride: hin.stride, y_stride: scratch.o.stride },
     [...tables, bind(hin.buffer, hin.offset), bind(scratch.o.buffer, scratch.o.offset)],
-    [Math.ceil(d / (T.rows * T.simdgroups)), experts],
+    [Math.ceil(d / (T.rows * T.simdgroups)), expertRows],
     SIMD_WIDTH * T.simdgroups,
   );
 }

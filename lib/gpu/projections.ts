@@ -106,6 +106,11 @@ export function encodeMatvec(
   } else if (inDim % 4 !== 0) {
     throw new Error(`matvec: input width ${inDim} must be a multiple of 4`);
   }
+  // The kernels read x (and f32/f16/bf16 weights) four elements at a time: Metal wants
+  // those vector loads aligned.
+  if (x.offset % 16 !== 0 || x.stride % 16 !== 0)
+    throw new Error(`matvec: input offset ${x.offset} and row stride ${x.stride} must be multiples of 16 bytes`);
+  if (w.offset % 16 !== 0) throw new Error(`matvec: weight offset ${w.offset} must be a multiple of 16 bytes`);
   const rowsPerGroup = Math.min(nb, opts.rowsPerGroup ?? nb);
   if (!Number.isInteger(rowsPerGroup) || rowsPerGroup < 1) throw new Error(`matvec: rowsPerGroup ${rowsPerGroup} must be a positive integer`);
   const T = MATVEC_TILE;

@@ -82,7 +82,9 @@ export interface ExpertPool {
   readonly slotTableStride: number;
 
   /**
-   * Maps this step's union for `layer` to slots and pins them until {@link release}. Hits keep
+   * Maps this step's union for `layer` to slots and pins them until {@link release}.
+   * `expertIds` may hold duplicates (the router's [rows][topK] output, flattened, is fine):
+   * the union is taken in first-seen order. Hits keep
    * their slot; each miss takes a free slot or the least recently used unpinned one and
    * (wired) reads its record with `priority` (default "demand"). A queued lookahead read of a
    * hit is promoted; a queued lookahead read in a victim slot is cancelled.
@@ -124,6 +126,11 @@ export interface ExpertPool {
   slotOffset(slot: number): number;
   /** Every buffer slots live in, in index order (bind them all). Empty without a device. */
   readonly buffers: readonly Buffer[];
+  /**
+   * Slots per buffer: slot s lives in buffer floor(s / slotsPerBuffer) at byte offset
+   * (s % slotsPerBuffer) * recordBytes (what a kernel given all buffers computes).
+   */
+  readonly slotsPerBuffer: number;
   /** The record bytes of `slot` (a view, no copy). */
   slotView(slot: number): Uint8Array;
   /** Whether (layer, e) is resident (or being read). */
@@ -164,9 +171,16 @@ export interface ExpertPoolOptions {
   device?: Device;
   /** Wired: the scheduler reads go through (shared with PLE prefetch). Default: a new one the pool owns. */
   scheduler?: IoScheduler;
-  /** Largest single buffer (default 1 GiB); slots never straddle buffers. */
+  /**
+   * Largest single buffer (default {@link DEFAULT_MAX_BUFFER_BYTES}); slots never straddle
+   * buffers. Pass the device's own limit (Metal: maxBufferLength) when it is lower. Fewer,
+   * larger buffers keep the expert kernels' bindings few (Metal allows 31 per encoder).
+   */
   maxBufferBytes?: number;
 }
+
+/** Default upper bound of one slot buffer: 4 GiB. */
+export const DEFAULT_MAX_BUFFER_BYTES = 4 * 1024 ** 3;
 
 const EMPTY = 0;
 const LOADING = 1;
@@ -182,19 +196,27 @@ function alignedHostMemory(bytes: number): Uint8Array {
   return raw.subarray(skip, skip + bytes);
 }
 
-/** Deduplicates ids (first-seen order) and checks their range. */
-function unionOf(ids: ArrayLike<number>, perLayer: number, layer: number, what: string): number[] {
-  const seen = new Uint8Array(perLayer);
-  const out: number[] = [];
-  for (let i = 0; i < ids.length; i++) {
-    const e = ids[i]!;
-    if (!Number.isInteger(e) || e < 0 || e >= perLayer) throw new Error(`${what}: layer ${layer}: expert id ${e} is not in 0..${perLayer - 1}`);
-    if (!seen[e]) {
-      seen[e] = 1;
-      out.push(e);
-    }
+/** Deduplicates ids in first-seen order and checks their range (a stamp per id: no clearing, no allocation). */
+class UnionBuilder {
+  private readonly seen: Float64Array;
+  private stamp = 0;
+  constructor(private readonly perLayer: number) {
+    this.seen = new Float64Array(perLayer);
   }
-  return out;
+  of(ids: ArrayLike<number>, layer: number, what: string): number[] {
+    const stamp = ++this.stamp;
+    const out: number[] = [];
+    for (let i = 0; i < ids.length; i++) {
+      const e = ids[i]!;
+      if (!(e >= 0 && e < this.perLayer && Number.isInteger(e)))
+        throw new Error(`${what}: layer ${layer}: expert id ${e} is not in 0..${this.perLayer - 1}`);
+      if (this.seen[e] !== stamp) {
+        this.seen[e] = stamp;
+        out.push(e);
+      }
+    }
+    return out;
+  }
 }
 
 /** Creates a pool of either backing. */
@@ -205,6 +227,7 @@ export function createExpertPool(opts: ExpertPoolOptions): ExpertPool {
 /** Slots that hold data for one backing. */
 interface SlotMemory {
   readonly slotCount: number;
+  readonly slotsPerBuffer: number;
   readonly buffers: Buffer[];
   /** Buffer index and byte offset of a slot. */
   locate(slot: number): { buffer: number; offset: number };
@@ -229,6 +252,7 @@ function wiredMemory(capacity: number, stride: number, maxBufferBytes: number, d
   }
   return {
     slotCount: capacity,
+    slotsPerBuffer: perBuffer,
     buffers,
     locate: (slot) => ({ buffer: Math.floor(slot / perBuffer), offset: (slot % perBuffer) * stride }),
     view(slot) {
@@ -261,6 +285,7 @@ function mappedMemory(path: string, records: number, stride: number, maxBufferBy
     }
   return {
     slotCount: records,
+    slotsPerBuffer: perBuffer,
     buffers,
     locate: (slot) => ({ buffer: Math.floor(slot / perBuffer), offset: (slot % perBuffer) * stride }),
     view: (slot) => mapped().subarray(slot * stride, (slot + 1) * stride),
@@ -278,6 +303,7 @@ class LruExpertPool implements ExpertPool {
   readonly perLayer: number;
   readonly slotTableStride: number;
   readonly buffers: readonly Buffer[];
+  readonly slotsPerBuffer: number;
 
   private readonly memory: SlotMemory;
   private readonly scheduler: IoScheduler | null;
@@ -305,6 +331,7 @@ class LruExpertPool implements ExpertPool {
   // Per acquired layer.
   private readonly pins = new Map<number, { slots: number[]; table: Int32Array; union: number }>();
   private pinnedCount = 0;
+  private readonly unions: UnionBuilder;
   private prefetchCall = 0;
 
   private readonly c = {
@@ -336,7 +363,7 @@ class LruExpertPool implements ExpertPool {
     this.layers = layers;
     this.perLayer = perLayer;
     this.slotTableStride = perLayer + 1;
-    const maxBufferBytes = opts.maxBufferBytes ?? 1 << 30;
+    const maxBufferBytes = opts.maxBufferBytes ?? DEFAULT_MAX_BUFFER_BYTES;
     const path = opts.model.paths.experts;
     if (this.backing === "wired") {
       this.memory = wiredMemory(this.capacity, stride, maxBufferBytes, opts.device);
@@ -353,6 +380,7 @@ class LruExpertPool implements ExpertPool {
     }
     this.slotCount = this.memory.slotCount;
     this.buffers = this.memory.buffers;
+    this.slotsPerBuffer = this.memory.slotsPerBuffer;
 
     const n = this.capacity;
     this.slotKey = new Int32Array(n).fill(-1);
@@ -368,6 +396,7 @@ class LruExpertPool implements ExpertPool {
     this.inList = new Uint8Array(n);
     for (let s = n - 1; s >= 0; s--) this.free.push(s);
     this.keySlot = new Int32Array(records).fill(-1);
+    this.unions = new UnionBuilder(perLayer);
     this.c.layerHits = new Array<number>(layers).fill(0);
     this.c.layerMisses = new Array<number>(layers).fill(0);
   }
@@ -510,7 +539,7 @@ class LruExpertPool implements ExpertPool {
   acquire(layer: number, expertIds: ArrayLike<number>, priority: Priority = "demand"): Acquired {
     this.checkLayer(layer, "acquire");
     if (this.pins.has(layer)) throw new Error(`acquire: layer ${layer} is already acquired; release(${layer}) first`);
-    const union = unionOf(expertIds, this.perLayer, layer, "acquire");
+    const union = this.unions.of(expertIds, layer, "acquire");
     if (union.length > this.capacity - this.pinnedCount) throw new PoolTooSmallError(layer, union.length, this.capacity, this.pinnedCount);
 
     const base = layer * this.perLayer;
@@ -560,7 +589,7 @@ class LruExpertPool implements ExpertPool {
     this.pins.set(layer, { slots, table, union: union.length });
     const ready = waits.length === 0 ? RESOLVED : waits.length === 1 ? waits[0]! : Promise.all(waits).then(() => {});
     // Marked handled: a step aborted before it awaits `ready` must not crash the process.
-    ready.catch(() => {});
+    if (ready !== RESOLVED) ready.catch(() => {});
     return { slotOf: table.slice(), union, misses: missIds.length, missIds, ready };
   }
 
@@ -600,7 +629,7 @@ class LruExpertPool implements ExpertPool {
 
   prefetch(layer: number, expertIds: ArrayLike<number>, priority: Priority = "lookahead"): Prefetched {
     this.checkLayer(layer, "prefetch");
-    const ids = unionOf(expertIds, this.perLayer, layer, "prefetch");
+    const ids = this.unions.of(expertIds, layer, "prefetch");
     const call = ++this.prefetchCall; // from 1 (0 = no exclusion)
     const base = layer * this.perLayer;
     const waits: Promise<void>[] = [];

@@ -35,8 +35,11 @@ const RANK: Record<Priority, number> = { demand: 0, lookahead: 1, ngram: 2 };
 /** Alignment of offsets, lengths and buffer addresses for O_DIRECT reads (covers 512 and 4096-byte blocks). */
 export const DIRECT_ALIGNMENT = 4096;
 
-/** Reads in flight by default: enough to keep an NVMe queue busy without flooding Bun's pool. */
-export const DEFAULT_MAX_IN_FLIGHT = 8;
+/**
+ * Reads in flight by default: enough to keep an NVMe queue busy (bench:io's sweep; parallel
+ * pread is what made flash-moe's SSD reads fast). Needs UV_THREADPOOL_SIZE >= this to be real.
+ */
+export const DEFAULT_MAX_IN_FLIGHT = 16;
 
 /** What a read is for, used in error messages and stats. */
 export interface ReadLabel {
@@ -71,6 +74,12 @@ export type FileOpener = (path: string, flags: number) => number;
 export interface IoSchedulerOptions {
   /** Reads in flight at once (default {@link DEFAULT_MAX_IN_FLIGHT}). */
   maxInFlight?: number;
+  /**
+   * In-flight places only demand reads may take (default maxInFlight / 4, at least 1 when
+   * maxInFlight > 1): a demand miss never waits for a window full of prefetches, which
+   * cannot be cancelled once started.
+   */
+  demandReserve?: number;
   /** Ask for uncached reads on files opened without an explicit choice (default true). */
   uncached?: boolean;
   /** Replaces node:fs read (fault injection, slow disks). */
@@ -236,6 +245,7 @@ class Ticket implements ReadTicket {
  */
 export class IoScheduler {
   readonly maxInFlight: number;
+  readonly demandReserve: number;
   readonly uncached: boolean;
   private readonly reader: PositionalReader;
   private readonly opener: FileOpener;
@@ -262,6 +272,9 @@ export class IoScheduler {
     const n = opts.maxInFlight ?? DEFAULT_MAX_IN_FLIGHT;
     if (!Number.isInteger(n) || n < 1) throw new Error(`IoScheduler: maxInFlight ${n} must be an integer >= 1`);
     this.maxInFlight = n;
+    const r = opts.demandReserve ?? (n > 1 ? Math.max(1, Math.floor(n / 4)) : 0);
+    if (!Number.isInteger(r) || r < 0 || r >= n) throw new Error(`IoScheduler: demandReserve ${r} must be an integer in 0..${n - 1} (maxInFlight ${n})`);
+    this.demandReserve = r;
     this.uncached = opts.uncached ?? true;
     this.reader = opts.reader ?? fsRead;
     this.opener = opts.opener ?? defaultOpener;
@@ -389,7 +402,9 @@ export class IoScheduler {
 
   private pump(): void {
     while (this.reading.size < this.maxInFlight) {
-      const t = this.queues[0]!.shift() ?? this.queues[1]!.shift() ?? this.queues[2]!.shift();
+      let t = this.queues[0]!.shift();
+      // Lower classes leave the reserved places free for demand reads.
+      if (!t && this.reading.size < this.maxInFlight - this.demandReserve) t = this.queues[1]!.shift() ?? this.queues[2]!.shift();
       if (!t) return;
       this.queued--;
       this.start(t);

@@ -99,7 +99,8 @@ export function parseTraceStep(raw: unknown, where: string): TraceStep {
 
 /**
  * Reads a routing trace: JSON lines (this module's format), or a JSON document holding an
- * array of steps, `{trace: [...]}` or `{steps: [...]}` (the reference's Generation, recorded traces).
+ * array of steps, `{trace: [...]}` or `{steps: [...]}` (the reference's Generation), or a
+ * training-run trace (spec/train/traces: see {@link fromExcerptTrace}).
  */
 export function readTrace(path: string): TraceStep[] {
   let text: string;
@@ -127,6 +128,7 @@ export function parseTrace(text: string, source: string): TraceStep[] {
     }
   }
   if (isDoc) {
+    if (isExcerptTrace(doc)) return fromExcerptTrace(doc, source);
     const steps = Array.isArray(doc) ? doc : ((doc as { trace?: unknown; steps?: unknown }).trace ?? (doc as { steps?: unknown }).steps);
     // A single JSON-lines step is also a valid document: tell them apart by shape.
     if (!Array.isArray(doc) && steps === undefined && (doc as { experts?: unknown }).experts !== undefined) return [parseTraceStep(doc, `${source}:1`)];
@@ -144,6 +146,57 @@ export function parseTrace(text: string, source: string): TraceStep[] {
       throw new Error(`${source}:${i + 1}: not valid JSON: ${(e as Error).message}`);
     }
     out.push(parseTraceStep(raw, `${source}:${i + 1}`));
+  });
+  return out;
+}
+
+/**
+ * The traces recorded by the training runs (spec/train/measure.ts): one-row decode steps,
+ * per excerpt `experts[step]` and `weights[step]` flattened [layer][k], and
+ * `predicted[step]` the lookahead's sets for layers 1..layers-1 flattened [layer-1][k].
+ */
+export interface ExcerptTrace {
+  model?: string;
+  layers: number;
+  topK: number;
+  /** Routed experts per layer. */
+  experts: number;
+  excerpts: { path?: string; tokens: number[]; experts: number[][]; weights?: number[][]; predicted?: number[][] }[];
+}
+
+function isExcerptTrace(doc: unknown): doc is ExcerptTrace {
+  const d = doc as Partial<ExcerptTrace> | null;
+  return !!d && typeof d === "object" && Array.isArray(d.excerpts) && Number.isInteger(d.layers) && Number.isInteger(d.topK);
+}
+
+/** Converts a training-run trace to steps, excerpts back to back. */
+export function fromExcerptTrace(doc: ExcerptTrace, source: string): TraceStep[] {
+  const { layers, topK } = doc;
+  const out: TraceStep[] = [];
+  const byLayer = <T>(flat: T[], count: number): T[][] => Array.from({ length: count }, (_, l) => flat.slice(l * topK, (l + 1) * topK));
+  doc.excerpts.forEach((ex, x) => {
+    const where = `${source}: excerpt ${x}${ex.path ? ` (${ex.path})` : ""}`;
+    if (!isIntArray(ex.tokens) || !Array.isArray(ex.experts) || ex.experts.length !== ex.tokens.length)
+      throw new Error(`${where}: needs tokens and one experts entry per token`);
+    ex.tokens.forEach((token, t) => {
+      const flat = ex.experts[t]!;
+      if (!isIntArray(flat) || flat.length !== layers * topK)
+        throw new Error(`${where}: step ${t}: experts has ${Array.isArray(flat) ? flat.length : "no"} ids, expected layers x topK = ${layers * topK}`);
+      const w = ex.weights?.[t];
+      const step: TraceStep = {
+        tokens: [token],
+        experts: byLayer(flat, layers).map((ids) => [ids]),
+        weights: w ? byLayer(w, layers).map((ws) => [ws]) : [],
+        misses: [],
+      };
+      const p = ex.predicted?.[t];
+      if (p) {
+        if (!isIntArray(p) || p.length !== (layers - 1) * topK)
+          throw new Error(`${where}: step ${t}: predicted has ${Array.isArray(p) ? p.length : "no"} ids, expected (layers - 1) x topK = ${(layers - 1) * topK}`);
+        step.predicted = [[], ...byLayer(p, layers - 1)];
+      }
+      out.push(step);
+    });
   });
   return out;
 }

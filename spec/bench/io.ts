@@ -4,8 +4,8 @@
  * Reads every expert record of a model in a seeded random order through the engine's wired
  * pool (lib/gpu/residency.ts: shim buffers as slots, the IO scheduler, O_DIRECT on Linux),
  * and times `dd if=experts.bin of=/dev/null bs=1M iflag=direct` on the same file in the
- * same run, alternating the two for --passes rounds. Then sweeps the reads in flight
- * (1, 4, 8, 16). Prints a table, or one JSON object with --json.
+ * same run, alternating the two (and raw node:fs reads without the scheduler) for --passes
+ * rounds, at the scheduler's default depth. Then sweeps the reads in flight (1, 4, 8, 16). Prints a table, or one JSON object with --json.
  *
  * Options: --model DIR (default: synthesize --preset, default small, into a folder on a
  * real disk: not tmpfs, which would measure memory), --dir DIR (where to synthesize),
@@ -35,7 +35,7 @@ if (!process.env.UV_THREADPOOL_SIZE) {
 const { synthesize } = await import("../../lib/convert/synth.ts");
 const { openModel } = await import("../../lib/model/format.ts");
 const { createExpertPool } = await import("../../lib/gpu/residency.ts");
-const { IoScheduler, ioThreadPoolSize, fsRead } = await import("../../lib/gpu/streaming.ts");
+const { IoScheduler, ioThreadPoolSize, fsRead, DEFAULT_MAX_IN_FLIGHT } = await import("../../lib/gpu/streaming.ts");
 type ExpertSource = import("../../lib/gpu/residency.ts").ExpertSource;
 type ExpertPool = import("../../lib/gpu/residency.ts").ExpertPool;
 type DeviceT = import("../../lib/shim.ts").Device;
@@ -270,7 +270,8 @@ try {
   }
   const passes = Number(opts.passes);
   const sweep = opts["in-flight"].split(",").map(Number);
-  const main = sweep.includes(8) ? 8 : sweep[sweep.length - 1]!;
+  // The headline row uses the scheduler's default depth.
+  const main = sweep.includes(DEFAULT_MAX_IN_FLIGHT) ? DEFAULT_MAX_IN_FLIGHT : sweep[sweep.length - 1]!;
   const repeat = Math.max(1, Math.ceil((Number(opts["min-mb"]) * 1e6) / fileBytes));
   log(`${layers * perLayer} records of ${stride} bytes (${(fileBytes / 1e6).toFixed(1)} MB), read ${repeat}x per measurement; ${passes} passes; ${ioThreadPoolSize()} IO threads`);
 

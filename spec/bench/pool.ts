@@ -7,10 +7,12 @@
  * Traces, in order of preference:
  *  --traces PATH   a trace file (.jsonl or .json) or a folder of them;
  *  spec/train/traces/*.json(l) when present (trained models' routing);
- *  else made here: a synthetic model (--preset, default small; --seed) run through the
+ *  else (or with --generate) made here: a synthetic model (--preset, default small; --seed) run through the
  *  reference (lib/reference) on a few prompts, plain and speculative (prefill chunk 4).
  *  Synthetic routing is close to uniform: its numbers show the machinery, not real locality.
- * Traces of one run are replayed back to back (a server keeps its pool across requests).
+ * Each model's trace file gets its own table; the excerpts or prompts inside one are replayed
+ * back to back (a server keeps its pool across requests). Files that are not traces
+ * (summary.json, the held-out corpus) are skipped.
  * Other options: --tokens N (per generated trace, default 64), --sizes 10,25,50 (percent),
  * --save DIR (write the generated traces as JSON lines), --json (one JSON object).
  */
@@ -34,6 +36,7 @@ const { values: opts } = parseArgs({
     tokens: { type: "string", default: "64" },
     sizes: { type: "string", default: "10,20,25,30,40,50,60,70,80,90,100" },
     save: { type: "string" },
+    generate: { type: "boolean", default: false },
     json: { type: "boolean", default: false },
   },
 });
@@ -51,16 +54,20 @@ interface TraceSet {
 /** Experts per layer from a trace document's metadata, if it says. */
 function perLayerOf(doc: unknown): number | null {
   const d = doc as { perLayer?: unknown; per_layer?: unknown; experts_per_layer?: unknown; config?: { moe?: { experts?: unknown } } };
-  for (const v of [d?.perLayer, d?.per_layer, d?.experts_per_layer, d?.config?.moe?.experts]) if (Number.isInteger(v)) return v as number;
+  const experts = (d as { experts?: unknown })?.experts; // training-run traces: the expert count
+  for (const v of [d?.perLayer, d?.per_layer, d?.experts_per_layer, d?.config?.moe?.experts, experts]) if (Number.isInteger(v)) return v as number;
   return null;
 }
 
+/** Reads trace files as one set (one model's run). */
 function loadTraceFiles(paths: string[], source: string): TraceSet {
   const steps: TraceStep[] = [];
+  const used: string[] = [];
   let perLayer = 0;
   for (const p of paths) {
     const text = readFileSync(p, "utf8");
     steps.push(...parseTrace(text, p));
+    used.push(p);
     try {
       perLayer = Math.max(perLayer, perLayerOf(JSON.parse(text)) ?? 0);
     } catch {
@@ -71,7 +78,8 @@ function loadTraceFiles(paths: string[], source: string): TraceSet {
     // No metadata: the largest id seen bounds it from below.
     for (const s of steps) for (const l of s.experts) for (const r of l) for (const e of r) perLayer = Math.max(perLayer, e + 1);
   }
-  return { source, files: paths, steps, perLayer };
+  if (!steps.length) throw new Error(`${source}: no routing trace steps`);
+  return { source, files: used, steps, perLayer };
 }
 
 function traceFilesIn(dir: string): string[] {
@@ -121,30 +129,32 @@ async function generatedTraces(): Promise<TraceSet> {
   }
 }
 
-async function traces(): Promise<TraceSet> {
+/** One set per model: a recorded folder holds one trace file per model. */
+async function traceSets(): Promise<TraceSet[]> {
   if (opts.traces) {
     const st = statSync(opts.traces);
     const files = st.isDirectory() ? traceFilesIn(opts.traces) : [opts.traces];
     if (!files.length) throw new Error(`--traces ${opts.traces}: no .json or .jsonl files`);
-    return loadTraceFiles(files, opts.traces);
+    // A folder of JSON lines (e.g. --save output) is one model's run; other folders, one set per file.
+    if (files.every((f) => f.endsWith(".jsonl"))) return [loadTraceFiles(files, opts.traces)];
+    return files.map((f) => loadTraceFiles([f], f));
   }
   const recorded = join(ROOT, "spec", "train", "traces");
-  if (existsSync(recorded) && traceFilesIn(recorded).length) return loadTraceFiles(traceFilesIn(recorded), "spec/train/traces");
-  return generatedTraces();
+  const sets: TraceSet[] = [];
+  if (existsSync(recorded) && !opts.generate)
+    for (const f of traceFilesIn(recorded)) {
+      try {
+        sets.push(loadTraceFiles([f], `spec/train/traces/${basename(f)}`));
+      } catch {
+        log(`  spec/train/traces/${basename(f)}: not a routing trace, skipped`);
+      }
+    }
+  return sets.length ? sets : [await generatedTraces()];
 }
 
 const pct = (x: number) => `${(100 * x).toFixed(1)}%`;
 const ratio = (a: number, b: number) => (b ? (a / b).toFixed(3) : "-");
-
-const set = await traces();
-const steps = accessesOf(set.steps);
-const layers = Math.max(...set.steps.map((s) => s.experts.length));
-const shape = { layers, perLayer: set.perLayer };
-const records = layers * set.perLayer;
-const minimum = largestUnion(steps);
-const hasPredicted = set.steps.some((s) => s.predicted?.some((p) => p.length > 0));
 const sizes = opts.sizes.split(",").map(Number);
-const accesses = steps.reduce((s, a) => s + a.length, 0);
 
 interface Row {
   percent: number;
@@ -155,62 +165,81 @@ interface Row {
   belady?: SimResult;
   skipped?: string;
 }
-const rows: Row[] = [];
-for (const p of sizes) {
-  const slots = Math.round((p / 100) * records);
-  if (slots < minimum) {
-    rows.push({ percent: p, slots, skipped: `below the largest union (${minimum} records)` });
-    continue;
-  }
-  const row: Row = { percent: p, slots };
-  row.lru = await simulateLru(steps, shape, slots);
-  row.lookahead = await simulateLru(steps, shape, slots, "perfect");
-  if (hasPredicted) row.lookaheadTrace = await simulateLru(steps, shape, slots, "trace");
-  row.belady = simulateBelady(steps, shape, slots);
-  rows.push(row);
-}
 
-const summary = {
-  bench: "pool",
-  source: set.source,
-  files: set.files.map((f) => basename(f)),
-  steps: set.steps.length,
-  accesses,
-  layers,
-  perLayer: set.perLayer,
-  records,
-  largestUnion: minimum,
-  rows,
-};
-
-if (opts.json) {
-  console.log(JSON.stringify(summary));
-} else {
-  console.log(`bench:pool  ${set.source}`);
-  console.log(`  ${set.steps.length} steps, ${accesses} layer accesses, ${layers} layers x ${set.perLayer} experts = ${records} records, largest union ${minimum}`);
-  console.log("  hit rate = demanded experts found resident; reads = records read (misses + prefetches)\n");
-  const head = ["pool", "slots", "LRU", "LRU+LA", ...(hasPredicted ? ["LRU+LA(trace)"] : []), "Belady", "LRU/Belady", "reads/Belady: LRU", "LRU+LA", "LA wasted"];
-  const table: string[][] = [head];
-  for (const r of rows) {
-    if (r.skipped) {
-      table.push([`${r.percent}%`, String(r.slots), `(${r.skipped})`]);
+/** Every policy at every pool size on one trace set. */
+async function benchSet(set: TraceSet) {
+  const steps = accessesOf(set.steps);
+  const layers = Math.max(...set.steps.map((s) => s.experts.length));
+  const shape = { layers, perLayer: set.perLayer };
+  const records = layers * set.perLayer;
+  const minimum = largestUnion(steps);
+  const hasPredicted = set.steps.some((s) => s.predicted?.some((p) => p.length > 0));
+  const rows: Row[] = [];
+  for (const p of sizes) {
+    const slots = Math.round((p / 100) * records);
+    if (slots < minimum) {
+      rows.push({ percent: p, slots, skipped: `below the largest union (${minimum} records)` });
       continue;
     }
+    const row: Row = { percent: p, slots };
+    row.lru = await simulateLru(steps, shape, slots);
+    row.lookahead = await simulateLru(steps, shape, slots, "perfect");
+    if (hasPredicted) row.lookaheadTrace = await simulateLru(steps, shape, slots, "trace");
+    row.belady = simulateBelady(steps, shape, slots);
+    rows.push(row);
+  }
+  return {
+    source: set.source,
+    files: set.files.map((f) => basename(f)),
+    steps: set.steps.length,
+    accesses: steps.reduce((n, a) => n + a.length, 0),
+    layers,
+    perLayer: set.perLayer,
+    records,
+    largestUnion: minimum,
+    hasPredicted,
+    rows,
+  };
+}
+
+function printSet(r: Awaited<ReturnType<typeof benchSet>>): void {
+  console.log(`bench:pool  ${r.source}`);
+  console.log(`  ${r.steps} steps, ${r.accesses} layer accesses, ${r.layers} layers x ${r.perLayer} experts = ${r.records} records, largest union ${r.largestUnion}\n`);
+  const la = r.hasPredicted;
+  const head = ["pool", "slots", "LRU", "LRU+LA*", ...(la ? ["LRU+LA"] : []), "Belady", "LRU/Belady", "reads/Belady: LRU", "LRU+LA*", ...(la ? ["LRU+LA", "LA wasted"] : [])];
+  const table: string[][] = [head];
+  for (const row of r.rows) {
+    if (row.skipped) {
+      table.push([`${row.percent}%`, String(row.slots), `(${row.skipped})`]);
+      continue;
+    }
+    const b = row.belady!;
     table.push([
-      `${r.percent}%`,
-      String(r.slots),
-      pct(r.lru!.hitRate),
-      pct(r.lookahead!.hitRate),
-      ...(hasPredicted ? [pct(r.lookaheadTrace!.hitRate)] : []),
-      pct(r.belady!.hitRate),
-      ratio(r.lru!.hitRate, r.belady!.hitRate),
-      ratio(r.lru!.reads, r.belady!.reads),
-      ratio(r.lookahead!.reads, r.belady!.reads),
-      String(r.lookahead!.wasted ?? 0),
+      `${row.percent}%`,
+      String(row.slots),
+      pct(row.lru!.hitRate),
+      pct(row.lookahead!.hitRate),
+      ...(la ? [pct(row.lookaheadTrace!.hitRate)] : []),
+      pct(b.hitRate),
+      ratio(row.lru!.hitRate, b.hitRate),
+      ratio(row.lru!.reads, b.reads),
+      ratio(row.lookahead!.reads, b.reads),
+      ...(la ? [ratio(row.lookaheadTrace!.reads, b.reads), String(row.lookaheadTrace!.wasted ?? 0)] : []),
     ]);
   }
-  const widths = head.map((_, i) => Math.max(...table.map((row) => (row[i] ?? "").length)));
-  for (const row of table) console.log("  " + row.map((c, i) => (i < 2 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join("  "));
-  console.log("\n  LRU+LA: LRU plus a perfect one-layer lookahead (the trace's next-layer union is prefetched);");
-  console.log("  its hit rate counts reads hidden behind compute; reads/Belady is what each policy costs in bandwidth.");
+  const widths = head.map((_, i) => Math.max(...table.map((t) => (t[i] ?? "").length)));
+  for (const t of table) console.log("  " + t.map((c, i) => (i < 2 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join("  "));
+  console.log("");
+}
+
+const results = [];
+for (const set of await traceSets()) results.push(await benchSet(set));
+if (opts.json) {
+  console.log(JSON.stringify({ bench: "pool", sets: results }));
+} else {
+  results.forEach(printSet);
+  console.log("hit rate: demanded experts (per step and layer, the union of its rows) found resident;");
+  console.log("reads: records read, misses plus prefetches (the bandwidth a policy costs).");
+  console.log("LRU+LA*: LRU plus a perfect one-layer lookahead (the next layer's real union is prefetched).");
+  console.log("LRU+LA: LRU plus the trace's own lookahead predictions (the lookahead router's sets).");
 }

@@ -123,7 +123,9 @@ test("wired slots (shim buffers, uncached reads) hold exactly the records of exp
   // 5 slots across 3 buffers of 2 slots: slots never straddle buffers.
   const pool = createExpertPool({ backing: "wired", model: tiny.model, capacity: 5, device: dev, maxBufferBytes: 2 * stride + 100 });
   expect(pool.buffers.length).toBe(3);
+  expect(pool.slotsPerBuffer).toBe(2);
   expect(pool.slotOffset(3)).toBe(stride);
+  expect(pool.slotBufferIndex(3)).toBe(1);
   await checkEveryRecord(pool);
   expect(pool.poolStats().misses).toBe(layers * perLayer);
   await pool.close();

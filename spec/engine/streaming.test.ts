@@ -169,6 +169,7 @@ test("close() with reads in flight waits for them, cancels the queued ones, and 
   const slow = faultyReader();
   const io = new IoScheduler({
     maxInFlight: 2,
+    demandReserve: 0,
     reader: async (file: IoFile, into, pos) => {
       await Bun.sleep(60);
       return slow.reader(file, into, pos);
@@ -205,5 +206,26 @@ test("a read submitted `after` another starts only once that one settles", async
   hold.open();
   await second.done;
   expect(Buffer.compare(v!, tiny.model.readExpertRecord(0, 2))).toBe(0); // the later read's bytes win
+  await io.close();
+});
+
+test("prefetches leave the reserved in-flight places to demand reads", async () => {
+  const f = faultyReader();
+  const hold = gate();
+  for (let e = 0; e < 8; e++) f.hold.set(offsetOf(1, e), hold.promise);
+  const io = new IoScheduler({ maxInFlight: 4, reader: f.reader });
+  expect(io.demandReserve).toBe(1);
+  const file = io.open(tiny.model.paths.experts);
+  const v = slots(7);
+  const look = [0, 1, 2, 3, 4].map((e) => io.submit({ file, position: offsetOf(1, e), into: v[e]!, priority: "lookahead" }));
+  expect(look.map((t) => t.state)).toEqual(["reading", "reading", "reading", "queued", "queued"]);
+  const demand = io.submit({ file, position: offsetOf(1, 5), into: v[5]!, priority: "demand" });
+  expect(demand.state).toBe("reading"); // no wait behind the prefetches
+  const more = io.submit({ file, position: offsetOf(1, 6), into: v[6]!, priority: "demand" });
+  expect(more.state).toBe("queued"); // the window is full now
+  hold.open();
+  await io.drain();
+  expect(f.started.slice(0, 5).map((p) => (p - offsetOf(1, 0)) / stride)).toEqual([0, 1, 2, 5, 6]);
+  expect(() => new IoScheduler({ maxInFlight: 2, demandReserve: 2 })).toThrow(/demandReserve 2 must be an integer in 0\.\.1/);
   await io.close();
 });

@@ -79,10 +79,11 @@ test("stats() gathers pool, IO, lookahead, activity, memory and phases into plai
   const activity = new ExpertActivity(layers, perLayer);
   const collector = new StatsCollector({ pool, io, activity, memory });
 
-  pool.prefetch(1, [2, 3]);
+  const p = pool.prefetch(1, [2, 3]);
   const a = pool.acquire(1, [3, 4]);
   activity.record(1, 1, [3, 4]);
   await a.ready;
+  await p.ready; // (1,2) is nobody's demand: wait for it too before counting completed bytes
   pool.release(1);
   collector.phases.add("router", 1.5);
   collector.phases.add("router", 0.5);
@@ -138,4 +139,30 @@ test("traces also read as a JSON document (array, {trace}, tuples), and bad line
   writeFileSync(path, `${JSON.stringify(step)}\n{oops\n`);
   expect(() => readTrace(path)).toThrow(/bad\.jsonl:2: not valid JSON/);
   expect(() => readTrace(join(tiny.dir, "missing.jsonl"))).toThrow(/cannot read .*missing\.jsonl: ENOENT/);
+});
+
+test("training-run traces (spec/train/traces: flattened [layer][k] per decode step) read as steps", () => {
+  // 3 layers, top-2: experts[t] = [l0k0, l0k1, l1k0, l1k1, l2k0, l2k1]; predicted[t] covers layers 1..2.
+  const doc = {
+    model: "m",
+    layers: 3,
+    topK: 2,
+    experts: 8,
+    excerpts: [
+      { path: "a.py", tokens: [5, 6], experts: [[1, 2, 3, 4, 5, 6], [7, 0, 1, 2, 3, 4]], weights: [[0.6, 0.4, 0.5, 0.5, 0.9, 0.1], [1, 0, 1, 0, 1, 0]], predicted: [[3, 1, 5, 2], [1, 2, 3, 4]] },
+      { tokens: [9], experts: [[0, 1, 2, 3, 4, 5]] },
+    ],
+  };
+  const steps = parseTrace(JSON.stringify(doc), "t.json");
+  expect(steps.length).toBe(3);
+  expect(steps[0]).toEqual({
+    tokens: [5],
+    experts: [[[1, 2]], [[3, 4]], [[5, 6]]],
+    weights: [[[0.6, 0.4]], [[0.5, 0.5]], [[0.9, 0.1]]],
+    misses: [],
+    predicted: [[], [3, 1], [5, 2]],
+  });
+  expect(steps[2]).toEqual({ tokens: [9], experts: [[[0, 1]], [[2, 3]], [[4, 5]]], weights: [], misses: [] });
+  const bad = { ...doc, excerpts: [{ path: "b.py", tokens: [1], experts: [[1, 2, 3]] }] };
+  expect(() => parseTrace(JSON.stringify(bad), "t.json")).toThrow(/t\.json: excerpt 0 \(b\.py\): step 0: experts has 3 ids, expected layers x topK = 6/);
 });

@@ -4,9 +4,9 @@
 import { afterAll, describe, expect, test } from "bun:test";
 
 import type { RowsRef } from "../../lib/gpu/dispatch.ts";
-import { encodeHcCoefficients, encodeSiteRead, encodeSiteWrite, hcMixCount, type HcConfig, type HcScratch } from "../../lib/gpu/hyperconnection.ts";
+import { encodeHcCoefficients, encodeHcRead, encodeSiteRead, encodeSiteWrite, hcMixCount, type HcConfig, type HcScratch } from "../../lib/gpu/hyperconnection.ts";
 import { encodeFinalRead } from "../../lib/gpu/sampling.ts";
-import { hcCoefficients, hcFinalRead, hcMixes, residualSite } from "../../lib/reference/hyperconnection.ts";
+import { hcCoefficients, hcFinalRead, hcMixes, hcRead, residualSite } from "../../lib/reference/hyperconnection.ts";
 import { rmsNorm } from "../../lib/reference/ops.ts";
 import type { Device } from "../../lib/shim.ts";
 import { expectClose, hostTensor, NB_CASES, openDevice, outputF32, randomF32, readF32, rows, run, uploadF32, uploadWeights } from "./harness.ts";
@@ -112,5 +112,19 @@ describe("final read (hc_coeffs_f32 head + hc_read_norm_f32)", () => {
       want.set(rmsNorm(x, host.norm, normEps), r * d);
     }
     expectClose(readF32(hidden, nb * d), want, STREAM_TOL, `hc_final_read nb=${nb} n=${n}`, d);
+  });
+});
+
+describe("hc_read_f32 (no norm)", () => {
+  test.each(NB_CASES)("nb = %i", (nb) => {
+    const n = 3;
+    const d = nb === 1024 ? 32 : 80;
+    const X = randomF32(nb * n * d, nb, 2, "X");
+    const pre = randomF32(nb * 5, nb, 1, "pre"); // coefficient rows of 5 floats: pre first
+    const y = outputF32(dev, nb * d);
+    run(dev, (ctx) => encodeHcRead(ctx, rows(uploadF32(dev, X), n * d), rows(uploadF32(dev, pre), 5), rows(y, d), nb, n, d));
+    const want = new Float32Array(nb * d);
+    for (let r = 0; r < nb; r++) hcRead(X.subarray(r * n * d, (r + 1) * n * d), pre.subarray(r * 5, r * 5 + n), n, d, want.subarray(r * d, (r + 1) * d));
+    expectClose(readF32(y, nb * d), want, STREAM_TOL, `hc_read_f32 nb=${nb}`, d); // n products and sums
   });
 });

@@ -69,7 +69,8 @@ describe("moe_lists_i32", () => {
     const ids = randomTokens(nb * k, E, nb);
     const offsets = outputI32(dev, E + 1);
     const pairs = outputI32(dev, nb * k);
-    run(dev, (ctx) => encodeExpertLists(ctx, uploadI32(dev, ids), { offsets, pairs }, nb, k, E));
+    const active = outputI32(dev, E + 1);
+    run(dev, (ctx) => encodeExpertLists(ctx, uploadI32(dev, ids), { offsets, pairs, active }, nb, k, E));
     const got = readI32(pairs, nb * k);
     const off = readI32(offsets, E + 1);
     for (let e = 0; e < E; e++) {
@@ -79,6 +80,8 @@ describe("moe_lists_i32", () => {
       expect(seg.length).toBe(want.length);
     }
     expect(off[E]).toBe(nb * k);
+    const used = [...new Set(ids)].sort((a, b) => a - b);
+    expectExact(readI32(active, used.length + 1), [used.length, ...used], "moe_lists_i32 active experts");
   });
 });
 
@@ -141,7 +144,7 @@ function runMoe(nb: number, dims: MoeDims, dtype: DType, opts: { missing?: numbe
   const logits = outputF32(dev, nb * E);
   const ids = outputI32(dev, nb * k);
   const weights = outputF32(dev, nb * k);
-  const lists = { offsets: outputI32(dev, E + 1), pairs: outputI32(dev, nb * k) };
+  const lists = { offsets: outputI32(dev, E + 1), pairs: outputI32(dev, nb * k), active: outputI32(dev, E + 1) };
   const routed = {
     h: rows(outputF32(dev, nb * k * I), I),
     hHalf: q4 ? halfSetAt(dev.buffer(halfSetBytes(I, nb * k)), I) : undefined,
@@ -200,5 +203,23 @@ describe("whole MoE: router, lists, routed experts through slots, shared expert,
       else expectClose(row, ref[r]!.y, MOE_TOL, "moe missing-slot other rows");
     }
     expect(ids[0]).toBe(missing); // the case is exercised
+  });
+});
+
+describe("moe_combine_f32 (no shared expert)", () => {
+  test.each(NB_CASES)("nb = %i", (nb) => {
+    const [k, d] = [3, nb === 1024 ? 32 : 72];
+    const w = randomF32(nb * k, nb, 1, "combine-w");
+    const o = randomF32(nb * k * d, nb, 2, "combine-o");
+    const y = outputF32(dev, nb * d);
+    run(dev, (ctx) => encodeMoeCombine(ctx, uploadF32(dev, w), rows(uploadF32(dev, o), d), rows(y, d), nb, k, d));
+    const want = new Float32Array(nb * d);
+    for (let r = 0; r < nb; r++)
+      for (let c = 0; c < d; c++) {
+        let s = 0;
+        for (let j = 0; j < k; j++) s += w[r * k + j]! * o[(r * k + j) * d + c]!;
+        want[r * d + c] = s;
+      }
+    expectClose(readF32(y, nb * d), want, { abs: 2e-6 }, `moe_combine_f32 nb=${nb}`, d); // k f32 products of values <= 2
   });
 });
