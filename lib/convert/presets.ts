@@ -15,6 +15,31 @@ function pleMultipliers(orders: number[], heads: number, salt: number): number[]
 /** 3 deltanet : 1 attention, as Qwen3-Next. */
 const pattern = (L: number): LayerType[] => Array.from({ length: L }, (_, l) => ((l + 1) % 4 === 0 ? "attention" : "deltanet"));
 
+/** Qwen3-30B-A3B-like dimensions with qwen4-exp's features on. */
+const shape30b = {
+  architecture: "qwen4-exp",
+  vocab_size: 151936,
+  hidden_size: 2048,
+  num_layers: 48,
+  layer_types: pattern(48),
+  rms_norm_eps: 1e-6,
+  tie_embeddings: false,
+  bos_token_id: null,
+  eos_token_id: 151643,
+  hc: { streams: 4, eps: 1e-6, sinkhorn_iters: 20 },
+  deltanet: { key_heads: 16, key_dim: 128, value_heads: 32, value_dim: 128, conv_kernel: 4 },
+  attention: {
+    heads: 32, kv_heads: 4, head_dim: 128, partial_rotary_factor: 0.25, rope_theta: 1e7, kv_cache: "q8",
+    qsa: { heads: 16, head_dim: 128, topk: 2048 },
+  },
+  moe: { experts: 128, top_k: 8, intermediate: 768, norm_topk_prob: true, shared_intermediate: 0 },
+  ple: {
+    layers: [0, 24], orders: [2, 3], heads: 4, head_dim: 128, rows: [[65521, 65519, 65497, 65479], [65449, 65447, 65437, 65423]],
+    mult: pleMultipliers([2, 3], 4, 3), pad_id: 0, conv_kernel: 4,
+  },
+  mtp: { max_drafts: 3 },
+} as const;
+
 const base = {
   tiny: {
     architecture: "qwen4-exp",
@@ -62,51 +87,13 @@ const base = {
     },
     mtp: { max_drafts: 3 },
   },
-  "30b-a3b-shape": {
-    architecture: "qwen4-exp",
-    vocab_size: 151936,
-    hidden_size: 2048,
-    num_layers: 48,
-    layer_types: pattern(48),
-    rms_norm_eps: 1e-6,
-    tie_embeddings: false,
-    bos_token_id: null,
-    eos_token_id: 151643,
-    hc: { streams: 4, eps: 1e-6, sinkhorn_iters: 20 },
-    deltanet: { key_heads: 16, key_dim: 128, value_heads: 32, value_dim: 128, conv_kernel: 4 },
-    attention: {
-      heads: 32, kv_heads: 4, head_dim: 128, partial_rotary_factor: 0.25, rope_theta: 1e7, kv_cache: "q8",
-      qsa: { heads: 16, head_dim: 128, topk: 2048 },
-    },
-    moe: { experts: 128, top_k: 8, intermediate: 768, norm_topk_prob: true, shared_intermediate: 0 },
-    ple: {
-      layers: [0, 24], orders: [2, 3], heads: 4, head_dim: 128, rows: [[65521, 65519, 65497, 65479], [65449, 65447, 65437, 65423]],
-      mult: pleMultipliers([2, 3], 4, 3), pad_id: 0, conv_kernel: 4,
-    },
-    mtp: { max_drafts: 3 },
-  },
+  "30b-a3b-shape": shape30b,
+  // Qwen3-Next-80B-A3B's trunk: wider attention heads, 512 small experts, a shared expert.
   "80b-a3b-shape": {
-    architecture: "qwen4-exp",
-    vocab_size: 151936,
-    hidden_size: 2048,
-    num_layers: 48,
-    layer_types: pattern(48),
-    rms_norm_eps: 1e-6,
-    tie_embeddings: false,
-    bos_token_id: null,
-    eos_token_id: 151643,
-    hc: { streams: 4, eps: 1e-6, sinkhorn_iters: 20 },
-    deltanet: { key_heads: 16, key_dim: 128, value_heads: 32, value_dim: 128, conv_kernel: 4 },
-    attention: {
-      heads: 16, kv_heads: 2, head_dim: 256, partial_rotary_factor: 0.25, rope_theta: 1e7, kv_cache: "q8",
-      qsa: { heads: 16, head_dim: 128, topk: 2048 },
-    },
+    ...shape30b,
+    attention: { ...shape30b.attention, heads: 16, kv_heads: 2, head_dim: 256 },
     moe: { experts: 512, top_k: 10, intermediate: 512, norm_topk_prob: true, shared_intermediate: 512 },
-    ple: {
-      layers: [0, 24], orders: [2, 3], heads: 4, head_dim: 128, rows: [[65521, 65519, 65497, 65479], [65449, 65447, 65437, 65423]],
-      mult: pleMultipliers([2, 3], 4, 4), pad_id: 0, conv_kernel: 4,
-    },
-    mtp: { max_drafts: 3 },
+    ple: { ...shape30b.ple, mult: pleMultipliers([2, 3], 4, 4) },
   },
 } as const;
 
