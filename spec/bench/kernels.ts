@@ -11,25 +11,25 @@
  * per copy (the least disturbed by other processes on a shared machine) and the median.
  * A case may be several dispatches (named in `kernels`).
  */
-import { presetConfig } from "../convert/presets.ts";
-import { dims, type DType } from "../model/config.ts";
-import { f32ToBf16, f32ToF16 } from "../model/dtype.ts";
-import { quantizeQ4 } from "../model/q4.ts";
-import { Rng } from "../model/rng.ts";
-import { tensorBytes } from "../model/tensors.ts";
-import { encodeResidualAdd, encodeElementwise } from "../gpu/elementwise.ts";
-import { encodeEmbed } from "../gpu/embed.ts";
-import type { EncodeContext, RowsRef, TensorRef } from "../gpu/dispatch.ts";
-import { encodeExpertLists, encodeMoeCombine, encodeRouterTopK, encodeRoutedExperts, encodeSharedExpert, type ExpertPool } from "../gpu/experts.ts";
-import { encodeHcCoefficients, encodeHcRead, encodeHcWrite, hcMixCount, type HcSiteRefs } from "../gpu/hyperconnection.ts";
-import { encodeMtpInput } from "../gpu/mtp.ts";
-import { encodeRmsNorm, encodeRmsNormGated } from "../gpu/norms.ts";
-import { encodeHalfSet, encodeMatvec, halfSetAt, halfSetBytes } from "../gpu/projections.ts";
-import { encodeArgmax, encodeFinalRead } from "../gpu/sampling.ts";
-import { Device, type Buffer } from "../shim.ts";
-import { allocateKvCache, attentionPartialBytes, attentionSplits, encodeAttention, encodeKvAppend, encodeQsa, encodeRope, qsaScoreBytes } from "../gpu/attention.ts";
-import { deltanetStateFloats, encodeConvSilu, encodeDeltaNet } from "../gpu/deltanet.ts";
-import { encodePleConv, encodePleGate, encodePleGather, pleHistoryFloats } from "../gpu/ple.ts";
+import { presetConfig } from "../../lib/convert/presets.ts";
+import { dims, type DType } from "../../lib/model/config.ts";
+import { f32ToBf16, f32ToF16 } from "../../lib/model/dtype.ts";
+import { quantizeQ4 } from "../../lib/model/q4.ts";
+import { Rng } from "../../lib/model/rng.ts";
+import { tensorBytes } from "../../lib/model/tensors.ts";
+import { encodeResidualAdd, encodeElementwise } from "../../lib/gpu/elementwise.ts";
+import { encodeEmbed } from "../../lib/gpu/embed.ts";
+import type { EncodeContext, RowsRef, TensorRef } from "../../lib/gpu/dispatch.ts";
+import { encodeExpertLists, encodeMoeCombine, encodeRouterTopK, encodeRoutedExperts, encodeSharedExpert, type ExpertPool } from "../../lib/gpu/experts.ts";
+import { encodeHcCoefficients, encodeHcRead, encodeHcWrite, hcMixCount, type HcSiteRefs } from "../../lib/gpu/hyperconnection.ts";
+import { encodeMtpInput } from "../../lib/gpu/mtp.ts";
+import { encodeRmsNorm, encodeRmsNormGated } from "../../lib/gpu/norms.ts";
+import { encodeHalfSet, encodeMatvec, halfSetAt, halfSetBytes } from "../../lib/gpu/projections.ts";
+import { encodeArgmax, encodeFinalRead } from "../../lib/gpu/sampling.ts";
+import { Device, type Buffer } from "../../lib/shim.ts";
+import { allocateKvCache, attentionPartialBytes, attentionSplits, encodeAttention, encodeKvAppend, encodeQsa, encodeRope, qsaScoreBytes } from "../../lib/gpu/attention.ts";
+import { deltanetStateFloats, encodeConvSilu, encodeDeltaNet } from "../../lib/gpu/deltanet.ts";
+import { encodePleConv, encodePleGate, encodePleGather, pleHistoryFloats } from "../../lib/gpu/ple.ts";
 
 interface BenchCase {
   name: string;
