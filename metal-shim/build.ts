@@ -38,7 +38,11 @@ function inputs(backend: Backend): string[] {
   const include = join(ROOT, "metal-shim", "include");
   const dirs = backend === "cpu" ? [CPU_DIR, COMMON_DIR, include, join(ROOT, "kernels")] : [METAL_DIR, COMMON_DIR, include];
   const out = [join(ROOT, "metal-shim", "build.ts")];
-  if (backend === "cpu") out.push(join(ROOT, "metal-shim", "gen-bindings.ts"), join(ROOT, "lib", "gpu", "params.ts"));
+  if (backend === "cpu") {
+    const gpu = join(ROOT, "lib", "gpu");
+    const params = readdirSync(gpu).filter((f) => /^params.*\.ts$/.test(f)).map((f) => join(gpu, f));
+    out.push(join(ROOT, "metal-shim", "gen-bindings.ts"), ...params);
+  }
   const walk = (dir: string) => {
     if (!existsSync(dir)) return;
     out.push(dir); // a folder's mtime changes when a file is added or removed

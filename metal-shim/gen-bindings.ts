@@ -146,7 +146,8 @@ interface Found {
 export function findKernels(source: string, file: string): Found[] {
   const code = blankPreprocessor(stripComments(source));
   const found: Found[] = [];
-  const re = /\bkernel\b/g;
+  // `p.kernel` or `p->kernel` is a field, not a declaration
+  const re = /(?<!\.\s*|->\s*)\bkernel\b/g;
   for (let m = re.exec(code); m; m = re.exec(code)) {
     const at = m.index;
     const line = lineOf(code, at);

@@ -50,6 +50,11 @@ template [[host_name("tmpl_f16")]] kernel void tmpl<half>(constant P& p [[buffer
     expect(found[2]!.params).toBeNull();
   });
 
+  test("a field named kernel (p.kernel, p->kernel) is not a declaration", () => {
+    const src = `kernel void k(constant P& p [[buffer(0)]], device float* y [[buffer(1)]]) { y[0] = p.kernel + q->kernel; }`;
+    expect(findKernels(src, "k.metal").map((f) => f.name)).toEqual(["k"]);
+  });
+
   test.each([
     ["[[kernel]] void k() {}", /k.metal:1: write `kernel void name\(...\)`, not \[\[kernel\]\]/],
     ['template kernel void t<float>(device float* x [[buffer(1)]]);', /k.metal:1: explicit instantiation of t needs \[\[host_name/],
