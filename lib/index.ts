@@ -20,3 +20,5 @@ export type { Features, PresetName } from "./convert/presets.ts";
 export { convertCheckpoint } from "./convert/convert.ts";
 export type { ConvertOptions, ConvertResult } from "./convert/convert.ts";
 export { BackendUnavailableError } from "./api/backend.ts";
+export { createServer } from "./server/server.ts";
+export type { RunningServer, ServerOptions } from "./server/server.ts";

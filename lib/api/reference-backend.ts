@@ -48,7 +48,7 @@ class ReferenceSequence implements BackendSequence {
         out.next.push(argmax(l));
         out.margins.push(topTwoMargin(l));
       }
-      await Promise.resolve(); // let an abort or another task in between chunks
+      await new Promise((r) => setImmediate(r)); // let an abort (e.g. a client disconnect) in between chunks
     }
     return out;
   }

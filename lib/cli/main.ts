@@ -8,6 +8,7 @@ import { convertCommand } from "./commands/convert.ts";
 import { helpText, usage } from "./commands/help.ts";
 import { inspectCommand } from "./commands/inspect.ts";
 import { runCommand } from "./commands/run.ts";
+import { serveCommand } from "./commands/serve.ts";
 import { synthCommand } from "./commands/synth.ts";
 import { processIO, type CliIO } from "./io.ts";
 
@@ -16,6 +17,7 @@ const commands: Record<string, (argv: string[], io: CliIO) => Promise<number>> =
   inspect: inspectCommand,
   run: runCommand,
   convert: convertCommand,
+  serve: serveCommand,
 };
 
 export async function main(argv: string[], io: CliIO = processIO()): Promise<number> {

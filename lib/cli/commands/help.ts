@@ -1,8 +1,10 @@
 // Usage text of every command, shown by `cherenkov help [command]` and `--help`.
 import { convertUsage } from "./convert.ts";
+import { serveUsage } from "./serve.ts";
 
 export const usage: Record<string, string> = {
   convert: convertUsage,
+  serve: serveUsage,
   synth: `cherenkov synth --preset NAME --out DIR [options]
   Writes a seeded random qwen4-exp model (every feature on unless switched off).
     --preset tiny|small|30b-a3b-shape|80b-a3b-shape
@@ -22,8 +24,20 @@ export const usage: Record<string, string> = {
     --prompt-tokens IDS  comma-separated token ids instead of text
     --chat               wrap --prompt as a user message with the chat template
     --max-tokens N       tokens to generate at most (default 16; stops after the end token)
-    --backend reference  the pure-TypeScript reference (the only backend so far)
-    --json               print {"tokens": [...], "text": "..."} on one line`,
+    --backend NAME       auto (default: the engine on this platform's backend), cpu, metal,
+                         or reference (the pure-TypeScript oracle)
+    --drafts N           MTP drafts per step (speculative decoding; same tokens as greedy)
+    --prefill-chunk N    prompt rows per step (default 512)
+    --json               print {"tokens": [...], "text": "..."} on one line
+    --stats              print the model's stats (engine: pool, IO, lookahead, activity,
+                         memory, phases, handshake) as JSON on stderr, or inside --json
+  Engine options (cpu, metal, auto):
+    --pool N% | SIZE     expert pool as a share of all expert records, or bytes (8GiB)
+    --pool-slots N       expert pool in records
+    --backing wired|mapped  slots filled by uncached reads (default), or the mapped file
+    --no-lookahead       do not run the next layer's router early to prefetch its experts
+    --max-context N      tokens a sequence may hold (default 4096)
+    --trace FILE         append every step's routing (tokens, experts, weights, misses) as JSON lines`,
 };
 
 export function helpText(command?: string): string {

@@ -3,7 +3,9 @@ import { BackendUnavailableError } from "../../api/backend.ts";
 import { Model } from "../../api/model.ts";
 import { defaultModelDir } from "../../model/default-model.ts";
 import { MANIFEST_FILE } from "../../model/manifest.ts";
-import { choiceFlag, intFlag, parseFlags, stringFlag, UsageError } from "../args.ts";
+import type { EngineOptions } from "../../api/engine-backend.ts";
+import { BudgetError, parsePoolSize } from "../../gpu/budget.ts";
+import { choiceFlag, intFlag, parseFlags, stringFlag, UsageError, type Flags } from "../args.ts";
 import type { CliIO } from "../io.ts";
 
 const BACKENDS = ["auto", "reference", "cpu", "metal"] as const;
@@ -20,6 +22,29 @@ export function parsePromptTokens(text: string, vocabSize: number, where: string
   });
 }
 
+/** The engine's flags (--pool, --pool-slots, --backing, --no-lookahead, --max-context, --trace). */
+function engineFlags(flags: Flags): EngineOptions {
+  const engine: EngineOptions = {};
+  const pool = stringFlag(flags, "pool");
+  if (pool !== undefined && flags["pool-slots"] !== undefined) throw new UsageError("give at most one of --pool and --pool-slots");
+  if (pool !== undefined) {
+    try {
+      const size = parsePoolSize(pool);
+      if (size.poolFraction !== undefined) engine.pool = size.poolFraction;
+      else engine.poolBytes = size.poolBytes;
+    } catch (e) {
+      throw new UsageError((e as Error).message);
+    }
+  }
+  if (flags["pool-slots"] !== undefined) engine.poolSlots = intFlag(flags, "pool-slots", 0, 1);
+  if (flags.backing !== undefined) engine.backing = choiceFlag(flags, "backing", ["wired", "mapped"] as const, "wired");
+  if (flags["no-lookahead"]) engine.lookahead = false;
+  if (flags["max-context"] !== undefined) engine.maxContext = intFlag(flags, "max-context", 4096, 1, 1 << 24);
+  const trace = stringFlag(flags, "trace");
+  if (trace !== undefined) engine.trace = trace;
+  return engine;
+}
+
 export async function runCommand(argv: string[], io: CliIO): Promise<number> {
   const { flags, positionals } = parseFlags(
     argv,
@@ -33,6 +58,12 @@ export async function runCommand(argv: string[], io: CliIO): Promise<number> {
       json: { type: "boolean" },
       chat: { type: "boolean" },
       stats: { type: "boolean" },
+      pool: { type: "string" },
+      "pool-slots": { type: "string" },
+      backing: { type: "string" },
+      "no-lookahead": { type: "boolean" },
+      "max-context": { type: "string" },
+      trace: { type: "string" },
     },
     1,
   );
@@ -44,10 +75,13 @@ export async function runCommand(argv: string[], io: CliIO): Promise<number> {
   const drafts = intFlag(flags, "drafts", 0, 0, 16);
   const prefillChunk = intFlag(flags, "prefill-chunk", 512, 1, 1 << 20);
   const backend = choiceFlag(flags, "backend", BACKENDS, "auto");
+  const engine = engineFlags(flags);
 
   const dir = positionals[0] ?? (await defaultModelDir());
-  const model = await Model.load(dir, { backend, prefillChunk }).catch((e: unknown) => {
-    throw e instanceof BackendUnavailableError ? new UsageError(`--backend: ${e.message}`) : e;
+  const model = await Model.load(dir, { backend, prefillChunk, engine }).catch((e: unknown) => {
+    if (e instanceof BackendUnavailableError) throw new UsageError(`--backend: ${e.message}`);
+    if (e instanceof BudgetError) throw new UsageError(`--pool: ${e.message}`);
+    throw e;
   });
   try {
     const vocab = model.config.vocab_size;

@@ -1,0 +1,102 @@
+// `cherenkov serve`: the OpenAI-compatible HTTP server (lib/server) over one loaded model,
+// until SIGINT or SIGTERM.
+import { BackendUnavailableError } from "../../api/backend.ts";
+import { Model } from "../../api/model.ts";
+import { defaultModelDir } from "../../model/default-model.ts";
+import { createServer, type RunningServer } from "../../server/server.ts";
+import { choiceFlag, intFlag, parseFlags, stringFlag, UsageError } from "../args.ts";
+import type { CliIO } from "../io.ts";
+
+const BACKENDS = ["auto", "reference", "cpu", "metal"] as const;
+
+export const serveUsage = `cherenkov serve [DIR] [options]
+  OpenAI-compatible HTTP server (greedy generation, one request at a time, queued).
+  DIR defaults to the embedded tiny model. Endpoints: /v1/chat/completions, /v1/completions,
+  /v1/models, /v1/stats, /health (docs/server.md).
+    --port N            TCP port (default 8080; 0 picks a free one)
+    --host H            interface to listen on (default 127.0.0.1; 0.0.0.0 = every interface)
+    --backend B         auto|reference|cpu|metal (default auto)
+    --model-id NAME     the name clients pass as "model" (default: DIR's name)
+    --context N         prompt + completion tokens per request (default: the model's, else 4096)
+    --max-tokens N      completion tokens when a request sets none (default 512)
+    --drafts N          MTP drafts per step (same output; needs an MTP head)
+    --prefill-chunk N   rows per prefill chunk (default 512)
+    --max-queue N       requests that may wait; more get 503 (default 64)
+    --api-key KEY       require "Authorization: Bearer KEY" on /v1/* (or set CHERENKOV_API_KEY)
+    --cors              allow cross-origin requests from browsers`;
+
+/** Loads the model and starts the server; the caller stops it. */
+export async function startServe(argv: string[], io: CliIO): Promise<{ server: RunningServer; model: Model }> {
+  const { flags, positionals } = parseFlags(
+    argv,
+    {
+      port: { type: "string" },
+      host: { type: "string" },
+      backend: { type: "string" },
+      "model-id": { type: "string" },
+      context: { type: "string" },
+      "max-tokens": { type: "string" },
+      drafts: { type: "string" },
+      "prefill-chunk": { type: "string" },
+      "max-queue": { type: "string" },
+      "api-key": { type: "string" },
+      cors: { type: "boolean" },
+    },
+    1,
+  );
+  const port = intFlag(flags, "port", 8080, 0, 65535);
+  const hostname = stringFlag(flags, "host") ?? "127.0.0.1";
+  if (hostname === "") throw new UsageError("--host: give an interface address or name");
+  const backend = choiceFlag(flags, "backend", BACKENDS, "auto");
+  const contextFlag = stringFlag(flags, "context") === undefined ? undefined : intFlag(flags, "context", 0, 2, 1 << 30);
+  const defaultMaxTokens = intFlag(flags, "max-tokens", 512, 1, 1 << 30);
+  const drafts = intFlag(flags, "drafts", 0, 0, 16);
+  const prefillChunk = intFlag(flags, "prefill-chunk", 512, 1, 1 << 20);
+  const maxQueue = intFlag(flags, "max-queue", 64, 0, 1 << 20);
+  const apiKey = stringFlag(flags, "api-key") ?? (process.env.CHERENKOV_API_KEY || undefined);
+  const modelId = stringFlag(flags, "model-id");
+  if (modelId === "") throw new UsageError("--model-id: must not be empty");
+
+  const dir = positionals[0] ?? (await defaultModelDir());
+  // the engine sizes its KV caches for the context asked for
+  const engine = contextFlag === undefined ? undefined : { maxContext: contextFlag };
+  const model = await Model.load(dir, { backend, prefillChunk, engine }).catch((e: unknown) => {
+    throw e instanceof BackendUnavailableError ? new UsageError(`--backend: ${e.message}`) : e;
+  });
+  try {
+    if (drafts > 0 && model.maxDrafts === 0) throw new UsageError(`--drafts: ${dir} has no MTP head`);
+    let server: RunningServer;
+    try {
+      server = createServer({
+        model, port, hostname, modelId, contextLength: contextFlag, defaultMaxTokens, drafts, maxQueue, apiKey,
+        cors: Boolean(flags.cors),
+        log: (line) => io.stderr(`${new Date().toISOString()} ${line}\n`),
+      });
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code;
+      if (code === "EADDRINUSE") throw new UsageError(`--port: ${port} is already in use on ${hostname}`);
+      if (code === "EADDRNOTAVAIL" || code === "ENOTFOUND") throw new UsageError(`--host: cannot listen on "${hostname}"`);
+      throw e;
+    }
+    io.stderr(
+      `cherenkov serve: ${server.modelId} (${model.backendName} backend, context ${server.contextLength}) on ${server.url}/v1` +
+        `${apiKey ? " (API key required)" : ""}\n`,
+    );
+    return { server, model };
+  } catch (e) {
+    await model.close();
+    throw e;
+  }
+}
+
+export async function serveCommand(argv: string[], io: CliIO): Promise<number> {
+  const { server, model } = await startServe(argv, io);
+  const signal = await new Promise<string>((resolve) => {
+    process.once("SIGINT", () => resolve("SIGINT"));
+    process.once("SIGTERM", () => resolve("SIGTERM"));
+  });
+  io.stderr(`cherenkov serve: ${signal}, stopping\n`);
+  await server.stop();
+  await model.close();
+  return 0;
+}

@@ -1,0 +1,116 @@
+// Turns a validated request into what a generation needs: prompt token ids (chat template or
+// tokenizer or ids as sent), the completion budget inside the context, stop strings, stream mode.
+import type { Model } from "../api/model.ts";
+import type { ChatMessage } from "../model/tokenizer.ts";
+import { ApiError, fieldError } from "./errors.ts";
+import { ChatCompletionRequest, CompletionRequest, parseRequest } from "./schemas.ts";
+
+export interface RequestLimits {
+  model: Model;
+  /** The only name accepted in a request's `model` field. */
+  modelId: string;
+  /** Prompt + completion tokens per request. */
+  contextLength: number;
+  /** Completion tokens when the request sets none (cut to what the context leaves). */
+  defaultMaxTokens: number;
+}
+
+export interface Prepared {
+  prompt: number[];
+  maxTokens: number;
+  stop: string[];
+  stream: boolean;
+  includeUsage: boolean;
+}
+
+export function checkModel({ modelId }: RequestLimits, requested: string | null | undefined): void {
+  if (requested != null && requested !== modelId)
+    throw new ApiError(404, `the model "${requested}" does not exist: this server runs "${modelId}"`, "model", "model_not_found");
+}
+
+function checkContext(
+  { contextLength, defaultMaxTokens }: RequestLimits,
+  prompt: number[],
+  promptParam: string,
+  maxTokens: number | null | undefined,
+  maxParam: string,
+): number {
+  if (prompt.length >= contextLength)
+    throw new ApiError(
+      400,
+      `${promptParam}: the prompt has ${prompt.length} tokens; this server's context is ${contextLength} tokens (prompt + completion)`,
+      promptParam,
+      "context_length_exceeded",
+    );
+  const room = contextLength - prompt.length;
+  if (maxTokens == null) return Math.min(defaultMaxTokens, room);
+  if (maxTokens > room)
+    throw new ApiError(
+      400,
+      `${maxParam}: ${maxTokens} completion tokens do not fit: the prompt has ${prompt.length} tokens and the context is ${contextLength}`,
+      maxParam,
+      "context_length_exceeded",
+    );
+  return maxTokens;
+}
+
+/** A chat request as token ids and limits: the messages through the model's chat template. */
+export function prepareChat(limits: RequestLimits, body: unknown): Prepared {
+  const { model, modelId } = limits;
+  const req = parseRequest(ChatCompletionRequest, body);
+  checkModel(limits, req.model);
+  const tok = model.tokenizer;
+  if (!tok) throw new ApiError(400, `${modelId} has no tokenizer: use /v1/completions with token ids`, "messages");
+  if (!tok.hasChatTemplate) throw new ApiError(400, `${modelId} has no chat template: use /v1/completions`, "messages");
+  const messages: ChatMessage[] = req.messages.map((m) => ({
+    // "developer" is OpenAI's new name for "system"; chat templates know the old one
+    role: m.role === "developer" ? "system" : m.role,
+    content: typeof m.content === "string" ? m.content : (m.content ?? []).map((p) => p.text ?? "").join("\n"),
+  }));
+  const prompt = model.encode(messages);
+  const maxParam = req.max_completion_tokens != null ? "max_completion_tokens" : "max_tokens";
+  return {
+    prompt,
+    maxTokens: checkContext(limits, prompt, "messages", req.max_completion_tokens ?? req.max_tokens, maxParam),
+    stop: stopList(req.stop),
+    stream: req.stream ?? false,
+    includeUsage: req.stream_options?.include_usage ?? false,
+  };
+}
+
+/** A completion request as token ids and limits; `echo` is the prompt text to repeat, or "". */
+export function prepareCompletion(limits: RequestLimits, body: unknown): Prepared & { echo: string } {
+  const { model, modelId } = limits;
+  const req = parseRequest(CompletionRequest, body);
+  checkModel(limits, req.model);
+  let p = req.prompt;
+  if (Array.isArray(p) && p.length > 0 && (typeof p[0] === "string" || Array.isArray(p[0]))) {
+    if (p.length > 1) throw fieldError("prompt", "batched prompts are not supported: send one prompt per request");
+    p = p[0] as string | number[];
+  }
+  let prompt: number[];
+  if (typeof p === "string") {
+    if (p === "") throw fieldError("prompt", "must not be empty");
+    if (!model.tokenizer) throw fieldError("prompt", `${modelId} has no tokenizer: send token ids`);
+    prompt = model.encode(p);
+  } else {
+    prompt = p as number[];
+    if (prompt.length === 0) throw fieldError("prompt", "must not be empty");
+    const vocab = model.config.vocab_size;
+    const bad = prompt.findIndex((t) => t >= vocab);
+    if (bad >= 0) throw fieldError("prompt", `token ${prompt[bad]} at [${bad}] is outside the vocabulary (vocab_size ${vocab})`);
+  }
+  if (prompt.length === 0) throw fieldError("prompt", "has no tokens");
+  return {
+    prompt,
+    maxTokens: checkContext(limits, prompt, "prompt", req.max_tokens, "max_tokens"),
+    stop: stopList(req.stop),
+    stream: req.stream ?? false,
+    includeUsage: req.stream_options?.include_usage ?? false,
+    echo: req.echo ? (typeof p === "string" ? p : model.decode(prompt)) : "",
+  };
+}
+
+function stopList(stop: string | string[] | null | undefined): string[] {
+  return stop == null ? [] : typeof stop === "string" ? [stop] : stop;
+}

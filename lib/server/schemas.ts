@@ -1,0 +1,118 @@
+// Request bodies of /v1/chat/completions and /v1/completions (zod). Generation is greedy
+// (argmax) only, so every parameter that would change the output of a sampler is accepted
+// only at its neutral value and refused otherwise, with an error naming the field.
+import { z } from "zod";
+import { ApiError, fieldError } from "./errors.ts";
+
+const GREEDY = "generation is greedy (argmax) only";
+
+/** A schema-level message that still says "is required" when the field is absent. */
+const unlessMissing = (message: string) => (issue: { input: unknown }) => (issue.input === undefined ? "is required" : message);
+
+/** A number accepted only at `neutral` (or absent / null). */
+function neutralNumber(neutral: number[], hint: string) {
+  return z
+    .number()
+    .nullish()
+    .refine((v) => v == null || neutral.includes(v), `${GREEDY}: ${hint}`);
+}
+
+const stopField = z
+  .union([z.string(), z.array(z.string()).max(16, "at most 16 stop strings")], { error: unlessMissing("must be a string or an array of strings") })
+  .nullish()
+  .refine((v) => v == null || (typeof v === "string" ? v !== "" : v.every((s) => s !== "")), "stop strings must not be empty");
+
+const maxTokensField = z.number().int("must be an integer").min(1, "must be at least 1").nullish();
+
+/** Fields both endpoints share: output length, stop, streaming, and the refused sampling knobs. */
+const common = {
+  model: z.string().nullish(),
+  stop: stopField,
+  max_tokens: maxTokensField,
+  stream: z.boolean().nullish(),
+  stream_options: z.object({ include_usage: z.boolean().nullish() }).nullish(),
+  temperature: neutralNumber([0], "use temperature 0 or leave it out"),
+  top_p: neutralNumber([1], "use top_p 1 or leave it out"),
+  top_k: neutralNumber([-1, 0, 1], "use top_k 1, 0, -1 or leave it out"),
+  min_p: neutralNumber([0], "use min_p 0 or leave it out"),
+  presence_penalty: neutralNumber([0], "use 0 or leave it out"),
+  frequency_penalty: neutralNumber([0], "use 0 or leave it out"),
+  repetition_penalty: neutralNumber([1], "use 1 or leave it out"),
+  n: z.number().int().nullish().refine((v) => v == null || v === 1, "only n = 1 is supported (greedy output is the same every time)"),
+  logit_bias: z
+    .record(z.string(), z.number())
+    .nullish()
+    .refine((v) => v == null || Object.keys(v).length === 0, `${GREEDY}: logit_bias is not supported`),
+  /** Accepted and unused: greedy output does not depend on a seed. */
+  seed: z.number().int().nullish(),
+  user: z.string().nullish(),
+};
+
+const ContentPart = z
+  .object({ type: z.string(), text: z.string().optional() })
+  .superRefine((p, ctx) => {
+    if (p.type !== "text") ctx.addIssue({ code: "custom", path: ["type"], message: `only "text" content parts are supported (got "${p.type}")` });
+    else if (p.text === undefined) ctx.addIssue({ code: "custom", path: ["text"], message: "is required" });
+  });
+
+const Message = z
+  .object({
+    role: z.enum(["system", "developer", "user", "assistant", "tool"], {
+      error: unlessMissing("must be one of system, developer, user, assistant, tool"),
+    }),
+    content: z.union([z.string(), z.array(ContentPart)], { error: unlessMissing("must be a string or an array of content parts") }).nullish(),
+    name: z.string().nullish(),
+  })
+  .superRefine((m, ctx) => {
+    // An assistant turn that only called tools has no content; every other turn needs some.
+    if (m.content == null && m.role !== "assistant") ctx.addIssue({ code: "custom", path: ["content"], message: "is required" });
+  });
+
+export const ChatCompletionRequest = z.object({
+  ...common,
+  messages: z.array(Message).min(1, "must contain at least one message"),
+  max_completion_tokens: maxTokensField,
+  logprobs: z.boolean().nullish().refine((v) => v !== true, "log probabilities are not supported"),
+  top_logprobs: z.number().int().nullish().refine((v) => v == null || v === 0, "log probabilities are not supported"),
+  tools: z
+    .array(z.unknown())
+    .nullish()
+    .refine((v) => v == null || v.length === 0, "tool calling is not supported"),
+  response_format: z
+    .object({ type: z.string() })
+    .nullish()
+    .refine((v) => v == null || v.type === "text", 'only {"type": "text"} is supported'),
+});
+export type ChatCompletionRequest = z.infer<typeof ChatCompletionRequest>;
+
+const tokenIds = z.array(z.number().int("token ids must be integers").min(0, "token ids must be >= 0"));
+
+export const CompletionRequest = z.object({
+  ...common,
+  prompt: z.union([z.string(), tokenIds, z.array(z.string()), z.array(tokenIds)], {
+    error: unlessMissing("must be a string or an array of token ids"),
+  }),
+  echo: z.boolean().nullish(),
+  suffix: z.string().nullish().refine((v) => v == null || v === "", "is not supported"),
+  best_of: z.number().int().nullish().refine((v) => v == null || v === 1, "only best_of = 1 is supported"),
+  logprobs: z.number().int().nullish().refine((v) => v == null, "log probabilities are not supported"),
+});
+export type CompletionRequest = z.infer<typeof CompletionRequest>;
+
+/** ["messages", 0, "content"] -> "messages[0].content" */
+export function fieldPath(path: PropertyKey[]): string {
+  return path.map((p, i) => (typeof p === "number" ? `[${p}]` : i === 0 ? String(p) : `.${String(p)}`)).join("");
+}
+
+/** Validates `body` against `schema`; the error names the first wrong field (param) and lists all. */
+export function parseRequest<T extends z.ZodType>(schema: T, body: unknown): z.infer<T> {
+  if (typeof body !== "object" || body === null || Array.isArray(body))
+    throw new ApiError(400, "the request body must be a JSON object", null, "invalid_body");
+  const r = schema.safeParse(body, { error: (issue) => (issue.input === undefined ? "is required" : undefined) });
+  if (r.success) return r.data;
+  const issues = r.error.issues;
+  const first = issues[0]!;
+  if (issues.length === 1) throw fieldError(fieldPath(first.path), first.message);
+  const all = issues.map((i) => `${fieldPath(i.path)}: ${i.message}`).join("; ");
+  throw new ApiError(400, all, fieldPath(first.path));
+}

@@ -1,0 +1,309 @@
+// The OpenAI-compatible HTTP server on Bun.serve: /v1/chat/completions, /v1/completions,
+// /v1/models, and the status endpoints /health and /v1/stats. Generation is greedy; requests
+// run one at a time through a queue; a client that goes away aborts its own generation.
+import { createHash, timingSafeEqual } from "node:crypto";
+import { basename } from "node:path";
+import type { GenerationResult, Model } from "../api/model.ts";
+import { readJsonBody } from "./body.ts";
+import { resolveContextLength } from "./context.ts";
+import { ApiError, isAbortError, toApiError } from "./errors.ts";
+import { runGeneration } from "./generation.ts";
+import * as openai from "./openai.ts";
+import { GenerationQueue } from "./queue.ts";
+import { checkModel, prepareChat, prepareCompletion, type Prepared, type RequestLimits } from "./prepare.ts";
+import { SSE_DONE, SSE_HEADERS, sseData } from "./sse.ts";
+
+export interface ServerOptions {
+  /** The loaded model; the caller owns it (stop() does not close it). */
+  model: Model;
+  /** TCP port (default 8080); 0 picks a free one. */
+  port?: number;
+  /** Interface to listen on (default 127.0.0.1: this machine only). */
+  hostname?: string;
+  /** The name clients pass as `model` (default: the model directory's name). */
+  modelId?: string;
+  /**
+   * Tokens of prompt + completion a request may use (default: tokenizer_config.json model_max_length,
+   * else 4096; never more than the backend holds).
+   */
+  contextLength?: number;
+  /** Completion tokens when a request sets no max_tokens (default 512, never past the context). */
+  defaultMaxTokens?: number;
+  /** MTP drafts per step for every request (speculative decoding: same output, maybe faster). */
+  drafts?: number;
+  /** When set, /v1/* requests need `Authorization: Bearer <apiKey>`. */
+  apiKey?: string;
+  /** Requests that may wait for the device; more get 503 (default 64). */
+  maxQueue?: number;
+  /** Largest request body in bytes (default 8 MiB); larger ones get 413. */
+  maxBodyBytes?: number;
+  /** Answer browsers' cross-origin requests (Access-Control-Allow-Origin: *). */
+  cors?: boolean;
+  /** One line per request (method, path, status, time, tokens); silent when absent. */
+  log?: (line: string) => void;
+}
+
+export interface RunningServer {
+  /** Base URL without a trailing slash, e.g. http://127.0.0.1:8080 (the OpenAI base URL is url + "/v1"). */
+  url: string;
+  port: number;
+  modelId: string;
+  contextLength: number;
+  /** Stops listening, aborts the running generation and refuses waiting requests. */
+  stop(): Promise<void>;
+}
+
+interface Counters {
+  requests: number;
+  completed: number;
+  aborted: number;
+  failed: number;
+  rejected: number;
+}
+
+export function createServer(opts: ServerOptions): RunningServer {
+  const model = opts.model;
+  const modelId = opts.modelId ?? basename(model.dir);
+  const contextLength = resolveContextLength(model, opts.contextLength);
+  const defaultMaxTokens = opts.defaultMaxTokens ?? 512;
+  const drafts = opts.drafts ?? 0;
+  if (drafts > 0 && model.maxDrafts === 0) throw new Error(`drafts: ${model.dir} has no MTP head (speculative decoding is unavailable)`);
+  const maxBodyBytes = opts.maxBodyBytes ?? 8 << 20;
+  const log = opts.log ?? (() => {});
+  const startedAt = Date.now();
+  const created = Math.floor(startedAt / 1000);
+  const queue = new GenerationQueue(opts.maxQueue ?? 64);
+  const counters: Counters = { requests: 0, completed: 0, aborted: 0, failed: 0, rejected: 0 };
+  /** Generations in flight or waiting, so that stop() can abort them and wait for them to unwind. */
+  const inFlight = new Map<AbortController, Promise<unknown>>();
+  const keyDigest = opts.apiKey === undefined ? null : digest(opts.apiKey);
+
+  const corsHeaders: Record<string, string> = opts.cors
+    ? {
+        "access-control-allow-origin": "*",
+        "access-control-allow-methods": "GET, POST, OPTIONS",
+        "access-control-allow-headers": "authorization, content-type",
+      }
+    : {};
+
+  const json = (body: unknown, status = 200, headers: Record<string, string> = {}) =>
+    Response.json(body, { status, headers: { ...corsHeaders, ...headers } });
+
+  const errorResponse = (e: ApiError) => json(e.toBody(), e.status, e.headers);
+
+  const limits: RequestLimits = { model, modelId, contextLength, defaultMaxTokens };
+
+  /** Starts a generation in the queue; `abort` cancels it whether it waits or runs. */
+  function startGeneration(job: Prepared, abort: AbortController, onText?: (t: string) => void): Promise<GenerationResult> {
+    const done = queue.run(abort.signal, () =>
+      runGeneration(model, { prompt: job.prompt, maxTokens: job.maxTokens, stop: job.stop, drafts, signal: abort.signal, onText }),
+    );
+    const settled = done.then(
+      () => void counters.completed++,
+      (e) => {
+        if (isAbortError(e) || abort.signal.aborted) counters.aborted++;
+        else if (!(e instanceof ApiError)) counters.failed++; // an ApiError is a refusal (queue full, stopping)
+      },
+    );
+    inFlight.set(abort, settled);
+    void settled.finally(() => inFlight.delete(abort));
+    return done;
+  }
+
+  /** The request's signal aborts the generation when the client disconnects. */
+  function abortOnDisconnect(req: Request): AbortController {
+    const abort = new AbortController();
+    req.signal.addEventListener("abort", () => abort.abort(new DOMException("the client disconnected", "AbortError")), { once: true });
+    return abort;
+  }
+
+  async function complete(req: Request, job: Prepared, respond: (r: GenerationResult) => unknown, tag: string, t0: number) {
+    const abort = abortOnDisconnect(req);
+    const result = await startGeneration(job, abort);
+    log(`${tag} 200 ${ms(t0)} prompt=${result.usage.promptTokens} completion=${result.usage.completionTokens} finish=${result.finishReason}`);
+    return json(respond(result));
+  }
+
+  /** An SSE response: `first` before any text, `piece` per text, `last` and `usage` after the result. */
+  function streamGeneration(
+    req: Request,
+    job: Prepared,
+    shape: { first?: unknown; piece: (text: string) => unknown; last: (r: GenerationResult) => unknown; usage: (r: GenerationResult) => unknown },
+    tag: string,
+    t0: number,
+  ): Response {
+    // Refuse with a real status while we still can: once the stream starts it is 200.
+    queue.checkRoom();
+    const abort = abortOnDisconnect(req);
+    let open = true;
+    const body = new ReadableStream<Uint8Array>({
+      start(controller) {
+        const send = (chunk: Uint8Array) => {
+          if (open) controller.enqueue(chunk);
+        };
+        if (shape.first !== undefined) send(sseData(shape.first));
+        startGeneration(job, abort, (text) => send(sseData(shape.piece(text))))
+          .then((r) => {
+            send(sseData(shape.last(r)));
+            if (job.includeUsage) send(sseData(shape.usage(r)));
+            send(SSE_DONE);
+            log(`${tag} 200 ${ms(t0)} stream prompt=${r.usage.promptTokens} completion=${r.usage.completionTokens} finish=${r.finishReason}`);
+          })
+          .catch((e) => {
+            if (abort.signal.aborted) {
+              log(`${tag} aborted ${ms(t0)} stream (client disconnected)`);
+              return;
+            }
+            const err = toApiError(e);
+            log(`${tag} ${err.status} ${ms(t0)} stream ${err.message}`);
+            send(sseData(err.toBody()));
+          })
+          .finally(() => {
+            if (open) controller.close();
+            open = false;
+          });
+      },
+      cancel() {
+        open = false;
+        abort.abort(new DOMException("the client disconnected", "AbortError"));
+      },
+    });
+    return new Response(body, { headers: { ...corsHeaders, ...SSE_HEADERS } });
+  }
+
+  async function chatCompletions(req: Request, tag: string, t0: number): Promise<Response> {
+    const job = prepareChat(limits, await readJsonBody(req, maxBodyBytes));
+    const head = openai.responseHead("chatcmpl", modelId);
+    if (!job.stream) return complete(req, job, (r) => openai.chatCompletion(head, r), tag, t0);
+    return streamGeneration(
+      req,
+      job,
+      {
+        first: openai.chatChunk(head, { role: "assistant", content: "" }, null),
+        piece: (text) => openai.chatChunk(head, { content: text }, null),
+        last: (r) => openai.chatChunk(head, {}, openai.finishReason(r.finishReason)),
+        usage: (r) => openai.chatUsageChunk(head, r),
+      },
+      tag,
+      t0,
+    );
+  }
+
+  async function completions(req: Request, tag: string, t0: number): Promise<Response> {
+    const job = prepareCompletion(limits, await readJsonBody(req, maxBodyBytes));
+    const head = openai.responseHead("cmpl", modelId);
+    if (!job.stream) return complete(req, job, (r) => openai.textCompletion(head, job.echo + r.text, r), tag, t0);
+    return streamGeneration(
+      req,
+      job,
+      {
+        first: job.echo !== "" ? openai.textChunk(head, job.echo, null) : undefined,
+        piece: (text) => openai.textChunk(head, text, null),
+        last: (r) => openai.textChunk(head, "", openai.finishReason(r.finishReason)),
+        usage: (r) => openai.textUsageChunk(head, r),
+      },
+      tag,
+      t0,
+    );
+  }
+
+  function stats() {
+    return {
+      ...model.stats(),
+      server: {
+        model: modelId,
+        uptime_s: (Date.now() - startedAt) / 1000,
+        context_length: contextLength,
+        requests: counters.requests,
+        generations: { completed: counters.completed, aborted: counters.aborted, failed: counters.failed },
+        rejected: counters.rejected,
+        queue: { running: queue.running, waiting: queue.waiting },
+      },
+    };
+  }
+
+  type Handler = (req: Request, tag: string, t0: number) => Response | Promise<Response>;
+  const routes: Record<string, Partial<Record<string, Handler>>> = {
+    "/health": { GET: () => json({ status: "ok", model: modelId, backend: model.backendName, queue: { running: queue.running, waiting: queue.waiting } }) },
+    "/v1/models": { GET: () => json({ object: "list", data: [openai.modelObject(modelId, created)] }) },
+    "/v1/chat/completions": { POST: chatCompletions },
+    "/v1/completions": { POST: completions },
+    "/v1/stats": { GET: () => json(stats()) },
+  };
+
+  function authorized(req: Request): boolean {
+    if (keyDigest === null) return true;
+    const m = /^Bearer\s+(.+)$/i.exec(req.headers.get("authorization") ?? "");
+    return m !== null && timingSafeEqual(digest(m[1]!.trim()), keyDigest);
+  }
+
+  async function handle(req: Request, server: Bun.Server<unknown>): Promise<Response> {
+    const t0 = performance.now();
+    const path = new URL(req.url).pathname;
+    const tag = `${req.method} ${path}`;
+    counters.requests++;
+    try {
+      if (req.method === "OPTIONS" && opts.cors) return new Response(null, { status: 204, headers: corsHeaders });
+      if (path.startsWith("/v1/") && !authorized(req))
+        throw new ApiError(401, "missing or wrong API key: send Authorization: Bearer <key>", null, "invalid_api_key");
+      let route = routes[path];
+      if (!route && path.startsWith("/v1/models/")) {
+        const id = decodeURIComponent(path.slice("/v1/models/".length));
+        route = { GET: () => (checkModel(limits, id), json(openai.modelObject(modelId, created))) };
+      }
+      if (!route) throw new ApiError(404, `no route ${path} (see /v1/models, /v1/chat/completions, /v1/completions, /v1/stats, /health)`, null, "not_found");
+      const handler = route[req.method];
+      if (!handler) {
+        const allow = Object.keys(route).join(", ");
+        throw new ApiError(405, `${req.method} is not allowed on ${path} (use ${allow})`, null, "method_not_allowed", undefined, { allow });
+      }
+      // Generations may wait in the queue or think for long: no idle timeout for them.
+      if (req.method === "POST") server.timeout(req, 0);
+      const res = await handler(req, tag, t0);
+      if (req.method === "GET") log(`${tag} ${res.status} ${ms(t0)}`);
+      return res;
+    } catch (e) {
+      const err = toApiError(e);
+      if (isAbortError(e) || req.signal.aborted) {
+        log(`${tag} aborted ${ms(t0)} (client disconnected)`);
+        return new Response(null, { status: 499 });
+      }
+      if (err.status !== 500) counters.rejected++; // refused, as opposed to failed while generating
+      log(`${tag} ${err.status} ${ms(t0)} ${err.message}`);
+      return errorResponse(err);
+    }
+  }
+
+  const server = Bun.serve({
+    port: opts.port ?? 8080,
+    hostname: opts.hostname ?? "127.0.0.1",
+    // Our own limit answers with an error body; Bun's (a bare 413) only backs it up.
+    maxRequestBodySize: maxBodyBytes * 4,
+    development: false,
+    fetch: handle,
+    error: (e) => errorResponse(toApiError(e)),
+  });
+
+  const port = server.port ?? 0;
+  const url = `http://${server.hostname?.includes(":") ? `[${server.hostname}]` : server.hostname}:${port}`;
+  return {
+    url,
+    port,
+    modelId,
+    contextLength,
+    async stop() {
+      queue.rejectWaiting(new ApiError(503, "the server is stopping", null, "server_stopping"));
+      for (const abort of inFlight.keys()) abort.abort(new DOMException("the server is stopping", "AbortError"));
+      await Promise.allSettled(inFlight.values());
+      await server.stop(true);
+    },
+  };
+}
+
+function digest(s: string): Buffer {
+  return createHash("sha256").update(s).digest();
+}
+
+function ms(t0: number): string {
+  return `${Math.round(performance.now() - t0)}ms`;
+}
