@@ -22,3 +22,4 @@ export type { ConvertOptions, ConvertResult } from "./convert/convert.ts";
 export { BackendUnavailableError } from "./api/backend.ts";
 export { createServer } from "./server/server.ts";
 export type { RunningServer, ServerOptions } from "./server/server.ts";
+export type { EngineOptions } from "./api/engine-backend.ts";

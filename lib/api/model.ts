@@ -5,6 +5,8 @@ import { openModel, type ModelFiles } from "../model/format.ts";
 import { loadTokenizer, type ChatMessage, type TextTokenizer } from "../model/tokenizer.ts";
 import { BackendUnavailableError, throwIfAborted, type Backend, type BackendSequence } from "./backend.ts";
 import { ReferenceBackend } from "./reference-backend.ts";
+import { EngineBackend, type EngineOptions } from "./engine-backend.ts";
+import { defaultBackend, loadShim } from "../shim.ts";
 
 export type BackendName = "auto" | "reference" | "cpu" | "metal";
 
@@ -18,8 +20,12 @@ export interface LoadOptions {
   verify?: boolean;
   /** Rows per prefill chunk. */
   prefillChunk?: number;
-  /** Engine options (ignored by the reference backend). */
-  engine?: Record<string, unknown>;
+  /**
+   * Engine options (ignored by the reference backend): pool size (`pool: "50%"`, `poolSlots`,
+   * `poolBytes`), `backing` ("wired" | "mapped"), `lookahead`, `maxContext`, `trace` (a file
+   * for routing traces) and more; see docs/engine.md.
+   */
+  engine?: EngineOptions;
   /** Progress of long loads, in bytes. */
   onProgress?: (done: number, total: number) => void;
 }
@@ -70,10 +76,55 @@ export interface ModelStats {
   engine: Record<string, unknown>;
 }
 
+/** Why the shim of `backend` cannot be loaded here, or null when it can. */
+function shimUnavailable(backend: "cpu" | "metal"): string | null {
+  try {
+    loadShim(backend);
+    return null;
+  } catch (e) {
+    return (e as Error).message;
+  }
+}
+
+/**
+ * "reference": the pure-TS oracle. "cpu" / "metal": the engine on that metal-shim backend.
+ * "auto": the engine on the platform's backend (metal on macOS when it is built or buildable,
+ * else cpu; CHERENKOV_BACKEND overrides), or the reference with a logged reason when no shim
+ * can be loaded here.
+ */
 async function openBackend(files: ModelFiles, opts: LoadOptions): Promise<Backend> {
   const name = opts.backend ?? "auto";
-  if (name === "reference" || name === "auto") return new ReferenceBackend(files, { prefillChunk: opts.prefillChunk });
-  throw new BackendUnavailableError(`backend "${name}" is not available in this build (available: reference, auto)`);
+  if (name === "reference") return new ReferenceBackend(files, { prefillChunk: opts.prefillChunk });
+  const engine: EngineOptions = { ...opts.engine, prefillChunk: opts.engine?.prefillChunk ?? opts.prefillChunk };
+  if (name === "cpu" || name === "metal") {
+    const why = shimUnavailable(name);
+    if (why) throw new BackendUnavailableError(`backend "${name}" is not available here: ${why}`);
+    return openEngine(files, name, engine, opts);
+  }
+  if (name !== "auto") throw new BackendUnavailableError(`backend "${name}" is unknown (available: auto, reference, cpu, metal)`);
+  let platform: "cpu" | "metal";
+  let why: string | null;
+  try {
+    platform = defaultBackend();
+    why = shimUnavailable(platform);
+  } catch (e) {
+    platform = "cpu";
+    why = (e as Error).message;
+  }
+  if (why) {
+    console.warn(`cherenkov: the ${platform} engine is unavailable (${why.split("\n")[0]}); using the reference backend`);
+    return new ReferenceBackend(files, { prefillChunk: opts.prefillChunk });
+  }
+  return openEngine(files, platform, engine, opts);
+}
+
+async function openEngine(files: ModelFiles, backend: "cpu" | "metal", engine: EngineOptions, opts: LoadOptions): Promise<Backend> {
+  try {
+    return await EngineBackend.open(files, backend, engine, opts.onProgress);
+  } catch (e) {
+    files.close();
+    throw e;
+  }
 }
 
 export class Model {
@@ -178,6 +229,13 @@ export class Model {
     return { backend: this.backend.name, ...structuredClone(this.counters), engine: this.backend.stats() };
   }
 
+  /** Ids that end a generation: the config's eos_token_id and the tokenizer's end tokens (e.g. <|im_end|>). */
+  get stopTokens(): ReadonlySet<number> {
+    const ids = new Set(this.tokenizer?.eosTokenIds ?? []);
+    if (this.config.eos_token_id !== null) ids.add(this.config.eos_token_id);
+    return ids;
+  }
+
   /** @internal */
   get maxDrafts(): number {
     return this.backend.maxDrafts;
@@ -261,7 +319,7 @@ export class Session {
     const maxTokens = opts.maxTokens ?? 256;
     if (!Number.isInteger(maxTokens) || maxTokens < 0) throw new Error(`maxTokens ${maxTokens} must be an integer >= 0`);
     const stopAtEos = opts.stopAtEos ?? true;
-    const eos = this.model.config.eos_token_id;
+    const eos = this.model.stopTokens;
     const wanted = opts.drafts ?? 0;
     if (wanted > 0 && (!this.seq.speculate || this.model.maxDrafts === 0))
       throw new Error("speculative decoding needs a model with an MTP head");
@@ -280,7 +338,7 @@ export class Session {
         this.tokens.push(token);
         const delta = text.push(token);
         yield { token, text: delta };
-        if (stopAtEos && token === eos) {
+        if (stopAtEos && eos.has(token)) {
           finishReason = "eos";
           break outer;
         }

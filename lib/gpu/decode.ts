@@ -1,0 +1,136 @@
+// Trunk row-batch execution (the seed's "decode"): one command buffer records a step of nb
+// rows at positions pos0.. (a prefill chunk, a decode row, or a verify batch): the
+// embedding, then per layer the PLE injection, the mixer between its hyper-connection read
+// and write, and the MoE site with the host handshake between its router and its experts,
+// then the final read, the logits and the greedy argmax of every row.
+import { encodeEmbed } from "./embed.ts";
+import { bind, type EncodeContext, type RowsRef } from "./dispatch.ts";
+import type { SitePlan } from "./handshake.ts";
+import { encodeSiteRead, encodeSiteWrite } from "./hyperconnection.ts";
+import type { EngineGpu } from "./load.ts";
+import { encodeAttentionMixer, encodeDeltaNetMixer } from "./mixers.ts";
+import { encodeLookaheadRoute, encodeMoeCompute, encodeMoeRoute, type MoeSiteArgs } from "./moe-site.ts";
+import { encodePleLayer } from "./ple-layer.ts";
+import { encodeHalfSet, type ProjectionInput } from "./projections.ts";
+import { anyQ4, type LayerRefs } from "./refs.ts";
+import { halfAt, LOGIT_ROWS, rowAt } from "./scratch.ts";
+import type { SequenceState } from "./state.ts";
+import { encodeArgmax, encodeFinalRead, encodeLogits } from "./sampling.ts";
+
+export interface TrunkStep {
+  nb: number;
+  /** Position of row 0 (the sequence's length before the step); tokens are already in the token buffer. */
+  pos0: number;
+  /** A verify batch: snapshot the per-row state for rollback. */
+  verify: boolean;
+}
+
+/** Whether a layer's mixer reads its input through a HalfSet (some projection of it is q4). */
+function mixerNeedsHalf(w: LayerRefs): boolean {
+  const dn = w.deltanet;
+  const at = w.attention;
+  return anyQ4(dn?.qkv, dn?.z, dn?.b, dn?.a, at?.q, at?.gate, at?.k, at?.v, at?.qsa?.iq, at?.qsa?.ik, at?.qsa?.iw);
+}
+
+/** The MoE site arguments of trunk layer `w`. */
+export function trunkMoeSite(gpu: EngineGpu, w: LayerRefs, nb: number): MoeSiteArgs {
+  return {
+    config: gpu.config,
+    X: gpu.scratch.X,
+    site: w.hcMoe,
+    hc: gpu.hc,
+    norm: w.moeNorm,
+    moe: w.moe,
+    scratch: gpu.scratch,
+    nb,
+    expertDType: gpu.expertDType,
+  };
+}
+
+/** Records a trunk step; its handshakes go into `plan`. Next ids and margins land in scratch.head. */
+export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: SequenceState, step: TrunkStep, plan: SitePlan): void {
+  const c = gpu.config;
+  const s = gpu.scratch;
+  const { nb, pos0 } = step;
+  const d = c.hidden_size;
+  const eps = c.rms_norm_eps;
+  const snaps = step.verify ? gpu.snapshots : null;
+  if (step.verify && !snaps) throw new Error("verify step: this engine has no rollback planes (the model has no MTP head)");
+  if (nb > s.rows) throw new RangeError(`step of ${nb} rows: the scratch holds ${s.rows}`);
+
+  encodeEmbed(ctx, gpu.refs.embed, bind(seq.tokens, pos0 * 4), s.X, nb, c.hc.streams);
+  for (let l = 0; l < gpu.layersRun; l++) {
+    const w = gpu.refs.layers[l]!;
+    if (w.ple) {
+      const planes = snaps?.ple[l];
+      encodePleLayer(ctx, {
+        config: c,
+        w: w.ple,
+        history: seq.ple[l]!,
+        scratch: s,
+        nb,
+        pos0,
+        tokens: seq.tokens,
+        X: s.X,
+        snapshots: planes ? { planes, rows: nb } : undefined,
+      });
+    }
+    encodeSiteRead(ctx, s.X, w.hcMixer, s.hc, s.xn, nb, gpu.hc, d, { w: w.mixerNorm, eps });
+    const half = mixerNeedsHalf(w);
+    if (half) encodeHalfSet(ctx, s.xn, s.xnHalf, nb);
+    const x: ProjectionInput = half ? { rows: s.xn, half: s.xnHalf } : { rows: s.xn };
+    switch (w.type) {
+      case "deltanet": {
+        const planes = snaps?.deltanet[l];
+        encodeDeltaNetMixer(ctx, {
+          config: c,
+          w: w.deltanet!,
+          state: seq.deltanet[l]!,
+          scratch: s,
+          nb,
+          x,
+          y: s.y,
+          snapshots: planes ? { S: planes.S, conv: planes.conv, rows: nb } : undefined,
+        });
+        break;
+      }
+      case "attention":
+        encodeAttentionMixer(ctx, { config: c, w: w.attention!, state: seq.attention[l]!, scratch: s, nb, pos0, x, y: s.y });
+        break;
+    }
+    encodeSiteWrite(ctx, s.X, w.hcMixer, s.hc, s.y, nb, gpu.hc, d);
+
+    const site = trunkMoeSite(gpu, w, nb);
+    encodeMoeRoute(ctx, site);
+    let predicts: number | null = null;
+    if (gpu.lookahead && l + 1 < gpu.layersRun) {
+      encodeLookaheadRoute(ctx, trunkMoeSite(gpu, gpu.refs.layers[l + 1]!, nb));
+      predicts = l + 1;
+    }
+    plan.encode(ctx, { layer: l, rows: nb, predicts, trunkLayer: l });
+    encodeMoeCompute(ctx, site, gpu.kernelPool);
+  }
+
+  // The final hidden rows go where the MTP head will read them (by position), else to scratch.
+  const hidden: RowsRef = seq.hidden ? { buffer: seq.hidden, offset: pos0 * d * 4, stride: d * 4 } : s.head.hidden;
+  encodeFinalRead(ctx, s.X, gpu.refs.hcHead, s.hc, hidden, nb, gpu.hc, d, gpu.refs.finalNorm, eps);
+  encodeGreedy(ctx, gpu, hidden, nb, s.head.next, s.head.margins);
+}
+
+/**
+ * Logits and argmax of nb hidden rows, LOGIT_ROWS rows at a time (the logits scratch holds
+ * that many): ids[r] and margins[r] for r < nb (packed i32 / f32 regions).
+ */
+export function encodeGreedy(ctx: EncodeContext, gpu: EngineGpu, hidden: RowsRef, nb: number, ids: RowsRef, margins: RowsRef): void {
+  const s = gpu.scratch;
+  const lm = gpu.refs.lmHead;
+  const q4 = lm.dtype === "q4";
+  if (q4) encodeHalfSet(ctx, hidden, s.head.hiddenHalf, nb);
+  const vocab = gpu.config.vocab_size;
+  for (let r0 = 0; r0 < nb; r0 += LOGIT_ROWS) {
+    const rows = Math.min(LOGIT_ROWS, nb - r0);
+    const input: ProjectionInput = q4 ? { rows: rowAt(hidden, r0), half: halfAt(s.head.hiddenHalf, r0) } : { rows: rowAt(hidden, r0) };
+    encodeLogits(ctx, lm, input, s.head.logits, rows);
+    encodeArgmax(ctx, s.head.logits, bind(ids.buffer, ids.offset + r0 * 4), bind(margins.buffer, margins.offset + r0 * 4), rows, vocab);
+  }
+}

@@ -1,0 +1,226 @@
+// The engine: a loaded model (EngineGpu) and its sequences. Steps of every sequence run one
+// at a time (one event, one scratch): each public operation takes the engine's lock for the
+// steps it runs. A failed step (IO error, GPU wait timeout) resets the sequence it ran for,
+// so the caller can replay its tokens, and leaves the engine usable.
+import { throwIfAborted, type RowsResult, type SpeculativeResult } from "../api/backend.ts";
+import type { ModelFiles } from "../model/format.ts";
+import { checkTokens } from "../reference/model.ts";
+import type { Backend } from "../shim.ts";
+import { runNow } from "./dispatch.ts";
+import { encodeTrunkStep } from "./decode.ts";
+import { encodeDrafts } from "./draft.ts";
+import { loadEngine, type EngineGpu, type EngineOptions, type LoadProgress } from "./load.ts";
+import { runChunked } from "./prefill.ts";
+import { RouteRecorder } from "./route-trace.ts";
+import { f32View, i32View } from "./scratch.ts";
+import { SequenceState } from "./state.ts";
+import { runStep, type EventCounter } from "./step.ts";
+import { TraceWriter } from "./trace.ts";
+
+export class Engine {
+  private readonly counter: EventCounter = { value: 0 };
+  private lock: Promise<unknown> = Promise.resolve();
+  private closed = false;
+  private readonly trace: TraceWriter | null;
+  private readonly sequences = new Set<EngineSequence>();
+
+  private constructor(readonly gpu: EngineGpu, tracePath: string | undefined) {
+    this.trace = tracePath ? TraceWriter.open(tracePath) : null;
+  }
+
+  static async load(files: ModelFiles, backend: Backend, opts: EngineOptions = {}, onProgress?: LoadProgress): Promise<Engine> {
+    const gpu = await loadEngine(files, backend, opts, onProgress);
+    try {
+      return new Engine(gpu, opts.trace);
+    } catch (e) {
+      await gpu.close();
+      throw e;
+    }
+  }
+
+  /** Runs `fn` once every earlier operation has finished (steps never overlap). */
+  exclusive<T>(fn: () => Promise<T>): Promise<T> {
+    const run = this.lock.then(() => {
+      if (this.closed) throw new Error("the engine is closed");
+      return fn();
+    });
+    this.lock = run.catch(() => {});
+    return run;
+  }
+
+  newSequence(): EngineSequence {
+    if (this.closed) throw new Error("the engine is closed");
+    const s = new EngineSequence(this, new SequenceState(this.gpu.device, this.gpu.config, this.gpu.maxContext));
+    this.sequences.add(s);
+    return s;
+  }
+
+  /** @internal */
+  forget(s: EngineSequence): void {
+    this.sequences.delete(s);
+  }
+
+  /** @internal Runs one trunk step of `tokens` for `seq` (lock held by the caller). */
+  async trunkStep(seq: SequenceState, tokens: number[], verify: boolean): Promise<RowsResult> {
+    const gpu = this.gpu;
+    const pos0 = seq.length;
+    seq.checkRoom(tokens.length);
+    seq.writeTokens(pos0, tokens);
+    const recorder = this.trace ? new RouteRecorder(tokens, gpu.config.num_layers, gpu.config.moe.top_k) : null;
+    await this.guarded(seq, () =>
+      runStep(gpu, this.counter, (ctx, plan) => encodeTrunkStep(ctx, gpu, seq, { nb: tokens.length, pos0, verify }, plan), recorder?.observe),
+    );
+    seq.length = pos0 + tokens.length;
+    if (recorder) this.trace!.write(recorder.step());
+    const s = gpu.scratch.head;
+    return { next: Array.from(i32View(s.next, tokens.length)), margins: Array.from(f32View(s.margins, tokens.length)) };
+  }
+
+  /** @internal Proposes `drafts` tokens for `seq` after `next` (lock held). */
+  async draftStep(seq: SequenceState, next: number, drafts: number): Promise<number[]> {
+    const gpu = this.gpu;
+    seq.writeTokens(seq.length, [next]);
+    await this.guarded(seq, () => runStep(gpu, this.counter, (ctx, plan) => encodeDrafts(ctx, gpu, seq, plan, drafts)));
+    seq.mtpLength = seq.length;
+    return Array.from(i32View(gpu.scratch.mtp.drafts, drafts));
+  }
+
+  /** @internal Rolls `seq` back to row `row` of the verify batch that started at pos0. */
+  rollback(seq: SequenceState, row: number, pos0: number): void {
+    const snaps = this.gpu.snapshots;
+    if (!snaps) throw new Error("rollback: this engine has no rollback planes");
+    try {
+      runNow(this.gpu.device, (ctx) => snaps.encodeRollback(ctx, seq, row, pos0));
+    } catch (e) {
+      seq.reset();
+      throw e;
+    }
+  }
+
+  /** A failed step leaves the sequence's state half-written: reset it so the caller can replay. */
+  private async guarded<T>(seq: SequenceState, fn: () => Promise<T>): Promise<T> {
+    try {
+      return await fn();
+    } catch (e) {
+      seq.reset();
+      throw e;
+    }
+  }
+
+  stats(): Record<string, unknown> {
+    const g = this.gpu;
+    return {
+      ...g.stats.stats(),
+      handshake: g.handshakes.summary(),
+      setup: {
+        device: g.device.name,
+        rows: g.rows,
+        prefillRows: g.prefillRows,
+        maxDrafts: g.maxDrafts,
+        maxContext: g.maxContext,
+        layersRun: g.layersRun,
+        lookahead: g.lookahead,
+        notes: g.notes,
+        sequences: this.sequences.size,
+        trace: this.trace ? { path: this.trace.path, steps: this.trace.steps } : null,
+      },
+    };
+  }
+
+  /** Zeroes the phase timings and handshake histograms (benchmarks measure one phase of a run). */
+  resetTimings(): void {
+    this.gpu.stats.phases.reset();
+    this.gpu.handshakes.reset();
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    await this.lock;
+    this.closed = true;
+    for (const s of this.sequences) s.releaseNow();
+    this.sequences.clear();
+    this.trace?.close();
+    await this.gpu.close();
+  }
+}
+
+/** A sequence on the engine (the Backend's BackendSequence). */
+export class EngineSequence {
+  private disposed = false;
+
+  constructor(
+    private readonly engine: Engine,
+    readonly state: SequenceState,
+  ) {}
+
+  get length(): number {
+    return this.state.length;
+  }
+
+  private check(): void {
+    if (this.disposed) throw new Error("the sequence is disposed");
+  }
+
+  async forward(tokens: number[], signal?: AbortSignal): Promise<RowsResult> {
+    this.check();
+    const g = this.engine.gpu;
+    checkTokens(tokens, g.config.vocab_size, "token");
+    if (tokens.length === 0) throw new Error("forward: no tokens");
+    this.state.checkRoom(tokens.length);
+    return runChunked(tokens, g.prefillRows, (chunk) => this.engine.exclusive(() => this.engine.trunkStep(this.state, chunk, false)), signal);
+  }
+
+  /**
+   * Drafts up to `drafts` tokens with the MTP head after `next`, verifies [next, ...drafts] as
+   * one row batch and rolls back to the last accepted row: the same tokens as greedy decoding.
+   */
+  async speculate(next: number, drafts: number, signal?: AbortSignal): Promise<SpeculativeResult> {
+    this.check();
+    throwIfAborted(signal);
+    const g = this.engine.gpu;
+    if (!g.snapshots || g.maxDrafts === 0) throw new Error("this model has no MTP head: speculative decoding is unavailable");
+    checkTokens([next], g.config.vocab_size, "token");
+    if (this.state.length === 0) throw new Error("speculate: the sequence is empty (run a prompt first)");
+    const k = Math.min(drafts, g.maxDrafts);
+    if (k < 1) {
+      const r = await this.forward([next], signal);
+      return { ...r, proposed: 0 };
+    }
+    this.state.checkRoom(1 + k);
+    return this.engine.exclusive(async () => {
+      const seq = this.state;
+      const ds = await this.engine.draftStep(seq, next, k);
+      const pos0 = seq.length;
+      const r = await this.engine.trunkStep(seq, [next, ...ds], true);
+      let a = 0;
+      while (a < k && r.next[a] === ds[a]) a++;
+      if (a < k) {
+        this.engine.rollback(seq, a, pos0);
+        g.activity.noteRolledBack(k - a);
+      }
+      const accepted = [...ds.slice(0, a), r.next[a]!];
+      return { next: accepted, margins: r.margins.slice(0, a + 1), proposed: k };
+    });
+  }
+
+  reset(): void {
+    this.check();
+    // Behind any step in flight for this sequence (nothing to do once the engine is closed).
+    void this.engine.exclusive(async () => this.state.reset()).catch(() => {});
+    this.state.length = 0;
+    this.state.mtpLength = 0;
+  }
+
+  dispose(): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    this.engine.forget(this);
+    void this.engine.exclusive(async () => this.state.dispose()).catch(() => this.state.dispose());
+  }
+
+  /** @internal Frees the state now (the engine is closing, nothing is in flight). */
+  releaseNow(): void {
+    this.disposed = true;
+    this.state.dispose();
+  }
+}

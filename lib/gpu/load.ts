@@ -1,0 +1,302 @@
+// Loading a model onto the device (the seed's "load"): open the device, wrap dense.bin and
+// ple.bin without copying (Bun.mmap + Device.wrap), look every pipeline up, size the expert
+// pool (budget.ts), allocate the pool, the step scratch, the rollback planes and the event,
+// and the telemetry. Everything the step needs afterwards is in the returned EngineGpu.
+import type { DType, ModelConfig } from "../model/config.ts";
+import { dims } from "../model/config.ts";
+import type { ModelFiles } from "../model/format.ts";
+import { Device, type Backend, type Buffer, type Event } from "../shim.ts";
+import { ExpertActivity } from "./activity.ts";
+import { defaultHostReserveBytes, planPool, type PoolBudgetInput, type PoolPlan } from "./budget.ts";
+import type { ExpertPool as KernelPool } from "./experts.ts";
+import type { HcConfig } from "./hyperconnection.ts";
+import { MAX_NB, MAX_SNAP } from "./limits.ts";
+import { MemoryTracker } from "./memory.ts";
+import { HandshakeStats } from "./phases.ts";
+import { modelRefs, type ModelRefs } from "./refs.ts";
+import { createExpertPool, type Backing, type ExpertPool } from "./residency.ts";
+import { allocateScratch, scratchBytes, type Scratch } from "./scratch.ts";
+import { sequenceStateBytes, SnapshotSet } from "./state.ts";
+import { IoScheduler, type IoSchedulerOptions } from "./streaming.ts";
+import { StatsCollector } from "./telemetry.ts";
+
+/** Engine options (Model.load's `engine`). Every field is optional. */
+export interface EngineOptions {
+  /** Pool size as the CLI's --pool takes it: a share of all expert records ("50%") or bytes ("8GiB"); or a fraction in (0, 1]. */
+  pool?: string | number;
+  /** Pool size in expert records (--pool-slots). */
+  poolSlots?: number;
+  /** Pool size in bytes. */
+  poolBytes?: number;
+  /** "wired" (default: slots filled by uncached reads) or "mapped" (views of the mapped experts.bin). */
+  backing?: Backing;
+  /** Run the next layer's router early and prefetch its predicted experts (default true). */
+  lookahead?: boolean;
+  /** Tokens a sequence may hold (default 4096): KV caches and the QSA scratch are sized for it. */
+  maxContext?: number;
+  /** Rows per prefill step (default: Model.load's prefillChunk, else 512; at most MAX_NB). */
+  prefillChunk?: number;
+  /** Bytes the budget leaves to the host (default 2 GiB + 10% of RAM). */
+  hostReserveBytes?: number;
+  /** How long the GPU may wait for a slot table before its step fails (default 10 s). */
+  waitTimeoutMs?: number;
+  /** Run only the first N trunk blocks (bisecting; also CHERENKOV_LAYERS=N). */
+  layers?: number;
+  /** Append every trunk step's routing (tokens, expert ids, weights, misses) to this file (JSON lines). */
+  trace?: string;
+  /** Touch every page of dense.bin at load so the first steps do not fault it in (default true). */
+  prefault?: boolean;
+  /** @internal IO scheduler options (tests inject readers that fail or stall). */
+  io?: IoSchedulerOptions;
+}
+
+export const DEFAULT_MAX_CONTEXT = 4096;
+export const DEFAULT_PREFILL_CHUNK = 512;
+const DEFAULT_WAIT_TIMEOUT_MS = 10_000;
+
+/** Everything a loaded model keeps on (or for) the device. */
+export interface EngineGpu {
+  readonly device: Device;
+  readonly config: ModelConfig;
+  readonly files: ModelFiles;
+  readonly refs: ModelRefs;
+  readonly dense: Buffer;
+  readonly ple: Buffer | null;
+  readonly scratch: Scratch;
+  readonly hc: HcConfig;
+  readonly pool: ExpertPool;
+  /** The pool as the expert kernels bind it. */
+  readonly kernelPool: KernelPool;
+  readonly expertDType: DType;
+  readonly scheduler: IoScheduler | null;
+  readonly snapshots: SnapshotSet | null;
+  readonly event: Event;
+  readonly plan: PoolPlan;
+  /** Rows of the largest step (scratch size): min(prefill chunk, MAX_NB, what the pool holds). */
+  readonly rows: number;
+  /** Rows per prefill step: min(prefill chunk, rows). */
+  readonly prefillRows: number;
+  /** Drafts a verify step may carry (0 without MTP). */
+  readonly maxDrafts: number;
+  readonly maxContext: number;
+  /** Trunk blocks run (CHERENKOV_LAYERS). */
+  readonly layersRun: number;
+  readonly lookahead: boolean;
+  /** Why rows, drafts or layers are what they are, in words (stats, --stats). */
+  readonly notes: string[];
+  readonly activity: ExpertActivity;
+  readonly memory: MemoryTracker;
+  readonly stats: StatsCollector;
+  readonly handshakes: HandshakeStats;
+  close(): Promise<void>;
+}
+
+export type LoadProgress = (done: number, total: number) => void;
+
+const positiveInt = (v: unknown, name: string): number => {
+  if (typeof v !== "number" || !Number.isInteger(v) || v < 1) throw new Error(`engine option ${name}: ${String(v)} must be a positive integer`);
+  return v;
+};
+
+/** The pool-size override of the options (at most one of pool, poolSlots, poolBytes). */
+function poolOverride(o: EngineOptions): Pick<PoolBudgetInput, "poolBytes" | "poolSlots" | "poolFraction"> {
+  const given = [o.pool, o.poolSlots, o.poolBytes].filter((x) => x !== undefined).length;
+  if (given > 1) throw new Error("engine options: give at most one of pool, poolSlots, poolBytes");
+  if (o.poolSlots !== undefined) return { poolSlots: positiveInt(o.poolSlots, "poolSlots") };
+  if (o.poolBytes !== undefined) return { poolBytes: positiveInt(o.poolBytes, "poolBytes") };
+  if (o.pool === undefined) return {};
+  if (typeof o.pool === "number") {
+    if (!(o.pool > 0 && o.pool <= 1)) throw new Error(`engine option pool: ${o.pool} must be a fraction in (0, 1] (or a string such as "50%")`);
+    return { poolFraction: o.pool };
+  }
+  const t = o.pool.trim();
+  const pct = /^(\d+(?:\.\d+)?)\s*%$/.exec(t);
+  if (pct) {
+    const f = Number(pct[1]) / 100;
+    if (!(f > 0 && f <= 1)) throw new Error(`engine option pool: ${o.pool}: a percentage must be in (0, 100]`);
+    return { poolFraction: f };
+  }
+  const m = /^(\d+(?:\.\d+)?)\s*(B|KB|KiB|MB|MiB|GB|GiB)?$/i.exec(t);
+  if (!m) throw new Error(`engine option pool: ${JSON.stringify(o.pool)}: expected "50%" or a size such as "8GiB"`);
+  const units: Record<string, number> = { b: 1, kb: 1e3, kib: 1024, mb: 1e6, mib: 1024 ** 2, gb: 1e9, gib: 1024 ** 3 };
+  return { poolBytes: Math.floor(Number(m[1]) * units[(m[2] ?? "b").toLowerCase()]!) };
+}
+
+/** CHERENKOV_LAYERS=N (or options.layers): trunk blocks to run. */
+function layersToRun(c: ModelConfig, o: EngineOptions): number {
+  const env = process.env.CHERENKOV_LAYERS;
+  const asked = o.layers ?? (env !== undefined && env !== "" ? Number(env) : c.num_layers);
+  if (!Number.isInteger(asked) || asked < 1) throw new Error(`CHERENKOV_LAYERS / engine option layers: ${String(asked)} must be a positive integer`);
+  return Math.min(asked, c.num_layers);
+}
+
+/** Maps a file and wraps it without copying. */
+function wrapFile(device: Device, path: string): { buffer: Buffer; bytes: number } {
+  const mapped = Bun.mmap(path, { shared: false });
+  return { buffer: device.wrap(mapped), bytes: mapped.byteLength };
+}
+
+/**
+ * Reads one byte per 4 KiB of a wrapped file so its pages are resident before the first step
+ * (in 64 MiB chunks, reporting each). Returns the bytes' XOR, so the reads are not elided.
+ */
+async function prefault(buffer: Buffer, onChunk: (bytes: number) => void): Promise<number> {
+  const bytes = buffer.bytes;
+  const chunk = 64 << 20;
+  let sink = 0;
+  for (let start = 0; start < bytes.length; start += chunk) {
+    const end = Math.min(bytes.length, start + chunk);
+    for (let i = start; i < end; i += 4096) sink ^= bytes[i]!;
+    onChunk(end - start);
+    await new Promise((r) => setImmediate(r));
+  }
+  return sink;
+}
+
+/** Loads `files` onto a device of `backend`. */
+export async function loadEngine(files: ModelFiles, backend: Backend, opts: EngineOptions = {}, onProgress?: LoadProgress): Promise<EngineGpu> {
+  const c = files.config;
+  const D = dims(c);
+  const x = files.expertLayout;
+  const backing = opts.backing ?? "wired";
+  if (backing !== "wired" && backing !== "mapped") throw new Error(`engine option backing: ${JSON.stringify(backing)} must be "wired" or "mapped"`);
+  const maxContext = opts.maxContext === undefined ? DEFAULT_MAX_CONTEXT : positiveInt(opts.maxContext, "maxContext");
+  const chunk = opts.prefillChunk === undefined ? DEFAULT_PREFILL_CHUNK : positiveInt(opts.prefillChunk, "prefillChunk");
+  const waitTimeoutMs = opts.waitTimeoutMs === undefined ? DEFAULT_WAIT_TIMEOUT_MS : positiveInt(opts.waitTimeoutMs, "waitTimeoutMs");
+  const layersRun = layersToRun(c, opts);
+  const notes: string[] = [];
+  const parts = x.parts;
+  const expertDType = parts[0]!.dtype;
+  if (parts.some((p) => p.dtype !== expertDType)) throw new Error(`experts.bin: record parts have mixed dtypes (${parts.map((p) => p.dtype).join(", ")})`);
+
+  const device = Device.open({ backend });
+  const owned: { release(): void }[] = [];
+  try {
+    device.setWaitTimeout(waitTimeoutMs);
+    const dense = wrapFile(device, files.paths.dense);
+    owned.push(dense.buffer);
+    const ple = files.paths.ple ? wrapFile(device, files.paths.ple) : null;
+    if (ple) owned.push(ple.buffer);
+    const refs = modelRefs(files, dense.buffer, ple?.buffer ?? null);
+
+    // Rows of the largest step: a prefill chunk, and at least a verify batch.
+    const wantDrafts = Math.min(c.mtp?.max_drafts ?? 0, MAX_SNAP);
+    let rows = Math.max(Math.min(chunk, MAX_NB), 1 + wantDrafts);
+    if (chunk > MAX_NB) notes.push(`prefill chunk ${chunk} capped at MAX_NB = ${MAX_NB} rows per step`);
+
+    const memory = new MemoryTracker(device.limits.maxWorkingSet, opts.hostReserveBytes ?? defaultHostReserveBytes());
+    memory.addFixed("dense.bin", dense.bytes);
+    if (ple) memory.addFixed("ple.bin", ple.bytes);
+    memory.addFixed("scratch", scratchBytes(c, { rows, maxContext }));
+    memory.addFixed("sequence (one)", sequenceStateBytes(c, maxContext));
+    if (c.mtp) memory.addFixed("rollback planes", SnapshotSet.bytes(c));
+    memory.addMapped("dense.bin", dense.bytes);
+    if (ple) memory.addMapped("ple.bin", ple.bytes);
+
+    // The pool must hold one row's top-k (a decode step); longer steps are cut to what it holds.
+    const plan = planPool({
+      deviceMaxWorkingSet: device.limits.maxWorkingSet,
+      fixedBytes: memory.fixedBytes,
+      hostReserveBytes: memory.hostReserveBytes,
+      recordStride: x.stride,
+      expertLayers: x.layers,
+      perLayer: x.perLayer,
+      topK: c.moe.top_k,
+      maxRows: 1,
+      ...poolOverride(opts),
+    });
+    if (plan.slots < x.perLayer) {
+      const fit = Math.max(1, Math.floor(plan.slots / c.moe.top_k));
+      if (fit < rows) {
+        notes.push(`steps limited to ${fit} rows: a pool of ${plan.slots} slots holds the top-${c.moe.top_k} experts of ${fit} rows of one layer`);
+        rows = fit;
+      }
+    }
+    const maxDrafts = Math.min(wantDrafts, rows - 1);
+    if (c.mtp && maxDrafts < c.mtp.max_drafts) notes.push(`drafts per step limited to ${maxDrafts} (mtp.max_drafts ${c.mtp.max_drafts}, ${rows} rows per step, MAX_SNAP ${MAX_SNAP})`);
+    if (layersRun < c.num_layers) notes.push(`CHERENKOV_LAYERS: running the first ${layersRun} of ${c.num_layers} blocks`);
+    memory.addFixed("scratch", scratchBytes(c, { rows, maxContext }));
+
+    const total = dense.bytes + (ple?.bytes ?? 0) + plan.bytes;
+    let done = 0;
+    const progress = (bytes: number) => {
+      done += bytes;
+      onProgress?.(Math.min(done, total), total);
+    };
+    if (opts.prefault ?? true) {
+      await prefault(dense.buffer, progress);
+      if (ple) await prefault(ple.buffer, progress);
+    } else progress(dense.bytes + (ple?.bytes ?? 0));
+
+    // Pipelines: look every kernel up once (Metal compiles them here, not mid-step).
+    const library = device.library();
+    for (const name of library.kernelNames()) library.pipeline(name);
+
+    const scheduler = backing === "wired" ? new IoScheduler(opts.io) : null;
+    const pool = createExpertPool({
+      backing,
+      model: files,
+      capacity: plan.slots,
+      device,
+      scheduler: scheduler ?? undefined,
+      // One buffer: the expert kernels bind the pool as a single buffer.
+      maxBufferBytes: Math.max(x.stride * (backing === "wired" ? plan.slots : x.layers * x.perLayer), x.stride),
+    });
+    progress(plan.bytes);
+    memory.setPool(plan, backing, x.stride);
+    if (backing === "mapped") memory.addMapped("experts.bin", x.stride * x.layers * x.perLayer);
+    if (pool.buffers.length !== 1) throw new Error(`expert pool: ${pool.buffers.length} buffers, the expert kernels bind one`);
+    const kernelPool: KernelPool = { buffer: pool.buffers[0]!, slots: pool.slotCount, stride: x.stride, parts };
+
+    const scratch = allocateScratch(device, c, { rows, maxContext });
+    owned.push(scratch.buffer);
+    const snapshots = c.mtp ? new SnapshotSet(device, c) : null;
+    const event = device.event();
+    const activity = new ExpertActivity(D.expertLayers, x.perLayer);
+    const stats = new StatsCollector({ pool, io: scheduler, activity, memory });
+    const handshakes = new HandshakeStats(D.expertLayers);
+    let closed = false;
+    return {
+      device,
+      config: c,
+      files,
+      refs,
+      dense: dense.buffer,
+      ple: ple?.buffer ?? null,
+      scratch,
+      hc: c.hc,
+      pool,
+      kernelPool,
+      expertDType,
+      scheduler,
+      snapshots,
+      event,
+      plan,
+      rows,
+      prefillRows: Math.min(chunk, rows),
+      maxDrafts,
+      maxContext,
+      layersRun,
+      lookahead: opts.lookahead ?? true,
+      notes,
+      activity,
+      memory,
+      stats,
+      handshakes,
+      async close() {
+        if (closed) return;
+        closed = true;
+        await pool.close();
+        if (scheduler) await scheduler.close();
+        event.release();
+        snapshots?.release();
+        for (const b of owned) b.release();
+        device.close();
+      },
+    };
+  } catch (e) {
+    for (const b of owned) b.release();
+    device.close();
+    throw e;
+  }
+}

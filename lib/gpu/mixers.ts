@@ -1,0 +1,136 @@
+// The two mixers of a layer (MODEL.md "Mixer A/B") as dispatch sequences over a step's rows:
+// gated DeltaNet (projections, conv + SiLU, the recurrence, gated RMSNorm, out) and gated
+// attention (projections, per-head norms, RoPE, cache appends, QSA, attention, sigmoid
+// gate, out). Input: the site's normalised read (and its HalfSet); output: y [nb][d].
+import type { ModelConfig } from "../model/config.ts";
+import { encodeAttention, encodeKvAppend, encodeQsa, encodeRope } from "./attention.ts";
+import { encodeConvSilu, encodeDeltaNet } from "./deltanet.ts";
+import { bind, type EncodeContext, type RowsRef } from "./dispatch.ts";
+import { encodeElementwise } from "./elementwise.ts";
+import { encodeRmsNorm, encodeRmsNormGated } from "./norms.ts";
+import { encodeHalfSet, encodeProjection, type HalfSet, type ProjectionInput } from "./projections.ts";
+import type { AttentionRefs, DeltaNetRefs } from "./refs.ts";
+import type { Scratch } from "./scratch.ts";
+import type { AttentionLayerState, DeltaNetLayerState } from "./state.ts";
+import type { SnapshotPlanes } from "./snapshots.ts";
+
+/** y = W x, preparing x's HalfSet first when W is q4. */
+export function encodeOutProjection(ctx: EncodeContext, w: AttentionRefs["o"], x: RowsRef, half: HalfSet, y: RowsRef, nb: number): void {
+  if (w.dtype === "q4") {
+    encodeHalfSet(ctx, x, half, nb);
+    encodeProjection(ctx, w, { rows: x, half }, y, nb);
+  } else encodeProjection(ctx, w, { rows: x }, y, nb);
+}
+
+export interface DeltaNetMixerArgs {
+  config: ModelConfig;
+  w: DeltaNetRefs;
+  state: DeltaNetLayerState;
+  scratch: Scratch;
+  nb: number;
+  x: ProjectionInput;
+  y: RowsRef;
+  /** Verify batches: store S and the conv window after each of the first `rows` rows. */
+  snapshots?: { S: SnapshotPlanes; conv: SnapshotPlanes; rows: number };
+}
+
+export function encodeDeltaNetMixer(ctx: EncodeContext, a: DeltaNetMixerArgs): void {
+  const { config: c, w, nb } = a;
+  const dn = c.deltanet;
+  const s = a.scratch.dn;
+  encodeProjection(ctx, w.qkv, a.x, s.qkv, nb);
+  encodeProjection(ctx, w.z, a.x, s.z, nb);
+  encodeProjection(ctx, w.b, a.x, s.b, nb);
+  encodeProjection(ctx, w.a, a.x, s.a, nb);
+  const C = w.qkv.shape[0]!;
+  const convSnap = a.snapshots && dn.conv_kernel > 1 ? { planes: a.snapshots.conv, rows: a.snapshots.rows } : undefined;
+  encodeConvSilu(ctx, { rows: nb, channels: C, x: s.qkv, weight: w.conv, state: a.state.conv, y: s.conv, snapshots: convSnap });
+  encodeDeltaNet(ctx, {
+    rows: nb,
+    keyHeads: dn.key_heads,
+    keyDim: dn.key_dim,
+    valueHeads: dn.value_heads,
+    valueDim: dn.value_dim,
+    qkv: s.conv,
+    b: s.b,
+    a: s.a,
+    aLog: w.aLog,
+    dtBias: w.dtBias,
+    state: a.state.S,
+    o: s.o,
+    snapshots: a.snapshots ? { planes: a.snapshots.S, rows: a.snapshots.rows } : undefined,
+  });
+  encodeRmsNormGated(ctx, s.o, s.z, w.norm, s.o, nb, dn.value_heads, c.rms_norm_eps);
+  encodeOutProjection(ctx, w.out, s.o, s.oHalf, a.y, nb);
+}
+
+export interface AttentionMixerArgs {
+  config: ModelConfig;
+  w: AttentionRefs;
+  state: AttentionLayerState;
+  scratch: Scratch;
+  nb: number;
+  /** Position of row 0. */
+  pos0: number;
+  x: ProjectionInput;
+  y: RowsRef;
+}
+
+export function encodeAttentionMixer(ctx: EncodeContext, a: AttentionMixerArgs): void {
+  const { config: c, w, nb, pos0 } = a;
+  const at = c.attention;
+  const s = a.scratch.attn;
+  const eps = c.rms_norm_eps;
+  encodeProjection(ctx, w.q, a.x, s.q, nb);
+  encodeProjection(ctx, w.gate, a.x, s.gate, nb);
+  encodeProjection(ctx, w.k, a.x, s.k, nb);
+  encodeProjection(ctx, w.v, a.x, s.v, nb);
+  encodeRmsNorm(ctx, s.q, w.qNorm, s.q, nb, eps, { heads: at.heads });
+  encodeRmsNorm(ctx, s.k, w.kNorm, s.k, nb, eps, { heads: at.kv_heads });
+  const rotDim = Math.round(at.head_dim * at.partial_rotary_factor);
+  encodeRope(ctx, { rows: nb, pos0, headDim: at.head_dim, rotDim, theta: at.rope_theta, q: s.q, qHeads: at.heads, k: s.k, kHeads: at.kv_heads });
+  encodeKvAppend(ctx, { rows: nb, pos0, x: s.k, cache: a.state.k });
+  encodeKvAppend(ctx, { rows: nb, pos0, x: s.v, cache: a.state.v });
+  let selection: { list: ReturnType<typeof bind>; counts: ReturnType<typeof bind>; topk: number } | undefined;
+  const qsa = w.qsa && at.qsa;
+  if (w.qsa && at.qsa && a.state.ik) {
+    const q = at.qsa;
+    encodeProjection(ctx, w.qsa.iq, a.x, s.iq, nb);
+    encodeProjection(ctx, w.qsa.ik, a.x, s.ikRaw, nb);
+    encodeProjection(ctx, w.qsa.iw, a.x, s.iw, nb);
+    encodeRmsNorm(ctx, s.ikRaw, w.qsa.ikNorm, s.ik, nb, eps);
+    encodeKvAppend(ctx, { rows: nb, pos0, x: s.ik, cache: a.state.ik });
+    const scoreStride = Math.ceil(((pos0 + nb) * 4) / 16) * 16;
+    if (scoreStride * nb > s.scores.bytes) throw new RangeError(`qsa: ${nb} rows at position ${pos0} need ${scoreStride * nb} bytes of score scratch, ${s.scores.bytes} allocated`);
+    const list = bind(s.selected.buffer, s.selected.offset);
+    const counts = bind(s.counts.buffer, s.counts.offset);
+    encodeQsa(ctx, {
+      rows: nb,
+      pos0,
+      topk: q.topk,
+      heads: q.heads,
+      iq: s.iq,
+      iw: s.iw,
+      ik: a.state.ik,
+      scores: { buffer: s.scores.buffer, offset: s.scores.offset, stride: scoreStride },
+      selected: list,
+      counts,
+    });
+    selection = { list, counts, topk: q.topk };
+  } else if (qsa) {
+    throw new Error("attention: QSA weights without an index-key cache");
+  }
+  encodeAttention(ctx, {
+    rows: nb,
+    pos0,
+    heads: at.heads,
+    q: s.q,
+    k: a.state.k,
+    v: a.state.v,
+    selection,
+    o: s.o,
+    partials: bind(s.partials.buffer, s.partials.offset),
+  });
+  encodeElementwise(ctx, "sigmoid_mul", s.o, s.gate, s.o, nb, at.heads * at.head_dim);
+  encodeOutProjection(ctx, w.o, s.o, s.oHalf, a.y, nb);
+}

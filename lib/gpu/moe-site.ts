@@ -1,0 +1,116 @@
+// The MoE sub-layer of a step, split where the host steps in (DESIGN.md "One command buffer
+// per step"): `encodeMoeRoute` is the site's read, norm and router (and the grouping of the
+// routed pairs); the caller then records the handshake (signal, wait for the slot table);
+// `encodeMoeCompute` runs the routed experts through the slot table, the shared expert, the
+// combine and the site's write. `encodeLookaheadRoute` is the next layer's read + norm +
+// router on the current streams: a prediction the host prefetches from, never used as a result.
+import type { ModelConfig } from "../model/config.ts";
+import { bind, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
+import {
+  encodeExpertLists,
+  encodeMoeCombine,
+  encodeRoutedExperts,
+  encodeRouter,
+  encodeSharedExpert,
+  type ExpertPool as KernelPool,
+} from "./experts.ts";
+import { encodeSiteRead, encodeSiteWrite, type HcConfig, type HcSiteRefs } from "./hyperconnection.ts";
+import { encodeHalfSet, type ProjectionInput } from "./projections.ts";
+import type { MoeRefs } from "./refs.ts";
+import type { Scratch } from "./scratch.ts";
+
+export interface MoeSiteArgs {
+  config: ModelConfig;
+  /** The residual: streams [nb][n][d] with their hyper-connection site, or the plain [nb][d] (site null, n = 1). */
+  X: RowsRef;
+  site: HcSiteRefs | null;
+  hc: HcConfig;
+  norm: TensorRef;
+  moe: MoeRefs;
+  scratch: Scratch;
+  nb: number;
+  /** Record dtype of the routed experts (q4 ones read the input's HalfSet). */
+  expertDType: string;
+}
+
+const routerConfig = (c: ModelConfig) => ({ experts: c.moe.experts, top_k: c.moe.top_k, norm_topk_prob: c.moe.norm_topk_prob });
+
+/** Whether the MoE input needs a HalfSet: some consumer of it is q4. */
+function needsHalf(a: MoeSiteArgs): boolean {
+  const sh = a.moe.shared;
+  return a.expertDType === "q4" || a.moe.router.dtype === "q4" || (!!sh && (sh.gate.dtype === "q4" || sh.expertGate.dtype === "q4"));
+}
+
+function input(a: MoeSiteArgs): ProjectionInput {
+  const s = a.scratch;
+  return needsHalf(a) ? { rows: s.xn, half: s.xnHalf } : { rows: s.xn };
+}
+
+/** The site's read + norm into scratch.xn, its HalfSet, the router (scratch.moe.ids/weights) and the pair lists. */
+export function encodeMoeRoute(ctx: EncodeContext, a: MoeSiteArgs): void {
+  const { config: c, nb, scratch: s } = a;
+  const d = c.hidden_size;
+  encodeSiteRead(ctx, a.X, a.site, s.hc, s.xn, nb, a.hc, d, { w: a.norm, eps: c.rms_norm_eps });
+  if (needsHalf(a)) encodeHalfSet(ctx, s.xn, s.xnHalf, nb);
+  const m = s.moe;
+  encodeRouter(ctx, a.moe.router, input(a), m.logits, { ids: bind(m.ids.buffer, m.ids.offset), weights: bind(m.weights.buffer, m.weights.offset) }, nb, routerConfig(c));
+  const L = m.lists;
+  encodeExpertLists(
+    ctx,
+    bind(m.ids.buffer, m.ids.offset),
+    { offsets: bind(L.offsets.buffer, L.offsets.offset), pairs: bind(L.pairs.buffer, L.pairs.offset), active: bind(L.active.buffer, L.active.offset) },
+    nb,
+    c.moe.top_k,
+    c.moe.experts,
+  );
+}
+
+/** Routed experts through scratch.moe.slotTable, the shared expert, the combine into scratch.y, and the site's write. */
+export function encodeMoeCompute(ctx: EncodeContext, a: MoeSiteArgs, pool: KernelPool): void {
+  const { config: c, nb, scratch: s } = a;
+  const d = c.hidden_size;
+  const k = c.moe.top_k;
+  const m = s.moe;
+  const L = m.lists;
+  const x = input(a);
+  encodeRoutedExperts(
+    ctx,
+    pool,
+    bind(m.slotTable.buffer, m.slotTable.offset),
+    { offsets: bind(L.offsets.buffer, L.offsets.offset), pairs: bind(L.pairs.buffer, L.pairs.offset), active: bind(L.active.buffer, L.active.offset) },
+    x,
+    { h: m.h, hHalf: m.hHalf, o: m.o },
+    nb,
+    k,
+    c.moe.experts,
+  );
+  let shared: { s: RowsRef; sg: RowsRef } | undefined;
+  if (a.moe.shared) {
+    encodeSharedExpert(ctx, a.moe.shared, x, { h: m.sh, hHalf: m.shHalf, s: m.s, sg: m.sg }, nb);
+    shared = { s: m.s, sg: m.sg };
+  }
+  encodeMoeCombine(ctx, bind(m.weights.buffer, m.weights.offset), m.o, s.y, nb, k, d, shared);
+  encodeSiteWrite(ctx, a.X, a.site, s.hc, s.y, nb, a.hc, d);
+}
+
+/**
+ * The next layer's MoE read + norm + router on the current streams (its own scratch:
+ * scratch.la), leaving predicted ids in scratch.la.ids.
+ */
+export function encodeLookaheadRoute(ctx: EncodeContext, a: MoeSiteArgs): void {
+  const { config: c, nb, scratch: s } = a;
+  const d = c.hidden_size;
+  const la = s.la;
+  encodeSiteRead(ctx, a.X, a.site, la.hc, la.xn, nb, a.hc, d, { w: a.norm, eps: c.rms_norm_eps });
+  const q4 = a.moe.router.dtype === "q4";
+  if (q4) encodeHalfSet(ctx, la.xn, la.half, nb);
+  encodeRouter(
+    ctx,
+    a.moe.router,
+    q4 ? { rows: la.xn, half: la.half } : { rows: la.xn },
+    la.logits,
+    { ids: bind(la.ids.buffer, la.ids.offset), weights: bind(la.weights.buffer, la.weights.offset) },
+    nb,
+    routerConfig(c),
+  );
+}

@@ -1,0 +1,75 @@
+// The PLE injection of a layer (MODEL.md "N-gram memory") as one dispatch sequence: gather
+// the n-gram rows, k = RMSNorm(W_k e + b_k), q = RMSNorm(mean of the streams), the gate,
+// then the dilated conv whose output is added to every stream of X. The bias add and the
+// mean are existing kernels with a zero row stride (the bias and 1/n are the same for every
+// row); with n a power of two the mean is exact, as the reference's sum-then-divide is.
+import type { ModelConfig } from "../model/config.ts";
+import type { Buffer } from "../shim.ts";
+import { bind, type EncodeContext, type RowsRef } from "./dispatch.ts";
+import { encodeElementwise } from "./elementwise.ts";
+import { encodeHcRead } from "./hyperconnection.ts";
+import { encodeRmsNorm } from "./norms.ts";
+import { encodePleConv, encodePleGate, encodePleGather } from "./ple.ts";
+import { encodeHalfSet, encodeProjection, type ProjectionInput } from "./projections.ts";
+import type { PleRefs } from "./refs.ts";
+import type { Scratch } from "./scratch.ts";
+import type { SnapshotPlanes } from "./snapshots.ts";
+
+export interface PleLayerArgs {
+  config: ModelConfig;
+  w: PleRefs;
+  /** The layer's live conv history. */
+  history: Buffer;
+  scratch: Scratch;
+  nb: number;
+  pos0: number;
+  /** The sequence's tokens by position (i32), this step's included. */
+  tokens: Buffer;
+  /** Residual streams [nb][n][d], updated. */
+  X: RowsRef;
+  snapshots?: { planes: SnapshotPlanes; rows: number };
+}
+
+export function encodePleLayer(ctx: EncodeContext, a: PleLayerArgs): void {
+  const { config: c, w, nb, pos0 } = a;
+  const p = c.ple!;
+  const d = c.hidden_size;
+  const n = c.hc.streams;
+  const eps = c.rms_norm_eps;
+  const s = a.scratch.ple;
+  const maxOrder = Math.max(...p.orders);
+  const history = Math.min(pos0, maxOrder - 1);
+  encodePleGather(ctx, {
+    rows: nb,
+    pos0,
+    ple: p,
+    tokens: bind(a.tokens, (pos0 - history) * 4),
+    history,
+    tables: w.tables,
+    e: s.e,
+    rowIds: bind(s.rowIds.buffer, s.rowIds.offset),
+  });
+  const q4 = w.k.dtype === "q4" || w.v.dtype === "q4";
+  if (q4) encodeHalfSet(ctx, s.e, s.eHalf, nb);
+  const e: ProjectionInput = q4 ? { rows: s.e, half: s.eHalf } : { rows: s.e };
+  encodeProjection(ctx, w.k, e, s.kRaw, nb);
+  encodeElementwise(ctx, "add", s.kRaw, { buffer: w.kBias.buffer, offset: w.kBias.offset, stride: 0 }, s.kRaw, nb, d);
+  encodeRmsNorm(ctx, s.kRaw, w.kNorm, s.k, nb, eps);
+  if (n === 1) encodeRmsNorm(ctx, a.X, w.qNorm, s.q, nb, eps);
+  else encodeHcRead(ctx, a.X, a.scratch.meanCoeffs, s.q, nb, n, d, { w: w.qNorm, eps });
+  encodeProjection(ctx, w.v, e, s.vIn, nb);
+  encodePleGate(ctx, { rows: nb, dim: d, eps, k: s.k, q: s.q, vIn: s.vIn, vBias: w.vBias, convNorm: w.convNorm, v: s.v, u: s.u });
+  encodePleConv(ctx, {
+    rows: nb,
+    dim: d,
+    dilation: maxOrder,
+    weight: w.conv,
+    u: s.u,
+    v: s.v,
+    history: a.history,
+    x: a.X,
+    streams: n,
+    streamStride: d * 4,
+    snapshots: a.snapshots,
+  });
+}

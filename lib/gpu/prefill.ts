@@ -1,0 +1,30 @@
+// Prefill (the seed's "prefill"): a prompt runs in chunks of up to the engine's step rows,
+// each chunk one step through the model layer by layer, so that each layer's experts are
+// brought in once for the whole chunk rather than once per token. Chunks run back to back;
+// an abort is honoured between them.
+import { throwIfAborted, type RowsResult } from "../api/backend.ts";
+
+/** [start, end) of the chunks of `total` rows, at most `rows` each. */
+export function chunkRanges(total: number, rows: number): [number, number][] {
+  if (!Number.isInteger(rows) || rows < 1) throw new RangeError(`prefill: chunk rows ${rows} must be a positive integer`);
+  const out: [number, number][] = [];
+  for (let i = 0; i < total; i += rows) out.push([i, Math.min(total, i + rows)]);
+  return out;
+}
+
+/** Runs `tokens` through `step` chunk by chunk; the results of every row, in order. */
+export async function runChunked(
+  tokens: readonly number[],
+  rows: number,
+  step: (chunk: number[]) => Promise<RowsResult>,
+  signal?: AbortSignal,
+): Promise<RowsResult> {
+  const out: RowsResult = { next: [], margins: [] };
+  for (const [a, b] of chunkRanges(tokens.length, rows)) {
+    throwIfAborted(signal);
+    const r = await step(tokens.slice(a, b));
+    out.next.push(...r.next);
+    out.margins.push(...r.margins);
+  }
+  return out;
+}

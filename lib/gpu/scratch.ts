@@ -1,0 +1,249 @@
+// The step's activation scratch: every intermediate of one row batch, for up to `rows` rows,
+// carved out of one shared buffer. Sized once at load (rows = min(prefill chunk, MAX_NB)
+// and what the pool allows; docs/engine.md). Regions a later op no longer needs are not
+// reused for something else: the layout stays obvious and the bytes are small next to the
+// weights (the logits are computed LOGIT_ROWS rows at a time to keep the largest region small).
+import { dims, type ModelConfig } from "../model/config.ts";
+import type { Buffer, Device } from "../shim.ts";
+import type { RowsRef } from "./dispatch.ts";
+import type { HcScratch } from "./hyperconnection.ts";
+import { hcMixCount } from "./hyperconnection.ts";
+import { attentionPartialBytes, ATTN_DECODE_SPLIT } from "./attention.ts";
+import { halfSetFloats, type HalfSet } from "./projections.ts";
+import { MAX_SNAP } from "./limits.ts";
+
+/** Rows of logits computed at once (the LM head runs over a step in blocks of this many). */
+export const LOGIT_ROWS = 32;
+
+const REGION_ALIGN = 256;
+const up = (x: number, a: number) => Math.ceil(x / a) * a;
+/** Bytes of a row of `floats` 4-byte values, padded to 16 (the matvec kernels' vector loads). */
+export const rowBytes = (floats: number) => up(floats * 4, 16);
+
+/** Lays regions out in one buffer; `bindAll` hands each region its place once the buffer exists. */
+class Arena {
+  private size = 0;
+  private readonly pending: { offset: number; bind: (b: Buffer, offset: number) => void }[] = [];
+  /** Reserves `bytes` and calls `bind` once the buffer exists. */
+  take(bytes: number, bind: (b: Buffer, offset: number) => void): void {
+    const offset = up(this.size, REGION_ALIGN);
+    this.size = offset + Math.max(16, bytes);
+    this.pending.push({ offset, bind });
+  }
+  get bytes(): number {
+    return up(this.size, REGION_ALIGN);
+  }
+  bindAll(b: Buffer): void {
+    for (const p of this.pending) p.bind(b, p.offset);
+  }
+}
+
+export interface Scratch {
+  readonly buffer: Buffer;
+  readonly bytes: number;
+  /** Rows the regions hold. */
+  readonly rows: number;
+  /** Residual streams X [rows][n][d]. */
+  X: RowsRef;
+  /** A site's normalised read [rows][d] and its HalfSet. */
+  xn: RowsRef;
+  xnHalf: HalfSet;
+  /** A sub-layer's output [rows][d]. */
+  y: RowsRef;
+  /** Hyper-connection coefficients of the current site, and of the lookahead's read. */
+  hc: HcScratch;
+  la: { hc: HcScratch; xn: RowsRef; half: HalfSet; logits: RowsRef; ids: RowsRef; weights: RowsRef };
+  dn: { qkv: RowsRef; conv: RowsRef; z: RowsRef; b: RowsRef; a: RowsRef; o: RowsRef; oHalf: HalfSet };
+  attn: {
+    q: RowsRef;
+    gate: RowsRef;
+    k: RowsRef;
+    v: RowsRef;
+    o: RowsRef;
+    oHalf: HalfSet;
+    iq: RowsRef;
+    ikRaw: RowsRef;
+    ik: RowsRef;
+    iw: RowsRef;
+    /** QSA scores: rows * maxContext floats, rows strided per step (qsaScoreBytes). */
+    scores: { buffer: Buffer; offset: number; bytes: number };
+    selected: RowsRef;
+    counts: RowsRef;
+    partials: { buffer: Buffer; offset: number; bytes: number };
+  };
+  ple: { e: RowsRef; eHalf: HalfSet; kRaw: RowsRef; k: RowsRef; q: RowsRef; vIn: RowsRef; v: RowsRef; u: RowsRef; rowIds: RowsRef };
+  moe: {
+    logits: RowsRef;
+    /** Router output of the current site: ids [rows][k] (i32) and weights [rows][k]. */
+    ids: RowsRef;
+    weights: RowsRef;
+    lists: { offsets: RowsRef; pairs: RowsRef; active: RowsRef };
+    h: RowsRef;
+    hHalf: HalfSet;
+    o: RowsRef;
+    sh: RowsRef;
+    shHalf: HalfSet;
+    s: RowsRef;
+    sg: RowsRef;
+    /** The layer's slot table (perLayer slots, then the union size), written by the host. */
+    slotTable: RowsRef;
+  };
+  head: { hidden: RowsRef; hiddenHalf: HalfSet; logits: RowsRef; next: RowsRef; margins: RowsRef };
+  mtp: { fuse: RowsRef; fuseHalf: HalfSet; X: RowsRef; out: RowsRef; drafts: RowsRef; draftMargins: RowsRef };
+  /** n floats of 1/n: the mean of the streams as a hyper-connection read (row stride 0). */
+  meanCoeffs: RowsRef;
+}
+
+export interface ScratchSize {
+  rows: number;
+  maxContext: number;
+}
+
+/** Allocates the scratch of `config` for `size.rows` rows and contexts up to `size.maxContext`. */
+export function allocateScratch(device: Device, config: ModelConfig, size: ScratchSize): Scratch {
+  const layout = layoutScratch(config, size);
+  const buffer = device.buffer(layout.bytes);
+  return layout.bind(buffer);
+}
+
+/** Bytes the scratch of `config` takes for `size` (the budget's fixed buffers). */
+export const scratchBytes = (config: ModelConfig, size: ScratchSize): number => layoutScratch(config, size).bytes;
+
+function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number; bind(buffer: Buffer): Scratch } {
+  const c = config;
+  const D = dims(c);
+  const R = size.rows;
+  const d = c.hidden_size;
+  const n = c.hc.streams;
+  const k = c.moe.top_k;
+  const E = c.moe.experts;
+  const at = c.attention;
+  const arena = new Arena();
+  const out: Record<string, unknown> = {};
+  // Registers a region under a dotted path of `out` ("attn.q" -> out.attn.q).
+  const set = (path: string, value: unknown) => {
+    const keys = path.split(".");
+    let o = out as Record<string, unknown>;
+    for (const key of keys.slice(0, -1)) o = (o[key] ??= {}) as Record<string, unknown>;
+    o[keys[keys.length - 1]!] = value;
+  };
+  // `count` rows of `floats` values, each row padded to 16 bytes.
+  const rows = (path: string, floats: number, count = R) => {
+    const stride = rowBytes(floats);
+    arena.take(stride * count, (buffer, offset) => set(path, { buffer, offset, stride }));
+  };
+  // Vectors the kernels index without a stride ([rows][k] ids, counts): packed rows.
+  const packed = (path: string, values: number, count = R) => {
+    const stride = values * 4;
+    arena.take(stride * count, (buffer, offset) => set(path, { buffer, offset, stride }));
+  };
+  const half = (path: string, width: number, count = R) => {
+    const w = Math.max(32, Math.ceil(width / 32) * 32);
+    const stride = halfSetFloats(w) * 4;
+    arena.take(stride * count, (buffer, offset) => set(path, { buffer, offset, stride, width }));
+  };
+  const raw = (path: string, bytes: number) => arena.take(bytes, (buffer, offset) => set(path, { buffer, offset, bytes }));
+
+  rows("X", n * d);
+  rows("xn", d);
+  half("xnHalf", d);
+  rows("y", d);
+  const mix = Math.max(1, hcMixCount(n));
+  rows("hc.raw", mix);
+  rows("hc.coeffs", mix);
+  rows("la.hc.raw", mix);
+  rows("la.hc.coeffs", mix);
+  rows("la.xn", d);
+  half("la.half", d);
+  rows("la.logits", E);
+  packed("la.ids", k);
+  packed("la.weights", k);
+
+  const C = D.dnConvChannels;
+  rows("dn.qkv", C);
+  rows("dn.conv", C);
+  rows("dn.z", D.dnValue);
+  rows("dn.b", c.deltanet.value_heads);
+  rows("dn.a", c.deltanet.value_heads);
+  rows("dn.o", D.dnValue);
+  half("dn.oHalf", D.dnValue);
+
+  rows("attn.q", D.attnQ);
+  rows("attn.gate", D.attnQ);
+  rows("attn.k", D.attnKv);
+  rows("attn.v", D.attnKv);
+  rows("attn.o", D.attnQ);
+  half("attn.oHalf", D.attnQ);
+  const qsa = at.qsa;
+  rows("attn.iq", qsa ? qsa.heads * qsa.head_dim : 1);
+  rows("attn.ikRaw", qsa ? qsa.head_dim : 1);
+  rows("attn.ik", qsa ? qsa.head_dim : 1);
+  rows("attn.iw", qsa ? qsa.heads : 1);
+  // Rows are padded to 16 bytes: 4 spare positions per row.
+  raw("attn.scores", qsa ? R * (size.maxContext + 4) * 4 : 16);
+  packed("attn.selected", qsa ? qsa.topk : 1);
+  packed("attn.counts", 1);
+  // The MTP cache runs a few positions past maxContext (chained drafts).
+  const splits = Math.ceil((size.maxContext + MAX_SNAP + 2) / ATTN_DECODE_SPLIT);
+  raw("attn.partials", attentionPartialBytes(1, at.heads, at.head_dim, splits));
+
+  const P = D.pleEmbed;
+  rows("ple.e", Math.max(1, P));
+  half("ple.eHalf", Math.max(32, P));
+  for (const name of ["kRaw", "k", "q", "vIn", "v", "u"]) rows(`ple.${name}`, d);
+  packed("ple.rowIds", c.ple ? c.ple.orders.length * c.ple.heads : 1);
+
+  rows("moe.logits", E);
+  packed("moe.ids", k);
+  packed("moe.weights", k);
+  rows("moe.lists.offsets", E + 1, 1);
+  rows("moe.lists.pairs", R * k, 1);
+  rows("moe.lists.active", E + 1, 1);
+  const I = c.moe.intermediate;
+  rows("moe.h", I, R * k);
+  half("moe.hHalf", I, R * k);
+  rows("moe.o", d, R * k);
+  const SI = Math.max(32, c.moe.shared_intermediate);
+  rows("moe.sh", SI);
+  half("moe.shHalf", SI);
+  rows("moe.s", d);
+  rows("moe.sg", 1);
+  rows("moe.slotTable", E + 1, 1);
+
+  rows("head.hidden", d);
+  half("head.hiddenHalf", d);
+  rows("head.logits", c.vocab_size, Math.min(R, LOGIT_ROWS));
+  packed("head.next", 1);
+  packed("head.margins", 1);
+
+  rows("mtp.fuse", 2 * d);
+  half("mtp.fuseHalf", 2 * d);
+  rows("mtp.X", d);
+  rows("mtp.out", d);
+  packed("mtp.drafts", 1, MAX_SNAP + 1);
+  packed("mtp.draftMargins", 1, MAX_SNAP + 1);
+  arena.take(rowBytes(n), (buffer, offset) => {
+    buffer.f32.fill(1 / n, offset / 4, offset / 4 + n);
+    set("meanCoeffs", { buffer, offset, stride: 0 });
+  });
+
+  return {
+    bytes: arena.bytes,
+    bind(buffer: Buffer): Scratch {
+      arena.bindAll(buffer);
+      return { ...(out as unknown as Omit<Scratch, "buffer" | "bytes" | "rows">), buffer, bytes: arena.bytes, rows: R } as Scratch;
+    },
+  };
+}
+
+/** The rows of a region from row `first` on. */
+export const rowAt = (ref: RowsRef, first: number): RowsRef => ({ buffer: ref.buffer, offset: ref.offset + first * ref.stride, stride: ref.stride });
+
+/** The HalfSet rows of a region from row `first` on. */
+export const halfAt = (ref: HalfSet, first: number): HalfSet => ({ ...ref, offset: ref.offset + first * ref.stride });
+
+/** An i32 view of `count` values of a packed region (no copy). */
+export const i32View = (ref: RowsRef, count: number): Int32Array => ref.buffer.i32.subarray(ref.offset / 4, ref.offset / 4 + count);
+
+/** An f32 view of `count` values of a packed region (no copy). */
+export const f32View = (ref: RowsRef, count: number): Float32Array => ref.buffer.f32.subarray(ref.offset / 4, ref.offset / 4 + count);

@@ -1,0 +1,203 @@
+// Sequence state on the device (DESIGN.md "Sequence state"): per DeltaNet layer the
+// recurrent state S and the conv window, per attention layer the K/V caches and the QSA
+// index keys, per PLE layer the conv history, the tokens by position (the n-gram hash and
+// the embedding read them), the trunk's final hidden rows by position (the MTP head's
+// input), and the MTP layer's K/V. Caches only grow; a verify batch's rollback copies the
+// snapshot planes of its last accepted row over the fixed-size state (S, windows, PLE
+// history) and cuts the lengths back. Commit is the lengths moving forward.
+import { dims, type ModelConfig } from "../model/config.ts";
+import type { Buffer, Device } from "../shim.ts";
+import { allocateKvCache, kvCacheBytes, type KvCacheRef } from "./attention.ts";
+import { deltanetStateFloats, encodeDeltaNetRestore } from "./deltanet.ts";
+import type { EncodeContext } from "./dispatch.ts";
+import { MAX_SNAP } from "./limits.ts";
+import { pleHistoryFloats } from "./ple.ts";
+import { allocatePlanes, encodeRestore, planesLayout, SNAPSHOT_PLANES, type SnapshotPlanes } from "./snapshots.ts";
+
+/** The sequence would grow past the capacity it was allocated with. */
+export class ContextFullError extends RangeError {
+  override name = "ContextFullError";
+}
+
+export interface DeltaNetLayerState {
+  S: Buffer;
+  conv: Buffer;
+}
+
+export interface AttentionLayerState {
+  k: KvCacheRef;
+  v: KvCacheRef;
+  ik: KvCacheRef | null;
+}
+
+/** Sizes of the fixed-size state pieces of a config. */
+export function stateShapes(c: ModelConfig) {
+  const D = dims(c);
+  const dn = c.deltanet;
+  return {
+    S: deltanetStateFloats({ keyHeads: dn.key_heads, keyDim: dn.key_dim, valueHeads: dn.value_heads, valueDim: dn.value_dim }),
+    conv: (dn.conv_kernel - 1) * D.dnConvChannels,
+    ple: c.ple ? pleHistoryFloats(D.d, c.ple.conv_kernel, D.pleDilation) : 0,
+  };
+}
+
+/** Positions the MTP cache and token buffer hold beyond maxContext (a verify batch's drafts, chained draft rows). */
+const SPARE = MAX_SNAP + 2;
+
+/** Bytes one sequence's state takes (for the budget's fixed buffers). */
+export function sequenceStateBytes(c: ModelConfig, maxContext: number): number {
+  const s = stateShapes(c);
+  const at = c.attention;
+  const kv = (heads: number, dim: number, cap: number) => {
+    const b = kvCacheBytes(at.kv_cache, heads, dim, cap);
+    return b.data + b.scales;
+  };
+  let bytes = (maxContext + SPARE) * 4;
+  for (const [l, type] of c.layer_types.entries()) {
+    if (type === "deltanet") bytes += (s.S + Math.max(1, s.conv)) * 4;
+    else bytes += 2 * kv(at.kv_heads, at.head_dim, maxContext) + (at.qsa ? kv(1, at.qsa.head_dim, maxContext) : 0);
+    if (c.ple?.layers.includes(l)) bytes += s.ple * 4;
+  }
+  if (c.mtp) bytes += (maxContext + SPARE) * c.hidden_size * 4 + 2 * kv(at.kv_heads, at.head_dim, maxContext + SPARE);
+  return bytes;
+}
+
+/** One sequence's device state. */
+export class SequenceState {
+  /** Trunk positions processed. */
+  length = 0;
+  /** MTP positions processed (entry p pairs trunk hidden p with token p + 1). */
+  mtpLength = 0;
+  readonly tokens: Buffer;
+  readonly deltanet: (DeltaNetLayerState | null)[];
+  readonly attention: (AttentionLayerState | null)[];
+  readonly ple: (Buffer | null)[];
+  /** Final hidden rows by trunk position [capacity][d] (models with MTP only). */
+  readonly hidden: Buffer | null;
+  readonly mtp: { k: KvCacheRef; v: KvCacheRef } | null;
+  #buffers: Buffer[] = [];
+  #disposed = false;
+
+  constructor(
+    readonly device: Device,
+    readonly config: ModelConfig,
+    /** Trunk positions the caches hold. */
+    readonly capacity: number,
+  ) {
+    const c = config;
+    const s = stateShapes(c);
+    const at = c.attention;
+    const buf = (bytes: number) => {
+      const b = device.buffer(bytes);
+      this.#buffers.push(b);
+      return b;
+    };
+    const cache = (heads: number, dim: number, cap: number) => {
+      const kv = allocateKvCache(device, at.kv_cache, heads, dim, cap);
+      this.#buffers.push(kv.data as Buffer);
+      if (kv.scales) this.#buffers.push(kv.scales as Buffer);
+      return kv;
+    };
+    this.tokens = buf((capacity + SPARE) * 4);
+    this.deltanet = c.layer_types.map((t) => (t === "deltanet" ? { S: buf(s.S * 4), conv: buf(Math.max(1, s.conv) * 4) } : null));
+    this.attention = c.layer_types.map((t) =>
+      t === "attention"
+        ? { k: cache(at.kv_heads, at.head_dim, capacity), v: cache(at.kv_heads, at.head_dim, capacity), ik: at.qsa ? cache(1, at.qsa.head_dim, capacity) : null }
+        : null,
+    );
+    this.ple = c.layer_types.map((_, l) => (c.ple?.layers.includes(l) ? buf(s.ple * 4) : null));
+    this.hidden = c.mtp ? buf((capacity + SPARE) * c.hidden_size * 4) : null;
+    this.mtp = c.mtp ? { k: cache(at.kv_heads, at.head_dim, capacity + SPARE), v: cache(at.kv_heads, at.head_dim, capacity + SPARE) } : null;
+  }
+
+  /** Throws a ContextFullError unless `rows` more positions fit. */
+  checkRoom(rows: number): void {
+    if (this.length + rows > this.capacity)
+      throw new ContextFullError(
+        `context full: the sequence holds ${this.length} tokens and ${rows} more would exceed maxContext ${this.capacity} ` +
+          "(raise it with Model.load(dir, { engine: { maxContext } }))",
+      );
+  }
+
+  /** Writes tokens at positions `pos`.. of the token buffer. */
+  writeTokens(pos: number, tokens: readonly number[]): void {
+    if (pos + tokens.length > this.capacity + SPARE) throw new ContextFullError(`token positions ${pos}..${pos + tokens.length - 1} exceed the buffer`);
+    this.tokens.i32.set(tokens, pos);
+  }
+
+  /** Forgets every row: lengths to 0, fixed-size state to zero (caches are overwritten as they regrow). */
+  reset(): void {
+    this.length = 0;
+    this.mtpLength = 0;
+    for (const s of this.deltanet) {
+      s?.S.f32.fill(0);
+      s?.conv.f32.fill(0);
+    }
+    for (const h of this.ple) h?.f32.fill(0);
+  }
+
+  /** Bytes of device memory this sequence holds. */
+  get bytes(): number {
+    return this.#buffers.reduce((a, b) => a + b.length, 0);
+  }
+
+  dispose(): void {
+    if (this.#disposed) return;
+    this.#disposed = true;
+    for (const b of this.#buffers) b.release();
+    this.#buffers = [];
+  }
+}
+
+/**
+ * The rollback planes of a verify batch, shared by every sequence of an engine (a verify
+ * step and its rollback run back to back under the engine's lock): per DeltaNet layer S and
+ * the conv window, per PLE layer the conv history, SNAPSHOT_PLANES rows each.
+ */
+export class SnapshotSet {
+  readonly deltanet: ({ S: SnapshotPlanes; conv: SnapshotPlanes } | null)[];
+  readonly ple: (SnapshotPlanes | null)[];
+
+  constructor(device: Device, config: ModelConfig) {
+    const s = stateShapes(config);
+    this.deltanet = config.layer_types.map((t) => (t === "deltanet" ? { S: allocatePlanes(device, s.S), conv: allocatePlanes(device, Math.max(1, s.conv)) } : null));
+    this.ple = config.layer_types.map((_, l) => (config.ple?.layers.includes(l) ? allocatePlanes(device, s.ple) : null));
+  }
+
+  /** Frees the planes' buffers. */
+  release(): void {
+    for (const p of this.deltanet) {
+      p?.S.buffer.release();
+      p?.conv.buffer.release();
+    }
+    for (const p of this.ple) p?.buffer.release();
+  }
+
+  /** Bytes the planes take for a config. */
+  static bytes(config: ModelConfig): number {
+    const s = stateShapes(config);
+    let total = 0;
+    for (const [l, t] of config.layer_types.entries()) {
+      if (t === "deltanet") total += planesLayout(s.S).bytes + planesLayout(Math.max(1, s.conv)).bytes;
+      if (config.ple?.layers.includes(l)) total += planesLayout(s.ple).bytes;
+    }
+    return total;
+  }
+
+  /**
+   * Rolls `seq` back to the state right after row `row` of the verify batch that started at
+   * `pos0` (its planes are the last ones written): fixed-size state from the planes, lengths cut.
+   */
+  encodeRollback(ctx: EncodeContext, seq: SequenceState, row: number, pos0: number): void {
+    if (!Number.isInteger(row) || row < 0 || row >= SNAPSHOT_PLANES) throw new RangeError(`rollback: row ${row} outside 0..${SNAPSHOT_PLANES - 1}`);
+    this.deltanet.forEach((p, l) => {
+      const live = seq.deltanet[l];
+      if (p && live) encodeDeltaNetRestore(ctx, row, { planes: p.S, live: live.S }, { planes: p.conv, live: live.conv });
+    });
+    this.ple.forEach((p, l) => {
+      const live = seq.ple[l];
+      if (p && live) encodeRestore(ctx, { planes: p, plane: row, live });
+    });
+    seq.length = pos0 + row + 1;
+  }
+}

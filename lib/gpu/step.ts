@@ -1,0 +1,115 @@
+// Runs one command buffer with MoE sites: encode, commit, then per site wait for the GPU's
+// signal, decide the layer's slots (hits, misses and their reads, the lookahead's prefetch),
+// publish the slot table, await the reads, release the GPU; finally wait for completion.
+// A failure (a read error, a pool error, the GPU giving up waiting) fails the step with a
+// clear error after the command buffer has finished: the remaining sites are released with
+// empty slot tables (their experts write NaN, never read outside the pool), so nothing hangs.
+import type { EncodeContext } from "./dispatch.ts";
+import { GpuStepError, SitePlan, waitForCompletion, waitForSignal, type SiteInfo } from "./handshake.ts";
+import type { EngineGpu } from "./load.ts";
+import { StepTimeline } from "./phases.ts";
+import type { Acquired } from "./residency.ts";
+import { f32View, i32View } from "./scratch.ts";
+
+/** What the host saw at a site (for routing traces). */
+export interface SiteObservation {
+  site: SiteInfo;
+  /** Routed ids [rows][k] and weights, copies. */
+  ids: Int32Array;
+  weights: Float32Array;
+  misses: readonly number[];
+  /** The lookahead's predicted ids for `site.predicts` (copy), or null. */
+  predicted: Int32Array | null;
+}
+
+export type SiteObserver = (o: SiteObservation) => void;
+
+/** The engine-wide event counter: every command buffer's values start above the last one's. */
+export interface EventCounter {
+  value: number;
+}
+
+/** Decides, publishes and awaits one site's experts; returns the milliseconds spent awaiting reads. */
+async function serveSite(gpu: EngineGpu, site: SiteInfo, observe: SiteObserver | undefined): Promise<number> {
+  const s = gpu.scratch;
+  const count = site.rows * gpu.config.moe.top_k;
+  const ids = i32View(s.moe.ids, count);
+  const weights = f32View(s.moe.weights, count);
+  const acquired: Acquired = gpu.pool.acquire(site.layer, ids);
+  let predicted: Int32Array | null = null;
+  if (site.predicts !== null) {
+    predicted = i32View(s.la.ids, count);
+    gpu.pool.prefetch(site.predicts, predicted);
+  }
+  gpu.pool.writeSlotTable(site.layer, i32View(s.moe.slotTable, gpu.pool.slotTableStride));
+  gpu.activity.record(site.layer, site.rows, ids, weights);
+  observe?.({ site, ids: ids.slice(), weights: weights.slice(), misses: acquired.missIds, predicted: predicted?.slice() ?? null });
+  const t0 = performance.now();
+  await acquired.ready;
+  return performance.now() - t0;
+}
+
+/** An all-empty slot table: the site's experts write NaN and read nothing. */
+function publishEmptyTable(gpu: EngineGpu): void {
+  const t = i32View(gpu.scratch.moe.slotTable, gpu.pool.slotTableStride);
+  t.fill(-1);
+  t[t.length - 1] = 0;
+}
+
+/**
+ * Encodes a command buffer with `encode` (which records its handshakes into the plan), runs
+ * it with the host side of every site, and resolves once it has completed. Rejects with the
+ * first failure after the command buffer has finished.
+ */
+export async function runStep(
+  gpu: EngineGpu,
+  counter: EventCounter,
+  encode: (ctx: EncodeContext, plan: SitePlan) => void,
+  observe?: SiteObserver,
+): Promise<StepTimeline> {
+  const timeline = new StepTimeline();
+  const plan = new SitePlan(gpu.event, counter.value);
+  const cb = gpu.device.commandBuffer();
+  let failure: unknown = null;
+  let acquired: number | null = null;
+  try {
+    encode({ device: gpu.device, cb }, plan);
+    counter.value = plan.end;
+    cb.commit();
+    timeline.markCommitted();
+    for (let i = 0; i < plan.sites.length; i++) {
+      const site = plan.sites[i]!;
+      const what = site.trunkLayer === null ? "the MTP head's router" : `layer ${site.layer}'s router`;
+      const t0 = performance.now();
+      await waitForSignal(cb, gpu.event, plan.signalValue(i), what);
+      const t1 = performance.now();
+      let ioMs = 0;
+      // The GPU is past the previous site's experts: its slots may move again.
+      if (acquired !== null) gpu.pool.release(acquired);
+      acquired = null;
+      if (failure === null) {
+        try {
+          ioMs = await serveSite(gpu, site, observe);
+          acquired = site.layer;
+        } catch (e) {
+          failure = e;
+          gpu.pool.releaseAll();
+          publishEmptyTable(gpu);
+        }
+      } else publishEmptyTable(gpu);
+      if (failure === null && cb.status === "failed")
+        failure = new GpuStepError(`the GPU gave up waiting for ${site.trunkLayer === null ? "the MTP head's" : `layer ${site.layer}'s`} slot table: ${cb.error}`);
+      gpu.event.set(plan.releaseValue(i));
+      timeline.site({ layer: site.layer, waitMs: t1 - t0, handshakeMs: performance.now() - t1 - ioMs, ioMs });
+    }
+    await waitForCompletion(cb);
+  } catch (e) {
+    failure ??= e;
+  } finally {
+    gpu.pool.releaseAll();
+    cb.release();
+  }
+  if (failure !== null) throw failure;
+  timeline.finish(gpu.stats.phases, gpu.handshakes);
+  return timeline;
+}

@@ -1,0 +1,223 @@
+/**
+ * `bun run bench:decode`: decode speed of the engine on the CPU backend (the Metal backend
+ * when CHERENKOV_BACKEND=metal on a Mac), with the per-phase breakdown of a decode token and
+ * the host/GPU handshake latency per layer. Models: the small preset (synthesized into a
+ * temporary directory, q4) and examples/models/qwen4-exp-tiny; `--model DIR` adds one.
+ *
+ * Per model: the prompt runs as one prefill step, then `--tokens` decode steps are timed
+ * (phases and handshakes are reset after the prefill). A last table measures the bare event
+ * round trip: a command buffer of signal/wait pairs only, released by the same host loop the
+ * engine uses, so the handshake's floor is seen apart from the host's pool work.
+ *
+ * Options: --tokens N (default 32), --prompt N (prompt tokens, default 32), --pool 50% |
+ * --pool-slots N, --backing wired|mapped, --no-lookahead, --drafts N (also time speculative
+ * decoding), --model DIR, --json (one JSON object on stdout).
+ */
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { basename, join } from "node:path";
+import { parseArgs } from "node:util";
+import { synthesize } from "../../lib/convert/synth.ts";
+import { Engine } from "../../lib/gpu/engine.ts";
+import { waitForSignal } from "../../lib/gpu/handshake.ts";
+import type { EngineOptions } from "../../lib/gpu/load.ts";
+import type { LatencySummary, PhaseStats } from "../../lib/gpu/telemetry.ts";
+import { openModel } from "../../lib/model/format.ts";
+import { defaultBackend, Device } from "../../lib/shim.ts";
+
+const ROOT = join(import.meta.dir, "..", "..");
+const { values: opts } = parseArgs({
+  options: {
+    tokens: { type: "string", default: "32" },
+    prompt: { type: "string", default: "32" },
+    pool: { type: "string" },
+    "pool-slots": { type: "string" },
+    backing: { type: "string", default: "wired" },
+    "no-lookahead": { type: "boolean", default: false },
+    drafts: { type: "string", default: "0" },
+    model: { type: "string" },
+    json: { type: "boolean", default: false },
+  },
+});
+const log = (s: string) => {
+  if (!opts.json) console.log(s);
+};
+const backend = defaultBackend();
+const tokens = Number(opts.tokens);
+const promptLen = Number(opts.prompt);
+const drafts = Number(opts.drafts);
+
+function engineOptions(): EngineOptions {
+  const o: EngineOptions = { backing: opts.backing as "wired" | "mapped", lookahead: !opts["no-lookahead"] };
+  if (opts.pool) o.pool = opts.pool;
+  if (opts["pool-slots"]) o.poolSlots = Number(opts["pool-slots"]);
+  return o;
+}
+
+interface ModelResult {
+  model: string;
+  layers: number;
+  experts: string;
+  poolSlots: number;
+  records: number;
+  backing: string;
+  lookahead: boolean;
+  promptTokens: number;
+  prefillMs: number;
+  prefillTokensPerSecond: number;
+  decodeTokens: number;
+  decodeMs: number;
+  tokensPerSecond: number;
+  /** Per decode token, ms spent in each phase (phases.ts). */
+  phasesPerToken: Record<string, number>;
+  hitRate: number;
+  lookahead_: { predictions: number; used: number; wasted: number };
+  handshakeUs: { all: LatencySummary; perLayer: LatencySummary[] };
+  speculative?: { drafts: number; tokensPerSecond: number; proposed: number; accepted: number };
+}
+
+/** A deterministic prompt of in-vocabulary ids. */
+const promptFor = (vocab: number) => Array.from({ length: promptLen }, (_, i) => (37 * i + 11) % Math.min(vocab, 256));
+
+async function benchModel(dir: string, name: string): Promise<ModelResult> {
+  const files = await openModel(dir);
+  const c = files.config;
+  const engine = await Engine.load(files, backend, { ...engineOptions(), prefillChunk: Math.max(promptLen, 1) });
+  try {
+    const seq = engine.newSequence();
+    const prompt = promptFor(c.vocab_size);
+    let t0 = performance.now();
+    let r = await seq.forward(prompt);
+    const prefillMs = performance.now() - t0;
+    engine.resetTimings();
+    let next = r.next[r.next.length - 1]!;
+    t0 = performance.now();
+    for (let i = 0; i < tokens; i++) next = (await seq.forward([next])).next[0]!;
+    const decodeMs = performance.now() - t0;
+    const s = engine.stats() as {
+      phases: PhaseStats;
+      pool: { capacity: number; records: number; hitRate: number; backing: string };
+      lookahead: { predictions: number; used: number; wasted: number };
+      handshake: { all: LatencySummary; perLayer: LatencySummary[] };
+    };
+    const phasesPerToken: Record<string, number> = {};
+    for (const [k, v] of Object.entries(s.phases)) phasesPerToken[k] = v.totalMs / tokens;
+    const result: ModelResult = {
+      model: name,
+      layers: c.num_layers,
+      experts: `${c.moe.experts} x top-${c.moe.top_k}`,
+      poolSlots: s.pool.capacity,
+      records: s.pool.records,
+      backing: s.pool.backing,
+      lookahead: engine.gpu.lookahead,
+      promptTokens: prompt.length,
+      prefillMs,
+      prefillTokensPerSecond: prompt.length / (prefillMs / 1000),
+      decodeTokens: tokens,
+      decodeMs,
+      tokensPerSecond: tokens / (decodeMs / 1000),
+      phasesPerToken,
+      hitRate: s.pool.hitRate,
+      lookahead_: s.lookahead,
+      handshakeUs: s.handshake,
+    };
+    seq.dispose();
+    if (drafts > 0 && engine.gpu.maxDrafts > 0) {
+      const spec = engine.newSequence();
+      r = await spec.forward(prompt);
+      next = r.next[r.next.length - 1]!;
+      let made = 0;
+      let proposed = 0;
+      let accepted = 0;
+      t0 = performance.now();
+      while (made < tokens) {
+        const x = await spec.speculate(next, drafts);
+        made += x.next.length;
+        proposed += x.proposed;
+        accepted += x.next.length - 1;
+        next = x.next[x.next.length - 1]!;
+      }
+      result.speculative = { drafts, tokensPerSecond: made / ((performance.now() - t0) / 1000), proposed, accepted };
+      spec.dispose();
+    }
+    return result;
+  } finally {
+    await engine.close();
+    files.close();
+  }
+}
+
+/** The bare handshake: signal/wait pairs in one command buffer, released by the engine's host loop. */
+async function eventRoundTrip(pairs: number, reps: number): Promise<{ pairs: number; reps: number; meanUs: number; p50Us: number }> {
+  const device = Device.open({ backend });
+  const event = device.event();
+  let value = 0;
+  const samples: number[] = [];
+  try {
+    for (let r = 0; r < reps; r++) {
+      const cb = device.commandBuffer();
+      const base = value;
+      for (let i = 0; i < pairs; i++) cb.signal(event, base + 2 * i + 1).wait(event, base + 2 * i + 2);
+      value = base + 2 * pairs;
+      cb.commit();
+      let last = performance.now();
+      for (let i = 0; i < pairs; i++) {
+        await waitForSignal(cb, event, base + 2 * i + 1, `pair ${i}`);
+        const now = performance.now();
+        if (i > 0) samples.push(now - last); // release of i-1 -> signal of i seen: one GPU/host round trip
+        event.set(base + 2 * i + 2);
+        last = performance.now();
+      }
+      cb.waitUntilCompleted();
+      cb.release();
+    }
+  } finally {
+    event.release();
+    device.close();
+  }
+  samples.sort((a, b) => a - b);
+  const mean = samples.reduce((a, b) => a + b, 0) / samples.length;
+  return { pairs, reps, meanUs: mean * 1000, p50Us: samples[Math.floor(samples.length / 2)]! * 1000 };
+}
+
+const pad = (s: string | number, n: number) => String(s).padStart(n);
+const fmt = (x: number, d = 1) => x.toFixed(d);
+
+function printModel(r: ModelResult): void {
+  log(`\n## ${r.model}: ${r.layers} layers, experts ${r.experts}, pool ${r.poolSlots}/${r.records} slots (${r.backing}), lookahead ${r.lookahead ? "on" : "off"}`);
+  log(`prefill ${r.promptTokens} tokens: ${fmt(r.prefillMs, 0)} ms (${fmt(r.prefillTokensPerSecond)} tok/s)`);
+  log(`decode ${r.decodeTokens} tokens: ${fmt(r.decodeMs, 0)} ms, **${fmt(r.tokensPerSecond, 2)} tok/s**, ${fmt(r.decodeMs / r.decodeTokens, 1)} ms/token; pool hit rate ${fmt(100 * r.hitRate)}%` +
+    `; lookahead predictions ${r.lookahead_.predictions} (used ${r.lookahead_.used}, wasted ${r.lookahead_.wasted})`);
+  if (r.speculative) log(`speculative, ${r.speculative.drafts} drafts: ${fmt(r.speculative.tokensPerSecond, 2)} tok/s, accepted ${r.speculative.accepted}/${r.speculative.proposed}`);
+  log("\n| phase (per decode token) | ms |");
+  log("|---|---|");
+  for (const k of ["step", "gpu", "gpu-wait", "handshake", "io-wait", "tail", "encode"]) if (r.phasesPerToken[k] !== undefined) log(`| ${k} | ${fmt(r.phasesPerToken[k]!, 2)} |`);
+  log("\n| layer | handshake mean us | p50 | p99 | max |");
+  log("|---|---|---|---|---|");
+  r.handshakeUs.perLayer.forEach((h, l) => {
+    if (h.count) log(`| ${l === r.layers ? "mtp" : l} | ${pad(fmt(h.meanUs), 6)} | ${fmt(h.p50Us)} | ${fmt(h.p99Us)} | ${fmt(h.maxUs)} |`);
+  });
+  log(`| all | ${fmt(r.handshakeUs.all.meanUs)} | ${fmt(r.handshakeUs.all.p50Us)} | ${fmt(r.handshakeUs.all.p99Us)} | ${fmt(r.handshakeUs.all.maxUs)} |`);
+}
+
+const results: ModelResult[] = [];
+const tmp = mkdtempSync(join(tmpdir(), "cherenkov-bench-decode-"));
+try {
+  log(`# bench:decode (${backend} backend, ${tokens} decode tokens after a ${promptLen}-token prompt)`);
+  const small = join(tmp, "small");
+  await synthesize({ preset: "small", seed: 1, out: small, weights: "q4", workers: 0 });
+  for (const [dir, name] of [
+    [small, "small preset (synthetic, q4)"],
+    [join(ROOT, "examples", "models", "qwen4-exp-tiny"), "qwen4-exp-tiny"],
+    ...(opts.model ? [[opts.model, basename(opts.model)]] : []),
+  ] as [string, string][]) {
+    const r = await benchModel(dir, name);
+    results.push(r);
+    printModel(r);
+  }
+  const rt = await eventRoundTrip(8, 50);
+  log(`\nbare event round trip (release -> next signal seen, ${rt.pairs} pairs x ${rt.reps}): mean ${fmt(rt.meanUs)} us, p50 ${fmt(rt.p50Us)} us`);
+  if (opts.json) console.log(JSON.stringify({ backend, tokens, promptTokens: promptLen, models: results, eventRoundTrip: rt }));
+} finally {
+  rmSync(tmp, { recursive: true, force: true });
+}

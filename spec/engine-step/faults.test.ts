@@ -1,0 +1,139 @@
+// Failures on the engine: an IO error mid-stream fails that generation with an error naming
+// the file, layer and expert; a GPU that gives up waiting for a slot table (a host delayed
+// past the device's wait timeout) fails cleanly; a pool below one row's top-k is a
+// BudgetError; a full context is refused. After each, the model is usable and closes, and
+// nothing hangs (every test is bounded by its timeout).
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { rmSync } from "node:fs";
+import { Model } from "../../lib/api/model.ts";
+import { BudgetError } from "../../lib/gpu/budget.ts";
+import { GpuStepError } from "../../lib/gpu/handshake.ts";
+import { ContextFullError } from "../../lib/gpu/state.ts";
+import { fsRead, IoReadError, type PositionalReader } from "../../lib/gpu/streaming.ts";
+import { goldenCases } from "../golden/cases.ts";
+import { buildGoldenModel, type GoldenRecord } from "../golden/golden.ts";
+import { goldenRecord } from "./helpers.ts";
+
+const c = goldenCases.find((x) => x.name === "tiny-all-s1")!;
+let dir: string;
+let want: GoldenRecord;
+
+beforeAll(async () => {
+  dir = await buildGoldenModel(c);
+  want = await goldenRecord(c.name);
+});
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+/** A reader that, once armed, fails (or delays) its `after`-th read, once. */
+function armedReader(mode: "fail" | "delay", after: number, delayMs = 0) {
+  let armed = false;
+  let count = 0;
+  let fired: number | null = null;
+  const reader: PositionalReader = async (file, into, position) => {
+    if (armed && fired === null && ++count >= after) {
+      fired = position;
+      if (mode === "fail") throw Object.assign(new Error("EIO: i/o error, read"), { code: "EIO" });
+      await new Promise((r) => setTimeout(r, delayMs));
+    }
+    return fsRead(file, into, position);
+  };
+  return { reader, arm: () => (armed = true), fired: () => fired };
+}
+
+/** Streams a generation, collecting tokens until it ends or throws. */
+async function collect(s: ReturnType<Model["session"]>, maxTokens: number): Promise<{ tokens: number[]; error: unknown }> {
+  const tokens: number[] = [];
+  try {
+    for await (const chunk of s.stream({ maxTokens, stopAtEos: false })) tokens.push(chunk.token);
+    return { tokens, error: null };
+  } catch (error) {
+    return { tokens, error };
+  }
+}
+
+describe("engine failures", () => {
+  test("an IO error mid-stream fails the generation, naming file, layer and expert; the session then continues exactly", async () => {
+    const io = armedReader("fail", 3);
+    // The smallest pool: every step reads.
+    const model = await Model.load(dir, { backend: "cpu", engine: { poolSlots: 2, io: { reader: io.reader } } });
+    try {
+      const s = model.session();
+      await s.append(c.prompt);
+      io.arm();
+      const first = await collect(s, c.maxTokens);
+      expect(first.error).toBeInstanceOf(IoReadError);
+      const e = first.error as IoReadError;
+      expect(e.message).toContain("experts.bin");
+      expect(e.message).toMatch(/layer \d+ expert \d+/);
+      expect(e.layer).toBeGreaterThanOrEqual(0);
+      expect(e.expert).toBeGreaterThanOrEqual(0);
+      expect(io.fired()).toBe(e.position);
+      // The failed step reset the sequence; the session replays its tokens and goes on.
+      const rest = await s.generate({ maxTokens: c.maxTokens - first.tokens.length, stopAtEos: false });
+      expect([...first.tokens, ...rest.tokens]).toEqual(want.tokens);
+      const stats = model.stats().engine as { io: { failed: number } };
+      expect(stats.io.failed).toBe(1);
+      // A fresh generation is unaffected.
+      expect((await model.generate(c.prompt, { maxTokens: 6, stopAtEos: false })).tokens).toEqual(want.tokens.slice(0, 6));
+    } finally {
+      await model.close();
+    }
+  }, 30_000);
+
+  test("a GPU wait that times out (host delayed past the device's wait timeout) fails cleanly", async () => {
+    const io = armedReader("delay", 2, 600);
+    const model = await Model.load(dir, { backend: "cpu", engine: { poolSlots: 2, waitTimeoutMs: 100, io: { reader: io.reader } } });
+    try {
+      const s = model.session();
+      await s.append(c.prompt);
+      io.arm();
+      const first = await collect(s, c.maxTokens);
+      expect(first.error).toBeInstanceOf(GpuStepError);
+      expect((first.error as Error).message).toMatch(/gave up waiting for (layer \d+'s|the MTP head's) slot table: .*timed out after 100 ms/);
+      const rest = await s.generate({ maxTokens: c.maxTokens - first.tokens.length, stopAtEos: false });
+      expect([...first.tokens, ...rest.tokens]).toEqual(want.tokens);
+    } finally {
+      await model.close();
+    }
+  }, 30_000);
+
+  test("a pool that cannot hold one row's top-k is a BudgetError that gives the numbers", async () => {
+    const load = Model.load(dir, { backend: "cpu", engine: { poolSlots: 1 } });
+    await expect(load).rejects.toBeInstanceOf(BudgetError);
+    await expect(Model.load(dir, { backend: "cpu", engine: { poolSlots: 1 } })).rejects.toThrow(/too small.*need 2 records \(top-k 2 x 1 rows/);
+    await expect(Model.load(dir, { backend: "cpu", engine: { pool: "1%" } })).rejects.toThrow(/too small/);
+  });
+
+  test("a prompt longer than maxContext is refused before any step; shorter ones still run", async () => {
+    const model = await Model.load(dir, { backend: "cpu", engine: { maxContext: 12 } });
+    try {
+      await expect(model.generate(c.prompt, { maxTokens: 2 })).rejects.toBeInstanceOf(ContextFullError);
+      await expect(model.generate(c.prompt, { maxTokens: 2 })).rejects.toThrow(/maxContext 12/);
+      const r = await model.generate(c.prompt.slice(0, 6), { maxTokens: 6, stopAtEos: false });
+      expect(r.tokens).toHaveLength(6);
+      // Generating past the context fails the same way, mid-generation.
+      await expect(model.generate(c.prompt.slice(0, 6), { maxTokens: 10, stopAtEos: false })).rejects.toThrow(/context full/);
+    } finally {
+      await model.close();
+    }
+  });
+
+  test("an abort between steps rejects with AbortError; the model stays usable", async () => {
+    const model = await Model.load(dir, { backend: "cpu" });
+    try {
+      const ac = new AbortController();
+      const tokens: number[] = [];
+      const run = (async () => {
+        for await (const chunk of model.stream(c.prompt, { maxTokens: 20, stopAtEos: false, signal: ac.signal })) {
+          tokens.push(chunk.token);
+          if (tokens.length === 3) ac.abort();
+        }
+      })();
+      await expect(run).rejects.toThrow(/abort/i);
+      expect(tokens).toEqual(want.tokens.slice(0, 3));
+      expect((await model.generate(c.prompt, { maxTokens: 4, stopAtEos: false })).tokens).toEqual(want.tokens.slice(0, 4));
+    } finally {
+      await model.close();
+    }
+  });
+});

@@ -1,0 +1,54 @@
+// Shared by the engine-step tests: greedy generation straight on a Backend (so the margins
+// of every step come back too), golden records, and engine option sets.
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { Backend } from "../../lib/api/backend.ts";
+import { EngineBackend, type EngineOptions } from "../../lib/api/engine-backend.ts";
+import { openModel } from "../../lib/model/format.ts";
+import { goldenPath, type GoldenRecord } from "../golden/golden.ts";
+
+export interface Greedy {
+  tokens: number[];
+  margins: number[];
+}
+
+/** Plain greedy decoding of `maxTokens` tokens after `prompt` on a backend sequence. */
+export async function greedy(backend: Backend, prompt: number[], maxTokens: number): Promise<Greedy> {
+  const seq = backend.newSequence();
+  try {
+    const first = await seq.forward(prompt);
+    const tokens = [first.next[first.next.length - 1]!];
+    const margins = [first.margins[first.margins.length - 1]!];
+    while (tokens.length < maxTokens) {
+      const r = await seq.forward([tokens[tokens.length - 1]!]);
+      tokens.push(r.next[0]!);
+      margins.push(r.margins[0]!);
+    }
+    return { tokens, margins };
+  } finally {
+    seq.dispose();
+  }
+}
+
+/** Opens `dir` on the CPU engine. */
+export async function openEngine(dir: string, opts: EngineOptions = {}): Promise<EngineBackend> {
+  return EngineBackend.open(await openModel(dir), "cpu", opts);
+}
+
+export async function goldenRecord(name: string): Promise<GoldenRecord> {
+  return (await Bun.file(goldenPath(name)).json()) as GoldenRecord;
+}
+
+/** Largest |engine margin - reference margin| over the steps (a lower bound of the logit error). */
+export function marginError(got: number[], want: number[]): number {
+  let worst = 0;
+  for (let i = 0; i < Math.min(got.length, want.length); i++) worst = Math.max(worst, Math.abs(got[i]! - want[i]!));
+  return worst;
+}
+
+/** A temporary directory removed by the returned function. */
+export function tempDir(tag: string): { dir: string; remove(): void } {
+  const dir = mkdtempSync(join(tmpdir(), `cherenkov-${tag}-`));
+  return { dir, remove: () => rmSync(dir, { recursive: true, force: true }) };
+}
