@@ -19,7 +19,7 @@ export const usage: Record<string, string> = {
     --json      one JSON object instead of the tables
     --verify    check every checksum (tensors, expert records, PLE tables)`,
   run: `cherenkov run [DIR] (--prompt TEXT | --prompt-tokens 1,2,3) [options]
-  Greedy generation. DIR defaults to the embedded tiny model (generated on first use).
+  Greedy generation. DIR defaults to the embedded model (examples/models/qwen4-exp-tiny).
     --prompt TEXT        text prompt, tokenized with the model's tokenizer
     --prompt-tokens IDS  comma-separated token ids instead of text
     --chat               wrap --prompt as a user message with the chat template
