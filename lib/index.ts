@@ -23,3 +23,5 @@ export { BackendUnavailableError } from "./api/backend.ts";
 export { createServer } from "./server/server.ts";
 export type { RunningServer, ServerOptions } from "./server/server.ts";
 export type { EngineOptions } from "./api/engine-backend.ts";
+export type { Checkpoint } from "./api/checkpoint.ts";
+export type { DraftStats, SessionOptions } from "./api/model.ts";

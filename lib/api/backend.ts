@@ -15,6 +15,18 @@ export interface SpeculativeResult extends RowsResult {
   proposed: number;
 }
 
+/**
+ * A compact copy of a sequence's state (no weights, slots or event counters), made by one
+ * backend and resumable only there: DeltaNet S and conv windows, KV caches and QSA index keys
+ * up to the length, PLE conv histories, tokens, the MTP cache and its pending hidden rows.
+ */
+export interface BackendCheckpoint {
+  /** Rows (tokens) the copy holds. */
+  readonly length: number;
+  /** Bytes of state it copies. */
+  readonly bytes: number;
+}
+
 export interface BackendSequence {
   /** Rows (tokens) the sequence holds. */
   readonly length: number;
@@ -28,6 +40,8 @@ export interface BackendSequence {
   speculate?(next: number, drafts: number, signal?: AbortSignal): Promise<SpeculativeResult>;
   /** Forgets every row. */
   reset(): void;
+  /** A compact copy of the state now (no step of this sequence may be in flight). */
+  checkpoint(): BackendCheckpoint;
   dispose(): void;
 }
 
@@ -37,7 +51,8 @@ export interface Backend {
   readonly config: ModelConfig;
   /** Drafts per step the backend can verify (0 = no speculative decoding). */
   readonly maxDrafts: number;
-  newSequence(): BackendSequence;
+  /** A new sequence, empty or continuing from a checkpoint this backend made. */
+  newSequence(from?: BackendCheckpoint): BackendSequence;
   /** Backend-specific telemetry (the engine's pool, IO, lookahead, phases ...). */
   stats(): Record<string, unknown>;
   close(): Promise<void>;

@@ -2,9 +2,9 @@
 // expert pool, streaming IO and telemetry of lib/gpu. Behaves exactly as the reference
 // backend does (the same tokens), only faster where a GPU is.
 import type { ModelFiles } from "../model/format.ts";
-import { Engine } from "../gpu/engine.ts";
+import { Engine, EngineCheckpoint } from "../gpu/engine.ts";
 import type { EngineOptions, LoadProgress } from "../gpu/load.ts";
-import type { Backend, BackendSequence } from "./backend.ts";
+import type { Backend, BackendCheckpoint, BackendSequence } from "./backend.ts";
 
 export type { EngineOptions };
 
@@ -29,8 +29,9 @@ export class EngineBackend implements Backend {
     return this.engine.gpu.maxDrafts;
   }
 
-  newSequence(): BackendSequence {
-    return this.engine.newSequence();
+  newSequence(from?: BackendCheckpoint): BackendSequence {
+    if (from && !(from instanceof EngineCheckpoint)) throw new Error("the checkpoint was made by another backend: it resumes only where it was made");
+    return this.engine.newSequence(from);
   }
 
   stats(): Record<string, unknown> {

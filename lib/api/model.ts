@@ -6,6 +6,8 @@ import { loadTokenizer, type ChatMessage, type TextTokenizer } from "../model/to
 import { BackendUnavailableError, throwIfAborted, type Backend, type BackendSequence } from "./backend.ts";
 import { ReferenceBackend } from "./reference-backend.ts";
 import { EngineBackend, type EngineOptions } from "./engine-backend.ts";
+import { DraftController } from "./draft-controller.ts";
+import { Checkpoint } from "./checkpoint.ts";
 import { defaultBackend, loadShim } from "../shim.ts";
 
 export type BackendName = "auto" | "reference" | "cpu" | "metal";
@@ -40,8 +42,12 @@ export interface GenerateOptions {
   stopAtEos?: boolean;
   /** Stop when the text contains one of these; the stop string is not returned. */
   stop?: string[];
-  /** MTP drafts per step (speculative decoding; the output is identical to plain greedy). */
-  drafts?: number;
+  /**
+   * MTP drafts per step (speculative decoding; the output is identical to plain greedy).
+   * "auto": each step picks the count (0 included) with the most expected tokens per second
+   * from the measured acceptance and step times (lib/api/draft-controller.ts).
+   */
+  drafts?: number | "auto";
   /** Cancels generation: generate() rejects and stream() throws an AbortError. */
   signal?: AbortSignal;
 }
@@ -54,8 +60,17 @@ export interface GenerationResult {
   finishReason: FinishReason;
   usage: { promptTokens: number; completionTokens: number };
   timings: { prefillMs: number; decodeMs: number; tokensPerSecond: number };
-  /** With drafts: proposed and accepted drafts. */
-  drafts?: { proposed: number; accepted: number };
+  /** With drafts: proposed and accepted drafts, and the steps run with k drafts (index k). */
+  drafts?: DraftStats;
+}
+
+export interface DraftStats {
+  proposed: number;
+  accepted: number;
+  /** steps[k]: decode steps that ran with k drafts (the counts "auto" chose, or the fixed one). */
+  steps: number[];
+  /** With drafts "auto": the controller's acceptance by draft position and step times by count. */
+  auto?: { acceptance: number[]; stepMs: (number | null)[] };
 }
 
 export interface StreamChunk {
@@ -207,10 +222,21 @@ export class Model {
     }
   }
 
-  /** A conversation or document that grows: append, generate, append more, ... */
-  session(): Session {
+  /**
+   * A conversation or document that grows: append, generate, append more, ... With `from`, the
+   * session continues from a checkpoint (`session.checkpoint()`) of this model without running
+   * its prefix again.
+   */
+  session(opts: SessionOptions = {}): Session {
     this.check();
-    return new Session(this, this.backend.newSequence(), (c) => this.account(c));
+    const from = opts.from;
+    if (from === undefined) return new Session(this, this.backend.newSequence(), (c) => this.account(c));
+    if (!(from instanceof Checkpoint)) throw new Error("session({ from }): `from` must be a Checkpoint made by session.checkpoint()");
+    if (from.owner !== this)
+      throw new Error(
+        `session({ from }): the checkpoint was made by another model (${from.origin}); a checkpoint resumes only on the loaded model that made it (this is ${this.dir} on ${this.backend.name})`,
+      );
+    return new Session(this, this.backend.newSequence(from.state), (c) => this.account(c), from);
   }
 
   private account(c: Partial<Omit<ModelStats, "backend" | "engine">>) {
@@ -234,6 +260,17 @@ export class Model {
     const ids = new Set(this.tokenizer?.eosTokenIds ?? []);
     if (this.config.eos_token_id !== null) ids.add(this.config.eos_token_id);
     return ids;
+  }
+
+  private drafting: DraftController | null = null;
+
+  /**
+   * @internal The draft-count controller of drafts "auto": one per model, so what one
+   * generation measured (acceptance, step times) serves the next.
+   */
+  draftController(): DraftController {
+    this.drafting ??= new DraftController({ maxDrafts: this.backend.maxDrafts });
+    return this.drafting;
   }
 
   /** @internal */
@@ -265,6 +302,11 @@ class TextStream {
   }
 }
 
+export interface SessionOptions {
+  /** Continue from a checkpoint of this model (see Session.checkpoint). */
+  from?: Checkpoint;
+}
+
 export class Session {
   /** Every token of the session, prompts and generated ones. */
   readonly tokens: number[] = [];
@@ -275,7 +317,22 @@ export class Session {
   private closed = false;
 
   /** @internal */
-  constructor(private model: Model, private seq: BackendSequence, private account: (c: object) => void) {}
+  constructor(private model: Model, private seq: BackendSequence, private account: (c: object) => void, from?: Checkpoint) {
+    if (from) {
+      this.tokens.push(...from.tokens);
+      this.prediction = from.prediction;
+    }
+  }
+
+  /**
+   * A compact copy of the session as it is now (tokens and the backend's state copy): new
+   * sessions of this model continue from it with `model.session({ from })`. It stays valid
+   * when this session goes on or is closed. Not while a generate() of this session is running.
+   */
+  checkpoint(): Checkpoint {
+    if (this.closed) throw new Error("the session is closed");
+    return new Checkpoint(this.model, `${this.model.dir} on ${this.model.backendName}`, this.tokens.slice(), this.prediction, this.seq.checkpoint());
+  }
 
   /**
    * Runs the tokens not yet in the sequence, then `extra`; returns the prediction after them.
@@ -283,7 +340,8 @@ export class Session {
    * rebuilt from the tokens (rare, and exact).
    */
   private async catchUp(extra: number[], signal?: AbortSignal): Promise<number> {
-    if (this.seq.length > this.tokens.length) this.seq.reset();
+    // Rows past the tokens, or nothing left to run and no prediction kept: rebuild.
+    if (this.seq.length > this.tokens.length || (extra.length === 0 && this.seq.length === this.tokens.length)) this.seq.reset();
     const run = [...this.tokens.slice(this.seq.length), ...extra];
     const t0 = performance.now();
     const r = await this.seq.forward(run, signal);
@@ -321,12 +379,18 @@ export class Session {
     const stopAtEos = opts.stopAtEos ?? true;
     const eos = this.model.stopTokens;
     const wanted = opts.drafts ?? 0;
-    if (wanted > 0 && (!this.seq.speculate || this.model.maxDrafts === 0))
+    const auto = wanted === "auto";
+    if (!auto && (!Number.isInteger(wanted) || wanted < 0)) throw new Error(`drafts ${wanted} must be an integer >= 0 or "auto"`);
+    if (!auto && wanted > 0 && (!this.seq.speculate || this.model.maxDrafts === 0))
       throw new Error("speculative decoding needs a model with an MTP head");
-    const drafts = Math.min(wanted, this.model.maxDrafts);
+    const canDraft = this.seq.speculate ? this.model.maxDrafts : 0;
+    const drafts = auto ? canDraft : Math.min(wanted, this.model.maxDrafts);
+    const controller = auto && drafts > 0 ? this.model.draftController() : null;
+    // The MTP head has not seen the rows run since the last draft step (the prompt included).
+    let headBehind = true;
     const text = new TextStream(this.model);
     const generated: number[] = [];
-    const stats = { proposed: 0, accepted: 0 };
+    const stats: DraftStats = { proposed: 0, accepted: 0, steps: new Array(drafts + 1).fill(0) };
     let finishReason: FinishReason = "length";
     const t0 = performance.now();
     throwIfAborted(opts.signal);
@@ -351,14 +415,22 @@ export class Session {
       throwIfAborted(opts.signal);
       // The newest token has not been run yet: it leads the next step.
       const last = this.tokens[this.tokens.length - 1]!;
-      const k = Math.min(drafts, maxTokens - generated.length - 1);
+      const left = maxTokens - generated.length - 1;
+      const k = controller ? controller.choose(left) : Math.min(drafts, left);
+      const stepStart = performance.now();
       if (k > 0 && this.seq.speculate) {
         const r = await this.seq.speculate(last, k, opts.signal);
         stats.proposed += r.proposed;
         stats.accepted += r.next.length - 1;
         queue = r.next;
+        controller?.observe(r.proposed, r.next.length - 1, performance.now() - stepStart, headBehind);
+        stats.steps[r.proposed]!++;
+        headBehind = false;
       } else {
         queue = [(await this.seq.forward([last], opts.signal)).next[0]!];
+        controller?.observe(0, 0, performance.now() - stepStart);
+        stats.steps[0]!++;
+        headBehind = true;
       }
     }
     const decodeMs = performance.now() - t0;
@@ -373,7 +445,7 @@ export class Session {
       finishReason,
       usage: { promptTokens: this.newPromptTokens, completionTokens: generated.length },
       timings: { prefillMs: this.prefillMs, decodeMs, tokensPerSecond: generated.length / Math.max(decodeMs / 1000, 1e-9) },
-      ...(drafts > 0 ? { drafts: stats } : {}),
+      ...(drafts > 0 || auto ? { drafts: controller ? { ...stats, auto: { acceptance: controller.stats().acceptance, stepMs: controller.stats().stepMs } } : stats } : {}),
     };
     this.account({ generations: 1, promptTokens: this.newPromptTokens, completionTokens: generated.length, prefillMs: this.prefillMs, decodeMs, drafts: stats });
     this.newPromptTokens = 0;

@@ -4,7 +4,54 @@ import type { Weights } from "../model/weights.ts";
 import { MtpProposer, ReferenceModel, type SequenceState } from "../reference/index.ts";
 import { argmax, topTwoMargin } from "../reference/ops.ts";
 import { checkTokens } from "../reference/model.ts";
-import { throwIfAborted, type Backend, type BackendSequence, type RowsResult, type SpeculativeResult } from "./backend.ts";
+import type { KvCache } from "../reference/kvcache.ts";
+import { throwIfAborted, type Backend, type BackendCheckpoint, type BackendSequence, type RowsResult, type SpeculativeResult } from "./backend.ts";
+
+/** A KV cache's live content. */
+interface SavedCache {
+  length: number;
+  codes: Int8Array;
+  scales: Float32Array;
+  values: Float32Array;
+}
+
+const saveCache = (c: KvCache): SavedCache => ({ length: c.length, ...c.live() });
+
+/** Refills an empty cache with saved content (append grows it, then the saved bytes overwrite). */
+function loadCache(c: KvCache, saved: SavedCache): void {
+  const zero = new Float32Array(c.heads * c.dim);
+  for (let p = 0; p < saved.length; p++) c.append(zero);
+  c.codes.set(saved.codes);
+  c.scales.set(saved.scales);
+  c.values.set(saved.values);
+}
+
+/** A copy of a reference sequence: its state's live values and the MTP head's pending rows. */
+class ReferenceCheckpoint implements BackendCheckpoint {
+  readonly bytes: number;
+  constructor(
+    readonly model: ReferenceModel,
+    readonly length: number,
+    readonly tokens: number[],
+    readonly deltanet: ({ conv: Float32Array; S: Float32Array } | null)[],
+    readonly attention: ({ k: SavedCache; v: SavedCache; ik: SavedCache | null } | null)[],
+    readonly ple: (Float32Array | null)[],
+    readonly mtp: { k: SavedCache; v: SavedCache } | null,
+    /** (hidden, next token) pairs committed to the MTP proposer but not yet run by it. */
+    readonly mtpPending: { hidden: Float32Array[]; next: number[] },
+    readonly pendingHidden: Float32Array | null,
+  ) {
+    const arrays: ArrayBufferView[] = [];
+    const cache = (c: SavedCache | null) => c && arrays.push(c.codes, c.scales, c.values);
+    for (const d of deltanet) if (d) arrays.push(d.conv, d.S);
+    for (const a of attention) if (a) [a.k, a.v, a.ik].forEach(cache);
+    for (const h of ple) if (h) arrays.push(h);
+    if (mtp) [mtp.k, mtp.v].forEach(cache);
+    arrays.push(...mtpPending.hidden);
+    if (pendingHidden) arrays.push(pendingHidden);
+    this.bytes = arrays.reduce((a, v) => a + v.byteLength, 0) + 4 * (tokens.length + mtpPending.next.length);
+  }
+}
 
 export interface ReferenceBackendOptions {
   /** Rows per prefill batch (default 512). */
@@ -16,10 +63,62 @@ class ReferenceSequence implements BackendSequence {
   private proposer: MtpProposer | null;
   /** The newest committed row's hidden and position, waiting for its next token to reach the MTP head. */
   private pendingHidden: Float32Array | null = null;
+  /** What has been committed to the proposer and not yet consumed by a proposal (for checkpoints). */
+  private mtpPending: { hidden: Float32Array[]; next: number[] } = { hidden: [], next: [] };
 
-  constructor(private model: ReferenceModel, private chunk: number) {
+  constructor(private model: ReferenceModel, private chunk: number, from?: ReferenceCheckpoint) {
     this.state = model.newState();
     this.proposer = model.hasMtp ? new MtpProposer(model) : null;
+    if (from) this.resume(from);
+  }
+
+  /** Hands (hidden, next) pairs to the MTP proposer, remembering them until a proposal consumes them. */
+  private commitToProposer(hidden: Float32Array[], next: number[]): void {
+    this.proposer!.commit(this.state, hidden, next);
+    this.mtpPending.hidden.push(...hidden);
+    this.mtpPending.next.push(...next);
+  }
+
+  checkpoint(): ReferenceCheckpoint {
+    const s = this.state;
+    const copy = (c: KvCache | null) => (c ? saveCache(c) : null);
+    return new ReferenceCheckpoint(
+      this.model,
+      s.length,
+      s.tokens.slice(),
+      s.deltanet.map((d) => (d ? { conv: d.conv.slice(), S: d.S.slice() } : null)),
+      s.attention.map((a) => (a ? { k: saveCache(a.k), v: saveCache(a.v), ik: copy(a.ik) } : null)),
+      s.ple.map((p) => p?.history.slice() ?? null),
+      s.mtp ? { k: saveCache(s.mtp.k), v: saveCache(s.mtp.v) } : null,
+      { hidden: this.mtpPending.hidden.map((h) => h.slice()), next: this.mtpPending.next.slice() },
+      this.pendingHidden?.slice() ?? null,
+    );
+  }
+
+  /** Fills the fresh state with a checkpoint's copy. */
+  private resume(from: ReferenceCheckpoint): void {
+    const s = this.state;
+    s.length = from.length;
+    s.tokens.push(...from.tokens);
+    s.deltanet.forEach((d, l) => {
+      if (!d) return;
+      d.conv.set(from.deltanet[l]!.conv);
+      d.S.set(from.deltanet[l]!.S);
+    });
+    s.attention.forEach((a, l) => {
+      if (!a) return;
+      const saved = from.attention[l]!;
+      loadCache(a.k, saved.k);
+      loadCache(a.v, saved.v);
+      if (a.ik) loadCache(a.ik, saved.ik!);
+    });
+    s.ple.forEach((p, l) => p?.history.set(from.ple[l]!));
+    if (s.mtp && from.mtp) {
+      loadCache(s.mtp.k, from.mtp.k);
+      loadCache(s.mtp.v, from.mtp.v);
+    }
+    if (this.proposer && from.mtpPending.next.length > 0) this.commitToProposer(from.mtpPending.hidden.map((h) => h.slice()), from.mtpPending.next.slice());
+    this.pendingHidden = from.pendingHidden?.slice() ?? null;
   }
 
   get length() {
@@ -32,7 +131,7 @@ class ReferenceSequence implements BackendSequence {
     const hs = this.pendingHidden ? [this.pendingHidden, ...hidden] : hidden;
     const next = tokens;
     const pairs = this.pendingHidden ? next.length : next.length - 1;
-    if (pairs > 0) this.proposer.commit(this.state, hs.slice(0, pairs), this.pendingHidden ? next : next.slice(1));
+    if (pairs > 0) this.commitToProposer(hs.slice(0, pairs), this.pendingHidden ? next : next.slice(1));
     this.pendingHidden = hs[hs.length - 1] ?? null;
   }
 
@@ -59,10 +158,11 @@ class ReferenceSequence implements BackendSequence {
     // The proposer drafts for the position after the newest committed token: run `next`'s
     // pairing first by committing (pending hidden, next).
     if (this.pendingHidden) {
-      this.proposer.commit(this.state, [this.pendingHidden], [next]);
+      this.commitToProposer([this.pendingHidden], [next]);
       this.pendingHidden = null;
     }
     const ds = this.proposer.propose(this.state, drafts).slice(0, drafts);
+    if (drafts > 0) this.mtpPending = { hidden: [], next: [] };
     const r = this.model.forward(this.state, [next, ...ds], { snapshots: true });
     let a = 0;
     while (a < ds.length && argmax(r.logits[a]!) === ds[a]) a++;
@@ -70,7 +170,7 @@ class ReferenceSequence implements BackendSequence {
     const bonus = argmax(r.logits[a]!);
     const accepted = [...ds.slice(0, a), bonus];
     // rows 0..a are committed; row j's hidden pairs with accepted[j]
-    this.proposer.commit(this.state, r.hidden.slice(0, a), accepted.slice(0, a));
+    this.commitToProposer(r.hidden.slice(0, a), accepted.slice(0, a));
     this.pendingHidden = r.hidden[a]!;
     return {
       next: accepted,
@@ -83,6 +183,7 @@ class ReferenceSequence implements BackendSequence {
     this.state = this.model.newState();
     this.proposer = this.model.hasMtp ? new MtpProposer(this.model) : null;
     this.pendingHidden = null;
+    this.mtpPending = { hidden: [], next: [] };
   }
 
   dispose() {}
@@ -102,8 +203,10 @@ export class ReferenceBackend implements Backend {
   get maxDrafts() {
     return this.model.config.mtp?.max_drafts ?? 0;
   }
-  newSequence(): BackendSequence {
-    return new ReferenceSequence(this.model, this.chunk);
+  newSequence(from?: BackendCheckpoint): BackendSequence {
+    if (from && !(from instanceof ReferenceCheckpoint && from.model === this.model))
+      throw new Error("the checkpoint was made by another model or backend: it resumes only where it was made");
+    return new ReferenceSequence(this.model, this.chunk, from);
   }
   stats() {
     return { backend: this.name };

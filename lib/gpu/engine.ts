@@ -13,7 +13,7 @@ import { loadEngine, type EngineGpu, type EngineOptions, type LoadProgress } fro
 import { runChunked } from "./prefill.ts";
 import { RouteRecorder } from "./route-trace.ts";
 import { f32View, i32View } from "./scratch.ts";
-import { SequenceState } from "./state.ts";
+import { SequenceState, type StateImage } from "./state.ts";
 import { runStep, type EventCounter } from "./step.ts";
 import { TraceWriter } from "./trace.ts";
 
@@ -48,9 +48,18 @@ export class Engine {
     return run;
   }
 
-  newSequence(): EngineSequence {
+  /** A new sequence, empty or continuing from a checkpoint of this engine's sequences. */
+  newSequence(from?: EngineCheckpoint): EngineSequence {
     if (this.closed) throw new Error("the engine is closed");
-    const s = new EngineSequence(this, new SequenceState(this.gpu.device, this.gpu.config, this.gpu.maxContext));
+    if (from && from.engine !== this) throw new Error("the checkpoint was made by another engine (another model): it resumes only where it was made");
+    const state = new SequenceState(this.gpu.device, this.gpu.config, this.gpu.maxContext);
+    try {
+      if (from) state.restoreImage(from.image);
+    } catch (e) {
+      state.dispose();
+      throw e;
+    }
+    const s = new EngineSequence(this, state);
     this.sequences.add(s);
     return s;
   }
@@ -144,9 +153,25 @@ export class Engine {
   }
 }
 
+/** A host copy of an engine sequence's used state (BackendCheckpoint). */
+export class EngineCheckpoint {
+  constructor(
+    /** @internal */ readonly engine: Engine,
+    /** @internal */ readonly image: StateImage,
+  ) {}
+  get length(): number {
+    return this.image.length;
+  }
+  get bytes(): number {
+    return this.image.bytes;
+  }
+}
+
 /** A sequence on the engine (the Backend's BackendSequence). */
 export class EngineSequence {
   private disposed = false;
+  /** Operations of this sequence in flight (a checkpoint must not copy half-written state). */
+  private running = 0;
 
   constructor(
     private readonly engine: Engine,
@@ -167,7 +192,23 @@ export class EngineSequence {
     checkTokens(tokens, g.config.vocab_size, "token");
     if (tokens.length === 0) throw new Error("forward: no tokens");
     this.state.checkRoom(tokens.length);
-    return runChunked(tokens, g.prefillRows, (chunk) => this.engine.exclusive(() => this.engine.trunkStep(this.state, chunk, false)), signal);
+    return this.track(runChunked(tokens, g.prefillRows, (chunk) => this.engine.exclusive(() => this.engine.trunkStep(this.state, chunk, false)), signal));
+  }
+
+  private async track<T>(op: Promise<T>): Promise<T> {
+    this.running++;
+    try {
+      return await op;
+    } finally {
+      this.running--;
+    }
+  }
+
+  /** A host copy of the used state (between operations: none of this sequence may be in flight). */
+  checkpoint(): EngineCheckpoint {
+    this.check();
+    if (this.running > 0) throw new Error("checkpoint: a step of this sequence is in flight (await it first)");
+    return new EngineCheckpoint(this.engine, this.state.capture());
   }
 
   /**
@@ -187,7 +228,7 @@ export class EngineSequence {
       return { ...r, proposed: 0 };
     }
     this.state.checkRoom(1 + k);
-    return this.engine.exclusive(async () => {
+    return this.track(this.engine.exclusive(async () => {
       const seq = this.state;
       const ds = await this.engine.draftStep(seq, next, k);
       const pos0 = seq.length;
@@ -200,7 +241,7 @@ export class EngineSequence {
       }
       const accepted = [...ds.slice(0, a), r.next[a]!];
       return { next: accepted, margins: r.margins.slice(0, a + 1), proposed: k };
-    });
+    }));
   }
 
   reset(): void {

@@ -62,6 +62,25 @@ export function sequenceStateBytes(c: ModelConfig, maxContext: number): number {
   return bytes;
 }
 
+/** A byte range of one of a sequence's buffers. */
+interface StateRegion {
+  buffer: Buffer;
+  offset: number;
+  bytes: number;
+}
+
+/**
+ * A host copy of a sequence's used state (prefix checkpoints): the regions' bytes in the order
+ * SequenceState.regions lists them for these lengths. No weights, slots or event counters.
+ */
+export interface StateImage {
+  readonly config: ModelConfig;
+  readonly length: number;
+  readonly mtpLength: number;
+  readonly parts: readonly Uint8Array[];
+  readonly bytes: number;
+}
+
 /** One sequence's device state. */
 export class SequenceState {
   /** Trunk positions processed. */
@@ -134,6 +153,66 @@ export class SequenceState {
       s?.conv.f32.fill(0);
     }
     for (const h of this.ple) h?.f32.fill(0);
+  }
+
+  /**
+   * The regions that hold a sequence of `length` trunk rows and `mtpLength` MTP rows: tokens,
+   * fixed-size state (DeltaNet S and conv windows, PLE histories), KV and QSA index keys up to
+   * the length, the hidden rows the MTP head has not consumed, and the MTP cache.
+   */
+  private regions(length: number, mtpLength: number): StateRegion[] {
+    const out: StateRegion[] = [];
+    // An empty sequence is a fresh state (its zeroing after a reset may still be queued).
+    if (length === 0) return out;
+    const whole = (b: Buffer) => out.push({ buffer: b, offset: 0, bytes: b.length });
+    const binding = (b: KvCacheRef["data"]) => ("buffer" in b ? { buffer: b.buffer, offset: b.offset } : { buffer: b, offset: 0 });
+    const cache = (kv: KvCacheRef, rows: number) => {
+      const used = kvCacheBytes(kv.kind, kv.heads, kv.dim, rows);
+      out.push({ ...binding(kv.data), bytes: used.data });
+      if (kv.scales) out.push({ ...binding(kv.scales), bytes: used.scales });
+    };
+    out.push({ buffer: this.tokens, offset: 0, bytes: length * 4 });
+    for (const s of this.deltanet) {
+      if (!s) continue;
+      whole(s.S);
+      whole(s.conv);
+    }
+    for (const a of this.attention) {
+      if (!a) continue;
+      cache(a.k, length);
+      cache(a.v, length);
+      if (a.ik) cache(a.ik, length);
+    }
+    for (const h of this.ple) if (h) whole(h);
+    if (this.hidden && this.mtp) {
+      const row = this.config.hidden_size * 4;
+      out.push({ buffer: this.hidden, offset: mtpLength * row, bytes: (length - mtpLength) * row });
+      cache(this.mtp.k, mtpLength);
+      cache(this.mtp.v, mtpLength);
+    }
+    return out;
+  }
+
+  /** A host copy of the used state (no step of this sequence may be in flight). */
+  capture(): StateImage {
+    if (this.#disposed) throw new Error("capture: the sequence state is released");
+    const parts = this.regions(this.length, this.mtpLength).map((r) => r.buffer.bytes.slice(r.offset, r.offset + r.bytes));
+    return { config: this.config, length: this.length, mtpLength: this.mtpLength, parts, bytes: parts.reduce((a, p) => a + p.length, 0) };
+  }
+
+  /** Writes an image captured from a sequence of the same config back (this sequence's rows are replaced). */
+  restoreImage(image: StateImage): void {
+    if (image.config !== this.config) throw new Error("restore: the state image belongs to another model");
+    if (image.length > this.capacity) throw new ContextFullError(`restore: the image holds ${image.length} tokens, more than maxContext ${this.capacity}`);
+    const regions = this.regions(image.length, image.mtpLength);
+    if (regions.length !== image.parts.length) throw new Error(`restore: the image has ${image.parts.length} parts, this state ${regions.length}`);
+    regions.forEach((r, i) => {
+      const part = image.parts[i]!;
+      if (part.length !== r.bytes) throw new Error(`restore: part ${i} has ${part.length} bytes, expected ${r.bytes}`);
+      r.buffer.bytes.set(part, r.offset);
+    });
+    this.length = image.length;
+    this.mtpLength = image.mtpLength;
   }
 
   /** Bytes of device memory this sequence holds. */

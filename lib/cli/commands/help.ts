@@ -26,7 +26,8 @@ export const usage: Record<string, string> = {
     --max-tokens N       tokens to generate at most (default 16; stops after the end token)
     --backend NAME       auto (default: the engine on this platform's backend), cpu, metal,
                          or reference (the pure-TypeScript oracle)
-    --drafts N           MTP drafts per step (speculative decoding; same tokens as greedy)
+    --drafts auto|N      MTP drafts per step (speculative decoding; same tokens as greedy);
+                         auto picks 0..max each step from the measured acceptance and step times
     --prefill-chunk N    prompt rows per step (default 512)
     --json               print {"tokens": [...], "text": "..."} on one line
     --stats              print the model's stats (engine: pool, IO, lookahead, activity,

@@ -72,7 +72,9 @@ export async function runCommand(argv: string[], io: CliIO): Promise<number> {
   if ((prompt === undefined) === (promptTokens === undefined)) throw new UsageError("give exactly one of --prompt TEXT or --prompt-tokens IDS");
   if (flags.chat && prompt === undefined) throw new UsageError("--chat needs --prompt");
   const maxTokens = intFlag(flags, "max-tokens", 16, 1, 1 << 20);
-  const drafts = intFlag(flags, "drafts", 0, 0, 16);
+  const draftsFlag = stringFlag(flags, "drafts")?.trim();
+  if (draftsFlag !== undefined && draftsFlag !== "auto" && !/^\d+$/.test(draftsFlag)) throw new UsageError(`--drafts: "${draftsFlag}" is neither "auto" nor a count in 0..16`);
+  const drafts = draftsFlag === "auto" ? "auto" : intFlag(flags, "drafts", 0, 0, 16);
   const prefillChunk = intFlag(flags, "prefill-chunk", 512, 1, 1 << 20);
   const backend = choiceFlag(flags, "backend", BACKENDS, "auto");
   const engine = engineFlags(flags);
@@ -95,7 +97,7 @@ export async function runCommand(argv: string[], io: CliIO): Promise<number> {
       const bad = tokens.find((t) => t >= vocab);
       if (bad !== undefined) throw new UsageError(`--prompt: the tokenizer gave id ${bad}, outside the model's vocabulary (${vocab})`);
     }
-    if (drafts > 0 && model.maxDrafts === 0) throw new UsageError(`--drafts: ${dir} has no MTP head`);
+    if (drafts !== "auto" && drafts > 0 && model.maxDrafts === 0) throw new UsageError(`--drafts: ${dir} has no MTP head`);
     const stream = model.stream(tokens, { maxTokens, drafts });
     let r = await stream.next();
     while (!r.done) {

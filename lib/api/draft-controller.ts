@@ -1,0 +1,146 @@
+// Adaptive draft count (FACTS.md "MTP"): with streamed experts every verify row may route to
+// its own experts, so a draft can cost more than it saves. The controller measures both sides
+// and picks, each step, the k in 0..maxDrafts with the most expected tokens per millisecond:
+//   tokens(k) = 1 + sum_{j=1..k} prod_{i<=j} p_i     (accepted drafts plus the bonus token)
+//   rate(k)   = tokens(k) / cost(k)
+// p_i is the EWMA of "draft i accepted, given drafts 1..i-1 were"; cost(k) the EWMA of the
+// wall time of a step with k drafts (k = 0: a plain decode step). k = 0 is always a
+// candidate, so drafting is only chosen when it measured faster. Each count is measured once
+// at the start; afterwards other counts are re-tried round robin from an exploration budget
+// (a share of the measured decode time, default 5%), so a k that looked bad once can recover
+// while exploring never costs more than that share. A draft step right after steps without
+// drafts also runs the MTP head over the rows it skipped: its time is not the steady cost of
+// k, so it only updates the acceptance and the next step repeats k to measure it.
+
+/** EWMA weight of an exploration step's observations. */
+const EXPLORE_ALPHA = 0.5;
+
+export interface DraftControllerOptions {
+  /** The largest draft count the backend verifies. */
+  maxDrafts: number;
+  /** EWMA weight of a new observation (default 0.1: about the last ten steps). */
+  alpha?: number;
+  /** Acceptance assumed before a position has been observed (default 0.5). */
+  priorAcceptance?: number;
+  /** Share of the measured step time spent re-trying other counts (default 0.05). */
+  exploreShare?: number;
+}
+
+export interface DraftControllerStats {
+  /** Steps that ran with k drafts, by k. */
+  steps: number[];
+  /** Acceptance by draft position (EWMA), position 1 first. */
+  acceptance: number[];
+  /** Step time in ms by draft count (EWMA; null = never measured). */
+  stepMs: (number | null)[];
+}
+
+export class DraftController {
+  readonly maxDrafts: number;
+  private readonly alpha: number;
+  private readonly exploreShare: number;
+  /** Milliseconds of exploration earned and not yet spent. */
+  private budget = 0;
+  /** A count to run again (its last step caught the MTP head up, so its time was not used). */
+  private repeat: number | null = null;
+  /** The count being re-tried: rare samples of a maybe changed world weigh more (EXPLORE_ALPHA). */
+  private exploring: number | null = null;
+  private readonly acceptance: number[];
+  private readonly cost: (number | null)[];
+  private readonly steps: number[];
+  private nextExplore = 0;
+
+  constructor(opts: DraftControllerOptions) {
+    const { maxDrafts } = opts;
+    if (!Number.isInteger(maxDrafts) || maxDrafts < 0) throw new RangeError(`DraftController: maxDrafts ${maxDrafts} must be an integer >= 0`);
+    this.maxDrafts = maxDrafts;
+    this.alpha = opts.alpha ?? 0.1;
+    if (!(this.alpha > 0 && this.alpha <= 1)) throw new RangeError(`DraftController: alpha ${this.alpha} must be in (0, 1]`);
+    this.exploreShare = opts.exploreShare ?? 0.05;
+    if (!(this.exploreShare >= 0 && this.exploreShare < 1)) throw new RangeError(`DraftController: exploreShare ${this.exploreShare} must be in [0, 1)`);
+    const prior = opts.priorAcceptance ?? 0.5;
+    this.acceptance = new Array(maxDrafts).fill(prior);
+    this.cost = new Array(maxDrafts + 1).fill(null);
+    this.steps = new Array(maxDrafts + 1).fill(0);
+  }
+
+  /** Expected tokens a step with k drafts yields (accepted drafts plus the bonus). */
+  expectedTokens(k: number): number {
+    let tokens = 1;
+    let all = 1;
+    for (let j = 0; j < k; j++) {
+      all *= this.acceptance[j]!;
+      tokens += all;
+    }
+    return tokens;
+  }
+
+  /** The draft count for the next step, at most `limit` (tokens left to generate). */
+  choose(limit = this.maxDrafts): number {
+    const top = Math.max(0, Math.min(limit, this.maxDrafts));
+    if (top === 0) return 0;
+    if (this.repeat !== null && this.repeat <= top) {
+      const k = this.repeat;
+      this.repeat = null;
+      return k;
+    }
+    this.repeat = null;
+    // Measure every count once before trusting any rate (cheapest first).
+    for (let k = 0; k <= top; k++) if (this.cost[k] === null) return k;
+    const best = this.best(top);
+    // Round robin over the other counts, each when the budget pays for one step of it.
+    for (let i = 0; i <= top; i++) {
+      const k = (this.nextExplore + i) % (top + 1);
+      if (k === best) continue;
+      if (this.budget < this.cost[k]!) break;
+      this.budget -= this.cost[k]!;
+      this.nextExplore = k + 1;
+      this.exploring = k;
+      return k;
+    }
+    return best;
+  }
+
+  /** The count with the most expected tokens per ms among 0..top (all measured). */
+  private best(top: number): number {
+    let best = 0;
+    let bestRate = 1 / this.cost[0]!;
+    for (let k = 1; k <= top; k++) {
+      const rate = this.expectedTokens(k) / this.cost[k]!;
+      if (rate > bestRate) {
+        best = k;
+        bestRate = rate;
+      }
+    }
+    return best;
+  }
+
+  /**
+   * Records a step that proposed k drafts, accepted `accepted` of them and took `ms`.
+   * `catchUp`: the step's MTP head first ran rows of earlier steps (it drafted nothing for
+   * them), so `ms` is not the steady cost of k.
+   */
+  observe(k: number, accepted: number, ms: number, catchUp = false): void {
+    if (!Number.isInteger(k) || k < 0 || k > this.maxDrafts) throw new RangeError(`DraftController.observe: k ${k} outside 0..${this.maxDrafts}`);
+    if (!Number.isInteger(accepted) || accepted < 0 || accepted > k) throw new RangeError(`DraftController.observe: accepted ${accepted} outside 0..${k}`);
+    if (!(ms >= 0)) throw new RangeError(`DraftController.observe: step time ${ms} ms must be >= 0`);
+    const a = this.exploring === k ? Math.max(this.alpha, EXPLORE_ALPHA) : this.alpha;
+    if (!(catchUp && k > 0)) this.exploring = null;
+    this.steps[k]!++;
+    this.budget += this.exploreShare * ms;
+    if (catchUp && k > 0) this.repeat = k;
+    else {
+      const c = Math.max(ms, 1e-6);
+      this.cost[k] = this.cost[k] === null ? c : (1 - a) * this.cost[k]! + a * c;
+    }
+    // Positions 1..accepted were accepted; position accepted+1 (if proposed) was rejected; later ones are unobserved.
+    for (let j = 0; j < Math.min(k, accepted + 1); j++) {
+      const hit = j < accepted ? 1 : 0;
+      this.acceptance[j] = (1 - a) * this.acceptance[j]! + a * hit;
+    }
+  }
+
+  stats(): DraftControllerStats {
+    return { steps: this.steps.slice(), acceptance: this.acceptance.slice(), stepMs: this.cost.slice() };
+  }
+}

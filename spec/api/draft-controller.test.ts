@@ -1,0 +1,157 @@
+// The adaptive draft count: the controller's rule on simulated backends (cost per draft count,
+// acceptance per position), and drafts "auto" on the trained example model giving exactly the
+// greedy tokens on the reference and the CPU engine.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { join } from "node:path";
+import { DraftController } from "../../lib/api/draft-controller.ts";
+import { Model } from "../../lib/api/model.ts";
+
+/** Deterministic uniform numbers in [0, 1). */
+function lcg(seed: number): () => number {
+  let x = seed >>> 0;
+  return () => {
+    x = (Math.imul(x, 1664525) + 1013904223) >>> 0;
+    return x / 2 ** 32;
+  };
+}
+
+interface World {
+  /** Step time with k drafts. */
+  cost(k: number): number;
+  /** Chance that draft j (0-based) is accepted given the earlier ones were. */
+  accept(j: number): number;
+}
+
+/** Runs `steps` steps of a controller against a world; returns tokens, time and the counts chosen. */
+function simulate(c: DraftController, world: World, steps: number, rand = lcg(7)) {
+  let tokens = 0;
+  let ms = 0;
+  const chosen: number[] = [];
+  for (let i = 0; i < steps; i++) {
+    const k = c.choose();
+    let a = 0;
+    while (a < k && rand() < world.accept(a)) a++;
+    c.observe(k, a, world.cost(k));
+    tokens += a + 1;
+    ms += world.cost(k);
+    chosen.push(k);
+  }
+  return { tokens, ms, chosen, rate: tokens / ms };
+}
+
+const count = (xs: number[], k: number) => xs.filter((x) => x === k).length;
+
+describe("DraftController", () => {
+  test("expected tokens: accepted drafts (product of acceptances) plus the bonus", () => {
+    const c = new DraftController({ maxDrafts: 3, priorAcceptance: 0.5, alpha: 0.25 });
+    expect(c.expectedTokens(0)).toBe(1);
+    expect(c.expectedTokens(2)).toBeCloseTo(1 + 0.5 + 0.25, 12);
+    c.observe(3, 3, 10); // every position accepted once: p = 0.5 + 0.25 * 0.5
+    expect(c.expectedTokens(1)).toBeCloseTo(1.625, 12);
+    c.observe(3, 0, 10); // position 1 rejected; positions 2, 3 unobserved
+    expect(c.stats().acceptance).toEqual([0.625 * 0.75, 0.625, 0.625]);
+  });
+
+  test("every count is measured once first, then the fastest is kept", () => {
+    const c = new DraftController({ maxDrafts: 3, exploreShare: 0 });
+    const first = [0, 1, 2, 3].map((want) => {
+      const k = c.choose();
+      c.observe(k, k, 10); // flat cost, every draft accepted
+      return k === want;
+    });
+    expect(first).toEqual([true, true, true, true]);
+    expect(c.choose()).toBe(3);
+    expect(c.choose(1)).toBe(1); // capped by the tokens left
+    expect(c.choose(0)).toBe(0);
+  });
+
+  test("drafts that do not pay (expensive verify rows, poor acceptance): k = 0 and at most the exploration share lost", () => {
+    const world: World = { cost: (k) => 10 * (1 + 1.5 * k), accept: () => 0.3 };
+    const c = new DraftController({ maxDrafts: 3, exploreShare: 0.05 });
+    const r = simulate(c, world, 2000);
+    expect(count(r.chosen.slice(100), 0) / 1900).toBeGreaterThan(0.95);
+    const plain = 1 / world.cost(0);
+    expect(r.rate).toBeGreaterThan(plain * 0.93);
+  });
+
+  test("cheap rows and good acceptance: the most drafts, near the best fixed count's rate", () => {
+    const world: World = { cost: (k) => 10 + k, accept: (j) => 0.9 - 0.1 * j };
+    const c = new DraftController({ maxDrafts: 3 });
+    const r = simulate(c, world, 2000);
+    const fixed = [0, 1, 2, 3].map((k) => simulate(new FixedCount(k), world, 2000).rate);
+    const bestFixed = Math.max(...fixed);
+    expect(fixed.indexOf(bestFixed)).toBe(3);
+    expect(count(r.chosen.slice(100), 3) / 1900).toBeGreaterThan(0.9);
+    expect(r.rate).toBeGreaterThan(bestFixed * 0.95);
+  });
+
+  test("a count that looked bad recovers when the world changes (exploration)", () => {
+    const c = new DraftController({ maxDrafts: 2 });
+    simulate(c, { cost: (k) => 10 * (1 + 2 * k), accept: () => 0 }, 500);
+    expect(c.choose()).toBe(0);
+    const later = simulate(c, { cost: (k) => 10 + k, accept: () => 0.95 }, 1500);
+    expect(count(later.chosen.slice(-300), 2) / 300).toBeGreaterThan(0.9);
+  });
+
+  test("a step that caught the MTP head up is not taken as k's cost; the next step repeats k", () => {
+    const c = new DraftController({ maxDrafts: 2, exploreShare: 0 });
+    c.observe(0, 0, 10);
+    c.observe(1, 1, 500, true);
+    expect(c.stats().stepMs).toEqual([10, null, null]);
+    expect(c.choose()).toBe(1);
+    c.observe(1, 1, 12);
+    expect(c.stats().stepMs[1]).toBe(12);
+  });
+
+  test("bad arguments are refused with the field named", () => {
+    expect(() => new DraftController({ maxDrafts: -1 })).toThrow(/maxDrafts/);
+    expect(() => new DraftController({ maxDrafts: 2, alpha: 0 })).toThrow(/alpha/);
+    const c = new DraftController({ maxDrafts: 2 });
+    expect(() => c.observe(3, 0, 1)).toThrow(/k 3/);
+    expect(() => c.observe(1, 2, 1)).toThrow(/accepted 2/);
+    expect(() => c.observe(1, 0, Number.NaN)).toThrow(/step time/);
+  });
+});
+
+/** A fixed draft count with the controller's interface (the baseline). */
+class FixedCount extends DraftController {
+  constructor(private k: number) {
+    super({ maxDrafts: k });
+  }
+  override choose(): number {
+    return this.k;
+  }
+}
+
+const MODELS = join(import.meta.dir, "..", "..", "examples", "models");
+const PROMPT = "The cat sat on the mat. The dog";
+
+describe.each(["reference", "cpu"] as const)("drafts auto on qwen4-exp-tiny (%s)", (backend) => {
+  let model: Model;
+  beforeAll(async () => {
+    model = await Model.load(join(MODELS, "qwen4-exp-tiny"), { backend });
+  });
+  afterAll(() => model.close());
+
+  test("gives exactly the greedy tokens and reports the counts it chose", async () => {
+    const greedy = await model.generate(PROMPT, { maxTokens: 24, stopAtEos: false });
+    for (let run = 0; run < 2; run++) {
+      const r = await model.generate(PROMPT, { maxTokens: 24, stopAtEos: false, drafts: "auto" });
+      expect(r.tokens).toEqual(greedy.tokens);
+      const d = r.drafts!;
+      expect(d.steps.length).toBe(model.maxDrafts + 1);
+      // Steps by count, and the tokens they produced, add up.
+      expect(d.steps.reduce((a, b) => a + b, 0) + 1).toBe(r.tokens.length - d.accepted);
+      expect(d.auto!.acceptance.length).toBe(model.maxDrafts);
+    }
+    // The first run measured every count.
+    expect(model.draftController().stats().stepMs.every((ms) => ms !== null)).toBe(true);
+  });
+
+  test("a fixed count keeps its behaviour and bad counts are refused", async () => {
+    const r = await model.generate(PROMPT, { maxTokens: 8, stopAtEos: false, drafts: 2 });
+    expect(r.drafts!.steps[2]).toBeGreaterThan(0);
+    expect(r.drafts!.auto).toBeUndefined();
+    await expect(model.generate(PROMPT, { maxTokens: 4, drafts: -1 })).rejects.toThrow(/drafts -1/);
+  });
+});
