@@ -18,6 +18,7 @@
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { cpus, tmpdir } from "node:os";
 import { dirname, join, relative, resolve } from "node:path";
+import { BUILTINS } from "../gen-bindings.ts";
 
 export const METAL_DIR = dirname(new URL(import.meta.url).pathname);
 export const REPO_ROOT = resolve(METAL_DIR, "../..");
@@ -216,20 +217,8 @@ export function rewriteForStrict(original: string): string {
 }
 
 // Thread-position attributes of compute kernels, and the argument types they allow.
-const BUILTIN_ATTRIBUTES = new Set([
-  "thread_position_in_grid",
-  "thread_position_in_threadgroup",
-  "threadgroup_position_in_grid",
-  "threads_per_threadgroup",
-  "threadgroups_per_grid",
-  "threads_per_grid",
-  "thread_index_in_threadgroup",
-  "thread_index_in_simdgroup",
-  "simdgroup_index_in_threadgroup",
-  "simdgroups_per_threadgroup",
-  "thread_execution_width",
-  "threads_per_simdgroup",
-  "dispatch_threads_per_threadgroup",
+const BUILTIN_ATTRIBUTES = new Set<string>([
+  ...BUILTINS, // the ones the CPU backend binds, plus those Metal has that it does not:
   "grid_origin",
   "grid_size",
   "thread_index_in_quadgroup",
