@@ -60,3 +60,11 @@ export function choiceFlag<T extends string>(flags: Flags, name: string, choices
   if (!choices.includes(v as T)) throw new UsageError(`--${name}: "${v}" is not one of ${choices.join(", ")}`);
   return v as T;
 }
+
+/** `--drafts auto|N`: "auto" (the adaptive count) or a fixed count in 0..16; 0 when absent. */
+export function draftsFlag(flags: Flags): number | "auto" {
+  const v = stringFlag(flags, "drafts")?.trim();
+  if (v === "auto") return "auto";
+  if (v !== undefined && !/^\d+$/.test(v)) throw new UsageError(`--drafts: "${v}" is neither "auto" nor a count in 0..16`);
+  return intFlag(flags, "drafts", 0, 0, 16);
+}

@@ -8,7 +8,7 @@ export interface GenerationJob {
   prompt: number[];
   maxTokens: number;
   stop: string[];
-  drafts: number;
+  drafts: number | "auto";
   signal: AbortSignal;
   /** Called with each piece of output text, in order; their concatenation is the result's text. */
   onText?: (text: string) => void;
@@ -20,7 +20,7 @@ export async function runGeneration(model: Model, job: GenerationJob): Promise<G
   const stream = model.stream(job.prompt, {
     maxTokens: job.maxTokens,
     stop: job.stop.length > 0 ? job.stop : undefined,
-    drafts: job.drafts > 0 ? job.drafts : undefined,
+    drafts: job.drafts === "auto" || job.drafts > 0 ? job.drafts : undefined,
     signal: job.signal,
   });
   const holdback = new StopHoldback(job.stop);

@@ -30,7 +30,7 @@ export interface ServerOptions {
   /** Completion tokens when a request sets no max_tokens (default 512, never past the context). */
   defaultMaxTokens?: number;
   /** MTP drafts per step for every request (speculative decoding: same output, maybe faster). */
-  drafts?: number;
+  drafts?: number | "auto";
   /** When set, /v1/* requests need `Authorization: Bearer <apiKey>`. */
   apiKey?: string;
   /** Requests that may wait for the device; more get 503 (default 64). */
@@ -67,7 +67,7 @@ export function createServer(opts: ServerOptions): RunningServer {
   const contextLength = resolveContextLength(model, opts.contextLength);
   const defaultMaxTokens = opts.defaultMaxTokens ?? 512;
   const drafts = opts.drafts ?? 0;
-  if (drafts > 0 && model.maxDrafts === 0) throw new Error(`drafts: ${model.dir} has no MTP head (speculative decoding is unavailable)`);
+  if (drafts !== "auto" && drafts > 0 && model.maxDrafts === 0) throw new Error(`drafts: ${model.dir} has no MTP head (speculative decoding is unavailable)`);
   const maxBodyBytes = opts.maxBodyBytes ?? 8 << 20;
   const log = opts.log ?? (() => {});
   const startedAt = Date.now();

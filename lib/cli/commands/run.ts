@@ -5,7 +5,7 @@ import { defaultModelDir } from "../../model/default-model.ts";
 import { MANIFEST_FILE } from "../../model/manifest.ts";
 import type { EngineOptions } from "../../api/engine-backend.ts";
 import { BudgetError, parsePoolSize } from "../../gpu/budget.ts";
-import { choiceFlag, intFlag, parseFlags, stringFlag, UsageError, type Flags } from "../args.ts";
+import { choiceFlag, draftsFlag, intFlag, parseFlags, stringFlag, type Flags, UsageError } from "../args.ts";
 import type { CliIO } from "../io.ts";
 
 const BACKENDS = ["auto", "reference", "cpu", "metal"] as const;
@@ -72,9 +72,7 @@ export async function runCommand(argv: string[], io: CliIO): Promise<number> {
   if ((prompt === undefined) === (promptTokens === undefined)) throw new UsageError("give exactly one of --prompt TEXT or --prompt-tokens IDS");
   if (flags.chat && prompt === undefined) throw new UsageError("--chat needs --prompt");
   const maxTokens = intFlag(flags, "max-tokens", 16, 1, 1 << 20);
-  const draftsFlag = stringFlag(flags, "drafts")?.trim();
-  if (draftsFlag !== undefined && draftsFlag !== "auto" && !/^\d+$/.test(draftsFlag)) throw new UsageError(`--drafts: "${draftsFlag}" is neither "auto" nor a count in 0..16`);
-  const drafts = draftsFlag === "auto" ? "auto" : intFlag(flags, "drafts", 0, 0, 16);
+  const drafts = draftsFlag(flags);
   const prefillChunk = intFlag(flags, "prefill-chunk", 512, 1, 1 << 20);
   const backend = choiceFlag(flags, "backend", BACKENDS, "auto");
   const engine = engineFlags(flags);

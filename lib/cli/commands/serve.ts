@@ -4,7 +4,7 @@ import { BackendUnavailableError } from "../../api/backend.ts";
 import { Model } from "../../api/model.ts";
 import { defaultModelDir } from "../../model/default-model.ts";
 import { createServer, type RunningServer } from "../../server/server.ts";
-import { choiceFlag, intFlag, parseFlags, stringFlag, UsageError } from "../args.ts";
+import { choiceFlag, draftsFlag, intFlag, parseFlags, stringFlag, UsageError } from "../args.ts";
 import type { CliIO } from "../io.ts";
 
 const BACKENDS = ["auto", "reference", "cpu", "metal"] as const;
@@ -19,7 +19,8 @@ export const serveUsage = `cherenkov serve [DIR] [options]
     --model-id NAME     the name clients pass as "model" (default: DIR's name)
     --context N         prompt + completion tokens per request (default: the model's, else 4096)
     --max-tokens N      completion tokens when a request sets none (default 512)
-    --drafts N          MTP drafts per step (same output; needs an MTP head)
+    --drafts auto|N     MTP drafts per step (same output; needs an MTP head); auto adapts
+                        the count to measured acceptance and step cost
     --prefill-chunk N   rows per prefill chunk (default 512)
     --max-queue N       requests that may wait; more get 503 (default 64)
     --api-key KEY       require "Authorization: Bearer KEY" on /v1/* (or set CHERENKOV_API_KEY)
@@ -50,7 +51,7 @@ export async function startServe(argv: string[], io: CliIO): Promise<{ server: R
   const backend = choiceFlag(flags, "backend", BACKENDS, "auto");
   const contextFlag = stringFlag(flags, "context") === undefined ? undefined : intFlag(flags, "context", 0, 2, 1 << 30);
   const defaultMaxTokens = intFlag(flags, "max-tokens", 512, 1, 1 << 30);
-  const drafts = intFlag(flags, "drafts", 0, 0, 16);
+  const drafts = draftsFlag(flags);
   const prefillChunk = intFlag(flags, "prefill-chunk", 512, 1, 1 << 20);
   const maxQueue = intFlag(flags, "max-queue", 64, 0, 1 << 20);
   const apiKey = stringFlag(flags, "api-key") ?? (process.env.CHERENKOV_API_KEY || undefined);
@@ -64,7 +65,7 @@ export async function startServe(argv: string[], io: CliIO): Promise<{ server: R
     throw e instanceof BackendUnavailableError ? new UsageError(`--backend: ${e.message}`) : e;
   });
   try {
-    if (drafts > 0 && model.maxDrafts === 0) throw new UsageError(`--drafts: ${dir} has no MTP head`);
+    if (drafts !== "auto" && drafts > 0 && model.maxDrafts === 0) throw new UsageError(`--drafts: ${dir} has no MTP head`);
     let server: RunningServer;
     try {
       server = createServer({
