@@ -14,7 +14,7 @@ import { MAX_NB, MAX_SNAP } from "./limits.ts";
 import { MemoryTracker } from "./memory.ts";
 import { HandshakeStats } from "./phases.ts";
 import { modelRefs, type ModelRefs } from "./refs.ts";
-import { createExpertPool, type Backing, type ExpertPool } from "./residency.ts";
+import { createExpertPool, DEFAULT_POOL_POLICY, POOL_POLICIES, type Backing, type ExpertPool, type PoolPolicy } from "./residency.ts";
 import { allocateScratch, scratchBytes, type Scratch } from "./scratch.ts";
 import { sequenceStateBytes, SnapshotSet } from "./state.ts";
 import { IoScheduler, type IoSchedulerOptions } from "./streaming.ts";
@@ -30,6 +30,11 @@ export interface EngineOptions {
   poolBytes?: number;
   /** "wired" (default: slots filled by uncached reads) or "mapped" (views of the mapped experts.bin). */
   backing?: Backing;
+  /**
+   * Expert-pool eviction: "layer-cyclic" (default: the victim is in the layer whose next visit
+   * in the cyclic layer order is farthest away) or "lru" (--pool-policy).
+   */
+  poolPolicy?: PoolPolicy;
   /** Run the next layer's router early and prefetch its predicted experts (default true). */
   lookahead?: boolean;
   /** Tokens a sequence may hold (default 4096): KV caches and the QSA scratch are sized for it. */
@@ -160,6 +165,8 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
   const x = files.expertLayout;
   const backing = opts.backing ?? "wired";
   if (backing !== "wired" && backing !== "mapped") throw new Error(`engine option backing: ${JSON.stringify(backing)} must be "wired" or "mapped"`);
+  const poolPolicy = opts.poolPolicy ?? DEFAULT_POOL_POLICY;
+  if (!POOL_POLICIES.includes(poolPolicy)) throw new Error(`engine option poolPolicy: ${JSON.stringify(poolPolicy)} must be ${POOL_POLICIES.map((p) => JSON.stringify(p)).join(" or ")}`);
   const maxContext = opts.maxContext === undefined ? DEFAULT_MAX_CONTEXT : positiveInt(opts.maxContext, "maxContext");
   const chunk = opts.prefillChunk === undefined ? DEFAULT_PREFILL_CHUNK : positiveInt(opts.prefillChunk, "prefillChunk");
   const waitTimeoutMs = opts.waitTimeoutMs === undefined ? DEFAULT_WAIT_TIMEOUT_MS : positiveInt(opts.waitTimeoutMs, "waitTimeoutMs");
@@ -237,6 +244,9 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
       backing,
       model: files,
       capacity: plan.slots,
+      policy: poolPolicy,
+      // The layout's last expert layer is the MTP head (num_layers + 1 expert layers).
+      mtp: x.layers === c.num_layers + 1,
       device,
       scheduler: scheduler ?? undefined,
       // One buffer: the expert kernels bind the pool as a single buffer.

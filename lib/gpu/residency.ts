@@ -1,6 +1,7 @@
 /**
- * The expert pool: which expert records the GPU may touch, LRU managed here, with two
- * backings behind one interface ({@link ExpertPool}).
+ * The expert pool: which expert records the GPU may touch, managed here (policy "lru" or
+ * "layer-cyclic", see {@link PoolPolicy}), with two backings behind one interface
+ * ({@link ExpertPool}).
  *
  * - "wired": `capacity` page-aligned slots carved out of one or a few shim buffers; a miss
  *   takes a victim slot and reads the record into it with an uncached read through the
@@ -32,6 +33,39 @@ import { IoScheduler, type IoFile, type Priority, type ReadTicket } from "./stre
 import type { LookaheadStats, PoolStats } from "./telemetry.ts";
 
 export type Backing = "wired" | "mapped";
+
+/**
+ * How a miss picks its victim among the unpinned slots (both backings):
+ * - "lru": the least recently used record;
+ * - "layer-cyclic": the record whose layer comes up farthest away in the cyclic layer order
+ *   (layers are visited 0..L-1 every token), least recently used within that layer. From the
+ *   layer being served l, layer m's next visit is ((m - l - 1) mod N) + 1 steps away (N
+ *   layers in the cycle), so l's own unpinned records go first, then l-1's, ... and l+1's
+ *   last: it approximates Belady when a layer's experts are reused on the next token, and it
+ *   does not collapse when the pool is smaller than one token's working set (where LRU evicts
+ *   exactly the layer needed next). See {@link layerCycleOrder} for the MTP layer.
+ */
+export type PoolPolicy = "lru" | "layer-cyclic";
+export const POOL_POLICIES: readonly PoolPolicy[] = ["lru", "layer-cyclic"];
+/** The engine's default (bench:pool: better than LRU at every pool size on the training traces). */
+export const DEFAULT_POOL_POLICY: PoolPolicy = "layer-cyclic";
+
+/**
+ * The layer-cyclic eviction order when layer `ref` is being served: every layer, the one whose
+ * next visit is farthest first (victims are taken from the first layer that has an unpinned
+ * slot). Trunk layers: layer m is ((m - ref - 1) mod N) + 1 steps away, N = `layers`.
+ * With `mtp`, the last expert layer is the MTP head: drafting visits it right after the last
+ * trunk layer and before layer 0 of the next step, so it is the last position of the cycle
+ * (N = trunk layers + 1); while the MTP layer itself is served, its own records count as the
+ * nearest (the chained draft rows acquire it back to back), kept over layer 0's. Without
+ * drafting the MTP layer is never acquired and holds no slot.
+ */
+export function layerCycleOrder(ref: number, layers: number, mtp = false): number[] {
+  const order: number[] = [];
+  for (let d = layers; d >= 1; d--) order.push((ref + d) % layers);
+  if (mtp && ref === layers - 1) order.push(order.shift()!); // the MTP layer's own records: kept longest
+  return order;
+}
 
 /** Where the expert records come from: a ModelFiles (lib/model/format.ts) satisfies it. */
 export interface ExpertSource {
@@ -71,6 +105,8 @@ export interface Prefetched {
  */
 export interface ExpertPool {
   readonly backing: Backing;
+  /** How victims are chosen. */
+  readonly policy: PoolPolicy;
   /** Records the LRU holds at once (the budget's slots). */
   readonly capacity: number;
   /** Slot numbers run 0..slotCount-1: capacity (wired) or every record (mapped). */
@@ -85,7 +121,8 @@ export interface ExpertPool {
    * Maps this step's union for `layer` to slots and pins them until {@link release}.
    * `expertIds` may hold duplicates (the router's [rows][topK] output, flattened, is fine):
    * the union is taken in first-seen order. Hits keep
-   * their slot; each miss takes a free slot or the least recently used unpinned one and
+   * their slot; each miss takes a free slot or an unpinned victim ({@link policy}: the least
+   * recently used, or the farthest layer's least recently used) and
    * (wired) reads its record with `priority` (default "demand"). A queued lookahead read of a
    * hit is promoted; a queued lookahead read in a victim slot is cancelled.
    * Throws {@link PoolTooSmallError} if the union cannot fit beside the slots other layers
@@ -177,6 +214,13 @@ export interface ExpertPoolOptions {
    * larger buffers keep the expert kernels' bindings few (Metal allows 31 per encoder).
    */
   maxBufferBytes?: number;
+  /** Eviction policy (default {@link DEFAULT_POOL_POLICY}). */
+  policy?: PoolPolicy;
+  /**
+   * The last expert layer is the MTP head (layer-cyclic only: see {@link layerCycleOrder}).
+   * Default false: every layer is a trunk layer of the cycle (e.g. trunk-only traces).
+   */
+  mtp?: boolean;
 }
 
 /** Default upper bound of one slot buffer: 4 GiB. */
@@ -296,6 +340,7 @@ function mappedMemory(path: string, records: number, stride: number, maxBufferBy
 /** Both backings: one LRU over `capacity` slots; the backing decides what a slot number means. */
 class LruExpertPool implements ExpertPool {
   readonly backing: Backing;
+  readonly policy: PoolPolicy;
   readonly capacity: number;
   readonly slotCount: number;
   readonly recordBytes: number;
@@ -325,6 +370,14 @@ class LruExpertPool implements ExpertPool {
   private readonly inList: Uint8Array;
   private head = -1;
   private tail = -1;
+  // Per-layer LRU lists (layer-cyclic victims): the same slots, one list per layer of the record.
+  private readonly lprev: Int32Array;
+  private readonly lnext: Int32Array;
+  private readonly slotLayer: Int32Array; // the layer list the slot is in, -1 when none
+  private readonly lhead: Int32Array;
+  private readonly ltail: Int32Array;
+  /** Per layer being served: layers in eviction order (layer-cyclic). */
+  private readonly cycleOrder: Int32Array[];
   private readonly free: number[] = []; // stack, lowest slot on top
   // Per record.
   private readonly keySlot: Int32Array;
@@ -357,6 +410,9 @@ class LruExpertPool implements ExpertPool {
     if (opts.backing !== "wired" && opts.backing !== "mapped") throw new Error(`expert pool: backing must be "wired" or "mapped", got ${JSON.stringify(opts.backing)}`);
     if (!Number.isInteger(opts.capacity) || opts.capacity < 1 || opts.capacity > records)
       throw new Error(`expert pool: capacity ${opts.capacity} must be an integer in 1..${records} (the model's expert records)`);
+    const policy = opts.policy ?? DEFAULT_POOL_POLICY;
+    if (!POOL_POLICIES.includes(policy)) throw new Error(`expert pool: policy must be ${POOL_POLICIES.map((p) => JSON.stringify(p)).join(" or ")}, got ${JSON.stringify(policy)}`);
+    this.policy = policy;
     this.backing = opts.backing;
     this.capacity = opts.capacity;
     this.recordBytes = stride;
@@ -394,6 +450,12 @@ class LruExpertPool implements ExpertPool {
     this.prev = new Int32Array(n).fill(-1);
     this.next = new Int32Array(n).fill(-1);
     this.inList = new Uint8Array(n);
+    this.lprev = new Int32Array(n).fill(-1);
+    this.lnext = new Int32Array(n).fill(-1);
+    this.slotLayer = new Int32Array(n).fill(-1);
+    this.lhead = new Int32Array(layers).fill(-1);
+    this.ltail = new Int32Array(layers).fill(-1);
+    this.cycleOrder = Array.from({ length: layers }, (_, l) => Int32Array.from(layerCycleOrder(l, layers, opts.mtp ?? false)));
     for (let s = n - 1; s >= 0; s--) this.free.push(s);
     this.keySlot = new Int32Array(records).fill(-1);
     this.unions = new UnionBuilder(perLayer);
@@ -413,6 +475,16 @@ class LruExpertPool implements ExpertPool {
     else this.tail = p;
     this.prev[s] = this.next[s] = -1;
     this.inList[s] = 0;
+    const l = this.slotLayer[s]!;
+    if (l < 0) return;
+    const lp = this.lprev[s]!;
+    const lq = this.lnext[s]!;
+    if (lp >= 0) this.lnext[lp] = lq;
+    else this.lhead[l] = lq;
+    if (lq >= 0) this.lprev[lq] = lp;
+    else this.ltail[l] = lp;
+    this.lprev[s] = this.lnext[s] = -1;
+    this.slotLayer[s] = -1;
   }
 
   /** Makes `s` the most recently used. */
@@ -424,6 +496,15 @@ class LruExpertPool implements ExpertPool {
     else this.head = s;
     this.tail = s;
     this.inList[s] = 1;
+    const l = Math.floor(this.slotKey[s]! / this.perLayer);
+    if (l < 0) return;
+    this.slotLayer[s] = l;
+    const t = this.ltail[l]!;
+    this.lprev[s] = t;
+    this.lnext[s] = -1;
+    if (t >= 0) this.lnext[t] = s;
+    else this.lhead[l] = s;
+    this.ltail[l] = s;
   }
 
   /**
@@ -431,9 +512,23 @@ class LruExpertPool implements ExpertPool {
    * not being read, else (allowBusy) the least recent one being read, whose next read then
    * waits for the current one. -1 when every slot is pinned (or busy and !allowBusy).
    */
-  private takeVictim(allowBusy: boolean, excludeStamp: number): number {
+  private takeVictim(allowBusy: boolean, excludeStamp: number, ref: number): number {
     if (this.free.length) return this.free.pop()!;
     let busy = -1;
+    if (this.policy === "layer-cyclic") {
+      // The same, with "least recently used" read as: in the layer visited farthest from
+      // `ref`, then least recently used within it.
+      for (const l of this.cycleOrder[ref]!)
+        for (let s = this.lhead[l]!; s >= 0; s = this.lnext[s]!) {
+          if (this.pinned[s] || (excludeStamp && this.stamp[s] === excludeStamp)) continue;
+          if (this.ops[s]!.length && this.writing(s).length) {
+            if (busy < 0) busy = s;
+            continue;
+          }
+          return s;
+        }
+      return allowBusy ? busy : -1;
+    }
     for (let s = this.head; s >= 0; s = this.next[s]!) {
       if (this.pinned[s] || (excludeStamp && this.stamp[s] === excludeStamp)) continue;
       if (this.ops[s]!.length && this.writing(s).length) {
@@ -568,7 +663,7 @@ class LruExpertPool implements ExpertPool {
     }
     for (let i = 0; i < union.length; i++) {
       if (slots[i] !== undefined) continue;
-      const s = this.takeVictim(true, 0);
+      const s = this.takeVictim(true, 0, layer);
       // Cannot happen: the capacity check above leaves enough unpinned slots.
       if (s < 0) throw new PoolTooSmallError(layer, union.length, this.capacity, this.pinnedCount);
       this.evict(s);
@@ -644,7 +739,7 @@ class LruExpertPool implements ExpertPool {
         continue;
       }
       // Never wait behind a read in flight, never push out what this call just predicted.
-      const s = this.takeVictim(false, call);
+      const s = this.takeVictim(false, call, layer);
       if (s < 0) {
         this.c.skipped++;
         continue;

@@ -2,6 +2,8 @@
  * Expert-pool policies replayed on routing traces (bench:pool):
  *  - "lru": the engine's own pool (lib/gpu/residency.ts, mapped backing without a device:
  *    decisions only, no IO), acquire/release per layer of each step;
+ *  - "layer-cyclic": the same pool with policy "layer-cyclic" (the victim is in the layer whose
+ *    next visit in the cyclic layer order is farthest away, least recently used within it);
  *  - "lru+lookahead": the same, plus prefetch(l + 1, predicted) before layer l is released,
  *    with a predictor: "perfect" (the trace's own next-layer union) or "trace" (the
  *    `predicted` field a recorded trace carries);
@@ -11,7 +13,7 @@
  * layer is the union of its rows' routed experts. `reads` counts every record read (misses
  * plus prefetches), the number disk bandwidth pays for.
  */
-import { createExpertPool } from "../../lib/gpu/residency.ts";
+import { createExpertPool, type PoolPolicy } from "../../lib/gpu/residency.ts";
 import type { TraceStep } from "../../lib/gpu/trace.ts";
 
 /** One layer of one step: the union its rows route to, and the prediction made for it. */
@@ -59,14 +61,18 @@ function layoutOnly(layers: number, perLayer: number) {
   return { paths: { experts: "(simulation: no file)" }, expertLayout: { stride: 1, layers, perLayer } };
 }
 
-/** LRU, optionally with one-layer lookahead, replayed through the engine's ExpertPool. */
+/**
+ * The engine's ExpertPool replayed (policy "lru" by default, or "layer-cyclic"), optionally
+ * with one-layer lookahead.
+ */
 export async function simulateLru(
   steps: Access[][],
   shape: { layers: number; perLayer: number },
   capacity: number,
   lookahead: "none" | "perfect" | "trace" = "none",
+  policy: PoolPolicy = "lru",
 ): Promise<SimResult> {
-  const pool = createExpertPool({ backing: "mapped", model: layoutOnly(shape.layers, shape.perLayer), capacity });
+  const pool = createExpertPool({ backing: "mapped", model: layoutOnly(shape.layers, shape.perLayer), capacity, policy });
   for (const step of steps) {
     for (let i = 0; i < step.length; i++) {
       const a = step[i]!;
@@ -83,8 +89,8 @@ export async function simulateLru(
   const la = pool.lookaheadStats();
   await pool.close();
   const demanded = p.hits + p.misses;
-  const policy = lookahead === "none" ? "lru" : `lru+lookahead(${lookahead})`;
-  const out: SimResult = { policy, capacity, demanded, hits: p.hits, misses: p.misses, reads: p.misses + la.predictions, hitRate: demanded ? p.hits / demanded : 0 };
+  const name = lookahead === "none" ? policy : `${policy}+lookahead(${lookahead})`;
+  const out: SimResult = { policy: name, capacity, demanded, hits: p.hits, misses: p.misses, reads: p.misses + la.predictions, hitRate: demanded ? p.hits / demanded : 0 };
   if (lookahead !== "none") out.wasted = la.wasted;
   return out;
 }
@@ -132,6 +138,16 @@ class MaxHeap {
     }
     return top;
   }
+}
+
+/** The layer-cyclic pool (farthest layer in the cyclic order first, LRU within it), optionally with lookahead. */
+export function simulateLayerCyclic(
+  steps: Access[][],
+  shape: { layers: number; perLayer: number },
+  capacity: number,
+  lookahead: "none" | "perfect" | "trace" = "none",
+): Promise<SimResult> {
+  return simulateLru(steps, shape, capacity, lookahead, "layer-cyclic");
 }
 
 /** Belady's MIN over the flattened access sequence. */

@@ -1,8 +1,9 @@
 /**
  * `bun run bench:pool`: expert-pool hit rates on routing traces, for pool sizes from 10% to
- * 100% of the expert records: the engine's LRU, LRU + one-layer lookahead (a perfect
- * next-layer predictor; and the trace's own `predicted` sets when it has them), and
- * Belady's offline optimum, with ratios to Belady.
+ * 100% of the expert records: the engine's two policies, LRU and layer-cyclic (LC: the
+ * victim is in the layer visited farthest away in the cyclic layer order), each alone and
+ * with one-layer lookahead (a perfect next-layer predictor; and the trace's own `predicted`
+ * sets when it has them), and Belady's offline optimum, with ratios to Belady.
  *
  * Traces, in order of preference:
  *  --traces PATH   a trace file (.jsonl or .json) or a folder of them;
@@ -25,7 +26,7 @@ import type { PresetName } from "../../lib/convert/presets.ts";
 import { parseTrace, TraceWriter, type TraceStep } from "../../lib/gpu/trace.ts";
 import { openModel } from "../../lib/model/format.ts";
 import { generateGreedy } from "../../lib/reference/index.ts";
-import { accessesOf, largestUnion, simulateBelady, simulateLru, type SimResult } from "./policies.ts";
+import { accessesOf, largestUnion, simulateBelady, simulateLayerCyclic, simulateLru, type SimResult } from "./policies.ts";
 
 const ROOT = join(import.meta.dir, "..", "..");
 const { values: opts } = parseArgs({
@@ -162,6 +163,9 @@ interface Row {
   lru?: SimResult;
   lookahead?: SimResult;
   lookaheadTrace?: SimResult;
+  lc?: SimResult;
+  lcLookahead?: SimResult;
+  lcLookaheadTrace?: SimResult;
   belady?: SimResult;
   skipped?: string;
 }
@@ -185,6 +189,9 @@ async function benchSet(set: TraceSet) {
     row.lru = await simulateLru(steps, shape, slots);
     row.lookahead = await simulateLru(steps, shape, slots, "perfect");
     if (hasPredicted) row.lookaheadTrace = await simulateLru(steps, shape, slots, "trace");
+    row.lc = await simulateLayerCyclic(steps, shape, slots);
+    row.lcLookahead = await simulateLayerCyclic(steps, shape, slots, "perfect");
+    if (hasPredicted) row.lcLookaheadTrace = await simulateLayerCyclic(steps, shape, slots, "trace");
     row.belady = simulateBelady(steps, shape, slots);
     rows.push(row);
   }
@@ -206,7 +213,23 @@ function printSet(r: Awaited<ReturnType<typeof benchSet>>): void {
   console.log(`bench:pool  ${r.source}`);
   console.log(`  ${r.steps} steps, ${r.accesses} layer accesses, ${r.layers} layers x ${r.perLayer} experts = ${r.records} records, largest union ${r.largestUnion}\n`);
   const la = r.hasPredicted;
-  const head = ["pool", "slots", "LRU", "LRU+LA*", ...(la ? ["LRU+LA"] : []), "Belady", "LRU/Belady", "reads/Belady: LRU", "LRU+LA*", ...(la ? ["LRU+LA", "LA wasted"] : [])];
+  const head = [
+    "pool",
+    "slots",
+    "LRU",
+    "LC",
+    "LRU+LA*",
+    "LC+LA*",
+    ...(la ? ["LRU+LA", "LC+LA"] : []),
+    "Belady",
+    "LRU/Bel",
+    "LC/Bel",
+    "reads/Belady: LRU",
+    "LC",
+    "LRU+LA*",
+    "LC+LA*",
+    ...(la ? ["LRU+LA", "LC+LA", "LA wasted LRU", "LC"] : []),
+  ];
   const table: string[][] = [head];
   for (const row of r.rows) {
     if (row.skipped) {
@@ -218,13 +241,25 @@ function printSet(r: Awaited<ReturnType<typeof benchSet>>): void {
       `${row.percent}%`,
       String(row.slots),
       pct(row.lru!.hitRate),
+      pct(row.lc!.hitRate),
       pct(row.lookahead!.hitRate),
-      ...(la ? [pct(row.lookaheadTrace!.hitRate)] : []),
+      pct(row.lcLookahead!.hitRate),
+      ...(la ? [pct(row.lookaheadTrace!.hitRate), pct(row.lcLookaheadTrace!.hitRate)] : []),
       pct(b.hitRate),
       ratio(row.lru!.hitRate, b.hitRate),
+      ratio(row.lc!.hitRate, b.hitRate),
       ratio(row.lru!.reads, b.reads),
+      ratio(row.lc!.reads, b.reads),
       ratio(row.lookahead!.reads, b.reads),
-      ...(la ? [ratio(row.lookaheadTrace!.reads, b.reads), String(row.lookaheadTrace!.wasted ?? 0)] : []),
+      ratio(row.lcLookahead!.reads, b.reads),
+      ...(la
+        ? [
+            ratio(row.lookaheadTrace!.reads, b.reads),
+            ratio(row.lcLookaheadTrace!.reads, b.reads),
+            String(row.lookaheadTrace!.wasted ?? 0),
+            String(row.lcLookaheadTrace!.wasted ?? 0),
+          ]
+        : []),
     ]);
   }
   const widths = head.map((_, i) => Math.max(...table.map((t) => (t[i] ?? "").length)));
@@ -240,6 +275,7 @@ if (opts.json) {
   results.forEach(printSet);
   console.log("hit rate: demanded experts (per step and layer, the union of its rows) found resident;");
   console.log("reads: records read, misses plus prefetches (the bandwidth a policy costs).");
+  console.log("LC: layer-cyclic (the victim is in the layer whose next visit is farthest away, LRU within it).");
   console.log("LRU+LA*: LRU plus a perfect one-layer lookahead (the next layer's real union is prefetched).");
   console.log("LRU+LA: LRU plus the trace's own lookahead predictions (the lookahead router's sets).");
 }

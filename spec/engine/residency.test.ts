@@ -2,7 +2,7 @@
 // slots, pool-too-small errors, both backings holding the exact record bytes, lookahead
 // accounting, cancellation of queued lookahead reads, IO failures, determinism, close().
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { createExpertPool, PoolTooSmallError, type ExpertPool } from "../../lib/gpu/residency.ts";
+import { createExpertPool, DEFAULT_POOL_POLICY, layerCycleOrder, PoolTooSmallError, type ExpertPool } from "../../lib/gpu/residency.ts";
 import { IoReadError, IoScheduler } from "../../lib/gpu/streaming.ts";
 import { Device } from "../../lib/shim.ts";
 import { faultyReader, gate, settledWithin, tinyModel, type TinyModel } from "./fixture.ts";
@@ -17,8 +17,8 @@ beforeAll(async () => {
 });
 afterAll(() => tiny.cleanup());
 
-/** A mapped pool without a device: no IO, the LRU alone (decisions are the same for both backings). */
-const lruPool = (capacity: number) => createExpertPool({ backing: "mapped", model: tiny.model, capacity });
+/** A mapped pool without a device, policy "lru": no IO, the LRU alone (decisions are the same for both backings). */
+const lruPool = (capacity: number) => createExpertPool({ backing: "mapped", model: tiny.model, capacity, policy: "lru" });
 
 function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
   return a.length === b.length && Buffer.compare(a, b) === 0;
@@ -332,4 +332,117 @@ test("evictAll() drops every record but keeps the slots; it refuses while a laye
   expect(pool.poolStats().evictions).toBe(0);
   pool.release(1);
   await pool.close();
+});
+
+// ---- layer-cyclic eviction ----------------------------------------------------------
+
+/** A mapped pool without a device, policy "layer-cyclic". */
+const cyclicPool = (capacity: number, mtp = false) => createExpertPool({ backing: "mapped", model: tiny.model, capacity, policy: "layer-cyclic", mtp });
+
+test("layer-cyclic order: the served layer's own records first, then backwards round the cycle; the MTP head is the cycle's last stop", () => {
+  // Layer m is ((m - ref - 1) mod N) + 1 steps from ref: farthest first.
+  expect(layerCycleOrder(0, 5)).toEqual([0, 4, 3, 2, 1]);
+  expect(layerCycleOrder(3, 5)).toEqual([3, 2, 1, 0, 4]);
+  expect(layerCycleOrder(4, 5)).toEqual([4, 3, 2, 1, 0]);
+  // With the MTP head (layer 4): trunk layers see it just before layer 0 ...
+  expect(layerCycleOrder(1, 5, true)).toEqual([1, 0, 4, 3, 2]);
+  // ... and while it is served (chained draft rows come back to back), its own records are kept longest.
+  expect(layerCycleOrder(4, 5, true)).toEqual([3, 2, 1, 0, 4]);
+  expect(DEFAULT_POOL_POLICY).toBe("layer-cyclic");
+  expect(createExpertPool({ backing: "mapped", model: tiny.model, capacity: 4 }).policy).toBe(DEFAULT_POOL_POLICY);
+  expect(() => createExpertPool({ backing: "mapped", model: tiny.model, capacity: 4, policy: "mru" as never })).toThrow(/policy must be "lru" or "layer-cyclic", got "mru"/);
+});
+
+test("layer-cyclic evicts from the layer whose next visit is farthest away, not the least recently used", async () => {
+  const pool = cyclicPool(6);
+  for (const l of [0, 1, 2]) {
+    pool.acquire(l, [0, 1]);
+    pool.release(l);
+  }
+  // Full. Serving layer 3: layer 2 comes back last (4 steps), layer 0 next-but-one (2 steps);
+  // LRU would take L0e0, the record needed soonest.
+  let a = pool.acquire(3, [0]);
+  expect(a.missIds).toEqual([0]);
+  expect(pool.isResident(2, 0)).toBe(false); // the farthest layer's least recent
+  expect([pool.isResident(2, 1), pool.isResident(0, 0), pool.isResident(0, 1), pool.isResident(1, 0)]).toEqual([true, true, true, true]);
+  pool.release(3);
+  // Within a layer, the least recently used goes first: touch L1e0, then serve layer 2 (layer 1 is farthest from 2 after 2 itself).
+  pool.acquire(1, [0]);
+  pool.release(1);
+  a = pool.acquire(2, [1, 5]); // L2e1 hits (pinned); L2e5 misses: layer 2 has nothing else unpinned, so layer 1's least recent, L1e1
+  expect([a.misses, a.missIds]).toEqual([1, [5]]);
+  expect(pool.isResident(1, 1)).toBe(false);
+  expect(pool.isResident(1, 0)).toBe(true);
+  pool.release(2);
+  // The served layer's own unpinned records go before any other layer's.
+  a = pool.acquire(2, [6]);
+  expect(a.missIds).toEqual([6]);
+  expect([pool.isResident(2, 1), pool.isResident(2, 5)]).toEqual([false, true]); // L2e1 was less recent than L2e5
+  pool.release(2);
+  const s = pool.poolStats();
+  expect(s.resident).toBe(6);
+  expect(s.evictions).toBe(3);
+  await pool.close();
+});
+
+test("layer-cyclic never evicts pinned slots, and the pool too small error is the same", async () => {
+  const pool = cyclicPool(4);
+  pool.acquire(0, [0, 1, 2]);
+  for (let e = 0; e < perLayer; e++) {
+    expect(pool.acquire(1, [e]).misses).toBe(1);
+    pool.release(1);
+    expect([0, 1, 2].every((x) => pool.isResident(0, x))).toBe(true);
+  }
+  expect(() => pool.acquire(2, [3, 4])).toThrow(PoolTooSmallError);
+  pool.release(0);
+  // Serving layer 0 again: its own unpinned records are the farthest; the pinned union stays.
+  expect(pool.acquire(0, [0, 3]).missIds).toEqual([3]);
+  expect(pool.isResident(0, 0)).toBe(true);
+  await pool.close();
+});
+
+test("layer-cyclic with the MTP head: drafting keeps the MTP experts, trunk layers see it last before layer 0", async () => {
+  const pool = cyclicPool(5, true); // layer 4 is the MTP head
+  for (const [l, ids] of [[0, [0]], [1, [0]], [2, [0]], [3, [0]], [4, [0]]] as [number, number[]][]) {
+    pool.acquire(l, ids);
+    pool.release(l);
+  }
+  // A second chained draft row on the MTP head: layer 3 is the farthest (a whole trunk away), not L4e0.
+  expect(pool.acquire(4, [1]).missIds).toEqual([1]);
+  expect([pool.isResident(3, 0), pool.isResident(4, 0)]).toEqual([false, true]);
+  pool.release(4);
+  // Serving layer 1: layer 1 itself, then 0, then the MTP head (visited just before layer 0's next turn) go first.
+  expect(pool.acquire(1, [0, 2]).missIds).toEqual([2]);
+  expect(pool.isResident(0, 0)).toBe(false);
+  pool.release(1);
+  expect(pool.acquire(1, [3]).missIds).toEqual([3]);
+  // Layer 1's unpinned records (e0, e2) go before the MTP head's: the least recent, e0.
+  expect([pool.isResident(1, 0), pool.isResident(1, 2), pool.isResident(4, 0), pool.isResident(4, 1)]).toEqual([false, true, true, true]);
+  pool.release(1);
+  await pool.close();
+});
+
+test("layer-cyclic decisions are the same on both backings (wired reads awaited) and do not depend on IO timing", async () => {
+  const calls: [number, number[]][] = [];
+  let x = 7;
+  const rand = (n: number) => ((x = (Math.imul(x, 1103515245) + 12345) >>> 0) >>> 8) % n;
+  for (let t = 0; t < 30; t++) for (let l = 0; l < layers; l++) calls.push([l, [rand(perLayer), rand(perLayer)]]);
+  const run = async (backing: "wired" | "mapped", wait: boolean) => {
+    const pool = createExpertPool({ backing, model: tiny.model, capacity: 7, policy: "layer-cyclic" });
+    const log: number[][] = [];
+    for (const [l, ids] of calls) {
+      const a = pool.acquire(l, ids);
+      if (wait) await a.ready;
+      log.push([...a.missIds]);
+      pool.release(l);
+      if (!wait) await a.ready.catch(() => {});
+    }
+    const st = pool.poolStats();
+    await pool.close();
+    return { log, hits: st.hits, misses: st.misses };
+  };
+  const mapped = await run("mapped", false);
+  expect(await run("wired", true)).toEqual(mapped);
+  expect(await run("wired", false)).toEqual(mapped);
+  expect(mapped.hits).toBeGreaterThan(0);
 });

@@ -36,6 +36,8 @@ export const usage: Record<string, string> = {
     --pool N% | SIZE     expert pool as a share of all expert records, or bytes (8GiB)
     --pool-slots N       expert pool in records
     --backing wired|mapped  slots filled by uncached reads (default), or the mapped file
+    --pool-policy layer-cyclic|lru  eviction: the layer visited farthest away next (default),
+                         or the least recently used record
     --no-lookahead       do not run the next layer's router early to prefetch its experts
     --max-context N      tokens a sequence may hold (default 4096)
     --trace FILE         append every step's routing (tokens, experts, weights, misses) as JSON lines`,

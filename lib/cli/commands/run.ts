@@ -22,7 +22,7 @@ export function parsePromptTokens(text: string, vocabSize: number, where: string
   });
 }
 
-/** The engine's flags (--pool, --pool-slots, --backing, --no-lookahead, --max-context, --trace). */
+/** The engine's flags (--pool, --pool-slots, --backing, --pool-policy, --no-lookahead, --max-context, --trace). */
 function engineFlags(flags: Flags): EngineOptions {
   const engine: EngineOptions = {};
   const pool = stringFlag(flags, "pool");
@@ -38,6 +38,7 @@ function engineFlags(flags: Flags): EngineOptions {
   }
   if (flags["pool-slots"] !== undefined) engine.poolSlots = intFlag(flags, "pool-slots", 0, 1);
   if (flags.backing !== undefined) engine.backing = choiceFlag(flags, "backing", ["wired", "mapped"] as const, "wired");
+  if (flags["pool-policy"] !== undefined) engine.poolPolicy = choiceFlag(flags, "pool-policy", ["lru", "layer-cyclic"] as const, "layer-cyclic");
   if (flags["no-lookahead"]) engine.lookahead = false;
   if (flags["max-context"] !== undefined) engine.maxContext = intFlag(flags, "max-context", 4096, 1, 1 << 24);
   const trace = stringFlag(flags, "trace");
@@ -61,6 +62,7 @@ export async function runCommand(argv: string[], io: CliIO): Promise<number> {
       pool: { type: "string" },
       "pool-slots": { type: "string" },
       backing: { type: "string" },
+      "pool-policy": { type: "string" },
       "no-lookahead": { type: "boolean" },
       "max-context": { type: "string" },
       trace: { type: "string" },
