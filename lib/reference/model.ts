@@ -6,8 +6,8 @@ import { denseTensorSpecs, numel } from "../model/tensors.ts";
 import type { Weights } from "../model/weights.ts";
 import { attentionLayer, type AttentionRowTrace, type AttentionWeights } from "./attention.ts";
 import { deltanetLayer, type DeltaNetWeights } from "./deltanet.ts";
-import { hcFinalRead, residualSite, type HcHeadWeights, type HcSiteWeights } from "./hyperconnection.ts";
-import { moeRow, type MoeWeights } from "./moe.ts";
+import { hcCoefficients, hcFinalRead, hcMixes, hcRead, residualSite, type HcHeadWeights, type HcSiteWeights } from "./hyperconnection.ts";
+import { moeRow, routerTopK, type MoeWeights } from "./moe.ts";
 import { mtpForward, type MtpRows, type MtpWeights } from "./mtp.ts";
 import { matvec, rmsNorm } from "./ops.ts";
 import { pleLayer, type PleWeights } from "./ple.ts";
@@ -34,6 +34,11 @@ export interface ForwardOptions {
   deltanetChunk?: number;
   /** Record the positions each attention row attended to (StepResult.selected). */
   collectSelections?: boolean;
+  /**
+   * Called at every layer's MoE site before its read, with the streams X [nb][n][d] as they
+   * are then: the input of the one-layer lookahead (see predictExperts). Must not modify X.
+   */
+  onMoeSite?: (layer: number, X: Float32Array) => void;
 }
 
 export interface StepResult {
@@ -180,6 +185,22 @@ export class ReferenceModel {
   }
 
   /** Runs one row batch of tokens through the trunk, appending them to `state`. */
+  /**
+   * MODEL.md's one-layer lookahead: layer l's MoE site read, norm and router run on the
+   * streams X [n][d] of one row (taken at an earlier layer's MoE site), predicting the experts
+   * layer l would route to. It only informs prefetching, never the result.
+   */
+  predictExperts(l: number, X: Float32Array): number[] {
+    const c = this.config;
+    const d = c.hidden_size;
+    const n = c.hc.streams;
+    const lw = this.layers[l]!;
+    const x = lw.hcMoe ? hcRead(X, hcCoefficients(hcMixes(lw.hcMoe.fn, X, 2 * n + n * n, c.hc.eps), lw.hcMoe, c.hc).pre, n, d) : X.slice(0, d);
+    const xn = rmsNorm(x, lw.moeNorm, c.rms_norm_eps);
+    const logits = matvec(lw.moe.router, xn, new Float32Array(c.moe.experts), c.moe.experts, d);
+    return routerTopK(logits, c.moe.top_k, c.moe.norm_topk_prob).experts;
+  }
+
   forward(state: SequenceState, tokens: number[], opts: ForwardOptions = {}): StepResult {
     const c = this.config;
     if (state.config !== c) throw new Error("forward: the state was made for another model config");
@@ -220,6 +241,7 @@ export class ReferenceModel {
       if (lw.deltanet) selected.push(null);
       const experts: number[][] = [];
       const weights: number[][] = [];
+      opts.onMoeSite?.(l, X);
       residualSite(X, nb, d, c.hc, lw.hcMoe, lw.moeNorm, eps, (xs) => {
         const ys = new Float32Array(nb * d);
         for (let b = 0; b < nb; b++) {
