@@ -107,7 +107,7 @@ export interface ExpertPool {
   readonly backing: Backing;
   /** How victims are chosen. */
   readonly policy: PoolPolicy;
-  /** Records the LRU holds at once (the budget's slots). */
+  /** Records the pool holds at once (the budget's slots). */
   readonly capacity: number;
   /** Slot numbers run 0..slotCount-1: capacity (wired) or every record (mapped). */
   readonly slotCount: number;
@@ -265,7 +265,7 @@ class UnionBuilder {
 
 /** Creates a pool of either backing. */
 export function createExpertPool(opts: ExpertPoolOptions): ExpertPool {
-  return new LruExpertPool(opts);
+  return new SlotExpertPool(opts);
 }
 
 /** Slots that hold data for one backing. */
@@ -337,8 +337,8 @@ function mappedMemory(path: string, records: number, stride: number, maxBufferBy
   };
 }
 
-/** Both backings: one LRU over `capacity` slots; the backing decides what a slot number means. */
-class LruExpertPool implements ExpertPool {
+/** Both backings and both policies: `capacity` slots managed here; the backing decides what a slot number means. */
+class SlotExpertPool implements ExpertPool {
   readonly backing: Backing;
   readonly policy: PoolPolicy;
   readonly capacity: number;
