@@ -4,7 +4,7 @@
  * (nb = 1) and a 32-row batch. Weights are random, stored as a q4 model stores them
  * (matrices q4, small tensors bf16, norms f32); all experts are resident.
  *
- *   bun lib/bench/kernels.ts [--json] [--iters N] [--nb 1,32] [--filter text]
+ *   bun spec/bench/kernels.ts [--json] [--iters N] [--nb 1,32] [--filter text]
  *
  * Each case records `reps` copies of its dispatches into one command buffer (so commit
  * latency is spread), runs it `iters` times after a warm-up, and reports the fastest run
