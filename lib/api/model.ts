@@ -285,20 +285,36 @@ export class Model {
   }
 }
 
-/** Incremental detokenizer: emits text only once a UTF-8 character is complete. */
+/**
+ * Incremental detokenizer: emits text only once a UTF-8 character is complete. Each token
+ * decodes a short window (from the token before the last emitted text on), not the whole
+ * generation, so streaming stays linear in its length.
+ */
 class TextStream {
   private emitted = "";
-  constructor(private model: Model, private tokens: number[] = []) {}
+  private tokens: number[] = [];
+  /** Window start: decoding from here gives `prefix` and then the new text. */
+  private prefixOffset = 0;
+  /** Tokens whose text has been emitted. */
+  private readOffset = 0;
+  constructor(private model: Model) {}
   push(token: number): string {
     this.tokens.push(token);
-    const text = this.model.decode(this.tokens);
-    if (text.endsWith("\uFFFD")) return "";
-    const delta = text.slice(this.emitted.length);
-    this.emitted = text;
+    const prefix = this.model.decode(this.tokens.slice(this.prefixOffset, this.readOffset));
+    const text = this.model.decode(this.tokens.slice(this.prefixOffset));
+    if (text.length <= prefix.length || text.endsWith("\uFFFD")) return "";
+    const delta = text.slice(prefix.length);
+    this.prefixOffset = this.readOffset;
+    this.readOffset = this.tokens.length;
+    this.emitted += delta;
     return delta;
   }
   get text() {
     return this.emitted;
+  }
+  /** The last `n` characters of the text (where a stop string completed by new text must lie). */
+  tail(n: number): string {
+    return this.emitted.slice(Math.max(0, this.emitted.length - n));
   }
 }
 
@@ -406,7 +422,7 @@ export class Session {
           finishReason = "eos";
           break outer;
         }
-        if (opts.stop?.some((s) => text.text.includes(s))) {
+        if (delta && opts.stop?.some((s) => text.tail(delta.length + s.length - 1).includes(s))) {
           finishReason = "stop";
           break outer;
         }

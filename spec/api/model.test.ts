@@ -69,6 +69,22 @@ describe("Model", () => {
     expect(text).toBe(r.value.text);
   });
 
+  test("a long stream of raw byte tokens (split UTF-8 sequences) concatenates to the decoded text", async () => {
+    let text = "";
+    const it = model.stream(prompt, { maxTokens: 200, stopAtEos: false });
+    let r = await it.next();
+    while (!r.done) {
+      text += r.value.text;
+      r = await it.next();
+    }
+    expect(r.value.tokens.length).toBe(200);
+    expect(r.value.tokens.some((t) => t >= 0xc0 && t < 0x100)).toBe(true); // multi-byte leads occur
+    expect(text).toBe(r.value.text);
+    const full = model.decode(r.value.tokens);
+    expect(full.startsWith(text)).toBe(true);
+    expect(full.slice(text.length)).toMatch(/^\uFFFD*$/); // only an unfinished character may be held back
+  });
+
   test("speculative decoding with 1..3 drafts gives the greedy tokens", async () => {
     const want = await expected(14);
     for (const drafts of [1, 2, 3]) {
