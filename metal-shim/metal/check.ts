@@ -36,9 +36,10 @@ export interface CheckResult {
   output: string;
 }
 
-/** clang-19 (or $CK_CLANG), or null when neither is installed. */
+/** $CK_CLANG when set (and only it), else clang-19; null when not installed. */
 export function clangPath(): string | null {
-  const candidates = [process.env.CK_CLANG, "clang-19", "/usr/lib/llvm-19/bin/clang"].filter(Boolean) as string[];
+  const chosen = process.env.CK_CLANG;
+  const candidates = chosen ? [chosen] : ["clang-19", "/usr/lib/llvm-19/bin/clang"];
   for (const c of candidates) {
     const found = c.includes("/") ? (existsSync(c) ? c : null) : Bun.which(c);
     if (found) return found;
