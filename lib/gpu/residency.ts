@@ -22,9 +22,11 @@
  * // ... once the GPU is past layer l's expert compute (e.g. at the next layer's signal):
  * pool.release(l);
  * ```
- * Decisions (which slot, which victim) are made synchronously inside acquire/prefetch and do
- * not depend on IO timing, so the same call sequence gives the same slots and counters.
- * Only a failed read changes the state asynchronously (its slot becomes empty).
+ * Decisions (which slot, which victim) are made synchronously inside acquire/prefetch. They
+ * depend on IO timing only where the policy's victim still has a read pending (it is then
+ * passed over for a slot whose record is in place): with reads awaited, the same call sequence
+ * gives the same slots and counters. Only a failed read changes the state asynchronously (its
+ * slot becomes empty).
  */
 import { ptr } from "bun:ffi";
 import type { ExpertLayout } from "../model/format.ts";
@@ -508,36 +510,39 @@ class SlotExpertPool implements ExpertPool {
   }
 
   /**
-   * A slot for a new record: a free one, else the least recently used unpinned one that is
-   * not being read, else (allowBusy) the least recent one being read, whose next read then
+   * A slot for a new record: a free one, else the policy's first unpinned slot whose record is
+   * in place, else the first whose read is still queued (that read is cancelled: whoever waits
+   * on it gets IoCancelledError), else (allowBusy) the first being read, whose next read then
    * waits for the current one. -1 when every slot is pinned (or busy and !allowBusy).
+   * A slot with a queued read is a last resort because its record was asked for moments ago:
+   * taking it first (as layer-cyclic order alone would when the served layer's own records
+   * were just requested) throws away work that a caller may still wait on.
    */
   private takeVictim(allowBusy: boolean, excludeStamp: number, ref: number): number {
     if (this.free.length) return this.free.pop()!;
+    let queued = -1;
     let busy = -1;
+    // 0: take it; 1: its read is queued; 2: a read is writing into it; -1: not a candidate.
+    const kind = (s: number): number => {
+      if (this.pinned[s] || (excludeStamp && this.stamp[s] === excludeStamp)) return -1;
+      if (this.ops[s]!.length && this.writing(s).length) return 2;
+      const t = this.tickets[s];
+      return t && (t.state === "queued" || t.state === "waiting") ? 1 : 0;
+    };
+    const consider = (s: number): boolean => {
+      const k = kind(s);
+      if (k === 0) return true;
+      if (k === 1 && queued < 0) queued = s;
+      else if (k === 2 && busy < 0) busy = s;
+      return false;
+    };
     if (this.policy === "layer-cyclic") {
-      // The same, with "least recently used" read as: in the layer visited farthest from
-      // `ref`, then least recently used within it.
-      for (const l of this.cycleOrder[ref]!)
-        for (let s = this.lhead[l]!; s >= 0; s = this.lnext[s]!) {
-          if (this.pinned[s] || (excludeStamp && this.stamp[s] === excludeStamp)) continue;
-          if (this.ops[s]!.length && this.writing(s).length) {
-            if (busy < 0) busy = s;
-            continue;
-          }
-          return s;
-        }
-      return allowBusy ? busy : -1;
+      // "First" read as: in the layer visited farthest from `ref`, least recently used within it.
+      for (const l of this.cycleOrder[ref]!) for (let s = this.lhead[l]!; s >= 0; s = this.lnext[s]!) if (consider(s)) return s;
+    } else {
+      for (let s = this.head; s >= 0; s = this.next[s]!) if (consider(s)) return s;
     }
-    for (let s = this.head; s >= 0; s = this.next[s]!) {
-      if (this.pinned[s] || (excludeStamp && this.stamp[s] === excludeStamp)) continue;
-      if (this.ops[s]!.length && this.writing(s).length) {
-        if (busy < 0) busy = s;
-        continue;
-      }
-      return s;
-    }
-    return allowBusy ? busy : -1;
+    return queued >= 0 ? queued : allowBusy ? busy : -1;
   }
 
   /** Reads still writing into slot `s` (started, not settled); prunes settled ones. */

@@ -446,3 +446,33 @@ test("layer-cyclic decisions are the same on both backings (wired reads awaited)
   expect(await run("wired", false)).toEqual(mapped);
   expect(mapped.hits).toBeGreaterThan(0);
 });
+
+test("a released record whose read is still queued is not the victim while a record in place can go (both policies)", async () => {
+  // bench:io's pattern at large records: acquire and release at once, await a window later.
+  // Layer-cyclic order alone would take the served layer's own record, just asked for and
+  // still queued, and its acquire would reject with IoCancelledError.
+  for (const policy of ["lru", "layer-cyclic"] as const) {
+    const f = faultyReader();
+    const hold = gate();
+    f.hold.set(tiny.model.expertOffset(3, 0), hold.promise);
+    const io = new IoScheduler({ maxInFlight: 1, reader: f.reader });
+    const pool = createExpertPool({ backing: "wired", model: tiny.model, capacity: 4, scheduler: io, policy });
+    for (const e of [4, 5, 6, 7]) {
+      const a = pool.acquire(0, [e]);
+      await a.ready;
+      pool.release(0);
+    }
+    const waits: Promise<void>[] = [];
+    for (const [l, e] of [[3, 0], [1, 1], [1, 2], [1, 3]] as const) {
+      waits.push(pool.acquire(l, [e]).ready); // (3,0) held in flight, the layer 1 reads queued behind it
+      pool.release(l);
+    }
+    expect(io.stats().cancelled).toBe(0);
+    expect([0, 1, 2, 3].every((e) => !pool.isResident(0, 4 + e))).toBe(true); // the records in place went
+    hold.open();
+    expect(await settledWithin(Promise.all(waits), 5000)).toBe("resolved");
+    for (const [l, e] of [[3, 0], [1, 1], [1, 2], [1, 3]] as const) expect(pool.isResident(l, e)).toBe(true);
+    await pool.close();
+    await io.close();
+  }
+});
