@@ -2,11 +2,33 @@
 // greedy next token of every row. The reference (pure TS) and the engine (metal-shim, CPU or
 // Metal) both implement it, so Model, sessions, streaming and the CLI are written once.
 import type { ModelConfig } from "../model/config.ts";
+import type { PenaltyCounts, SamplingParams, TopLogprob } from "../reference/sampling.ts";
 
 /** Greedy result of a row batch: next[i] is the argmax after row i; margins[i] its top-1 minus top-2 logit. */
 export interface RowsResult {
   next: number[];
   margins: number[];
+  /** With a sample request asking for logprobs: one entry per sampled token (forward: the last row's; speculate: every token of next). */
+  logprobs?: TokenLogprobs[];
+}
+
+/**
+ * Sampling instead of greedy (docs/sampling.md): forward() draws the last row's token, and
+ * speculate() samples drafts from the MTP head and verifies them by rejection sampling.
+ */
+export interface SampleRequest {
+  params: SamplingParams;
+  seed: number;
+  /** The penalty counts (from Backend.penaltyCounts), or null without penalties. */
+  counts: PenaltyCounts | null;
+  /** Top alternatives per token's logprobs (0..20), or null for no logprobs. */
+  logprobs: number | null;
+}
+
+/** log_softmax of the raw logits at the chosen token, and the most likely ones. */
+export interface TokenLogprobs {
+  logprob: number;
+  top: TopLogprob[];
 }
 
 /** Result of one speculative step: accepted drafts then the bonus token. */
@@ -31,13 +53,13 @@ export interface BackendSequence {
   /** Rows (tokens) the sequence holds. */
   readonly length: number;
   /** Runs `tokens` at positions length.. (prefill chunks are the backend's business). */
-  forward(tokens: number[], signal?: AbortSignal): Promise<RowsResult>;
+  forward(tokens: number[], signal?: AbortSignal, sample?: SampleRequest): Promise<RowsResult>;
   /**
    * Speculative step: `next` is the newest token, not yet run. Proposes up to `drafts` tokens,
    * verifies [next, ...drafts] as one row batch and rolls back to the last accepted row.
    * Absent when the backend or the model cannot draft.
    */
-  speculate?(next: number, drafts: number, signal?: AbortSignal): Promise<SpeculativeResult>;
+  speculate?(next: number, drafts: number, signal?: AbortSignal, sample?: SampleRequest): Promise<SpeculativeResult>;
   /** Forgets every row. */
   reset(): void;
   /** A compact copy of the state now (no step of this sequence may be in flight). */
@@ -53,6 +75,8 @@ export interface Backend {
   readonly maxDrafts: number;
   /** A new sequence, empty or continuing from a checkpoint this backend made. */
   newSequence(from?: BackendCheckpoint): BackendSequence;
+  /** Zeroed penalty counts over `config.vocab_size` tokens, in storage the backend's sampler reads. */
+  penaltyCounts(): PenaltyCounts;
   /** Backend-specific telemetry (the engine's pool, IO, lookahead, phases ...). */
   stats(): Record<string, unknown>;
   close(): Promise<void>;

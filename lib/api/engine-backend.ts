@@ -4,6 +4,7 @@
 import type { ModelFiles } from "../model/format.ts";
 import { Engine, EngineCheckpoint } from "../gpu/engine.ts";
 import type { EngineOptions, LoadProgress } from "../gpu/load.ts";
+import { PenaltyCounts } from "../reference/sampling.ts";
 import type { Backend, BackendCheckpoint, BackendSequence } from "./backend.ts";
 
 export type { EngineOptions };
@@ -32,6 +33,10 @@ export class EngineBackend implements Backend {
   newSequence(from?: BackendCheckpoint): BackendSequence {
     if (from && !(from instanceof EngineCheckpoint)) throw new Error("the checkpoint was made by another backend: it resumes only where it was made");
     return this.engine.newSequence(from);
+  }
+
+  penaltyCounts(): PenaltyCounts {
+    return this.engine.penaltyCounts();
   }
 
   stats(): Record<string, unknown> {

@@ -3,7 +3,8 @@ import type { ModelConfig } from "../model/config.ts";
 import { defaultModelDir } from "../model/default-model.ts";
 import { openModel, type ModelFiles } from "../model/format.ts";
 import { loadTokenizer, type ChatMessage, type TextTokenizer } from "../model/tokenizer.ts";
-import { BackendUnavailableError, throwIfAborted, type Backend, type BackendSequence } from "./backend.ts";
+import { BackendUnavailableError, throwIfAborted, type Backend, type BackendSequence, type SampleRequest, type TokenLogprobs } from "./backend.ts";
+import { checkSeed, hasPenalties, isPlainGreedy, samplingParams, type PenaltyCounts } from "../reference/sampling.ts";
 import { ReferenceBackend } from "./reference-backend.ts";
 import { EngineBackend, type EngineOptions } from "./engine-backend.ts";
 import { DraftController } from "./draft-controller.ts";
@@ -50,6 +51,38 @@ export interface GenerateOptions {
   drafts?: number | "auto";
   /** Cancels generation: generate() rejects and stream() throws an AbortError. */
   signal?: AbortSignal;
+  // Sampling (docs/sampling.md). Unset or temperature 0: greedy, bit-exact as before.
+  // The transform runs in this order: penalties -> temperature -> topK -> topP -> minP.
+  /** Softmax temperature, 0..100 (default 0 = greedy: the argmax, ties to the lowest id). */
+  temperature?: number;
+  /** Keep only the k most likely tokens (ties at the k-th all kept); 0 = off (default). */
+  topK?: number;
+  /** Nucleus: keep the most likely tokens up to this much probability mass, (0, 1]; 1 = off (default). */
+  topP?: number;
+  /** Keep tokens at least this fraction as likely as the most likely one, [0, 1]; 0 = off (default). */
+  minP?: number;
+  /** Divides positive logits and multiplies negative ones of every token in the context (prompt and output), (0, 100]; 1 = off (default). */
+  repetitionPenalty?: number;
+  /** Subtracted from the logit of every token this generation has produced, [-100, 100]; 0 = off (default). */
+  presencePenalty?: number;
+  /** Subtracted per occurrence in this generation's output, [-100, 100]; 0 = off (default). */
+  frequencyPenalty?: number;
+  /** Integer in [0, 2^53): the same seed and inputs give the same tokens on every backend (default: a random seed). */
+  seed?: number;
+  /** Report each token's log-probability (log_softmax of the raw logits) in `logprobs`. */
+  logprobs?: boolean;
+  /** With logprobs: also the most likely alternatives per token, 0..20 (default 0). */
+  topLogprobs?: number;
+}
+
+/** A token's log-probability under the model (log_softmax of its raw logits), with the most likely alternatives. */
+export interface TokenLogprob {
+  id: number;
+  /** The token's own text (special tokens included). */
+  text: string;
+  logprob: number;
+  /** The `topLogprobs` most likely tokens at this position, most likely first (ties: lower id first). */
+  top: Array<{ id: number; text: string; logprob: number }>;
 }
 
 export type FinishReason = "length" | "eos" | "stop";
@@ -62,6 +95,8 @@ export interface GenerationResult {
   timings: { prefillMs: number; decodeMs: number; tokensPerSecond: number };
   /** With drafts: proposed and accepted drafts, and the steps run with k drafts (index k). */
   drafts?: DraftStats;
+  /** With `logprobs: true`: one entry per generated token. */
+  logprobs?: TokenLogprob[];
 }
 
 export interface DraftStats {
@@ -77,6 +112,8 @@ export interface StreamChunk {
   token: number;
   /** Text this token completed (may be "" while a UTF-8 character is split across tokens). */
   text: string;
+  /** With `logprobs: true`: this token's entry (one element). */
+  logprobs?: TokenLogprob[];
 }
 
 /** Cumulative generation counters; the backend adds its own telemetry under `backend`. */
@@ -191,6 +228,16 @@ export class Model {
     return this.tokenizer ? this.tokenizer.decode(tokens, { skipSpecialTokens: true }) : "";
   }
 
+  /** @internal One token's own text, special tokens included (for logprobs). */
+  tokenText(id: number): string {
+    return this.tokenizer ? this.tokenizer.decode([id], { skipSpecialTokens: false }) : "";
+  }
+
+  /** @internal Zeroed penalty counts in the backend's storage. */
+  penaltyCounts(): PenaltyCounts {
+    return this.backend.penaltyCounts();
+  }
+
   private requireTokenizer(): TextTokenizer {
     if (!this.tokenizer) throw new Error(`${this.dir} has no tokenizer.json: pass token ids instead of text`);
     return this.tokenizer;
@@ -204,7 +251,7 @@ export class Model {
   async generate(prompt: Prompt, opts: GenerateOptions = {}): Promise<GenerationResult> {
     const s = this.session();
     try {
-      await s.append(prompt, opts.signal);
+      await s.appendFor(prompt, opts);
       return await s.generate(opts);
     } finally {
       s.close();
@@ -215,7 +262,7 @@ export class Model {
   async *stream(prompt: Prompt, opts: GenerateOptions = {}): AsyncGenerator<StreamChunk, GenerationResult> {
     const s = this.session();
     try {
-      await s.append(prompt, opts.signal);
+      await s.appendFor(prompt, opts);
       return yield* s.stream(opts);
     } finally {
       s.close();
@@ -351,18 +398,18 @@ export class Session {
   }
 
   /**
-   * Runs the tokens not yet in the sequence, then `extra`; returns the prediction after them.
-   * A stop inside an accepted draft run leaves rows past the last token: then the sequence is
-   * rebuilt from the tokens (rare, and exact).
+   * Runs the tokens not yet in the sequence, then `extra`; returns the prediction after them
+   * (drawn by `sample` when given). A stop inside an accepted draft run leaves rows past the
+   * last token: then the sequence is rebuilt from the tokens (rare, and exact).
    */
-  private async catchUp(extra: number[], signal?: AbortSignal): Promise<number> {
+  private async catchUp(extra: number[], signal?: AbortSignal, sample?: SampleRequest): Promise<{ next: number; logprobs?: TokenLogprobs }> {
     // Rows past the tokens, or nothing left to run and no prediction kept: rebuild.
     if (this.seq.length > this.tokens.length || (extra.length === 0 && this.seq.length === this.tokens.length)) this.seq.reset();
     const run = [...this.tokens.slice(this.seq.length), ...extra];
     const t0 = performance.now();
-    const r = await this.seq.forward(run, signal);
+    const r = await this.seq.forward(run, signal, sample);
     this.prefillMs += performance.now() - t0;
-    return r.next[r.next.length - 1]!;
+    return { next: r.next[r.next.length - 1]!, logprobs: r.logprobs?.[0] };
   }
 
   /** Runs `prompt` through the model (a prefill); generation continues after it. */
@@ -374,7 +421,29 @@ export class Session {
     const next = await this.catchUp(ids, signal);
     this.tokens.push(...ids);
     this.newPromptTokens += ids.length;
-    this.prediction = next;
+    this.prediction = next.next;
+  }
+
+  /**
+   * @internal append() for a generation with `opts`: when it samples, the prompt's last token
+   * is left to the generation's first step, which draws from its row (a greedy prediction
+   * made here would have to be recomputed).
+   */
+  async appendFor(prompt: Prompt, opts: GenerateOptions): Promise<void> {
+    if (!samplingRequest(opts)) return this.append(prompt, opts.signal);
+    if (this.closed) throw new Error("the session is closed");
+    const ids = this.model.encode(prompt);
+    if (ids.length === 0) throw new Error("append: the prompt is empty");
+    this.prediction = null;
+    if (this.seq.length > this.tokens.length) this.seq.reset();
+    const run = [...this.tokens.slice(this.seq.length), ...ids.slice(0, -1)];
+    if (run.length > 0) {
+      const t0 = performance.now();
+      await this.seq.forward(run, opts.signal);
+      this.prefillMs += performance.now() - t0;
+    }
+    this.tokens.push(...ids);
+    this.newPromptTokens += ids.length;
   }
 
   /** Generates from the current end of the session. */
@@ -402,6 +471,18 @@ export class Session {
     const canDraft = this.seq.speculate ? this.model.maxDrafts : 0;
     const drafts = auto ? canDraft : Math.min(wanted, this.model.maxDrafts);
     const controller = auto && drafts > 0 ? this.model.draftController() : null;
+    const sample = samplingRequest(opts);
+    if (sample && hasPenalties(sample.params)) {
+      sample.counts = this.model.penaltyCounts();
+      for (const t of this.tokens) sample.counts.add(t, false);
+    }
+    const logprobs: TokenLogprob[] | undefined = sample?.logprobs != null ? [] : undefined;
+    const entry = (id: number, lp: TokenLogprobs): TokenLogprob => ({
+      id,
+      text: this.model.tokenText(id),
+      logprob: lp.logprob,
+      top: lp.top.map((t) => ({ id: t.id, text: this.model.tokenText(t.id), logprob: t.logprob })),
+    });
     // The MTP head has not seen the rows run since the last draft step (the prompt included).
     let headBehind = true;
     const text = new TextStream(this.model);
@@ -409,45 +490,67 @@ export class Session {
     const stats: DraftStats = { proposed: 0, accepted: 0, steps: new Array(drafts + 1).fill(0) };
     let finishReason: FinishReason = "length";
     const t0 = performance.now();
-    throwIfAborted(opts.signal);
-    let queue = [this.prediction ?? (await this.catchUp([], opts.signal))];
-    this.prediction = null;
-    outer: while (generated.length < maxTokens) {
-      for (const token of queue) {
-        generated.push(token);
-        this.tokens.push(token);
-        const delta = text.push(token);
-        yield { token, text: delta };
-        if (stopAtEos && eos.has(token)) {
-          finishReason = "eos";
-          break outer;
-        }
-        if (delta && opts.stop?.some((s) => text.tail(delta.length + s.length - 1).includes(s))) {
-          finishReason = "stop";
-          break outer;
-        }
-        if (generated.length >= maxTokens) break outer;
-      }
+    try {
       throwIfAborted(opts.signal);
-      // The newest token has not been run yet: it leads the next step.
-      const last = this.tokens[this.tokens.length - 1]!;
-      const left = maxTokens - generated.length - 1;
-      const k = controller ? controller.choose(left) : Math.min(drafts, left);
-      const stepStart = performance.now();
-      if (k > 0 && this.seq.speculate) {
-        const r = await this.seq.speculate(last, k, opts.signal);
-        stats.proposed += r.proposed;
-        stats.accepted += r.next.length - 1;
-        queue = r.next;
-        controller?.observe(r.proposed, r.next.length - 1, performance.now() - stepStart, headBehind);
-        stats.steps[r.proposed]!++;
-        headBehind = false;
-      } else {
-        queue = [(await this.seq.forward([last], opts.signal)).next[0]!];
-        controller?.observe(0, 0, performance.now() - stepStart);
-        stats.steps[0]!++;
-        headBehind = true;
+      let queue: number[];
+      let queueLogprobs: TokenLogprobs[] | undefined;
+      if (sample || this.prediction === null) {
+        // Sampling draws from the last row: a greedy prediction made by append() is recomputed.
+        if (sample) this.prediction = null;
+        const first = await this.catchUp([], opts.signal, sample ?? undefined);
+        queue = [first.next];
+        queueLogprobs = first.logprobs ? [first.logprobs] : undefined;
+      } else queue = [this.prediction];
+      this.prediction = null;
+      outer: while (generated.length < maxTokens) {
+        for (let qi = 0; qi < queue.length; qi++) {
+          const token = queue[qi]!;
+          generated.push(token);
+          this.tokens.push(token);
+          sample?.counts?.add(token, true);
+          const delta = text.push(token);
+          const lp = queueLogprobs?.[qi];
+          if (logprobs && lp) {
+            const e = entry(token, lp);
+            logprobs.push(e);
+            yield { token, text: delta, logprobs: [e] };
+          } else yield { token, text: delta };
+          if (stopAtEos && eos.has(token)) {
+            finishReason = "eos";
+            break outer;
+          }
+          if (delta && opts.stop?.some((s) => text.tail(delta.length + s.length - 1).includes(s))) {
+            finishReason = "stop";
+            break outer;
+          }
+          if (generated.length >= maxTokens) break outer;
+        }
+        throwIfAborted(opts.signal);
+        // The newest token has not been run yet: it leads the next step.
+        const last = this.tokens[this.tokens.length - 1]!;
+        const left = maxTokens - generated.length - 1;
+        const k = controller ? controller.choose(left) : Math.min(drafts, left);
+        const stepStart = performance.now();
+        if (k > 0 && this.seq.speculate) {
+          const r = await this.seq.speculate(last, k, opts.signal, sample ?? undefined);
+          stats.proposed += r.proposed;
+          stats.accepted += r.next.length - 1;
+          queue = r.next;
+          queueLogprobs = r.logprobs;
+          controller?.observe(r.proposed, r.next.length - 1, performance.now() - stepStart, headBehind);
+          stats.steps[r.proposed]!++;
+          headBehind = false;
+        } else {
+          const r = await this.seq.forward([last], opts.signal, sample ?? undefined);
+          queue = [r.next[0]!];
+          queueLogprobs = r.logprobs;
+          controller?.observe(0, 0, performance.now() - stepStart);
+          stats.steps[0]!++;
+          headBehind = true;
+        }
       }
+    } finally {
+      sample?.counts?.release();
     }
     const decodeMs = performance.now() - t0;
     let out = text.text;
@@ -461,6 +564,7 @@ export class Session {
       finishReason,
       usage: { promptTokens: this.newPromptTokens, completionTokens: generated.length },
       timings: { prefillMs: this.prefillMs, decodeMs, tokensPerSecond: generated.length / Math.max(decodeMs / 1000, 1e-9) },
+      ...(logprobs ? { logprobs } : {}),
       ...(drafts > 0 || auto ? { drafts: controller ? { ...stats, auto: { acceptance: controller.stats().acceptance, stepMs: controller.stats().stepMs } } : stats } : {}),
     };
     this.account({ generations: 1, promptTokens: this.newPromptTokens, completionTokens: generated.length, prefillMs: this.prefillMs, decodeMs, drafts: stats });
@@ -481,4 +585,19 @@ export class Session {
     this.closed = true;
     this.seq.dispose();
   }
+}
+
+/**
+ * The sample request of generation options, or null for plain greedy (temperature 0 or unset,
+ * no penalties, no logprobs): then the backends' argmax path runs, unchanged.
+ */
+function samplingRequest(opts: GenerateOptions): SampleRequest | null {
+  const params = samplingParams(opts);
+  const top = opts.topLogprobs ?? 0;
+  if (!Number.isInteger(top) || top < 0 || top > 20) throw new RangeError(`topLogprobs ${String(top)} must be an integer in [0, 20]`);
+  if (top > 0 && opts.logprobs !== true) throw new RangeError("topLogprobs needs logprobs: true");
+  if (opts.logprobs !== undefined && typeof opts.logprobs !== "boolean") throw new TypeError(`logprobs ${String(opts.logprobs)} must be a boolean`);
+  const seed = opts.seed === undefined ? Math.floor(Math.random() * 2 ** 53) : checkSeed(opts.seed);
+  if (isPlainGreedy(params) && opts.logprobs !== true) return null;
+  return { params, seed, counts: null, logprobs: opts.logprobs === true ? top : null };
 }

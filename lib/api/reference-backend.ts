@@ -5,7 +5,8 @@ import { MtpProposer, ReferenceModel, type SequenceState } from "../reference/in
 import { argmax, topTwoMargin } from "../reference/ops.ts";
 import { checkTokens } from "../reference/model.ts";
 import type { KvCache } from "../reference/kvcache.ts";
-import { throwIfAborted, type Backend, type BackendCheckpoint, type BackendSequence, type RowsResult, type SpeculativeResult } from "./backend.ts";
+import { Draw, PenaltyCounts, sampleToken, samplingDistribution, speculativeTokens, tokenLogprobs, type RowSampling } from "../reference/sampling.ts";
+import { throwIfAborted, type Backend, type BackendCheckpoint, type BackendSequence, type RowsResult, type SampleRequest, type SpeculativeResult, type TokenLogprobs } from "./backend.ts";
 
 /** A KV cache's live content. */
 interface SavedCache {
@@ -135,9 +136,10 @@ class ReferenceSequence implements BackendSequence {
     this.pendingHidden = hs[hs.length - 1] ?? null;
   }
 
-  async forward(tokens: number[], signal?: AbortSignal): Promise<RowsResult> {
+  async forward(tokens: number[], signal?: AbortSignal, sample?: SampleRequest): Promise<RowsResult> {
     checkTokens(tokens, this.model.config.vocab_size, "token");
     const out: RowsResult = { next: [], margins: [] };
+    let last: Float32Array | null = null;
     for (let i = 0; i < tokens.length; i += this.chunk) {
       throwIfAborted(signal);
       const part = tokens.slice(i, i + this.chunk);
@@ -147,12 +149,19 @@ class ReferenceSequence implements BackendSequence {
         out.next.push(argmax(l));
         out.margins.push(topTwoMargin(l));
       }
+      last = r.logits[r.logits.length - 1]!;
       await new Promise((r) => setImmediate(r)); // let an abort (e.g. a client disconnect) in between chunks
+    }
+    if (sample && last) {
+      // The last row draws the token at position `length` (the row count now).
+      const t = sampleToken(last, rowSampling(sample, this.state.length));
+      out.next[out.next.length - 1] = t;
+      if (sample.logprobs !== null) out.logprobs = [tokenLogprobs(last, t, sample.logprobs)];
     }
     return out;
   }
 
-  async speculate(next: number, drafts: number, signal?: AbortSignal): Promise<SpeculativeResult> {
+  async speculate(next: number, drafts: number, signal?: AbortSignal, sample?: SampleRequest): Promise<SpeculativeResult> {
     throwIfAborted(signal);
     if (!this.proposer) throw new Error("this model has no MTP head: speculative decoding is unavailable");
     // The proposer drafts for the position after the newest committed token: run `next`'s
@@ -161,21 +170,45 @@ class ReferenceSequence implements BackendSequence {
       this.commitToProposer([this.pendingHidden], [next]);
       this.pendingHidden = null;
     }
-    const ds = this.proposer.propose(this.state, drafts).slice(0, drafts);
+    // Under sampling, draft j is drawn from q_j (the MTP logits through the same transform)
+    // at position length + 1 + j, and verified by rejection sampling against the target rows.
+    const pos = this.state.length + 1;
+    const qs: Float64Array[] = [];
+    const pick = sample
+      ? (logits: Float32Array, j: number) => {
+          const row = rowSampling(sample, pos + j, dsSoFar);
+          const q = samplingDistribution(logits, row.params, row.counts ?? null, row.extras);
+          qs.push(q);
+          const t = sampleToken(logits, row, Draw.draft);
+          dsSoFar.push(t);
+          return t;
+        }
+      : argmax;
+    const dsSoFar: number[] = [];
+    const ds = this.proposer.propose(this.state, drafts, pick).slice(0, drafts);
     if (drafts > 0) this.mtpPending = { hidden: [], next: [] };
     const r = this.model.forward(this.state, [next, ...ds], { snapshots: true });
     let a = 0;
-    while (a < ds.length && argmax(r.logits[a]!) === ds[a]) a++;
+    let accepted: number[];
+    if (sample) {
+      const v = speculativeTokens(r.logits, ds, qs, rowSampling(sample, pos));
+      a = v.accepted;
+      accepted = v.tokens;
+    } else {
+      while (a < ds.length && argmax(r.logits[a]!) === ds[a]) a++;
+      accepted = [...ds.slice(0, a), argmax(r.logits[a]!)];
+    }
     if (a < ds.length) this.state.restore(r.snapshots![a]!);
-    const bonus = argmax(r.logits[a]!);
-    const accepted = [...ds.slice(0, a), bonus];
     // rows 0..a are committed; row j's hidden pairs with accepted[j]
     this.commitToProposer(r.hidden.slice(0, a), accepted.slice(0, a));
     this.pendingHidden = r.hidden[a]!;
+    const logprobs: TokenLogprobs[] | undefined =
+      sample && sample.logprobs !== null ? accepted.map((t, j) => tokenLogprobs(r.logits[j]!, t, sample.logprobs!)) : undefined;
     return {
       next: accepted,
       margins: accepted.map((_, j) => topTwoMargin(r.logits[j]!)),
       proposed: ds.length,
+      ...(logprobs ? { logprobs } : {}),
     };
   }
 
@@ -187,6 +220,11 @@ class ReferenceSequence implements BackendSequence {
   }
 
   dispose() {}
+}
+
+/** A row's sampling inputs from a request: it draws the token at `position`. */
+function rowSampling(s: SampleRequest, position: number, extras: readonly number[] = []): RowSampling {
+  return { params: s.params, seed: s.seed, position, counts: s.counts, extras };
 }
 
 export class ReferenceBackend implements Backend {
@@ -207,6 +245,9 @@ export class ReferenceBackend implements Backend {
     if (from && !(from instanceof ReferenceCheckpoint && from.model === this.model))
       throw new Error("the checkpoint was made by another model or backend: it resumes only where it was made");
     return new ReferenceSequence(this.model, this.chunk, from);
+  }
+  penaltyCounts(): PenaltyCounts {
+    return new PenaltyCounts(this.model.config.vocab_size);
   }
   stats() {
     return { backend: this.name };

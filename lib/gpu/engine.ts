@@ -2,7 +2,8 @@
 // at a time (one event, one scratch): each public operation takes the engine's lock for the
 // steps it runs. A failed step (IO error, GPU wait timeout) resets the sequence it ran for,
 // so the caller can replay its tokens, and leaves the engine usable.
-import { throwIfAborted, type RowsResult, type SpeculativeResult } from "../api/backend.ts";
+import { throwIfAborted, type RowsResult, type SampleRequest, type SpeculativeResult } from "../api/backend.ts";
+import { PenaltyCounts } from "../reference/sampling.ts";
 import type { ModelFiles } from "../model/format.ts";
 import { checkTokens } from "../reference/model.ts";
 import type { Backend } from "../shim.ts";
@@ -62,6 +63,13 @@ export class Engine {
     const s = new EngineSequence(this, state);
     this.sequences.add(s);
     return s;
+  }
+
+  /** Zeroed penalty counts in a device buffer (the sampling kernel reads them). */
+  penaltyCounts(): PenaltyCounts {
+    const vocab = this.gpu.config.vocab_size;
+    const buffer = this.gpu.device.buffer(2 * vocab * 4);
+    return new PenaltyCounts(vocab, buffer.i32.subarray(0, 2 * vocab), () => buffer.release());
   }
 
   /** @internal */
@@ -186,8 +194,9 @@ export class EngineSequence {
     if (this.disposed) throw new Error("the sequence is disposed");
   }
 
-  async forward(tokens: number[], signal?: AbortSignal): Promise<RowsResult> {
+  async forward(tokens: number[], signal?: AbortSignal, sample?: SampleRequest): Promise<RowsResult> {
     this.check();
+    if (sample) throw new Error("sampling is not available on the engine backends yet (use backend: \"reference\")");
     const g = this.engine.gpu;
     checkTokens(tokens, g.config.vocab_size, "token");
     if (tokens.length === 0) throw new Error("forward: no tokens");
@@ -215,8 +224,9 @@ export class EngineSequence {
    * Drafts up to `drafts` tokens with the MTP head after `next`, verifies [next, ...drafts] as
    * one row batch and rolls back to the last accepted row: the same tokens as greedy decoding.
    */
-  async speculate(next: number, drafts: number, signal?: AbortSignal): Promise<SpeculativeResult> {
+  async speculate(next: number, drafts: number, signal?: AbortSignal, sample?: SampleRequest): Promise<SpeculativeResult> {
     this.check();
+    if (sample) throw new Error("sampling is not available on the engine backends yet (use backend: \"reference\")");
     throwIfAborted(signal);
     const g = this.engine.gpu;
     if (!g.snapshots || g.maxDrafts === 0) throw new Error("this model has no MTP head: speculative decoding is unavailable");

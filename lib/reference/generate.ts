@@ -67,18 +67,19 @@ export class MtpProposer implements DraftProposer {
     this.pendingHidden.push(...hidden);
     this.pendingNext.push(...next);
   }
-  propose(state: SequenceState, count: number): number[] {
+  /** `pick(logits, j)` chooses draft j from its MTP logits (default: the argmax). */
+  propose(state: SequenceState, count: number, pick: (logits: Float32Array, j: number) => number = argmax): number[] {
     if (count <= 0) return [];
     if (this.pendingNext.length === 0) throw new Error("MtpProposer: nothing committed to draft from");
     let rows = this.model.mtpForward(state, this.pendingHidden, this.pendingNext);
     this.pendingHidden = [];
     this.pendingNext = [];
     const committed = state.mtpLength;
-    const drafts = [argmax(rows.logits[rows.logits.length - 1]!)];
+    const drafts = [pick(rows.logits[rows.logits.length - 1]!, 0)];
     let out = rows.out[rows.out.length - 1]!;
     while (drafts.length < count) {
       rows = this.model.mtpForward(state, [out], [drafts[drafts.length - 1]!]);
-      drafts.push(argmax(rows.logits[0]!));
+      drafts.push(pick(rows.logits[0]!, drafts.length));
       out = rows.out[0]!;
     }
     state.truncateMtp(committed);
