@@ -20,9 +20,27 @@ export function usage(r: GenerationResult): Usage {
   return { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens };
 }
 
-/** Extension: where the time went (llama.cpp's servers report the same). */
+/**
+ * Extension: where the time went, under the names llama.cpp's server uses (`timings`), so
+ * tools written for it read ours. cache_n is 0: every request runs its whole prompt.
+ */
 export function timings(r: GenerationResult) {
-  return { prefill_ms: r.timings.prefillMs, decode_ms: r.timings.decodeMs, tokens_per_second: r.timings.tokensPerSecond };
+  const { prefillMs, decodeMs } = r.timings;
+  const { promptTokens, completionTokens } = r.usage;
+  const perToken = (ms: number, n: number) => (n > 0 ? ms / n : 0);
+  const perSecond = (ms: number, n: number) => (ms > 0 ? (1000 * n) / ms : 0);
+  return {
+    cache_n: 0,
+    prompt_n: promptTokens,
+    prompt_ms: prefillMs,
+    prompt_per_token_ms: perToken(prefillMs, promptTokens),
+    prompt_per_second: perSecond(prefillMs, promptTokens),
+    predicted_n: completionTokens,
+    predicted_ms: decodeMs,
+    predicted_per_token_ms: perToken(decodeMs, completionTokens),
+    predicted_per_second: perSecond(decodeMs, completionTokens),
+    ...(r.drafts ? { draft_n: r.drafts.proposed, draft_n_accepted: r.drafts.accepted } : {}),
+  };
 }
 
 /** What every object of one response shares. */
@@ -30,10 +48,11 @@ export interface ResponseHead {
   id: string;
   created: number;
   model: string;
+  system_fingerprint: string;
 }
 
-export function responseHead(prefix: "chatcmpl" | "cmpl", model: string): ResponseHead {
-  return { id: `${prefix}-${crypto.randomUUID().replaceAll("-", "")}`, created: Math.floor(Date.now() / 1000), model };
+export function responseHead(prefix: "chatcmpl" | "cmpl", model: string, fingerprint: string): ResponseHead {
+  return { id: `${prefix}-${crypto.randomUUID().replaceAll("-", "")}`, created: Math.floor(Date.now() / 1000), model, system_fingerprint: fingerprint };
 }
 
 export function chatCompletion(head: ResponseHead, r: GenerationResult) {

@@ -9,6 +9,7 @@ import { resolveContextLength } from "./context.ts";
 import { ApiError, isAbortError, toApiError } from "./errors.ts";
 import { runGeneration } from "./generation.ts";
 import * as openai from "./openai.ts";
+import { systemFingerprint } from "./fingerprint.ts";
 import { GenerationQueue } from "./queue.ts";
 import { checkModel, prepareChat, prepareCompletion, type Prepared, type RequestLimits } from "./prepare.ts";
 import { SSE_DONE, SSE_HEADERS, sseData } from "./sse.ts";
@@ -49,6 +50,8 @@ export interface RunningServer {
   port: number;
   modelId: string;
   contextLength: number;
+  /** The system_fingerprint of every response (changes with cherenkov's version, backend, model, context). */
+  systemFingerprint: string;
   /** Stops listening, aborts the running generation and refuses waiting requests. */
   stop(): Promise<void>;
 }
@@ -91,6 +94,7 @@ export function createServer(opts: ServerOptions): RunningServer {
 
   const errorResponse = (e: ApiError) => json(e.toBody(), e.status, e.headers);
 
+  const fingerprint = systemFingerprint(model, { contextLength, drafts });
   const limits: RequestLimits = { model, modelId, contextLength, defaultMaxTokens };
 
   /** Starts a generation in the queue; `abort` cancels it whether it waits or runs. */
@@ -173,7 +177,7 @@ export function createServer(opts: ServerOptions): RunningServer {
 
   async function chatCompletions(req: Request, tag: string, t0: number): Promise<Response> {
     const job = prepareChat(limits, await readJsonBody(req, maxBodyBytes));
-    const head = openai.responseHead("chatcmpl", modelId);
+    const head = openai.responseHead("chatcmpl", modelId, fingerprint);
     if (!job.stream) return complete(req, job, (r) => openai.chatCompletion(head, r), tag, t0);
     return streamGeneration(
       req,
@@ -191,7 +195,7 @@ export function createServer(opts: ServerOptions): RunningServer {
 
   async function completions(req: Request, tag: string, t0: number): Promise<Response> {
     const job = prepareCompletion(limits, await readJsonBody(req, maxBodyBytes));
-    const head = openai.responseHead("cmpl", modelId);
+    const head = openai.responseHead("cmpl", modelId, fingerprint);
     if (!job.stream) return complete(req, job, (r) => openai.textCompletion(head, job.echo + r.text, r), tag, t0);
     return streamGeneration(
       req,
@@ -277,8 +281,9 @@ export function createServer(opts: ServerOptions): RunningServer {
   const server = Bun.serve({
     port: opts.port ?? 8080,
     hostname: opts.hostname ?? "127.0.0.1",
-    // Our own limit answers with an error body; Bun's (a bare 413) only backs it up.
-    maxRequestBodySize: maxBodyBytes * 4,
+    // Bun's own limit answers with a bare 413 before the handler runs: it is lifted, so every
+    // body, declared or chunked, meets readJsonBody's limit and gets a JSON error.
+    maxRequestBodySize: Number.MAX_SAFE_INTEGER,
     development: false,
     fetch: handle,
     error: (e) => errorResponse(toApiError(e)),
@@ -291,6 +296,7 @@ export function createServer(opts: ServerOptions): RunningServer {
     port,
     modelId,
     contextLength,
+    systemFingerprint: fingerprint,
     async stop() {
       queue.rejectWaiting(new ApiError(503, "the server is stopping", null, "server_stopping"));
       for (const abort of inFlight.keys()) abort.abort(new DOMException("the server is stopping", "AbortError"));
