@@ -73,6 +73,8 @@ export interface Backend {
   readonly config: ModelConfig;
   /** Drafts per step the backend can verify (0 = no speculative decoding). */
   readonly maxDrafts: number;
+  /** The longest sequence (tokens) one sequence holds, or null when only memory limits it. */
+  readonly maxContext: number | null;
   /** A new sequence, empty or continuing from a checkpoint this backend made. */
   newSequence(from?: BackendCheckpoint): BackendSequence;
   /** Zeroed penalty counts over `config.vocab_size` tokens, in storage the backend's sampler reads. */

@@ -26,6 +26,10 @@ export class EngineBackend implements Backend {
     return this.engine.gpu.config;
   }
 
+  get maxContext(): number {
+    return this.engine.gpu.maxContext;
+  }
+
   get maxDrafts(): number {
     return this.engine.gpu.maxDrafts;
   }

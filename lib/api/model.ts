@@ -320,6 +320,14 @@ export class Model {
     return this.drafting;
   }
 
+  /**
+   * The most tokens one session holds (prompt and generated), or null when only memory limits
+   * it (the reference). The engine's is `engine.maxContext` at load.
+   */
+  get maxContext(): number | null {
+    return this.backend.maxContext;
+  }
+
   /** @internal */
   get maxDrafts(): number {
     return this.backend.maxDrafts;

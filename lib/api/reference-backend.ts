@@ -238,6 +238,8 @@ export class ReferenceBackend implements Backend {
   get config() {
     return this.model.config;
   }
+  /** The reference's caches grow as needed. */
+  readonly maxContext = null;
   get maxDrafts() {
     return this.model.config.mtp?.max_drafts ?? 0;
   }

@@ -1,5 +1,5 @@
 // How many tokens (prompt + completion) one request may use: what the operator asked for, else
-// what the model directory declares, never more than the backend can hold.
+// what the model directory declares, never more than the backend holds.
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Model } from "../api/model.ts";
@@ -18,17 +18,12 @@ export function declaredContextLength(dir: string): number | null {
 }
 
 /**
- * The longest sequence the backend holds, when it says: the engine sizes its KV caches for
- * `maxContext` and reports it in its stats; the reference has no limit (null).
+ * The context a request may fill: the operator's choice, else the model's declared one, and
+ * never more than the backend holds (the engine sizes its KV caches for `maxContext`; the
+ * reference has no limit), so that a prompt that cannot run is refused (400) before any work.
  */
-export function backendContextLimit(model: Model): number | null {
-  const engine = model.stats().engine as { maxContext?: unknown; engine?: { maxContext?: unknown } };
-  const v = engine.maxContext ?? engine.engine?.maxContext;
-  return typeof v === "number" && Number.isInteger(v) && v > 0 ? v : null;
-}
-
-export function resolveContextLength(model: Model, requested: number | undefined): number {
-  const limit = backendContextLimit(model);
+export function resolveContextLength(model: Pick<Model, "dir" | "maxContext" | "backendName">, requested: number | undefined): number {
+  const limit = model.maxContext;
   if (requested !== undefined) {
     if (!Number.isInteger(requested) || requested < 2) throw new Error(`contextLength: ${requested} must be an integer >= 2`);
     if (limit !== null && requested > limit)
