@@ -100,16 +100,27 @@ export function parseTraceStep(raw: unknown, where: string): TraceStep {
 /**
  * Reads a routing trace: JSON lines (this module's format), or a JSON document holding an
  * array of steps, `{trace: [...]}` or `{steps: [...]}` (the reference's Generation), or a
- * training-run trace (spec/train/traces: see {@link fromExcerptTrace}).
+ * training-run trace (spec/train/traces: see {@link fromExcerptTrace}); gzipped when the
+ * name ends in .gz.
  */
 export function readTrace(path: string): TraceStep[] {
-  let text: string;
+  return parseTrace(readTraceText(path), path);
+}
+
+/** The text of a trace file, gunzipped when its name ends in .gz. */
+export function readTraceText(path: string): string {
+  let bytes: Uint8Array;
   try {
-    text = readFileSync(path, "utf8");
+    bytes = readFileSync(path);
   } catch (e) {
     throw new Error(`routing trace: cannot read ${path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
   }
-  return parseTrace(text, path);
+  if (!path.endsWith(".gz")) return new TextDecoder().decode(bytes);
+  try {
+    return new TextDecoder().decode(Bun.gunzipSync(bytes));
+  } catch (e) {
+    throw new Error(`routing trace: ${path} is not valid gzip: ${(e as Error).message}`);
+  }
 }
 
 /** {@link readTrace} on text already read; `source` names it in errors. */

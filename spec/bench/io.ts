@@ -1,29 +1,33 @@
 /**
- * `bun run bench:io`: the streaming IO scheduler against the disk's own bandwidth.
+ * `bun run bench:io`: the streaming IO scheduler against the disk's own bandwidth, at the
+ * expert record sizes of real models.
  *
- * Reads every expert record of a model in a seeded random order through the engine's wired
- * pool (lib/gpu/residency.ts: shim buffers as slots, the IO scheduler, O_DIRECT on Linux),
- * and times `dd if=experts.bin of=/dev/null bs=1M iflag=direct` on the same file in the
- * same run, alternating the two (and raw node:fs reads without the scheduler) for --passes
- * rounds, at the scheduler's default depth. Then sweeps the reads in flight (1, 4, 8, 16). Prints a table, or one JSON object with --json.
+ * By default it writes a scratch file (--file-mb, default 1024 MB, on a real disk: not tmpfs,
+ * which would measure memory) and reads it as records of the 30b-a3b-shape and
+ * 80b-a3b-shape presets' q4 expert record sizes (2,949,120 and 1,966,080 bytes; --sizes takes
+ * other presets or byte counts). Per size: every record in a seeded random order through the
+ * engine's wired pool (lib/gpu/residency.ts: shim buffers as slots, the IO scheduler,
+ * O_DIRECT on Linux), `dd if=FILE of=/dev/null bs=1M iflag=direct` on the same file, bare
+ * node:fs reads of the same records at the same depth (no scheduler, no pool), and bare reads
+ * with each record split into parallel 1 MiB requests, alternating for --passes rounds at the
+ * scheduler's default depth; then a sweep of the reads in flight (--in-flight 1,4,8,16,32).
+ * Prints scheduler / dd and scheduler / raw per size, or one JSON object with --json.
  *
- * Options: --model DIR (default: synthesize --preset, default small, into a folder on a
- * real disk: not tmpfs, which would measure memory), --dir DIR (where to synthesize),
- * --file PATH --stride BYTES (any file read as records of that size, e.g. to see larger
- * records than the small preset's 64 KiB), --passes N (default 3), --min-mb N (each measurement reads the file as many times as it
- * takes to move at least N MB, default 256: the small preset's 19 MB alone is over in tens
- * of milliseconds), --in-flight 1,4,8,16, --json.
+ * Other sources: --model DIR (a model's experts.bin at its own record size), --preset NAME
+ * (synthesize that preset, e.g. small, into --dir), --file PATH --stride BYTES (any file read
+ * as records of that size). --passes N (default 3), --min-mb N (each measurement reads the
+ * file as many times as it takes to move at least N MB, default 256).
  *
  * Bun's file IO pool is sized once, at process start, from UV_THREADPOOL_SIZE (else about
  * the core count); reads in flight beyond it only queue. When it is unset this script runs
- * itself again with UV_THREADPOOL_SIZE=16 so the sweep means what it says.
+ * itself again with UV_THREADPOOL_SIZE=64 so the sweep means what it says.
  */
-import { existsSync, mkdtempSync, readFileSync, realpathSync, rmSync, statSync } from "node:fs";
+import { closeSync, existsSync, fsyncSync, mkdtempSync, openSync, readFileSync, realpathSync, rmSync, statSync, writeSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 
-const SWEEP_THREADS = 16;
+const SWEEP_THREADS = 64;
 if (!process.env.UV_THREADPOOL_SIZE) {
   const child = Bun.spawnSync([process.execPath, ...process.argv.slice(1)], {
     env: { ...process.env, UV_THREADPOOL_SIZE: String(SWEEP_THREADS) },
@@ -36,6 +40,8 @@ const { synthesize } = await import("../../lib/convert/synth.ts");
 const { openModel } = await import("../../lib/model/format.ts");
 const { createExpertPool } = await import("../../lib/gpu/residency.ts");
 const { IoScheduler, ioThreadPoolSize, fsRead, DEFAULT_MAX_IN_FLIGHT } = await import("../../lib/gpu/streaming.ts");
+const { planExperts } = await import("../../lib/model/writer.ts");
+const { presetConfig, presetNames } = await import("../../lib/convert/presets.ts");
 type ExpertSource = import("../../lib/gpu/residency.ts").ExpertSource;
 type ExpertPool = import("../../lib/gpu/residency.ts").ExpertPool;
 type DeviceT = import("../../lib/shim.ts").Device;
@@ -48,10 +54,13 @@ const { values: opts } = parseArgs({
     file: { type: "string" },
     stride: { type: "string" },
     dir: { type: "string" },
-    preset: { type: "string", default: "small" },
+    preset: { type: "string" },
+    sizes: { type: "string", default: "30b-a3b-shape,80b-a3b-shape" },
+    "file-mb": { type: "string", default: "1024" },
     passes: { type: "string", default: "3" },
     "min-mb": { type: "string", default: "256" },
-    "in-flight": { type: "string", default: "1,4,8,16" },
+    "in-flight": { type: "string", default: "1,4,8,16,32" },
+    "split-kb": { type: "string", default: "1024" },
     json: { type: "boolean", default: false },
   },
 });
@@ -194,29 +203,36 @@ function poolSlots(records: number, stride: number): number {
 }
 
 /**
- * The same reads without the scheduler or the pool: node:fs read callbacks, `inFlight` at a
- * time, into the same kind of slot memory (warm, record i of a round into slot i). What the
- * scheduler's own overhead is measured against.
+ * The same reads without the scheduler or the pool: node:fs read callbacks, `inFlight`
+ * records at a time, into the same kind of slot memory (warm, record i of a round into slot
+ * i). What the scheduler's own overhead is measured against. With `splitBytes` > 0 each record
+ * is read as parallel requests of at most that many bytes (the same records in flight, so
+ * inFlight x requests-per-record reads at once): whether splitting large records pays.
  */
-async function runRaw(model: ExpertSource, device: DeviceT | undefined, inFlight: number, seed: number, repeat: number): Promise<number> {
+async function runRaw(model: ExpertSource, device: DeviceT | undefined, inFlight: number, seed: number, repeat: number, splitBytes = 0): Promise<number> {
   const { layers, perLayer, stride } = model.expertLayout;
   const records = layers * perLayer;
   const io = new IoScheduler({ maxInFlight: 1 });
   const pool = createExpertPool({ backing: "wired", model, capacity: poolSlots(records, stride), device, scheduler: io });
   const views = Array.from({ length: pool.capacity }, (_, i) => pool.slotView(i).fill(0));
   const file = io.open(model.paths.experts); // opened as the pool's is (O_DIRECT)
+  const chunk = splitBytes > 0 ? Math.min(stride, splitBytes) : stride;
+  const perRecord = Math.ceil(stride / chunk);
   let seconds = 0;
   for (let round = 0; round < repeat; round++) {
     const order = shuffled(records, seed * 131 + round);
-    let next = 0;
+    let next = 0; // request index: record next / perRecord, chunk next % perRecord
     const t0 = performance.now();
     await Promise.all(
-      Array.from({ length: inFlight }, async () => {
-        while (next < order.length) {
-          const i = next++;
-          const view = views[i % views.length]!;
-          const at = order[i]! * stride;
-          for (let got = 0; got < stride; ) got += await fsRead(file, view.subarray(got), at + got);
+      Array.from({ length: inFlight * perRecord }, async () => {
+        while (next < order.length * perRecord) {
+          const q = next++;
+          const i = Math.floor(q / perRecord);
+          const off = (q % perRecord) * chunk;
+          const len = Math.min(chunk, stride - off);
+          const view = views[i % views.length]!.subarray(off, off + len);
+          const at = order[i]! * stride + off;
+          for (let got = 0; got < len; ) got += await fsRead(file, view.subarray(got), at + got);
         }
       }),
     );
@@ -232,59 +248,90 @@ const median = (xs: number[]) => {
   return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
 };
 
-let cleanup: string | null = null;
-let modelDir = "";
-let where: { fs: string | null } = { fs: null };
-if (opts.file) {
-  where = { fs: fsType(opts.file) };
-} else if (opts.model) {
-  modelDir = opts.model;
-  where = { fs: fsType(modelDir) };
-} else {
-  const b = benchDir();
-  cleanup = b.dir;
-  modelDir = b.dir;
-  where = b;
-  log(`synthesizing ${opts.preset} into ${b.dir} (${b.fs ?? "unknown fs"}) ...`);
-  await synthesize({ preset: opts.preset as PresetName, seed: 1, out: modelDir, weights: "q4" });
+/** Record sizes to measure: preset names (their q4 expert record size) or byte counts. */
+function parseSizes(spec: string): { label: string; stride: number }[] {
+  return spec.split(",").map((x) => {
+    const name = x.trim();
+    if ((presetNames as string[]).includes(name)) return { label: name, stride: planExperts(presetConfig(name as PresetName), "q4").stride };
+    const n = Number(name);
+    if (!(Number.isInteger(n) && n > 0 && n % 4096 === 0))
+      throw new Error(`--sizes ${JSON.stringify(name)}: a preset (${presetNames.join(", ")}) or a byte count that is a multiple of 4096`);
+    return { label: `${n} B`, stride: n };
+  });
 }
 
-try {
-  let model: ExpertSource & { close(): void };
-  if (opts.file) {
-    const recordBytes = Number(opts.stride ?? 65536);
-    const n = Math.floor(statSync(opts.file).size / recordBytes);
-    if (!(recordBytes > 0 && recordBytes % 4096 === 0) || n < 1) throw new Error(`--stride ${opts.stride}: a multiple of 4096, at most the file's size`);
-    model = { paths: { experts: opts.file }, expertLayout: { stride: recordBytes, layers: n, perLayer: 1 }, close() {} };
-  } else {
-    model = await openModel(modelDir);
+/** Writes `mb` MB of pseudo-random bytes (not compressible, not sparse) to `path` and syncs it to disk. */
+function writeScratch(path: string, mb: number): void {
+  const block = new Uint8Array(16 << 20);
+  const words = new Uint32Array(block.buffer);
+  let x = 0x9e3779b9;
+  const fd = openSync(path, "w");
+  try {
+    for (let written = 0, b = 0; written < mb * 1e6; b++) {
+      for (let i = 0; i < words.length; i++) {
+        x ^= x << 13;
+        x ^= x >>> 17;
+        x ^= x << 5;
+        words[i] = x >>> 0;
+      }
+      const n = Math.min(block.length, Math.ceil(mb * 1e6 - written));
+      writeSync(fd, block, 0, n);
+      written += n;
+    }
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
   }
+}
+
+/** A whole file read as records of `stride` bytes (one layer of them: the pool's policy is then plain LRU). */
+function fileAsRecords(path: string, stride: number): ExpertSource & { close(): void } {
+  const n = Math.floor(statSync(path).size / stride);
+  if (!(stride > 0 && stride % 4096 === 0) || n < 1) throw new Error(`record size ${stride}: a multiple of 4096, at most the size of ${path}`);
+  return { paths: { experts: path }, expertLayout: { stride, layers: 1, perLayer: n }, close() {} };
+}
+
+interface SizeResult {
+  label: string;
+  file: string;
+  fileBytes: number;
+  records: number;
+  recordBytes: number;
+  readsPerMeasurement: number;
+  mode: string;
+  fallbackReason: string | null;
+  dd: { mbps: number; best: number; runs: number[] } | { error: string | null };
+  scheduler: { inFlight: number; mbps: number; best: number; runs: number[]; p50Us: number; p99Us: number };
+  raw: { inFlight: number; mbps: number; best: number };
+  rawSplit: { inFlight: number; requestBytes: number; mbps: number; best: number };
+  ratio: number | null;
+  ratioToRaw: number;
+  sweep: { inFlight: number; mbps: number; best: number; p50Us: number; p99Us: number }[];
+}
+
+/** dd, scheduler, raw and split raw reads, alternating, then the depth sweep, for one record size. */
+async function measure(label: string, model: ExpertSource, device: DeviceT | undefined): Promise<SizeResult> {
   const { layers, perLayer, stride } = model.expertLayout;
   const fileBytes = statSync(model.paths.experts).size;
-  let device: DeviceT | undefined;
-  let deviceNote: string | null = null;
-  try {
-    device = Device.open();
-  } catch (e) {
-    deviceNote = `no shim device (${(e as Error).message.split("\n")[0]}): slots in host memory`;
-  }
   const passes = Number(opts.passes);
   const sweep = opts["in-flight"].split(",").map(Number);
-  // The headline row uses the scheduler's default depth.
-  const main = sweep.includes(DEFAULT_MAX_IN_FLIGHT) ? DEFAULT_MAX_IN_FLIGHT : sweep[sweep.length - 1]!;
-  const repeat = Math.max(1, Math.ceil((Number(opts["min-mb"]) * 1e6) / fileBytes));
-  log(`${layers * perLayer} records of ${stride} bytes (${(fileBytes / 1e6).toFixed(1)} MB), read ${repeat}x per measurement; ${passes} passes; ${ioThreadPoolSize()} IO threads`);
-
+  const splitBytes = Number(opts["split-kb"]) * 1024;
+  // The headline rows use the scheduler's default depth.
+  const main = DEFAULT_MAX_IN_FLIGHT;
+  const repeat = Math.max(1, Math.ceil((Number(opts["min-mb"]) * 1e6) / (layers * perLayer * stride)));
+  log(`${label}: ${layers * perLayer} records of ${stride} bytes (${(fileBytes / 1e6).toFixed(1)} MB), read ${repeat}x per measurement; ${passes} passes; ${ioThreadPoolSize()} IO threads`);
   const dd: DdResult[] = [];
   const sched: SchedResult[] = [];
   const raw: number[] = [];
+  const rawSplit: number[] = [];
   let ddError: string | null = null;
   for (let p = 0; p < passes; p++) {
     const d = runDd(model.paths.experts, repeat);
     if ("error" in d) ddError = d.error;
     else dd.push(d);
     sched.push(await runScheduler(model, device, main, 1000 + p, repeat));
-    raw.push(await runRaw(model, device, main, 1000 + p, repeat)); // same orders: interleaved, so drift hits both
+    raw.push(await runRaw(model, device, main, 1000 + p, repeat)); // same orders: interleaved, so drift hits all
+    rawSplit.push(await runRaw(model, device, main, 1000 + p, repeat, splitBytes));
   }
   const sweepResults = [];
   for (const n of sweep) {
@@ -292,46 +339,89 @@ try {
     for (let p = 0; p < passes; p++) runs.push(await runScheduler(model, device, n, 2000 + p, repeat));
     sweepResults.push({ inFlight: n, mbps: median(runs.map((r) => r.mbps)), best: Math.max(...runs.map((r) => r.mbps)), p50Us: median(runs.map((r) => r.p50Us)), p99Us: median(runs.map((r) => r.p99Us)) });
   }
-  device?.close();
-  model.close();
-
   const ddMbps = dd.length ? median(dd.map((d) => d.mbps)) : null;
   const schedMbps = median(sched.map((s) => s.mbps));
-  const result = {
-    bench: "io",
+  return {
+    label,
     file: model.paths.experts,
-    fs: where.fs,
     fileBytes,
     records: layers * perLayer,
     recordBytes: stride,
-    passes,
     readsPerMeasurement: repeat,
-    ioThreads: ioThreadPoolSize(),
     mode: sched[0]!.mode,
     fallbackReason: sched[0]!.fallbackReason,
-    device: deviceNote ?? "shim buffers",
     dd: ddMbps === null ? { error: ddError } : { mbps: ddMbps, best: Math.max(...dd.map((d) => d.mbps)), runs: dd.map((d) => d.mbps) },
     scheduler: { inFlight: main, mbps: schedMbps, best: Math.max(...sched.map((s) => s.mbps)), runs: sched.map((s) => s.mbps), p50Us: median(sched.map((s) => s.p50Us)), p99Us: median(sched.map((s) => s.p99Us)) },
     raw: { inFlight: main, mbps: median(raw), best: Math.max(...raw) },
+    rawSplit: { inFlight: main, requestBytes: Math.min(splitBytes, stride), mbps: median(rawSplit), best: Math.max(...rawSplit) },
     ratio: ddMbps ? schedMbps / ddMbps : null,
     ratioToRaw: schedMbps / median(raw),
     sweep: sweepResults,
   };
-  if (opts.json) {
-    console.log(JSON.stringify(result));
+}
+
+function printSize(r: SizeResult, fs: string | null, device: string): void {
+  const f = (x: number) => x.toFixed(0).padStart(6);
+  console.log(`\nbench:io  ${r.label}: ${r.file} (${fs ?? "?"}), ${r.records} records x ${r.recordBytes} B = ${(r.fileBytes / 1e6).toFixed(1)} MB, read ${r.readsPerMeasurement}x per measurement`);
+  console.log(`  scheduler reads: ${r.mode}${r.fallbackReason ? ` (${r.fallbackReason})` : ""}; ${device}; ${ioThreadPoolSize()} IO threads; median of ${opts.passes} passes\n`);
+  console.log("                                          MB/s   best");
+  if ("mbps" in r.dd) console.log(`  dd bs=1M iflag=direct (sequential)    ${f(r.dd.mbps)} ${f(r.dd.best)}`);
+  else console.log(`  dd: ${r.dd.error}`);
+  const n = String(r.scheduler.inFlight).padStart(2);
+  console.log(`  scheduler, random order, ${n} in flight  ${f(r.scheduler.mbps)} ${f(r.scheduler.best)}   read p50 ${r.scheduler.p50Us.toFixed(0)} us, p99 ${r.scheduler.p99Us.toFixed(0)} us`);
+  console.log(`  raw fs.read, same order, ${n} in flight  ${f(r.raw.mbps)} ${f(r.raw.best)}   (no scheduler, no pool)`);
+  console.log(`  raw, each record as ${(r.rawSplit.requestBytes / 1024).toFixed(0)} KiB requests ${f(r.rawSplit.mbps)} ${f(r.rawSplit.best)}   (${n} records in flight)`);
+  if (r.ratio !== null) console.log(`  ratio scheduler / dd: ${r.ratio.toFixed(2)}; scheduler / raw fs.read: ${r.ratioToRaw.toFixed(2)}`);
+  console.log("\n  in flight   MB/s   best   p50 us   p99 us");
+  for (const s of r.sweep) console.log(`  ${String(s.inFlight).padStart(9)} ${f(s.mbps)} ${f(s.best)} ${s.p50Us.toFixed(0).padStart(8)} ${s.p99Us.toFixed(0).padStart(8)}`);
+}
+
+let cleanup: string | null = null;
+let fs: string | null = null;
+const sources: { label: string; model: ExpertSource & { close(): void } }[] = [];
+if (opts.file) {
+  fs = fsType(opts.file);
+  sources.push({ label: `${opts.file} as ${opts.stride ?? 65536} B records`, model: fileAsRecords(opts.file, Number(opts.stride ?? 65536)) });
+} else if (opts.model) {
+  fs = fsType(opts.model);
+  sources.push({ label: opts.model, model: await openModel(opts.model) });
+} else {
+  const b = benchDir();
+  cleanup = b.dir;
+  fs = b.fs;
+  if (opts.preset) {
+    log(`synthesizing ${opts.preset} into ${b.dir} (${b.fs ?? "unknown fs"}) ...`);
+    await synthesize({ preset: opts.preset as PresetName, seed: 1, out: b.dir, weights: "q4" });
+    sources.push({ label: `${opts.preset} preset`, model: await openModel(b.dir) });
   } else {
-    const f = (x: number) => x.toFixed(0).padStart(6);
-    console.log(`bench:io  ${result.file} (${where.fs ?? "?"}), ${result.records} records x ${stride} B = ${(fileBytes / 1e6).toFixed(1)} MB, read ${repeat}x per measurement`);
-    console.log(`  scheduler reads: ${result.mode}${result.fallbackReason ? ` (${result.fallbackReason})` : ""}; ${result.device}; ${result.ioThreads} IO threads; median of ${passes} passes\n`);
-    console.log("                                        MB/s   best");
-    if (ddMbps !== null) console.log(`  dd bs=1M iflag=direct (sequential)  ${f(ddMbps)} ${f(result.dd.best!)}`);
-    else console.log(`  dd: ${ddError}`);
-    console.log(`  scheduler, random order, ${String(main).padStart(2)} in flight ${f(schedMbps)} ${f(result.scheduler.best)}   read p50 ${result.scheduler.p50Us.toFixed(0)} us, p99 ${result.scheduler.p99Us.toFixed(0)} us`);
-    console.log(`  raw fs.read, same order, ${String(main).padStart(2)} in flight ${f(result.raw.mbps)} ${f(result.raw.best)}   (no scheduler, no pool)`);
-    if (result.ratio !== null) console.log(`  ratio scheduler / dd: ${result.ratio.toFixed(2)}; scheduler / raw fs.read: ${result.ratioToRaw.toFixed(2)}`);
-    console.log("\n  in flight   MB/s   best   p50 us   p99 us");
-    for (const s of sweepResults)
-      console.log(`  ${String(s.inFlight).padStart(9)} ${f(s.mbps)} ${f(s.best)} ${s.p50Us.toFixed(0).padStart(8)} ${s.p99Us.toFixed(0).padStart(8)}`);
+    const path = join(b.dir, "scratch.bin");
+    log(`writing ${opts["file-mb"]} MB of scratch data to ${path} (${b.fs ?? "unknown fs"}) ...`);
+    writeScratch(path, Number(opts["file-mb"]));
+    for (const { label, stride } of parseSizes(opts.sizes)) sources.push({ label: `${label} record`, model: fileAsRecords(path, stride) });
+  }
+}
+
+try {
+  let device: DeviceT | undefined;
+  let deviceNote: string | null = null;
+  try {
+    device = Device.open();
+  } catch (e) {
+    deviceNote = `no shim device (${(e as Error).message.split("\n")[0]}): slots in host memory`;
+  }
+  const results: SizeResult[] = [];
+  for (const s of sources) {
+    results.push(await measure(s.label, s.model, device));
+    s.model.close();
+  }
+  device?.close();
+  const where = deviceNote ?? "shim buffers";
+  if (opts.json) {
+    console.log(JSON.stringify({ bench: "io", fs, ioThreads: ioThreadPoolSize(), passes: Number(opts.passes), device: where, sizes: results }));
+  } else {
+    for (const r of results) printSize(r, fs, where);
+    console.log(`\n  scheduler / dd:  ${results.map((r) => `${r.label} ${r.ratio === null ? "n/a" : r.ratio.toFixed(2)}`).join(";  ")}`);
+    console.log(`  scheduler / raw: ${results.map((r) => `${r.label} ${r.ratioToRaw.toFixed(2)}`).join(";  ")}`);
   }
 } finally {
   if (cleanup) rmSync(cleanup, { recursive: true, force: true });

@@ -6,8 +6,8 @@
  * sets when it has them), and Belady's offline optimum, with ratios to Belady.
  *
  * Traces, in order of preference:
- *  --traces PATH   a trace file (.jsonl or .json) or a folder of them;
- *  spec/train/traces/*.json(l) when present (trained models' routing);
+ *  --traces PATH   a trace file (.jsonl or .json, either gzipped as .gz) or a folder of them;
+ *  spec/train/traces/*.json(l)(.gz) when present (trained models' routing);
  *  else (or with --generate) made here: a synthetic model (--preset, default small; --seed) run through the
  *  reference (lib/reference) on a few prompts, plain and speculative (prefill chunk 4).
  *  Synthetic routing is close to uniform: its numbers show the machinery, not real locality.
@@ -17,13 +17,13 @@
  * Other options: --tokens N (per generated trace, default 64), --sizes 10,25,50 (percent),
  * --save DIR (write the generated traces as JSON lines), --json (one JSON object).
  */
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { basename, join } from "node:path";
 import { parseArgs } from "node:util";
 import { synthesize } from "../../lib/convert/synth.ts";
 import type { PresetName } from "../../lib/convert/presets.ts";
-import { parseTrace, TraceWriter, type TraceStep } from "../../lib/gpu/trace.ts";
+import { parseTrace, readTraceText, TraceWriter, type TraceStep } from "../../lib/gpu/trace.ts";
 import { openModel } from "../../lib/model/format.ts";
 import { generateGreedy } from "../../lib/reference/index.ts";
 import { accessesOf, largestUnion, simulateBelady, simulateLayerCyclic, simulateLru, type SimResult } from "./policies.ts";
@@ -66,7 +66,7 @@ function loadTraceFiles(paths: string[], source: string): TraceSet {
   const used: string[] = [];
   let perLayer = 0;
   for (const p of paths) {
-    const text = readFileSync(p, "utf8");
+    const text = readTraceText(p);
     steps.push(...parseTrace(text, p));
     used.push(p);
     try {
@@ -85,7 +85,7 @@ function loadTraceFiles(paths: string[], source: string): TraceSet {
 
 function traceFilesIn(dir: string): string[] {
   return readdirSync(dir)
-    .filter((f) => f.endsWith(".json") || f.endsWith(".jsonl"))
+    .filter((f) => /\.jsonl?(\.gz)?$/.test(f))
     .sort()
     .map((f) => join(dir, f));
 }
@@ -137,7 +137,7 @@ async function traceSets(): Promise<TraceSet[]> {
     const files = st.isDirectory() ? traceFilesIn(opts.traces) : [opts.traces];
     if (!files.length) throw new Error(`--traces ${opts.traces}: no .json or .jsonl files`);
     // A folder of JSON lines (e.g. --save output) is one model's run; other folders, one set per file.
-    if (files.every((f) => f.endsWith(".jsonl"))) return [loadTraceFiles(files, opts.traces)];
+    if (files.every((f) => /\.jsonl(\.gz)?$/.test(f))) return [loadTraceFiles(files, opts.traces)];
     return files.map((f) => loadTraceFiles([f], f));
   }
   const recorded = join(ROOT, "spec", "train", "traces");

@@ -139,6 +139,12 @@ test("traces also read as a JSON document (array, {trace}, tuples), and bad line
   writeFileSync(path, `${JSON.stringify(step)}\n{oops\n`);
   expect(() => readTrace(path)).toThrow(/bad\.jsonl:2: not valid JSON/);
   expect(() => readTrace(join(tiny.dir, "missing.jsonl"))).toThrow(/cannot read .*missing\.jsonl: ENOENT/);
+  // Gzipped traces (the committed 64-expert ones) read the same; a .gz that is not gzip fails naming the file.
+  const gz = join(tiny.dir, "steps.jsonl.gz");
+  writeFileSync(gz, Bun.gzipSync(`${JSON.stringify(step)}\n${JSON.stringify(step)}\n`));
+  expect(readTrace(gz)).toEqual([step, step]);
+  writeFileSync(gz, JSON.stringify(step));
+  expect(() => readTrace(gz)).toThrow(/steps\.jsonl\.gz is not valid gzip/);
 });
 
 test("training-run traces (spec/train/traces: flattened [layer][k] per decode step) read as steps", () => {

@@ -5,6 +5,7 @@ with --extra, the Python source of a few BSD-3-Clause packages installed there (
 and a byte-level BPE tokenizer trained on the training files with the `tokenizers` library.
 
   python3 spec/train/prepare_data.py --out DIR [--vocab 4096] [--extra numpy,scipy] [--max-files N]
+                                     [--tokenizer FILE]   # reuse a tokenizer.json instead of training one
 
 Writes DIR/tokenizer.json, DIR/tokenizer_config.json (ChatML template, <|endoftext|>),
 DIR/train.u16 and DIR/val.u16 (token ids, documents joined by <|endoftext|>),
@@ -96,6 +97,7 @@ def main():
     ap.add_argument("--max-files", type=int, default=0)
     ap.add_argument("--extra", default="")
     ap.add_argument("--extra-chars", type=int, default=20_000_000)
+    ap.add_argument("--tokenizer", default="", help="an existing tokenizer.json (e.g. a shipped model's): no tokenizer training")
     args = ap.parse_args()
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -122,12 +124,15 @@ def main():
     print(f"corpus: {root}: {len(docs)} files, {len(train)} train, {len(val)} held out, "
           f"{sum(len(t) for _, t in docs) / 1e6:.1f} M chars ({time.time() - t0:.1f} s)", flush=True)
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=args.vocab, min_frequency=2, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(train, trainer=trainer)
+    if args.tokenizer:
+        tok = Tokenizer.from_file(args.tokenizer)
+    else:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=args.vocab, min_frequency=2, special_tokens=SPECIALS,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        tok.train_from_iterator(train, trainer=trainer)
     tok.save(os.path.join(args.out, "tokenizer.json"))
     eos = tok.token_to_id("<|endoftext|>")
     with open(os.path.join(args.out, "tokenizer_config.json"), "w") as f:
