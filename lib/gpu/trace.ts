@@ -109,9 +109,9 @@ export function readTrace(path: string): TraceStep[] {
 
 /** The text of a trace file, gunzipped when its name ends in .gz. */
 export function readTraceText(path: string): string {
-  let bytes: Uint8Array;
+  let bytes: Uint8Array<ArrayBuffer>;
   try {
-    bytes = readFileSync(path);
+    bytes = readFileSync(path) as Uint8Array<ArrayBuffer>;
   } catch (e) {
     throw new Error(`routing trace: cannot read ${path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
   }
