@@ -27,7 +27,7 @@ python3 spec/train/prepare_data.py --out "$W/data" --extra numpy,scipy,sympy,net
 echo "data ready at $(( $(date +%s) - START )) s"
 
 # bench:io reads the disk while the GPU trains (it needs no GPU, training needs little disk).
-( CHERENKOV_SHIM_PATH=/nonexistent.so "$B/bun" "$B/io.js" --dir /tmp --json --passes 3 > "$OUT/bench-io.json" 2> "$W/bench-io.log"
+( CHERENKOV_SHIM_PATH=/nonexistent.so "$B/bun" "$B/io.js" --json --passes 3 --in-flight 4,8,16,32,64 > "$OUT/bench-io.json" 2> "$W/bench-io.log"
   echo "bench:io exit $? at $(( $(date +%s) - START )) s" >> "$W/bench-io.log" ) &
 IO=$!
 
