@@ -396,10 +396,9 @@ typedef struct {
   int32_t pos0;                  // offset 20: position of row 0
   uint64_t q_stride;             // offset 24: bytes between q rows
   uint64_t k_stride;             // offset 32: bytes between k rows
-  float inv_freq_hi[128];        // offset 40: theta^(-2i/rd) rounded to f32
-  float inv_freq_lo[128];        // offset 552: theta^(-2i/rd) - hi, rounded to f32
+  float inv_freq[128];           // offset 40: theta^(-2i/rd) by the f32 rule of lib/model/rope.ts
 } RopeParams;
-CK_PARAMS_ASSERT(sizeof(RopeParams) == 1064, "RopeParams: size");
+CK_PARAMS_ASSERT(sizeof(RopeParams) == 552, "RopeParams: size");
 #ifndef __METAL_VERSION__
 CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, rows) == 0, "RopeParams.rows: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, q_heads) == 4, "RopeParams.q_heads: offset");
@@ -409,8 +408,7 @@ CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, rot_dim) == 16, "RopeParams.rot_
 CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, pos0) == 20, "RopeParams.pos0: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, q_stride) == 24, "RopeParams.q_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, k_stride) == 32, "RopeParams.k_stride: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, inv_freq_hi) == 40, "RopeParams.inv_freq_hi: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, inv_freq_lo) == 552, "RopeParams.inv_freq_lo: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, inv_freq) == 40, "RopeParams.inv_freq: offset");
 #endif
 
 // Writes nb rows of heads x dim vectors into a cache at positions pos0.. (q8 codes + scales, or f32).

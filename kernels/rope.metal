@@ -1,10 +1,11 @@
 // RoPE, NeoX rotate-half (docs/model.md, Mixer B): for i < rd/2 the pair (x_i, x_{i+rd/2})
 // of every q and k head turns by pos * theta^(-2i/rd); dims >= rd are untouched.
 //
-// The reference computes angles in f64. To stay within f32 rounding of it at long
-// positions, the host passes each frequency as an f32 pair hi + lo (lib/gpu/attention.ts),
-// the product pos * (hi + lo) keeps its rounding error (fma), and the angle is reduced
-// mod 2 pi with a two-part 2 pi (Cody-Waite) before the f32 sin/cos.
+// Angles follow the f32 rule of docs/model.md (as transformers for Qwen models): the host
+// passes inv_freq in f32 (lib/model/rope.ts) and the angle is the one f32 product
+// f32(pos) * inv_freq[i], exactly as the reference rounds it. Only the sin/cos of that f32
+// angle are computed more precisely: it is reduced mod 2 pi with a two-part 2 pi
+// (Cody-Waite) before the precise f32 sin/cos.
 #include <metal_stdlib>
 #include "params.h"
 #include "sequence.h"
@@ -34,12 +35,10 @@ kernel void rope_neox_f32(
       : seq_row(k, p.k_stride, t) + (hh - uint(p.q_heads)) * uint(p.head_dim);
 
   const float pos = float(p.pos0 + int(t));
-  const float hi = p.inv_freq_hi[i];
-  const float angle = pos * hi;
-  const float err = fma(pos, hi, -angle) + pos * p.inv_freq_lo[i];
+  const float angle = pos * p.inv_freq[i];
   const float n = rint(angle * ROPE_INV_TWO_PI);
   float r = fma(-n, ROPE_TWO_PI_HI, angle);
-  r = fma(-n, ROPE_TWO_PI_LO, r) + err;
+  r = fma(-n, ROPE_TWO_PI_LO, r);
   const float c = precise::cos(r);
   const float s = precise::sin(r);
 

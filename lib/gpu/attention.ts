@@ -4,6 +4,7 @@
 // positions for long-context decode. The projections, per-head RMSNorms and the sigmoid
 // output gate are the dense kernels'. Order within a step: norms, RoPE, append K/V (and
 // ik), then QSA and attention read everything back from the caches, this batch included.
+import { ropeInvFreq } from "../model/rope.ts";
 import type { Binding, Buffer, Device } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import { SIMD_WIDTH } from "./limits.ts";
@@ -15,24 +16,18 @@ const at = (r: RowsRef): Binding => bind(r.buffer, r.offset);
 
 // ---- RoPE ----------------------------------------------------------------------------
 
-const ropeTables = new Map<string, { hi: number[]; lo: number[] }>();
+const ropeTables = new Map<string, number[]>();
 
 /**
- * theta^(-2i/rd) for i < rd/2 as f32 pairs hi + lo (hi = f32 of the f64 value, lo = f32 of
- * the rest), so the kernel's angles follow the reference's f64 ones. Cached per (rd, theta).
+ * inv_freq[i] for i < rd/2 by the f32 rule every implementation follows (lib/model/rope.ts),
+ * padded to the params table. Cached per (rd, theta).
  */
-export function ropeFrequencies(rotDim: number, theta: number): { hi: number[]; lo: number[] } {
+export function ropeFrequencies(rotDim: number, theta: number): number[] {
   const key = `${rotDim}:${theta}`;
   let t = ropeTables.get(key);
   if (!t) {
-    const hi = new Array<number>(ROPE_MAX_PAIRS).fill(0);
-    const lo = new Array<number>(ROPE_MAX_PAIRS).fill(0);
-    for (let i = 0; i < rotDim / 2; i++) {
-      const f = Math.pow(theta, (-2 * i) / rotDim);
-      hi[i] = Math.fround(f);
-      lo[i] = Math.fround(f - hi[i]!);
-    }
-    t = { hi, lo };
+    t = new Array<number>(ROPE_MAX_PAIRS).fill(0);
+    ropeInvFreq(rotDim, theta).forEach((f, i) => (t![i] = f));
     ropeTables.set(key, t);
   }
   return t;
@@ -75,8 +70,7 @@ export function encodeRope(ctx: EncodeContext, a: RopeArgs): void {
       pos0: a.pos0,
       q_stride: a.q.stride,
       k_stride: a.k.stride,
-      inv_freq_hi: f.hi,
-      inv_freq_lo: f.lo,
+      inv_freq: f,
     },
     [at(a.q), at(a.k)],
     Math.ceil(total / tg),

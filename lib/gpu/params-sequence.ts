@@ -64,8 +64,7 @@ export const sequenceParams = {
       { name: "pos0", type: "i32", doc: "position of row 0" },
       { name: "q_stride", type: "u64", doc: "bytes between q rows" },
       { name: "k_stride", type: "u64", doc: "bytes between k rows" },
-      { name: "inv_freq_hi", type: "f32", count: ROPE_MAX_PAIRS, doc: "theta^(-2i/rd) rounded to f32" },
-      { name: "inv_freq_lo", type: "f32", count: ROPE_MAX_PAIRS, doc: "theta^(-2i/rd) - hi, rounded to f32" },
+      { name: "inv_freq", type: "f32", count: ROPE_MAX_PAIRS, doc: "theta^(-2i/rd) by the f32 rule of lib/model/rope.ts" },
     ],
   },
   KvAppend: {

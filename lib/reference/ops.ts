@@ -1,6 +1,7 @@
 // The elementary operations of qwen4-exp (docs/model.md), one plain function each, on
 // Float32Array. Every GPU kernel test compares against these. Sums run in JS numbers (f64)
 // and are stored as f32: the reference is at least as exact as any f32 kernel.
+import { ropeAngle, ropeInvFreq } from "../model/rope.ts";
 
 /** Logistic sigmoid 1 / (1 + e^-x). */
 export const sigmoid = (x: number): number => 1 / (1 + Math.exp(-x));
@@ -123,13 +124,14 @@ export function topKIndices(values: ArrayLike<number>, k: number): number[] {
 
 /**
  * NeoX rotate-half RoPE, in place, on the first rd dims of one head vector at position pos:
- * for i < rd/2, angle = pos * theta^(-2i/rd), (x_i, x_{i+rd/2}) rotated by it. Dims >= rd are
- * untouched. Angles in f64.
+ * for i < rd/2, (x_i, x_{i+rd/2}) rotated by angle = f32(pos * inv_freq[i]) with inv_freq as
+ * lib/model/rope.ts defines it (f32, as transformers). Dims >= rd are untouched.
  */
 export function ropeNeox(x: Float32Array, pos: number, rd: number, theta: number): void {
   const half = rd / 2;
+  const inv = invFreqTable(rd, theta);
   for (let i = 0; i < half; i++) {
-    const angle = pos * Math.pow(theta, (-2 * i) / rd);
+    const angle = ropeAngle(pos, inv[i]!);
     const c = Math.cos(angle);
     const s = Math.sin(angle);
     const x1 = x[i]!;
@@ -137,6 +139,14 @@ export function ropeNeox(x: Float32Array, pos: number, rd: number, theta: number
     x[i] = x1 * c - x2 * s;
     x[i + half] = x2 * c + x1 * s;
   }
+}
+
+const invFreqTables = new Map<string, Float32Array>();
+function invFreqTable(rd: number, theta: number): Float32Array {
+  const key = `${rd}:${theta}`;
+  let t = invFreqTables.get(key);
+  if (!t) invFreqTables.set(key, (t = ropeInvFreq(rd, theta)));
+  return t;
 }
 
 /**

@@ -47,8 +47,8 @@ describe("rope_neox_f32", () => {
         for (let h = 0; h < H; h++) ropeNeox(q.subarray((t * H + h) * hd, (t * H + h + 1) * hd), pos0 + t, rd, theta);
         for (let h = 0; h < Hkv; h++) ropeNeox(k.subarray((t * Hkv + h) * hd, (t * Hkv + h + 1) * hd), pos0 + t, rd, theta);
       }
-      // f64-accurate angles (hi/lo frequencies, 2 pi reduction), f32 sin/cos and products:
-      // a few ulps of values of magnitude <= sqrt(2), even at position 10^6.
+      // The same f32 angles as the reference (lib/model/rope.ts), reduced mod 2 pi, precise f32
+      // sin/cos and products: a few ulps of values of magnitude <= sqrt(2), even at position 10^6.
       expectClose(qb.f32.subarray(0, q.length), q, { abs: 1e-6 }, `rope nb=${nb} rd=${rd} pos0=${pos0}`, hd);
       expectClose(kb.f32.subarray(0, k.length), k, { abs: 1e-6 }, `rope nb=${nb} rd=${rd} pos0=${pos0}`, hd);
     }
