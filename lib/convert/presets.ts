@@ -107,6 +107,8 @@ export interface Features {
   ple?: boolean;
   mtp?: boolean;
   kvCache?: "q8" | "f32";
+  /** Put the n-gram memory on these layers (default: the preset's). Later layers see unequal streams. */
+  pleLayers?: number[];
 }
 
 /** A validated config for a preset, with features switched off as asked. */
@@ -119,5 +121,6 @@ export function presetConfig(name: PresetName, f: Features = {}): ModelConfig {
   if (f.ple === false) c.ple = null;
   if (f.mtp === false) c.mtp = null;
   if (f.kvCache) c.attention.kv_cache = f.kvCache;
+  if (f.pleLayers && c.ple) c.ple.layers = [...f.pleLayers];
   return parseConfig(c, `preset ${name}`);
 }

@@ -70,7 +70,7 @@ export function deltanetChunked(
 ): void {
   if (!(chunk >= 1)) throw new Error(`deltanetChunked: chunk size ${chunk} must be >= 1`);
   const G = new Float64Array(chunk);
-  const U = new Float32Array(chunk * dv);
+  const U = new Float64Array(chunk * dv); // f64: forward substitution cancels; f32 storage lost 4e-5 of the logits
   const S0 = new Float32Array(dk * dv);
   for (let c0 = 0; c0 < T; c0 += chunk) {
     const C = Math.min(chunk, T - c0);

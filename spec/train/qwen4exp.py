@@ -186,14 +186,23 @@ def q8_roundtrip(x):
     return (q * scale).float().to(x.dtype)
 
 
+def rope_inv_freq(rd, theta, device=None):
+    """inv_freq as transformers computes it for Qwen models and lib/model/rope.ts follows:
+    f32(1 / f32(theta ** f32(2i / rd)))."""
+    exponent = torch.arange(0, rd, 2, dtype=torch.int64, device=device).float() / rd
+    return 1.0 / (float(theta) ** exponent)
+
+
 def rope_neox(x, positions, rd, theta):
-    """NeoX rotate-half on the first rd dims of the last axis; x [..., T, heads, hd], positions [T]."""
+    """NeoX rotate-half on the first rd dims of the last axis; x [..., T, heads, hd], positions [T].
+    The angle is the f32 product f32(pos) * inv_freq (docs/model.md); its cos/sin are taken in the
+    activations' precision (f64 in the agreement check, as the reference's Math.cos)."""
     half = rd // 2
-    i = torch.arange(half, dtype=torch.float64, device=x.device)
-    inv = torch.pow(torch.tensor(theta, dtype=torch.float64, device=x.device), -2 * i / rd)
-    ang = positions.to(torch.float64)[:, None] * inv[None, :]  # [T, half]
-    cos = torch.cos(ang).to(up(x).dtype)[:, None, :]
-    sin = torch.sin(ang).to(up(x).dtype)[:, None, :]
+    inv = rope_inv_freq(rd, theta, x.device)
+    ang = positions.float()[:, None] * inv[None, :]  # [T, half], f32 as the rule says
+    dt = up(x).dtype
+    cos = torch.cos(ang.to(dt))[:, None, :]
+    sin = torch.sin(ang.to(dt))[:, None, :]
     x = up(x)
     x1, x2, rest = x[..., :half], x[..., half:rd], x[..., rd:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
@@ -501,15 +510,19 @@ class Qwen4Exp(nn.Module):
         cfg = at["qsa"]
         if qsa and cfg:
             Hi, di, topk = cfg["heads"], cfg["head_dim"], cfg["topk"]
-            xi = xn.detach()  # the indexer learns from its own loss only (DSA)
-            ilin = lambda name: up(F.linear(xi, self.w(p + name).to(xi.dtype)))  # noqa: E731
-            iq = ilin("iq").reshape(B, T, Hi, di)
-            ik = rms_norm(ilin("ik"), self.w(p + "ik_norm"), eps)
-            if kv == "q8":
-                ik = q8_roundtrip(ik)
-            iw = ilin("iw")  # [B, T, Hi]
-            score = torch.einsum("bthd,bsd->bths", iq, ik).relu()
-            score = torch.einsum("bths,bth->bts", score, iw) / math.sqrt(di)
+            # The indexer learns from its own loss only (DSA). Its scores are computed in f32
+            # (f64 in the check) outside autocast, as inference computes them: bf16 scores
+            # would tie far more often than inference's do.
+            xi = up(xn.detach())
+            with no_autocast(xi):
+                ilin = lambda name: F.linear(xi, self.w(p + name).to(xi.dtype))  # noqa: E731
+                iq = ilin("iq").reshape(B, T, Hi, di)
+                ik = rms_norm(ilin("ik"), self.w(p + "ik_norm"), eps)
+                if kv == "q8":
+                    ik = q8_roundtrip(ik)
+                iw = ilin("iw")  # [B, T, Hi]
+                score = torch.einsum("bthd,bsd->bths", iq, ik).relu()
+                score = torch.einsum("bths,bth->bts", score, iw) / math.sqrt(di)
             masked = score.masked_fill(~causal, float("-inf"))
             if qsa == "select":
                 order = torch.sort(masked.detach(), dim=-1, descending=True, stable=True).indices
@@ -533,7 +546,10 @@ class Qwen4Exp(nn.Module):
         m = c["moe"]
         E, k = m["experts"], m["top_k"]
         p = prefix + "moe."
-        logits = up(F.linear(xn, self.w(p + "router").to(xn.dtype)))  # [B, T, E]
+        # Router logits in f32 (f64 in the check) outside autocast, as inference computes them.
+        xr = up(xn)
+        with no_autocast(xr):
+            logits = F.linear(xr, self.w(p + "router").to(xr.dtype))  # [B, T, E]
         probs = torch.softmax(logits.float() if logits.dtype != torch.float64 else logits, dim=-1)
         idx = sorted_topk(logits.detach(), k)
         w = probs.gather(-1, idx)
@@ -617,15 +633,21 @@ class Qwen4Exp(nn.Module):
         """MTP rows t = 0..T-2 from (hidden[t], tokens[t+1]) at MTP positions t -> (logits, out).
         The row's argmax drafts tokens[t+2]. detach_shared: the embedding and LM head, shared with
         the trunk, get no gradient from the head."""
+        return self.mtp_rows(hidden[:, :-1], tokens[:, 1:], kv=kv, aux=aux, detach_shared=detach_shared)
+
+    def mtp_rows(self, hidden_in, tokens_in, kv="f32", aux=None, detach_shared=False):
+        """MTP rows at positions 0..T-1 from explicit inputs (hidden_in [B, T, d], tokens_in [B, T]):
+        catch-up rows (trunk hidden h_t, token t+1) and chained rows (the previous row's out, its
+        draft) alike -> (logits, out)."""
         c = self.c
         eps = c["rms_norm_eps"]
         shared = (lambda t: t.detach()) if detach_shared else (lambda t: t)  # noqa: E731
-        emb = F.embedding(tokens[:, 1:], shared(self.w("embed")))
-        h = hidden[:, :-1]
+        emb = F.embedding(tokens_in, shared(self.w("embed")))
+        h = hidden_in
         cat = torch.cat([rms_norm(emb, self.w("mtp.embed_norm"), eps), rms_norm(h, self.w("mtp.hidden_norm"), eps)], dim=-1)
-        x = up(F.linear(cat.to(hidden.dtype), self.w("mtp.fc").to(hidden.dtype)))
-        x = x + up(self.attention(rms_norm(x, self.w("mtp.mixer_norm"), eps).to(hidden.dtype), "mtp.", kv, None, None))
-        x = x + self.moe(rms_norm(x, self.w("mtp.moe_norm"), eps).to(hidden.dtype), "mtp.", c["num_layers"], aux)
+        x = up(F.linear(cat.to(hidden_in.dtype), self.w("mtp.fc").to(hidden_in.dtype)))
+        x = x + up(self.attention(rms_norm(x, self.w("mtp.mixer_norm"), eps).to(hidden_in.dtype), "mtp.", kv, None, None))
+        x = x + self.moe(rms_norm(x, self.w("mtp.moe_norm"), eps).to(hidden_in.dtype), "mtp.", c["num_layers"], aux)
         out = rms_norm(x, self.w("mtp.norm"), eps)
         head = shared(self.w("embed") if c["tie_embeddings"] else self.w("lm_head"))
-        return F.linear(out.to(hidden.dtype), head.to(hidden.dtype)), out
+        return F.linear(out.to(hidden_in.dtype), head.to(hidden_in.dtype)), out
