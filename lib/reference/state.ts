@@ -133,16 +133,29 @@ export class SequenceState {
       s.history.set(saved);
     });
     this.truncateTrunk(snap.length);
-    this.truncateMtp(snap.mtpLength);
-    this.truncations.push({ epoch: this.epoch, length: snap.length, mtpLength: snap.mtpLength });
-    this.epoch++;
+    this.dropMtp(snap.mtpLength);
+    this.logTruncation(snap.length, snap.mtpLength);
   }
 
-  /** Drops MTP cache entries at positions >= len (speculative chained-draft rows). */
+  /**
+   * Drops MTP cache entries at positions >= len (speculative chained-draft rows). Logged like a
+   * restore, so a snapshot taken while those rows were cached is refused afterwards.
+   */
   truncateMtp(len: number): void {
+    if (!this.mtp || len >= this.mtpLength) return;
+    this.dropMtp(len);
+    this.logTruncation(this.length, len);
+  }
+
+  private dropMtp(len: number): void {
     if (!this.mtp) return;
     this.mtp.k.truncate(len);
     this.mtp.v.truncate(len);
+  }
+
+  private logTruncation(length: number, mtpLength: number): void {
+    this.truncations.push({ epoch: this.epoch, length, mtpLength });
+    this.epoch++;
   }
 
   /**

@@ -181,4 +181,31 @@ describe("rollback", () => {
     expect(state.tokens).toEqual([1, 2, 3]);
     expect(() => model.newState().restore(r.snapshots![0]!)).toThrow(/another sequence/);
   });
+
+  test("a snapshot taken while chained draft rows sat in the MTP cache is stale once they are dropped", () => {
+    const model = tinyModel(7);
+    const state = model.newState();
+    const r = model.forward(state, [1, 2, 3, 4]);
+    model.mtpForward(state, r.hidden.slice(0, -1), [2, 3, 4]);
+    const committed = state.mtpLength;
+    const h = r.hidden.at(-1)!;
+    model.mtpForward(state, [h, h], [5, 6]); // chained draft rows
+    const during = state.snapshot();
+    expect(during.mtpLength).toBe(committed + 2);
+    state.truncateMtp(committed);
+    model.mtpForward(state, [h, h], [7, 8]); // other rows at the same MTP positions
+    expect(() => state.restore(during)).toThrow(/stale/);
+    // A snapshot taken before the chained rows is still good, and truncating nothing logs nothing.
+    const fresh = model.newState();
+    const r2 = model.forward(fresh, [1, 2, 3, 4]);
+    model.mtpForward(fresh, r2.hidden.slice(0, -1), [2, 3, 4]);
+    const before = fresh.snapshot();
+    model.mtpForward(fresh, [h], [5]);
+    fresh.truncateMtp(fresh.mtpLength - 1);
+    fresh.truncateMtp(fresh.mtpLength);
+    model.forward(fresh, [9]);
+    fresh.restore(before);
+    expect(fresh.length).toBe(4);
+    expect(fresh.mtpLength).toBe(committed);
+  });
 });
