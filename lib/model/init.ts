@@ -11,7 +11,8 @@ export function initTensor(spec: TensorSpec, seed: number): Float32Array {
   const fanIn = spec.shape.length === 2 ? spec.shape[1]! : spec.shape[0]!;
   switch (spec.role) {
     case "matrix":
-    case "small": {
+    case "small":
+    case "hcFn": {
       const s = 1 / Math.sqrt(fanIn);
       for (let i = 0; i < n; i++) out[i] = rng.symmetric() * s * 1.7;
       break;

@@ -7,12 +7,15 @@ import { dims, type ModelConfig, type DType } from "./config.ts";
  * How a tensor is used, which decides its storage dtype in a quantized model and how the
  * synthesizer initialises it:
  * - matrix: a projection x -> W x (q4 in quantized models), init ~ U(-1,1)/sqrt(in)
- * - small: a projection whose precision matters (router, gates, hc): bf16, init like matrix
+ * - small: a projection whose precision matters (router, gates): bf16, init like matrix
+ * - hcFn: the hyper-connection mixes' projection (`*.fn`): f32 always, as DeepSeek-V4 keeps its hc
+ *   parameters (bf16 moves the small preset's logits by 4e-3 relative); init like matrix. Files
+ *   written before this rule hold bf16 fn and still load (the reader takes any float dtype).
  * - norm: a zero-centred RMSNorm weight (the effective scale is 1 + w), init ~ 0.1 N
  * - plainNorm: an RMSNorm weight used as is (DeltaNet's gated norm), init ~ 1 + 0.1 N
  * - vector: biases, conv weights, per-head constants: f32
  */
-export type TensorRole = "matrix" | "small" | "norm" | "plainNorm" | "vector" | "aLog" | "hcScale";
+export type TensorRole = "matrix" | "small" | "hcFn" | "norm" | "plainNorm" | "vector" | "aLog" | "hcScale";
 
 export interface TensorSpec {
   name: string;
@@ -65,7 +68,7 @@ function hcSite(c: ModelConfig, p: string): TensorSpec[] {
   const D = dims(c);
   if (D.n === 1) return [];
   return [
-    { name: `${p}.fn`, shape: [D.hcMix, D.n * D.d], role: "small" },
+    { name: `${p}.fn`, shape: [D.hcMix, D.n * D.d], role: "hcFn" },
     { name: `${p}.base`, shape: [D.hcMix], role: "vector" },
     { name: `${p}.scale`, shape: [3], role: "hcScale" },
   ];
@@ -112,7 +115,7 @@ export function denseTensorSpecs(c: ModelConfig): TensorSpec[] {
   }
   if (D.n > 1) {
     t.push(
-      { name: "hc_head.fn", shape: [D.n, D.n * d], role: "small" },
+      { name: "hc_head.fn", shape: [D.n, D.n * d], role: "hcFn" },
       { name: "hc_head.base", shape: [D.n], role: "vector" },
       { name: "hc_head.scale", shape: [1], role: "hcScale" },
     );
@@ -153,6 +156,7 @@ export function storageDType(spec: TensorSpec, weights: DType): DType {
     if (weights === "q4" && spec.shape.length === 2 && spec.shape[1]! % 32 === 0) return "q4";
     return weights === "q4" ? "bf16" : weights;
   }
+  if (spec.role === "hcFn") return "f32";
   if (spec.role === "small") return "bf16";
   return "f32";
 }

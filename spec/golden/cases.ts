@@ -23,4 +23,6 @@ export const goldenCases: GoldenCase[] = [
   { name: "tiny-n1-s5", preset: "tiny", features: { hc: false }, seed: 5, dtype: "q4", prompt: prompt("import sys\n"), maxTokens: 24 },
   { name: "tiny-noqsa-s6", preset: "tiny", features: { qsa: false }, seed: 6, dtype: "q4", prompt: prompt("a b c d e f g h"), maxTokens: 24 },
   { name: "tiny-nople-s7", preset: "tiny", features: { ple: false }, seed: 7, dtype: "q4", prompt: prompt("1, 2, 3, 5, 8"), maxTokens: 24 },
+  // PLE on later layers, where the streams differ (its query is their mean).
+  { name: "tiny-plelate-s8", preset: "tiny", features: { pleLayers: [1, 3] }, seed: 8, dtype: "q4", prompt: prompt("the n-gram memory"), maxTokens: 24 },
 ];
