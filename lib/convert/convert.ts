@@ -160,8 +160,6 @@ export async function convertCheckpoint(opts: ConvertOptions): Promise<ConvertRe
             progress(stride);
           }
       copyTokenizer(opts.src, w, log);
-      if (source instanceof MlxSource && source.roundedScales.length)
-        log(`${source.roundedScales.length} MLX tensor(s) had non-bf16 scales, rounded to bf16 (not bit-exact): ${source.roundedScales.slice(0, 3).join(", ")}`);
       const manifest = await w.finish();
       const bytes = manifest.tensors.reduce((s, t) => s + t.bytes, 0) + layers * per_layer * stride;
       return { architecture, format, config, manifest, bytes, sourceBytes, seconds: (performance.now() - started) / 1000 };

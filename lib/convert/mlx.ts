@@ -6,7 +6,7 @@
 // little-endian bytes are exactly cherenkov's q4 nibbles (even column in the low nibble). A
 // group of 64 (or 128) is two (four) groups of 32 with the same scale and bias: 4-bit MLX
 // weights become q4 rows bit for bit.
-import { f32ToBf16 } from "../model/dtype.ts";
+import { bf16BitsToF32, f32ToBf16 } from "../model/dtype.ts";
 import { Q4_GROUP } from "../model/q4.ts";
 import { canonicalName, ConvertError, rowsCols, type TensorSource } from "./hf.ts";
 import { RowMatrix } from "./rows.ts";
@@ -63,8 +63,6 @@ interface Entry {
 export class MlxSource implements TensorSource {
   private entries = new Map<string, Entry>();
   readonly ignored: string[] = [];
-  /** Tensors whose scales were not bf16 (their q4 copy rounds the scales: not bit-exact). */
-  readonly roundedScales: string[] = [];
   private readonly quant: Json;
 
   constructor(private readonly ckpt: Checkpoint, raw: Json) {
@@ -163,9 +161,7 @@ export class MlxSource implements TensorSource {
     const biases = this.readSlice(e.quant.biases, slice);
     const scaleType = this.ckpt.info(e.quant.scales).dtype;
     if (bits === 4 && group % Q4_GROUP === 0) {
-      const toBits = (bytes: Uint8Array, dtype: string) =>
-        dtype === "BF16" ? new Uint16Array(bytes.slice().buffer) : f32ToBf16(toF32(bytes, dtype, `tensor ${e.stored}`));
-      if (scaleType !== "BF16" || this.ckpt.info(e.quant.biases).dtype !== "BF16") this.roundedScales.push(name);
+      const toBits = (bytes: Uint8Array, dtype: string, tensor: string) => (dtype === "BF16" ? new Uint16Array(bytes.slice().buffer) : exactBf16(bytes, dtype, tensor));
       const repeat = group / Q4_GROUP;
       const widen = (p: Uint16Array) => {
         if (repeat === 1) return p;
@@ -175,8 +171,8 @@ export class MlxSource implements TensorSource {
       };
       return RowMatrix.fromQ4(rows, cols, {
         nibbles: words,
-        scales: widen(toBits(scales, scaleType)),
-        biases: widen(toBits(biases, this.ckpt.info(e.quant.biases).dtype)),
+        scales: widen(toBits(scales, scaleType, e.quant.scales)),
+        biases: widen(toBits(biases, this.ckpt.info(e.quant.biases).dtype, e.quant.biases)),
       });
     }
     const s = toF32(scales, scaleType, `tensor ${e.quant.scales}`);
@@ -193,3 +189,21 @@ export class MlxSource implements TensorSource {
   }
 }
 
+
+/**
+ * The bf16 bits of f16/f32 scales or biases, which must all be exact bf16 values: cherenkov's q4
+ * keeps them in bf16, and rounding them would silently change every weight of their groups.
+ */
+function exactBf16(bytes: Uint8Array, dtype: string, tensor: string): Uint16Array {
+  const v = toF32(bytes, dtype, `tensor ${tensor}`);
+  const bits = f32ToBf16(v);
+  for (let i = 0; i < v.length; i++) {
+    if (bf16BitsToF32(bits[i]!) !== v[i]! && !Number.isNaN(v[i]!))
+      throw new ConvertError(
+        `tensor ${tensor}: ${dtype} value ${v[i]} (index ${i}) has no exact bf16 form, and cherenkov's q4 keeps MLX scales and biases in bf16: ` +
+          "converting would round them. Quantize the checkpoint with bf16 scales (mlx-lm does by default) or convert the unquantized checkpoint.",
+        tensor,
+      );
+  }
+  return bits;
+}

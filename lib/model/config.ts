@@ -104,6 +104,10 @@ export const ModelConfig = z
     if (c.moe.shared_intermediate % 32 !== 0) issue(["moe", "shared_intermediate"], "must be a multiple of 32");
     if (c.bos_token_id !== null && c.bos_token_id >= c.vocab_size) issue(["bos_token_id"], "outside the vocabulary");
     if (c.eos_token_id !== null && c.eos_token_id >= c.vocab_size) issue(["eos_token_id"], "outside the vocabulary");
+    // The streams' norm in the hc mixes uses hc.eps here and rms_norm_eps in DeepSeek-V4: one
+    // number serves both only when they are equal (docs/model.md, numeric rules).
+    if (c.hc.streams > 1 && c.hc.eps !== c.rms_norm_eps)
+      issue(["hc", "eps"], `is ${c.hc.eps} but rms_norm_eps is ${c.rms_norm_eps}: with streams > 1 the two must be equal (DeepSeek-V4 normalises the streams with rms_norm_eps)`);
     const p = c.ple;
     if (p) {
       p.layers.forEach((l, i) => {

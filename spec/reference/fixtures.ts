@@ -38,3 +38,24 @@ export function maxAbs(a: ArrayLike<number>): number {
   for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]!));
   return m;
 }
+
+/**
+ * Values x within an ulp or two of (n + 1/2) * scale whose quotient x / scale, rounded to f32,
+ * lands exactly on n + 1/2 although the true quotient does not: an f32 division would round
+ * them the wrong way; the q8 rule (docs/model.md) decides on the exact quotient.
+ */
+export function nearHalves(scale: number, count: number): number[] {
+  const out: number[] = [];
+  const f = new Float32Array(1);
+  const u = new Int32Array(f.buffer);
+  for (let n = 1; out.length < count && n < 126; n++) {
+    f[0] = (n + 0.5) * scale;
+    const mid = u[0]!;
+    for (const step of [-2, -1, 1, 2]) {
+      u[0] = mid + step;
+      const x = f[0]!;
+      if (Math.fround(x / scale) === n + 0.5 && x / scale !== n + 0.5) out.push(x);
+    }
+  }
+  return out;
+}
