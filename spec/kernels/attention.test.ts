@@ -16,6 +16,7 @@ import {
 import type { EncodeContext } from "../../lib/gpu/dispatch.ts";
 import { MAX_NB } from "../../lib/gpu/limits.ts";
 import { attendHead, qsaScores, qsaSelect } from "../../lib/reference/attention.ts";
+import { nearHalves } from "../reference/fixtures.ts";
 import { KvCache } from "../../lib/reference/kvcache.ts";
 import { ropeNeox, topKIndices } from "../../lib/reference/ops.ts";
 import type { Buffer } from "../../lib/shim.ts";
@@ -78,12 +79,20 @@ function randomCache(kind: "q8" | "f32", heads: number, dim: number, length: num
   return c;
 }
 
-/** Rows of vectors that hit the q8 rounding rule's edges: exact halves, zeros, clamping. */
+/** Rows of vectors that hit the q8 rounding rule's edges: exact halves, near halves, zeros, clamping. */
 function edgeRows(nb: number, heads: number, dim: number, seed: number): Float32Array {
   const x = randomF32(nb * heads * dim, seed, 2, "append");
   for (let v = 0; v < nb * heads; v++) {
     const base = v * dim;
-    const kind = v % 4;
+    const kind = v % 5;
+    if (kind === 4) {
+      // max 3.3 makes scale = f32(3.3 / 127) inexact; the rest sit next to (n + 1/2) * scale.
+      x[base] = 3.3;
+      const scale = Math.fround(Math.fround(3.3) / 127);
+      const near = nearHalves(scale, dim - 1);
+      for (let i = 1; i < dim; i++) x[base + i] = (i % 2 ? 1 : -1) * near[(i - 1) % near.length]!;
+      continue;
+    }
     if (kind === 1) {
       // max 127 * 2^e, so scale = 2^e and x / scale = m + 1/2 exactly
       const e = (v % 7) - 3;
