@@ -9,7 +9,7 @@ import { dims, type ModelConfig, type DType } from "./config.ts";
  * - matrix: a projection x -> W x (q4 in quantized models), init ~ U(-1,1)/sqrt(in)
  * - small: a projection whose precision matters (router, gates): bf16, init like matrix
  * - hcFn: the hyper-connection mixes' projection (`*.fn`): f32 always, as DeepSeek-V4 keeps its hc
- *   parameters (bf16 moves the small preset's logits by 4e-3 relative); init like matrix. Files
+ *   parameters (bf16 moves the small preset's logits by 7e-2 of the largest); init like matrix. Files
  *   written before this rule hold bf16 fn and still load (the reader takes any float dtype).
  * - norm: a zero-centred RMSNorm weight (the effective scale is 1 + w), init ~ 0.1 N
  * - plainNorm: an RMSNorm weight used as is (DeltaNet's gated norm), init ~ 1 + 0.1 N
