@@ -3,15 +3,18 @@
  *  - libcherenkov_cpu.(so|dylib): the CPU backend (metal-shim/cpu/*.cpp) together with
  *    kernels/*.metal compiled as C++ through metal-shim/gen-bindings.ts.
  *  - on macOS also libcherenkov_metal.dylib from metal-shim/metal/*.m, when present.
- * Incremental: an object is recompiled when a file it depends on (from the compiler's
- * -MMD output) or the flags changed; the library is relinked when an object changed.
+ * Each backend builds on its own: one failing is reported (exit 1) but does not stop the
+ * other. Incremental: an object is recompiled when a file it depends on (from the
+ * compiler's -MMD output) or the flags changed; the library is relinked when an object changed.
  *
- *   bun metal-shim/build.ts [--force] [--quiet] [--optional]
+ *   bun metal-shim/build.ts [--force] [--quiet] [--optional] [--out DIR] [--backend cpu|metal]
  * --optional (postinstall): a failure prints a warning and exits 0.
+ * --out DIR: build into DIR instead of metal-shim/build (say, a clang++ build beside the g++ one).
+ * Compilers: CXX (C++), CC (C), OBJC (Objective-C, default clang).
  */
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, utimesSync, writeFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
-import { basename, join, relative } from "node:path";
+import { basename, join, relative, resolve } from "node:path";
 
 import { paramsHeaderIsStale } from "../lib/gpu/params-gen.ts";
 import { generate } from "./gen-bindings.ts";
@@ -21,16 +24,14 @@ export const BUILD_DIR = join(ROOT, "metal-shim", "build");
 const CPU_DIR = join(ROOT, "metal-shim", "cpu");
 const COMMON_DIR = join(ROOT, "metal-shim", "common"); // plain C shared by every backend (cherenkov_io.h)
 const METAL_DIR = join(ROOT, "metal-shim", "metal");
-const GEN_DIR = join(BUILD_DIR, "gen");
-const OBJ_DIR = join(BUILD_DIR, "obj");
 const isMac = process.platform === "darwin";
 const LIB_EXT = isMac ? "dylib" : "so";
 
 export type Backend = "cpu" | "metal";
 
-/** Where the local build puts a backend's library. */
-export function localLibraryPath(backend: Backend): string {
-  return join(BUILD_DIR, `libcherenkov_${backend}.${backend === "metal" ? "dylib" : LIB_EXT}`);
+/** Where a build (the local one by default) puts a backend's library. */
+export function localLibraryPath(backend: Backend, outDir: string = BUILD_DIR): string {
+  return join(outDir, `libcherenkov_${backend}.${backend === "metal" ? "dylib" : LIB_EXT}`);
 }
 
 /** Files and folders whose change means a backend's library must be rebuilt. */
@@ -62,10 +63,12 @@ export function canBuildMetal(): boolean {
 }
 
 const mtime = (path: string) => statSync(path).mtimeMs;
+/** A path as printed: relative inside the repository, absolute outside it. */
+const shown = (path: string) => (path.startsWith(ROOT + "/") ? relative(ROOT, path) : path);
 
 /** Cheap synchronous check (lib/shim.ts uses it): is a local library missing or older than its sources? */
-export function buildIsStale(backend: Backend = "cpu"): boolean {
-  const lib = localLibraryPath(backend);
+export function buildIsStale(backend: Backend = "cpu", outDir: string = BUILD_DIR): boolean {
+  const lib = localLibraryPath(backend, outDir);
   if (!existsSync(lib)) return true;
   const built = mtime(lib);
   return inputs(backend).some((p) => mtime(p) > built);
@@ -104,10 +107,10 @@ function runtimeFlags(): string[] {
   return [...commonFlags(), "-Wextra"];
 }
 
-function kernelFlags(): string[] {
+function kernelFlags(genDir: string): string[] {
   const unknownAttributes = isMac ? "-Wno-unknown-attributes" : "-Wno-attributes";
   // Kernels type-pun device memory as freely as Metal allows: no strict aliasing.
-  return [...commonFlags(), unknownAttributes, "-fno-strict-aliasing", "-I", join(CPU_DIR, "include"), "-I", CPU_DIR, "-I", GEN_DIR];
+  return [...commonFlags(), unknownAttributes, "-fno-strict-aliasing", "-I", join(CPU_DIR, "include"), "-I", CPU_DIR, "-I", genDir];
 }
 
 /** Dependencies an object was built from, per the compiler's .d file. */
@@ -150,13 +153,19 @@ async function inParallel<T>(items: T[], limit: number, fn: (item: T) => Promise
 export interface BuildOptions {
   /** Recompile everything. */
   force?: boolean;
+  /** Build into this folder (default metal-shim/build). */
+  outDir?: string;
+  /** Build only these backends (default: every one this machine can build). */
+  backends?: Backend[];
 }
 
-async function buildCpu(opts: BuildOptions): Promise<string> {
+async function buildCpu(opts: BuildOptions, outDir: string): Promise<string> {
   if (paramsHeaderIsStale())
     throw new Error("kernels/params.h is stale: run `bun lib/gpu/params-gen.ts` (lib/gpu/params.ts is its source)");
-  mkdirSync(OBJ_DIR, { recursive: true });
-  const generated = generate(ROOT, GEN_DIR);
+  const genDir = join(outDir, "gen");
+  const objDir = join(outDir, "obj");
+  mkdirSync(objDir, { recursive: true });
+  const generated = generate(ROOT, genDir);
   const cxx = compilerFor("c++");
   const runtime = readdirSync(CPU_DIR)
     .filter((f) => f.endsWith(".cpp"))
@@ -164,24 +173,24 @@ async function buildCpu(opts: BuildOptions): Promise<string> {
     .map((f) => join(CPU_DIR, f));
   const cc = compilerFor("c");
   const jobs: Job[] = [
-    ...runtime.map((source) => ({ compiler: cxx, source, object: join(OBJ_DIR, `cpu_${basename(source, ".cpp")}.o`), flags: runtimeFlags() })),
-    ...commonSources().map((source) => ({ compiler: cc, source, object: join(OBJ_DIR, `common_${basename(source, ".c")}.o`), flags: cFlags() })),
-    ...generated.sources.map((source) => ({ compiler: cxx, source, object: join(OBJ_DIR, `gen_${basename(source, ".cpp")}.o`), flags: kernelFlags() })),
+    ...runtime.map((source) => ({ compiler: cxx, source, object: join(objDir, `cpu_${basename(source, ".cpp")}.o`), flags: runtimeFlags() })),
+    ...commonSources().map((source) => ({ compiler: cc, source, object: join(objDir, `common_${basename(source, ".c")}.o`), flags: cFlags() })),
+    ...generated.sources.map((source) => ({ compiler: cxx, source, object: join(objDir, `gen_${basename(source, ".cpp")}.o`), flags: kernelFlags(genDir) })),
   ];
-  const lib = localLibraryPath("cpu");
-  const stampPath = join(BUILD_DIR, "stamp.json");
-  const stamp = JSON.stringify({ cxx, cc, runtime: runtimeFlags(), c: cFlags(), kernels: kernelFlags(), objects: jobs.map((j) => j.object) });
+  const lib = localLibraryPath("cpu", outDir);
+  const stampPath = join(outDir, "stamp.json");
+  const stamp = JSON.stringify({ cxx, cc, runtime: runtimeFlags(), c: cFlags(), kernels: kernelFlags(genDir), objects: jobs.map((j) => j.object) });
   const flagsChanged = opts.force === true || !existsSync(stampPath) || readFileSync(stampPath, "utf8") !== stamp;
   const stale = jobs.filter((j) => objectIsStale(j, flagsChanged));
   const started = performance.now();
   await inParallel(stale, availableParallelism(), (j) =>
-    run([j.compiler, ...j.flags, "-MMD", "-MF", j.object.replace(/\.o$/, ".d"), "-c", j.source, "-o", j.object], `compile ${relative(ROOT, j.source)}`),
+    run([j.compiler, ...j.flags, "-MMD", "-MF", j.object.replace(/\.o$/, ".d"), "-c", j.source, "-o", j.object], `compile ${shown(j.source)}`),
   );
   const relink = flagsChanged || stale.length > 0 || !existsSync(lib) || jobs.some((j) => mtime(j.object) > mtime(lib));
   if (relink) {
     const tmp = `${lib}.${process.pid}.tmp`;
     const shared = isMac ? ["-dynamiclib"] : ["-shared"];
-    await run([cxx, ...shared, "-pthread", "-o", tmp, ...jobs.map((j) => j.object), "-lm"], `link ${relative(ROOT, lib)}`);
+    await run([cxx, ...shared, "-pthread", "-o", tmp, ...jobs.map((j) => j.object), "-lm"], `link ${shown(lib)}`);
     renameSync(tmp, lib); // atomic: a process loading the old library keeps its copy
     writeFileSync(stampPath, stamp);
   } else {
@@ -190,17 +199,17 @@ async function buildCpu(opts: BuildOptions): Promise<string> {
   }
   const seconds = ((performance.now() - started) / 1000).toFixed(1);
   return relink
-    ? `metal-shim: built ${relative(ROOT, lib)} (${generated.kernels} kernels; compiled ${stale.length} of ${jobs.length} files in ${seconds} s)`
+    ? `metal-shim: built ${shown(lib)} (${generated.kernels} kernels; compiled ${stale.length} of ${jobs.length} files in ${seconds} s)`
     : "";
 }
 
-async function buildMetal(opts: BuildOptions): Promise<string> {
+async function buildMetal(opts: BuildOptions, outDir: string): Promise<string> {
   if (!canBuildMetal()) return "";
   const sources = readdirSync(METAL_DIR)
     .filter((f) => f.endsWith(".m"))
     .map((f) => join(METAL_DIR, f));
   if (sources.length === 0) return "";
-  const lib = localLibraryPath("metal");
+  const lib = localLibraryPath("metal", outDir);
   const newest = Math.max(...inputs("metal").map(mtime));
   if (!opts.force && existsSync(lib) && mtime(lib) >= newest) return "";
   const tmp = `${lib}.${process.pid}.tmp`;
@@ -209,12 +218,12 @@ async function buildMetal(opts: BuildOptions): Promise<string> {
     "build the Metal backend",
   );
   renameSync(tmp, lib);
-  return `metal-shim: built ${relative(ROOT, lib)}`;
+  return `metal-shim: built ${shown(lib)}`;
 }
 
 /** One build at a time across processes (say, two test runs on a fresh checkout): mkdir is atomic. */
-async function withBuildLock<T>(fn: () => Promise<T>): Promise<T> {
-  const lock = join(BUILD_DIR, ".lock");
+async function withBuildLock<T>(outDir: string, fn: () => Promise<T>): Promise<T> {
+  const lock = join(outDir, ".lock");
   const started = Date.now();
   for (;;) {
     try {
@@ -234,21 +243,85 @@ async function withBuildLock<T>(fn: () => Promise<T>): Promise<T> {
   }
 }
 
-/** Builds whatever is stale; returns the lines it would print. */
+/** A backend's build failed; the others were still built. `lines` are what did build. */
+export class NativeBuildError extends Error {
+  override name = "NativeBuildError";
+  constructor(
+    readonly failed: { backend: Backend; message: string }[],
+    readonly lines: string[],
+  ) {
+    super(failed.map((f) => `metal-shim: the ${f.backend} backend failed to build:\n${f.message}`).join("\n\n"));
+  }
+}
+
+/**
+ * Builds whatever is stale, each backend on its own: a failing backend does not stop
+ * the next one. Returns the lines it would print; throws NativeBuildError after trying
+ * every backend when any failed.
+ */
 export async function buildNative(opts: BuildOptions = {}): Promise<string[]> {
-  mkdirSync(BUILD_DIR, { recursive: true });
-  return withBuildLock(async () => [await buildCpu(opts), await buildMetal(opts)].filter(Boolean));
+  const outDir = opts.outDir ?? BUILD_DIR;
+  mkdirSync(outDir, { recursive: true });
+  const builders: Record<Backend, (o: BuildOptions, dir: string) => Promise<string>> = { cpu: buildCpu, metal: buildMetal };
+  const wanted = opts.backends ?? (["cpu", "metal"] as Backend[]);
+  return withBuildLock(outDir, () => buildEach(wanted.map((backend) => ({ backend, build: () => builders[backend](opts, outDir) }))));
+}
+
+/** Runs each backend's build in turn, whatever the previous one did; throws NativeBuildError at the end if any failed. */
+export async function buildEach(steps: { backend: Backend; build: () => Promise<string> }[]): Promise<string[]> {
+  const lines: string[] = [];
+  const failed: { backend: Backend; message: string }[] = [];
+  for (const { backend, build } of steps) {
+    try {
+      const line = await build();
+      if (line) lines.push(line);
+    } catch (e) {
+      failed.push({ backend, message: e instanceof Error ? e.message : String(e) });
+    }
+  }
+  if (failed.length) throw new NativeBuildError(failed, lines);
+  return lines;
+}
+
+/** Parses the command line of `bun metal-shim/build.ts`. */
+export function parseBuildArgs(argv: string[]): BuildOptions & { quiet: boolean; optional: boolean } {
+  const out: BuildOptions & { quiet: boolean; optional: boolean } = { quiet: false, optional: false };
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    const value = () => {
+      const v = argv[++i];
+      if (v === undefined || v.startsWith("--")) throw new Error(`metal-shim/build.ts: ${arg} needs a value`);
+      return v;
+    };
+    if (arg === "--force") out.force = true;
+    else if (arg === "--quiet") out.quiet = true;
+    else if (arg === "--optional") out.optional = true;
+    else if (arg === "--out") out.outDir = resolve(value());
+    else if (arg === "--backend") {
+      const b = value();
+      if (b !== "cpu" && b !== "metal") throw new Error(`metal-shim/build.ts: --backend ${b}: expected cpu or metal`);
+      (out.backends ??= []).push(b);
+    } else throw new Error(`metal-shim/build.ts: unknown option ${arg} (--force, --quiet, --optional, --out DIR, --backend cpu|metal)`);
+  }
+  return out;
 }
 
 if (import.meta.main) {
-  const args = new Set(process.argv.slice(2));
+  let args: ReturnType<typeof parseBuildArgs>;
   try {
-    const lines = await buildNative({ force: args.has("--force") });
-    if (lines.length) console.log(lines.join("\n"));
-    else if (!args.has("--quiet")) console.log("metal-shim: up to date");
+    args = parseBuildArgs(process.argv.slice(2));
   } catch (e) {
+    console.error(e instanceof Error ? e.message : String(e));
+    process.exit(2);
+  }
+  try {
+    const lines = await buildNative(args);
+    if (lines.length) console.log(lines.join("\n"));
+    else if (!args.quiet) console.log("metal-shim: up to date");
+  } catch (e) {
+    if (e instanceof NativeBuildError && e.lines.length) console.log(e.lines.join("\n"));
     const message = e instanceof Error ? e.message : String(e);
-    if (args.has("--optional")) {
+    if (args.optional) {
       console.warn(`metal-shim: native build skipped: ${message}\n(run \`bun run build:native\` once a C++ compiler is installed)`);
       process.exit(0);
     }

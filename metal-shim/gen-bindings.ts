@@ -1,11 +1,15 @@
 /**
- * Reads kernels/*.metal and writes what the CPU backend compiles:
- *  - a copy of every kernels/ source with `threadgroup` rewritten for C++
- *    (storage declarations become `static thread_local`, shared by the fibers
- *    of a threadgroup; pointer and reference qualifiers are dropped),
- *  - one C++ file per .metal with the binding table of its kernels, parsed from
- *    each `kernel void name(...)` signature's [[buffer(i)]] and builtin
- *    attributes (g++ ignores attributes, so bindings come from here),
+ * Reads kernels/*.metal into a kernel table (parseKernelTable: every pipeline
+ * with its [[buffer(i)]] and builtin bindings, parsed from each
+ * `kernel void name(...)` signature, since C++ compilers ignore or reject
+ * Metal's attributes) that any backend's emitter can use. The CPU emitter
+ * (emitCpu) writes what the CPU backend compiles:
+ *  - a copy of every kernels/ source made valid C++ by cppSource(): `threadgroup`
+ *    storage becomes `static thread_local` (shared by the fibers of a threadgroup),
+ *    `threadgroup` pointer/reference qualifiers are dropped, and the
+ *    [[host_name("...")]] of explicit instantiations is blanked (g++ ignores it,
+ *    clang rejects an attribute list there; the name lives in the table),
+ *  - one C++ file per .metal with the binding table of its kernels,
  *  - registry.cpp listing every table.
  * Run by metal-shim/build.ts; `bun metal-shim/gen-bindings.ts` prints the table.
  */
@@ -233,6 +237,26 @@ export function rewriteThreadgroup(source: string): string {
   return out;
 }
 
+/**
+ * Blanks `[[host_name("...")]]` (kept in the kernel table instead): C++ has no
+ * such attribute and clang rejects an attribute list after `template`. Spaces
+ * replace it, so columns and lines stay where they were.
+ */
+export function blankHostNames(source: string): string {
+  // Scan a copy without comments and with string contents blanked (offsets kept), so
+  // neither can hold a match, while `"name_" #T` inside a macro still can.
+  const code = stripComments(source).replace(/"(?:[^"\\\n]|\\.)*"/g, (s) => `"${" ".repeat(s.length - 2)}"`);
+  const re = /\[\[\s*host_name\s*\([^\]\n]*?\)\s*\]\]/g;
+  let out = source;
+  for (let m = re.exec(code); m; m = re.exec(code)) out = out.slice(0, m.index) + " ".repeat(m[0].length) + out.slice(m.index + m[0].length);
+  return out;
+}
+
+/** A kernels/ source made valid C++ for a C++ backend (CPU, CUDA): lines and offsets kept. */
+export function cppSource(source: string): string {
+  return blankHostNames(rewriteThreadgroup(source));
+}
+
 function listSources(dir: string, exts: string[]): string[] {
   if (!existsSync(dir)) return [];
   const out: string[] = [];
@@ -242,6 +266,33 @@ function listSources(dir: string, exts: string[]): string[] {
     else if (exts.some((e) => name.endsWith(e))) out.push(path);
   }
   return out;
+}
+
+/** One kernels/*.metal and the pipelines it defines. */
+export interface KernelFile {
+  /** Absolute path. */
+  path: string;
+  /** Relative to the repository root ("kernels/norm.metal"). */
+  rel: string;
+  /** C identifier derived from the file name ("norm"). */
+  id: string;
+  entries: KernelEntry[];
+}
+
+/** Every pipeline of kernels/, per file: what each backend's emitter starts from. */
+export interface KernelTable {
+  root: string;
+  kernelsDir: string;
+  /** Each kernels/*.metal, sorted by name (files without kernels included, with no entries). */
+  files: KernelFile[];
+  /** Every source a kernel file may include (.metal and .h under kernelsDir), sorted. */
+  sources: string[];
+}
+
+/** Parses kernels/ into a KernelTable; throws KernelParseError naming file:line. */
+export function parseKernelTable(root: string, kernelsDir = join(root, "kernels")): KernelTable {
+  const files = [...collectKernels(root, kernelsDir)].map(([path, entries]) => ({ path, rel: relative(root, path), id: ident(path), entries }));
+  return { root, kernelsDir, files, sources: listSources(kernelsDir, [".metal", ".h"]) };
 }
 
 /** Parses every kernel pipeline of the kernels/ directory (templates resolved). */
@@ -310,25 +361,28 @@ function binderOf(p: ParamBinding): string {
 }
 
 /**
- * Writes the rewritten sources to genDir/kernels/, one table per .metal
- * (genDir/<file>.cpp) and genDir/registry.cpp. Unchanged files keep their
- * mtime. Returns the C++ files to compile.
+ * Writes every kernels/ source through cppSource() to genDir/kernels/ (with a
+ * #line so diagnostics name the original file). Unchanged files keep their mtime.
  */
-export function generate(root: string, genDir: string): { sources: string[]; kernels: number } {
-  const kernelsDir = join(root, "kernels");
-  const byFile = collectKernels(root, kernelsDir);
-  for (const path of listSources(kernelsDir, [".metal", ".h"])) {
-    const rel = relative(root, path);
-    const text = `#line 1 "${rel}"\n` + rewriteThreadgroup(readFileSync(path, "utf8"));
-    writeIfChanged(join(genDir, rel), text);
+export function writeCppSources(table: KernelTable, genDir: string): void {
+  for (const path of table.sources) {
+    const rel = relative(table.root, path);
+    writeIfChanged(join(genDir, rel), `#line 1 "${rel}"\n` + cppSource(readFileSync(path, "utf8")));
   }
+}
+
+/**
+ * The CPU backend's emitter: the C++ sources (writeCppSources), one table per
+ * .metal (genDir/<file>.cpp) and genDir/registry.cpp. Unchanged files keep
+ * their mtime. Returns the C++ files to compile.
+ */
+export function emitCpu(table: KernelTable, genDir: string): { sources: string[]; kernels: number } {
+  writeCppSources(table, genDir);
   const sources: string[] = [];
   const tables: string[] = [];
   let kernels = 0;
-  for (const [path, entries] of byFile) {
+  for (const { id, rel, entries } of table.files) {
     if (entries.length === 0) continue;
-    const id = ident(path);
-    const rel = relative(root, path);
     const ns = `ckk_${id}`;
     const rows = entries.map(
       (k) =>
@@ -381,13 +435,18 @@ export function generate(root: string, genDir: string): { sources: string[]; ker
   return { sources, kernels };
 }
 
+/** Parses kernels/ and runs the CPU emitter (what metal-shim/build.ts calls). */
+export function generate(root: string, genDir: string): { sources: string[]; kernels: number } {
+  return emitCpu(parseKernelTable(root), genDir);
+}
+
 if (import.meta.main) {
   const root = join(import.meta.dir, "..");
   try {
-    for (const [path, entries] of collectKernels(root)) {
+    for (const { rel, entries } of parseKernelTable(root).files) {
       for (const k of entries) {
         const params = k.params.map((p) => (p.kind === "buffer" ? `buffer(${p.index})` : p.attr)).join(", ");
-        console.log(`${k.name.padEnd(32)} ${relative(root, path)}  ${params}`);
+        console.log(`${k.name.padEnd(32)} ${rel}  ${params}`);
       }
     }
   } catch (e) {

@@ -2,7 +2,10 @@
 // let the CPU backend compile kernels/*.metal as C++.
 import { describe, expect, test } from "bun:test";
 
-import { findKernels, rewriteThreadgroup, stripComments } from "../../metal-shim/gen-bindings.ts";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+
+import { blankHostNames, cppSource, findKernels, parseKernelTable, rewriteThreadgroup, stripComments } from "../../metal-shim/gen-bindings.ts";
 
 describe("rewriteThreadgroup", () => {
   test.each([
@@ -62,4 +65,46 @@ template [[host_name("tmpl_f16")]] kernel void tmpl<half>(constant P& p [[buffer
   ])("rejects %s", (src, message) => {
     expect(() => findKernels(src, "k.metal")).toThrow(message);
   });
+});
+
+describe("cppSource: kernels/ as C++ every compiler accepts", () => {
+  // clang rejects an attribute list after `template` ("an attribute list cannot appear
+  // here"); g++ ignored it, so the CPU backend built with g++ only.
+  test("blanks [[host_name]] on explicit instantiations, keeping columns", () => {
+    const src = 'template [[host_name("ew_add_f32")]] kernel decltype(ew<EW_ADD>) ew<EW_ADD>;';
+    const out = blankHostNames(src);
+    expect(out.length).toBe(src.length);
+    expect(out).not.toContain("host_name");
+    expect(out).toMatch(/^template\s+kernel decltype\(ew<EW_ADD>\) ew<EW_ADD>;$/);
+    expect(out.indexOf("kernel")).toBe(src.indexOf("kernel"));
+  });
+
+  test("also inside a macro, and leaves comments and strings alone", () => {
+    const src = '#define I(T) template [[ host_name( "m_" #T ) ]] kernel decltype(m<T>) m<T>;\n// [[host_name("x")]]\nconst char* s = "[[host_name(\\"y\\")]]";';
+    const out = cppSource(src);
+    expect(out.split("\n")[0]).not.toContain("host_name");
+    expect(out.split("\n")[1]).toBe('// [[host_name("x")]]');
+    expect(out.split("\n")[2]).toContain("host_name");
+  });
+
+  test("the real kernels keep no [[host_name]] after the rewrite", () => {
+    const table = parseKernelTable(join(import.meta.dir, "..", ".."));
+    for (const path of table.sources) {
+      const code = stripComments(cppSource(readFileSync(path, "utf8")));
+      expect({ path, hostName: /host_name/.test(code) }).toEqual({ path, hostName: false });
+    }
+  });
+});
+
+test("parseKernelTable: every pipeline once, per file, with its bindings (what each backend emits from)", () => {
+  const table = parseKernelTable(join(import.meta.dir, "..", ".."));
+  const names = table.files.flatMap((f) => f.entries.map((k) => k.name));
+  expect(new Set(names).size).toBe(names.length);
+  expect(names).toEqual(expect.arrayContaining(["ew_add_f32", "matvec_q4_f32", "attn_rows_q8"]));
+  const ew = table.files.find((f) => f.rel === "kernels/elementwise.metal")!;
+  expect(ew.id).toBe("elementwise");
+  const add = ew.entries.find((k) => k.name === "ew_add_f32")!;
+  expect(add.fn).toBe("ew<EW_ADD>");
+  expect(add.params[0]).toEqual({ kind: "buffer", index: 0 });
+  expect(add.where).toMatch(/^kernels\/elementwise\.metal:\d+$/);
 });

@@ -1,0 +1,48 @@
+// metal-shim/build.ts: each backend builds on its own (issue 9 item 1: on a Mac the CPU
+// backend failing used to stop the Metal one from being built at all), and the options
+// that let a second build (say, clang++) live beside the default one.
+import { expect, test } from "bun:test";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+import { BUILD_DIR, NativeBuildError, buildEach, localLibraryPath, parseBuildArgs } from "../../metal-shim/build.ts";
+
+test("a failing backend does not stop the next one; the failure is still reported", async () => {
+  const ran: string[] = [];
+  const err = await buildEach([
+    { backend: "cpu", build: async () => (ran.push("cpu"), Promise.reject(new Error("kernels/x.metal:1: error: boom"))) },
+    { backend: "metal", build: async () => (ran.push("metal"), "metal-shim: built libcherenkov_metal.dylib") },
+  ]).catch((e) => e);
+  expect(ran).toEqual(["cpu", "metal"]);
+  expect(err).toBeInstanceOf(NativeBuildError);
+  expect(err.lines).toEqual(["metal-shim: built libcherenkov_metal.dylib"]);
+  expect(err.failed.map((f: { backend: string }) => f.backend)).toEqual(["cpu"]);
+  expect(err.message).toContain("the cpu backend failed to build:\nkernels/x.metal:1: error: boom");
+});
+
+test("all backends building returns their lines", async () => {
+  expect(await buildEach([{ backend: "cpu", build: async () => "a" }, { backend: "metal", build: async () => "" }])).toEqual(["a"]);
+});
+
+test("command line: --out, --backend, and clear errors", () => {
+  expect(parseBuildArgs(["--force", "--quiet", "--out", "/tmp/x", "--backend", "cpu"])).toEqual({ force: true, quiet: true, optional: false, outDir: "/tmp/x", backends: ["cpu"] });
+  expect(() => parseBuildArgs(["--backend", "cuda"])).toThrow("--backend cuda: expected cpu or metal");
+  expect(() => parseBuildArgs(["--out"])).toThrow("--out needs a value");
+  expect(() => parseBuildArgs(["--fast"])).toThrow("unknown option --fast");
+  expect(localLibraryPath("cpu", "/tmp/x")).toMatch(/^\/tmp\/x\/libcherenkov_cpu\.(so|dylib)$/);
+  expect(localLibraryPath("cpu")).toStartWith(BUILD_DIR);
+});
+
+test("a compiler that fails makes the build exit 1 naming the backend", () => {
+  const out = mkdtempSync(join(tmpdir(), "cherenkov-build-"));
+  try {
+    const proc = Bun.spawnSync([process.execPath, join(import.meta.dir, "..", "..", "metal-shim", "build.ts"), "--out", out, "--backend", "cpu"], {
+      env: { ...process.env, CXX: "false", CC: "false" },
+    });
+    expect(proc.exitCode).toBe(1);
+    expect(proc.stderr.toString()).toContain("the cpu backend failed to build");
+  } finally {
+    rmSync(out, { recursive: true, force: true });
+  }
+});
