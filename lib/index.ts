@@ -1,6 +1,7 @@
 // The public API of cherenkov. Explicit named exports only: nothing from lib/gpu or
 // lib/shim.ts is public.
 export { Model, Session } from "./api/model.ts";
+export { SessionBusyError, SessionClosedError } from "./api/session-errors.ts";
 export type {
   BackendName, FinishReason, GenerateOptions, GenerationResult, LoadOptions, ModelStats, Prompt, StreamChunk,
 } from "./api/model.ts";

@@ -3,12 +3,14 @@ import type { ModelConfig } from "../model/config.ts";
 import { defaultModelDir } from "../model/default-model.ts";
 import { openModel, type ModelFiles } from "../model/format.ts";
 import { loadTokenizer, type ChatMessage, type TextTokenizer } from "../model/tokenizer.ts";
+import { encodeChat } from "../model/chat-encode.ts";
 import { BackendUnavailableError, throwIfAborted, type Backend, type BackendSequence, type SampleRequest, type TokenLogprobs } from "./backend.ts";
 import { checkSeed, hasPenalties, isPlainGreedy, samplingParams, type PenaltyCounts } from "../reference/sampling.ts";
 import { ReferenceBackend } from "./reference-backend.ts";
 import { EngineBackend, type EngineOptions } from "./engine-backend.ts";
 import { DraftController } from "./draft-controller.ts";
 import { Checkpoint } from "./checkpoint.ts";
+import { SessionBusyError, SessionClosedError } from "./session-errors.ts";
 import { defaultBackend, loadShim } from "../shim.ts";
 
 export type BackendName = "auto" | "reference" | "cpu" | "metal";
@@ -221,7 +223,8 @@ export class Model {
     if (Array.isArray(prompt) && prompt.every((t) => typeof t === "number")) return prompt as number[];
     const tok = this.requireTokenizer();
     if (typeof prompt === "string") return tok.encode(prompt);
-    return tok.encode(tok.applyChatTemplate(prompt as ChatMessage[], { addGenerationPrompt: true }), { addSpecialTokens: false });
+    // message contents are text: a special token's string typed in them is not a control token
+    return encodeChat(tok, prompt as ChatMessage[]);
   }
 
   decode(tokens: number[]): string {
@@ -277,14 +280,22 @@ export class Model {
   session(opts: SessionOptions = {}): Session {
     this.check();
     const from = opts.from;
-    if (from === undefined) return new Session(this, this.backend.newSequence(), (c) => this.account(c));
+    const track = (s: Session) => {
+      this.sessions.add(s);
+      s.onClose(() => this.sessions.delete(s));
+      return s;
+    };
+    if (from === undefined) return track(new Session(this, this.backend.newSequence(), (c) => this.account(c)));
     if (!(from instanceof Checkpoint)) throw new Error("session({ from }): `from` must be a Checkpoint made by session.checkpoint()");
     if (from.owner !== this)
       throw new Error(
         `session({ from }): the checkpoint was made by another model (${from.origin}); a checkpoint resumes only on the loaded model that made it (this is ${this.dir} on ${this.backend.name})`,
       );
-    return new Session(this, this.backend.newSequence(from.state), (c) => this.account(c), from);
+    return track(new Session(this, this.backend.newSequence(from.state), (c) => this.account(c), from));
   }
+
+  /** Open sessions: close() stops what they run before the backend goes. */
+  private sessions = new Set<Session>();
 
   private account(c: Partial<Omit<ModelStats, "backend" | "engine">>) {
     const k = this.counters;
@@ -333,9 +344,12 @@ export class Model {
     return this.backend.maxDrafts;
   }
 
+  /** Closes the model: a generation still running in any of its sessions stops with SessionClosedError. */
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    const running = [...this.sessions].map((s) => s.closeFor("the model was closed"));
+    await Promise.allSettled(running);
     await this.backend.close();
   }
 }
@@ -378,6 +392,14 @@ export interface SessionOptions {
   from?: Checkpoint;
 }
 
+/**
+ * One growing sequence of tokens. It runs one operation at a time: append, generate, stream,
+ * checkpoint or reset while a generate or stream of the same session has not finished throws
+ * SessionBusyError (never queued: a queued append would land inside the running answer).
+ * Separate sessions of one model may run at once (the engine runs their steps in turn).
+ * close(), of the session or of its model, stops a running operation at its next step on
+ * every backend; it then fails with SessionClosedError.
+ */
 export class Session {
   /** Every token of the session, prompts and generated ones. */
   readonly tokens: number[] = [];
@@ -386,6 +408,13 @@ export class Session {
   private newPromptTokens = 0;
   private prefillMs = 0;
   private closed = false;
+  /** The operation running now (one at a time). */
+  private running: { name: string } | null = null;
+  /** The backend call in flight (a forward or speculative step), if any. */
+  private inflight: Promise<unknown> | null = null;
+  /** Aborted by close(): stops a running operation at its next step, on every backend. */
+  private closer = new AbortController();
+  private closeListeners: (() => void)[] = [];
 
   /** @internal */
   constructor(private model: Model, private seq: BackendSequence, private account: (c: object) => void, from?: Checkpoint) {
@@ -401,7 +430,7 @@ export class Session {
    * when this session goes on or is closed. Not while a generate() of this session is running.
    */
   checkpoint(): Checkpoint {
-    if (this.closed) throw new Error("the session is closed");
+    this.checkIdle("checkpoint");
     return new Checkpoint(this.model, `${this.model.dir} on ${this.model.backendName}`, this.tokens.slice(), this.prediction, this.seq.checkpoint());
   }
 
@@ -415,21 +444,27 @@ export class Session {
     if (this.seq.length > this.tokens.length || (extra.length === 0 && this.seq.length === this.tokens.length)) this.seq.reset();
     const run = [...this.tokens.slice(this.seq.length), ...extra];
     const t0 = performance.now();
-    const r = await this.seq.forward(run, signal, sample);
+    const r = await this.step(this.seq.forward(run, signal, sample));
     this.prefillMs += performance.now() - t0;
     return { next: r.next[r.next.length - 1]!, logprobs: r.logprobs?.[0] };
   }
 
   /** Runs `prompt` through the model (a prefill); generation continues after it. */
   async append(prompt: Prompt, signal?: AbortSignal): Promise<void> {
-    if (this.closed) throw new Error("the session is closed");
-    const ids = this.model.encode(prompt);
-    if (ids.length === 0) throw new Error("append: the prompt is empty");
-    this.prediction = null;
-    const next = await this.catchUp(ids, signal);
-    this.tokens.push(...ids);
-    this.newPromptTokens += ids.length;
-    this.prediction = next.next;
+    const op = this.begin("append", signal);
+    try {
+      const ids = this.model.encode(prompt);
+      if (ids.length === 0) throw new Error("append: the prompt is empty");
+      this.prediction = null;
+      const next = await this.catchUp(ids, op);
+      this.tokens.push(...ids);
+      this.newPromptTokens += ids.length;
+      this.prediction = next.next;
+    } catch (e) {
+      throw this.closedInstead(e);
+    } finally {
+      this.end();
+    }
   }
 
   /**
@@ -439,19 +474,61 @@ export class Session {
    */
   async appendFor(prompt: Prompt, opts: GenerateOptions): Promise<void> {
     if (!samplingRequest(opts)) return this.append(prompt, opts.signal);
-    if (this.closed) throw new Error("the session is closed");
-    const ids = this.model.encode(prompt);
-    if (ids.length === 0) throw new Error("append: the prompt is empty");
-    this.prediction = null;
-    if (this.seq.length > this.tokens.length) this.seq.reset();
-    const run = [...this.tokens.slice(this.seq.length), ...ids.slice(0, -1)];
-    if (run.length > 0) {
-      const t0 = performance.now();
-      await this.seq.forward(run, opts.signal);
-      this.prefillMs += performance.now() - t0;
+    const signal = this.begin("append", opts.signal);
+    try {
+      const ids = this.model.encode(prompt);
+      if (ids.length === 0) throw new Error("append: the prompt is empty");
+      this.prediction = null;
+      if (this.seq.length > this.tokens.length) this.seq.reset();
+      const run = [...this.tokens.slice(this.seq.length), ...ids.slice(0, -1)];
+      if (run.length > 0) {
+        const t0 = performance.now();
+        await this.step(this.seq.forward(run, signal));
+        this.prefillMs += performance.now() - t0;
+      }
+      this.tokens.push(...ids);
+      this.newPromptTokens += ids.length;
+    } catch (e) {
+      throw this.closedInstead(e);
+    } finally {
+      this.end();
     }
-    this.tokens.push(...ids);
-    this.newPromptTokens += ids.length;
+  }
+
+  /**
+   * Starts an operation: refused when the session is closed or another operation runs.
+   * Returns the signal the operation runs under (the caller's and close()).
+   */
+  private begin(name: string, signal?: AbortSignal): AbortSignal {
+    this.checkIdle(name);
+    this.running = { name };
+    return signal ? AbortSignal.any([signal, this.closer.signal]) : this.closer.signal;
+  }
+
+  private end(): void {
+    this.running = null;
+    if (this.closed) this.seq.dispose();
+  }
+
+  /** Runs a backend call, remembered so that close() can wait for it to settle. */
+  private step<T>(call: Promise<T>): Promise<T> {
+    this.inflight = call;
+    const clear = () => {
+      if (this.inflight === call) this.inflight = null;
+    };
+    call.then(clear, clear);
+    return call;
+  }
+
+  private checkIdle(name: string): void {
+    if (this.closed) throw new SessionClosedError(`${name}: the session is closed`);
+    if (this.running) throw new SessionBusyError(name, this.running.name);
+  }
+
+  /** A failure caused by close() (a disposed sequence, a closed engine) reads as SessionClosedError. */
+  private closedInstead(e: unknown): unknown {
+    const reason = this.closer.signal.reason;
+    return this.closed && !(e instanceof SessionClosedError) && reason instanceof SessionClosedError ? reason : e;
   }
 
   /** Generates from the current end of the session. */
@@ -465,7 +542,17 @@ export class Session {
 
   /** Streams tokens from the current end of the session. */
   async *stream(opts: GenerateOptions = {}): AsyncGenerator<StreamChunk, GenerationResult> {
-    if (this.closed) throw new Error("the session is closed");
+    const signal = this.begin("generate", opts.signal);
+    try {
+      return yield* this.run(opts, signal);
+    } catch (e) {
+      throw this.closedInstead(e);
+    } finally {
+      this.end();
+    }
+  }
+
+  private async *run(opts: GenerateOptions, signal: AbortSignal): AsyncGenerator<StreamChunk, GenerationResult> {
     if (this.tokens.length === 0) throw new Error("generate: append a prompt first");
     const maxTokens = opts.maxTokens ?? 256;
     if (!Number.isInteger(maxTokens) || maxTokens < 0) throw new Error(`maxTokens ${maxTokens} must be an integer >= 0`);
@@ -499,13 +586,13 @@ export class Session {
     let finishReason: FinishReason = "length";
     const t0 = performance.now();
     try {
-      throwIfAborted(opts.signal);
+      throwIfAborted(signal);
       let queue: number[];
       let queueLogprobs: TokenLogprobs[] | undefined;
       if (sample || this.prediction === null) {
         // Sampling draws from the last row: a greedy prediction made by append() is recomputed.
         if (sample) this.prediction = null;
-        const first = await this.catchUp([], opts.signal, sample ?? undefined);
+        const first = await this.catchUp([], signal, sample ?? undefined);
         queue = [first.next];
         queueLogprobs = first.logprobs ? [first.logprobs] : undefined;
       } else queue = [this.prediction];
@@ -533,14 +620,14 @@ export class Session {
           }
           if (generated.length >= maxTokens) break outer;
         }
-        throwIfAborted(opts.signal);
+        throwIfAborted(signal);
         // The newest token has not been run yet: it leads the next step.
         const last = this.tokens[this.tokens.length - 1]!;
         const left = maxTokens - generated.length - 1;
         const k = controller ? controller.choose(left) : Math.min(drafts, left);
         const stepStart = performance.now();
         if (k > 0 && this.seq.speculate) {
-          const r = await this.seq.speculate(last, k, opts.signal, sample ?? undefined);
+          const r = await this.step(this.seq.speculate(last, k, signal, sample ?? undefined));
           stats.proposed += r.proposed;
           stats.accepted += r.next.length - 1;
           queue = r.next;
@@ -549,7 +636,7 @@ export class Session {
           stats.steps[r.proposed]!++;
           headBehind = false;
         } else {
-          const r = await this.seq.forward([last], opts.signal, sample ?? undefined);
+          const r = await this.step(this.seq.forward([last], signal, sample ?? undefined));
           queue = [r.next[0]!];
           queueLogprobs = r.logprobs;
           controller?.observe(0, 0, performance.now() - stepStart);
@@ -583,15 +670,39 @@ export class Session {
 
   /** Forgets everything: the next append starts a new sequence. */
   reset(): void {
+    this.checkIdle("reset");
     this.seq.reset();
     this.tokens.length = 0;
     this.prediction = null;
   }
 
+  /**
+   * Closes the session. An operation still running stops at its next step (on every backend)
+   * and fails with SessionClosedError; the sequence is freed once it has.
+   */
   close(): void {
-    if (this.closed) return;
+    void this.closeFor("the session was closed");
+  }
+
+  /** @internal Closes with `why`; settles once no backend call of this session is in flight. */
+  closeFor(why: string): Promise<void> {
+    const settled = (this.inflight ?? Promise.resolve()).then(
+      () => {},
+      () => {},
+    );
+    if (this.closed) return settled;
     this.closed = true;
-    this.seq.dispose();
+    const running = this.running;
+    this.closer.abort(new SessionClosedError(running ? `${running.name}: ${why} while it ran` : why));
+    for (const f of this.closeListeners.splice(0)) f();
+    // The sequence goes once the step in flight is done (a stream suspended between tokens
+    // has none; its generator fails with SessionClosedError when it resumes).
+    return settled.then(() => this.seq.dispose());
+  }
+
+  /** @internal */
+  onClose(f: () => void): void {
+    this.closeListeners.push(f);
   }
 }
 

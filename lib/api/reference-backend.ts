@@ -136,12 +136,20 @@ class ReferenceSequence implements BackendSequence {
     this.pendingHidden = hs[hs.length - 1] ?? null;
   }
 
+  private disposed = false;
+
+  private check(): void {
+    if (this.disposed) throw new Error("the sequence is disposed");
+  }
+
   async forward(tokens: number[], signal?: AbortSignal, sample?: SampleRequest): Promise<RowsResult> {
+    this.check();
     checkTokens(tokens, this.model.config.vocab_size, "token");
     const out: RowsResult = { next: [], margins: [] };
     let last: Float32Array | null = null;
     for (let i = 0; i < tokens.length; i += this.chunk) {
       throwIfAborted(signal);
+      this.check();
       const part = tokens.slice(i, i + this.chunk);
       const r = this.model.forward(this.state, part);
       this.commitRows(part, r.hidden);
@@ -163,6 +171,7 @@ class ReferenceSequence implements BackendSequence {
 
   async speculate(next: number, drafts: number, signal?: AbortSignal, sample?: SampleRequest): Promise<SpeculativeResult> {
     throwIfAborted(signal);
+    this.check();
     if (!this.proposer) throw new Error("this model has no MTP head: speculative decoding is unavailable");
     // The proposer drafts for the position after the newest committed token: run `next`'s
     // pairing first by committing (pending hidden, next).
@@ -219,7 +228,9 @@ class ReferenceSequence implements BackendSequence {
     this.mtpPending = { hidden: [], next: [] };
   }
 
-  dispose() {}
+  dispose() {
+    this.disposed = true;
+  }
 }
 
 /** A row's sampling inputs from a request: it draws the token at `position`. */

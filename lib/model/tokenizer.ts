@@ -12,12 +12,29 @@ export interface ChatMessage {
   content: string;
 }
 
+/** A chat turn as chat templates read it: tool calls and tool results included (OpenAI's names). */
+export interface TemplateMessage {
+  role: string;
+  content: string | null;
+  tool_calls?: { id?: string; type: "function"; function: { name: string; arguments: unknown } }[];
+  tool_call_id?: string;
+  name?: string;
+}
+
 export interface TextTokenizer {
   /** Token ids of `text`. Special-token strings in the text become their ids. */
   encode(text: string, opts?: { addSpecialTokens?: boolean }): number[];
+  /**
+   * Token ids of `text` as plain text: no added token (special or not) is recognized, so
+   * "<|im_start|>" typed by a user stays the characters it is (Hugging Face's
+   * split_special_tokens). No special tokens are added either.
+   */
+  encodeText(text: string): number[];
+  /** The strings of the special added tokens (<|im_start|>, <|endoftext|>, ...). */
+  readonly specialTokens: string[];
   decode(ids: number[], opts?: { skipSpecialTokens?: boolean }): string;
-  /** The prompt text the chat template makes of `messages`. */
-  applyChatTemplate(messages: ChatMessage[], opts?: { addGenerationPrompt?: boolean }): string;
+  /** The prompt text the chat template makes of `messages` (and of `tools`, for templates that render them). */
+  applyChatTemplate(messages: (ChatMessage | TemplateMessage)[], opts?: { addGenerationPrompt?: boolean; tools?: unknown[] }): string;
   readonly eosTokenIds: number[];
   /** One more than the largest id the tokenizer knows. */
   readonly vocabSize: number;
@@ -79,7 +96,21 @@ export async function loadTokenizer(dir: string): Promise<TextTokenizer> {
   for (const id of tokenizer.get_vocab(true).values()) if (id > maxId) maxId = id;
 
   const specialText = (key: string) => tokenText(config[key]) ?? undefined;
+  const specialTokens = [...tokenizer.get_added_tokens_decoder().values()].filter((t) => t.special).map((t) => t.content);
+  const idOf = (token: string) => {
+    const id = tokenizer.token_to_id(token);
+    if (id === undefined) throw new ModelFormatError(`${TOKENIZER_FILE}: the model produced the piece ${JSON.stringify(token)}, which has no id`, { file: TOKENIZER_FILE });
+    return id;
+  };
   return {
+    specialTokens,
+    // The library's own pipeline minus its added-token splitter: normalize, pre-tokenize, model.
+    encodeText(text) {
+      if (text === "") return [];
+      const normalized = tokenizer.normalizer ? tokenizer.normalizer._call(text) : text;
+      const words = tokenizer.pre_tokenizer ? tokenizer.pre_tokenizer._call(normalized) : [normalized];
+      return tokenizer.model!._call(words).map(idOf);
+    },
     eosTokenIds: [...eos].sort((a, b) => a - b),
     vocabSize: maxId + 1,
     hasChatTemplate: chatTemplate !== null,
@@ -92,6 +123,7 @@ export async function loadTokenizer(dir: string): Promise<TextTokenizer> {
       template ??= new Template(chatTemplate);
       return template.render({
         messages,
+        ...(opts.tools && opts.tools.length > 0 ? { tools: opts.tools } : {}),
         add_generation_prompt: opts.addGenerationPrompt ?? false,
         bos_token: specialText("bos_token") ?? "",
         eos_token: specialText("eos_token") ?? "",

@@ -1,7 +1,8 @@
 // Turns a validated request into what a generation needs: prompt token ids (chat template or
 // tokenizer or ids as sent), the completion budget inside the context, stop strings, stream mode.
 import type { Model } from "../api/model.ts";
-import type { ChatMessage } from "../model/tokenizer.ts";
+import type { TemplateMessage } from "../model/tokenizer.ts";
+import type { PromptEncoder } from "./encoder.ts";
 import { ApiError, fieldError } from "./errors.ts";
 import { ChatCompletionRequest, CompletionRequest, parseRequest } from "./schemas.ts";
 
@@ -13,6 +14,8 @@ export interface RequestLimits {
   contextLength: number;
   /** Completion tokens when the request sets none (cut to what the context leaves). */
   defaultMaxTokens: number;
+  /** Tokenizes prompts off the event loop (null: the model has no tokenizer). */
+  encoder: PromptEncoder | null;
 }
 
 export interface Prepared {
@@ -55,19 +58,19 @@ function checkContext(
 }
 
 /** A chat request as token ids and limits: the messages through the model's chat template. */
-export function prepareChat(limits: RequestLimits, body: unknown): Prepared {
-  const { model, modelId } = limits;
+export async function prepareChat(limits: RequestLimits, body: unknown): Promise<Prepared> {
+  const { modelId, encoder } = limits;
   const req = parseRequest(ChatCompletionRequest, body);
   checkModel(limits, req.model);
-  const tok = model.tokenizer;
-  if (!tok) throw new ApiError(400, `${modelId} has no tokenizer: use /v1/completions with token ids`, "messages");
-  if (!tok.hasChatTemplate) throw new ApiError(400, `${modelId} has no chat template: use /v1/completions`, "messages");
-  const messages: ChatMessage[] = req.messages.map((m) => ({
+  if (!encoder) throw new ApiError(400, `${modelId} has no tokenizer: use /v1/completions with token ids`, "messages");
+  if (!(await encoder.info()).hasChatTemplate) throw new ApiError(400, `${modelId} has no chat template: use /v1/completions`, "messages");
+  const messages: TemplateMessage[] = req.messages.map((m) => ({
     // "developer" is OpenAI's new name for "system"; chat templates know the old one
     role: m.role === "developer" ? "system" : m.role,
     content: typeof m.content === "string" ? m.content : (m.content ?? []).map((p) => p.text ?? "").join("\n"),
   }));
-  const prompt = model.encode(messages);
+  // contents are tokenized as text: a special token typed in a message stays characters
+  const prompt = await encoder.chat(messages, undefined, "messages");
   const maxParam = req.max_completion_tokens != null ? "max_completion_tokens" : "max_tokens";
   return {
     prompt,
@@ -79,8 +82,8 @@ export function prepareChat(limits: RequestLimits, body: unknown): Prepared {
 }
 
 /** A completion request as token ids and limits; `echo` is the prompt text to repeat, or "". */
-export function prepareCompletion(limits: RequestLimits, body: unknown): Prepared & { echo: string } {
-  const { model, modelId } = limits;
+export async function prepareCompletion(limits: RequestLimits, body: unknown): Promise<Prepared & { echo: string }> {
+  const { model, modelId, encoder } = limits;
   const req = parseRequest(CompletionRequest, body);
   checkModel(limits, req.model);
   let p = req.prompt;
@@ -91,8 +94,8 @@ export function prepareCompletion(limits: RequestLimits, body: unknown): Prepare
   let prompt: number[];
   if (typeof p === "string") {
     if (p === "") throw fieldError("prompt", "must not be empty");
-    if (!model.tokenizer) throw fieldError("prompt", `${modelId} has no tokenizer: send token ids`);
-    prompt = model.encode(p);
+    if (!encoder) throw fieldError("prompt", `${modelId} has no tokenizer: send token ids`);
+    prompt = await encoder.text(p, "prompt");
   } else {
     prompt = p as number[];
     if (prompt.length === 0) throw fieldError("prompt", "must not be empty");

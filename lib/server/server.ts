@@ -10,6 +10,7 @@ import { ApiError, isAbortError, toApiError } from "./errors.ts";
 import { runGeneration } from "./generation.ts";
 import * as openai from "./openai.ts";
 import { systemFingerprint } from "./fingerprint.ts";
+import { PromptEncoder } from "./encoder.ts";
 import { GenerationQueue } from "./queue.ts";
 import { checkModel, prepareChat, prepareCompletion, type Prepared, type RequestLimits } from "./prepare.ts";
 import { SSE_DONE, SSE_HEADERS, sseData } from "./sse.ts";
@@ -95,7 +96,8 @@ export function createServer(opts: ServerOptions): RunningServer {
   const errorResponse = (e: ApiError) => json(e.toBody(), e.status, e.headers);
 
   const fingerprint = systemFingerprint(model, { contextLength, drafts });
-  const limits: RequestLimits = { model, modelId, contextLength, defaultMaxTokens };
+  const encoder = model.tokenizer ? new PromptEncoder(model.dir) : null;
+  const limits: RequestLimits = { model, modelId, contextLength, defaultMaxTokens, encoder };
 
   /** Starts a generation in the queue; `abort` cancels it whether it waits or runs. */
   function startGeneration(job: Prepared, abort: AbortController, onText?: (t: string) => void): Promise<GenerationResult> {
@@ -176,7 +178,7 @@ export function createServer(opts: ServerOptions): RunningServer {
   }
 
   async function chatCompletions(req: Request, tag: string, t0: number): Promise<Response> {
-    const job = prepareChat(limits, await readJsonBody(req, maxBodyBytes));
+    const job = await prepareChat(limits, await readJsonBody(req, maxBodyBytes));
     const head = openai.responseHead("chatcmpl", modelId, fingerprint);
     if (!job.stream) return complete(req, job, (r) => openai.chatCompletion(head, r), tag, t0);
     return streamGeneration(
@@ -194,7 +196,7 @@ export function createServer(opts: ServerOptions): RunningServer {
   }
 
   async function completions(req: Request, tag: string, t0: number): Promise<Response> {
-    const job = prepareCompletion(limits, await readJsonBody(req, maxBodyBytes));
+    const job = await prepareCompletion(limits, await readJsonBody(req, maxBodyBytes));
     const head = openai.responseHead("cmpl", modelId, fingerprint);
     if (!job.stream) return complete(req, job, (r) => openai.textCompletion(head, job.echo + r.text, r), tag, t0);
     return streamGeneration(
@@ -301,6 +303,7 @@ export function createServer(opts: ServerOptions): RunningServer {
       queue.rejectWaiting(new ApiError(503, "the server is stopping", null, "server_stopping"));
       for (const abort of inFlight.keys()) abort.abort(new DOMException("the server is stopping", "AbortError"));
       await Promise.allSettled(inFlight.values());
+      encoder?.close();
       await server.stop(true);
     },
   };
