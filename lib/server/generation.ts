@@ -1,7 +1,8 @@
 // One generation for the server: streams through Model, hands out text that stop strings can no
 // longer claim, and yields to the event loop after every token so that sockets are written,
 // disconnects are noticed and new requests are accepted (queued) while the model runs.
-import type { GenerationResult, Model } from "../api/model.ts";
+import type { GenerationResult, Model, TokenLogprob } from "../api/model.ts";
+import type { Sampling } from "./prepare.ts";
 import { StopHoldback } from "./sse.ts";
 
 export interface GenerationJob {
@@ -10,8 +11,12 @@ export interface GenerationJob {
   stop: string[];
   drafts: number | "auto";
   signal: AbortSignal;
-  /** Called with each piece of output text, in order; their concatenation is the result's text. */
-  onText?: (text: string) => void;
+  sampling?: Sampling;
+  /**
+   * Called with each piece of output text, in order (their concatenation is the result's
+   * text), and the log probabilities of the tokens generated since the last piece.
+   */
+  onText?: (text: string, logprobs: TokenLogprob[]) => void;
 }
 
 const nextMacrotask = () => new Promise<void>((resolve) => setImmediate(resolve));
@@ -22,18 +27,25 @@ export async function runGeneration(model: Model, job: GenerationJob): Promise<G
     stop: job.stop.length > 0 ? job.stop : undefined,
     drafts: job.drafts === "auto" || job.drafts > 0 ? job.drafts : undefined,
     signal: job.signal,
+    ...job.sampling,
   });
   const holdback = new StopHoldback(job.stop);
+  // log probabilities wait with their text (held back, or a character split across tokens)
+  let pending: TokenLogprob[] = [];
   try {
     for (;;) {
       const step = await stream.next();
       if (step.done) {
         const rest = holdback.finish(step.value.text);
-        if (rest !== "") job.onText?.(rest);
+        if (rest !== "" || pending.length > 0) job.onText?.(rest, pending);
         return step.value;
       }
+      if (step.value.logprobs) pending.push(...step.value.logprobs);
       const text = holdback.push(step.value.text);
-      if (text !== "") job.onText?.(text);
+      if (text !== "") {
+        job.onText?.(text, pending);
+        pending = [];
+      }
       await nextMacrotask();
     }
   } finally {

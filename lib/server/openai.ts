@@ -1,6 +1,37 @@
 // Response bodies in OpenAI's shapes (chat.completion, chat.completion.chunk, text_completion,
-// model list). Only what cherenkov produces: one choice, no logprobs, no tool calls.
-import type { FinishReason, GenerationResult } from "../api/model.ts";
+// model list), with log probabilities when asked for. Only what cherenkov produces: one choice.
+import type { FinishReason, GenerationResult, TokenLogprob } from "../api/model.ts";
+
+const encoder = new TextEncoder();
+const bytesOf = (s: string) => Array.from(encoder.encode(s));
+
+/** Chat's `logprobs`: {content: [{token, logprob, bytes, top_logprobs}], refusal}. */
+export function chatLogprobs(lps: TokenLogprob[]) {
+  return {
+    content: lps.map((e) => ({
+      token: e.text,
+      logprob: e.logprob,
+      bytes: bytesOf(e.text),
+      top_logprobs: e.top.map((t) => ({ token: t.text, logprob: t.logprob, bytes: bytesOf(t.text) })),
+    })),
+    refusal: null,
+  };
+}
+
+/** The legacy completions `logprobs`: parallel arrays, `text_offset` counted from `offset` (UTF-16 units, as OpenAI's Python counts characters). */
+export function completionLogprobs(lps: TokenLogprob[], offset: number) {
+  const text_offset: number[] = [];
+  for (const e of lps) {
+    text_offset.push(offset);
+    offset += e.text.length;
+  }
+  return {
+    tokens: lps.map((e) => e.text),
+    token_logprobs: lps.map((e) => e.logprob),
+    top_logprobs: lps.map((e) => Object.fromEntries(e.top.map((t) => [t.text, t.logprob]))),
+    text_offset,
+  };
+}
 
 export type OpenAIFinishReason = "stop" | "length";
 
@@ -60,7 +91,12 @@ export function chatCompletion(head: ResponseHead, r: GenerationResult) {
     ...head,
     object: "chat.completion" as const,
     choices: [
-      { index: 0, message: { role: "assistant" as const, content: r.text, refusal: null }, logprobs: null, finish_reason: finishReason(r.finishReason) },
+      {
+        index: 0,
+        message: { role: "assistant" as const, content: r.text, refusal: null },
+        logprobs: r.logprobs ? chatLogprobs(r.logprobs) : null,
+        finish_reason: finishReason(r.finishReason),
+      },
     ],
     usage: usage(r),
     timings: timings(r),
@@ -72,11 +108,12 @@ export function chatChunk(
   head: ResponseHead,
   delta: { role?: "assistant"; content?: string },
   finish: OpenAIFinishReason | null,
+  logprobs?: TokenLogprob[],
 ) {
   return {
     ...head,
     object: "chat.completion.chunk" as const,
-    choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }],
+    choices: [{ index: 0, delta, logprobs: logprobs && logprobs.length > 0 ? chatLogprobs(logprobs) : null, finish_reason: finish }],
   };
 }
 
@@ -84,18 +121,19 @@ export function chatUsageChunk(head: ResponseHead, r: GenerationResult) {
   return { ...head, object: "chat.completion.chunk" as const, choices: [], usage: usage(r), timings: timings(r) };
 }
 
-export function textCompletion(head: ResponseHead, text: string, r: GenerationResult) {
+/** `echo`: the prompt text before the completion (log probabilities are the completion's only). */
+export function textCompletion(head: ResponseHead, echo: string, r: GenerationResult) {
   return {
     ...head,
     object: "text_completion" as const,
-    choices: [{ index: 0, text, logprobs: null, finish_reason: finishReason(r.finishReason) }],
+    choices: [{ index: 0, text: echo + r.text, logprobs: r.logprobs ? completionLogprobs(r.logprobs, echo.length) : null, finish_reason: finishReason(r.finishReason) }],
     usage: usage(r),
     timings: timings(r),
   };
 }
 
-export function textChunk(head: ResponseHead, text: string, finish: OpenAIFinishReason | null) {
-  return { ...head, object: "text_completion" as const, choices: [{ index: 0, text, logprobs: null, finish_reason: finish }] };
+export function textChunk(head: ResponseHead, text: string, finish: OpenAIFinishReason | null, logprobs: ReturnType<typeof completionLogprobs> | null = null) {
+  return { ...head, object: "text_completion" as const, choices: [{ index: 0, text, logprobs, finish_reason: finish }] };
 }
 
 export function textUsageChunk(head: ResponseHead, r: GenerationResult) {

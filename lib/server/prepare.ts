@@ -1,6 +1,6 @@
 // Turns a validated request into what a generation needs: prompt token ids (chat template or
 // tokenizer or ids as sent), the completion budget inside the context, stop strings, stream mode.
-import type { Model } from "../api/model.ts";
+import type { GenerateOptions, Model } from "../api/model.ts";
 import type { TemplateMessage } from "../model/tokenizer.ts";
 import type { PromptEncoder } from "./encoder.ts";
 import { ApiError, fieldError } from "./errors.ts";
@@ -18,12 +18,49 @@ export interface RequestLimits {
   encoder: PromptEncoder | null;
 }
 
+/** What a request asks of the sampler (absent fields: the library's defaults, greedy). */
+export type Sampling = Pick<
+  GenerateOptions,
+  "temperature" | "topK" | "topP" | "minP" | "repetitionPenalty" | "presencePenalty" | "frequencyPenalty" | "seed" | "logprobs" | "topLogprobs"
+>;
+
 export interface Prepared {
   prompt: number[];
   maxTokens: number;
   stop: string[];
   stream: boolean;
   includeUsage: boolean;
+  sampling: Sampling;
+}
+
+/** The request's sampling fields (OpenAI's names) as GenerateOptions. */
+export function samplingOptions(
+  req: {
+    temperature?: number | null;
+    top_p?: number | null;
+    top_k?: number | null;
+    min_p?: number | null;
+    presence_penalty?: number | null;
+    frequency_penalty?: number | null;
+    repetition_penalty?: number | null;
+    seed?: number | null;
+  },
+  logprobs: { on: boolean; top: number },
+): Sampling {
+  const opt = <T>(v: T | null | undefined) => (v == null ? undefined : v);
+  const out: Sampling = {
+    temperature: opt(req.temperature),
+    topP: opt(req.top_p),
+    topK: req.top_k == null || req.top_k <= 0 ? undefined : req.top_k,
+    minP: opt(req.min_p),
+    presencePenalty: opt(req.presence_penalty),
+    frequencyPenalty: opt(req.frequency_penalty),
+    repetitionPenalty: opt(req.repetition_penalty),
+    seed: opt(req.seed),
+    ...(logprobs.on ? { logprobs: true, topLogprobs: logprobs.top } : {}),
+  };
+  for (const k of Object.keys(out) as (keyof Sampling)[]) if (out[k] === undefined) delete out[k];
+  return out;
 }
 
 export function checkModel({ modelId }: RequestLimits, requested: string | null | undefined): void {
@@ -72,7 +109,9 @@ export async function prepareChat(limits: RequestLimits, body: unknown): Promise
   // contents are tokenized as text: a special token typed in a message stays characters
   const prompt = await encoder.chat(messages, undefined, "messages");
   const maxParam = req.max_completion_tokens != null ? "max_completion_tokens" : "max_tokens";
+  if ((req.top_logprobs ?? 0) > 0 && req.logprobs !== true) throw fieldError("top_logprobs", "needs logprobs: true");
   return {
+    sampling: samplingOptions(req, { on: req.logprobs === true, top: req.top_logprobs ?? 0 }),
     prompt,
     maxTokens: checkContext(limits, prompt, "messages", req.max_completion_tokens ?? req.max_tokens, maxParam),
     stop: stopList(req.stop),
@@ -105,6 +144,7 @@ export async function prepareCompletion(limits: RequestLimits, body: unknown): P
   }
   if (prompt.length === 0) throw fieldError("prompt", "has no tokens");
   return {
+    sampling: samplingOptions(req, { on: req.logprobs != null, top: req.logprobs ?? 0 }),
     prompt,
     maxTokens: checkContext(limits, prompt, "prompt", req.max_tokens, "max_tokens"),
     stop: stopList(req.stop),

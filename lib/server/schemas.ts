@@ -1,21 +1,32 @@
-// Request bodies of /v1/chat/completions and /v1/completions (zod). Generation is greedy
-// (argmax) only, so every parameter that would change the output of a sampler is accepted
-// only at its neutral value and refused otherwise, with an error naming the field.
+// Request bodies of /v1/chat/completions, /v1/completions and /v1/responses (zod). Sampling
+// parameters are checked against the ranges the library accepts (GenerateOptions), so a bad
+// one is a 400 naming the field; what cherenkov cannot do (logit_bias, n > 1) is refused.
 import { z } from "zod";
 import { ApiError, fieldError } from "./errors.ts";
-
-const GREEDY = "generation is greedy (argmax) only";
 
 /** A schema-level message that still says "is required" when the field is absent. */
 const unlessMissing = (message: string) => (issue: { input: unknown }) => (issue.input === undefined ? "is required" : message);
 
-/** A number accepted only at `neutral` (or absent / null). */
-function neutralNumber(neutral: number[], hint: string) {
+/** A number in [lo, hi] (or (lo, hi] with `loOpen`), absent or null. */
+function range(lo: number, hi: number, loOpen = false) {
   return z
     .number()
     .nullish()
-    .refine((v) => v == null || neutral.includes(v), `${GREEDY}: ${hint}`);
+    .refine((v) => v == null || ((loOpen ? v > lo : v >= lo) && v <= hi), `must be a number in ${loOpen ? "(" : "["}${lo}, ${hi}]`);
 }
+
+/** The sampling knobs every generation endpoint takes (OpenAI's, plus top_k, min_p, repetition_penalty as vLLM and llama.cpp take them). */
+export const samplingFields = {
+  temperature: range(0, 100),
+  top_p: range(0, 1, true),
+  /** -1 and 0 mean off (vLLM writes -1, llama.cpp 0). */
+  top_k: z.number().int("must be an integer").min(-1, "must be >= -1 (-1 or 0: off)").nullish(),
+  min_p: range(0, 1),
+  presence_penalty: range(-100, 100),
+  frequency_penalty: range(-100, 100),
+  repetition_penalty: range(0, 100, true),
+  seed: z.number().int("must be an integer").min(0, "must be >= 0").max(2 ** 53 - 1, "must be below 2^53").nullish(),
+};
 
 const stopField = z
   .union([z.string(), z.array(z.string()).max(16, "at most 16 stop strings")], { error: unlessMissing("must be a string or an array of strings") })
@@ -31,20 +42,12 @@ const common = {
   max_tokens: maxTokensField,
   stream: z.boolean().nullish(),
   stream_options: z.object({ include_usage: z.boolean().nullish() }).nullish(),
-  temperature: neutralNumber([0], "use temperature 0 or leave it out"),
-  top_p: neutralNumber([1], "use top_p 1 or leave it out"),
-  top_k: neutralNumber([-1, 0, 1], "use top_k 1, 0, -1 or leave it out"),
-  min_p: neutralNumber([0], "use min_p 0 or leave it out"),
-  presence_penalty: neutralNumber([0], "use 0 or leave it out"),
-  frequency_penalty: neutralNumber([0], "use 0 or leave it out"),
-  repetition_penalty: neutralNumber([1], "use 1 or leave it out"),
-  n: z.number().int().nullish().refine((v) => v == null || v === 1, "only n = 1 is supported (greedy output is the same every time)"),
+  ...samplingFields,
+  n: z.number().int().nullish().refine((v) => v == null || v === 1, "only n = 1 is supported (send one request per choice)"),
   logit_bias: z
     .record(z.string(), z.number())
     .nullish()
-    .refine((v) => v == null || Object.keys(v).length === 0, `${GREEDY}: logit_bias is not supported`),
-  /** Accepted and unused: greedy output does not depend on a seed. */
-  seed: z.number().int().nullish(),
+    .refine((v) => v == null || Object.keys(v).length === 0, "logit_bias is not supported"),
   user: z.string().nullish(),
 };
 
@@ -72,8 +75,8 @@ export const ChatCompletionRequest = z.object({
   ...common,
   messages: z.array(Message).min(1, "must contain at least one message"),
   max_completion_tokens: maxTokensField,
-  logprobs: z.boolean().nullish().refine((v) => v !== true, "log probabilities are not supported"),
-  top_logprobs: z.number().int().nullish().refine((v) => v == null || v === 0, "log probabilities are not supported"),
+  logprobs: z.boolean().nullish(),
+  top_logprobs: z.number().int("must be an integer").min(0, "must be in [0, 20]").max(20, "must be in [0, 20]").nullish(),
   tools: z
     .array(z.unknown())
     .nullish()
@@ -95,7 +98,8 @@ export const CompletionRequest = z.object({
   echo: z.boolean().nullish(),
   suffix: z.string().nullish().refine((v) => v == null || v === "", "is not supported"),
   best_of: z.number().int().nullish().refine((v) => v == null || v === 1, "only best_of = 1 is supported"),
-  logprobs: z.number().int().nullish().refine((v) => v == null, "log probabilities are not supported"),
+  /** The legacy form: how many alternatives per token (0..5); any value turns log probabilities on. */
+  logprobs: z.number().int("must be an integer").min(0, "must be in [0, 5]").max(5, "must be in [0, 5]").nullish(),
 });
 export type CompletionRequest = z.infer<typeof CompletionRequest>;
 

@@ -1,9 +1,9 @@
 // The OpenAI-compatible HTTP server on Bun.serve: /v1/chat/completions, /v1/completions,
-// /v1/models, and the status endpoints /health and /v1/stats. Generation is greedy; requests
+// /v1/models, and the status endpoints /health and /v1/stats. Sampling as the library does it; requests
 // run one at a time through a queue; a client that goes away aborts its own generation.
 import { createHash, timingSafeEqual } from "node:crypto";
 import { basename } from "node:path";
-import type { GenerationResult, Model } from "../api/model.ts";
+import type { GenerationResult, Model, TokenLogprob } from "../api/model.ts";
 import { readJsonBody } from "./body.ts";
 import { resolveContextLength } from "./context.ts";
 import { ApiError, isAbortError, toApiError } from "./errors.ts";
@@ -100,9 +100,9 @@ export function createServer(opts: ServerOptions): RunningServer {
   const limits: RequestLimits = { model, modelId, contextLength, defaultMaxTokens, encoder };
 
   /** Starts a generation in the queue; `abort` cancels it whether it waits or runs. */
-  function startGeneration(job: Prepared, abort: AbortController, onText?: (t: string) => void): Promise<GenerationResult> {
+  function startGeneration(job: Prepared, abort: AbortController, onText?: (t: string, lps: TokenLogprob[]) => void): Promise<GenerationResult> {
     const done = queue.run(abort.signal, () =>
-      runGeneration(model, { prompt: job.prompt, maxTokens: job.maxTokens, stop: job.stop, drafts, signal: abort.signal, onText }),
+      runGeneration(model, { prompt: job.prompt, maxTokens: job.maxTokens, stop: job.stop, drafts, signal: abort.signal, sampling: job.sampling, onText }),
     );
     const settled = done.then(
       () => void counters.completed++,
@@ -134,7 +134,12 @@ export function createServer(opts: ServerOptions): RunningServer {
   function streamGeneration(
     req: Request,
     job: Prepared,
-    shape: { first?: unknown; piece: (text: string) => unknown; last: (r: GenerationResult) => unknown; usage: (r: GenerationResult) => unknown },
+    shape: {
+      first?: unknown;
+      piece: (text: string, logprobs: TokenLogprob[]) => unknown;
+      last: (r: GenerationResult) => unknown;
+      usage: (r: GenerationResult) => unknown;
+    },
     tag: string,
     t0: number,
   ): Response {
@@ -148,7 +153,7 @@ export function createServer(opts: ServerOptions): RunningServer {
           if (open) controller.enqueue(chunk);
         };
         if (shape.first !== undefined) send(sseData(shape.first));
-        startGeneration(job, abort, (text) => send(sseData(shape.piece(text))))
+        startGeneration(job, abort, (text, lps) => send(sseData(shape.piece(text, lps))))
           .then((r) => {
             send(sseData(shape.last(r)));
             if (job.includeUsage) send(sseData(shape.usage(r)));
@@ -186,7 +191,7 @@ export function createServer(opts: ServerOptions): RunningServer {
       job,
       {
         first: openai.chatChunk(head, { role: "assistant", content: "" }, null),
-        piece: (text) => openai.chatChunk(head, { content: text }, null),
+        piece: (text, lps) => openai.chatChunk(head, { content: text }, null, lps),
         last: (r) => openai.chatChunk(head, {}, openai.finishReason(r.finishReason)),
         usage: (r) => openai.chatUsageChunk(head, r),
       },
@@ -198,13 +203,18 @@ export function createServer(opts: ServerOptions): RunningServer {
   async function completions(req: Request, tag: string, t0: number): Promise<Response> {
     const job = await prepareCompletion(limits, await readJsonBody(req, maxBodyBytes));
     const head = openai.responseHead("cmpl", modelId, fingerprint);
-    if (!job.stream) return complete(req, job, (r) => openai.textCompletion(head, job.echo + r.text, r), tag, t0);
+    if (!job.stream) return complete(req, job, (r) => openai.textCompletion(head, job.echo, r), tag, t0);
+    let offset = job.echo.length;
     return streamGeneration(
       req,
       job,
       {
         first: job.echo !== "" ? openai.textChunk(head, job.echo, null) : undefined,
-        piece: (text) => openai.textChunk(head, text, null),
+        piece: (text, lps) => {
+          const logprobs = lps.length > 0 ? openai.completionLogprobs(lps, offset) : null;
+          offset += text.length;
+          return openai.textChunk(head, text, null, logprobs);
+        },
         last: (r) => openai.textChunk(head, "", openai.finishReason(r.finishReason)),
         usage: (r) => openai.textUsageChunk(head, r),
       },

@@ -62,12 +62,15 @@ describe("fields", () => {
     ["max_tokens 0", chat, { messages, max_tokens: 0 }, "max_tokens", "at least 1"],
     ["max_tokens 1.5", chat, { messages, max_tokens: 1.5 }, "max_tokens", "integer"],
     ["max_completion_tokens as text", chat, { messages, max_completion_tokens: "8" }, "max_completion_tokens", "expected number"],
-    ["temperature > 0", chat, { messages, temperature: 0.7 }, "temperature", "greedy"],
-    ["top_p < 1", chat, { messages, top_p: 0.9 }, "top_p", "greedy"],
+    ["temperature out of range", chat, { messages, temperature: 200 }, "temperature", "[0, 100]"],
+    ["top_p 0", chat, { messages, top_p: 0 }, "top_p", "(0, 1]"],
+    ["top_k -2", chat, { messages, top_k: -2 }, "top_k", ">= -1"],
+    ["a negative seed", chat, { messages, seed: -1 }, "seed", ">= 0"],
     ["n = 2", chat, { messages, n: 2 }, "n", "only n = 1"],
-    ["a penalty", chat, { messages, presence_penalty: 0.5 }, "presence_penalty", "greedy"],
-    ["logprobs", chat, { messages, logprobs: true }, "logprobs", "not supported"],
-    ["tools", chat, { messages, tools: [{ type: "function", function: { name: "f" } }] }, "tools", "not supported"],
+    ["a penalty out of range", chat, { messages, presence_penalty: 500 }, "presence_penalty", "[-100, 100]"],
+    ["top_logprobs 21", chat, { messages, logprobs: true, top_logprobs: 21 }, "top_logprobs", "[0, 20]"],
+    ["top_logprobs without logprobs", chat, { messages, top_logprobs: 2 }, "top_logprobs", "needs logprobs: true"],
+    ["completions logprobs 6", "/v1/completions", { prompt: "x", logprobs: 6 }, "logprobs", "[0, 5]"],
     ["an empty stop string", chat, { messages, stop: [""] }, "stop", "must not be empty"],
     ["stream as text", chat, { messages, stream: "yes" }, "stream", "expected boolean"],
     ["missing prompt", "/v1/completions", {}, "prompt", "prompt: is required"],
@@ -87,7 +90,7 @@ describe("fields", () => {
     });
 
   test("every wrong field is listed, the first is the param", async () => {
-    const e = await expectError(await server.post(chat, { messages, temperature: 1, top_p: 0.5 }), 400);
+    const e = await expectError(await server.post(chat, { messages, temperature: -1, top_p: 1.5 }), 400);
     expect(e.param).toBe("temperature");
     expect(e.message).toContain("temperature:");
     expect(e.message).toContain("top_p:");

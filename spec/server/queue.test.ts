@@ -151,7 +151,7 @@ describe("status endpoints", () => {
     const events = sseEvents(await r2.text());
     expect(events[events.length - 1]).toBe("[DONE]");
     const u2 = (JSON.parse(events[events.length - 2]!) as { usage: { prompt_tokens: number; completion_tokens: number } }).usage;
-    await expectStatus(await server.post("/v1/completions", { prompt: "x", temperature: 2 }), 400);
+    await expectStatus(await server.post("/v1/completions", { prompt: "x", temperature: -2 }), 400);
     const after = await stats();
     expect(after.backend).toBe("reference");
     expect(after.generations).toBe(before.generations + 2);
