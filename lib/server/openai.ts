@@ -1,6 +1,7 @@
 // Response bodies in OpenAI's shapes (chat.completion, chat.completion.chunk, text_completion,
 // model list), with log probabilities when asked for. Only what cherenkov produces: one choice.
 import type { FinishReason, GenerationResult, TokenLogprob } from "../api/model.ts";
+import { parseToolCalls, type ToolCall } from "./tool-calls.ts";
 
 const encoder = new TextEncoder();
 const bytesOf = (s: string) => Array.from(encoder.encode(s));
@@ -33,7 +34,7 @@ export function completionLogprobs(lps: TokenLogprob[], offset: number) {
   };
 }
 
-export type OpenAIFinishReason = "stop" | "length";
+export type OpenAIFinishReason = "stop" | "length" | "tool_calls";
 
 /** The end token and a stop string both end the text naturally: OpenAI calls both "stop". */
 export function finishReason(r: FinishReason): OpenAIFinishReason {
@@ -86,16 +87,29 @@ export function responseHead(prefix: "chatcmpl" | "cmpl", model: string, fingerp
   return { id: `${prefix}-${crypto.randomUUID().replaceAll("-", "")}`, created: Math.floor(Date.now() / 1000), model, system_fingerprint: fingerprint };
 }
 
-export function chatCompletion(head: ResponseHead, r: GenerationResult) {
+/** OpenAI's tool_calls entries; `index` for stream deltas. */
+export function toolCallEntries(calls: ToolCall[], withIndex = false) {
+  return calls.map((c, i) => ({ ...(withIndex ? { index: i } : {}), id: c.id, type: "function" as const, function: { name: c.name, arguments: c.arguments } }));
+}
+
+/** With `tools`, the text is parsed for calls: they become tool_calls and finish_reason "tool_calls". */
+export function chatCompletion(head: ResponseHead, r: GenerationResult, tools = false) {
+  const parsed = tools ? parseToolCalls(r.text) : { content: r.text, calls: [] };
+  const called = parsed.calls.length > 0;
   return {
     ...head,
     object: "chat.completion" as const,
     choices: [
       {
         index: 0,
-        message: { role: "assistant" as const, content: r.text, refusal: null },
+        message: {
+          role: "assistant" as const,
+          content: called && parsed.content === "" ? null : parsed.content,
+          refusal: null,
+          ...(called ? { tool_calls: toolCallEntries(parsed.calls) } : {}),
+        },
         logprobs: r.logprobs ? chatLogprobs(r.logprobs) : null,
-        finish_reason: finishReason(r.finishReason),
+        finish_reason: called ? ("tool_calls" as const) : finishReason(r.finishReason),
       },
     ],
     usage: usage(r),
@@ -106,7 +120,7 @@ export function chatCompletion(head: ResponseHead, r: GenerationResult) {
 /** One streamed piece: the first carries the role, the last the finish reason, with include_usage a final one the usage. */
 export function chatChunk(
   head: ResponseHead,
-  delta: { role?: "assistant"; content?: string },
+  delta: { role?: "assistant"; content?: string; tool_calls?: ReturnType<typeof toolCallEntries> },
   finish: OpenAIFinishReason | null,
   logprobs?: TokenLogprob[],
 ) {

@@ -31,6 +31,8 @@ export interface Prepared {
   stream: boolean;
   includeUsage: boolean;
   sampling: Sampling;
+  /** Tools were rendered into the prompt: the output is parsed for tool calls. */
+  tools: boolean;
 }
 
 /** The request's sampling fields (OpenAI's names) as GenerateOptions. */
@@ -94,6 +96,49 @@ function checkContext(
   return maxTokens;
 }
 
+/**
+ * One turn as chat templates read it: "developer" is OpenAI's new name for "system" (templates
+ * know the old one), text parts are joined, and a call's arguments are an object (Qwen's
+ * templates print a string as it is and an object as JSON; both come out the same).
+ */
+export function templateMessage(
+  role: string,
+  content: string | { text?: string }[] | null | undefined,
+  toolCalls?: { id: string; function: { name: string; arguments: string } }[] | null,
+  toolCallId?: string | null,
+  name?: string | null,
+): TemplateMessage {
+  const m: TemplateMessage = {
+    role: role === "developer" ? "system" : role,
+    content: content == null ? (toolCalls?.length ? "" : null) : typeof content === "string" ? content : content.map((p) => p.text ?? "").join("\n"),
+  };
+  if (toolCalls?.length)
+    m.tool_calls = toolCalls.map((c) => ({ id: c.id, type: "function" as const, function: { name: c.function.name, arguments: parseArguments(c.function.arguments) } }));
+  if (toolCallId != null) m.tool_call_id = toolCallId;
+  if (name != null) m.name = name;
+  return m;
+}
+
+function parseArguments(text: string): unknown {
+  try {
+    const v = JSON.parse(text);
+    return typeof v === "object" && v !== null ? v : text;
+  } catch {
+    return text;
+  }
+}
+
+/**
+ * The tools to render, or undefined for none: refused (400) when the model's chat template does
+ * not render tools (it would silently ignore them), dropped with tool_choice "none".
+ */
+export async function checkTools(limits: RequestLimits, tools: unknown[] | null | undefined, choice: unknown, param: string): Promise<unknown[] | undefined> {
+  if (tools == null || tools.length === 0 || choice === "none") return undefined;
+  if (!(await limits.encoder!.info()).tools)
+    throw new ApiError(400, `${param}: the chat template of ${limits.modelId} does not render tools, so the model cannot call them`, param, "tools_unsupported");
+  return tools;
+}
+
 /** A chat request as token ids and limits: the messages through the model's chat template. */
 export async function prepareChat(limits: RequestLimits, body: unknown): Promise<Prepared> {
   const { modelId, encoder } = limits;
@@ -101,17 +146,15 @@ export async function prepareChat(limits: RequestLimits, body: unknown): Promise
   checkModel(limits, req.model);
   if (!encoder) throw new ApiError(400, `${modelId} has no tokenizer: use /v1/completions with token ids`, "messages");
   if (!(await encoder.info()).hasChatTemplate) throw new ApiError(400, `${modelId} has no chat template: use /v1/completions`, "messages");
-  const messages: TemplateMessage[] = req.messages.map((m) => ({
-    // "developer" is OpenAI's new name for "system"; chat templates know the old one
-    role: m.role === "developer" ? "system" : m.role,
-    content: typeof m.content === "string" ? m.content : (m.content ?? []).map((p) => p.text ?? "").join("\n"),
-  }));
+  const messages: TemplateMessage[] = req.messages.map((m) => templateMessage(m.role, m.content, m.tool_calls, m.tool_call_id, m.name));
+  const tools = await checkTools(limits, req.tools, req.tool_choice, "tools");
   // contents are tokenized as text: a special token typed in a message stays characters
-  const prompt = await encoder.chat(messages, undefined, "messages");
+  const prompt = await encoder.chat(messages, tools, "messages");
   const maxParam = req.max_completion_tokens != null ? "max_completion_tokens" : "max_tokens";
   if ((req.top_logprobs ?? 0) > 0 && req.logprobs !== true) throw fieldError("top_logprobs", "needs logprobs: true");
   return {
     sampling: samplingOptions(req, { on: req.logprobs === true, top: req.top_logprobs ?? 0 }),
+    tools: tools !== undefined,
     prompt,
     maxTokens: checkContext(limits, prompt, "messages", req.max_completion_tokens ?? req.max_tokens, maxParam),
     stop: stopList(req.stop),
@@ -145,6 +188,7 @@ export async function prepareCompletion(limits: RequestLimits, body: unknown): P
   if (prompt.length === 0) throw fieldError("prompt", "has no tokens");
   return {
     sampling: samplingOptions(req, { on: req.logprobs != null, top: req.logprobs ?? 0 }),
+    tools: false,
     prompt,
     maxTokens: checkContext(limits, prompt, "prompt", req.max_tokens, "max_tokens"),
     stop: stopList(req.stop),

@@ -58,6 +58,13 @@ const ContentPart = z
     else if (p.text === undefined) ctx.addIssue({ code: "custom", path: ["text"], message: "is required" });
   });
 
+/** A call an assistant turn made (sent back in the history). */
+const ToolCallField = z.object({
+  id: z.string(),
+  type: z.literal("function").optional(),
+  function: z.object({ name: z.string(), arguments: z.string() }),
+});
+
 const Message = z
   .object({
     role: z.enum(["system", "developer", "user", "assistant", "tool"], {
@@ -65,11 +72,32 @@ const Message = z
     }),
     content: z.union([z.string(), z.array(ContentPart)], { error: unlessMissing("must be a string or an array of content parts") }).nullish(),
     name: z.string().nullish(),
+    tool_calls: z.array(ToolCallField).nullish(),
+    tool_call_id: z.string().nullish(),
   })
   .superRefine((m, ctx) => {
     // An assistant turn that only called tools has no content; every other turn needs some.
-    if (m.content == null && m.role !== "assistant") ctx.addIssue({ code: "custom", path: ["content"], message: "is required" });
+    if (m.content == null && !(m.role === "assistant" && (m.tool_calls?.length ?? 0) > 0))
+      ctx.addIssue({ code: "custom", path: ["content"], message: "is required" });
+    if (m.tool_calls != null && m.role !== "assistant") ctx.addIssue({ code: "custom", path: ["tool_calls"], message: "only assistant turns carry tool calls" });
   });
+
+/** A function tool as OpenAI's chat API sends it. */
+export const FunctionTool = z.object({
+  type: z.literal("function", { error: 'only "function" tools are supported' }),
+  function: z.object({
+    name: z.string().min(1, "must not be empty"),
+    description: z.string().nullish(),
+    parameters: z.record(z.string(), z.unknown()).nullish(),
+    strict: z.boolean().nullish(),
+  }),
+});
+
+/** "auto" and "none" only: cherenkov cannot force a call ("required", a named function). */
+export const toolChoiceField = z
+  .union([z.string(), z.object({ type: z.string() }).passthrough()])
+  .nullish()
+  .refine((v) => v == null || v === "auto" || v === "none", 'only "auto" and "none" are supported (a call cannot be forced)');
 
 export const ChatCompletionRequest = z.object({
   ...common,
@@ -77,10 +105,9 @@ export const ChatCompletionRequest = z.object({
   max_completion_tokens: maxTokensField,
   logprobs: z.boolean().nullish(),
   top_logprobs: z.number().int("must be an integer").min(0, "must be in [0, 20]").max(20, "must be in [0, 20]").nullish(),
-  tools: z
-    .array(z.unknown())
-    .nullish()
-    .refine((v) => v == null || v.length === 0, "tool calling is not supported"),
+  tools: z.array(FunctionTool).nullish(),
+  tool_choice: toolChoiceField,
+  parallel_tool_calls: z.boolean().nullish(),
   response_format: z
     .object({ type: z.string() })
     .nullish()

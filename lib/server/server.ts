@@ -11,6 +11,7 @@ import { runGeneration } from "./generation.ts";
 import * as openai from "./openai.ts";
 import { systemFingerprint } from "./fingerprint.ts";
 import { PromptEncoder } from "./encoder.ts";
+import { ToolCallSplitter } from "./tool-calls.ts";
 import { GenerationQueue } from "./queue.ts";
 import { checkModel, prepareChat, prepareCompletion, type Prepared, type RequestLimits } from "./prepare.ts";
 import { SSE_DONE, SSE_HEADERS, sseData } from "./sse.ts";
@@ -136,8 +137,10 @@ export function createServer(opts: ServerOptions): RunningServer {
     job: Prepared,
     shape: {
       first?: unknown;
+      /** null: nothing to send for this piece. */
       piece: (text: string, logprobs: TokenLogprob[]) => unknown;
-      last: (r: GenerationResult) => unknown;
+      /** The events after the text: one or several. */
+      last: (r: GenerationResult) => unknown | unknown[];
       usage: (r: GenerationResult) => unknown;
     },
     tag: string,
@@ -153,9 +156,13 @@ export function createServer(opts: ServerOptions): RunningServer {
           if (open) controller.enqueue(chunk);
         };
         if (shape.first !== undefined) send(sseData(shape.first));
-        startGeneration(job, abort, (text, lps) => send(sseData(shape.piece(text, lps))))
+        startGeneration(job, abort, (text, lps) => {
+          const event = shape.piece(text, lps);
+          if (event !== null) send(sseData(event));
+        })
           .then((r) => {
-            send(sseData(shape.last(r)));
+            const last = shape.last(r);
+            for (const event of Array.isArray(last) ? last : [last]) send(sseData(event));
             if (job.includeUsage) send(sseData(shape.usage(r)));
             send(SSE_DONE);
             log(`${tag} 200 ${ms(t0)} stream prompt=${r.usage.promptTokens} completion=${r.usage.completionTokens} finish=${r.finishReason}`);
@@ -185,14 +192,26 @@ export function createServer(opts: ServerOptions): RunningServer {
   async function chatCompletions(req: Request, tag: string, t0: number): Promise<Response> {
     const job = await prepareChat(limits, await readJsonBody(req, maxBodyBytes));
     const head = openai.responseHead("chatcmpl", modelId, fingerprint);
-    if (!job.stream) return complete(req, job, (r) => openai.chatCompletion(head, r), tag, t0);
+    if (!job.stream) return complete(req, job, (r) => openai.chatCompletion(head, r, job.tools), tag, t0);
+    // with tools, text that may be a call waits for the end, where it is parsed
+    const splitter = job.tools ? new ToolCallSplitter() : null;
     return streamGeneration(
       req,
       job,
       {
         first: openai.chatChunk(head, { role: "assistant", content: "" }, null),
-        piece: (text, lps) => openai.chatChunk(head, { content: text }, null, lps),
-        last: (r) => openai.chatChunk(head, {}, openai.finishReason(r.finishReason)),
+        piece: (text, lps) => {
+          const content = splitter ? splitter.push(text) : text;
+          return content === "" && lps.length === 0 ? null : openai.chatChunk(head, { content }, null, lps);
+        },
+        last: (r) => {
+          const events: unknown[] = [];
+          const end = splitter?.finish() ?? { content: "", calls: [] };
+          if (end.content !== "") events.push(openai.chatChunk(head, { content: end.content }, null));
+          if (end.calls.length > 0) events.push(openai.chatChunk(head, { tool_calls: openai.toolCallEntries(end.calls, true) }, null));
+          events.push(openai.chatChunk(head, {}, end.calls.length > 0 ? "tool_calls" : openai.finishReason(r.finishReason)));
+          return events;
+        },
         usage: (r) => openai.chatUsageChunk(head, r),
       },
       tag,
