@@ -70,7 +70,7 @@ export function checkModel({ modelId }: RequestLimits, requested: string | null 
     throw new ApiError(404, `the model "${requested}" does not exist: this server runs "${modelId}"`, "model", "model_not_found");
 }
 
-function checkContext(
+export function checkContext(
   { contextLength, defaultMaxTokens }: RequestLimits,
   prompt: number[],
   promptParam: string,

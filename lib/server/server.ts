@@ -12,9 +12,21 @@ import * as openai from "./openai.ts";
 import { systemFingerprint } from "./fingerprint.ts";
 import { PromptEncoder } from "./encoder.ts";
 import { ToolCallSplitter } from "./tool-calls.ts";
+import {
+  functionCallItem,
+  messageItem,
+  outputItems,
+  outputText,
+  prepareResponse,
+  responseHeadOf,
+  responseItemId,
+  responseLogprobs,
+  responseObject,
+  responseOutput,
+} from "./responses.ts";
 import { GenerationQueue } from "./queue.ts";
 import { checkModel, prepareChat, prepareCompletion, type Prepared, type RequestLimits } from "./prepare.ts";
-import { SSE_DONE, SSE_HEADERS, sseData } from "./sse.ts";
+import { SSE_DONE, SSE_HEADERS, sseData, sseEvent } from "./sse.ts";
 
 export interface ServerOptions {
   /** The loaded model; the caller owns it (stop() does not close it). */
@@ -136,12 +148,19 @@ export function createServer(opts: ServerOptions): RunningServer {
     req: Request,
     job: Prepared,
     shape: {
+      /** Events before any text: one or several. */
       first?: unknown;
-      /** null: nothing to send for this piece. */
+      /** The events for one piece of text: one, several, or null for none. */
       piece: (text: string, logprobs: TokenLogprob[]) => unknown;
       /** The events after the text: one or several. */
       last: (r: GenerationResult) => unknown | unknown[];
-      usage: (r: GenerationResult) => unknown;
+      /** With stream_options.include_usage. */
+      usage?: (r: GenerationResult) => unknown;
+      /** An error after the stream started (default: the error object). */
+      error?: (e: ApiError) => unknown;
+      /** Event encoding (default `data: {json}`) and whether `data: [DONE]` ends the stream (default yes). */
+      encode?: (event: unknown) => Uint8Array;
+      done?: boolean;
     },
     tag: string,
     t0: number,
@@ -152,19 +171,22 @@ export function createServer(opts: ServerOptions): RunningServer {
     let open = true;
     const body = new ReadableStream<Uint8Array>({
       start(controller) {
+        const encode = shape.encode ?? sseData;
         const send = (chunk: Uint8Array) => {
           if (open) controller.enqueue(chunk);
         };
-        if (shape.first !== undefined) send(sseData(shape.first));
+        const sendAll = (events: unknown) => {
+          for (const event of Array.isArray(events) ? events : [events]) send(encode(event));
+        };
+        if (shape.first !== undefined) sendAll(shape.first);
         startGeneration(job, abort, (text, lps) => {
-          const event = shape.piece(text, lps);
-          if (event !== null) send(sseData(event));
+          const events = shape.piece(text, lps);
+          if (events !== null) sendAll(events);
         })
           .then((r) => {
-            const last = shape.last(r);
-            for (const event of Array.isArray(last) ? last : [last]) send(sseData(event));
-            if (job.includeUsage) send(sseData(shape.usage(r)));
-            send(SSE_DONE);
+            sendAll(shape.last(r));
+            if (job.includeUsage && shape.usage) send(encode(shape.usage(r)));
+            if (shape.done !== false) send(SSE_DONE);
             log(`${tag} 200 ${ms(t0)} stream prompt=${r.usage.promptTokens} completion=${r.usage.completionTokens} finish=${r.finishReason}`);
           })
           .catch((e) => {
@@ -174,7 +196,7 @@ export function createServer(opts: ServerOptions): RunningServer {
             }
             const err = toApiError(e);
             log(`${tag} ${err.status} ${ms(t0)} stream ${err.message}`);
-            send(sseData(err.toBody()));
+            send(encode(shape.error ? shape.error(err) : err.toBody()));
           })
           .finally(() => {
             if (open) controller.close();
@@ -242,6 +264,78 @@ export function createServer(opts: ServerOptions): RunningServer {
     );
   }
 
+  async function responses(req: Request, tag: string, t0: number): Promise<Response> {
+    const job = await prepareResponse(limits, await readJsonBody(req, maxBodyBytes));
+    const head = responseHeadOf(modelId);
+    const messageId = responseItemId("msg");
+    const finished = (r: GenerationResult) => {
+      const out = responseOutput(r, job.tools, messageId);
+      const status = openai.finishReason(r.finishReason) === "length" ? "incomplete" : "completed";
+      return { out, status, response: responseObject(head, job.req, r, outputItems(out, status)) } as const;
+    };
+    if (!job.stream) return complete(req, job, (r) => finished(r).response, tag, t0);
+    // Events as OpenAI streams them: each with its type as the SSE event name and a sequence number.
+    let seq = 0;
+    const ev = (type: string, body: Record<string, unknown>) => ({ type, sequence_number: seq++, ...body });
+    const splitter = job.tools ? new ToolCallSplitter() : null;
+    let text = "";
+    let opened = false;
+    const at = { item_id: messageId, output_index: 0, content_index: 0 };
+    const openMessage = () => {
+      if (opened) return [];
+      opened = true;
+      return [
+        ev("response.output_item.added", { output_index: 0, item: messageItem(messageId, "", "in_progress") }),
+        ev("response.content_part.added", { ...at, part: outputText("") }),
+      ];
+    };
+    const delta = (piece: string, lps: TokenLogprob[]) => {
+      text += piece;
+      return [...openMessage(), ev("response.output_text.delta", { ...at, delta: piece, logprobs: responseLogprobs(lps) })];
+    };
+    const inProgress = responseObject(head, job.req, null, []);
+    return streamGeneration(
+      req,
+      job,
+      {
+        first: [ev("response.created", { response: inProgress }), ev("response.in_progress", { response: inProgress })],
+        piece: (piece, lps) => {
+          const content = splitter ? splitter.push(piece) : piece;
+          return content === "" && lps.length === 0 ? null : delta(content, lps);
+        },
+        last: (r) => {
+          const events: unknown[] = [];
+          const end = splitter?.finish() ?? { content: "", calls: [] };
+          if (end.content !== "") events.push(...delta(end.content, []));
+          const { out, status, response } = finished(r);
+          // the message item is there when text came, or when nothing else did
+          if (opened || out.calls.length === 0) {
+            events.push(...openMessage());
+            const part = outputText(text, out.logprobs);
+            events.push(ev("response.output_text.done", { ...at, text, logprobs: part.logprobs }));
+            events.push(ev("response.content_part.done", { ...at, part }));
+            events.push(ev("response.output_item.done", { output_index: 0, item: messageItem(messageId, text, status, out.logprobs) }));
+          }
+          const base = opened ? 1 : 0;
+          out.calls.forEach((c, i) => {
+            const item = functionCallItem(c);
+            events.push(ev("response.output_item.added", { output_index: base + i, item: { ...item, arguments: "", status: "in_progress" } }));
+            events.push(ev("response.function_call_arguments.delta", { item_id: c.itemId, output_index: base + i, delta: c.arguments }));
+            events.push(ev("response.function_call_arguments.done", { item_id: c.itemId, output_index: base + i, name: c.name, arguments: c.arguments }));
+            events.push(ev("response.output_item.done", { output_index: base + i, item }));
+          });
+          events.push(ev(status === "completed" ? "response.completed" : "response.incomplete", { response }));
+          return events;
+        },
+        error: (e) => ev("error", { code: e.code, message: e.message, param: e.param }),
+        encode: (event) => sseEvent((event as { type: string }).type, event),
+        done: false,
+      },
+      tag,
+      t0,
+    );
+  }
+
   function stats() {
     return {
       ...model.stats(),
@@ -263,6 +357,7 @@ export function createServer(opts: ServerOptions): RunningServer {
     "/v1/models": { GET: () => json({ object: "list", data: [openai.modelObject(modelId, created)] }) },
     "/v1/chat/completions": { POST: chatCompletions },
     "/v1/completions": { POST: completions },
+    "/v1/responses": { POST: responses },
     "/v1/stats": { GET: () => json(stats()) },
   };
 
@@ -286,7 +381,7 @@ export function createServer(opts: ServerOptions): RunningServer {
         const id = decodeURIComponent(path.slice("/v1/models/".length));
         route = { GET: () => (checkModel(limits, id), json(openai.modelObject(modelId, created))) };
       }
-      if (!route) throw new ApiError(404, `no route ${path} (see /v1/models, /v1/chat/completions, /v1/completions, /v1/stats, /health)`, null, "not_found");
+      if (!route) throw new ApiError(404, `no route ${path} (see /v1/models, /v1/chat/completions, /v1/completions, /v1/responses, /v1/stats, /health)`, null, "not_found");
       const handler = route[req.method];
       if (!handler) {
         const allow = Object.keys(route).join(", ");

@@ -7,6 +7,11 @@ export function sseData(value: unknown): Uint8Array {
   return encoder.encode(`data: ${JSON.stringify(value)}\n\n`);
 }
 
+/** A named event (`event: type`), as the Responses API streams. */
+export function sseEvent(type: string, value: unknown): Uint8Array {
+  return encoder.encode(`event: ${type}\ndata: ${JSON.stringify(value)}\n\n`);
+}
+
 export const SSE_DONE = encoder.encode("data: [DONE]\n\n");
 
 export const SSE_HEADERS = {

@@ -177,4 +177,41 @@ describe("a model with a tool-rendering (Qwen-style) chat template", () => {
     expect(text).toContain("<tool_response>\n18 C, sunny\n</tool_response>");
     expect(r.usage!.prompt_tokens).toBe(model.tokenizer!.encode(text, { addSpecialTokens: false }).length);
   });
+
+  test("/v1/responses: function tools in, function_call items out, streamed and not; results back as input items", async () => {
+    const tool: OpenAI.Responses.FunctionTool = { type: "function", name: "get_weather", description: "The weather in a city", parameters: weather.function.parameters!, strict: false };
+    script = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>';
+    const r = await client.responses.create({ model: server.modelId, input: "Weather in Paris?", tools: [tool] });
+    expect(r.status).toBe("completed");
+    const calls = r.output.filter((o): o is OpenAI.Responses.ResponseFunctionToolCall => o.type === "function_call");
+    expect(r.output).toHaveLength(1);
+    expect(calls.map((c) => [c.name, JSON.parse(c.arguments)])).toEqual([["get_weather", { city: "Paris" }]]);
+    expect(calls[0]!.call_id).toMatch(/^call_/);
+    const streamed = await client.responses.stream({ model: server.modelId, input: "Weather in Paris?", tools: [tool] }).finalResponse();
+    const sc = streamed.output.filter((o): o is OpenAI.Responses.ResponseFunctionToolCall => o.type === "function_call");
+    expect(sc.map((c) => [c.name, JSON.parse(c.arguments)])).toEqual([["get_weather", { city: "Paris" }]]);
+    // the call and its output sent back: rendered as the chat history would be
+    script = null;
+    const next = await client.responses.create({
+      model: server.modelId,
+      tools: [tool],
+      max_output_tokens: 1,
+      input: [
+        { role: "user", content: "Weather in Paris?" },
+        { type: "function_call", call_id: "call_1", name: "get_weather", arguments: '{"city":"Paris"}' },
+        { type: "function_call_output", call_id: "call_1", output: "18 C, sunny" },
+      ],
+    });
+    const chat = await client.chat.completions.create({
+      model: server.modelId,
+      tools: [weather],
+      max_tokens: 1,
+      messages: [
+        ...messages,
+        { role: "assistant", content: null, tool_calls: [{ id: "call_1", type: "function", function: { name: "get_weather", arguments: '{"city":"Paris"}' } }] },
+        { role: "tool", tool_call_id: "call_1", content: "18 C, sunny" },
+      ],
+    });
+    expect(next.usage!.input_tokens).toBe(chat.usage!.prompt_tokens);
+  });
 });

@@ -1,0 +1,102 @@
+// /v1/responses (OpenAI's Responses API, the Vercel AI SDK's default) through the official
+// openai client: text in, output_text out, streamed and not, with the same text as the library.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import OpenAI from "openai";
+import type { Model } from "../../lib/index.ts";
+import { expectError, loadModel, startServer, type TestServer } from "./harness.ts";
+
+let model: Model;
+let server: TestServer;
+let client: OpenAI;
+const question = "Write a function";
+
+beforeAll(async () => {
+  model = await loadModel();
+  server = startServer(model);
+  client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "unused", maxRetries: 0 });
+});
+afterAll(async () => {
+  await server.stop();
+  await model.close();
+});
+
+describe("non-streaming", () => {
+  test("a string input: the library's text for one user turn, usage, incomplete at max_output_tokens", async () => {
+    const r = await client.responses.create({ model: server.modelId, input: question, max_output_tokens: 8 });
+    const direct = await model.generate([{ role: "user", content: question }], { maxTokens: 8 });
+    expect(r.object).toBe("response");
+    expect(r.id).toMatch(/^resp_/);
+    expect(r.output_text).toBe(direct.text);
+    expect(r.output).toHaveLength(1);
+    const item = r.output[0] as OpenAI.Responses.ResponseOutputMessage;
+    expect(item.type).toBe("message");
+    expect(item.role).toBe("assistant");
+    expect(item.content[0]!.type).toBe("output_text");
+    expect(r.status).toBe("incomplete");
+    expect(r.incomplete_details).toEqual({ reason: "max_output_tokens" });
+    const prompt = model.encode([{ role: "user", content: question }]).length;
+    expect(r.usage).toMatchObject({ input_tokens: prompt, output_tokens: 8, total_tokens: prompt + 8 });
+  });
+
+  test("instructions and message items (input_text parts, an assistant turn) go through the template", async () => {
+    const input: OpenAI.Responses.ResponseInput = [
+      { role: "user", content: [{ type: "input_text", text: "Hi" }] },
+      { role: "assistant", content: "Hello." },
+      { role: "user", content: question },
+    ];
+    const r = await client.responses.create({ model: server.modelId, instructions: "You write Python.", input, max_output_tokens: 6 });
+    const direct = await model.generate(
+      [
+        { role: "system", content: "You write Python." },
+        { role: "user", content: "Hi" },
+        { role: "assistant", content: "Hello." },
+        { role: "user", content: question },
+      ],
+      { maxTokens: 6 },
+    );
+    expect(r.output_text).toBe(direct.text);
+    expect(r.instructions).toBe("You write Python.");
+  });
+
+  test("sampling: temperature with a seed (extension) is the library's sample", async () => {
+    const r = await client.responses.create({ model: server.modelId, input: question, max_output_tokens: 6, temperature: 0.8, top_p: 0.9, seed: 4 } as OpenAI.Responses.ResponseCreateParamsNonStreaming);
+    const direct = await model.generate([{ role: "user", content: question }], { maxTokens: 6, temperature: 0.8, topP: 0.9, seed: 4 });
+    expect(r.output_text).toBe(direct.text);
+  });
+});
+
+describe("streaming", () => {
+  test("the events in OpenAI's order; the deltas add up to the final text", async () => {
+    const whole = await client.responses.create({ model: server.modelId, input: question, max_output_tokens: 8 });
+    const events: OpenAI.Responses.ResponseStreamEvent[] = [];
+    for await (const e of await client.responses.create({ model: server.modelId, input: question, max_output_tokens: 8, stream: true })) events.push(e);
+    const types = events.map((e) => e.type);
+    expect(types.slice(0, 4)).toEqual(["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]);
+    expect(types.slice(-4)).toEqual(["response.output_text.done", "response.content_part.done", "response.output_item.done", "response.incomplete"]);
+    expect(events.map((e) => e.sequence_number)).toEqual(events.map((_, i) => i));
+    const text = events.flatMap((e) => (e.type === "response.output_text.delta" ? [e.delta] : [])).join("");
+    expect(text).toBe(whole.output_text);
+    const done = events.find((e) => e.type === "response.output_text.done") as OpenAI.Responses.ResponseTextDoneEvent;
+    expect(done.text).toBe(whole.output_text);
+    const last = events[events.length - 1] as OpenAI.Responses.ResponseIncompleteEvent;
+    expect(last.response.usage).toEqual(whole.usage);
+  });
+
+  test("the client's stream helper assembles the same response", async () => {
+    const whole = await client.responses.create({ model: server.modelId, input: question, max_output_tokens: 5 });
+    const stream = client.responses.stream({ model: server.modelId, input: question, max_output_tokens: 5 });
+    const final = await stream.finalResponse();
+    expect(final.output_text).toBe(whole.output_text);
+  });
+});
+
+describe("refusals", () => {
+  test("previous_response_id, unknown items and non-text formats are 400 naming the field", async () => {
+    const post = (body: unknown) => server.post("/v1/responses", body);
+    expect((await expectError(await post({ input: "x", previous_response_id: "resp_1" }), 400)).param).toBe("previous_response_id");
+    expect((await expectError(await post({ input: [{ type: "input_image", image_url: "x" }] }), 400)).param).toBe("input[0].type");
+    expect((await expectError(await post({ input: [{ role: "user", content: [{ type: "input_image" }] }] }), 400)).param).toBe("input[0].content[0].type");
+    expect((await expectError(await post({ input: "x", text: { format: { type: "json_object" } } }), 400)).param).toBe("text");
+    expect((await expectError(await post({}), 400)).message).toBe("input: is required");
+  });
+});
