@@ -4,8 +4,9 @@
  * (Device, Buffer, Pipeline, CommandBuffer, Event) that turn error codes into
  * exceptions carrying the native message.
  *
- * Library resolution, for the selected backend (CHERENKOV_BACKEND=cpu|metal;
- * default metal on macOS when it is installed, built or buildable, else cpu):
+ * Library resolution, for the selected backend (CHERENKOV_BACKEND=cpu|metal|cuda;
+ * default metal on macOS when it is installed, built or buildable; cuda on Linux when an
+ * NVIDIA GPU is present and the CUDA library is built or buildable; else cpu):
  *  1. setShimPath(path) or CHERENKOV_SHIM_PATH;
  *  2. the optional package @cherenkov/shim-<platform>-<arch>, whose main
  *     module exports `{ cpu?: string, metal?: string }` (library paths);
@@ -20,7 +21,7 @@ import { existsSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join } from "node:path";
 
-import { buildIsStale, canBuildMetal, localLibraryPath, type Backend } from "../metal-shim/build.ts";
+import { buildIsStale, canBuildCuda, canBuildMetal, localLibraryPath, type Backend } from "../metal-shim/build.ts";
 
 export type { Backend };
 
@@ -64,6 +65,16 @@ const SYMBOLS = {
   ck_buffer_length: { args: [ptr], returns: f64 },
   // void ck_buffer_release(ck_buffer *buf)
   ck_buffer_release: { args: [ptr], returns: none },
+  // ck_buffer *ck_buffer_new_storage(ck_device *dev, double length, int32_t storage)
+  ck_buffer_new_storage: { args: [ptr, f64, i32], returns: ptr },
+  // ck_buffer *ck_buffer_wrap_storage(ck_device *dev, void *ptr, double length, int32_t storage)
+  ck_buffer_wrap_storage: { args: [ptr, ptr, f64, i32], returns: ptr },
+  // int32_t ck_buffer_storage(ck_buffer *buf)
+  ck_buffer_storage: { args: [ptr], returns: i32 },
+  // int32_t ck_buffer_upload(ck_buffer *buf, double offset, double length)
+  ck_buffer_upload: { args: [ptr, f64, f64], returns: i32 },
+  // int32_t ck_buffer_download(ck_buffer *buf, double offset, double length)
+  ck_buffer_download: { args: [ptr, f64, f64], returns: i32 },
 
   // ck_library *ck_library_load(ck_device *dev, const char *dir)
   ck_library_load: { args: [ptr, ptr], returns: ptr },
@@ -133,13 +144,20 @@ const SYMBOLS = {
   ck_io_error_text: { args: [i32], returns: cstring },
 } as const;
 
-const ABI_VERSION = 1;
+const ABI_VERSION = 2;
 export const CK_OK = 0;
 export const CK_ERROR = -1;
 export const CK_TIMEOUT = 1;
 export const CmdbufStatus = { encoding: 0, committed: 1, completed: 2, failed: 3 } as const;
 const STATUS_NAMES = ["encoding", "committed", "completed", "failed"] as const;
 export type CmdbufState = (typeof STATUS_NAMES)[number];
+/**
+ * Where a buffer lives (cherenkov.h's CK_STORAGE_*): "shared" is one memory host and GPU both
+ * address; "device" is GPU memory with a host mirror (`bytes` and friends), synchronised by
+ * upload()/download(). Only the cuda backend has device buffers; elsewhere "device" is shared.
+ */
+export type Storage = "shared" | "device";
+const STORAGE_CODES: Record<Storage, number> = { shared: 0, device: 1 };
 
 type Symbols = ReturnType<typeof dlopen<typeof SYMBOLS>>["symbols"];
 
@@ -172,10 +190,16 @@ export function setShimPath(path: string | null): void {
 /** The backend CHERENKOV_BACKEND asks for, or the platform default. */
 export function defaultBackend(): Backend {
   const env = process.env.CHERENKOV_BACKEND;
-  if (env === "cpu" || env === "metal") return env;
-  if (env) throw new ShimError(`CHERENKOV_BACKEND=${env}: expected cpu or metal`);
+  if (env === "cpu" || env === "metal" || env === "cuda") return env;
+  if (env && env !== "auto") throw new ShimError(`CHERENKOV_BACKEND=${env}: expected cpu, metal, cuda or auto`);
+  if (process.platform === "linux") return hasNvidiaGpu() && (existsSync(localLibraryPath("cuda")) || canBuildCuda()) ? "cuda" : "cpu";
   if (process.platform !== "darwin") return "cpu";
   return platformPackagePath("metal") || existsSync(localLibraryPath("metal")) || canBuildMetal() ? "metal" : "cpu";
+}
+
+/** An NVIDIA GPU with its driver loaded (the device nodes the driver creates). */
+export function hasNvidiaGpu(): boolean {
+  return existsSync("/dev/nvidia0") || existsSync("/dev/nvidiactl");
 }
 
 function platformPackageName(): string {
@@ -216,7 +240,7 @@ function resolveLibrary(backend: Backend): string {
     if (fromPackage && existsSync(fromPackage)) return fromPackage;
     tried.push(`package ${platformPackageName()}: ${fromPackage ? `${fromPackage} missing` : `not installed or has no ${backend} library`}`);
     const local = localLibraryPath(backend);
-    const canBuild = backend === "cpu" || canBuildMetal();
+    const canBuild = backend === "cpu" || (backend === "metal" ? canBuildMetal() : canBuildCuda());
     let why = existsSync(local) ? null : "not built";
     if (canBuild && buildIsStale(backend)) why = buildLocal() ?? null;
     if (!why && existsSync(local)) return local;
@@ -324,15 +348,22 @@ export class Device {
     this.shim.symbols.ck_device_set_wait_timeout(this.handle, ms);
   }
 
-  /** A zero-filled shared buffer (length rounded up to the page size). */
-  buffer(length: number): Buffer {
-    return new Buffer(this.shim, orThrow(this.shim, this.shim.symbols.ck_buffer_new(this.handle, length)), null);
+  /** A zero-filled buffer (length rounded up to the page size); shared unless `storage` says "device". */
+  buffer(length: number, storage: Storage = "shared"): Buffer {
+    const s = this.shim.symbols;
+    const h = storage === "shared" ? s.ck_buffer_new(this.handle, length) : s.ck_buffer_new_storage(this.handle, length, STORAGE_CODES[storage]);
+    return new Buffer(this.shim, orThrow(this.shim, h), null);
   }
 
-  /** Wraps page-aligned memory (e.g. a Bun.mmap view) without copying; keeps `memory` alive. */
-  wrap(memory: NodeJS.TypedArray): Buffer {
+  /**
+   * Wraps page-aligned memory (e.g. a Bun.mmap view) without copying; keeps `memory` alive.
+   * With "device" (read-only data such as weights), cuda copies it to GPU memory once and keeps
+   * `memory` as the host mirror; elsewhere it is the same zero-copy wrap.
+   */
+  wrap(memory: NodeJS.TypedArray, storage: Storage = "shared"): Buffer {
     const p = addressOf(memory);
-    const h = this.shim.symbols.ck_buffer_wrap(this.handle, p, memory.byteLength);
+    const s = this.shim.symbols;
+    const h = storage === "shared" ? s.ck_buffer_wrap(this.handle, p, memory.byteLength) : s.ck_buffer_wrap_storage(this.handle, p, memory.byteLength, STORAGE_CODES[storage]);
     return new Buffer(this.shim, orThrow(this.shim, h), memory);
   }
 
@@ -430,6 +461,22 @@ export class Buffer {
     this.handleLo = Number(handle) % 0x100000000;
     this.handleHi = Math.floor(Number(handle) / 0x100000000);
     this.contents = orThrow(shim, shim.symbols.ck_buffer_contents(handle));
+    this.storage = shim.symbols.ck_buffer_storage(handle) === STORAGE_CODES.device ? "device" : "shared";
+  }
+
+  /** Where the buffer lives; "device" only on cuda (see Storage). */
+  readonly storage: Storage;
+
+  /** Device buffers: copies [offset, offset+length) of the host mirror to GPU memory (returns when there). */
+  upload(offset = 0, length = this.length - offset): void {
+    if (this.storage === "shared") return;
+    check(this.shim, this.shim.symbols.ck_buffer_upload(this.handle, offset, length));
+  }
+
+  /** Device buffers: copies [offset, offset+length) of GPU memory to the host mirror (after the writers completed). */
+  download(offset = 0, length = this.length - offset): void {
+    if (this.storage === "shared") return;
+    check(this.shim, this.shim.symbols.ck_buffer_download(this.handle, offset, length));
   }
 
   get bytes(): Uint8Array {

@@ -3,11 +3,14 @@
  *  - libcherenkov_cpu.(so|dylib): the CPU backend (metal-shim/cpu/*.cpp) together with
  *    kernels/*.metal compiled as C++ through metal-shim/gen-bindings.ts.
  *  - on macOS also libcherenkov_metal.dylib from metal-shim/metal/*.m, when present.
+ *  - on Linux with nvcc also libcherenkov_cuda.so (metal-shim/cuda/build.ts); without nvcc it
+ *    is skipped, and a failing CUDA build only warns unless CHERENKOV_REQUIRE_CUDA=1 (no GPU
+ *    is needed to build it; the CPU library is what CI runs).
  * Each backend builds on its own: one failing is reported (exit 1) but does not stop the
  * other. Incremental: an object is recompiled when a file it depends on (from the
  * compiler's -MMD output) or the flags changed; the library is relinked when an object changed.
  *
- *   bun metal-shim/build.ts [--force] [--quiet] [--optional] [--out DIR] [--backend cpu|metal]
+ *   bun metal-shim/build.ts [--force] [--quiet] [--optional] [--out DIR] [--backend cpu|metal|cuda]
  * --optional (postinstall): a failure prints a warning and exits 0.
  * --out DIR: build into DIR instead of metal-shim/build (say, a clang++ build beside the g++ one).
  * Compilers: CXX (C++), CC (C), OBJC (Objective-C, default clang).
@@ -18,6 +21,7 @@ import { basename, join, relative, resolve } from "node:path";
 
 import { paramsHeaderIsStale } from "../lib/gpu/params-gen.ts";
 import { generate } from "./gen-bindings.ts";
+import { buildCuda, cudaBuildIsStale, findNvcc } from "./cuda/build.ts";
 
 const ROOT = join(import.meta.dir, "..");
 export const BUILD_DIR = join(ROOT, "metal-shim", "build");
@@ -27,7 +31,7 @@ const METAL_DIR = join(ROOT, "metal-shim", "metal");
 const isMac = process.platform === "darwin";
 const LIB_EXT = isMac ? "dylib" : "so";
 
-export type Backend = "cpu" | "metal";
+export type Backend = "cpu" | "metal" | "cuda";
 
 /** Where a build (the local one by default) puts a backend's library. */
 export function localLibraryPath(backend: Backend, outDir: string = BUILD_DIR): string {
@@ -57,6 +61,23 @@ function inputs(backend: Backend): string[] {
   return out;
 }
 
+/** True when this machine can build the CUDA backend (Linux with nvcc; no GPU needed). */
+export function canBuildCuda(): boolean {
+  return findNvcc() !== null;
+}
+
+/** The CUDA build: its line; "" without nvcc; a warning, not a failure, when it breaks (unless CHERENKOV_REQUIRE_CUDA=1). */
+async function buildCudaOptional(opts: BuildOptions, outDir: string): Promise<string> {
+  try {
+    return await buildCuda({ force: opts.force, outDir });
+  } catch (e) {
+    if (process.env.CHERENKOV_REQUIRE_CUDA === "1") throw e;
+    const message = e instanceof Error ? e.message : String(e);
+    console.warn(`metal-shim: CUDA backend not built (CHERENKOV_REQUIRE_CUDA=1 makes this an error):\n${message}`);
+    return "";
+  }
+}
+
 /** True when this machine can build the Metal backend (macOS with its sources present). */
 export function canBuildMetal(): boolean {
   return isMac && existsSync(METAL_DIR) && readdirSync(METAL_DIR).some((f) => f.endsWith(".m"));
@@ -68,6 +89,7 @@ const shown = (path: string) => (path.startsWith(ROOT + "/") ? relative(ROOT, pa
 
 /** Cheap synchronous check (lib/shim.ts uses it): is a local library missing or older than its sources? */
 export function buildIsStale(backend: Backend = "cpu", outDir: string = BUILD_DIR): boolean {
+  if (backend === "cuda") return cudaBuildIsStale(localLibraryPath("cuda", outDir));
   const lib = localLibraryPath(backend, outDir);
   if (!existsSync(lib)) return true;
   const built = mtime(lib);
@@ -262,8 +284,8 @@ export class NativeBuildError extends Error {
 export async function buildNative(opts: BuildOptions = {}): Promise<string[]> {
   const outDir = opts.outDir ?? BUILD_DIR;
   mkdirSync(outDir, { recursive: true });
-  const builders: Record<Backend, (o: BuildOptions, dir: string) => Promise<string>> = { cpu: buildCpu, metal: buildMetal };
-  const wanted = opts.backends ?? (["cpu", "metal"] as Backend[]);
+  const builders: Record<Backend, (o: BuildOptions, dir: string) => Promise<string>> = { cpu: buildCpu, metal: buildMetal, cuda: buildCudaOptional };
+  const wanted = opts.backends ?? (["cpu", "metal", "cuda"] as Backend[]);
   return withBuildLock(outDir, () => buildEach(wanted.map((backend) => ({ backend, build: () => builders[backend](opts, outDir) }))));
 }
 
@@ -299,9 +321,9 @@ export function parseBuildArgs(argv: string[]): BuildOptions & { quiet: boolean;
     else if (arg === "--out") out.outDir = resolve(value());
     else if (arg === "--backend") {
       const b = value();
-      if (b !== "cpu" && b !== "metal") throw new Error(`metal-shim/build.ts: --backend ${b}: expected cpu or metal`);
+      if (b !== "cpu" && b !== "metal" && b !== "cuda") throw new Error(`metal-shim/build.ts: --backend ${b}: expected cpu, metal or cuda`);
       (out.backends ??= []).push(b);
-    } else throw new Error(`metal-shim/build.ts: unknown option ${arg} (--force, --quiet, --optional, --out DIR, --backend cpu|metal)`);
+    } else throw new Error(`metal-shim/build.ts: unknown option ${arg} (--force, --quiet, --optional, --out DIR, --backend cpu|metal|cuda)`);
   }
   return out;
 }

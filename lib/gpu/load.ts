@@ -135,10 +135,14 @@ function layersToRun(c: ModelConfig, o: EngineOptions): number {
   return Math.min(asked, c.num_layers);
 }
 
-/** Maps a file and wraps it without copying. */
+/**
+ * Maps a file and wraps it without copying. Read-only weights: "device" storage, so a
+ * discrete GPU (cuda) reads them from its own memory (copied once here); with unified memory
+ * this is the same zero-copy wrap.
+ */
 function wrapFile(device: Device, path: string): { buffer: Buffer; bytes: number } {
   const mapped = Bun.mmap(path, { shared: false });
-  return { buffer: device.wrap(mapped), bytes: mapped.byteLength };
+  return { buffer: device.wrap(mapped, "device"), bytes: mapped.byteLength };
 }
 
 /**

@@ -278,6 +278,8 @@ interface SlotMemory {
   /** Buffer index and byte offset of a slot. */
   locate(slot: number): { buffer: number; offset: number };
   view(slot: number): Uint8Array;
+  /** After the host filled view(slot): make the bytes the GPU's (device storage: an upload). */
+  publish(slot: number): void;
   release(): void;
 }
 
@@ -289,7 +291,9 @@ function wiredMemory(capacity: number, stride: number, maxBufferBytes: number, d
   for (let b = 0; b < count; b++) {
     const bytes = Math.min(perBuffer, capacity - b * perBuffer) * stride;
     if (device) {
-      const buf = device.buffer(bytes);
+      // Device storage: on a discrete GPU (cuda) slots live in GPU memory and reads land in the
+      // pinned host mirror, then publish() copies the record over; elsewhere one shared memory.
+      const buf = device.buffer(bytes, "device");
       buffers.push(buf);
       views.push(buf.bytes);
     } else {
@@ -305,6 +309,10 @@ function wiredMemory(capacity: number, stride: number, maxBufferBytes: number, d
       const b = Math.floor(slot / perBuffer);
       const off = (slot % perBuffer) * stride;
       return views[b]!.subarray(off, off + stride);
+    },
+    publish(slot) {
+      const b = buffers[Math.floor(slot / perBuffer)];
+      if (b && b.storage === "device") b.upload((slot % perBuffer) * stride, stride);
     },
     release: () => buffers.forEach((b) => b.release()),
   };
@@ -335,6 +343,7 @@ function mappedMemory(path: string, records: number, stride: number, maxBufferBy
     buffers,
     locate: (slot) => ({ buffer: Math.floor(slot / perBuffer), offset: (slot % perBuffer) * stride }),
     view: (slot) => mapped().subarray(slot * stride, (slot + 1) * stride),
+    publish: () => {},
     release: () => buffers.forEach((b) => b.release()),
   };
 }
@@ -607,6 +616,7 @@ class SlotExpertPool implements ExpertPool {
     t.done.then(
       () => {
         if (this.gen[s] !== g) return;
+        this.memory.publish(s);
         this.state[s] = READY;
         this.tickets[s] = null;
       },

@@ -137,6 +137,40 @@ CK_API ck_buffer *ck_buffer_wrap(ck_device *dev, void *ptr, double length) {
   return b;
 }
 
+// Storage modes: host and "GPU" share memory here, so a device buffer is a shared one and
+// upload/download only check their range.
+static bool storage_ok(int32_t storage, const char *fn) {
+  if (storage == CK_STORAGE_SHARED || storage == CK_STORAGE_DEVICE) return true;
+  set_error("%s: storage mode %d is not CK_STORAGE_SHARED (0) or CK_STORAGE_DEVICE (1)", fn, storage);
+  return false;
+}
+
+CK_API ck_buffer *ck_buffer_new_storage(ck_device *dev, double length, int32_t storage) {
+  return storage_ok(storage, "ck_buffer_new_storage") ? ck_buffer_new(dev, length) : nullptr;
+}
+
+CK_API ck_buffer *ck_buffer_wrap_storage(ck_device *dev, void *ptr, double length, int32_t storage) {
+  return storage_ok(storage, "ck_buffer_wrap_storage") ? ck_buffer_wrap(dev, ptr, length) : nullptr;
+}
+
+CK_API int32_t ck_buffer_storage(ck_buffer *buf) { return buf ? CK_STORAGE_SHARED : CK_ERROR; }
+
+static int32_t check_range(ck_buffer *buf, double offset, double length, const char *fn) {
+  uint64_t off, len;
+  if (!buf) return set_error("%s: buffer is NULL", fn);
+  if (!ck::to_u64(offset, off) || !ck::to_u64(length, len) || off > buf->length || len > buf->length - off)
+    return set_error("%s: range [%.17g, +%.17g) is not inside the buffer's %zu bytes", fn, offset, length, buf->length);
+  return CK_OK;
+}
+
+CK_API int32_t ck_buffer_upload(ck_buffer *buf, double offset, double length) {
+  return check_range(buf, offset, length, "ck_buffer_upload");
+}
+
+CK_API int32_t ck_buffer_download(ck_buffer *buf, double offset, double length) {
+  return check_range(buf, offset, length, "ck_buffer_download");
+}
+
 CK_API void *ck_buffer_contents(ck_buffer *buf) { return buf ? buf->data : nullptr; }
 CK_API double ck_buffer_length(ck_buffer *buf) { return buf ? double(buf->length) : 0; }
 CK_API void ck_buffer_release(ck_buffer *buf) { ck_buffer_unref(buf); }

@@ -1,6 +1,7 @@
 /*
  * cherenkov.h: the C ABI of metal-shim, implemented by every backend
- * (metal-shim/metal over Apple's Metal, metal-shim/cpu on any POSIX CPU).
+ * (metal-shim/metal over Apple's Metal, metal-shim/cpu on any POSIX CPU,
+ * metal-shim/cuda on NVIDIA GPUs).
  *
  * It is a thin GPU verb set and knows nothing about language models:
  * a device, shared buffers, a kernel library with pipelines looked up by name,
@@ -37,12 +38,16 @@ extern "C" {
 #define CK_API __attribute__((visibility("default")))
 #endif
 
-#define CK_ABI_VERSION 1
+#define CK_ABI_VERSION 2
 
 /* Status codes. */
 #define CK_OK 0
 #define CK_ERROR (-1)
 #define CK_TIMEOUT 1
+
+/* Buffer storage modes (ck_buffer_new_storage, ck_buffer_wrap_storage). */
+#define CK_STORAGE_SHARED 0 /* one memory the host and the GPU both address */
+#define CK_STORAGE_DEVICE 1 /* GPU memory with a host mirror, synchronised by explicit copies */
 
 /* Command buffer states (ck_cmdbuf_status). */
 #define CK_CMDBUF_ENCODING 0  /* begun, not committed */
@@ -87,7 +92,7 @@ CK_API ck_device *ck_device_open(void);
  * Buffers, libraries and events of the device must not be used afterwards. */
 CK_API void ck_device_close(ck_device *dev);
 
-/* "metal" or "cpu". */
+/* "metal", "cpu" or "cuda". */
 CK_API const char *ck_device_backend(ck_device *dev);
 /* Human-readable device name (e.g. "Apple M3 Max", "cpu x86_64 (16 threads)"). */
 CK_API const char *ck_device_name(ck_device *dev);
@@ -123,6 +128,27 @@ CK_API void *ck_buffer_contents(ck_buffer *buf);
 /* Length in bytes (after rounding). */
 CK_API double ck_buffer_length(ck_buffer *buf);
 CK_API void ck_buffer_release(ck_buffer *buf);
+
+/* Storage modes. Where host and GPU share memory (Metal on Apple silicon, cpu) every buffer
+ * is CK_STORAGE_SHARED and these calls are the plain ones. Where they do not (cuda), a
+ * CK_STORAGE_DEVICE buffer lives in GPU memory (HBM) and ck_buffer_contents() is its host
+ * mirror: host writes reach the GPU only through ck_buffer_upload, GPU writes reach the
+ * mirror only through ck_buffer_download (Metal's managed mode: didModifyRange,
+ * synchronizeResource). A SHARED buffer on cuda is pinned host memory the GPU reads over
+ * the bus: right for what the host reads or writes mid-step, slow for bulk data. */
+/* ck_buffer_new with a storage mode (zero-filled on both sides). */
+CK_API ck_buffer *ck_buffer_new_storage(ck_device *dev, double length, int32_t storage);
+/* ck_buffer_wrap with a storage mode. CK_STORAGE_DEVICE copies the bytes to GPU memory now
+ * and uses `ptr` as the mirror (the caller keeps it mapped while the buffer lives). */
+CK_API ck_buffer *ck_buffer_wrap_storage(ck_device *dev, void *ptr, double length, int32_t storage);
+/* Where the buffer lives: CK_STORAGE_SHARED or CK_STORAGE_DEVICE. */
+CK_API int32_t ck_buffer_storage(ck_buffer *buf);
+/* Copies [offset, offset+length) of the mirror to GPU memory; returns when the bytes are
+ * there, so command buffers committed or released afterwards see them. A no-op on SHARED. */
+CK_API int32_t ck_buffer_upload(ck_buffer *buf, double offset, double length);
+/* Copies [offset, offset+length) of GPU memory to the mirror; the caller first waits for the
+ * command buffers that wrote it. A no-op on SHARED. */
+CK_API int32_t ck_buffer_download(ck_buffer *buf, double offset, double length);
 
 /* ---- kernels ----------------------------------------------------------- */
 

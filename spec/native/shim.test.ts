@@ -30,7 +30,7 @@ test("setShimPath loads exactly that file", () => {
   setShimPath(local);
   const shim = loadShim("cpu");
   expect(shim.path).toBe(local);
-  expect(shim.symbols.ck_abi_version()).toBe(1);
+  expect(shim.symbols.ck_abi_version()).toBe(2);
 });
 
 test("CHERENKOV_DEBUG_FFI=1 logs each native call with its arguments and result", () => {

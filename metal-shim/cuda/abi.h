@@ -1,0 +1,39 @@
+// Internal contract between the CUDA runtime (runtime.cu) and the generated kernel tables
+// (metal-shim/cuda/gen.ts). Plain C++: no Metal prelude (whose macros rename `device`,
+// `constant`, `thread`, `kernel`).
+#pragma once
+#include <cstdint>
+
+namespace ck {
+
+constexpr uint32_t kSimdWidth = 32;
+constexpr uint32_t kMaxThreads = 1024;  // per threadgroup (every entry has __launch_bounds__(1024))
+constexpr uint32_t kMaxBuffers = 31;    // [[buffer(0..30)]]
+
+// What every generated __global__ entry receives by value: the bound addresses (device
+// pointers: base + offset) and the dispatch's shape. A threadgroup is a 1-D block of
+// tg[0]*tg[1]*tg[2] threads; blockIdx is the threadgroup's position in the grid.
+struct Launch {
+  void *buf[kMaxBuffers];
+  uint32_t tg[3];       // dispatch_threads_per_threadgroup (the requested size)
+  uint32_t threads[3];  // threads per grid (groups * tg unless dispatchThreads)
+};
+
+// One compiled kernel, as the generated table describes it.
+struct KernelInfo {
+  const char *name;          // pipeline name ([[host_name]] or the function name)
+  const char *where;         // "kernels/file.metal:line" of its signature
+  const void *entry;         // the __global__ entry point (for cudaLaunchKernel)
+  uint32_t buffer_mask;      // bit i: the kernel declares [[buffer(i)]]
+  uint32_t min_bytes[kMaxBuffers];  // bytes a reference parameter reads at [[buffer(i)]]
+};
+
+struct KernelTable {
+  const KernelInfo *kernels;
+  uint32_t count;
+};
+
+extern const KernelTable kAllTables[];
+extern const uint32_t kAllTablesCount;
+
+}  // namespace ck

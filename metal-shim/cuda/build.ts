@@ -1,0 +1,95 @@
+/**
+ * Builds the CUDA backend, libcherenkov_cuda.so, wherever nvcc is found (metal-shim/build.ts
+ * calls this; no GPU is needed to build). kernels/*.metal go through metal-shim/cuda/gen.ts
+ * (the prelude in metal-shim/cuda/include) and nvcc; runtime.cu is the C ABI. The CUDA
+ * runtime is linked statically, so the library needs only the driver (libcuda) at run time.
+ * Incremental: an object is rebuilt when its source, or anything under kernels/ or
+ * metal-shim/cuda/ or metal-shim/include/, is newer than it.
+ */
+import { existsSync, mkdirSync, readdirSync, renameSync, statSync } from "node:fs";
+import { availableParallelism } from "node:os";
+import { basename, join, relative } from "node:path";
+
+import { generateCuda } from "./gen.ts";
+
+const ROOT = join(import.meta.dir, "..", "..");
+const CUDA_DIR = import.meta.dir;
+const libraryIn = (outDir: string) => join(outDir, "libcherenkov_cuda.so");
+/** Hopper (the H200) natively, plus PTX for anything newer. */
+const ARCH = process.env.CHERENKOV_CUDA_ARCH ?? "sm_90";
+
+/** The nvcc to use: $NVCC, else nvcc on PATH, else /usr/local/cuda/bin/nvcc; null when none. */
+export function findNvcc(): string | null {
+  if (process.platform !== "linux") return null;
+  const candidates = [process.env.NVCC, Bun.which("nvcc"), "/usr/local/cuda/bin/nvcc"].filter(Boolean) as string[];
+  return candidates.find((p) => existsSync(p)) ?? null;
+}
+
+/** Files whose change means the CUDA library must be rebuilt. */
+export function cudaInputs(): string[] {
+  const out: string[] = [join(ROOT, "metal-shim", "gen-bindings.ts")];
+  const walk = (dir: string) => {
+    if (!existsSync(dir)) return;
+    out.push(dir);
+    for (const name of readdirSync(dir)) {
+      const path = join(dir, name);
+      if (statSync(path).isDirectory()) walk(path);
+      else out.push(path);
+    }
+  };
+  [CUDA_DIR, join(ROOT, "kernels"), join(ROOT, "metal-shim", "include"), join(ROOT, "metal-shim", "common")].forEach(walk);
+  return out;
+}
+
+const mtime = (p: string) => statSync(p).mtimeMs;
+
+/** Is the library at `lib` missing or older than its sources? */
+export function cudaBuildIsStale(lib: string): boolean {
+  if (!existsSync(lib)) return true;
+  const built = mtime(lib);
+  return cudaInputs().some((p) => mtime(p) > built);
+}
+
+async function run(cmd: string[], what: string): Promise<void> {
+  const proc = Bun.spawn(cmd, { cwd: ROOT, stdout: "pipe", stderr: "pipe" });
+  const [out, err, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
+  if (code !== 0) throw new Error(`${what} failed (exit ${code}):\n${cmd.join(" ")}\n${(out + err).trim()}`);
+}
+
+/** Builds what is stale; returns the line to print ("" when up to date or no nvcc). */
+export async function buildCuda(opts: { force?: boolean; outDir: string }): Promise<string> {
+  const nvcc = findNvcc();
+  if (!nvcc) return "";
+  const CUDA_LIBRARY = libraryIn(opts.outDir);
+  if (!opts.force && !cudaBuildIsStale(CUDA_LIBRARY)) return "";
+  const GEN_DIR = join(opts.outDir, "gen-cuda");
+  const OBJ_DIR = join(opts.outDir, "obj-cuda");
+  mkdirSync(OBJ_DIR, { recursive: true });
+  const generated = generateCuda(ROOT, GEN_DIR);
+  const newestInput = Math.max(...cudaInputs().map(mtime));
+  const include = ["-I", join(CUDA_DIR, "include"), "-I", CUDA_DIR, "-I", GEN_DIR];
+  const flags = ["-std=c++17", "-O3", `-arch=${ARCH}`, "-Xcompiler", "-fPIC,-fvisibility=hidden", "-Xptxas", "-warn-spills"];
+  const jobs = [
+    ...generated.sources.map((s) => ({ source: s, object: join(OBJ_DIR, `${basename(s, ".cu")}.o`), extra: include })),
+    { source: join(CUDA_DIR, "runtime.cu"), object: join(OBJ_DIR, "runtime.o"), extra: [] as string[] },
+  ];
+  const stale = jobs.filter((j) => opts.force || !existsSync(j.object) || mtime(j.object) < Math.max(newestInput, mtime(j.source)));
+  const started = performance.now();
+  let next = 0;
+  const workers = Array.from({ length: Math.min(availableParallelism(), stale.length) }, async () => {
+    while (next < stale.length) {
+      const j = stale[next++]!;
+      await run([nvcc, ...flags, ...j.extra, "-c", j.source, "-o", j.object], `nvcc ${relative(ROOT, j.source)}`);
+    }
+  });
+  await Promise.all(workers);
+  const common = readdirSync(join(ROOT, "metal-shim", "common")).filter((f) => f.endsWith(".c")).map((f) => join(ROOT, "metal-shim", "common", f));
+  const tmp = `${CUDA_LIBRARY}.${process.pid}.tmp`;
+  await run(
+    [nvcc, "-shared", `-arch=${ARCH}`, "-cudart", "static", "-Xcompiler", "-fPIC,-fvisibility=hidden", "-I", join(ROOT, "metal-shim", "include"), "-o", tmp, ...jobs.map((j) => j.object), ...common, "-lpthread", "-lrt", "-ldl"],
+    `link ${relative(ROOT, CUDA_LIBRARY)}`,
+  );
+  renameSync(tmp, CUDA_LIBRARY);
+  const seconds = ((performance.now() - started) / 1000).toFixed(1);
+  return `metal-shim: built ${relative(ROOT, CUDA_LIBRARY)} (${generated.kernels} kernels, ${ARCH}; compiled ${stale.length} of ${jobs.length} files in ${seconds} s)`;
+}

@@ -1,0 +1,758 @@
+// cherenkov.h over CUDA: errors, device, buffers (storage modes), library, command buffers
+// and events. One CUDA stream runs every command buffer in commit order; a submit thread
+// enqueues committed command buffers (kernel launches, event signals as stream memory
+// writes, event waits as stream memory waits), a completion thread marks them done in
+// order and enforces the GPU-wait timeout. docs/cuda.md explains the mapping.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime.h"
+
+namespace ck {
+namespace {
+thread_local std::string last_error;
+}
+
+int32_t set_error(const char *fmt, ...) {
+  char buf[768];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  last_error = buf;
+  return CK_ERROR;
+}
+
+bool to_u64(double v, uint64_t &out) {
+  if (!(v >= 0.0) || v > 9007199254740992.0 || std::floor(v) != v) return false;
+  out = uint64_t(v);
+  return true;
+}
+}  // namespace ck
+
+using ck::set_error;
+
+#define CUDA_FAIL(call, fmt, ...)                                                              \
+  do {                                                                                         \
+    cudaError_t e_ = (call);                                                                   \
+    if (e_ != cudaSuccess) return set_error(fmt ": %s", ##__VA_ARGS__, cudaGetErrorString(e_)); \
+  } while (0)
+
+// ---- buffers ----------------------------------------------------------------------
+
+ck_buffer::~ck_buffer() {
+  if (host_owner == kHostAlloc) cudaFreeHost(host);
+  else if (host_owner == kRegistered) cudaHostUnregister(host);
+  if (gpu_owned) cudaFree(gpu);
+}
+
+void ck_buffer_unref(ck_buffer *b) {
+  if (b && b->drop()) delete b;
+}
+
+static bool checked_length(ck_device *dev, double length, const char *fn, size_t &out) {
+  uint64_t n;
+  if (!dev) return set_error("%s: device is NULL", fn), false;
+  if (!ck::to_u64(length, n) || n == 0)
+    return set_error("%s: length %.17g is not a positive integer below 2^53", fn, length), false;
+  uint64_t page = dev->page_size;
+  out = size_t((n + page - 1) / page * page);
+  return true;
+}
+
+static bool checked_storage(int32_t storage, const char *fn) {
+  if (storage == CK_STORAGE_SHARED || storage == CK_STORAGE_DEVICE) return true;
+  set_error("%s: storage mode %d is not CK_STORAGE_SHARED (0) or CK_STORAGE_DEVICE (1)", fn, storage);
+  return false;
+}
+
+static ck_buffer *new_buffer(ck_device *dev, double length, int32_t storage, const char *fn) {
+  size_t n;
+  if (!checked_length(dev, length, fn, n) || !checked_storage(storage, fn)) return nullptr;
+  cudaSetDevice(dev->ordinal);
+  auto *b = new ck_buffer();
+  b->length = n;
+  b->storage = storage;
+  void *h = nullptr;
+  cudaError_t e = cudaHostAlloc(&h, n, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (e != cudaSuccess) {
+    set_error("%s: cannot allocate %zu bytes of pinned host memory: %s", fn, n, cudaGetErrorString(e));
+    delete b;
+    return nullptr;
+  }
+  std::memset(h, 0, n);
+  b->host = static_cast<char *>(h);
+  b->host_owner = ck_buffer::kHostAlloc;
+  if (storage == CK_STORAGE_SHARED) {
+    void *d = nullptr;
+    cudaHostGetDevicePointer(&d, h, 0);
+    b->gpu = static_cast<char *>(d);
+    return b;
+  }
+  void *d = nullptr;
+  e = cudaMalloc(&d, n);
+  if (e == cudaSuccess) e = cudaMemset(d, 0, n);
+  if (e != cudaSuccess) {
+    set_error("%s: cannot allocate %zu bytes of GPU memory: %s", fn, n, cudaGetErrorString(e));
+    if (d) cudaFree(d);
+    delete b;
+    return nullptr;
+  }
+  b->gpu = static_cast<char *>(d);
+  b->gpu_owned = true;
+  return b;
+}
+
+static ck_buffer *wrap_buffer(ck_device *dev, void *ptr, double length, int32_t storage, const char *fn) {
+  size_t n;
+  if (!checked_length(dev, length, fn, n) || !checked_storage(storage, fn)) return nullptr;
+  if (!ptr || reinterpret_cast<uintptr_t>(ptr) % dev->page_size != 0) {
+    set_error("%s: pointer %p is not page-aligned (page size %u)", fn, ptr, dev->page_size);
+    return nullptr;
+  }
+  cudaSetDevice(dev->ordinal);
+  auto *b = new ck_buffer();
+  b->length = n;
+  b->storage = storage;
+  b->host = static_cast<char *>(ptr);
+  if (storage == CK_STORAGE_DEVICE) {
+    void *d = nullptr;
+    cudaError_t e = cudaMalloc(&d, n);
+    if (e == cudaSuccess) e = cudaMemcpy(d, ptr, n, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+      set_error("%s: cannot copy %zu bytes to GPU memory: %s", fn, n, cudaGetErrorString(e));
+      if (d) cudaFree(d);
+      delete b;
+      return nullptr;
+    }
+    b->gpu = static_cast<char *>(d);
+    b->gpu_owned = true;
+    return b;
+  }
+  // Shared: pin the caller's pages and map them for the GPU (read-only where the caller's
+  // mapping may be read-only, e.g. a file).
+  cudaError_t e = cudaHostRegister(ptr, n, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    e = cudaHostRegister(ptr, n, cudaHostRegisterMapped | cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+  }
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    set_error("%s: cannot pin %zu bytes at %p for the GPU: %s", fn, n, ptr, cudaGetErrorString(e));
+    delete b;
+    return nullptr;
+  }
+  b->host_owner = ck_buffer::kRegistered;
+  void *d = nullptr;
+  cudaHostGetDevicePointer(&d, ptr, 0);
+  b->gpu = static_cast<char *>(d);
+  return b;
+}
+
+// ---- events --------------------------------------------------------------------------
+
+ck_event::~ck_event() {
+  if (word) cudaFreeHost((void *)word);
+}
+
+void ck_event_unref(ck_event *e) {
+  if (e && e->drop()) delete e;
+}
+
+static uint64_t event_value(const ck_event *e) {
+  return __atomic_load_n(e->word, __ATOMIC_ACQUIRE) & ck::kValueMask;
+}
+
+// ---- command buffers -------------------------------------------------------------------
+
+static void release_resources(ck_cmdbuf *cb) {
+  for (auto *b : cb->buffers) ck_buffer_unref(b);
+  cb->buffers.clear();
+  for (auto &c : cb->commands)
+    if (c.kind != ck::Command::kDispatch) ck_event_unref(c.event);
+  cb->commands.clear();
+  cb->bindings.clear();
+  cb->params.clear();
+}
+
+ck_cmdbuf::~ck_cmdbuf() {
+  release_resources(this);
+  if (done) cudaEventDestroy(done);
+}
+
+void ck_cmdbuf_unref(ck_cmdbuf *cb) {
+  if (cb && cb->drop()) delete cb;
+}
+
+// Enqueues one command buffer into the device's stream (submit thread). Returns false with
+// cb->error set when something could not be enqueued.
+static bool enqueue(ck_device *dev, ck_cmdbuf *cb) {
+  char msg[768];
+  // Params: reserve ring bytes (FIFO; wait for completions when full), copy them in.
+  size_t need = (cb->params.size() + 255) & ~size_t(255);
+  size_t start = 0;
+  if (need) {
+    if (need > dev->ring_size) {
+      std::snprintf(msg, sizeof msg, "command buffer %u: %zu bytes of params, more than the %zu-byte ring", cb->id, need, dev->ring_size);
+      cb->error = msg;
+      return false;
+    }
+    std::unique_lock<std::mutex> lk(dev->qm);
+    for (;;) {
+      size_t head = dev->ring_head;
+      if (head + need > dev->ring_size) head = 0;  // wrap
+      bool fits = true;
+      for (auto &r : dev->ring_live)
+        if (head < r.second && r.first < head + need) fits = false;
+      if (fits) {
+        start = head;
+        break;
+      }
+      dev->flightcv.wait(lk);
+    }
+    dev->ring_head = start + need;
+    dev->ring_live.push_back({start, start + need});
+    cb->ring_end = start + need;
+    lk.unlock();
+    std::memcpy(dev->ring_host + start, cb->params.data(), cb->params.size());
+    cudaMemcpyAsync(dev->ring_gpu + start, dev->ring_host + start, cb->params.size(), cudaMemcpyHostToDevice, dev->stream);
+  } else {
+    std::lock_guard<std::mutex> lk(dev->qm);
+    dev->ring_live.push_back({0, 0});
+  }
+  for (size_t i = 0; i < cb->commands.size(); i++) {
+    ck::Command &c = cb->commands[i];
+    if (c.kind == ck::Command::kDispatch) {
+      ck::Launch L;
+      std::memset(L.buf, 0, sizeof L.buf);
+      for (int k = 0; k < 3; k++) {
+        L.tg[k] = c.tg[k];
+        L.threads[k] = c.threads[k];
+      }
+      for (uint32_t b = 0; b < c.binding_count; b++) {
+        const ck::BoundBuffer &bound = cb->bindings[c.first_binding + b];
+        L.buf[bound.index] = bound.address;
+      }
+      if (c.params_len) L.buf[0] = dev->ring_gpu + start + c.params_offset;
+      void *args[] = {&L};
+      dim3 grid(c.groups[0], c.groups[1], c.groups[2]);
+      dim3 block(c.tg[0] * c.tg[1] * c.tg[2]);
+      cudaError_t e = cudaLaunchKernel(c.kernel->entry, grid, block, args, 0, dev->stream);
+      if (e != cudaSuccess) {
+        std::snprintf(msg, sizeof msg, "command buffer %u: command %zu, dispatch of '%s' (%s): launch failed: %s", cb->id, i,
+                      c.kernel->name, c.kernel->where, cudaGetErrorString(e));
+        cb->error = msg;
+        return false;
+      }
+    } else if (c.kind == ck::Command::kSignal) {
+      CUresult r = dev->write64((CUstream)dev->stream, c.event->dptr, c.value, 0);
+      if (r != CUDA_SUCCESS) {
+        std::snprintf(msg, sizeof msg, "command buffer %u: command %zu: signal of event %u failed (CUresult %d)", cb->id, i, c.event->id, int(r));
+        cb->error = msg;
+        return false;
+      }
+    } else {
+      CUresult r = dev->wait64((CUstream)dev->stream, c.event->dptr, c.value, CU_STREAM_WAIT_VALUE_GEQ);
+      if (r != CUDA_SUCCESS) {
+        std::snprintf(msg, sizeof msg, "command buffer %u: command %zu: wait for event %u failed (CUresult %d)", cb->id, i, c.event->id, int(r));
+        cb->error = msg;
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+static void finish(ck_cmdbuf *cb, int32_t status) {
+  release_resources(cb);
+  ck_device *dev = cb->dev;
+  std::lock_guard<std::mutex> lk(dev->qm);
+  cb->status.store(status, std::memory_order_release);
+  dev->donecv.notify_all();
+}
+
+static void submit_loop(ck_device *dev) {
+  cudaSetDevice(dev->ordinal);
+  for (;;) {
+    ck_cmdbuf *cb;
+    {
+      std::unique_lock<std::mutex> lk(dev->qm);
+      dev->qcv.wait(lk, [&] { return dev->stopping || !dev->queue.empty(); });
+      if (dev->queue.empty()) return;
+      cb = dev->queue.front();
+      dev->queue.pop_front();
+    }
+    if (!enqueue(dev, cb)) cb->submit_failed = true;
+    cudaEventCreateWithFlags(&cb->done, cudaEventDisableTiming);
+    cudaEventRecord(cb->done, dev->stream);
+    {
+      std::lock_guard<std::mutex> lk(dev->qm);
+      dev->inflight.push_back(cb);
+    }
+    dev->flightcv.notify_all();
+  }
+}
+
+// The first wait of `cb` whose event is still below its value (nullptr: none).
+static ck::Command *blocked_wait(ck_cmdbuf *cb) {
+  for (auto &c : cb->commands)
+    if (c.kind == ck::Command::kWait && event_value(c.event) < c.value) return &c;
+  return nullptr;
+}
+
+static void complete_loop(ck_device *dev) {
+  cudaSetDevice(dev->ordinal);
+  for (;;) {
+    ck_cmdbuf *cb;
+    {
+      std::unique_lock<std::mutex> lk(dev->qm);
+      dev->flightcv.wait(lk, [&] { return !dev->inflight.empty() || (dev->stopping && dev->queue.empty()); });
+      if (dev->inflight.empty()) return;
+      cb = dev->inflight.front();
+    }
+    // Wait for the stream to pass this command buffer. Spin briefly (the engine waits on
+    // every step), then sleep in short steps; a GPU wait blocked past the timeout fails it.
+    auto started = std::chrono::steady_clock::now();
+    std::string timed_out;
+    unsigned spins = 0;
+    cudaError_t e;
+    for (;;) {
+      e = cudaEventQuery(cb->done);
+      if (e != cudaErrorNotReady) break;
+      if (++spins < 20000) {
+        std::this_thread::yield();
+        continue;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      uint32_t timeout = dev->wait_timeout_ms.load();
+      auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count();
+      if (timed_out.empty() && uint64_t(waited) > timeout) {
+        if (ck::Command *w = blocked_wait(cb)) {
+          char msg[256];
+          std::snprintf(msg, sizeof msg, "command buffer %u: wait for event %u >= %llu timed out after %u ms", cb->id, w->event->id,
+                        static_cast<unsigned long long>(w->value), timeout);
+          timed_out = msg;
+          // Release every wait of this command buffer so the stream moves on.
+          for (auto &c : cb->commands)
+            if (c.kind == ck::Command::kWait) __atomic_fetch_or(c.event->word, ck::kAbortBit, __ATOMIC_RELEASE);
+        }
+      }
+    }
+    if (e != cudaSuccess && cb->error.empty()) {
+      char msg[512];
+      std::snprintf(msg, sizeof msg, "command buffer %u: CUDA error: %s (%s)", cb->id, cudaGetErrorName(e), cudaGetErrorString(e));
+      cb->error = msg;
+    }
+    if (!timed_out.empty() && !cb->submit_failed) cb->error = timed_out;
+    bool failed = cb->submit_failed || e != cudaSuccess || !timed_out.empty();
+    {
+      std::lock_guard<std::mutex> lk(dev->qm);
+      dev->inflight.pop_front();
+      if (!dev->ring_live.empty()) dev->ring_live.pop_front();
+    }
+    dev->flightcv.notify_all();
+    finish(cb, failed ? CK_CMDBUF_FAILED : CK_CMDBUF_COMPLETED);
+    ck_cmdbuf_unref(cb);
+  }
+}
+
+static int32_t check_encoding(ck_cmdbuf *cb, const char *what) {
+  if (!cb) return set_error("%s: command buffer is NULL", what);
+  if (cb->status.load() != CK_CMDBUF_ENCODING) return set_error("command buffer %u: %s after commit", cb->id, what);
+  return CK_OK;
+}
+
+static int32_t encode_dispatch(ck_cmdbuf *cb, ck_pipeline *pipe, const uint32_t grid[3], const uint32_t tg[3],
+                               bool grid_counts_threads, const ck_binding *bindings, uint32_t binding_count,
+                               const void *params, uint32_t params_len) {
+  if (check_encoding(cb, "dispatch") != CK_OK) return CK_ERROR;
+  if (!pipe) return set_error("command buffer %u: dispatch: pipeline is NULL", cb->id);
+  const ck::KernelInfo *k = pipe->info;
+  const unsigned id = cb->id;
+#define FAIL(fmt, ...) return set_error("command buffer %u: dispatch of '%s' (%s): " fmt, id, k->name, k->where, ##__VA_ARGS__)
+  uint64_t tg_threads = uint64_t(tg[0]) * tg[1] * tg[2];
+  if (tg_threads == 0) FAIL("threadgroup %ux%ux%u is empty", tg[0], tg[1], tg[2]);
+  if (tg_threads > pipe->max_threads)
+    FAIL("threadgroup %ux%ux%u = %llu threads exceeds the pipeline's maximum of %u", tg[0], tg[1], tg[2],
+         static_cast<unsigned long long>(tg_threads), pipe->max_threads);
+  if (binding_count > ck::kMaxBuffers) FAIL("%u bindings: buffer indices go from 0 to %u", binding_count, ck::kMaxBuffers - 1);
+  if (params_len > CK_MAX_PARAMS_BYTES) FAIL("params are %u bytes, at most %u", params_len, CK_MAX_PARAMS_BYTES);
+  if (params_len && !params) FAIL("params pointer is NULL with params_len %u", params_len);
+  if (binding_count && !bindings) FAIL("bindings pointer is NULL with binding_count %u", binding_count);
+
+  ck::Command c{};
+  c.kind = ck::Command::kDispatch;
+  c.kernel = k;
+  uint64_t groups_total = 1;
+  for (int i = 0; i < 3; i++) {
+    c.tg[i] = tg[i];
+    uint64_t threads, groups;
+    if (grid_counts_threads) {
+      threads = grid[i];
+      groups = (threads + tg[i] - 1) / tg[i];
+    } else {
+      groups = grid[i];
+      threads = groups * tg[i];
+    }
+    if (threads > UINT32_MAX) FAIL("grid axis %d has %llu threads, more than 2^32 - 1", i, static_cast<unsigned long long>(threads));
+    c.groups[i] = uint32_t(groups);
+    c.threads[i] = uint32_t(threads);
+    groups_total *= groups;
+  }
+  if (groups_total > UINT32_MAX) FAIL("grid has more than 2^32 - 1 threadgroups");
+  if (c.groups[1] > 65535 || c.groups[2] > 65535) FAIL("grid %ux%ux%u threadgroups: CUDA allows at most 65535 along y and z", c.groups[0], c.groups[1], c.groups[2]);
+
+  uint32_t bound = 0;
+  for (uint32_t i = 0; i < binding_count; i++) {
+    ck_buffer *b = bindings[i].buffer;
+    if (!b) continue;
+    uint64_t off = bindings[i].offset;
+    if (i == 0 && params_len) FAIL("[[buffer(0)]] is bound to a buffer and to params");
+    if (!((k->buffer_mask >> i) & 1u)) FAIL("binds [[buffer(%u)]], which the kernel does not declare", i);
+    if (off > b->length)
+      FAIL("[[buffer(%u)]] offset %llu is past the end of its %zu-byte buffer", i, static_cast<unsigned long long>(off), b->length);
+    if (b->length - off < k->min_bytes[i])
+      FAIL("[[buffer(%u)]] has %llu bytes left after offset %llu; the kernel reads %u", i,
+           static_cast<unsigned long long>(b->length - off), static_cast<unsigned long long>(off), k->min_bytes[i]);
+    bound |= 1u << i;
+  }
+  if (params_len) {
+    if (!(k->buffer_mask & 1u)) FAIL("params given, but the kernel declares no [[buffer(0)]]");
+    if (params_len < k->min_bytes[0]) FAIL("params are %u bytes; the kernel reads %u at [[buffer(0)]]", params_len, k->min_bytes[0]);
+  }
+  uint32_t missing = k->buffer_mask & ~bound & ~(params_len ? 1u : 0u);
+  if (missing) FAIL("[[buffer(%d)]] is not bound", __builtin_ctz(missing));
+#undef FAIL
+
+  if (params_len) {
+    size_t off = (cb->params.size() + 15) & ~size_t(15);
+    cb->params.resize(off + params_len);
+    std::memcpy(cb->params.data() + off, params, params_len);
+    c.params_offset = uint32_t(off);
+    c.params_len = params_len;
+  }
+  c.first_binding = uint32_t(cb->bindings.size());
+  for (uint32_t i = 0; i < binding_count; i++) {
+    if (ck_buffer *b = bindings[i].buffer) {
+      b->retain();
+      cb->buffers.push_back(b);
+      cb->bindings.push_back(ck::BoundBuffer{i, b->gpu + bindings[i].offset});
+    }
+  }
+  c.binding_count = uint32_t(cb->bindings.size()) - c.first_binding;
+  cb->commands.push_back(c);
+  return CK_OK;
+}
+
+static int32_t encode_event(ck_cmdbuf *cb, ck_event *ev, double value, ck::Command::Kind kind) {
+  const char *what = kind == ck::Command::kSignal ? "signal" : "wait";
+  if (check_encoding(cb, what) != CK_OK) return CK_ERROR;
+  if (!ev) return set_error("command buffer %u: %s: event is NULL", cb->id, what);
+  uint64_t v;
+  if (!ck::to_u64(value, v))
+    return set_error("command buffer %u: %s: event value %.17g is not an integer in [0, 2^53]", cb->id, what, value);
+  ck::Command c{};
+  c.kind = kind;
+  c.event = ev;
+  c.value = v;
+  ev->retain();
+  cb->commands.push_back(c);
+  return CK_OK;
+}
+
+// ---- the device ----------------------------------------------------------------------
+
+static ck_device *g_last_device = nullptr;  // for upload/download (one device per process in practice)
+
+extern "C" {
+
+CK_API const char *ck_last_error(void) { return ck::last_error.c_str(); }
+CK_API int32_t ck_abi_version(void) { return CK_ABI_VERSION; }
+
+CK_API ck_device *ck_device_open(void) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    set_error("ck_device_open: no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found 0");
+    cudaGetLastError();
+    return nullptr;
+  }
+  auto *dev = new ck_device();
+  dev->ordinal = 0;
+  cudaSetDevice(0);
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  long page = sysconf(_SC_PAGESIZE);
+  dev->page_size = page > 0 ? uint32_t(page) : 4096;
+  dev->working_set = double(prop.totalGlobalMem) * 0.9;
+  char name[320];
+  std::snprintf(name, sizeof name, "%s (cuda, sm_%d%d, %d SMs)", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+  dev->name = name;
+  cudaDriverEntryPointQueryResult q;
+  void *fn = nullptr;
+  if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess && fn)
+    dev->wait64 = (WaitValue64Fn)fn;
+  fn = nullptr;
+  if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess && fn)
+    dev->write64 = (WriteValue64Fn)fn;
+  if (!dev->wait64 || !dev->write64) {
+    set_error("ck_device_open: the CUDA driver has no cuStreamWaitValue64/cuStreamWriteValue64");
+    delete dev;
+    return nullptr;
+  }
+  e = cudaStreamCreateWithFlags(&dev->stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&dev->copy, cudaStreamNonBlocking);
+  dev->ring_size = size_t(32) << 20;
+  if (e == cudaSuccess) e = cudaHostAlloc((void **)&dev->ring_host, dev->ring_size, cudaHostAllocDefault);
+  if (e == cudaSuccess) e = cudaMalloc((void **)&dev->ring_gpu, dev->ring_size);
+  if (e != cudaSuccess) {
+    set_error("ck_device_open: %s", cudaGetErrorString(e));
+    delete dev;
+    return nullptr;
+  }
+  dev->submitter = std::thread(submit_loop, dev);
+  dev->completer = std::thread(complete_loop, dev);
+  g_last_device = dev;
+  return dev;
+}
+
+CK_API void ck_device_close(ck_device *dev) {
+  if (!dev) return;
+  {
+    std::lock_guard<std::mutex> lk(dev->qm);
+    dev->stopping = true;
+  }
+  dev->qcv.notify_all();
+  if (dev->submitter.joinable()) dev->submitter.join();
+  dev->flightcv.notify_all();
+  if (dev->completer.joinable()) dev->completer.join();
+  cudaStreamSynchronize(dev->stream);
+  cudaStreamDestroy(dev->stream);
+  cudaStreamDestroy(dev->copy);
+  cudaFreeHost(dev->ring_host);
+  cudaFree(dev->ring_gpu);
+  if (g_last_device == dev) g_last_device = nullptr;
+  delete dev;
+}
+
+CK_API const char *ck_device_backend(ck_device *) { return "cuda"; }
+CK_API const char *ck_device_name(ck_device *dev) { return dev ? dev->name.c_str() : ""; }
+CK_API double ck_device_max_working_set(ck_device *dev) { return dev ? dev->working_set : 0; }
+CK_API uint32_t ck_device_max_threadgroup_memory(ck_device *) { return 32768; }
+CK_API uint32_t ck_device_max_threads_per_threadgroup(ck_device *) { return ck::kMaxThreads; }
+CK_API uint32_t ck_device_simd_width(ck_device *) { return ck::kSimdWidth; }
+CK_API uint32_t ck_device_page_size(ck_device *dev) { return dev ? dev->page_size : 0; }
+CK_API void ck_device_set_wait_timeout(ck_device *dev, uint32_t timeout_ms) {
+  if (dev) dev->wait_timeout_ms.store(timeout_ms);
+}
+
+// ---- buffers ----------------------------------------------------------------------------
+
+CK_API ck_buffer *ck_buffer_new(ck_device *dev, double length) { return new_buffer(dev, length, CK_STORAGE_SHARED, "ck_buffer_new"); }
+CK_API ck_buffer *ck_buffer_wrap(ck_device *dev, void *ptr, double length) {
+  return wrap_buffer(dev, ptr, length, CK_STORAGE_SHARED, "ck_buffer_wrap");
+}
+CK_API ck_buffer *ck_buffer_new_storage(ck_device *dev, double length, int32_t storage) {
+  return new_buffer(dev, length, storage, "ck_buffer_new_storage");
+}
+CK_API ck_buffer *ck_buffer_wrap_storage(ck_device *dev, void *ptr, double length, int32_t storage) {
+  return wrap_buffer(dev, ptr, length, storage, "ck_buffer_wrap_storage");
+}
+CK_API int32_t ck_buffer_storage(ck_buffer *buf) { return buf ? buf->storage : CK_ERROR; }
+
+static int32_t transfer(ck_buffer *buf, double offset, double length, bool up, const char *fn) {
+  if (!buf) return set_error("%s: buffer is NULL", fn);
+  uint64_t off, len;
+  if (!ck::to_u64(offset, off) || !ck::to_u64(length, len) || off > buf->length || len > buf->length - off)
+    return set_error("%s: range [%.17g, +%.17g) is not inside the buffer's %zu bytes", fn, offset, length, buf->length);
+  if (buf->storage == CK_STORAGE_SHARED || len == 0) return CK_OK;
+  ck_device *dev = g_last_device;
+  if (!dev) return set_error("%s: no open device", fn);
+  std::lock_guard<std::mutex> lk(dev->copy_m);
+  cudaError_t e = up ? cudaMemcpyAsync(buf->gpu + off, buf->host + off, len, cudaMemcpyHostToDevice, dev->copy)
+                     : cudaMemcpyAsync(buf->host + off, buf->gpu + off, len, cudaMemcpyDeviceToHost, dev->copy);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(dev->copy);
+  if (e != cudaSuccess) return set_error("%s: %llu bytes at %llu: %s", fn, (unsigned long long)len, (unsigned long long)off, cudaGetErrorString(e));
+  return CK_OK;
+}
+
+CK_API int32_t ck_buffer_upload(ck_buffer *buf, double offset, double length) {
+  return transfer(buf, offset, length, true, "ck_buffer_upload");
+}
+CK_API int32_t ck_buffer_download(ck_buffer *buf, double offset, double length) {
+  return transfer(buf, offset, length, false, "ck_buffer_download");
+}
+
+CK_API void *ck_buffer_contents(ck_buffer *buf) { return buf ? buf->host : nullptr; }
+CK_API double ck_buffer_length(ck_buffer *buf) { return buf ? double(buf->length) : 0; }
+CK_API void ck_buffer_release(ck_buffer *buf) { ck_buffer_unref(buf); }
+
+// ---- library ------------------------------------------------------------------------------
+
+CK_API ck_library *ck_library_load(ck_device *dev, const char *) {
+  if (!dev) return set_error("ck_library_load: device is NULL"), nullptr;
+  cudaSetDevice(dev->ordinal);
+  auto *lib = new ck_library();
+  lib->dev = dev;
+  for (uint32_t t = 0; t < ck::kAllTablesCount; t++)
+    for (uint32_t i = 0; i < ck::kAllTables[t].count; i++) {
+      const ck::KernelInfo *k = &ck::kAllTables[t].kernels[i];
+      cudaFuncAttributes attr;
+      cudaError_t e = cudaFuncGetAttributes(&attr, k->entry);
+      if (e != cudaSuccess) {
+        set_error("ck_library_load: kernel %s (%s): %s (was the CUDA backend built for this GPU?)", k->name, k->where, cudaGetErrorString(e));
+        delete lib;
+        return nullptr;
+      }
+      lib->pipelines.push_back(ck_pipeline{k, uint32_t(std::min(attr.maxThreadsPerBlock, int(ck::kMaxThreads)))});
+    }
+  std::sort(lib->pipelines.begin(), lib->pipelines.end(),
+            [](const ck_pipeline &a, const ck_pipeline &b) { return std::strcmp(a.info->name, b.info->name) < 0; });
+  for (auto &p : lib->pipelines) lib->by_name[p.info->name] = &p;
+  return lib;
+}
+
+CK_API void ck_library_release(ck_library *lib) { delete lib; }
+CK_API uint32_t ck_library_kernel_count(ck_library *lib) { return lib ? uint32_t(lib->pipelines.size()) : 0; }
+CK_API const char *ck_library_kernel_name(ck_library *lib, uint32_t index) {
+  if (!lib || index >= lib->pipelines.size()) return "";
+  return lib->pipelines[index].info->name;
+}
+CK_API ck_pipeline *ck_pipeline_get(ck_library *lib, const char *name) {
+  if (!lib || !name) return set_error("ck_pipeline_get: library or name is NULL"), nullptr;
+  auto it = lib->by_name.find(name);
+  if (it == lib->by_name.end()) {
+    set_error("pipeline not found: %s (the cuda library has %zu kernels; was the shim rebuilt after adding it?)", name, lib->pipelines.size());
+    return nullptr;
+  }
+  return it->second;
+}
+CK_API const char *ck_pipeline_name(ck_pipeline *pipe) { return pipe ? pipe->info->name : ""; }
+CK_API uint32_t ck_pipeline_max_threads(ck_pipeline *pipe) { return pipe ? pipe->max_threads : 0; }
+
+// ---- command buffers -------------------------------------------------------------------------
+
+CK_API ck_cmdbuf *ck_cmdbuf_begin(ck_device *dev) {
+  if (!dev) return set_error("ck_cmdbuf_begin: device is NULL"), nullptr;
+  auto *cb = new ck_cmdbuf();
+  cb->dev = dev;
+  cb->commands.reserve(64);
+  cb->bindings.reserve(256);
+  cb->id = dev->next_cmdbuf_id.fetch_add(1);
+  return cb;
+}
+
+CK_API uint32_t ck_cmdbuf_id(ck_cmdbuf *cb) { return cb ? cb->id : 0; }
+
+CK_API int32_t ck_encode_dispatch(ck_cmdbuf *cb, ck_pipeline *pipe, uint32_t grid_x, uint32_t grid_y, uint32_t grid_z,
+                                  uint32_t tg_x, uint32_t tg_y, uint32_t tg_z, const ck_binding *bindings,
+                                  uint32_t binding_count, const void *params, uint32_t params_len) {
+  const uint32_t grid[3] = {grid_x, grid_y, grid_z}, tg[3] = {tg_x, tg_y, tg_z};
+  return encode_dispatch(cb, pipe, grid, tg, false, bindings, binding_count, params, params_len);
+}
+
+CK_API int32_t ck_encode_dispatch_threads(ck_cmdbuf *cb, ck_pipeline *pipe, uint32_t threads_x, uint32_t threads_y,
+                                          uint32_t threads_z, uint32_t tg_x, uint32_t tg_y, uint32_t tg_z,
+                                          const ck_binding *bindings, uint32_t binding_count, const void *params,
+                                          uint32_t params_len) {
+  const uint32_t grid[3] = {threads_x, threads_y, threads_z}, tg[3] = {tg_x, tg_y, tg_z};
+  return encode_dispatch(cb, pipe, grid, tg, true, bindings, binding_count, params, params_len);
+}
+
+CK_API int32_t ck_encode_signal(ck_cmdbuf *cb, ck_event *ev, double value) { return encode_event(cb, ev, value, ck::Command::kSignal); }
+CK_API int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value) { return encode_event(cb, ev, value, ck::Command::kWait); }
+
+CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *cb) {
+  if (check_encoding(cb, "commit") != CK_OK) return CK_ERROR;
+  ck_device *dev = cb->dev;
+  cb->retain();
+  {
+    std::lock_guard<std::mutex> lk(dev->qm);
+    cb->status.store(CK_CMDBUF_COMMITTED);
+    dev->queue.push_back(cb);
+  }
+  dev->qcv.notify_one();
+  return CK_OK;
+}
+
+CK_API int32_t ck_cmdbuf_wait(ck_cmdbuf *cb, uint32_t timeout_ms) {
+  if (!cb) return set_error("ck_cmdbuf_wait: command buffer is NULL");
+  if (cb->status.load() == CK_CMDBUF_ENCODING) return set_error("command buffer %u: wait before commit", cb->id);
+  ck_device *dev = cb->dev;
+  {
+    std::unique_lock<std::mutex> lk(dev->qm);
+    dev->donecv.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return cb->status.load() >= CK_CMDBUF_COMPLETED; });
+  }
+  int32_t s = cb->status.load(std::memory_order_acquire);
+  if (s == CK_CMDBUF_COMPLETED) return CK_OK;
+  if (s == CK_CMDBUF_FAILED) return set_error("%s", cb->error.c_str());
+  return CK_TIMEOUT;
+}
+
+CK_API int32_t ck_cmdbuf_status(ck_cmdbuf *cb) { return cb ? cb->status.load(std::memory_order_acquire) : CK_ERROR; }
+CK_API const char *ck_cmdbuf_error(ck_cmdbuf *cb) {
+  if (!cb || cb->status.load(std::memory_order_acquire) != CK_CMDBUF_FAILED) return "";
+  return cb->error.c_str();
+}
+CK_API void ck_cmdbuf_release(ck_cmdbuf *cb) { ck_cmdbuf_unref(cb); }
+
+// ---- events --------------------------------------------------------------------------------------
+
+CK_API ck_event *ck_event_new(ck_device *dev) {
+  if (!dev) return set_error("ck_event_new: device is NULL"), nullptr;
+  void *h = nullptr;
+  cudaError_t e = cudaHostAlloc(&h, 64, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (e != cudaSuccess) return set_error("ck_event_new: %s", cudaGetErrorString(e)), nullptr;
+  std::memset(h, 0, 64);
+  auto *ev = new ck_event();
+  ev->word = static_cast<volatile uint64_t *>(h);
+  void *d = nullptr;
+  cudaHostGetDevicePointer(&d, h, 0);
+  ev->dptr = reinterpret_cast<CUdeviceptr>(d);
+  ev->id = dev->next_event_id.fetch_add(1);
+  return ev;
+}
+
+CK_API uint32_t ck_event_id(ck_event *ev) { return ev ? ev->id : 0; }
+CK_API double ck_event_value(ck_event *ev) { return ev ? double(event_value(ev)) : 0; }
+
+CK_API int32_t ck_event_set(ck_event *ev, double value) {
+  uint64_t v;
+  if (!ev) return set_error("ck_event_set: event is NULL");
+  if (!ck::to_u64(value, v)) return set_error("event %u: value %.17g is not an integer in [0, 2^53]", ev->id, value);
+  __atomic_store_n(ev->word, v, __ATOMIC_RELEASE);
+  return CK_OK;
+}
+
+// Spins first (a step's handshake is microseconds), then sleeps in short steps.
+CK_API int32_t ck_event_wait(ck_event *ev, double value, uint32_t timeout_ms) {
+  uint64_t v;
+  if (!ev) return set_error("ck_event_wait: event is NULL");
+  if (!ck::to_u64(value, v)) return set_error("event %u: value %.17g is not an integer in [0, 2^53]", ev->id, value);
+  if (event_value(ev) >= v) return CK_OK;
+  auto start = std::chrono::steady_clock::now();
+  auto deadline = start + std::chrono::milliseconds(timeout_ms);
+  for (unsigned i = 0;; i++) {
+    if (event_value(ev) >= v) return CK_OK;
+    if ((i & 255) == 0) {
+      auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) return CK_TIMEOUT;
+      if (now - start > std::chrono::milliseconds(2)) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+}
+
+CK_API void ck_event_release(ck_event *ev) { ck_event_unref(ev); }
+
+}  // extern "C"
