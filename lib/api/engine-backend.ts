@@ -11,13 +11,13 @@ export type { EngineOptions };
 
 export class EngineBackend implements Backend {
   private constructor(
-    readonly name: "cpu" | "metal",
+    readonly name: "cpu" | "metal" | "cuda",
     private readonly engine: Engine,
     private readonly files: ModelFiles,
   ) {}
 
   /** Loads `files` onto the `backend` device. */
-  static async open(files: ModelFiles, backend: "cpu" | "metal", opts: EngineOptions = {}, onProgress?: LoadProgress): Promise<EngineBackend> {
+  static async open(files: ModelFiles, backend: "cpu" | "metal" | "cuda", opts: EngineOptions = {}, onProgress?: LoadProgress): Promise<EngineBackend> {
     const engine = await Engine.load(files, backend, opts, onProgress);
     return new EngineBackend(backend, engine, files);
   }

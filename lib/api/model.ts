@@ -13,7 +13,7 @@ import { Checkpoint } from "./checkpoint.ts";
 import { SessionBusyError, SessionClosedError } from "./session-errors.ts";
 import { defaultBackend, loadShim } from "../shim.ts";
 
-export type BackendName = "auto" | "reference" | "cpu" | "metal";
+export type BackendName = "auto" | "reference" | "cpu" | "metal" | "cuda";
 
 export interface LoadOptions {
   /**
@@ -131,7 +131,7 @@ export interface ModelStats {
 }
 
 /** Why the shim of `backend` cannot be loaded here, or null when it can. */
-function shimUnavailable(backend: "cpu" | "metal"): string | null {
+function shimUnavailable(backend: "cpu" | "metal" | "cuda"): string | null {
   try {
     loadShim(backend);
     return null;
@@ -150,13 +150,13 @@ async function openBackend(files: ModelFiles, opts: LoadOptions): Promise<Backen
   const name = opts.backend ?? "auto";
   if (name === "reference") return new ReferenceBackend(files, { prefillChunk: opts.prefillChunk });
   const engine: EngineOptions = { ...opts.engine, prefillChunk: opts.engine?.prefillChunk ?? opts.prefillChunk };
-  if (name === "cpu" || name === "metal") {
+  if (name === "cpu" || name === "metal" || name === "cuda") {
     const why = shimUnavailable(name);
     if (why) throw new BackendUnavailableError(`backend "${name}" is not available here: ${why}`);
     return openEngine(files, name, engine, opts);
   }
-  if (name !== "auto") throw new BackendUnavailableError(`backend "${name}" is unknown (available: auto, reference, cpu, metal)`);
-  let platform: "cpu" | "metal";
+  if (name !== "auto") throw new BackendUnavailableError(`backend "${name}" is unknown (available: auto, reference, cpu, metal, cuda)`);
+  let platform: "cpu" | "metal" | "cuda";
   let why: string | null;
   try {
     platform = defaultBackend();
@@ -172,7 +172,7 @@ async function openBackend(files: ModelFiles, opts: LoadOptions): Promise<Backen
   return openEngine(files, platform, engine, opts);
 }
 
-async function openEngine(files: ModelFiles, backend: "cpu" | "metal", engine: EngineOptions, opts: LoadOptions): Promise<Backend> {
+async function openEngine(files: ModelFiles, backend: "cpu" | "metal" | "cuda", engine: EngineOptions, opts: LoadOptions): Promise<Backend> {
   try {
     return await EngineBackend.open(files, backend, engine, opts.onProgress);
   } catch (e) {

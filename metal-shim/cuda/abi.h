@@ -17,6 +17,9 @@ struct Launch {
   void *buf[kMaxBuffers];
   uint32_t tg[3];       // dispatch_threads_per_threadgroup (the requested size)
   uint32_t threads[3];  // threads per grid (groups * tg unless dispatchThreads)
+  // The command buffer's cancel word (device memory): set when one of its GPU waits timed
+  // out, so that every later command of it does nothing, as the other backends skip them.
+  const volatile uint32_t *cancel;
 };
 
 // One compiled kernel, as the generated table describes it.

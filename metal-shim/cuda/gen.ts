@@ -100,7 +100,7 @@ export function generateCuda(root: string, genDir: string): { sources: string[];
       return [
         `extern "C" __global__ void __launch_bounds__(1024) ckg_${k.name}(const ck::Launch L) {`,
         `  ck::Builtins b;`,
-        `  if (!ck::setup(L, b)) return;`,
+        `  if (*L.cancel || !ck::setup(L, b)) return;`,
         `  ck::Invoke<&${ns}::${k.fn}>::run<${binders}>(L, b);`,
         `}`,
       ].join("\n");

@@ -1,8 +1,10 @@
 // cherenkov.h over CUDA: errors, device, buffers (storage modes), library, command buffers
 // and events. One CUDA stream runs every command buffer in commit order; a submit thread
-// enqueues committed command buffers (kernel launches, event signals as stream memory
-// writes, event waits as stream memory waits), a completion thread marks them done in
-// order and enforces the GPU-wait timeout. docs/cuda.md explains the mapping.
+// enqueues committed command buffers (kernel launches; an event signal is a one-thread
+// kernel that writes the event's word in pinned host memory, an event wait a one-thread
+// kernel that polls it), a completion thread marks them done in order and enforces the
+// GPU-wait timeout by setting the command buffer's cancel word, which ends the polling wait
+// and turns every later command of it into a no-op. docs/cuda.md explains the mapping.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -51,6 +53,10 @@ using ck::set_error;
 ck_buffer::~ck_buffer() {
   if (host_owner == kHostAlloc) cudaFreeHost(host);
   else if (host_owner == kRegistered) cudaHostUnregister(host);
+  else if (host_owner == kMapped) {
+    cudaHostUnregister(host);
+    munmap(host, mapped);
+  }
   if (gpu_owned) cudaFree(gpu);
 }
 
@@ -81,16 +87,24 @@ static ck_buffer *new_buffer(ck_device *dev, double length, int32_t storage, con
   auto *b = new ck_buffer();
   b->length = n;
   b->storage = storage;
-  void *h = nullptr;
-  cudaError_t e = cudaHostAlloc(&h, n, cudaHostAllocMapped | cudaHostAllocPortable);
-  if (e != cudaSuccess) {
-    set_error("%s: cannot allocate %zu bytes of pinned host memory: %s", fn, n, cudaGetErrorString(e));
+  // Page-aligned zeroed pages (mmap), pinned and mapped for the GPU.
+  void *h = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (h == MAP_FAILED) {
+    set_error("%s: cannot allocate %zu bytes: %s", fn, n, std::strerror(errno));
     delete b;
     return nullptr;
   }
-  std::memset(h, 0, n);
+  cudaError_t e = cudaHostRegister(h, n, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    munmap(h, n);
+    set_error("%s: cannot pin %zu bytes of host memory: %s", fn, n, cudaGetErrorString(e));
+    delete b;
+    return nullptr;
+  }
   b->host = static_cast<char *>(h);
-  b->host_owner = ck_buffer::kHostAlloc;
+  b->mapped = n;
+  b->host_owner = ck_buffer::kMapped;
   if (storage == CK_STORAGE_SHARED) {
     void *d = nullptr;
     cudaHostGetDevicePointer(&d, h, 0);
@@ -168,7 +182,23 @@ void ck_event_unref(ck_event *e) {
 }
 
 static uint64_t event_value(const ck_event *e) {
-  return __atomic_load_n(e->word, __ATOMIC_ACQUIRE) & ck::kValueMask;
+  return __atomic_load_n(e->word, __ATOMIC_ACQUIRE);
+}
+
+// The GPU side of events: one thread each, launched in the stream between dispatches.
+__global__ void ck_signal_kernel(volatile unsigned long long *word, unsigned long long value, const volatile uint32_t *cancel) {
+  if (*cancel) return;
+  __threadfence_system();
+  *word = value;
+  __threadfence_system();
+}
+
+__global__ void ck_wait_kernel(const volatile unsigned long long *word, unsigned long long value, const volatile uint32_t *cancel) {
+  while (*word < value) {
+    if (*cancel) return;
+    __nanosleep(100);
+  }
+  __threadfence_system();
 }
 
 // ---- command buffers -------------------------------------------------------------------
@@ -196,15 +226,17 @@ void ck_cmdbuf_unref(ck_cmdbuf *cb) {
 // cb->error set when something could not be enqueued.
 static bool enqueue(ck_device *dev, ck_cmdbuf *cb) {
   char msg[768];
-  // Params: reserve ring bytes (FIFO; wait for completions when full), copy them in.
-  size_t need = (cb->params.size() + 255) & ~size_t(255);
+  // Its ring slice: the cancel word, then the params (FIFO; wait for completions when full).
+  size_t need = ck::kCancelBytes + ((cb->params.size() + 255) & ~size_t(255));
+  if (need > dev->ring_size) {
+    std::snprintf(msg, sizeof msg, "command buffer %u: %zu bytes of params, more than the %zu-byte ring", cb->id, need, dev->ring_size);
+    cb->error = msg;
+    std::lock_guard<std::mutex> lk(dev->qm);
+    dev->ring_live.push_back({0, 0});  // the completion thread pops one slice per command buffer
+    return false;
+  }
   size_t start = 0;
-  if (need) {
-    if (need > dev->ring_size) {
-      std::snprintf(msg, sizeof msg, "command buffer %u: %zu bytes of params, more than the %zu-byte ring", cb->id, need, dev->ring_size);
-      cb->error = msg;
-      return false;
-    }
+  {
     std::unique_lock<std::mutex> lk(dev->qm);
     for (;;) {
       size_t head = dev->ring_head;
@@ -220,14 +252,13 @@ static bool enqueue(ck_device *dev, ck_cmdbuf *cb) {
     }
     dev->ring_head = start + need;
     dev->ring_live.push_back({start, start + need});
-    cb->ring_end = start + need;
-    lk.unlock();
-    std::memcpy(dev->ring_host + start, cb->params.data(), cb->params.size());
-    cudaMemcpyAsync(dev->ring_gpu + start, dev->ring_host + start, cb->params.size(), cudaMemcpyHostToDevice, dev->stream);
-  } else {
-    std::lock_guard<std::mutex> lk(dev->qm);
-    dev->ring_live.push_back({0, 0});
   }
+  cb->ring_start = start;
+  std::memset(dev->ring_host + start, 0, ck::kCancelBytes);
+  std::memcpy(dev->ring_host + start + ck::kCancelBytes, cb->params.data(), cb->params.size());
+  cudaMemcpyAsync(dev->ring_gpu + start, dev->ring_host + start, ck::kCancelBytes + cb->params.size(), cudaMemcpyHostToDevice, dev->stream);
+  const volatile uint32_t *cancel = reinterpret_cast<const volatile uint32_t *>(dev->ring_gpu + start);
+  const size_t params_base = start + ck::kCancelBytes;
   for (size_t i = 0; i < cb->commands.size(); i++) {
     ck::Command &c = cb->commands[i];
     if (c.kind == ck::Command::kDispatch) {
@@ -241,7 +272,8 @@ static bool enqueue(ck_device *dev, ck_cmdbuf *cb) {
         const ck::BoundBuffer &bound = cb->bindings[c.first_binding + b];
         L.buf[bound.index] = bound.address;
       }
-      if (c.params_len) L.buf[0] = dev->ring_gpu + start + c.params_offset;
+      if (c.params_len) L.buf[0] = dev->ring_gpu + params_base + c.params_offset;
+      L.cancel = cancel;
       void *args[] = {&L};
       dim3 grid(c.groups[0], c.groups[1], c.groups[2]);
       dim3 block(c.tg[0] * c.tg[1] * c.tg[2]);
@@ -252,17 +284,14 @@ static bool enqueue(ck_device *dev, ck_cmdbuf *cb) {
         cb->error = msg;
         return false;
       }
-    } else if (c.kind == ck::Command::kSignal) {
-      CUresult r = dev->write64((CUstream)dev->stream, c.event->dptr, c.value, 0);
-      if (r != CUDA_SUCCESS) {
-        std::snprintf(msg, sizeof msg, "command buffer %u: command %zu: signal of event %u failed (CUresult %d)", cb->id, i, c.event->id, int(r));
-        cb->error = msg;
-        return false;
-      }
     } else {
-      CUresult r = dev->wait64((CUstream)dev->stream, c.event->dptr, c.value, CU_STREAM_WAIT_VALUE_GEQ);
-      if (r != CUDA_SUCCESS) {
-        std::snprintf(msg, sizeof msg, "command buffer %u: command %zu: wait for event %u failed (CUresult %d)", cb->id, i, c.event->id, int(r));
+      auto *word = reinterpret_cast<unsigned long long *>(c.event->dptr);
+      if (c.kind == ck::Command::kSignal) ck_signal_kernel<<<1, 1, 0, dev->stream>>>(word, c.value, cancel);
+      else ck_wait_kernel<<<1, 1, 0, dev->stream>>>(word, c.value, cancel);
+      cudaError_t e = cudaGetLastError();
+      if (e != cudaSuccess) {
+        std::snprintf(msg, sizeof msg, "command buffer %u: command %zu: %s of event %u failed: %s", cb->id, i,
+                      c.kind == ck::Command::kSignal ? "signal" : "wait", c.event->id, cudaGetErrorString(e));
         cb->error = msg;
         return false;
       }
@@ -340,9 +369,10 @@ static void complete_loop(ck_device *dev) {
           std::snprintf(msg, sizeof msg, "command buffer %u: wait for event %u >= %llu timed out after %u ms", cb->id, w->event->id,
                         static_cast<unsigned long long>(w->value), timeout);
           timed_out = msg;
-          // Release every wait of this command buffer so the stream moves on.
-          for (auto &c : cb->commands)
-            if (c.kind == ck::Command::kWait) __atomic_fetch_or(c.event->word, ck::kAbortBit, __ATOMIC_RELEASE);
+          // Cancel the rest of this command buffer: its polling wait returns, later commands do nothing.
+          std::lock_guard<std::mutex> lk(dev->copy_m);
+          cudaMemsetAsync(dev->ring_gpu + cb->ring_start, 0xff, sizeof(uint32_t), dev->copy);
+          cudaStreamSynchronize(dev->copy);
         }
       }
     }
@@ -496,18 +526,6 @@ CK_API ck_device *ck_device_open(void) {
   char name[320];
   std::snprintf(name, sizeof name, "%s (cuda, sm_%d%d, %d SMs)", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
   dev->name = name;
-  cudaDriverEntryPointQueryResult q;
-  void *fn = nullptr;
-  if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess && fn)
-    dev->wait64 = (WaitValue64Fn)fn;
-  fn = nullptr;
-  if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess && fn)
-    dev->write64 = (WriteValue64Fn)fn;
-  if (!dev->wait64 || !dev->write64) {
-    set_error("ck_device_open: the CUDA driver has no cuStreamWaitValue64/cuStreamWriteValue64");
-    delete dev;
-    return nullptr;
-  }
   e = cudaStreamCreateWithFlags(&dev->stream, cudaStreamNonBlocking);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&dev->copy, cudaStreamNonBlocking);
   dev->ring_size = size_t(32) << 20;

@@ -25,19 +25,17 @@ struct Counted {
   bool drop() { return refs.fetch_sub(1, std::memory_order_acq_rel) == 1; }
 };
 
-// An event's 64-bit word lives in pinned host memory the GPU reads and writes. Bit 62 is
-// the abort mark a timed-out wait sets (it satisfies every wait on the word); the value
-// the host sees leaves it out.
-constexpr uint64_t kAbortBit = 1ull << 62;
-constexpr uint64_t kValueMask = kAbortBit - 1;
+// Every command buffer's slice of the param ring starts with its cancel word (kCancelBytes).
+constexpr size_t kCancelBytes = 256;
 }  // namespace ck
 
 struct ck_buffer : ck::Counted {
+  size_t mapped = 0;     // bytes mmap'd for a shared buffer (munmap after unregistering)
   char *host = nullptr;  // ck_buffer_contents: the shared memory, or a device buffer's mirror
   char *gpu = nullptr;   // what kernels address
   size_t length = 0;
   int32_t storage = CK_STORAGE_SHARED;
-  enum Owner { kHostAlloc, kRegistered, kNone } host_owner = kNone;
+  enum Owner { kHostAlloc, kRegistered, kMapped, kNone } host_owner = kNone;
   bool gpu_owned = false;  // cudaMalloc'd device copy
   ~ck_buffer();
 };
@@ -89,14 +87,12 @@ struct ck_cmdbuf : ck::Counted {
   std::string error;
   // Set by the submit thread.
   cudaEvent_t done = nullptr;
-  size_t ring_end = 0;  // param ring offset released when this one completes
+  size_t ring_start = 0;  // its slice of the param ring (cancel word first)
   bool submit_failed = false;
   ~ck_cmdbuf();
 };
 void ck_cmdbuf_unref(ck_cmdbuf *cb);
 
-typedef CUresult (*WaitValue64Fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
-typedef CUresult (*WriteValue64Fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 
 struct ck_device {
   int ordinal = 0;
@@ -110,8 +106,6 @@ struct ck_device {
   cudaStream_t stream = nullptr;  // every command buffer, in commit order
   cudaStream_t copy = nullptr;    // ck_buffer_upload / download
   std::mutex copy_m;
-  WaitValue64Fn wait64 = nullptr;
-  WriteValue64Fn write64 = nullptr;
   // Params of every dispatch travel to device memory through a FIFO ring: pinned host bytes
   // copied by one cudaMemcpyAsync per command buffer; kernels read them from HBM.
   size_t ring_size = 0;

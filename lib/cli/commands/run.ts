@@ -8,7 +8,7 @@ import { BudgetError, parsePoolSize } from "../../gpu/budget.ts";
 import { choiceFlag, draftsFlag, intFlag, parseFlags, stringFlag, type Flags, UsageError } from "../args.ts";
 import type { CliIO } from "../io.ts";
 
-const BACKENDS = ["auto", "reference", "cpu", "metal"] as const;
+const BACKENDS = ["auto", "reference", "cpu", "metal", "cuda"] as const;
 
 /** "1, 2,3" -> [1, 2, 3], each checked against the vocabulary. */
 export function parsePromptTokens(text: string, vocabSize: number, where: string): number[] {

@@ -7,7 +7,7 @@ import { createServer, type RunningServer } from "../../server/server.ts";
 import { choiceFlag, draftsFlag, intFlag, parseFlags, stringFlag, UsageError } from "../args.ts";
 import type { CliIO } from "../io.ts";
 
-const BACKENDS = ["auto", "reference", "cpu", "metal"] as const;
+const BACKENDS = ["auto", "reference", "cpu", "metal", "cuda"] as const;
 
 export const serveUsage = `cherenkov serve [DIR] [options]
   OpenAI-compatible HTTP server (greedy generation, one request at a time, queued).
@@ -15,7 +15,7 @@ export const serveUsage = `cherenkov serve [DIR] [options]
   /v1/models, /v1/stats, /health (docs/server.md).
     --port N            TCP port (default 8080; 0 picks a free one)
     --host H            interface to listen on (default 127.0.0.1; 0.0.0.0 = every interface)
-    --backend B         auto|reference|cpu|metal (default auto)
+    --backend B         auto|reference|cpu|metal|cuda (default auto)
     --model-id NAME     the name clients pass as "model" (default: DIR's name)
     --context N         prompt + completion tokens per request (default: the model's, else 4096)
     --max-tokens N      completion tokens when a request sets none (default 512)
