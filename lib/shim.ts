@@ -467,15 +467,13 @@ export class Buffer {
   /** Where the buffer lives; "device" only on cuda (see Storage). */
   readonly storage: Storage;
 
-  /** Device buffers: copies [offset, offset+length) of the host mirror to GPU memory (returns when there). */
+  /** Device buffers: copies [offset, offset+length) of the host mirror to GPU memory (returns when there); shared: checks the range only. */
   upload(offset = 0, length = this.length - offset): void {
-    if (this.storage === "shared") return;
     check(this.shim, this.shim.symbols.ck_buffer_upload(this.handle, offset, length));
   }
 
   /** Device buffers: copies [offset, offset+length) of GPU memory to the host mirror (after the writers completed). */
   download(offset = 0, length = this.length - offset): void {
-    if (this.storage === "shared") return;
     check(this.shim, this.shim.symbols.ck_buffer_download(this.handle, offset, length));
   }
 
