@@ -1,0 +1,67 @@
+// The CUDA backend's build (metal-shim/cuda): the source rewrite, the generated entry points,
+// and, where nvcc is installed, the library it builds. No GPU is needed for any of this; the
+// kernels and engine run on a GPU with CHERENKOV_BACKEND=cuda (docs/cuda.md has the results).
+import { describe, expect, test } from "bun:test";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+import { localLibraryPath } from "../../metal-shim/build.ts";
+import { findNvcc } from "../../metal-shim/cuda/build.ts";
+import { generateCuda, rewriteForCuda } from "../../metal-shim/cuda/gen.ts";
+import { collectKernels } from "../../metal-shim/gen-bindings.ts";
+
+const ROOT = join(import.meta.dir, "..", "..");
+
+describe("rewriteForCuda", () => {
+  const cases: [string, string][] = [
+    ["threadgroup float partial[32];", "__shared__ float partial[32];"],
+    ["threadgroup float* mine = partial + sg;", " float* mine = partial + sg;"],
+    ["device const float* x", " const float* x"],
+    ["constant P& p", "const P& p"],
+    ["thread float4* acc", " float4* acc"],
+    ["inline float f(float x) { return x; }", "__device__ inline float f(float x) { return x; }"],
+    ["  static float4 load4(device const uchar* w, ulong e) {", "  __device__ static float4 load4( const uchar* w, ulong e) {"],
+    ["kernel void k(device float* y [[buffer(1)]]) {", "__device__ void k( float* y              ) {"],
+    ["p.kernel + q->device", "p.kernel + q->device"],
+    ["static_assert(MV_R == 4, \"x\");", "static_assert(MV_R == 4, \"x\");"],
+  ];
+  for (const [from, to] of cases) test(from, () => expect(rewriteForCuda(from)).toBe(to));
+
+  test("explicit instantiations are removed whole, keeping the line count", () => {
+    const src = 'template [[host_name("a_f32")]] kernel decltype(a<float>) a<float>;\ntemplate [[host_name("a_f16")]]\nkernel void a<half>(device half* x [[buffer(1)]]);\nint z;';
+    const out = rewriteForCuda(src);
+    expect(out.split("\n").length).toBe(src.split("\n").length);
+    expect(out.trim()).toBe("int z;");
+  });
+});
+
+test("every pipeline of kernels/ gets one __global__ entry point and one table row", () => {
+  const dir = mkdtempSync(join(tmpdir(), "cherenkov-cuda-gen-"));
+  try {
+    const r = generateCuda(ROOT, dir);
+    const pipelines = [...collectKernels(ROOT).values()].flat();
+    expect(r.kernels).toBe(pipelines.length);
+    const text = r.sources.filter((s) => s.endsWith(".cu")).map((s) => readFileSync(s, "utf8")).join("\n");
+    for (const k of pipelines) {
+      expect(text).toContain(`__global__ void __launch_bounds__(1024) ckg_${k.name}(const ck::Launch L)`);
+      expect(text).toContain(`"${k.name}", "${k.where}"`);
+    }
+    expect(existsSync(join(dir, "registry.cu"))).toBe(true);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+const nvcc = findNvcc();
+if (!nvcc) console.warn("skipped: the CUDA library checks need nvcc, which is not installed here");
+test.skipIf(!nvcc)("with nvcc, build:native built libcherenkov_cuda.so exporting every cherenkov.h function", () => {
+  const lib = localLibraryPath("cuda");
+  expect(existsSync(lib)).toBe(true);
+  const header = readFileSync(join(ROOT, "metal-shim", "include", "cherenkov.h"), "utf8");
+  const wanted = [...header.matchAll(/CK_API [^;(]*?\b(ck_\w+)\s*\(/g)].map((m) => m[1]!);
+  const nm = Bun.spawnSync(["nm", "-D", "--defined-only", lib]).stdout.toString();
+  const exported = new Set([...nm.matchAll(/ T (ck_\w+)/g)].map((m) => m[1]!));
+  expect(wanted.length).toBeGreaterThan(30);
+  for (const f of wanted) expect(exported.has(f)).toBe(true);
+});
