@@ -215,9 +215,10 @@ function platformPackagePath(backend: Backend): string | null {
   }
 }
 
-function buildLocal(): string | null {
+/** Builds the one backend asked for (the CUDA build alone takes minutes on a small machine). */
+function buildLocal(backend: Backend): string | null {
   if (process.env.CHERENKOV_NO_AUTOBUILD === "1") return "stale or missing, and CHERENKOV_NO_AUTOBUILD=1";
-  const proc = Bun.spawnSync([process.execPath, join(ROOT, "metal-shim", "build.ts"), "--quiet"], {
+  const proc = Bun.spawnSync([process.execPath, join(ROOT, "metal-shim", "build.ts"), "--quiet", "--backend", backend], {
     cwd: ROOT,
     stdout: "pipe",
     stderr: "pipe",
@@ -242,7 +243,7 @@ function resolveLibrary(backend: Backend): string {
     const local = localLibraryPath(backend);
     const canBuild = backend === "cpu" || (backend === "metal" ? canBuildMetal() : canBuildCuda());
     let why = existsSync(local) ? null : "not built";
-    if (canBuild && buildIsStale(backend)) why = buildLocal() ?? null;
+    if (canBuild && buildIsStale(backend)) why = buildLocal(backend) ?? null;
     if (!why && existsSync(local)) return local;
     tried.push(`local build ${local}: ${why ?? "not built"}`);
   }
@@ -475,6 +476,12 @@ export class Buffer {
   /** Device buffers: copies [offset, offset+length) of GPU memory to the host mirror (after the writers completed). */
   download(offset = 0, length = this.length - offset): void {
     check(this.shim, this.shim.symbols.ck_buffer_download(this.handle, offset, length));
+  }
+
+  /** A view of [offset, offset+length) of the contents, for buffers too large for one view (`bytes`). */
+  range(offset: number, length: number): Uint8Array {
+    if (!(offset >= 0 && length >= 0 && offset + length <= this.length)) throw new RangeError(`range [${offset}, +${length}) is not inside the buffer's ${this.length} bytes`);
+    return new Uint8Array(toArrayBuffer(this.contents, offset, length));
   }
 
   get bytes(): Uint8Array {

@@ -288,14 +288,15 @@ function wiredMemory(capacity: number, stride: number, maxBufferBytes: number, d
   const count = Math.ceil(capacity / perBuffer);
   const buffers: Buffer[] = [];
   const views: Uint8Array[] = [];
+  // One view per slot over a device buffer, made on first use: one view of the whole pool
+  // cannot be made past JavaScript's largest ArrayBuffer (a 20 GB pool is one buffer).
+  const slotViews: (Uint8Array | undefined)[] = [];
   for (let b = 0; b < count; b++) {
     const bytes = Math.min(perBuffer, capacity - b * perBuffer) * stride;
     if (device) {
       // Device storage: on a discrete GPU (cuda) slots live in GPU memory and reads land in the
       // pinned host mirror, then publish() copies the record over; elsewhere one shared memory.
-      const buf = device.buffer(bytes, "device");
-      buffers.push(buf);
-      views.push(buf.bytes);
+      buffers.push(device.buffer(bytes, "device"));
     } else {
       views.push(alignedHostMemory(bytes));
     }
@@ -308,7 +309,8 @@ function wiredMemory(capacity: number, stride: number, maxBufferBytes: number, d
     view(slot) {
       const b = Math.floor(slot / perBuffer);
       const off = (slot % perBuffer) * stride;
-      return views[b]!.subarray(off, off + stride);
+      if (!device) return views[b]!.subarray(off, off + stride);
+      return (slotViews[slot] ??= buffers[b]!.range(off, stride));
     },
     publish(slot) {
       const b = buffers[Math.floor(slot / perBuffer)];

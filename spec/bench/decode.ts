@@ -11,7 +11,8 @@
  *
  * Options: --tokens N (default 32), --prompt N (prompt tokens, default 32), --pool 50% |
  * --pool-slots N, --backing wired|mapped, --no-lookahead, --drafts N (also time speculative
- * decoding), --model DIR, --json (one JSON object on stdout).
+ * decoding), --model DIR, --only-model (skip the two built-in models; with --model),
+ * --json (one JSON object on stdout).
  */
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -36,6 +37,7 @@ const { values: opts } = parseArgs({
     "no-lookahead": { type: "boolean", default: false },
     drafts: { type: "string", default: "0" },
     model: { type: "string" },
+    "only-model": { type: "boolean", default: false },
     json: { type: "boolean", default: false },
   },
 });
@@ -73,6 +75,8 @@ interface ModelResult {
   hitRate: number;
   lookahead_: { predictions: number; used: number; wasted: number };
   handshakeUs: { all: LatencySummary; perLayer: LatencySummary[] };
+  /** Expert bytes read from disk during the timed decode (for the disk bound). */
+  decodeIoBytes: number;
   speculative?: { drafts: number; tokensPerSecond: number; proposed: number; accepted: number };
 }
 
@@ -91,9 +95,12 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
     const prefillMs = performance.now() - t0;
     engine.resetTimings();
     let next = r.next[r.next.length - 1]!;
+    const ioBytes = () => ((engine.stats() as { io: { completedBytes: number } | null }).io?.completedBytes ?? 0);
+    const ioBefore = ioBytes();
     t0 = performance.now();
     for (let i = 0; i < tokens; i++) next = (await seq.forward([next])).next[0]!;
     const decodeMs = performance.now() - t0;
+    const decodeIoBytes = ioBytes() - ioBefore;
     const s = engine.stats() as {
       phases: PhaseStats;
       pool: { capacity: number; records: number; hitRate: number; backing: string };
@@ -120,6 +127,7 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
       hitRate: s.pool.hitRate,
       lookahead_: s.lookahead,
       handshakeUs: s.handshake,
+      decodeIoBytes,
     };
     seq.dispose();
     if (drafts > 0 && engine.gpu.maxDrafts > 0) {
@@ -205,12 +213,9 @@ const tmp = mkdtempSync(join(tmpdir(), "cherenkov-bench-decode-"));
 try {
   log(`# bench:decode (${backend} backend, ${tokens} decode tokens after a ${promptLen}-token prompt)`);
   const small = join(tmp, "small");
-  await synthesize({ preset: "small", seed: 1, out: small, weights: "q4", workers: 0 });
-  for (const [dir, name] of [
-    [small, "small preset (synthetic, q4)"],
-    [join(ROOT, "examples", "models", "qwen4-exp-tiny"), "qwen4-exp-tiny"],
-    ...(opts.model ? [[opts.model, basename(opts.model)]] : []),
-  ] as [string, string][]) {
+  const builtIn = opts["only-model"] && opts.model ? [] : [[small, "small preset (synthetic, q4)"], [join(ROOT, "examples", "models", "qwen4-exp-tiny"), "qwen4-exp-tiny"]];
+  if (builtIn.length) await synthesize({ preset: "small", seed: 1, out: small, weights: "q4", workers: 0 });
+  for (const [dir, name] of [...builtIn, ...(opts.model ? [[opts.model, basename(opts.model)]] : [])] as [string, string][]) {
     const r = await benchModel(dir, name);
     results.push(r);
     printModel(r);

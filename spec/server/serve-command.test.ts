@@ -49,7 +49,7 @@ describe("cherenkov serve", () => {
     for (const [argv, flag] of [
       [["--port", "http"], "--port"],
       [["--port", "70000"], "--port"],
-      [["--backend", "cuda"], "--backend"],
+      [["--backend", "vulkan"], "--backend"],
       [["--context", "1"], "--context"],
       [["--nope"], "--nope"],
     ] as const) {
