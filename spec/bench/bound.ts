@@ -20,7 +20,7 @@ import { presetConfig, type PresetName } from "../../lib/convert/presets.ts";
 import { readManifest } from "../../lib/model/format.ts";
 import { denseTensorSpecs, storageDType, tensorBytes } from "../../lib/model/tensors.ts";
 import { planExperts } from "../../lib/model/writer.ts";
-import type { DType } from "../../lib/model/manifest.ts";
+import type { DType } from "../../lib/model/config.ts";
 
 const { values: o, positionals } = parseArgs({
   options: {
