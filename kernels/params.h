@@ -302,6 +302,51 @@ CK_PARAMS_ASSERT(__builtin_offsetof(ArgmaxParams, cols) == 4, "ArgmaxParams.cols
 CK_PARAMS_ASSERT(__builtin_offsetof(ArgmaxParams, x_stride) == 8, "ArgmaxParams.x_stride: offset");
 #endif
 
+// Sampling per row (docs/sampling.md): penalties, temperature, top-k, top-p, min-p, a counter-based draw; verification of drafts; logprobs.
+typedef struct {
+  int32_t rows;                  // offset 0: rows to sample (threadgroups)
+  int32_t vocab;                 // offset 4: vocabulary size
+  int32_t top_k;                 // offset 8: keep the k largest (ties kept); 0 = off
+  int32_t top_n;                 // offset 12: logprob alternatives per row (0..20); -1 = no logprobs
+  uint32_t flags;                // offset 16: 1: penalties, 2: rows < draft_rows verify drafts, 4: write each row's distribution
+  int32_t extras_base;           // offset 20: row r also counts extras[0 .. extras_base + r) as generated tokens
+  int32_t draft_rows;            // offset 24: with flag 2: rows that verify a draft
+  uint32_t draw;                 // offset 28: draw index of the plain draws (0 sample, 3 draft)
+  uint32_t position;             // offset 32: sequence position row 0 draws (row r draws position + r)
+  uint32_t seed_lo;              // offset 36: seed bits 0..31
+  uint32_t seed_hi;              // offset 40: seed bits 32..63
+  float temperature;             // offset 44: 0 = one-hot on the argmax
+  float top_p;                   // offset 48: 1 = off
+  float min_p;                   // offset 52: 0 = off
+  float repetition;              // offset 56: repetition penalty (1 = off)
+  float presence;                // offset 60: presence penalty
+  float frequency;               // offset 64: frequency penalty
+  uint32_t _pad0;                // offset 68
+  uint64_t x_stride;             // offset 72: bytes between logit rows
+} SampleParams;
+CK_PARAMS_ASSERT(sizeof(SampleParams) == 80, "SampleParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, rows) == 0, "SampleParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, vocab) == 4, "SampleParams.vocab: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, top_k) == 8, "SampleParams.top_k: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, top_n) == 12, "SampleParams.top_n: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, flags) == 16, "SampleParams.flags: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, extras_base) == 20, "SampleParams.extras_base: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, draft_rows) == 24, "SampleParams.draft_rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, draw) == 28, "SampleParams.draw: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, position) == 32, "SampleParams.position: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, seed_lo) == 36, "SampleParams.seed_lo: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, seed_hi) == 40, "SampleParams.seed_hi: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, temperature) == 44, "SampleParams.temperature: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, top_p) == 48, "SampleParams.top_p: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, min_p) == 52, "SampleParams.min_p: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, repetition) == 56, "SampleParams.repetition: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, presence) == 60, "SampleParams.presence: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, frequency) == 64, "SampleParams.frequency: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, _pad0) == 68, "SampleParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(SampleParams, x_stride) == 72, "SampleParams.x_stride: offset");
+#endif
+
 // MTP input: y[r] = [RMSNorm(embed[ids[r]], en) | RMSNorm(h[r], hn)] (embedding first), [nb][2d].
 typedef struct {
   int32_t rows;                  // offset 0: rows in the batch (nb)

@@ -60,6 +60,11 @@ export interface BackendSequence {
    * Absent when the backend or the model cannot draft.
    */
   speculate?(next: number, drafts: number, signal?: AbortSignal, sample?: SampleRequest): Promise<SpeculativeResult>;
+  /**
+   * Draws the token after the last row from that row's logits if the backend still holds them
+   * (the engine: no other step ran since), else null (the caller re-runs the row).
+   */
+  resample?(sample: SampleRequest): Promise<{ next: number; logprobs?: TokenLogprobs } | null>;
   /** Forgets every row. */
   reset(): void;
   /** A compact copy of the state now (no step of this sequence may be in flight). */

@@ -589,8 +589,13 @@ export class Session {
       throwIfAborted(signal);
       let queue: number[];
       let queueLogprobs: TokenLogprobs[] | undefined;
-      if (sample || this.prediction === null) {
-        // Sampling draws from the last row: a greedy prediction made by append() is recomputed.
+      // Sampling draws from the last row: after append()'s greedy prediction, from the row's
+      // logits if the backend still holds them, else by re-running the session.
+      const held = sample && this.prediction !== null && this.seq.length === this.tokens.length && this.seq.resample ? await this.seq.resample(sample) : null;
+      if (held) {
+        queue = [held.next];
+        queueLogprobs = held.logprobs ? [held.logprobs] : undefined;
+      } else if (sample || this.prediction === null) {
         if (sample) this.prediction = null;
         const first = await this.catchUp([], signal, sample ?? undefined);
         queue = [first.next];

@@ -142,6 +142,17 @@ class ReferenceSequence implements BackendSequence {
     if (this.disposed) throw new Error("the sequence is disposed");
   }
 
+  /** The last row's logits (for resample). */
+  private lastLogits: Float32Array | null = null;
+
+  async resample(sample: SampleRequest): Promise<{ next: number; logprobs?: TokenLogprobs } | null> {
+    this.check();
+    const z = this.lastLogits;
+    if (!z) return null;
+    const next = sampleToken(z, rowSampling(sample, this.state.length));
+    return { next, ...(sample.logprobs !== null ? { logprobs: tokenLogprobs(z, next, sample.logprobs) } : {}) };
+  }
+
   async forward(tokens: number[], signal?: AbortSignal, sample?: SampleRequest): Promise<RowsResult> {
     this.check();
     checkTokens(tokens, this.model.config.vocab_size, "token");
@@ -160,6 +171,7 @@ class ReferenceSequence implements BackendSequence {
       last = r.logits[r.logits.length - 1]!;
       await new Promise((r) => setImmediate(r)); // let an abort (e.g. a client disconnect) in between chunks
     }
+    this.lastLogits = last;
     if (sample && last) {
       // The last row draws the token at position `length` (the row count now).
       const t = sampleToken(last, rowSampling(sample, this.state.length));
@@ -208,6 +220,7 @@ class ReferenceSequence implements BackendSequence {
       accepted = [...ds.slice(0, a), argmax(r.logits[a]!)];
     }
     if (a < ds.length) this.state.restore(r.snapshots![a]!);
+    this.lastLogits = r.logits[a]!;
     // rows 0..a are committed; row j's hidden pairs with accepted[j]
     this.commitToProposer(r.hidden.slice(0, a), accepted.slice(0, a));
     this.pendingHidden = r.hidden[a]!;
@@ -222,6 +235,7 @@ class ReferenceSequence implements BackendSequence {
   }
 
   reset() {
+    this.lastLogits = null;
     this.state = this.model.newState();
     this.proposer = this.model.hasMtp ? new MtpProposer(this.model) : null;
     this.pendingHidden = null;

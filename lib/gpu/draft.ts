@@ -38,7 +38,7 @@ function encodeMtpRows(
   mtpPos: number,
   hidden: RowsRef,
   ids: Binding,
-  draftTo: { id: RowsRef; margin: RowsRef } | null,
+  draftTo: { id: RowsRef; margin: RowsRef; draw?: (ctx: EncodeContext) => void } | null,
 ): void {
   const c = gpu.config;
   const w = gpu.refs.mtp!;
@@ -76,15 +76,27 @@ function encodeMtpRows(
   encodeMoeCompute(ctx, site, gpu.kernelPool);
 
   encodeRmsNorm(ctx, s.mtp.X, w.norm, s.mtp.out, nb, eps);
-  if (draftTo) encodeGreedy(ctx, gpu, rowAt(s.mtp.out, nb - 1), 1, draftTo.id, draftTo.margin);
+  if (draftTo) {
+    encodeGreedy(ctx, gpu, rowAt(s.mtp.out, nb - 1), 1, draftTo.id, draftTo.margin);
+    // Sampling: the draft is drawn from the logits row just computed, over the argmax.
+    draftTo.draw?.(ctx);
+  }
 }
 
 /**
  * Records the catch-up of trunk rows mtpLength..length-1 and `drafts` chained drafts into
  * scratch.mtp.drafts. The token at position `length` (the newest, not yet run) must be in the
  * token buffer. Afterwards the caller sets mtpLength = length (chained rows are dropped).
+ * `draw(ctx, j)`, when given, replaces draft j's argmax with a draw from its logits row.
  */
-export function encodeDrafts(ctx: EncodeContext, gpu: EngineGpu, seq: SequenceState, plan: SitePlan, drafts: number): void {
+export function encodeDrafts(
+  ctx: EncodeContext,
+  gpu: EngineGpu,
+  seq: SequenceState,
+  plan: SitePlan,
+  drafts: number,
+  draw?: (ctx: EncodeContext, j: number) => void,
+): void {
   const c = gpu.config;
   if (!gpu.refs.mtp || !seq.mtp || !seq.hidden) throw new Error("this model has no MTP head (config.mtp is null)");
   const s = gpu.scratch;
@@ -93,9 +105,10 @@ export function encodeDrafts(ctx: EncodeContext, gpu: EngineGpu, seq: SequenceSt
   const to = seq.length;
   if (to <= from) throw new Error(`drafts: no trunk rows to draft from (trunk length ${to}, MTP length ${from})`);
   if (drafts < 1) throw new RangeError(`drafts: ${drafts} must be >= 1`);
-  const draftRef = (j: number): { id: RowsRef; margin: RowsRef } => ({
+  const draftRef = (j: number): { id: RowsRef; margin: RowsRef; draw?: (ctx: EncodeContext) => void } => ({
     id: { buffer: s.mtp.drafts.buffer, offset: s.mtp.drafts.offset + 4 * j, stride: 4 },
     margin: { buffer: s.mtp.draftMargins.buffer, offset: s.mtp.draftMargins.offset + 4 * j, stride: 4 },
+    ...(draw ? { draw: (c: EncodeContext) => draw(c, j) } : {}),
   });
   for (let p = from; p < to; p += s.rows) {
     const nb = Math.min(s.rows, to - p);

@@ -3,17 +3,18 @@
 // steps it runs. A failed step (IO error, GPU wait timeout) resets the sequence it ran for,
 // so the caller can replay its tokens, and leaves the engine usable.
 import { throwIfAborted, type RowsResult, type SampleRequest, type SpeculativeResult } from "../api/backend.ts";
-import { PenaltyCounts } from "../reference/sampling.ts";
+import { Draw, PenaltyCounts } from "../reference/sampling.ts";
 import type { ModelFiles } from "../model/format.ts";
 import { checkTokens } from "../reference/model.ts";
-import type { Backend } from "../shim.ts";
-import { runNow } from "./dispatch.ts";
+import type { Backend, Buffer } from "../shim.ts";
+import { bind, runNow, type EncodeContext } from "./dispatch.ts";
 import { encodeTrunkStep } from "./decode.ts";
 import { encodeDrafts } from "./draft.ts";
 import { loadEngine, type EngineGpu, type EngineOptions, type LoadProgress } from "./load.ts";
 import { runChunked } from "./prefill.ts";
 import { RouteRecorder } from "./route-trace.ts";
-import { f32View, i32View } from "./scratch.ts";
+import { f32View, i32View, LOGIT_ROWS, rowAt } from "./scratch.ts";
+import { encodeSample, SamplingScratch } from "./sampling.ts";
 import { SequenceState, type StateImage } from "./state.ts";
 import { runStep, type EventCounter } from "./step.ts";
 import { TraceWriter } from "./trace.ts";
@@ -24,6 +25,11 @@ export class Engine {
   private closed = false;
   private readonly trace: TraceWriter | null;
   private readonly sequences = new Set<EngineSequence>();
+  private sampling: SamplingScratch | null = null;
+  /** Whose last row the logits scratch still holds (a trunk step's last block), for resample. */
+  private logitsHeld: { seq: SequenceState; length: number; row: number } | null = null;
+  /** Storage of the penalty counts handed out (the kernel binds the buffer). */
+  private readonly countBuffers = new WeakMap<PenaltyCounts, Buffer>();
 
   private constructor(readonly gpu: EngineGpu, tracePath: string | undefined) {
     this.trace = tracePath ? TraceWriter.open(tracePath) : null;
@@ -69,7 +75,23 @@ export class Engine {
   penaltyCounts(): PenaltyCounts {
     const vocab = this.gpu.config.vocab_size;
     const buffer = this.gpu.device.buffer(2 * vocab * 4);
-    return new PenaltyCounts(vocab, buffer.i32.subarray(0, 2 * vocab), () => buffer.release());
+    const counts = new PenaltyCounts(vocab, buffer.i32.subarray(0, 2 * vocab), () => buffer.release());
+    this.countBuffers.set(counts, buffer);
+    return counts;
+  }
+
+  /** The sampling kernel's buffers: rows for a verify batch, a distribution per draft. */
+  private samplingScratch(): SamplingScratch {
+    const g = this.gpu;
+    this.sampling ??= new SamplingScratch(g.device, g.config.vocab_size, 1 + g.maxDrafts, g.maxDrafts);
+    return this.sampling;
+  }
+
+  private countsBinding(sample: SampleRequest): Buffer | null {
+    if (!sample.counts) return null;
+    const b = this.countBuffers.get(sample.counts);
+    if (!b) throw new Error("sampling: the penalty counts were not made by this engine (use the backend's penaltyCounts())");
+    return b;
   }
 
   /** @internal */
@@ -77,29 +99,123 @@ export class Engine {
     this.sequences.delete(s);
   }
 
-  /** @internal Runs one trunk step of `tokens` for `seq` (lock held by the caller). */
-  async trunkStep(seq: SequenceState, tokens: number[], verify: boolean): Promise<RowsResult> {
+  /**
+   * @internal Runs one trunk step of `tokens` for `seq` (lock held by the caller). With
+   * `sample`, the sampling kernel draws from the step's logits on the device: the last row's
+   * token (a forward), or with `verifyDrafts` = k every row's, rows 0..k-1 verifying the drafts
+   * in the token buffer against the distributions the draft step left (`accepted[r]`).
+   */
+  async trunkStep(seq: SequenceState, tokens: number[], verify: boolean, sample?: SampleRequest, verifyDrafts = 0): Promise<RowsResult & { accepted?: number[] }> {
     const gpu = this.gpu;
     const pos0 = seq.length;
-    seq.checkRoom(tokens.length);
+    const nb = tokens.length;
+    seq.checkRoom(nb);
     seq.writeTokens(pos0, tokens);
     const recorder = this.trace ? new RouteRecorder(tokens, gpu.config.num_layers, gpu.config.moe.top_k) : null;
+    const sampler = sample ? this.samplingScratch() : null;
+    const sampleRows = verifyDrafts > 0 ? nb : 1;
+    if (sampler && verifyDrafts > 0 && (nb > LOGIT_ROWS || verifyDrafts !== nb - 1)) throw new Error(`verify step: ${nb} rows for ${verifyDrafts} drafts`);
     await this.guarded(seq, () =>
-      runStep(gpu, this.counter, (ctx, plan) => encodeTrunkStep(ctx, gpu, seq, { nb: tokens.length, pos0, verify }, plan), recorder?.observe),
+      runStep(
+        gpu,
+        this.counter,
+        (ctx, plan) => {
+          encodeTrunkStep(ctx, gpu, seq, { nb, pos0, verify }, plan);
+          if (!sample || !sampler) return;
+          // The last LOGIT_ROWS block of the step's logits is still in the logits scratch.
+          const first = nb - sampleRows;
+          const block = Math.floor((nb - 1) / LOGIT_ROWS) * LOGIT_ROWS;
+          encodeSample(ctx, rowAt(gpu.scratch.head.logits, first - block), sampler, {
+            params: sample.params,
+            seed: sample.seed,
+            rows: sampleRows,
+            position: pos0 + first + 1,
+            draw: Draw.sample,
+            counts: this.countsBinding(sample),
+            extras: verifyDrafts > 0 ? bind(seq.tokens, (pos0 + 1) * 4) : null,
+            extrasBase: 0,
+            verify: verifyDrafts > 0 ? { rows: verifyDrafts, drafts: bind(seq.tokens, (pos0 + 1) * 4) } : null,
+            qRow: null,
+            topLogprobs: sample.logprobs,
+          });
+        },
+        recorder?.observe,
+      ),
     );
-    seq.length = pos0 + tokens.length;
+    seq.length = pos0 + nb;
+    this.logitsHeld = { seq, length: seq.length, row: nb - 1 - Math.floor((nb - 1) / LOGIT_ROWS) * LOGIT_ROWS };
     if (recorder) this.trace!.write(recorder.step());
     const s = gpu.scratch.head;
-    return { next: Array.from(i32View(s.next, tokens.length)), margins: Array.from(f32View(s.margins, tokens.length)) };
+    const out: RowsResult & { accepted?: number[] } = { next: Array.from(i32View(s.next, nb)), margins: Array.from(f32View(s.margins, nb)) };
+    if (sampler && sample) {
+      const drawn = Array.from(sampler.ids.i32.subarray(0, sampleRows));
+      out.next.splice(nb - sampleRows, sampleRows, ...drawn);
+      if (verifyDrafts > 0) out.accepted = Array.from(sampler.accepted.i32.subarray(0, verifyDrafts));
+      if (sample.logprobs !== null) out.logprobs = drawn.map((_, r) => sampler.logprobs(r, sample.logprobs!));
+    }
+    return out;
   }
 
-  /** @internal Proposes `drafts` tokens for `seq` after `next` (lock held). */
-  async draftStep(seq: SequenceState, next: number, drafts: number): Promise<number[]> {
+  /**
+   * @internal Proposes `drafts` tokens for `seq` after `next` (lock held). With `sample`, draft
+   * j is drawn (Draw.draft, position length + 1 + j) from the MTP head's logits through the
+   * same transform, and its distribution stays in the sampling scratch for the verification.
+   */
+  async draftStep(seq: SequenceState, next: number, drafts: number, sample?: SampleRequest): Promise<number[]> {
     const gpu = this.gpu;
+    this.logitsHeld = null; // the MTP head's logits go through the same scratch
     seq.writeTokens(seq.length, [next]);
-    await this.guarded(seq, () => runStep(gpu, this.counter, (ctx, plan) => encodeDrafts(ctx, gpu, seq, plan, drafts)));
+    const sampler = sample ? this.samplingScratch() : null;
+    const position = seq.length + 1;
+    const s = gpu.scratch;
+    const draw =
+      sample && sampler
+        ? (ctx: EncodeContext, j: number) =>
+            encodeSample(ctx, rowAt(s.head.logits, 0), sampler, {
+              params: sample.params,
+              seed: sample.seed,
+              rows: 1,
+              position: position + j,
+              draw: Draw.draft,
+              counts: this.countsBinding(sample),
+              extras: bind(s.mtp.drafts.buffer, s.mtp.drafts.offset),
+              extrasBase: j,
+              verify: null,
+              qRow: j,
+              topLogprobs: null,
+              ids: bind(s.mtp.drafts.buffer, s.mtp.drafts.offset + 4 * j),
+            })
+        : undefined;
+    await this.guarded(seq, () => runStep(gpu, this.counter, (ctx, plan) => encodeDrafts(ctx, gpu, seq, plan, drafts, draw)));
     seq.mtpLength = seq.length;
     return Array.from(i32View(gpu.scratch.mtp.drafts, drafts));
+  }
+
+  /**
+   * @internal Draws the token after `seq`'s last row from the logits scratch when it still
+   * holds that row (no other step since), else null. Lock held.
+   */
+  resampleLast(seq: SequenceState, sample: SampleRequest): { next: number; logprobs?: { logprob: number; top: { id: number; logprob: number }[] } } | null {
+    const held = this.logitsHeld;
+    if (!held || held.seq !== seq || held.length !== seq.length || seq.length === 0) return null;
+    const sampler = this.samplingScratch();
+    runNow(this.gpu.device, (ctx) =>
+      encodeSample(ctx, rowAt(this.gpu.scratch.head.logits, held.row), sampler, {
+        params: sample.params,
+        seed: sample.seed,
+        rows: 1,
+        position: seq.length,
+        draw: Draw.sample,
+        counts: this.countsBinding(sample),
+        extras: null,
+        extrasBase: 0,
+        verify: null,
+        qRow: null,
+        topLogprobs: sample.logprobs,
+      }),
+    );
+    const next = sampler.ids.i32[0]!;
+    return { next, ...(sample.logprobs !== null ? { logprobs: sampler.logprobs(0, sample.logprobs) } : {}) };
   }
 
   /** @internal Rolls `seq` back to row `row` of the verify batch that started at pos0. */
@@ -157,6 +273,7 @@ export class Engine {
     for (const s of this.sequences) s.releaseNow();
     this.sequences.clear();
     this.trace?.close();
+    this.sampling?.release();
     await this.gpu.close();
   }
 }
@@ -196,12 +313,18 @@ export class EngineSequence {
 
   async forward(tokens: number[], signal?: AbortSignal, sample?: SampleRequest): Promise<RowsResult> {
     this.check();
-    if (sample) throw new Error("sampling is not available on the engine backends yet (use backend: \"reference\")");
     const g = this.engine.gpu;
     checkTokens(tokens, g.config.vocab_size, "token");
     if (tokens.length === 0) throw new Error("forward: no tokens");
     this.state.checkRoom(tokens.length);
-    return this.track(runChunked(tokens, g.prefillRows, (chunk) => this.engine.exclusive(() => this.engine.trunkStep(this.state, chunk, false)), signal));
+    // Only the last chunk's last row is sampled.
+    let done = 0;
+    const step = (chunk: number[]) => {
+      done += chunk.length;
+      const last = done === tokens.length;
+      return this.engine.exclusive(() => this.engine.trunkStep(this.state, chunk, false, last ? sample : undefined));
+    };
+    return this.track(runChunked(tokens, g.prefillRows, step, signal));
   }
 
   private async track<T>(op: Promise<T>): Promise<T> {
@@ -211,6 +334,11 @@ export class EngineSequence {
     } finally {
       this.running--;
     }
+  }
+
+  async resample(sample: SampleRequest): Promise<{ next: number; logprobs?: { logprob: number; top: { id: number; logprob: number }[] } } | null> {
+    this.check();
+    return this.track(this.engine.exclusive(async () => this.engine.resampleLast(this.state, sample)));
   }
 
   /** A host copy of the used state (between operations: none of this sequence may be in flight). */
@@ -226,7 +354,6 @@ export class EngineSequence {
    */
   async speculate(next: number, drafts: number, signal?: AbortSignal, sample?: SampleRequest): Promise<SpeculativeResult> {
     this.check();
-    if (sample) throw new Error("sampling is not available on the engine backends yet (use backend: \"reference\")");
     throwIfAborted(signal);
     const g = this.engine.gpu;
     if (!g.snapshots || g.maxDrafts === 0) throw new Error("this model has no MTP head: speculative decoding is unavailable");
@@ -234,23 +361,25 @@ export class EngineSequence {
     if (this.state.length === 0) throw new Error("speculate: the sequence is empty (run a prompt first)");
     const k = Math.min(drafts, g.maxDrafts);
     if (k < 1) {
-      const r = await this.forward([next], signal);
+      const r = await this.forward([next], signal, sample);
       return { ...r, proposed: 0 };
     }
     this.state.checkRoom(1 + k);
     return this.track(this.engine.exclusive(async () => {
       const seq = this.state;
-      const ds = await this.engine.draftStep(seq, next, k);
+      const ds = await this.engine.draftStep(seq, next, k, sample);
       const pos0 = seq.length;
-      const r = await this.engine.trunkStep(seq, [next, ...ds], true);
+      const r = await this.engine.trunkStep(seq, [next, ...ds], true, sample, sample ? k : 0);
       let a = 0;
-      while (a < k && r.next[a] === ds[a]) a++;
+      // Sampling: the kernel verified each draft (rejection sampling); greedy: equal to the argmax.
+      if (r.accepted) while (a < k && r.accepted[a] === 1) a++;
+      else while (a < k && r.next[a] === ds[a]) a++;
       if (a < k) {
         this.engine.rollback(seq, a, pos0);
         g.activity.noteRolledBack(k - a);
       }
       const accepted = [...ds.slice(0, a), r.next[a]!];
-      return { next: accepted, margins: r.margins.slice(0, a + 1), proposed: k };
+      return { next: accepted, margins: r.margins.slice(0, a + 1), proposed: k, ...(r.logprobs ? { logprobs: r.logprobs.slice(0, a + 1) } : {}) };
     }));
   }
 

@@ -25,6 +25,7 @@ export async function runChunked(
     const r = await step(tokens.slice(a, b));
     out.next.push(...r.next);
     out.margins.push(...r.margins);
+    if (r.logprobs) out.logprobs = r.logprobs; // sampled rows are the last chunk's
   }
   return out;
 }
