@@ -10,6 +10,8 @@
 using namespace metal;
 
 #define SAMPLE_MAX_SG 32
+// top_p candidates bisected in threadgroup memory (more: the bisection scans the vocabulary).
+#define SAMPLE_LIST 2048
 #define SAMPLE_FLAG_PENALTIES 1u
 #define SAMPLE_FLAG_VERIFY 2u
 #define SAMPLE_FLAG_PROBS 4u
@@ -78,6 +80,20 @@ inline int sample_min_int(int v, threadgroup int* part, ushort sg, ushort nsg, u
   int m = part[0];
   for (ushort j = 1; j < nsg; j++) {
     m = min(m, part[j]);
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  return m;
+}
+
+inline uint sample_max_uint(uint v, threadgroup uint* part, ushort sg, ushort nsg, ushort lane) {
+  v = simd_max(v);
+  if (lane == 0) {
+    part[sg] = v;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  uint m = part[0];
+  for (ushort j = 1; j < nsg; j++) {
+    m = max(m, part[j]);
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
   return m;
@@ -193,6 +209,11 @@ kernel void sample_f32(
   threadgroup int ipart[SAMPLE_MAX_SG];
   threadgroup float pv[SAMPLE_MAX_SG];
   threadgroup int pi[SAMPLE_MAX_SG];
+  threadgroup uint upart[SAMPLE_MAX_SG];
+  threadgroup atomic_uint hist[256];
+  threadgroup uint found[2];
+  threadgroup uint list_key[SAMPLE_LIST];
+  threadgroup float list_e[SAMPLE_LIST];
   if (int(row) >= p.rows) {
     return;
   }
@@ -248,40 +269,130 @@ kernel void sample_f32(
       }
     }
   } else {
-    // top_k: the largest key K with #{key(y) >= K} >= k is the k-th largest value's key.
+    // top_k: the key of the k-th largest value, by a radix select (four 8-bit histogram
+    // passes, as qsa_topk_f32): the largest K with #{key(y) >= K} >= k.
     uint kk = 0u;
     if (p.top_k > 0 && p.top_k < n) {
-      for (int b = 31; b >= 0; b--) {
-        uint cand = kk | (1u << uint(b));
-        int cnt = 0;
+      uint prefix = 0u;
+      uint mask = 0u;
+      uint need = uint(p.top_k);
+      for (uint pass = 0; pass < 4u; pass++) {
+        const uint shift = 24u - 8u * pass;
+        for (uint i = t; i < 256u; i += nt) {
+          atomic_store_explicit(&hist[i], 0u, memory_order_relaxed);
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
         for (int i = int(t); i < n; i += int(nt)) {
-          cnt += sample_key(y[i]) >= cand ? 1 : 0;
+          const uint key = sample_key(y[i]);
+          if ((key & mask) == prefix) {
+            atomic_fetch_add_explicit(&hist[(key >> shift) & 255u], 1u, memory_order_relaxed);
+          }
         }
-        if (sample_count(cnt, ipart, sg, nsg, lane) >= p.top_k) {
-          kk = cand;
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        if (t == 0) {
+          uint above = 0u;
+          uint bin = 0u;
+          for (int b = 255; b >= 0; b--) {
+            const uint c = atomic_load_explicit(&hist[b], memory_order_relaxed);
+            if (above + c >= need) {
+              bin = uint(b);
+              break;
+            }
+            above += c;
+          }
+          found[0] = prefix | (bin << shift);
+          found[1] = need - above;
         }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        prefix = found[0];
+        need = found[1];
+        mask |= 255u << shift;
+        threadgroup_barrier(mem_flags::mem_threadgroup);
       }
+      kk = prefix;
     }
     for (int i = int(t); i < n; i += int(nt)) {
       w[i] = sample_key(y[i]) >= kk ? exp(y[i] - m) : 0.0f;
     }
-    // top_p: the largest key K whose set {key(y) >= K} holds top_p of the kept mass.
+    // top_p: the largest key K whose set {key(y) >= K} holds top_p of the kept mass, by
+    // bisection over the keys. A token with w < (1 - top_p) W / n can never be in the
+    // nucleus (the tokens above it hold more than top_p of W), so when few tokens are above
+    // half that bound the bisection runs over them in threadgroup memory; for K at or below
+    // the largest excluded key the answer is known to be yes.
     uint kp = kk;
     if (p.top_p < 1.0f) {
       float mass = 0.0f;
       for (int i = int(t); i < n; i += int(nt)) {
         mass += w[i];
       }
-      float target = p.top_p * sample_sum(mass, part, sg, nsg, lane);
-      kp = 0u;
-      for (int b = 31; b >= 0; b--) {
-        uint cand = kp | (1u << uint(b));
-        float s = 0.0f;
-        for (int i = int(t); i < n; i += int(nt)) {
-          s += sample_key(y[i]) >= cand ? w[i] : 0.0f;
+      const float W = sample_sum(mass, part, sg, nsg, lane);
+      const float target = p.top_p * W;
+      const float bound = (1.0f - p.top_p) * W / (2.0f * float(n));
+      // Candidates counted per contiguous chunk of ids, so that one scan places each
+      // thread's candidates in the list (in id order).
+      threadgroup_barrier(mem_flags::mem_device);
+      const int chunk = (n + int(nt) - 1) / int(nt);
+      const int lo = min(n, int(t) * chunk);
+      const int hi = min(n, lo + chunk);
+      int cnt = 0;
+      uint max_out = 0u;
+      for (int i = lo; i < hi; i++) {
+        if (w[i] > 0.0f) {
+          if (w[i] >= bound) {
+            cnt++;
+          } else {
+            max_out = max(max_out, sample_key(y[i]));
+          }
         }
-        if (sample_sum(s, part, sg, nsg, lane) >= target) {
-          kp = cand;
+      }
+      const uint excl = simd_prefix_exclusive_sum(uint(cnt));
+      const uint sg_cnt = simd_sum(uint(cnt));
+      if (lane == 0) {
+        upart[sg] = sg_cnt;
+      }
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      int at = int(excl);
+      int listed = 0;
+      for (ushort g = 0; g < nsg; g++) {
+        at += g < sg ? int(upart[g]) : 0;
+        listed += int(upart[g]);
+      }
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      max_out = sample_max_uint(max_out, upart, sg, nsg, lane);
+      kp = 0u;
+      if (listed <= SAMPLE_LIST) {
+        for (int i = lo; i < hi; i++) {
+          if (w[i] > 0.0f && w[i] >= bound) {
+            list_key[at] = sample_key(y[i]);
+            list_e[at] = w[i];
+            at++;
+          }
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        for (int b = 31; b >= 0; b--) {
+          const uint cand = kp | (1u << uint(b));
+          if (cand <= max_out) {
+            kp = cand;  // an excluded token is at or above cand: the answer is above it
+            continue;
+          }
+          float s = 0.0f;
+          for (int j = int(t); j < listed; j += int(nt)) {
+            s += list_key[j] >= cand ? list_e[j] : 0.0f;
+          }
+          if (sample_sum(s, part, sg, nsg, lane) >= target) {
+            kp = cand;
+          }
+        }
+      } else {
+        for (int b = 31; b >= 0; b--) {
+          const uint cand = kp | (1u << uint(b));
+          float s = 0.0f;
+          for (int i = int(t); i < n; i += int(nt)) {
+            s += sample_key(y[i]) >= cand ? w[i] : 0.0f;
+          }
+          if (sample_sum(s, part, sg, nsg, lane) >= target) {
+            kp = cand;
+          }
         }
       }
     }

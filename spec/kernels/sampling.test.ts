@@ -87,6 +87,41 @@ describe("sample_f32", () => {
     scratch.release();
   });
 
+  test.each([
+    ["flat: more candidates than the threadgroup list (the full scan)", 3, 0.99],
+    ["peaked: few candidates, bisected in threadgroup memory", 0.25, 0.9],
+  ])("top-p over 5003 tokens, %s", (_, temperature, topP) => {
+    const params = samplingParams({ temperature, topP });
+    const [nb, vocab] = [3, 5003];
+    const z = logitRows(nb, vocab, 12);
+    const scratch = scratchFor(vocab, nb);
+    for (const seed of [4, 5]) {
+      run(dev, (ctx) =>
+        encodeSample(ctx, rows(uploadF32(dev, z), vocab), scratch, {
+          params, seed, rows: nb, position: 9, draw: 0, counts: null, extras: null, extrasBase: 0, verify: null, qRow: 0, topLogprobs: null,
+        }),
+      );
+      const want = Array.from({ length: nb }, (_, r) => sampleToken(z.subarray(r * vocab, (r + 1) * vocab), { params, seed, position: 9 + r }));
+      expectExact(scratch.ids.i32.subarray(0, nb), want, `top-p ids seed ${seed}`);
+      for (let r = 0; r < nb; r++) {
+        const dist = samplingDistribution(z.subarray(r * vocab, (r + 1) * vocab), params);
+        expectClose(scratch.q.f32.subarray(r * vocab, (r + 1) * vocab), dist, { abs: 2e-6, rel: 1e-4 }, `top-p distribution row ${r}`);
+        // The two cases really are on either side of the list size (2048): candidates are the
+        // tokens with exp(y - max) >= (1 - topP) W / (2 vocab).
+        const y = Array.from(z.subarray(r * vocab, (r + 1) * vocab), (v) => v / temperature);
+        const m = Math.max(...y);
+        const W = y.reduce((a, v) => a + Math.exp(v - m), 0);
+        const candidates = y.filter((v) => Math.exp(v - m) >= ((1 - topP) * W) / (2 * vocab)).length;
+        if (temperature > 1) expect(candidates).toBeGreaterThan(2048);
+        else {
+          expect(candidates).toBeLessThan(2048);
+          expect(candidates).toBeLessThan(vocab); // some excluded: the known-yes shortcut runs
+        }
+      }
+    }
+    scratch.release();
+  });
+
   test("verification of drafts: accept/reject and the residual draw equal the reference's", () => {
     const params = samplingParams({ temperature: 1, topK: 30 });
     const [nb, vocab] = [4, 300];
