@@ -591,7 +591,7 @@ export class Session {
       let queueLogprobs: TokenLogprobs[] | undefined;
       // Sampling draws from the last row: after append()'s greedy prediction, from the row's
       // logits if the backend still holds them, else by re-running the session.
-      const held = sample && this.prediction !== null && this.seq.length === this.tokens.length && this.seq.resample ? await this.seq.resample(sample) : null;
+      const held = sample && this.prediction !== null && this.seq.length === this.tokens.length && this.seq.resample ? await this.step(this.seq.resample(sample)) : null;
       if (held) {
         queue = [held.next];
         queueLogprobs = held.logprobs ? [held.logprobs] : undefined;
