@@ -7,8 +7,10 @@
 //      buffer indices, builtin argument types);
 //  (b) objc: every metal-shim/metal/*.m compiles with clang-19 as
 //      Objective-C with ARC for arm64-apple-macos14.0 against the declarations
-//      transcribed in sdk/ (an unknown selector, a wrong argument type or an
-//      unguarded macOS 15 call is an error) into a Mach-O object whose symbols
+//      transcribed in sdk/, twice: as the macOS 14 SDK (Xcode 15, where the
+//      macOS 15 API is not declared at all) and as the macOS 15 SDK (an
+//      unknown selector, a wrong argument type, an unguarded macOS 15 call or
+//      one without the compile-time SDK guard is an error) into a Mach-O object whose symbols
 //      are then read: it exports exactly cherenkov.h's functions and imports
 //      macOS 15 classes weakly; metal-shim/common/io.c compiles with
 //      -Wall -Werror;
@@ -375,9 +377,13 @@ export async function checkKernels(kernelDir = join(REPO_ROOT, "kernels"), only?
 /** The deployment target: MSL 3.1 (bfloat) needs macOS 14. */
 export const OBJC_TARGET = "arm64-apple-macos14.0";
 
-export function objcFlags(target = OBJC_TARGET): string[] {
+/** SDK generations the Objective-C is compiled against: macOS 14 (Xcode 15) and 15 (Xcode 16). */
+export type SdkGeneration = 14 | 15;
+export const SDK_GENERATIONS: readonly SdkGeneration[] = [14, 15];
+
+export function objcFlags(target = OBJC_TARGET, sdk: SdkGeneration = 15): string[] {
   return [
-    "-target", target, "-x", "objective-c",
+    "-target", target, "-x", "objective-c", `-DCK_SDK_VERSION=${sdk}0000`,
     "-fobjc-arc", "-fblocks", "-nostdlibinc", "-isystem", SDK_DIR, "-iquote", METAL_DIR,
     "-fno-color-diagnostics", "-ferror-limit=40",
     "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wmissing-prototypes", "-Wshorten-64-to-32",
@@ -453,6 +459,8 @@ export interface ObjcOptions {
   target?: string;
   /** Oldest macOS the library must load on (default: the target's). */
   loadsOn?: number;
+  /** SDK generations to compile against (default both, 14 and 15). */
+  sdks?: readonly SdkGeneration[];
 }
 
 /**
@@ -468,27 +476,31 @@ export async function checkObjc(files = metalSources(), opts: ObjcOptions = {}):
   const target = opts.target ?? OBJC_TARGET;
   const scratch = mkdtempSync(join(tmpdir(), "ck-objc-"));
   try {
-    const objects = files.map((f, i) => join(scratch, `${i}.o`));
-    const cmds = files.map((f, i) => [clang, ...objcFlags(target), "-O2", "-fvisibility=hidden", "-c", f, "-o", objects[i]!]);
+    const sdks = opts.sdks ?? SDK_GENERATIONS;
+    // One compile per (SDK generation, file); messages say which SDK they came from.
+    const units = sdks.flatMap((sdk) => files.map((f, i) => ({ sdk, file: f, object: join(scratch, `${sdk}-${i}.o`) })));
+    const cmds = units.map((u) => [clang, ...objcFlags(target, u.sdk), "-O2", "-fvisibility=hidden", "-c", u.file, "-o", u.object]);
     if (ioSource) cmds.push([clang, "-std=c11", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-fno-color-diagnostics", ioSource]);
     const runs = await runAll(cmds);
-    const problems: string[] = runs.map((r) => r.output).filter((o) => o.trim());
+    const problems: string[] = runs.map((r, i) => (r.output.trim() && units[i] ? `[macOS ${units[i]!.sdk} SDK] ${r.output}` : r.output)).filter((o) => o.trim());
     if (files.length === 0) problems.push("no .m files");
     if (runs.every((r) => r.code === 0) && files.length > 0) {
       const api = new Set(apiSignatures(readFileSync(HEADER, "utf8"), false).map((s) => `_${s.name}`));
       const oldest = opts.loadsOn ?? Number(/macos([\d.]+)/.exec(target)![1]);
       const newer = new Set(newerThan(oldest));
-      const exportedBy = new Map<string, string[]>();
-      files.forEach((f, i) => {
-        for (const sym of machOSymbols(readFileSync(objects[i]!))) {
-          if (sym.exported) exportedBy.set(sym.name, [...(exportedBy.get(sym.name) ?? []), rel(f)]);
-          if (!sym.defined && newer.has(sym.name) && !sym.weak)
-            problems.push(`${rel(f)}: ${sym.name} is newer than macOS ${oldest} but not weakly imported: the library would not load there`);
+      for (const sdk of sdks) {
+        const exportedBy = new Map<string, string[]>();
+        for (const u of units.filter((x) => x.sdk === sdk)) {
+          for (const sym of machOSymbols(readFileSync(u.object))) {
+            if (sym.exported) exportedBy.set(sym.name, [...(exportedBy.get(sym.name) ?? []), rel(u.file)]);
+            if (!sym.defined && newer.has(sym.name) && !sym.weak)
+              problems.push(`[macOS ${sdk} SDK] ${rel(u.file)}: ${sym.name} is newer than macOS ${oldest} but not weakly imported: the library would not load there`);
+          }
         }
-      });
-      for (const [name, where] of exportedBy) {
-        if (!api.has(name)) problems.push(`${where.join(", ")}: exports ${name}, which cherenkov.h does not declare`);
-        else if (where.length > 1) problems.push(`${name} is exported by ${where.length} files: ${where.join(", ")}`);
+        for (const [name, where] of exportedBy) {
+          if (!api.has(name)) problems.push(`[macOS ${sdk} SDK] ${where.join(", ")}: exports ${name}, which cherenkov.h does not declare`);
+          else if (where.length > 1) problems.push(`[macOS ${sdk} SDK] ${name} is exported by ${where.length} files: ${where.join(", ")}`);
+        }
       }
     }
     const failed = runs.some((r) => r.code !== 0) || problems.length > 0;

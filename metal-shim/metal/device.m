@@ -49,26 +49,31 @@ CK_API int32_t ck_abi_version(void) { return CK_ABI_VERSION; }
 
 - (void)residencyAdd:(id<MTLBuffer>)buffer {
   if (!residency) return;
+#if CK_SDK_HAS_MACOS15
   if (@available(macOS 15.0, *)) {
     [residency_lock lock];
     [(id<MTLResidencySet>)residency addAllocation:buffer];
     residency_dirty = YES;
     [residency_lock unlock];
   }
+#endif
 }
 
 - (void)residencyRemove:(id<MTLBuffer>)buffer {
   if (!residency) return;
+#if CK_SDK_HAS_MACOS15
   if (@available(macOS 15.0, *)) {
     [residency_lock lock];
     [(id<MTLResidencySet>)residency removeAllocation:buffer];
     residency_dirty = YES;
     [residency_lock unlock];
   }
+#endif
 }
 
 - (void)residencyCommit {
   if (!residency) return;
+#if CK_SDK_HAS_MACOS15
   if (@available(macOS 15.0, *)) {
     [residency_lock lock];
     if (residency_dirty) {
@@ -80,6 +85,7 @@ CK_API int32_t ck_abi_version(void) { return CK_ABI_VERSION; }
     }
     [residency_lock unlock];
   }
+#endif
 }
 
 @end
@@ -90,9 +96,12 @@ CK_API int32_t ck_abi_version(void) { return CK_ABI_VERSION; }
 // resident again by each one. Wrapped buffers (mapped files) stay out: their
 // pages belong to the page cache, and the "mapped" pool backing relies on the
 // OS deciding. CHERENKOV_METAL_RESIDENCY=0 turns the set off (for measuring).
+// Built with the macOS 14 SDK there is no set: buffers are made resident per
+// command buffer, as on macOS 14.
 static void open_residency_set(CherenkovDevice *d) {
   NSString *flag = NSProcessInfo.processInfo.environment[@"CHERENKOV_METAL_RESIDENCY"];
   if (flag && [flag isEqualToString:@"0"]) return;
+#if CK_SDK_HAS_MACOS15
   if (@available(macOS 15.0, *)) {
     MTLResidencySetDescriptor *desc = [MTLResidencySetDescriptor new];
     desc.label = @"cherenkov buffers";
@@ -102,6 +111,9 @@ static void open_residency_set(CherenkovDevice *d) {
     [d->queue addResidencySet:set];
     d->residency = set;
   }
+#else
+  (void)d;
+#endif
 }
 
 CK_API ck_device *ck_device_open(void) {
@@ -139,12 +151,14 @@ CK_API void ck_device_close(ck_device *dev) {
     [d->done lock];
     while (d->inflight > 0) [d->done wait];
     [d->done unlock];
+#if CK_SDK_HAS_MACOS15
     if (@available(macOS 15.0, *)) {
       if (d->residency) {
         [(id<MTLResidencySet>)d->residency endResidency];
         [d->queue removeResidencySet:(id<MTLResidencySet>)d->residency];
       }
     }
+#endif
     [d->libraries_lock lock];
     [d->libraries removeAllObjects];
     [d->libraries_lock unlock];

@@ -119,6 +119,22 @@ static NSString *line_suffix(NSString *text, NSString *name) {
   return @"";
 }
 
+// No fast math: fastMathEnabled = NO before macOS 15; mathMode = Safe and
+// mathFloatingPointFunctions = Precise from macOS 15 (when built with its SDK).
+static void set_precise_math(MTLCompileOptions *options) {
+#if CK_SDK_HAS_MACOS15
+  if (@available(macOS 15.0, *)) {
+    options.mathMode = MTLMathModeSafe;
+    options.mathFloatingPointFunctions = MTLMathFloatingPointFunctionsPrecise;
+    return;
+  }
+#endif
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wdeprecated-declarations"  // deprecated only from the macOS 15 SDK
+  options.fastMathEnabled = NO;
+#pragma clang diagnostic pop
+}
+
 // The compiled library of `source`, from the device's cache or compiled now.
 static id<MTLLibrary> library_for(CherenkovDevice *d, NSString *source, NSString **problem) {
   [d->libraries_lock lock];
@@ -128,16 +144,12 @@ static id<MTLLibrary> library_for(CherenkovDevice *d, NSString *source, NSString
   MTLCompileOptions *options = [MTLCompileOptions new];
   // MSL 3.1 (macOS 14) is the first with bfloat. Fast math is off: kernels
   // use infinities (softmax and top-k initial values), which fast math may
-  // assume away, and the CPU backend is precise too.
+  // assume away, and the CPU backend is precise too. On macOS 15 that takes
+  // two settings: mathMode (arithmetic rewrites) and mathFloatingPointFunctions,
+  // whose default there is Fast (exp, log, ... as fast variants) whatever
+  // mathMode says; the kernel tests hold exp/log to 1e-6 relative.
   options.languageVersion = MTLLanguageVersion3_1;
-  if (@available(macOS 15.0, *)) {
-    options.mathMode = MTLMathModeSafe;
-  } else {
-#pragma clang diagnostic push
-#pragma clang diagnostic ignored "-Wdeprecated-declarations"  // deprecated only from macOS 15
-    options.fastMathEnabled = NO;
-#pragma clang diagnostic pop
-  }
+  set_precise_math(options);
   NSError *error = nil;
   lib = [d->mtl newLibraryWithSource:source options:options error:&error];
   if (!lib) {

@@ -19,6 +19,16 @@
 
 #define CK_INTERNAL __attribute__((visibility("hidden")))
 
+// macOS 15 API (residency sets, mathMode, mathFloatingPointFunctions) needs two guards:
+// this one at compile time, because the macOS 14 SDK (Xcode 15) does not declare those
+// names at all, and @available at run time, because a library built with the macOS 15
+// SDK still loads on macOS 14 (ggml-metal guards the same way).
+#if defined(__MAC_OS_X_VERSION_MAX_ALLOWED) && __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
+#define CK_SDK_HAS_MACOS15 1
+#else
+#define CK_SDK_HAS_MACOS15 0
+#endif
+
 // A handle for the caller: one retain that the caller owns.
 #define CK_HANDLE(type, obj) ((type *)(__bridge_retained void *)(obj))
 // An object from a handle, without touching its retain count.
@@ -55,7 +65,8 @@ CK_INTERNAL @interface CherenkovDevice : NSObject {
   // Compiled libraries keyed by their complete expanded source text.
   NSMutableDictionary<NSString *, id<MTLLibrary>> *libraries;
   NSLock *libraries_lock;
-  // id<MTLResidencySet> on macOS 15 and later (nil before, or when disabled).
+  // id<MTLResidencySet> on macOS 15 and later, built with the macOS 15 SDK
+  // (nil otherwise, or when disabled).
   id residency;
   NSLock *residency_lock;
   BOOL residency_dirty;

@@ -12,6 +12,8 @@ import { join } from "node:path";
 import {
   HEADER,
   METAL_DIR,
+  OBJC_TARGET,
+  type SdkGeneration,
   apiSignatures,
   checkAbi,
   checkKernels,
@@ -222,21 +224,54 @@ template [[host_name("f_x")]] kernel void g<float>(device float *);
 });
 
 describeChecks("(b) objc: the Metal backend against Apple's declarations", () => {
-  test("every metal-shim/metal/*.m and common/io.c pass", async () => {
+  test("every metal-shim/metal/*.m and common/io.c pass, against the macOS 14 and the macOS 15 SDK", async () => {
     const r = await checkObjc();
     expect({ ok: r.ok, output: r.output }).toEqual({ ok: true, output: "" });
     expect(r.files).toEqual(expect.arrayContaining(["metal-shim/metal/commands.m", "metal-shim/metal/device.m", "metal-shim/metal/library.m", "metal-shim/common/io.c"]));
   });
 
   /** A copy of a real .m with one edit, checked alone. */
-  async function checkEdited(file: string, from: string | RegExp, to: string) {
+  async function checkEdited(file: string, from: string | RegExp, to: string, opts: { sdks?: readonly SdkGeneration[] } = {}) {
     const text = readFileSync(join(METAL_DIR, file), "utf8");
     const edited = text.replace(from, to);
     expect(edited).not.toBe(text); // the edit applied
     const path = join(scratch, `edited-${dirCount++}-${file}`);
     writeFileSync(path, edited);
-    return checkObjc([path], { ioSource: null });
+    return checkObjc([path], { ioSource: null, ...opts });
   }
+
+  // Issue 9 item 2: @available is a run-time check; the names must also exist in the SDK,
+  // and the macOS 14 SDK (Xcode 15) has no MTLResidencySet, mathMode, ...
+  test("macOS 15 API without the compile-time SDK guard fails against the macOS 14 SDK", async () => {
+    const r = await checkEdited("device.m", /#if CK_SDK_HAS_MACOS15/g, "#if 1", { sdks: [14] });
+    expect(r.ok).toBe(false);
+    expect(r.output).toContain("[macOS 14 SDK]");
+    expect(r.output).toMatch(/error: (no type or protocol named 'MTLResidencySet'|use of undeclared identifier 'MTLResidencySetDescriptor')/);
+  });
+
+  test("the same file passes against the macOS 15 SDK (the guard is what the 14 SDK needs)", async () => {
+    const r = await checkEdited("device.m", /#if CK_SDK_HAS_MACOS15/g, "#if 1", { sdks: [15] });
+    expect({ ok: r.ok, output: r.output }).toEqual({ ok: true, output: "" });
+  });
+
+  /** Selector names an object file sends (Objective-C method-name strings). */
+  function selectorsOf(source: string, sdk: SdkGeneration): string {
+    const object = join(scratch, `sel-${dirCount++}.o`);
+    const proc = Bun.spawnSync([findClang(), ...objcFlags(OBJC_TARGET, sdk), "-O2", "-c", source, "-o", object]);
+    expect(proc.exitCode).toBe(0);
+    return readFileSync(object).toString("latin1");
+  }
+
+  // Issue 9 item 3: on macOS 15 fast FP32 functions are the default even with mathMode Safe.
+  test("built with the macOS 15 SDK, the library asks for Safe math and Precise FP32 functions", () => {
+    const sel15 = selectorsOf(join(METAL_DIR, "library.m"), 15);
+    expect(sel15).toContain("setMathMode:");
+    expect(sel15).toContain("setMathFloatingPointFunctions:");
+    expect(readFileSync(join(METAL_DIR, "library.m"), "utf8")).toMatch(/mathFloatingPointFunctions\s*=\s*MTLMathFloatingPointFunctionsPrecise;/);
+    const sel14 = selectorsOf(join(METAL_DIR, "library.m"), 14);
+    expect(sel14).toContain("setFastMathEnabled:");
+    expect(sel14).not.toContain("setMathMode:");
+  });
 
   test("a misspelt Metal selector fails", async () => {
     const r = await checkEdited("commands.m", "[enc setBuffer:", "[enc setBufer:");

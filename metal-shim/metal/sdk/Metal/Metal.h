@@ -9,7 +9,10 @@
  * MTLComputePipeline.h, MTLCommandQueue.h, MTLCommandBuffer.h,
  * MTLCommandEncoder.h, MTLComputeCommandEncoder.h, MTLEvent.h,
  * MTLAllocation.h, MTLResidencySet.h). Availability matters: the check builds
- * for macOS 14 and makes any unguarded use of a newer API an error.
+ * for macOS 14 and makes any unguarded use of a newer API an error. What first
+ * appeared in the macOS 15 SDK (Xcode 16) sits under
+ * `#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000`, so CK_SDK_VERSION=140000 reads
+ * like the macOS 14 SDK (Xcode 15), where those names do not exist at all.
  */
 #pragma once
 #import <Foundation/Foundation.h>
@@ -71,13 +74,18 @@ typedef NS_OPTIONS(NSUInteger, MTLResourceUsage) {
   MTLResourceUsageWrite = 1 << 1,
 };
 
-/* MTLAllocation.h (macOS 15): anything a residency set can hold. */
+/* MTLAllocation.h (macOS 15 SDK): anything a residency set can hold. */
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
 CK_SDK_MACOS(15.0)
 @protocol MTLAllocation <NSObject>
 @property (readonly) NSUInteger allocatedSize CK_SDK_MACOS(15.0);
 @end
+#define CK_RESOURCE_BASE MTLAllocation
+#else
+#define CK_RESOURCE_BASE NSObject
+#endif
 
-@protocol MTLResource <MTLAllocation>
+@protocol MTLResource <CK_RESOURCE_BASE>
 @property (nullable, copy, atomic) NSString *label;
 @property (readonly) id<MTLDevice> device;
 @property (readonly) MTLStorageMode storageMode;
@@ -104,7 +112,9 @@ typedef NS_ENUM(NSUInteger, MTLLanguageVersion) {
   MTLLanguageVersion2_4 CK_SDK_MACOS(12.0) = (2 << 16) + 4,
   MTLLanguageVersion3_0 CK_SDK_MACOS(13.0) = (3 << 16) + 0,
   MTLLanguageVersion3_1 CK_SDK_MACOS(14.0) = (3 << 16) + 1,
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
   MTLLanguageVersion3_2 CK_SDK_MACOS(15.0) = (3 << 16) + 2,
+#endif
 };
 
 @protocol MTLFunction <NSObject>
@@ -114,18 +124,32 @@ typedef NS_ENUM(NSUInteger, MTLLanguageVersion) {
 @property (readonly) NSString *name;
 @end
 
-/* How freely the compiler may rewrite floating-point math (macOS 15). */
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
+/* How freely the compiler may rewrite floating-point math (macOS 15 SDK). */
 typedef NS_ENUM(NSInteger, MTLMathMode) {
   MTLMathModeSafe = 0,
   MTLMathModeRelaxed = 1,
   MTLMathModeFast = 2,
-};
+} CK_SDK_MACOS(15.0);
+
+/* Which FP32 math functions (exp, log, ...) the library uses (macOS 15 SDK);
+ * Fast is the default there, whatever mathMode says. */
+typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions) {
+  MTLMathFloatingPointFunctionsFast = 0,
+  MTLMathFloatingPointFunctionsPrecise = 1,
+} CK_SDK_MACOS(15.0);
+#endif
 
 @interface MTLCompileOptions : NSObject <NSCopying>
 @property (nullable, readwrite, copy, nonatomic) NSDictionary<NSString *, NSObject *> *preprocessorMacros;
-/* Deprecated in macOS 15 in favour of mathMode. */
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
+/* Deprecated in the macOS 15 SDK in favour of mathMode. */
 @property (readwrite, nonatomic) BOOL fastMathEnabled CK_SDK_MACOS_DEPRECATED(10.11, 15.0);
 @property (readwrite, nonatomic) MTLMathMode mathMode CK_SDK_MACOS(15.0);
+@property (readwrite, nonatomic) MTLMathFloatingPointFunctions mathFloatingPointFunctions CK_SDK_MACOS(15.0);
+#else
+@property (readwrite, nonatomic) BOOL fastMathEnabled CK_SDK_MACOS(10.11);
+#endif
 @property (readwrite, nonatomic) MTLLanguageVersion languageVersion;
 @end
 
@@ -203,7 +227,8 @@ typedef __autoreleasing MTLComputePipelineReflection *_Nullable MTLAutoreleasedC
 - (BOOL)waitUntilSignaledValue:(uint64_t)value timeoutMS:(uint64_t)milliseconds CK_SDK_MACOS(12.0);
 @end
 
-/* ---- MTLResidencySet.h (macOS 15) ------------------------------------------ */
+/* ---- MTLResidencySet.h (macOS 15 SDK) -------------------------------------- */
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
 
 CK_SDK_MACOS(15.0)
 @interface MTLResidencySetDescriptor : NSObject <NSCopying>
@@ -226,6 +251,7 @@ CK_SDK_MACOS(15.0)
 @property (readonly) NSUInteger allocationCount;
 - (void)commit;
 @end
+#endif
 
 /* ---- MTLCommandEncoder.h / MTLComputeCommandEncoder.h -------------------------- */
 
@@ -283,7 +309,9 @@ typedef void (^MTLCommandBufferHandler)(id<MTLCommandBuffer>);
 /* Both may only be encoded while no encoder of this command buffer is open. */
 - (void)encodeWaitForEvent:(id<MTLEvent>)event value:(uint64_t)value;
 - (void)encodeSignalEvent:(id<MTLEvent>)event value:(uint64_t)value;
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
 - (void)useResidencySet:(id<MTLResidencySet>)residencySet CK_SDK_MACOS(15.0);
+#endif
 @end
 
 /* ---- MTLCommandQueue.h ---------------------------------------------------------- */
@@ -293,9 +321,11 @@ typedef void (^MTLCommandBufferHandler)(id<MTLCommandBuffer>);
 @property (readonly) id<MTLDevice> device;
 - (nullable id<MTLCommandBuffer>)commandBuffer;
 - (nullable id<MTLCommandBuffer>)commandBufferWithUnretainedReferences;
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
 /* Residency sets added here are resident for every command buffer of the queue. */
 - (void)addResidencySet:(id<MTLResidencySet>)residencySet CK_SDK_MACOS(15.0);
 - (void)removeResidencySet:(id<MTLResidencySet>)residencySet CK_SDK_MACOS(15.0);
+#endif
 @end
 
 /* ---- MTLDevice.h ---------------------------------------------------------------- */
@@ -325,8 +355,10 @@ typedef void (^MTLCommandBufferHandler)(id<MTLCommandBuffer>);
                                                                  reflection:(MTLAutoreleasedComputePipelineReflection *_Nullable)reflection
                                                                       error:(__autoreleasing NSError **)error;
 - (nullable id<MTLSharedEvent>)newSharedEvent;
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
 - (nullable id<MTLResidencySet>)newResidencySetWithDescriptor:(MTLResidencySetDescriptor *)desc
                                                         error:(NSError **)error CK_SDK_MACOS(15.0);
+#endif
 @end
 
 /* The system's default GPU (returned retained). */

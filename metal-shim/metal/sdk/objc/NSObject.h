@@ -24,6 +24,17 @@ typedef unsigned long NSUInteger;
 
 typedef struct _NSZone NSZone;
 
+/* The SDK generation, as Apple's <Availability.h> gives it: __MAC_OS_X_VERSION_MAX_ALLOWED
+ * is the newest macOS the SDK knows (140000: macOS 14 SDK, Xcode 15; 150000: macOS 15 SDK,
+ * Xcode 16). check.ts compiles against both: -DCK_SDK_VERSION=140000 leaves out every
+ * declaration that first appeared in the macOS 15 SDK, as the real macOS 14 SDK does. */
+#ifndef CK_SDK_VERSION
+#define CK_SDK_VERSION 150000
+#endif
+#define __MAC_14_0 140000
+#define __MAC_15_0 150000
+#define __MAC_OS_X_VERSION_MAX_ALLOWED CK_SDK_VERSION
+
 /* Availability, as the SDK's API_AVAILABLE(macos(x)) expands on macOS. */
 #define CK_SDK_MACOS(v) __attribute__((availability(macos, introduced = v)))
 #define CK_SDK_MACOS_DEPRECATED(from, to) __attribute__((availability(macos, introduced = from, deprecated = to)))
