@@ -633,7 +633,7 @@ export class Event {
     return this.shim.symbols.ck_event_value(this.handle);
   }
 
-  /** Sets the value; releases GPU waits for values up to it. */
+  /** Sets the value; releases GPU waits for values up to it. A value below the current one is ignored (events only move forward). */
   set(value: number): void {
     check(this.shim, this.shim.symbols.ck_event_set(this.handle, value));
   }

@@ -64,8 +64,22 @@ CK_API ck_device *ck_device_open(void) {
   auto *dev = new ck_device();
   long page = sysconf(_SC_PAGESIZE);
   long pages = sysconf(_SC_PHYS_PAGES);
-  dev->page_size = page > 0 ? uint32_t(page) : 4096;
-  dev->working_set = pages > 0 ? double(pages) * double(dev->page_size) * 0.75 : 0;
+  dev->os_page_size = page > 0 ? uint32_t(page) : 4096;
+  dev->page_size = dev->os_page_size;
+  dev->working_set = pages > 0 ? double(pages) * double(dev->os_page_size) * 0.75 : 0;
+  // CHERENKOV_CPU_PAGE_SIZE=16384 reports and rounds buffers to Apple silicon's
+  // 16 KiB pages on a 4 KiB machine, so tests meet the page size a Mac has.
+  if (const char *env = std::getenv("CHERENKOV_CPU_PAGE_SIZE")) {
+    char *end = nullptr;
+    unsigned long v = std::strtoul(env, &end, 10);
+    if (!*env || *end || v < dev->os_page_size || v > (1ul << 24) || (v & (v - 1)) || v % dev->os_page_size) {
+      set_error("CHERENKOV_CPU_PAGE_SIZE=%s: expected a power of two from this machine's page size (%u) to 16777216",
+                env, dev->os_page_size);
+      delete dev;
+      return nullptr;
+    }
+    dev->page_size = uint32_t(v);
+  }
   unsigned n = std::thread::hardware_concurrency();
   if (const char *env = std::getenv("CHERENKOV_CPU_THREADS")) {
     int v = std::atoi(env);
@@ -112,11 +126,19 @@ CK_API void ck_device_set_wait_timeout(ck_device *dev, uint32_t timeout_ms) {
 CK_API ck_buffer *ck_buffer_new(ck_device *dev, double length) {
   size_t n;
   if (!checked_length(dev, length, "ck_buffer_new", n)) return nullptr;
-  void *p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
+  // Aligned to the reported page size: when it is larger than the OS page
+  // (emulated 16 KiB pages), map extra and unmap the ends.
+  size_t slack = dev->page_size - dev->os_page_size;
+  void *raw = mmap(nullptr, n + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) {
     set_error("ck_buffer_new: cannot allocate %zu bytes: %s", n, std::strerror(errno));
     return nullptr;
   }
+  uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+  uintptr_t aligned = (start + dev->page_size - 1) / dev->page_size * dev->page_size;
+  if (aligned > start) munmap(raw, aligned - start);
+  if (start + slack > aligned) munmap(reinterpret_cast<void *>(aligned + n), start + slack - aligned);
+  void *p = reinterpret_cast<void *>(aligned);
   auto *b = new ck_buffer();
   b->data = static_cast<char *>(p);
   b->length = n;
@@ -127,8 +149,10 @@ CK_API ck_buffer *ck_buffer_new(ck_device *dev, double length) {
 CK_API ck_buffer *ck_buffer_wrap(ck_device *dev, void *ptr, double length) {
   size_t n;
   if (!checked_length(dev, length, "ck_buffer_wrap", n)) return nullptr;
-  if (!ptr || reinterpret_cast<uintptr_t>(ptr) % dev->page_size != 0) {
-    set_error("ck_buffer_wrap: pointer %p is not page-aligned (page size %u)", ptr, dev->page_size);
+  // Alignment to the OS page: what mmap gives here (with 16 KiB pages emulated
+  // too; on a Mac the OS page is 16 KiB and so is every mapping).
+  if (!ptr || reinterpret_cast<uintptr_t>(ptr) % dev->os_page_size != 0) {
+    set_error("ck_buffer_wrap: pointer %p is not page-aligned (page size %u)", ptr, dev->os_page_size);
     return nullptr;
   }
   auto *b = new ck_buffer();

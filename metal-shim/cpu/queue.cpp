@@ -8,9 +8,12 @@ using ck::set_error;
 
 // ---- events -------------------------------------------------------------------
 
+// Apple's rule for MTLSharedEvent: the value only moves forward; setting a
+// smaller one (from the host or a GPU signal) is ignored, not an error.
 void ck_event::set(uint64_t v) {
   {
     std::lock_guard<std::mutex> lk(m);
+    if (v <= value) return;
     value = v;
   }
   cv.notify_all();

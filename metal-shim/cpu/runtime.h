@@ -90,7 +90,8 @@ void ck_cmdbuf_unref(ck_cmdbuf *cb);
 
 struct ck_device {
   std::string name;
-  uint32_t page_size = 4096;
+  uint32_t page_size = 4096;     // reported and used for rounding (CHERENKOV_CPU_PAGE_SIZE)
+  uint32_t os_page_size = 4096;  // the machine's, for pointer alignment
   double working_set = 0;
   unsigned threads = 1;
   std::atomic<uint32_t> wait_timeout_ms{10000};

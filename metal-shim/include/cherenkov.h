@@ -201,7 +201,8 @@ CK_API int32_t ck_encode_dispatch_threads(ck_cmdbuf *cb, ck_pipeline *pipe,
                                           uint32_t tg_x, uint32_t tg_y, uint32_t tg_z,
                                           const ck_binding *bindings, uint32_t binding_count,
                                           const void *params, uint32_t params_len);
-/* Records "set event to value" after every earlier command has finished. */
+/* Records "set event to value" after every earlier command has finished
+ * (a value below the event's current one is ignored, as ck_event_set). */
 CK_API int32_t ck_encode_signal(ck_cmdbuf *cb, ck_event *ev, double value);
 /* Records "block until event >= value" before any later command starts. A
  * wait longer than the device's wait timeout fails the command buffer with
@@ -226,7 +227,9 @@ CK_API void ck_cmdbuf_release(ck_cmdbuf *cb);
 CK_API ck_event *ck_event_new(ck_device *dev);
 CK_API uint32_t ck_event_id(ck_event *ev);
 CK_API double ck_event_value(ck_event *ev);
-/* Sets the value from the host; releases GPU waits for values <= value. */
+/* Sets the value from the host; releases GPU waits for values <= value.
+ * The value only moves forward (Apple's rule for MTLSharedEvent): a value
+ * below the current one is ignored and still returns CK_OK. */
 CK_API int32_t ck_event_set(ck_event *ev, double value);
 /* Blocks the calling thread until value >= `value`, at most timeout_ms.
  * Returns CK_OK or CK_TIMEOUT. */

@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { DraftController } from "../../lib/api/draft-controller.ts";
 import { Model } from "../../lib/api/model.ts";
+import { BACKEND } from "../selected-backend.ts";
 
 /** Deterministic uniform numbers in [0, 1). */
 function lcg(seed: number): () => number {
@@ -126,7 +127,7 @@ class FixedCount extends DraftController {
 const MODELS = join(import.meta.dir, "..", "..", "examples", "models");
 const PROMPT = "The cat sat on the mat. The dog";
 
-describe.each(["reference", "cpu"] as const)("drafts auto on qwen4-exp-tiny (%s)", (backend) => {
+describe.each(["reference", BACKEND] as const)("drafts auto on qwen4-exp-tiny (%s)", (backend) => {
   let model: Model;
   beforeAll(async () => {
     model = await Model.load(join(MODELS, "qwen4-exp-tiny"), { backend });

@@ -13,6 +13,7 @@ import { fsRead, IoReadError, type PositionalReader } from "../../lib/gpu/stream
 import { goldenCases } from "../golden/cases.ts";
 import { buildGoldenModel, type GoldenRecord } from "../golden/golden.ts";
 import { goldenRecord } from "./helpers.ts";
+import { BACKEND } from "../selected-backend.ts";
 
 const c = goldenCases.find((x) => x.name === "tiny-all-s1")!;
 let dir: string;
@@ -55,7 +56,7 @@ describe("engine failures", () => {
   test("an IO error mid-stream fails the generation, naming file, layer and expert; the session then continues exactly", async () => {
     const io = armedReader("fail", 3);
     // The smallest pool: every step reads.
-    const model = await Model.load(dir, { backend: "cpu", engine: { poolSlots: 2, io: { reader: io.reader } } });
+    const model = await Model.load(dir, { backend: BACKEND, engine: { poolSlots: 2, io: { reader: io.reader } } });
     try {
       const s = model.session();
       await s.append(c.prompt);
@@ -82,7 +83,7 @@ describe("engine failures", () => {
 
   test("a GPU wait that times out (host delayed past the device's wait timeout) fails cleanly", async () => {
     const io = armedReader("delay", 2, 600);
-    const model = await Model.load(dir, { backend: "cpu", engine: { poolSlots: 2, waitTimeoutMs: 100, io: { reader: io.reader } } });
+    const model = await Model.load(dir, { backend: BACKEND, engine: { poolSlots: 2, waitTimeoutMs: 100, io: { reader: io.reader } } });
     try {
       const s = model.session();
       await s.append(c.prompt);
@@ -98,14 +99,14 @@ describe("engine failures", () => {
   }, 30_000);
 
   test("a pool that cannot hold one row's top-k is a BudgetError that gives the numbers", async () => {
-    const load = Model.load(dir, { backend: "cpu", engine: { poolSlots: 1 } });
+    const load = Model.load(dir, { backend: BACKEND, engine: { poolSlots: 1 } });
     await expect(load).rejects.toBeInstanceOf(BudgetError);
-    await expect(Model.load(dir, { backend: "cpu", engine: { poolSlots: 1 } })).rejects.toThrow(/too small.*need 2 records \(top-k 2 x 1 rows/);
-    await expect(Model.load(dir, { backend: "cpu", engine: { pool: "1%" } })).rejects.toThrow(/too small/);
+    await expect(Model.load(dir, { backend: BACKEND, engine: { poolSlots: 1 } })).rejects.toThrow(/too small.*need 2 records \(top-k 2 x 1 rows/);
+    await expect(Model.load(dir, { backend: BACKEND, engine: { pool: "1%" } })).rejects.toThrow(/too small/);
   });
 
   test("a prompt longer than maxContext is refused before any step; shorter ones still run", async () => {
-    const model = await Model.load(dir, { backend: "cpu", engine: { maxContext: 12 } });
+    const model = await Model.load(dir, { backend: BACKEND, engine: { maxContext: 12 } });
     try {
       await expect(model.generate(c.prompt, { maxTokens: 2 })).rejects.toBeInstanceOf(ContextFullError);
       await expect(model.generate(c.prompt, { maxTokens: 2 })).rejects.toThrow(/maxContext 12/);
@@ -119,7 +120,7 @@ describe("engine failures", () => {
   });
 
   test("an abort between steps rejects with AbortError; the model stays usable", async () => {
-    const model = await Model.load(dir, { backend: "cpu" });
+    const model = await Model.load(dir, { backend: BACKEND });
     try {
       const ac = new AbortController();
       const tokens: number[] = [];

@@ -1,4 +1,4 @@
-// Every golden sequence (spec/golden) reproduced exactly by the engine on the CPU backend,
+// Every golden sequence (spec/golden) reproduced exactly by the engine on the selected backend (spec/selected-backend.ts),
 // with the pool at 100%, 50% and its minimum (one row's top-k: steps of one row), both
 // backings, with and without the lookahead. The margins of the golden records say how close
 // each step is to a tie; the engine's own margins must agree with them to its kernel error.
@@ -8,6 +8,7 @@ import type { EngineOptions } from "../../lib/gpu/load.ts";
 import { goldenCases } from "../golden/cases.ts";
 import { buildGoldenModel, type GoldenRecord } from "../golden/golden.ts";
 import { goldenRecord, greedy, marginError, openEngine } from "./helpers.ts";
+import { BACKEND } from "../selected-backend.ts";
 
 export const CONFIGS: [string, EngineOptions][] = [
   ["100% wired lookahead", { pool: "100%", backing: "wired" }],
@@ -42,7 +43,7 @@ export function goldenSuite(first: number, end: number): void {
     if (worst.length) console.log(`engine vs golden margins (max |delta| over the configurations):\n  ${worst.join("\n  ")}`);
   });
 
-  describe("golden sequences on the engine (CPU backend)", () => {
+  describe(`golden sequences on the engine (${BACKEND} backend)`, () => {
     for (const c of cases) {
       test(c.name, async () => {
         const want = records.get(c.name)!;

@@ -7,6 +7,7 @@ import type { Backend } from "../../lib/api/backend.ts";
 import { EngineBackend, type EngineOptions } from "../../lib/api/engine-backend.ts";
 import { openModel } from "../../lib/model/format.ts";
 import { goldenPath, type GoldenRecord } from "../golden/golden.ts";
+import { BACKEND } from "../selected-backend.ts";
 
 export interface Greedy {
   tokens: number[];
@@ -31,9 +32,9 @@ export async function greedy(backend: Backend, prompt: number[], maxTokens: numb
   }
 }
 
-/** Opens `dir` on the CPU engine. */
+/** Opens `dir` on the engine, on the selected backend (spec/selected-backend.ts). */
 export async function openEngine(dir: string, opts: EngineOptions = {}): Promise<EngineBackend> {
-  return EngineBackend.open(await openModel(dir), "cpu", opts);
+  return EngineBackend.open(await openModel(dir), BACKEND, opts);
 }
 
 export async function goldenRecord(name: string): Promise<GoldenRecord> {

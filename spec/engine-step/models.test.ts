@@ -4,6 +4,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { Model } from "../../lib/api/model.ts";
+import { BACKEND } from "../selected-backend.ts";
 
 const MODELS = join(import.meta.dir, "..", "..", "examples", "models");
 const PROMPT = "The cat sat on the mat. The dog";
@@ -14,7 +15,7 @@ describe("qwen4-exp-tiny (every feature on)", () => {
   let reference: Model;
   let greedy: number[];
   beforeAll(async () => {
-    engine = await Model.load(join(MODELS, "qwen4-exp-tiny"), { backend: "cpu" });
+    engine = await Model.load(join(MODELS, "qwen4-exp-tiny"), { backend: BACKEND });
     reference = await Model.load(join(MODELS, "qwen4-exp-tiny"), { backend: "reference" });
     greedy = (await reference.generate(PROMPT, { maxTokens: N, stopAtEos: false })).tokens;
   });
@@ -26,7 +27,7 @@ describe("qwen4-exp-tiny (every feature on)", () => {
   test("greedy tokens equal the reference's", async () => {
     const r = await engine.generate(PROMPT, { maxTokens: N, stopAtEos: false });
     expect(r.tokens).toEqual(greedy);
-    expect(engine.backendName).toBe("cpu");
+    expect(engine.backendName).toBe(BACKEND);
   });
 
   test.each([1, 2, 3])("speculative with %i drafts = greedy, drafts accepted as the reference accepts them", async (drafts) => {
@@ -47,7 +48,7 @@ describe("qwen4-exp-tiny (every feature on)", () => {
 
 test("qwen3-next-tiny (converted layout, n = 1, no PLE/QSA): greedy tokens equal the reference's", async () => {
   const dir = join(MODELS, "qwen3-next-tiny");
-  const engine = await Model.load(dir, { backend: "cpu" });
+  const engine = await Model.load(dir, { backend: BACKEND });
   const reference = await Model.load(dir, { backend: "reference" });
   try {
     const a = await engine.generate(PROMPT, { maxTokens: N, stopAtEos: false });

@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import type { EngineBackend } from "../../lib/api/engine-backend.ts";
 import { AcceptanceWeights, expectedDrafts, writeWeights } from "../reference/mtp-acceptance.ts";
 import { openEngine, tempDir } from "./helpers.ts";
+import { BACKEND } from "../selected-backend.ts";
 
 const prompt = [17, 200, 5, 91, 33, 140];
 const marked = (v: number) => v % 3 === 0;
@@ -20,7 +21,7 @@ afterAll(async () => {
   tmp.remove();
 });
 
-describe("engine MTP drafts at known acceptance rates (CPU backend)", () => {
+describe(`engine MTP drafts at known acceptance rates (${BACKEND} backend)`, () => {
   for (const drafts of [1, 3]) {
     test(`${drafts} draft(s): the predicted tokens and accepts per position`, async () => {
       const V = engine.config.vocab_size;

@@ -7,6 +7,7 @@ import { Model } from "../../lib/api/model.ts";
 import { goldenCases } from "../golden/cases.ts";
 import { buildGoldenModel } from "../golden/golden.ts";
 import { goldenRecord, greedy, openEngine } from "./helpers.ts";
+import { BACKEND } from "../selected-backend.ts";
 
 const cases = goldenCases.filter((c) => c.name === "tiny-all-s1" || c.name === "tiny-n1-s5");
 const dirs = new Map<string, string>();
@@ -42,7 +43,7 @@ describe("prefill chunks", () => {
   test("a session appending its prompt in pieces equals one appending it whole", async () => {
     const c = cases[0]!;
     const want = await goldenRecord(c.name);
-    const model = await Model.load(dirs.get(c.name)!, { backend: "cpu", prefillChunk: 5 });
+    const model = await Model.load(dirs.get(c.name)!, { backend: BACKEND, prefillChunk: 5 });
     try {
       const s = model.session();
       await s.append(c.prompt.slice(0, 3));

@@ -9,6 +9,7 @@ import type { SequenceState } from "../../lib/gpu/state.ts";
 import { openModel, type ModelFiles } from "../../lib/model/format.ts";
 import { goldenCases } from "../golden/cases.ts";
 import { buildGoldenModel } from "../golden/golden.ts";
+import { BACKEND } from "../selected-backend.ts";
 
 const c = goldenCases.find((x) => x.name === "tiny-all-s1")!;
 let dir: string;
@@ -18,7 +19,7 @@ let engine: Engine;
 beforeAll(async () => {
   dir = await buildGoldenModel(c);
   files = await openModel(dir);
-  engine = await Engine.load(files, "cpu");
+  engine = await Engine.load(files, BACKEND);
 });
 afterAll(async () => {
   await engine.close();

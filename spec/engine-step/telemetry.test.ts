@@ -12,6 +12,7 @@ import { generateGreedy } from "../../lib/reference/index.ts";
 import { goldenCases } from "../golden/cases.ts";
 import { buildGoldenModel } from "../golden/golden.ts";
 import { greedy, openEngine, tempDir } from "./helpers.ts";
+import { BACKEND } from "../selected-backend.ts";
 
 const c = goldenCases.find((x) => x.name === "tiny-all-s2")!;
 const N = 8;
@@ -125,7 +126,7 @@ describe("stats()", () => {
 
 test("Model.load reports its progress in bytes, ending at the total", async () => {
   const calls: [number, number][] = [];
-  const model = await Model.load(dir, { backend: "cpu", onProgress: (done, total) => calls.push([done, total]) });
+  const model = await Model.load(dir, { backend: BACKEND, onProgress: (done, total) => calls.push([done, total]) });
   await model.close();
   expect(calls.length).toBeGreaterThan(1);
   const [done, total] = calls[calls.length - 1]!;
@@ -135,23 +136,23 @@ test("Model.load reports its progress in bytes, ending at the total", async () =
 });
 
 describe("cherenkov run with engine flags", () => {
-  test("--backend cpu --pool 50% --backing mapped --no-lookahead --stats --json --trace", async () => {
+  test(`--backend ${BACKEND} --pool 50% --backing mapped --no-lookahead --stats --json --trace`, async () => {
     let stdout = "";
     let stderr = "";
     const trace = join(tmp.dir, "cli-trace.jsonl");
     const code = await main(
-      ["run", dir, "--prompt-tokens", c.prompt.join(","), "--max-tokens", "5", "--backend", "cpu", "--pool", "50%", "--backing", "mapped", "--no-lookahead", "--stats", "--json", "--trace", trace],
+      ["run", dir, "--prompt-tokens", c.prompt.join(","), "--max-tokens", "5", "--backend", BACKEND, "--pool", "50%", "--backing", "mapped", "--no-lookahead", "--stats", "--json", "--trace", trace],
       { stdout: (t) => (stdout += t), stderr: (t) => (stderr += t), stderrIsTTY: false },
     );
     expect({ code, stderr }).toEqual({ code: 0, stderr: "" });
     const out = JSON.parse(stdout) as { tokens: number[]; stats: { backend: string; engine: Stats } };
-    expect(out.stats.backend).toBe("cpu");
+    expect(out.stats.backend).toBe(BACKEND);
     expect(out.stats.engine.pool.backing).toBe("mapped");
     expect(out.stats.engine.pool.capacity).toBe(out.stats.engine.pool.records / 2);
     expect(out.stats.engine.lookahead.predictions).toBe(0);
     expect(readFileSync(trace, "utf8").trim().split("\n")).toHaveLength(5);
     let err = "";
-    const bad = await main(["run", dir, "--prompt-tokens", "1,2", "--backend", "cpu", "--pool-slots", "1"], { stdout: () => {}, stderr: (t) => (err += t), stderrIsTTY: false });
+    const bad = await main(["run", dir, "--prompt-tokens", "1,2", "--backend", BACKEND, "--pool-slots", "1"], { stdout: () => {}, stderr: (t) => (err += t), stderrIsTTY: false });
     expect(bad).toBe(2);
     expect(err).toContain("too small");
   });

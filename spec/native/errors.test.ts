@@ -2,7 +2,7 @@
 // device stays usable after them.
 import { afterAll, describe, expect, test } from "bun:test";
 
-import { Device } from "../../lib/shim.ts";
+import { Device, type Buffer } from "../../lib/shim.ts";
 import { runOnce, selftestParams } from "./util.ts";
 
 const dev = Device.open();
@@ -11,6 +11,10 @@ afterAll(() => dev.close());
 const n = 256;
 const a = dev.buffer(n * 4), b = dev.buffer(n * 4), c = dev.buffer(n * 4);
 const params = selftestParams({ n });
+// Sizes come from the device: 16 KiB pages on Apple silicon, 4 KiB here; a pipeline's
+// thread limit depends on the kernel and the GPU.
+const page = dev.limits.pageSize;
+const maxThreads = dev.pipeline("selftest_add_f32").maxThreads;
 
 function stillWorks(): void {
   a.f32[1] = 2;
@@ -28,15 +32,15 @@ describe("rejected when encoded", () => {
   test.each([
     ["binding index past the kernel's buffers", [null, a, b, c, null, a], 64, params, /binds \[\[buffer\(5\)\]\], which the kernel does not declare/],
     ["missing buffer", [null, a, b], 64, params, /\[\[buffer\(3\)\]\] is not bound/],
-    ["threadgroup too large", [null, a, b, c], 1025, params, /threadgroup 1025x1x1 = 1025 threads exceeds the pipeline's maximum of 1024/],
-    ["threadgroup too large in 3D", [null, a, b, c], [32, 32, 2], params, /threadgroup 32x32x2 = 2048 threads exceeds/],
+    ["threadgroup too large", [null, a, b, c], maxThreads + 1, params, new RegExp(`threadgroup ${maxThreads + 1}x1x1 = ${maxThreads + 1} threads exceeds the pipeline's maximum of ${maxThreads}$`)],
+    ["threadgroup too large in 3D", [null, a, b, c], [32, maxThreads / 32, 2], params, new RegExp(`threadgroup 32x${maxThreads / 32}x2 = ${maxThreads * 2} threads exceeds`)],
     ["empty threadgroup", [null, a, b, c], 0, params, /threadgroup 0x1x1 is empty/],
     ["params shorter than the struct", [null, a, b, c], 64, params.subarray(0, 8), /params are 8 bytes; the kernel reads 24 at \[\[buffer\(0\)\]\]/],
     ["params and a buffer both at index 0", [c, a, b, c], 64, params, /\[\[buffer\(0\)\]\] is bound to a buffer and to params/],
     ["no params for a kernel that reads them", [null, a, b, c], 64, undefined, /\[\[buffer\(0\)\]\] is not bound/],
-    ["offset past the end", [null, { buffer: a, offset: 1 << 20 }, b, c], 64, params, /\[\[buffer\(1\)\]\] offset 1048576 is past the end of its 4096-byte buffer/],
+    ["offset past the end", [null, { buffer: a, offset: 1 << 24 }, b, c], 64, params, new RegExp(`\\[\\[buffer\\(1\\)\\]\\] offset 16777216 is past the end of its ${page}-byte buffer`)],
     ["too many bindings", new Array(32).fill(null), 64, params, /32 bindings: at most 31/],
-  ] as const)("%s", (_, bindings, tg, p, message) => {
+  ] as [string, (Buffer | { buffer: Buffer; offset: number } | null)[], number | [number, number, number], Uint8Array | undefined, RegExp][])("%s", (_, bindings, tg, p, message) => {
     const cb = dev.commandBuffer();
     expect(() => cb.dispatch("selftest_add_f32", 4, tg, bindings, p)).toThrow(message);
     expect(() => cb.dispatch("selftest_add_f32", 4, tg, bindings, p)).toThrow(/^command buffer \d+: |^32 bindings/);
@@ -59,7 +63,7 @@ describe("rejected when encoded", () => {
 test("cpu emulator: threads that wait at different sync points fail the command buffer", () => {
   const cpu = Device.open({ backend: "cpu" });
   try {
-    const out = cpu.buffer(4096);
+    const out = cpu.buffer(cpu.limits.pageSize);
     const cb = cpu.commandBuffer();
     cb.dispatch("selftest_deadlock", 2, 64, [null, out]).commit();
     expect(() => cb.waitUntilCompleted(10_000)).toThrow(

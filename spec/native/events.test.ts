@@ -43,6 +43,26 @@ test("a command buffer waiting on an event stays pending until the host sets it"
   y2.release();
 });
 
+// Issue 9 item 5: Apple's rule for MTLSharedEvent, in every backend. After a timed-out GPU
+// wait the event was released for the host and the GPU may have signalled past the host's
+// late release; that release must be a no-op, not an error that hides the GpuStepError.
+test("setting an event below its current value is ignored, not an error (host and GPU)", () => {
+  const ev = dev.event();
+  ev.set(5);
+  expect(() => ev.set(3)).not.toThrow();
+  expect(ev.value).toBe(5);
+  ev.set(5); // equal: also a no-op
+  expect(ev.value).toBe(5);
+  const cb = dev.commandBuffer().signal(ev, 2).commit();
+  cb.waitUntilCompleted(5000);
+  expect(cb.status).toBe("completed");
+  expect(ev.value).toBe(5);
+  ev.set(6);
+  expect(ev.value).toBe(6);
+  cb.release();
+  ev.release();
+});
+
 test("a wait already satisfied does not block", () => {
   const ev = dev.event();
   ev.set(10);

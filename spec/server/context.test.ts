@@ -7,6 +7,7 @@ import { join } from "node:path";
 import { Model } from "../../lib/index.ts";
 import { DEFAULT_CONTEXT, declaredContextLength, resolveContextLength } from "../../lib/server/context.ts";
 import { expectError, startServer, type TestServer } from "./harness.ts";
+import { BACKEND } from "../selected-backend.ts";
 
 /** Just what the context rules read of a model: its directory and the backend's limit. */
 function fakeModel(dir: string, maxContext: number | null) {
@@ -41,7 +42,7 @@ describe("a server over the engine with a small maxContext", () => {
   let model: Model;
   let server: TestServer;
   beforeAll(async () => {
-    model = await Model.load(undefined, { backend: "cpu", engine: { maxContext: 48 } });
+    model = await Model.load(undefined, { backend: BACKEND, engine: { maxContext: 48 } });
     server = startServer(model);
   });
   afterAll(async () => {
