@@ -425,6 +425,11 @@ export class Library {
     return p;
   }
 
+  /** Names of the pipelines built so far (each is built on first use). */
+  builtPipelines(): string[] {
+    return [...this.#pipelines.keys()];
+  }
+
   release(): void {
     this.#pipelines.clear();
     this.shim.symbols.ck_library_release(this.handle);

@@ -13,7 +13,7 @@
  *   bun metal-shim/build.ts [--force] [--quiet] [--optional] [--out DIR] [--backend cpu|metal|cuda]
  * --optional (postinstall): a failure prints a warning and exits 0.
  * --out DIR: build into DIR instead of metal-shim/build (say, a clang++ build beside the g++ one).
- * Compilers: CXX (C++), CC (C), OBJC (Objective-C, default clang).
+ * Compilers: CXX (C++), CC (C), OBJC (Objective-C, default clang; CC does not change it).
  */
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, utimesSync, writeFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
@@ -103,10 +103,11 @@ interface Job {
   flags: string[];
 }
 
-function compilerFor(lang: "c" | "c++" | "objc"): string {
-  if (lang === "objc") return process.env.CC ?? "clang";
-  if (lang === "c") return process.env.CC ?? (isMac ? "clang" : "gcc");
-  return process.env.CXX ?? (isMac ? "clang++" : "g++");
+function compilerFor(lang: "c" | "c++" | "objc", env: Record<string, string | undefined> = process.env): string {
+  // Objective-C has its own variable: CC may name a compiler without Objective-C (gcc).
+  if (lang === "objc") return env.OBJC ?? "clang";
+  if (lang === "c") return env.CC ?? (isMac ? "clang" : "gcc");
+  return env.CXX ?? (isMac ? "clang++" : "g++");
 }
 
 function commonSources(): string[] {
@@ -211,8 +212,7 @@ async function buildCpu(opts: BuildOptions, outDir: string): Promise<string> {
   const relink = flagsChanged || stale.length > 0 || !existsSync(lib) || jobs.some((j) => mtime(j.object) > mtime(lib));
   if (relink) {
     const tmp = `${lib}.${process.pid}.tmp`;
-    const shared = isMac ? ["-dynamiclib"] : ["-shared"];
-    await run([cxx, ...shared, "-pthread", "-o", tmp, ...jobs.map((j) => j.object), "-lm"], `link ${shown(lib)}`);
+    await run([cxx, ...cpuLinkFlags(), "-pthread", "-o", tmp, ...jobs.map((j) => j.object), "-lm"], `link ${shown(lib)}`);
     renameSync(tmp, lib); // atomic: a process loading the old library keeps its copy
     writeFileSync(stampPath, stamp);
   } else {
@@ -225,6 +225,25 @@ async function buildCpu(opts: BuildOptions, outDir: string): Promise<string> {
     : "";
 }
 
+/**
+ * The one command that builds libcherenkov_metal.dylib: Apple silicon only (-arch arm64),
+ * loadable on macOS 14, ARC, and an install name that does not record the temporary
+ * output path (a program linking against the library finds it through its rpath).
+ */
+export function metalBuildCommand(output: string, sources: string[], env: Record<string, string | undefined> = process.env): string[] {
+  return [
+    compilerFor("objc", env), "-arch", "arm64", "-mmacosx-version-min=14.0", "-fobjc-arc", "-O2", "-Wall",
+    "-fvisibility=hidden", "-dynamiclib", "-install_name", "@rpath/libcherenkov_metal.dylib",
+    "-framework", "Metal", "-framework", "Foundation", "-I", join(ROOT, "metal-shim", "include"),
+    "-o", output, ...sources,
+  ];
+}
+
+/** Link flags of the CPU library (-install_name on macOS, as for the Metal one). */
+export function cpuLinkFlags(mac = isMac): string[] {
+  return mac ? ["-dynamiclib", "-install_name", "@rpath/libcherenkov_cpu.dylib"] : ["-shared"];
+}
+
 async function buildMetal(opts: BuildOptions, outDir: string): Promise<string> {
   if (!canBuildMetal()) return "";
   const sources = readdirSync(METAL_DIR)
@@ -235,10 +254,7 @@ async function buildMetal(opts: BuildOptions, outDir: string): Promise<string> {
   const newest = Math.max(...inputs("metal").map(mtime));
   if (!opts.force && existsSync(lib) && mtime(lib) >= newest) return "";
   const tmp = `${lib}.${process.pid}.tmp`;
-  await run(
-    [compilerFor("objc"), "-fobjc-arc", "-O2", "-Wall", "-mmacosx-version-min=14.0", "-fvisibility=hidden", "-dynamiclib", "-framework", "Metal", "-framework", "Foundation", "-I", join(ROOT, "metal-shim", "include"), "-o", tmp, ...sources, ...commonSources()],
-    "build the Metal backend",
-  );
+  await run(metalBuildCommand(tmp, [...sources, ...commonSources()]), "build the Metal backend");
   renameSync(tmp, lib);
   return `metal-shim: built ${shown(lib)}`;
 }

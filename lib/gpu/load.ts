@@ -239,9 +239,9 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
       if (ple) await prefault(ple.buffer, progress);
     } else progress(dense.bytes + (ple?.bytes ?? 0));
 
-    // Pipelines: look every kernel up once (Metal compiles them here, not mid-step).
-    const library = device.library();
-    for (const name of library.kernelNames()) library.pipeline(name);
+    // The library is compiled here (once per process on Metal: metal-shim caches it);
+    // pipelines are built on first use, so the self-test and unused kernels never are.
+    device.library();
 
     const scheduler = backing === "wired" ? new IoScheduler(opts.io) : null;
     const pool = createExpertPool({

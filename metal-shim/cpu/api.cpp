@@ -80,6 +80,17 @@ CK_API ck_device *ck_device_open(void) {
     }
     dev->page_size = uint32_t(v);
   }
+  if (const char *env = std::getenv("CHERENKOV_CPU_MAX_THREADS")) {
+    char *end = nullptr;
+    unsigned long v = std::strtoul(env, &end, 10);
+    if (!*env || *end || v < ck::kSimdWidth || v > ck::kMaxThreads || v % ck::kSimdWidth) {
+      set_error("CHERENKOV_CPU_MAX_THREADS=%s: expected a multiple of %u from %u to %u", env, ck::kSimdWidth,
+                ck::kSimdWidth, ck::kMaxThreads);
+      delete dev;
+      return nullptr;
+    }
+    dev->pipeline_max_threads = uint32_t(v);
+  }
   unsigned n = std::thread::hardware_concurrency();
   if (const char *env = std::getenv("CHERENKOV_CPU_THREADS")) {
     int v = std::atoi(env);
@@ -207,7 +218,7 @@ CK_API ck_library *ck_library_load(ck_device *dev, const char *) {
   lib->dev = dev;
   for (uint32_t t = 0; t < ck::kAllTablesCount; t++)
     for (uint32_t i = 0; i < ck::kAllTables[t].count; i++)
-      lib->pipelines.push_back(ck_pipeline{&ck::kAllTables[t].kernels[i]});
+      lib->pipelines.push_back(ck_pipeline{&ck::kAllTables[t].kernels[i], dev->pipeline_max_threads});
   std::sort(lib->pipelines.begin(), lib->pipelines.end(),
             [](const ck_pipeline &a, const ck_pipeline &b) { return std::strcmp(a.info->name, b.info->name) < 0; });
   for (auto &p : lib->pipelines) lib->by_name[p.info->name] = &p;
@@ -237,6 +248,6 @@ CK_API ck_pipeline *ck_pipeline_get(ck_library *lib, const char *name) {
 }
 
 CK_API const char *ck_pipeline_name(ck_pipeline *pipe) { return pipe ? pipe->info->name : ""; }
-CK_API uint32_t ck_pipeline_max_threads(ck_pipeline *) { return ck::kMaxThreads; }
+CK_API uint32_t ck_pipeline_max_threads(ck_pipeline *pipe) { return pipe ? pipe->max_threads : 0; }
 
 }  // extern "C"

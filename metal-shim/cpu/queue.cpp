@@ -140,9 +140,9 @@ static int32_t encode_dispatch(ck_cmdbuf *cb, ck_pipeline *pipe, const uint32_t 
 
   uint64_t tg_threads = uint64_t(tg[0]) * tg[1] * tg[2];
   if (tg_threads == 0) FAIL("threadgroup %ux%ux%u is empty", tg[0], tg[1], tg[2]);
-  if (tg_threads > ck::kMaxThreads)
+  if (tg_threads > pipe->max_threads)
     FAIL("threadgroup %ux%ux%u = %llu threads exceeds the pipeline's maximum of %u", tg[0], tg[1],
-         tg[2], static_cast<unsigned long long>(tg_threads), ck::kMaxThreads);
+         tg[2], static_cast<unsigned long long>(tg_threads), pipe->max_threads);
   if (binding_count > ck::kMaxBuffers)
     FAIL("%u bindings: buffer indices go from 0 to %u", binding_count, ck::kMaxBuffers - 1);
   if (params_len > CK_MAX_PARAMS_BYTES) FAIL("params are %u bytes, at most %u", params_len, CK_MAX_PARAMS_BYTES);

@@ -47,6 +47,7 @@ void ck_event_unref(ck_event *e);
 
 struct ck_pipeline {
   const ck::KernelInfo *info;
+  uint32_t max_threads = ck::kMaxThreads;  // per threadgroup (CHERENKOV_CPU_MAX_THREADS)
 };
 
 struct ck_library {
@@ -92,6 +93,10 @@ struct ck_device {
   std::string name;
   uint32_t page_size = 4096;     // reported and used for rounding (CHERENKOV_CPU_PAGE_SIZE)
   uint32_t os_page_size = 4096;  // the machine's, for pointer alignment
+  // Each pipeline's maxTotalThreadsPerThreadgroup. Metal lowers it below the
+  // device's 1024 for kernels that use many registers; CHERENKOV_CPU_MAX_THREADS
+  // emulates that so a threadgroup the GPU would refuse fails here too.
+  uint32_t pipeline_max_threads = ck::kMaxThreads;
   double working_set = 0;
   unsigned threads = 1;
   std::atomic<uint32_t> wait_timeout_ms{10000};

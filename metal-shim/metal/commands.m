@@ -75,9 +75,14 @@ CK_API ck_cmdbuf *ck_cmdbuf_begin(ck_device *dev) {
   @autoreleasepool {
     if (!dev) return ck_fail(@"ck_cmdbuf_begin: device is NULL"), NULL;
     CherenkovDevice *d = CK_OBJ(CherenkovDevice, dev);
-    // Retained references (the default): Metal keeps every buffer, pipeline
-    // and event it encodes alive until the command buffer completes.
-    id<MTLCommandBuffer> mtl = [d->queue commandBuffer];
+    // Retained references: Metal keeps every buffer, pipeline and event it
+    // encodes alive until the command buffer completes. Encoder execution
+    // status: a GPU fault reports which encoder faulted, with the dispatches
+    // (signposts) it holds, so the error can name the kernel.
+    MTLCommandBufferDescriptor *desc = [MTLCommandBufferDescriptor new];
+    desc.retainedReferences = YES;
+    desc.errorOptions = MTLCommandBufferErrorOptionEncoderExecutionStatus;
+    id<MTLCommandBuffer> mtl = [d->queue commandBufferWithDescriptor:desc];
     if (!mtl) return ck_fail(@"ck_cmdbuf_begin: Metal gave no command buffer"), NULL;
     CherenkovCmdbuf *cb = [CherenkovCmdbuf new];
     cb->dev = d;
@@ -180,8 +185,10 @@ static int32_t encode_dispatch(ck_cmdbuf *handle, ck_pipeline *pipe, const uint3
     cb->enc = [cb->mtl computeCommandEncoder];
     cb->enc_pipeline = nil;
     if (!cb->enc) return ck_fail(@"command buffer %u: Metal gave no compute encoder", cb->ident);
+    cb->enc.label = [NSString stringWithFormat:@"command buffer %u, encoder %u", cb->ident, ++cb->encoders];
   }
   id<MTLComputeCommandEncoder> enc = cb->enc;
+  [enc insertDebugSignpost:p->signpost];
   if (cb->enc_pipeline != p->state) {
     [enc setComputePipelineState:p->state];
     cb->enc_pipeline = p->state;
@@ -317,6 +324,23 @@ static void watch_waits(CherenkovCmdbuf *cb) {
   }
 }
 
+// "; the fault is in <encoder label>, which dispatches <kernels>" from the
+// encoder execution status of a failed command buffer, or "" when Metal gave none.
+static NSString *fault_site(NSError *error) {
+  id infos = error ? error.userInfo[MTLCommandBufferEncoderInfoErrorKey] : nil;
+  if (![infos isKindOfClass:[NSArray class]]) return @"";
+  for (id<MTLCommandBufferEncoderInfo> info in (NSArray *)infos) {
+    if (info.errorState != MTLCommandEncoderErrorStateFaulted) continue;
+    // Distinct kernels in dispatch order; the encoder may hold many dispatches.
+    NSMutableArray<NSString *> *kernels = [NSMutableArray array];
+    for (NSString *post in info.debugSignposts)
+      if (![kernels containsObject:post]) [kernels addObject:post];
+    NSString *list = kernels.count ? [kernels componentsJoinedByString:@", "] : @"no recorded dispatch";
+    return [NSString stringWithFormat:@"; the fault is in %@, which dispatches %@", info.label, list];
+  }
+  return @"";
+}
+
 CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *handle) {
   @autoreleasepool {
     if (check_encoding(handle, "commit") != CK_OK) return CK_ERROR;
@@ -331,7 +355,7 @@ CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *handle) {
       NSString *gpu_error = nil;
       if (done.status == MTLCommandBufferStatusError) {
         NSString *why = done.error ? done.error.localizedDescription : @"no reason given";
-        gpu_error = [NSString stringWithFormat:@"command buffer %u: the GPU stopped it: %@", cb->ident, why];
+        gpu_error = [NSString stringWithFormat:@"command buffer %u: the GPU stopped it: %@%@", cb->ident, why, fault_site(done.error)];
       }
       ck_cmdbuf_finish(cb, gpu_error);
     }];

@@ -133,8 +133,6 @@ CK_API ck_device *ck_device_open(void) {
     d->next_event_id = 1;
     d->done = [NSCondition new];
     d->watchdog = dispatch_queue_create("cherenkov.metal.watchdog", DISPATCH_QUEUE_SERIAL);
-    d->libraries = [NSMutableDictionary dictionary];
-    d->libraries_lock = [NSLock new];
     d->residency_lock = [NSLock new];
     open_residency_set(d);
     return CK_HANDLE(ck_device, d);
@@ -159,9 +157,6 @@ CK_API void ck_device_close(ck_device *dev) {
       }
     }
 #endif
-    [d->libraries_lock lock];
-    [d->libraries removeAllObjects];
-    [d->libraries_lock unlock];
   }
   ck_drop_handle(dev);
 }

@@ -8,11 +8,14 @@
 // are inlined where they stand, with #line directives so compiler messages
 // name the real file and line: newLibraryWithSource has no include path.
 //
-// Caching: compiled libraries are kept per device in an in-process dictionary
-// keyed by the complete expanded source text (NSDictionary hashes the text and
-// compares it in full, so a changed kernel is never served stale). Pipelines
-// are cached per library by name. Across processes, macOS keeps its own
-// shader cache; nothing here depends on it.
+// Caching, per process (every device of a process is the one system GPU): a
+// compiled library is kept in a dictionary keyed by its complete expanded
+// source text (NSDictionary hashes the text and compares it in full, so a
+// changed kernel is never served stale), and a pipeline by its compiled
+// library and kernel name. Opening another device or loading the model again
+// compiles nothing; pipelines are built on first use, so kernels a process
+// never dispatches (the self-tests) are never built. Across processes, macOS
+// keeps its own shader cache; nothing here depends on it.
 #import "shim.h"
 
 @implementation CherenkovPipeline
@@ -135,12 +138,27 @@ static void set_precise_math(MTLCompileOptions *options) {
 #pragma clang diagnostic pop
 }
 
-// The compiled library of `source`, from the device's cache or compiled now.
+static NSLock *cache_lock;
+static NSMutableDictionary<NSString *, id<MTLLibrary>> *cached_libraries;
+static NSMutableDictionary<NSString *, CherenkovPipeline *> *cached_pipelines;
+
+static void init_caches(void) {
+  static dispatch_once_t once;
+  dispatch_once(&once, ^{
+    cache_lock = [NSLock new];
+    cached_libraries = [NSMutableDictionary dictionary];
+    cached_pipelines = [NSMutableDictionary dictionary];
+  });
+}
+
+// The compiled library of `source`, from the process's cache or compiled now.
 static id<MTLLibrary> library_for(CherenkovDevice *d, NSString *source, NSString **problem) {
-  [d->libraries_lock lock];
-  id<MTLLibrary> lib = d->libraries[source];
-  [d->libraries_lock unlock];
-  if (lib) return lib;
+  init_caches();
+  [cache_lock lock];
+  id<MTLLibrary> lib = cached_libraries[source];
+  [cache_lock unlock];
+  if (lib && lib.device == d->mtl) return lib;
+  BOOL cache = lib == nil;  // another GPU's copy stays; this one is compiled but not kept (multi-GPU Macs only)
   MTLCompileOptions *options = [MTLCompileOptions new];
   // MSL 3.1 (macOS 14) is the first with bfloat. Fast math is off: kernels
   // use infinities (softmax and top-k initial values), which fast math may
@@ -156,9 +174,11 @@ static id<MTLLibrary> library_for(CherenkovDevice *d, NSString *source, NSString
     *problem = error ? error.localizedDescription : @"the compiler gave no reason";
     return nil;
   }
-  [d->libraries_lock lock];
-  d->libraries[source] = lib;
-  [d->libraries_lock unlock];
+  if (cache) {
+    [cache_lock lock];
+    cached_libraries[source] = lib;  // kept for the process's life: pipeline keys hold its address
+    [cache_lock unlock];
+  }
   return lib;
 }
 
@@ -187,6 +207,7 @@ CK_API ck_library *ck_library_load(ck_device *dev, const char *dir) {
     NSMutableDictionary<NSString *, id<MTLFunction>> *functions = [NSMutableDictionary dictionary];
     NSMutableDictionary<NSString *, NSString *> *where = [NSMutableDictionary dictionary];
     NSMutableDictionary<NSString *, NSString *> *file_of = [NSMutableDictionary dictionary];
+    NSMutableDictionary<NSString *, id<MTLLibrary>> *library_of = [NSMutableDictionary dictionary];
     for (NSString *file in sorted_bytewise(files)) {
       NSMutableString *source = [NSMutableString string];
       NSString *original = nil, *problem = nil;
@@ -202,6 +223,7 @@ CK_API ck_library *ck_library_load(ck_device *dev, const char *dir) {
                          shown, file), NULL;
         functions[name] = fn;
         file_of[name] = file;
+        library_of[name] = lib;
         where[name] = [NSString stringWithFormat:@"%@/%@%@", shown, file, line_suffix(original, name)];
       }
     }
@@ -215,6 +237,7 @@ CK_API ck_library *ck_library_load(ck_device *dev, const char *dir) {
     l->names_c = names_c;
     l->functions = functions;
     l->where = where;
+    l->library_of = library_of;
     l->pipelines = [NSMutableDictionary dictionary];
     l->lock = [NSLock new];
     return CK_HANDLE(ck_library, l);
@@ -263,6 +286,7 @@ static CherenkovPipeline *build_pipeline(CherenkovLibrary *l, NSString *name, co
   p->name = name;
   p->name_c = ck_cstring(name);
   p->where = where;
+  p->signpost = [NSString stringWithFormat:@"%@ (%@)", name, where];
   p->max_threads = (uint32_t)state.maxTotalThreadsPerThreadgroup;
   if (!reflection) {
     // Without reflection nothing is known about the arguments: accept every
@@ -300,9 +324,23 @@ CK_API ck_pipeline *ck_pipeline_get(ck_library *lib, const char *name) {
     NSString *key = [NSString stringWithUTF8String:name];
     [l->lock lock];
     CherenkovPipeline *p = key ? l->pipelines[key] : nil;
-    if (!p) {
-      p = build_pipeline(l, key, name);
+    if (!p && key && l->library_of[key]) {
+      // Built before by another ck_library of this process from the same compiled file?
+      NSString *shared = [NSString stringWithFormat:@"%p %@", (__bridge void *)l->library_of[key], key];
+      [cache_lock lock];
+      p = cached_pipelines[shared];
+      [cache_lock unlock];
+      if (!p) {
+        p = build_pipeline(l, key, name);
+        if (p) {
+          [cache_lock lock];
+          cached_pipelines[shared] = p;
+          [cache_lock unlock];
+        }
+      }
       if (p) l->pipelines[key] = p;
+    } else if (!p) {
+      p = build_pipeline(l, key, name);  // fails, naming the kernel that is not there
     }
     [l->lock unlock];
     // The library keeps the pipeline; the caller borrows it.

@@ -62,9 +62,6 @@ CK_INTERNAL @interface CherenkovDevice : NSObject {
   uint32_t inflight;  // committed, not yet finished
   // Serial queue that enforces GPU event-wait timeouts, in commit order.
   dispatch_queue_t watchdog;
-  // Compiled libraries keyed by their complete expanded source text.
-  NSMutableDictionary<NSString *, id<MTLLibrary>> *libraries;
-  NSLock *libraries_lock;
   // id<MTLResidencySet> on macOS 15 and later, built with the macOS 15 SDK
   // (nil otherwise, or when disabled).
   id residency;
@@ -94,6 +91,7 @@ CK_INTERNAL @interface CherenkovPipeline : NSObject {
   NSString *name;
   NSData *name_c;
   NSString *where;       // "kernels/file.metal:line" of the kernel
+  NSString *signpost;    // "name (where)": marks each dispatch, named back in a GPU fault
   uint32_t max_threads;  // maxTotalThreadsPerThreadgroup
   BOOL checked;          // reflection was available: the masks below are known
   uint32_t buffer_mask;  // bit i: the kernel declares [[buffer(i)]]
@@ -110,6 +108,7 @@ CK_INTERNAL @interface CherenkovLibrary : NSObject {
   NSArray<NSData *> *names_c;
   NSDictionary<NSString *, id<MTLFunction>> *functions;
   NSDictionary<NSString *, NSString *> *where;
+  NSDictionary<NSString *, id<MTLLibrary>> *library_of;  // the compiled file each kernel is in
   NSMutableDictionary<NSString *, CherenkovPipeline *> *pipelines;
   NSLock *lock;
 }
@@ -137,6 +136,7 @@ CK_INTERNAL @interface CherenkovCmdbuf : NSObject {
   id<MTLCommandBuffer> mtl;  // nil once finished (breaks the handler's cycle)
   id<MTLComputeCommandEncoder> enc;  // the open encoder, or nil
   id<MTLComputePipelineState> enc_pipeline;
+  uint32_t encoders;  // encoders opened so far (their labels count them)
   uint32_t ident;
   int32_t status;  // CK_CMDBUF_*; written under dev->done, read with __atomic
   NSString *error;

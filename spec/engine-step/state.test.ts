@@ -108,3 +108,25 @@ test("reset() forgets everything: the same prompt gives the same next token as a
   fresh.dispose();
   s.dispose();
 });
+
+// Issue 9 item 6: Model.load must not build every pipeline (on Metal each one is a GPU
+// compile, and the self-test kernels are never used by the engine): they are built lazily.
+test("pipelines are built on first use: none at load, only engine kernels after a step", async () => {
+  const fresh = await Engine.load(files, BACKEND);
+  try {
+    const library = fresh.gpu.device.library();
+    expect(library.builtPipelines()).toEqual([]);
+    const seq = fresh.newSequence();
+    try {
+      await seq.forward(c.prompt.slice(0, 2));
+    } finally {
+      seq.dispose();
+    }
+    const built = library.builtPipelines();
+    expect(built.length).toBeGreaterThan(3);
+    expect(built.filter((n) => n.startsWith("selftest_"))).toEqual([]);
+    expect(built.length).toBeLessThan(library.kernelNames().length);
+  } finally {
+    await fresh.close();
+  }
+});

@@ -6,7 +6,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-import { BUILD_DIR, NativeBuildError, buildEach, localLibraryPath, parseBuildArgs } from "../../metal-shim/build.ts";
+import { BUILD_DIR, NativeBuildError, buildEach, cpuLinkFlags, localLibraryPath, metalBuildCommand, parseBuildArgs } from "../../metal-shim/build.ts";
 
 test("a failing backend does not stop the next one; the failure is still reported", async () => {
   const ran: string[] = [];
@@ -46,4 +46,18 @@ test("a compiler that fails makes the build exit 1 naming the backend", () => {
   } finally {
     rmSync(out, { recursive: true, force: true });
   }
+});
+
+// Issue 9 item 6: what a Mac build needs.
+test("the Metal library is built for arm64, with an install name, by OBJC (not CC)", () => {
+  const cmd = metalBuildCommand("/tmp/out/libcherenkov_metal.dylib.123.tmp", ["metal-shim/metal/device.m"], { CC: "gcc" });
+  expect(cmd[0]).toBe("clang"); // CC=gcc (no Objective-C) does not leak into the Objective-C build
+  expect(metalBuildCommand("/tmp/x", [], { CC: "gcc", OBJC: "/opt/llvm/bin/clang" })[0]).toBe("/opt/llvm/bin/clang");
+  const pair = (flag: string) => cmd[cmd.indexOf(flag) + 1];
+  expect(pair("-arch")).toBe("arm64");
+  expect(pair("-install_name")).toBe("@rpath/libcherenkov_metal.dylib"); // not the temporary output path
+  expect(pair("-mmacosx-version-min=14.0")).toBeDefined();
+  expect(cmd).toEqual(expect.arrayContaining(["-fobjc-arc", "-dynamiclib", "-framework", "Metal", "Foundation"]));
+  expect(cpuLinkFlags(true)).toEqual(["-dynamiclib", "-install_name", "@rpath/libcherenkov_cpu.dylib"]);
+  expect(cpuLinkFlags(false)).toEqual(["-shared"]);
 });

@@ -273,6 +273,23 @@ describeChecks("(b) objc: the Metal backend against Apple's declarations", () =>
     expect(sel14).not.toContain("setMathMode:");
   });
 
+  // Issue 9 item 6, as far as an object file shows it (nothing here runs Metal).
+  test("command buffers ask for encoder execution status; dispatches are signposted so a GPU fault names its kernels", () => {
+    const sel = selectorsOf(join(METAL_DIR, "commands.m"), 15);
+    for (const s of ["commandBufferWithDescriptor:", "setErrorOptions:", "setRetainedReferences:", "insertDebugSignpost:", "debugSignposts", "errorState"]) expect(sel).toContain(s);
+    expect(sel).toContain("_MTLCommandBufferEncoderInfoErrorKey");
+    expect(sel).not.toMatch(/\bcommandBuffer\0/); // the plain queue call (no error options) is gone
+  });
+
+  test("compiled libraries and pipelines are cached per process, not per device", () => {
+    const text = readFileSync(join(METAL_DIR, "library.m"), "utf8");
+    const device = readFileSync(join(METAL_DIR, "device.m"), "utf8");
+    expect(selectorsOf(join(METAL_DIR, "library.m"), 15)).toContain("_dispatch_once");
+    expect(text).toMatch(/static NSMutableDictionary<NSString \*, id<MTLLibrary>> \*cached_libraries;/);
+    expect(text).toMatch(/static NSMutableDictionary<NSString \*, CherenkovPipeline \*> \*cached_pipelines;/);
+    expect(device).not.toContain("libraries"); // no per-device cache emptied at close
+  });
+
   test("a misspelt Metal selector fails", async () => {
     const r = await checkEdited("commands.m", "[enc setBuffer:", "[enc setBufer:");
     expect(r.ok).toBe(false);

@@ -137,6 +137,7 @@ typedef NS_OPTIONS(NSUInteger, NSStringCompareOptions) {
 /* ---- errors ------------------------------------------------------------------ */
 
 typedef NSString *NSErrorDomain;
+typedef NSString *NSErrorUserInfoKey;
 @interface NSError : NSObject <NSCopying>
 @property (readonly, copy) NSErrorDomain domain;
 @property (readonly) NSInteger code;
@@ -154,6 +155,7 @@ typedef NSString *NSErrorDomain;
 @property (nullable, nonatomic, readonly) ObjectType lastObject;
 - (BOOL)containsObject:(ObjectType)anObject;
 - (NSArray<ObjectType> *)sortedArrayUsingComparator:(NSComparator NS_NOESCAPE)cmptr;
+- (NSString *)componentsJoinedByString:(NSString *)separator;
 @end
 
 @interface NSMutableArray<ObjectType> : NSArray<ObjectType>

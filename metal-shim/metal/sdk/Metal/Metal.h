@@ -264,6 +264,10 @@ typedef NS_ENUM(NSUInteger, MTLDispatchType) {
 @property (readonly) id<MTLDevice> device;
 @property (nullable, copy, atomic) NSString *label;
 - (void)endEncoding;
+/* A marker recorded in the command stream (listed by MTLCommandBufferEncoderInfo). */
+- (void)insertDebugSignpost:(NSString *)string;
+- (void)pushDebugGroup:(NSString *)string;
+- (void)popDebugGroup;
 @end
 
 @protocol MTLComputeCommandEncoder <MTLCommandEncoder>
@@ -291,6 +295,38 @@ typedef NS_ENUM(NSUInteger, MTLCommandBufferStatus) {
   MTLCommandBufferStatusCompleted = 4,
   MTLCommandBufferStatusError = 5,
 };
+
+/* Per-encoder execution status in a failed command buffer's error (macOS 11): the
+ * NSError's userInfo holds, under MTLCommandBufferEncoderInfoErrorKey, one
+ * MTLCommandBufferEncoderInfo per encoder in recorded order, when the command buffer was
+ * made with MTLCommandBufferErrorOptionEncoderExecutionStatus. */
+extern NSErrorUserInfoKey const MTLCommandBufferEncoderInfoErrorKey CK_SDK_MACOS(11.0);
+
+typedef NS_OPTIONS(NSUInteger, MTLCommandBufferErrorOption) {
+  MTLCommandBufferErrorOptionNone = 0,
+  MTLCommandBufferErrorOptionEncoderExecutionStatus = 1 << 0,
+} CK_SDK_MACOS(11.0);
+
+typedef NS_ENUM(NSInteger, MTLCommandEncoderErrorState) {
+  MTLCommandEncoderErrorStateUnknown = 0,
+  MTLCommandEncoderErrorStateCompleted = 1,
+  MTLCommandEncoderErrorStateAffected = 2,
+  MTLCommandEncoderErrorStatePending = 3,
+  MTLCommandEncoderErrorStateFaulted = 4,
+} CK_SDK_MACOS(11.0);
+
+CK_SDK_MACOS(11.0)
+@interface MTLCommandBufferDescriptor : NSObject <NSCopying>
+@property (readwrite, nonatomic) BOOL retainedReferences;
+@property (readwrite, nonatomic) MTLCommandBufferErrorOption errorOptions;
+@end
+
+CK_SDK_MACOS(11.0)
+@protocol MTLCommandBufferEncoderInfo <NSObject>
+@property (readonly, nonatomic) NSString *label;
+@property (readonly, nonatomic) NSArray<NSString *> *debugSignposts;
+@property (readonly, nonatomic) MTLCommandEncoderErrorState errorState;
+@end
 
 typedef void (^MTLCommandBufferHandler)(id<MTLCommandBuffer>);
 
@@ -321,6 +357,7 @@ typedef void (^MTLCommandBufferHandler)(id<MTLCommandBuffer>);
 @property (readonly) id<MTLDevice> device;
 - (nullable id<MTLCommandBuffer>)commandBuffer;
 - (nullable id<MTLCommandBuffer>)commandBufferWithUnretainedReferences;
+- (nullable id<MTLCommandBuffer>)commandBufferWithDescriptor:(MTLCommandBufferDescriptor *)descriptor CK_SDK_MACOS(11.0);
 #if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
 /* Residency sets added here are resident for every command buffer of the queue. */
 - (void)addResidencySet:(id<MTLResidencySet>)residencySet CK_SDK_MACOS(15.0);

@@ -29,4 +29,8 @@ extern dispatch_queue_t dispatch_queue_create(const char *_Nullable label,
 /* Runs the block on the queue, later, without waiting for it. */
 extern void dispatch_async(dispatch_queue_t queue, dispatch_block_t block);
 
+/* Runs `block` once per process, whatever thread gets there first. */
+typedef intptr_t dispatch_once_t;
+extern void dispatch_once(dispatch_once_t *predicate, NS_NOESCAPE dispatch_block_t block);
+
 NS_ASSUME_NONNULL_END
