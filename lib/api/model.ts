@@ -27,7 +27,7 @@ export interface LoadOptions {
   prefillChunk?: number;
   /**
    * Engine options (ignored by the reference backend): pool size (`pool: "50%"`, `poolSlots`,
-   * `poolBytes`), `backing` ("wired" | "mapped"), `lookahead`, `maxContext`, `trace` (a file
+   * `poolBytes`), `backing` ("wired" | "mapped"), `ioMode` ("direct" | "cached"), `lookahead`, `maxContext`, `trace` (a file
    * for routing traces) and more; see docs/engine.md.
    */
   engine?: EngineOptions;

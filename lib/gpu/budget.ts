@@ -163,6 +163,27 @@ export function planPool(input: PoolBudgetInput): PoolPlan {
 }
 
 /**
+ * The "mapped" backing wraps all of experts.bin as one no-copy buffer, and Metal makes a
+ * wrapped buffer resident as a whole: a file larger than what the working set leaves after
+ * the fixed buffers and the host reserve means paging storms or a failed command buffer,
+ * not streaming. Throws a BudgetError saying so (and what to use instead) unless it fits.
+ */
+export function checkMappedFits(i: { deviceMaxWorkingSet: number; fixedBytes: number; hostReserveBytes: number; fileBytes: number }): void {
+  const room = i.deviceMaxWorkingSet - i.fixedBytes - i.hostReserveBytes;
+  if (i.fileBytes <= room) return;
+  throw new BudgetError(
+    `--backing mapped: experts.bin is ${formatBytes(i.fileBytes)}, more than the working set leaves for it ` +
+      `(working-set limit ${formatBytes(i.deviceMaxWorkingSet)} - fixed buffers ${formatBytes(i.fixedBytes)} - ` +
+      `host reserve ${formatBytes(i.hostReserveBytes)} = ${formatBytes(Math.max(0, room))}). The mapped file is made ` +
+      "resident as a whole, so it is safe only when it fits; use --backing wired (the default), with --io cached " +
+      "to let the page cache keep hot records.",
+    0,
+    0,
+    0,
+  );
+}
+
+/**
  * Parses a pool size as the CLI takes it: "50%" (of all expert records), "512MiB" / "8GiB" /
  * "1.5GB" (bytes), or a plain integer (bytes). Returns the matching planPool override.
  */

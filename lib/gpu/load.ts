@@ -7,7 +7,7 @@ import { dims } from "../model/config.ts";
 import type { ModelFiles } from "../model/format.ts";
 import { Device, type Backend, type Buffer, type Event } from "../shim.ts";
 import { ExpertActivity } from "./activity.ts";
-import { defaultHostReserveBytes, planPool, type PoolBudgetInput, type PoolPlan } from "./budget.ts";
+import { checkMappedFits, defaultHostReserveBytes, planPool, type PoolBudgetInput, type PoolPlan } from "./budget.ts";
 import type { ExpertPool as KernelPool } from "./experts.ts";
 import type { HcConfig } from "./hyperconnection.ts";
 import { MAX_NB, MAX_SNAP } from "./limits.ts";
@@ -28,8 +28,18 @@ export interface EngineOptions {
   poolSlots?: number;
   /** Pool size in bytes. */
   poolBytes?: number;
-  /** "wired" (default: slots filled by uncached reads) or "mapped" (views of the mapped experts.bin). */
+  /**
+   * "wired" (default: slots filled by reads) or "mapped" (views of the mapped experts.bin; only
+   * where the whole file fits the device's working set, else a BudgetError: Metal makes a
+   * wrapped buffer resident as a whole).
+   */
   backing?: Backing;
+  /**
+   * How the wired pool reads records (--io): "direct" (default: uncached, O_DIRECT / F_NOCACHE)
+   * or "cached" (through the page cache, which then keeps hot records the pool evicted; can win
+   * when wired memory leaves the cache room). Ignored by the mapped backing.
+   */
+  ioMode?: IoMode;
   /**
    * Expert-pool eviction: "layer-cyclic" (default: the victim is in the layer whose next visit
    * in the cyclic layer order is farthest away) or "lru" (--pool-policy).
@@ -56,6 +66,9 @@ export interface EngineOptions {
 }
 
 export const DEFAULT_MAX_CONTEXT = 4096;
+
+export type IoMode = "direct" | "cached";
+export const IO_MODES: readonly IoMode[] = ["direct", "cached"];
 export const DEFAULT_PREFILL_CHUNK = 512;
 const DEFAULT_WAIT_TIMEOUT_MS = 10_000;
 
@@ -169,6 +182,8 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
   const x = files.expertLayout;
   const backing = opts.backing ?? "wired";
   if (backing !== "wired" && backing !== "mapped") throw new Error(`engine option backing: ${JSON.stringify(backing)} must be "wired" or "mapped"`);
+  const ioMode = opts.ioMode ?? "direct";
+  if (!IO_MODES.includes(ioMode)) throw new Error(`engine option ioMode: ${JSON.stringify(ioMode)} must be "direct" or "cached"`);
   const poolPolicy = opts.poolPolicy ?? DEFAULT_POOL_POLICY;
   if (!POOL_POLICIES.includes(poolPolicy)) throw new Error(`engine option poolPolicy: ${JSON.stringify(poolPolicy)} must be ${POOL_POLICIES.map((p) => JSON.stringify(p)).join(" or ")}`);
   const maxContext = opts.maxContext === undefined ? DEFAULT_MAX_CONTEXT : positiveInt(opts.maxContext, "maxContext");
@@ -199,6 +214,9 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
     memory.addFixed("dense.bin", dense.bytes);
     if (ple) memory.addFixed("ple.bin", ple.bytes);
     memory.addFixed("scratch", scratchBytes(c, { rows, maxContext }));
+    const expertsBytes = x.stride * x.layers * x.perLayer;
+    if (backing === "mapped")
+      checkMappedFits({ deviceMaxWorkingSet: device.limits.maxWorkingSet, fixedBytes: memory.fixedBytes, hostReserveBytes: memory.hostReserveBytes, fileBytes: expertsBytes });
     memory.addFixed("sequence (one)", sequenceStateBytes(c, maxContext));
     if (c.mtp) memory.addFixed("rollback planes", SnapshotSet.bytes(c));
     memory.addMapped("dense.bin", dense.bytes);
@@ -243,7 +261,8 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
     // pipelines are built on first use, so the self-test and unused kernels never are.
     device.library();
 
-    const scheduler = backing === "wired" ? new IoScheduler(opts.io) : null;
+    // The io mode is the scheduler's default for files it opens (the pool's experts.bin).
+    const scheduler = backing === "wired" ? new IoScheduler({ uncached: ioMode === "direct", ...opts.io }) : null;
     const pool = createExpertPool({
       backing,
       model: files,
@@ -258,7 +277,7 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
     });
     progress(plan.bytes);
     memory.setPool(plan, backing, x.stride);
-    if (backing === "mapped") memory.addMapped("experts.bin", x.stride * x.layers * x.perLayer);
+    if (backing === "mapped") memory.addMapped("experts.bin", expertsBytes);
     if (pool.buffers.length !== 1) throw new Error(`expert pool: ${pool.buffers.length} buffers, the expert kernels bind one`);
     const kernelPool: KernelPool = { buffer: pool.buffers[0]!, slots: pool.slotCount, stride: x.stride, parts };
 

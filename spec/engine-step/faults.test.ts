@@ -105,6 +105,38 @@ describe("engine failures", () => {
     await expect(Model.load(dir, { backend: BACKEND, engine: { pool: "1%" } })).rejects.toThrow(/too small/);
   });
 
+  // Issue 9 item 7: "mapped" makes experts.bin resident as a whole on Metal; safe only when it fits.
+  test("the mapped backing is refused when experts.bin does not fit what the working set leaves", async () => {
+    const huge = 1e15; // a host reserve that leaves the working set nothing
+    const load = Model.load(dir, { backend: BACKEND, engine: { backing: "mapped", poolSlots: 4, hostReserveBytes: huge } });
+    await expect(load).rejects.toBeInstanceOf(BudgetError);
+    await expect(Model.load(dir, { backend: BACKEND, engine: { backing: "mapped", poolSlots: 4, hostReserveBytes: huge } })).rejects.toThrow(
+      /--backing mapped: experts\.bin is .*, more than the working set leaves for it .*made resident as a whole.*use --backing wired/,
+    );
+    // The wired pool with the same explicit size still loads (it may page, but streams).
+    const wired = await Model.load(dir, { backend: BACKEND, engine: { poolSlots: 4, hostReserveBytes: huge } });
+    await wired.close();
+  });
+
+  test("--io cached reads the wired pool through the page cache; direct (the default) asks for uncached reads", async () => {
+    const read = async (ioMode?: "direct" | "cached") => {
+      const model = await Model.load(dir, { backend: BACKEND, engine: { poolSlots: 2, ...(ioMode ? { ioMode } : {}) } });
+      try {
+        await model.generate(c.prompt, { maxTokens: 2, stopAtEos: false });
+        return (model.stats().engine as { io: { mode: string; fallbackReason: string | null; reads: number } }).io;
+      } finally {
+        await model.close();
+      }
+    };
+    const cached = await read("cached");
+    expect(cached).toMatchObject({ mode: "cached", fallbackReason: null });
+    expect(cached.reads).toBeGreaterThan(0);
+    const direct = await read();
+    // Uncached where the platform and file system allow it, else a recorded reason.
+    expect(direct.mode !== "cached" || direct.fallbackReason !== null).toBe(true);
+    await expect(Model.load(dir, { backend: BACKEND, engine: { ioMode: "mmap" as "direct" } })).rejects.toThrow('ioMode: "mmap" must be "direct" or "cached"');
+  });
+
   test("a prompt longer than maxContext is refused before any step; shorter ones still run", async () => {
     const model = await Model.load(dir, { backend: BACKEND, engine: { maxContext: 12 } });
     try {

@@ -156,4 +156,24 @@ describe("cherenkov run with engine flags", () => {
     expect(bad).toBe(2);
     expect(err).toContain("too small");
   });
+
+  test("--io cached: the wired pool reads through the page cache; bad values and --backing mapped are usage errors", async () => {
+    let out = "";
+    const code = await main(["run", dir, "--prompt-tokens", c.prompt.join(","), "--max-tokens", "2", "--backend", BACKEND, "--io", "cached", "--stats", "--json"], {
+      stdout: (t) => (out += t),
+      stderr: () => {},
+      stderrIsTTY: false,
+    });
+    expect(code).toBe(0);
+    expect(JSON.parse(out).stats.engine.io.mode).toBe("cached");
+    for (const [args, message] of [
+      [["--io", "mmap"], /--io/],
+      [["--io", "cached", "--backing", "mapped"], "--io applies to --backing wired"],
+    ] as const) {
+      let err = "";
+      const bad = await main(["run", dir, "--prompt-tokens", "1,2", "--backend", BACKEND, ...args], { stdout: () => {}, stderr: (t) => (err += t), stderrIsTTY: false });
+      expect(bad).toBe(2);
+      expect(err).toMatch(message);
+    }
+  });
 });

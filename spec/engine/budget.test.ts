@@ -1,7 +1,7 @@
 // Expert-pool sizing (lib/gpu/budget.ts): the working-set budget, explicit overrides, the
 // minimum one step needs, and the errors that give the numbers.
 import { expect, test } from "bun:test";
-import { BudgetError, minPoolSlots, parsePoolSize, planPool, type PoolBudgetInput } from "../../lib/gpu/budget.ts";
+import { BudgetError, minPoolSlots, parsePoolSize, planPool, type PoolBudgetInput, checkMappedFits } from "../../lib/gpu/budget.ts";
 
 const GiB = 1024 ** 3;
 const MiB = 1024 ** 2;
@@ -98,4 +98,21 @@ test("--pool sizes parse as fractions or bytes", () => {
   expect(parsePoolSize("4096")).toEqual({ poolBytes: 4096 });
   expect(() => parsePoolSize("150%")).toThrow(/percentage must be in \(0, 100\]/);
   expect(() => parsePoolSize("lots")).toThrow(/expected a percentage/);
+});
+
+test("the mapped backing fits only when experts.bin fits what the working set leaves (issue 9 item 7)", () => {
+  const GiB = 1024 ** 3;
+  expect(() => checkMappedFits({ deviceMaxWorkingSet: 48 * GiB, fixedBytes: 4 * GiB, hostReserveBytes: 8 * GiB, fileBytes: 36 * GiB })).not.toThrow();
+  let err: unknown;
+  try {
+    checkMappedFits({ deviceMaxWorkingSet: 48 * GiB, fixedBytes: 4 * GiB, hostReserveBytes: 8 * GiB, fileBytes: 120 * GiB });
+  } catch (e) {
+    err = e;
+  }
+  expect(err).toBeInstanceOf(BudgetError);
+  expect((err as Error).message).toBe(
+    "--backing mapped: experts.bin is 120.00 GiB, more than the working set leaves for it (working-set limit 48.00 GiB - fixed buffers 4.00 GiB - " +
+      "host reserve 8.00 GiB = 36.00 GiB). The mapped file is made resident as a whole, so it is safe only when it fits; use --backing wired " +
+      "(the default), with --io cached to let the page cache keep hot records.",
+  );
 });

@@ -35,7 +35,10 @@ export const usage: Record<string, string> = {
   Engine options (cpu, metal, auto):
     --pool N% | SIZE     expert pool as a share of all expert records, or bytes (8GiB)
     --pool-slots N       expert pool in records
-    --backing wired|mapped  slots filled by uncached reads (default), or the mapped file
+    --backing wired|mapped  slots filled by reads (default), or the mapped file (only when
+                         experts.bin fits the working set: it is made resident whole)
+    --io direct|cached   wired pool reads: uncached (default), or through the page cache,
+                         which then keeps hot records the pool evicted
     --pool-policy layer-cyclic|lru  eviction: the layer visited farthest away next (default),
                          or the least recently used record
     --no-lookahead       do not run the next layer's router early to prefetch its experts

@@ -5,6 +5,7 @@ import { defaultModelDir } from "../../model/default-model.ts";
 import { MANIFEST_FILE } from "../../model/manifest.ts";
 import type { EngineOptions } from "../../api/engine-backend.ts";
 import { BudgetError, parsePoolSize } from "../../gpu/budget.ts";
+import { IO_MODES, type IoMode } from "../../gpu/load.ts";
 import { choiceFlag, draftsFlag, intFlag, parseFlags, stringFlag, type Flags, UsageError } from "../args.ts";
 import type { CliIO } from "../io.ts";
 
@@ -22,7 +23,13 @@ export function parsePromptTokens(text: string, vocabSize: number, where: string
   });
 }
 
-/** The engine's flags (--pool, --pool-slots, --backing, --pool-policy, --no-lookahead, --max-context, --trace). */
+/** --io direct|cached: how the wired pool reads expert records (shared with serve). */
+export function ioFlag(flags: Flags): IoMode {
+  if (flags.io !== undefined && flags.backing === "mapped") throw new UsageError("--io applies to --backing wired (the mapped backing does no reads)");
+  return choiceFlag(flags, "io", IO_MODES, "direct");
+}
+
+/** The engine's flags (--pool, --pool-slots, --backing, --io, --pool-policy, --no-lookahead, --max-context, --trace). */
 function engineFlags(flags: Flags): EngineOptions {
   const engine: EngineOptions = {};
   const pool = stringFlag(flags, "pool");
@@ -38,6 +45,7 @@ function engineFlags(flags: Flags): EngineOptions {
   }
   if (flags["pool-slots"] !== undefined) engine.poolSlots = intFlag(flags, "pool-slots", 0, 1);
   if (flags.backing !== undefined) engine.backing = choiceFlag(flags, "backing", ["wired", "mapped"] as const, "wired");
+  if (flags.io !== undefined) engine.ioMode = ioFlag(flags);
   if (flags["pool-policy"] !== undefined) engine.poolPolicy = choiceFlag(flags, "pool-policy", ["lru", "layer-cyclic"] as const, "layer-cyclic");
   if (flags["no-lookahead"]) engine.lookahead = false;
   if (flags["max-context"] !== undefined) engine.maxContext = intFlag(flags, "max-context", 4096, 1, 1 << 24);
@@ -62,6 +70,7 @@ export async function runCommand(argv: string[], io: CliIO): Promise<number> {
       pool: { type: "string" },
       "pool-slots": { type: "string" },
       backing: { type: "string" },
+      io: { type: "string" },
       "pool-policy": { type: "string" },
       "no-lookahead": { type: "boolean" },
       "max-context": { type: "string" },

@@ -6,6 +6,7 @@ import { defaultModelDir } from "../../model/default-model.ts";
 import { createServer, type RunningServer } from "../../server/server.ts";
 import { choiceFlag, draftsFlag, intFlag, parseFlags, stringFlag, UsageError } from "../args.ts";
 import type { CliIO } from "../io.ts";
+import { ioFlag } from "./run.ts";
 
 const BACKENDS = ["auto", "reference", "cpu", "metal", "cuda"] as const;
 
@@ -22,6 +23,7 @@ export const serveUsage = `cherenkov serve [DIR] [options]
     --drafts auto|N     MTP drafts per step (same output; needs an MTP head); auto adapts
                         the count to measured acceptance and step cost
     --prefill-chunk N   rows per prefill chunk (default 512)
+    --io direct|cached  expert reads: uncached (default), or through the page cache
     --max-queue N       requests that may wait; more get 503 (default 64)
     --api-key KEY       require "Authorization: Bearer KEY" on /v1/* (or set CHERENKOV_API_KEY)
     --cors              allow cross-origin requests from browsers`;
@@ -39,6 +41,7 @@ export async function startServe(argv: string[], io: CliIO): Promise<{ server: R
       "max-tokens": { type: "string" },
       drafts: { type: "string" },
       "prefill-chunk": { type: "string" },
+      io: { type: "string" },
       "max-queue": { type: "string" },
       "api-key": { type: "string" },
       cors: { type: "boolean" },
@@ -60,7 +63,10 @@ export async function startServe(argv: string[], io: CliIO): Promise<{ server: R
 
   const dir = positionals[0] ?? (await defaultModelDir());
   // the engine sizes its KV caches for the context asked for
-  const engine = contextFlag === undefined ? undefined : { maxContext: contextFlag };
+  const engine = {
+    ...(contextFlag === undefined ? {} : { maxContext: contextFlag }),
+    ...(flags.io === undefined ? {} : { ioMode: ioFlag(flags) }),
+  };
   const model = await Model.load(dir, { backend, prefillChunk, engine }).catch((e: unknown) => {
     throw e instanceof BackendUnavailableError ? new UsageError(`--backend: ${e.message}`) : e;
   });
