@@ -10,9 +10,9 @@
  * engine uses, so the handshake's floor is seen apart from the host's pool work.
  *
  * Options: --tokens N (default 32), --prompt N (prompt tokens, default 32), --pool 50% |
- * --pool-slots N, --backing wired|mapped, --no-lookahead, --drafts N (also time speculative
- * decoding), --model DIR, --only-model (skip the two built-in models; with --model),
- * --json (one JSON object on stdout).
+ * --pool-slots N, --backing wired|mapped, --io direct|cached, --no-lookahead, --drafts N (also
+ * time speculative decoding), --model DIR, --only-model (skip the two built-in models; with
+ * --model), --json (one JSON object on stdout).
  */
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -34,6 +34,7 @@ const { values: opts } = parseArgs({
     pool: { type: "string" },
     "pool-slots": { type: "string" },
     backing: { type: "string", default: "wired" },
+    io: { type: "string", default: "direct" },
     "no-lookahead": { type: "boolean", default: false },
     drafts: { type: "string", default: "0" },
     model: { type: "string" },
@@ -50,7 +51,7 @@ const promptLen = Number(opts.prompt);
 const drafts = Number(opts.drafts);
 
 function engineOptions(): EngineOptions {
-  const o: EngineOptions = { backing: opts.backing as "wired" | "mapped", lookahead: !opts["no-lookahead"] };
+  const o: EngineOptions = { backing: opts.backing as "wired" | "mapped", ioMode: opts.io as "direct" | "cached", lookahead: !opts["no-lookahead"] };
   if (opts.pool) o.pool = opts.pool;
   if (opts["pool-slots"]) o.poolSlots = Number(opts["pool-slots"]);
   return o;
