@@ -134,6 +134,7 @@ static ck_buffer *wrap_buffer(ck_device *dev, void *ptr, double length, int32_t 
   }
   cudaSetDevice(dev->ordinal);
   auto *b = new ck_buffer();
+  b->dev = dev;
   b->length = n;
   b->storage = storage;
   b->host = static_cast<char *>(ptr);
@@ -500,8 +501,6 @@ static int32_t encode_event(ck_cmdbuf *cb, ck_event *ev, double value, ck::Comma
 
 // ---- the device ----------------------------------------------------------------------
 
-static ck_device *g_last_device = nullptr;  // for upload/download (one device per process in practice)
-
 extern "C" {
 
 CK_API const char *ck_last_error(void) { return ck::last_error.c_str(); }
@@ -538,7 +537,6 @@ CK_API ck_device *ck_device_open(void) {
   }
   dev->submitter = std::thread(submit_loop, dev);
   dev->completer = std::thread(complete_loop, dev);
-  g_last_device = dev;
   return dev;
 }
 
@@ -557,7 +555,6 @@ CK_API void ck_device_close(ck_device *dev) {
   cudaStreamDestroy(dev->copy);
   cudaFreeHost(dev->ring_host);
   cudaFree(dev->ring_gpu);
-  if (g_last_device == dev) g_last_device = nullptr;
   delete dev;
 }
 
@@ -592,8 +589,7 @@ static int32_t transfer(ck_buffer *buf, double offset, double length, bool up, c
   if (!ck::to_u64(offset, off) || !ck::to_u64(length, len) || off > buf->length || len > buf->length - off)
     return set_error("%s: range [%.17g, +%.17g) is not inside the buffer's %zu bytes", fn, offset, length, buf->length);
   if (buf->storage == CK_STORAGE_SHARED || len == 0) return CK_OK;
-  ck_device *dev = g_last_device;
-  if (!dev) return set_error("%s: no open device", fn);
+  ck_device *dev = buf->dev;
   std::lock_guard<std::mutex> lk(dev->copy_m);
   cudaError_t e = up ? cudaMemcpyAsync(buf->gpu + off, buf->host + off, len, cudaMemcpyHostToDevice, dev->copy)
                      : cudaMemcpyAsync(buf->host + off, buf->gpu + off, len, cudaMemcpyDeviceToHost, dev->copy);

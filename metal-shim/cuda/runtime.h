@@ -29,7 +29,9 @@ struct Counted {
 constexpr size_t kCancelBytes = 256;
 }  // namespace ck
 
+struct ck_device;
 struct ck_buffer : ck::Counted {
+  ck_device *dev = nullptr;  // for upload/download (its copy stream)
   size_t mapped = 0;     // bytes mmap'd for a shared buffer (munmap after unregistering)
   char *host = nullptr;  // ck_buffer_contents: the shared memory, or a device buffer's mirror
   char *gpu = nullptr;   // what kernels address

@@ -8,7 +8,7 @@ import { join } from "node:path";
 
 import { buildIsStale, localLibraryPath } from "../../metal-shim/build.ts";
 import { findNvcc } from "../../metal-shim/cuda/build.ts";
-import { optionalTool, toolsRequired } from "../optional-tool.ts";
+import { toolsRequired } from "../optional-tool.ts";
 import { generateCuda, rewriteForCuda } from "../../metal-shim/cuda/gen.ts";
 import { collectKernels } from "../../metal-shim/gen-bindings.ts";
 
@@ -55,10 +55,13 @@ test("every pipeline of kernels/ gets one __global__ entry point and one table r
 });
 
 // `bun run build:native` builds the CUDA library where nvcc is; `bun run test` does not (it
-// takes minutes on a 2-core machine), so locally a stale library is skipped with a plain line.
-const nvcc = optionalTool({ tool: "nvcc", path: findNvcc(), checks: "CUDA library checks", enable: "install the CUDA toolkit, then bun run build:native" });
+// takes minutes on a 2-core machine), so locally a stale library is skipped with a plain line;
+// under CI=true (build:native ran first) it must be fresh. Without nvcc nothing is built, and
+// these checks say so plainly: no machine is required to have the CUDA toolkit.
+const nvcc = findNvcc() !== null;
 const fresh = nvcc && (toolsRequired() || !buildIsStale("cuda"));
-if (nvcc && !fresh) console.warn("CUDA library checks: skipped, libcherenkov_cuda.so is older than its sources (run bun run build:native; required when CI=true)");
+if (!nvcc) console.warn("CUDA library checks: skipped, nvcc not found (install the CUDA toolkit, then bun run build:native)");
+else if (!fresh) console.warn("CUDA library checks: skipped, libcherenkov_cuda.so is older than its sources (run bun run build:native; required when CI=true)");
 test.skipIf(!fresh)("build:native built libcherenkov_cuda.so, exporting every cherenkov.h function", () => {
   const lib = localLibraryPath("cuda");
   expect(existsSync(lib)).toBe(true);
