@@ -8,8 +8,13 @@
  *    temperature only, with top-k 40 + top-p 0.95 + min-p 0.05 (the bisections), and with
  *    penalties + 5 logprobs, at each vocabulary size; fastest and median of `iters` runs of
  *    a command buffer holding 8 copies.
- * 2. Decode: examples/models/qwen4-exp-tiny on the engine, decode ms per token for greedy and
- *    the same sampling settings, runs interleaved, median over `iters` generations.
+ *    For comparison, the host path the kernel avoids: the reference sampler (lib/reference,
+ *    plain TypeScript) over the same row already in host memory.
+ * 2. Decode: examples/models/qwen4-exp-tiny on the engine, the median time between streamed
+ *    tokens (after the first two), median over `iters` interleaved generations. The sampled
+ *    cases that use top-k 1 draw exactly greedy's tokens through the whole sampling kernel, so
+ *    the experts they route to (and the pool's misses) are greedy's too: the difference is
+ *    the sampling path's cost. Free sampling routes elsewhere, so it is shown apart.
  */
 import { parseArgs } from "node:util";
 import { join } from "node:path";
@@ -17,7 +22,7 @@ import { Model, type GenerateOptions } from "../../lib/api/model.ts";
 import { encodeArgmax, encodeSample, SamplingScratch, type SampleArgs } from "../../lib/gpu/sampling.ts";
 import { runNow } from "../../lib/gpu/dispatch.ts";
 import { Rng } from "../../lib/model/rng.ts";
-import { samplingParams } from "../../lib/reference/sampling.ts";
+import { PenaltyCounts, sampleToken, samplingParams, tokenLogprobs } from "../../lib/reference/sampling.ts";
 import { Device } from "../../lib/shim.ts";
 
 const { values: args } = parseArgs({
@@ -81,6 +86,19 @@ function benchKernels(dev: Device): KernelRow[] {
         encodeSample(ctx, x, scratch, a);
       });
     }
+    const z = logits.f32.slice(0, vocab);
+    const hostCounts = new PenaltyCounts(vocab, counts.i32.slice(0, 2 * vocab));
+    for (const [name, o] of SETTINGS) {
+      const params = samplingParams(o);
+      const runs: number[] = [];
+      for (let it = 0; it <= Math.min(iters, 3); it++) {
+        const t0 = performance.now();
+        const id = sampleToken(z, { params, seed: 1, position: it, counts: o.repetitionPenalty ? hostCounts : null });
+        if (o.logprobs) tokenLogprobs(z, id, o.topLogprobs ?? 0);
+        if (it > 0) runs.push(performance.now() - t0);
+      }
+      out.push({ vocab, case: `host reference sampler, ${name}`, fastestMs: Math.min(...runs), medianMs: median(runs) });
+    }
     scratch.release();
     for (const b of [logits, ids, margin, counts]) b.release();
   }
@@ -97,14 +115,20 @@ async function benchDecode(): Promise<DecodeRow[]> {
   const dir = join(import.meta.dir, "..", "..", "examples", "models", "qwen4-exp-tiny");
   const model = await Model.load(dir, { backend: "cpu" });
   const prompt = "The cat sat on the mat. The dog";
-  const cases: [string, GenerateOptions][] = [["greedy", {}], ...SETTINGS];
+  const cases: [string, GenerateOptions][] = [
+    ["greedy", {}],
+    ["T 0.8, top-k 1 (greedy's tokens)", { temperature: 0.8, topK: 1 }],
+    ["T 0.8, top-k 1, top-p 0.95, min-p 0.05, 5 logprobs (greedy's tokens)", { temperature: 0.8, topK: 1, topP: 0.95, minP: 0.05, logprobs: true, topLogprobs: 5 }],
+    ...SETTINGS.map(([n, o]): [string, GenerateOptions] => [`${n} (other tokens, other experts)`, o]),
+  ];
   const runs = cases.map(() => [] as number[]);
   try {
     for (let it = 0; it <= iters; it++) {
       for (let c = 0; c < cases.length; c++) {
-        const r = await model.generate(prompt, { maxTokens: tokens, stopAtEos: false, seed: it, ...cases[c]![1] });
-        // decodeMs includes the first token's row (the prompt's last, under sampling): per token after it.
-        if (it > 0) runs[c]!.push(r.timings.decodeMs / r.tokens.length);
+        const times: number[] = [];
+        for await (const _ of model.stream(prompt, { maxTokens: tokens, stopAtEos: false, seed: it, ...cases[c]![1] })) times.push(performance.now());
+        const gaps = times.slice(2).map((t, i) => t - times[i + 1]!);
+        if (it > 0) runs[c]!.push(median(gaps));
       }
     }
   } finally {
@@ -120,7 +144,7 @@ const decode = args["kernels-only"] ? [] : await benchDecode();
 if (args.json) console.log(JSON.stringify({ backend: process.env.CHERENKOV_BACKEND ?? "default", kernels, decode }, null, 2));
 else {
   console.log(`kernels (one row, ms per dispatch: fastest / median of ${iters})`);
-  for (const k of kernels) console.log(`  vocab ${String(k.vocab).padStart(6)}  ${k.case.padEnd(52)} ${k.fastestMs.toFixed(3)} / ${k.medianMs.toFixed(3)}`);
+  for (const k of kernels) console.log(`  vocab ${String(k.vocab).padStart(6)}  ${k.case.padEnd(68)} ${k.fastestMs.toFixed(3)} / ${k.medianMs.toFixed(3)}`);
   if (decode.length) console.log(`decode, examples/models/qwen4-exp-tiny, ${tokens} tokens (ms per token, median of ${iters})`);
-  for (const d of decode) console.log(`  ${d.case.padEnd(44)} ${d.msPerToken.toFixed(2)}`);
+  for (const d of decode) console.log(`  ${d.case.padEnd(76)} ${d.msPerToken.toFixed(2)}`);
 }
