@@ -25,4 +25,4 @@ export { createServer } from "./server/server.ts";
 export type { RunningServer, ServerOptions } from "./server/server.ts";
 export type { EngineOptions } from "./api/engine-backend.ts";
 export type { Checkpoint } from "./api/checkpoint.ts";
-export type { DraftStats, SessionOptions } from "./api/model.ts";
+export type { DraftStats, SessionOptions, TokenLogprob } from "./api/model.ts";
