@@ -1,7 +1,8 @@
 // OpenAI's Responses API (/v1/responses) for text and function tools: what the Vercel AI SDK's
 // default OpenAI provider calls. Input items become chat turns for the model's template;
-// output is a message item (output_text) and function_call items. Nothing is stored: a
-// request carries its whole conversation (previous_response_id is refused).
+// output is a message item (output_text) and function_call items. Output items are kept in
+// memory (item-store.ts) so that item_reference inputs resolve; whole responses are not
+// (previous_response_id is refused: a request carries its conversation).
 import { z } from "zod";
 import type { GenerationResult, TokenLogprob } from "../api/model.ts";
 import type { TemplateMessage } from "../model/tokenizer.ts";
@@ -9,6 +10,7 @@ import { ApiError, fieldError } from "./errors.ts";
 import { chatLogprobs, finishReason } from "./openai.ts";
 import { checkContext, checkModel, checkTools, samplingOptions, templateMessage, type Prepared, type RequestLimits } from "./prepare.ts";
 import { parseRequest, samplingFields } from "./schemas.ts";
+import type { ItemStore } from "./item-store.ts";
 import type { ToolCall } from "./tool-calls.ts";
 import { parseToolCalls } from "./tool-calls.ts";
 
@@ -51,7 +53,7 @@ export const ResponsesRequest = z.object({
   include: z.array(z.string()).nullish(),
   top_logprobs: z.number().int("must be an integer").min(0, "must be in [0, 20]").max(20, "must be in [0, 20]").nullish(),
   metadata: z.record(z.string(), z.string()).nullish(),
-  /** Accepted and unused: nothing is stored, whatever it says. */
+  /** false: this response's items are not kept for item_reference (default true, as OpenAI). */
   store: z.boolean().nullish(),
   user: z.string().nullish(),
 });
@@ -77,15 +79,27 @@ function contentText(content: unknown, path: string): string {
 }
 
 /** Input items as chat turns; consecutive function_call items join one assistant turn. */
-function inputMessages(req: ResponsesRequest): TemplateMessage[] {
+function inputMessages(req: ResponsesRequest, store: ItemStore): TemplateMessage[] {
   const out: TemplateMessage[] = [];
   if (req.instructions) out.push({ role: "system", content: req.instructions });
   if (typeof req.input === "string") {
     out.push({ role: "user", content: req.input });
     return out;
   }
-  req.input.forEach((item, i) => {
+  req.input.forEach((given, i) => {
     const at = `input[${i}]`;
+    let item = given;
+    if (item.type === "item_reference") {
+      const id = item.id;
+      if (typeof id !== "string") throw fieldError(`${at}.id`, "is required");
+      const found = store.get(id);
+      if (!found)
+        throw fieldError(
+          `${at}.id`,
+          `item ${JSON.stringify(id)} is not known to this server (it keeps its last ${store.capacity} output items in memory, none across restarts): send the turn itself, or set store: false in the client (Vercel AI SDK: providerOptions.openai.store = false)`,
+        );
+      item = found.type === "message" ? { type: "message", role: "assistant", content: found.text } : { ...found };
+    }
     const type = item.type ?? "message";
     if (type === "message") {
       const role = item.role;
@@ -112,13 +126,13 @@ function inputMessages(req: ResponsesRequest): TemplateMessage[] {
   return out;
 }
 
-export async function prepareResponse(limits: RequestLimits, body: unknown): Promise<PreparedResponse> {
+export async function prepareResponse(limits: RequestLimits, body: unknown, store: ItemStore): Promise<PreparedResponse> {
   const { modelId, encoder } = limits;
   const req = parseRequest(ResponsesRequest, body);
   checkModel(limits, req.model);
   if (!encoder) throw new ApiError(400, `${modelId} has no tokenizer: use /v1/completions with token ids`, "input");
   if (!(await encoder.info()).hasChatTemplate) throw new ApiError(400, `${modelId} has no chat template: use /v1/completions`, "input");
-  const messages = inputMessages(req);
+  const messages = inputMessages(req, store);
   // Responses' tools are flat ({type, name, parameters}); templates know chat's nested form.
   const chatTools = req.tools?.map((t) => ({ type: "function", function: { name: t.name, description: t.description ?? undefined, parameters: t.parameters ?? undefined } }));
   const tools = await checkTools(limits, chatTools, req.tool_choice, "tools");
@@ -174,6 +188,13 @@ export function functionCallItem(c: ToolCall & { itemId: string }) {
   return { type: "function_call" as const, id: c.itemId, call_id: c.id, name: c.name, arguments: c.arguments, status: "completed" as const };
 }
 
+/** Keeps a finished response's items for item_reference (unless the request said store: false). */
+export function storeOutput(store: ItemStore, req: ResponsesRequest, o: ResponseOutput): void {
+  if (req.store === false) return;
+  if (o.text !== "" || o.calls.length === 0) store.put(o.messageId, { type: "message", text: o.text });
+  for (const c of o.calls) store.put(c.itemId, { type: "function_call", call_id: c.id, name: c.name, arguments: c.arguments });
+}
+
 export function outputItems(o: ResponseOutput, status: "completed" | "incomplete") {
   const items: unknown[] = [];
   if (o.text !== "" || o.calls.length === 0) items.push(messageItem(o.messageId, o.text, status, o.logprobs));
@@ -203,7 +224,7 @@ export function responseObject(
     output,
     parallel_tool_calls: req.parallel_tool_calls ?? true,
     previous_response_id: null,
-    store: false,
+    store: req.store ?? true,
     temperature: req.temperature ?? 0,
     top_p: req.top_p ?? 1,
     text: { format: { type: "text" as const } },

@@ -23,7 +23,9 @@ import {
   responseLogprobs,
   responseObject,
   responseOutput,
+  storeOutput,
 } from "./responses.ts";
+import { ItemStore } from "./item-store.ts";
 import { GenerationQueue } from "./queue.ts";
 import { checkModel, prepareChat, prepareCompletion, type Prepared, type RequestLimits } from "./prepare.ts";
 import { SSE_DONE, SSE_HEADERS, sseData, sseEvent } from "./sse.ts";
@@ -46,6 +48,8 @@ export interface ServerOptions {
   defaultMaxTokens?: number;
   /** MTP drafts per step for every request (speculative decoding: same output, maybe faster). */
   drafts?: number | "auto";
+  /** Output items of /v1/responses kept in memory for `item_reference` inputs (default 1024, least recently used dropped). */
+  storedItems?: number;
   /** When set, /v1/* requests need `Authorization: Bearer <apiKey>`. */
   apiKey?: string;
   /** Requests that may wait for the device; more get 503 (default 64). */
@@ -108,6 +112,8 @@ export function createServer(opts: ServerOptions): RunningServer {
 
   const errorResponse = (e: ApiError) => json(e.toBody(), e.status, e.headers);
 
+  /** Output items of recent /v1/responses answers, for item_reference. */
+  const items = new ItemStore(opts.storedItems ?? 1024);
   const fingerprint = systemFingerprint(model, { contextLength, drafts });
   const encoder = model.tokenizer ? new PromptEncoder(model.dir) : null;
   const limits: RequestLimits = { model, modelId, contextLength, defaultMaxTokens, encoder };
@@ -265,11 +271,12 @@ export function createServer(opts: ServerOptions): RunningServer {
   }
 
   async function responses(req: Request, tag: string, t0: number): Promise<Response> {
-    const job = await prepareResponse(limits, await readJsonBody(req, maxBodyBytes));
+    const job = await prepareResponse(limits, await readJsonBody(req, maxBodyBytes), items);
     const head = responseHeadOf(modelId);
     const messageId = responseItemId("msg");
     const finished = (r: GenerationResult) => {
       const out = responseOutput(r, job.tools, messageId);
+      storeOutput(items, job.req, out);
       const status = openai.finishReason(r.finishReason) === "length" ? "incomplete" : "completed";
       return { out, status, response: responseObject(head, job.req, r, outputItems(out, status)) } as const;
     };

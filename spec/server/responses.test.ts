@@ -100,3 +100,27 @@ describe("refusals", () => {
     expect((await expectError(await post({}), 400)).message).toBe("input: is required");
   });
 });
+
+describe("item_reference (clients that rely on OpenAI storing responses, e.g. the Vercel AI SDK's default store: true)", () => {
+  test("an earlier answer's message item, sent back as a reference, is the same turn as its text", async () => {
+    const first = await client.responses.create({ model: server.modelId, input: question, max_output_tokens: 4 });
+    const item = first.output[0] as OpenAI.Responses.ResponseOutputMessage;
+    expect(first.store).toBe(true);
+    const follow = (prev: OpenAI.Responses.ResponseInputItem) =>
+      client.responses.create({ model: server.modelId, max_output_tokens: 3, input: [{ role: "user", content: question }, prev, { role: "user", content: "More" }] });
+    const byRef = await follow({ type: "item_reference", id: item.id });
+    const inline = await follow({ role: "assistant", content: first.output_text });
+    expect(byRef.usage!.input_tokens).toBe(inline.usage!.input_tokens);
+    expect(byRef.output_text).toBe(inline.output_text);
+  });
+
+  test("an unknown reference, or one of a store: false response, is a 400 that says what to do", async () => {
+    const e = await expectError(await server.post("/v1/responses", { input: [{ type: "item_reference", id: "msg_unknown" }] }), 400);
+    expect(e.param).toBe("input[0].id");
+    expect(e.message).toContain("store: false");
+    const unstored = await client.responses.create({ model: server.modelId, input: question, max_output_tokens: 2, store: false });
+    expect(unstored.store).toBe(false);
+    const id = (unstored.output[0] as OpenAI.Responses.ResponseOutputMessage).id;
+    await expectError(await server.post("/v1/responses", { input: [{ type: "item_reference", id }] }), 400);
+  });
+});

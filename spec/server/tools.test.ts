@@ -188,7 +188,7 @@ describe("a model with a tool-rendering (Qwen-style) chat template", () => {
     expect(calls.map((c) => [c.name, JSON.parse(c.arguments)])).toEqual([["get_weather", { city: "Paris" }]]);
     expect(calls[0]!.call_id).toMatch(/^call_/);
     const streamed = await client.responses.stream({ model: server.modelId, input: "Weather in Paris?", tools: [tool] }).finalResponse();
-    const sc = streamed.output.filter((o): o is OpenAI.Responses.ResponseFunctionToolCall => o.type === "function_call");
+    const sc = streamed.output.filter((o) => o.type === "function_call") as unknown as OpenAI.Responses.ResponseFunctionToolCall[];
     expect(sc.map((c) => [c.name, JSON.parse(c.arguments)])).toEqual([["get_weather", { city: "Paris" }]]);
     // the call and its output sent back: rendered as the chat history would be
     script = null;
