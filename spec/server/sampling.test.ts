@@ -104,3 +104,19 @@ describe("logprobs", () => {
     expect(plain.choices[0]!.logprobs).toBeNull();
   });
 });
+
+test("a server on the engine (CPU backend) samples the reference's text for the same seed", async () => {
+  const { Model } = await import("../../lib/index.ts");
+  const engine = await Model.load(undefined, { backend: "cpu" });
+  const onEngine = startServer(engine);
+  try {
+    const c = new OpenAI({ baseURL: `${onEngine.url}/v1`, apiKey: "unused", maxRetries: 0 });
+    const params = { model: onEngine.modelId, messages, max_tokens: 5, temperature: 0.7, top_k: 20, seed: 3 };
+    const a = await c.chat.completions.create(params as OpenAI.ChatCompletionCreateParamsNonStreaming);
+    const b = await client.chat.completions.create(params as OpenAI.ChatCompletionCreateParamsNonStreaming);
+    expect(a.choices[0]!.message.content).toBe(b.choices[0]!.message.content);
+  } finally {
+    await onEngine.stop();
+    await engine.close();
+  }
+});
