@@ -1,15 +1,16 @@
-// Sessions and models used concurrently, on the reference and on the engine (CPU backend): one
-// operation per session at a time (a second one is refused with SessionBusyError, never
-// interleaved), close() stops a running generation, and separate sessions do not disturb
-// each other.
+// Sessions and models used concurrently, on the reference and on the engine (the selected
+// backend: cpu here, metal on a Mac): one operation per session at a time (a second one is
+// refused with SessionBusyError, never interleaved), close() stops a running generation, and
+// separate sessions do not disturb each other.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { Model, SessionBusyError, SessionClosedError } from "../../lib/index.ts";
+import { BACKEND } from "../selected-backend.ts";
 
 const prompt = "def add(a, b):\n";
 /** Tokens per generation (few: the emulated engine is slow on a loaded 2-core machine). */
 const N = 6;
 
-for (const backend of ["reference", "cpu"] as const) {
+for (const backend of ["reference", BACKEND] as const) {
   describe(`${backend} backend`, () => {
     let model: Model;
     let want: number[];
@@ -91,7 +92,7 @@ for (const backend of ["reference", "cpu"] as const) {
 }
 
 test("Model.close() stops every running generation (reference and engine)", async () => {
-  for (const backend of ["reference", "cpu"] as const) {
+  for (const backend of ["reference", BACKEND] as const) {
     const model = await Model.load(undefined, { backend });
     const tokens: number[] = [];
     const run = (async () => {

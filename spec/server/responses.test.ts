@@ -105,7 +105,7 @@ describe("item_reference (clients that rely on OpenAI storing responses, e.g. th
   test("an earlier answer's message item, sent back as a reference, is the same turn as its text", async () => {
     const first = await client.responses.create({ model: server.modelId, input: question, max_output_tokens: 4 });
     const item = first.output[0] as OpenAI.Responses.ResponseOutputMessage;
-    expect(first.store).toBe(true);
+    expect((first as unknown as { store: boolean }).store).toBe(true);
     const follow = (prev: OpenAI.Responses.ResponseInputItem) =>
       client.responses.create({ model: server.modelId, max_output_tokens: 3, input: [{ role: "user", content: question }, prev, { role: "user", content: "More" }] });
     const byRef = await follow({ type: "item_reference", id: item.id });
@@ -119,7 +119,7 @@ describe("item_reference (clients that rely on OpenAI storing responses, e.g. th
     expect(e.param).toBe("input[0].id");
     expect(e.message).toContain("store: false");
     const unstored = await client.responses.create({ model: server.modelId, input: question, max_output_tokens: 2, store: false });
-    expect(unstored.store).toBe(false);
+    expect((unstored as unknown as { store: boolean }).store).toBe(false);
     const id = (unstored.output[0] as OpenAI.Responses.ResponseOutputMessage).id;
     await expectError(await server.post("/v1/responses", { input: [{ type: "item_reference", id }] }), 400);
   });

@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import OpenAI from "openai";
 import type { Model } from "../../lib/index.ts";
 import { loadModel, startServer, type TestServer } from "./harness.ts";
+import { BACKEND } from "../selected-backend.ts";
 
 let model: Model;
 let server: TestServer;
@@ -105,9 +106,9 @@ describe("logprobs", () => {
   });
 });
 
-test("a server on the engine (CPU backend) samples the reference's text for the same seed", async () => {
+test("a server on the engine (the selected backend) samples the reference's text for the same seed", async () => {
   const { Model } = await import("../../lib/index.ts");
-  const engine = await Model.load(undefined, { backend: "cpu" });
+  const engine = await Model.load(undefined, { backend: BACKEND });
   const onEngine = startServer(engine);
   try {
     const c = new OpenAI({ baseURL: `${onEngine.url}/v1`, apiKey: "unused", maxRetries: 0 });
