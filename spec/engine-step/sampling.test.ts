@@ -1,11 +1,12 @@
 // Sampling end to end on the trained example model (every feature, an MTP head): the engine
-// (CPU backend, the sampling kernel over the logits on the device) draws the same tokens as
+// (on the selected backend, spec/selected-backend.ts; the sampling kernel over the logits on the device) draws the same tokens as
 // the reference backend for the same seed, plain and with speculative drafts (rejection
 // sampling, the same accept/reject decisions), with filters, penalties and logprobs.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { Model } from "../../lib/api/model.ts";
 import type { GenerateOptions } from "../../lib/api/model.ts";
+import { BACKEND } from "../selected-backend.ts";
 
 const DIR = join(import.meta.dir, "..", "..", "examples", "models", "qwen4-exp-tiny");
 const PROMPT = "The cat sat on the mat. The dog";
@@ -14,7 +15,7 @@ const N = 10;
 let engine: Model;
 let reference: Model;
 beforeAll(async () => {
-  engine = await Model.load(DIR, { backend: "cpu" });
+  engine = await Model.load(DIR, { backend: BACKEND });
   reference = await Model.load(DIR, { backend: "reference" });
 });
 afterAll(async () => {
