@@ -65,6 +65,18 @@ describe("non-streaming", () => {
   });
 });
 
+test("log probabilities with include message.output_text.logprobs, streamed and not", async () => {
+  const params = { model: server.modelId, input: question, max_output_tokens: 4, include: ["message.output_text.logprobs" as const], top_logprobs: 2 };
+  const r = await client.responses.create(params);
+  const part = (r.output[0] as OpenAI.Responses.ResponseOutputMessage).content[0] as OpenAI.Responses.ResponseOutputText;
+  expect(part.logprobs).toHaveLength(4);
+  expect(part.logprobs!.map((l) => l.token).join("")).toBe(r.output_text);
+  for (const l of part.logprobs!) expect(l.top_logprobs).toHaveLength(2);
+  const deltas: OpenAI.Responses.ResponseTextDeltaEvent.Logprob[] = [];
+  for await (const e of await client.responses.create({ ...params, stream: true })) if (e.type === "response.output_text.delta") deltas.push(...e.logprobs);
+  expect(deltas.map((l) => l.logprob)).toEqual(part.logprobs!.map((l) => l.logprob));
+});
+
 describe("streaming", () => {
   test("the events in OpenAI's order; the deltas add up to the final text", async () => {
     const whole = await client.responses.create({ model: server.modelId, input: question, max_output_tokens: 8 });
