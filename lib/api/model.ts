@@ -2,7 +2,7 @@
 import type { ModelConfig } from "../model/config.ts";
 import { defaultModelDir } from "../model/default-model.ts";
 import { openModel, type ModelFiles } from "../model/format.ts";
-import { loadTokenizer, type ChatMessage, type TextTokenizer } from "../model/tokenizer.ts";
+import { loadTokenizer, MissingTokenizerError, type ChatMessage, type TextTokenizer } from "../model/tokenizer.ts";
 import { encodeChat } from "../model/chat-encode.ts";
 import { BackendUnavailableError, throwIfAborted, type Backend, type BackendSequence, type SampleRequest, type TokenLogprobs } from "./backend.ts";
 import { checkSeed, hasPenalties, isPlainGreedy, samplingParams, type PenaltyCounts } from "../reference/sampling.ts";
@@ -206,8 +206,12 @@ export class Model {
     let tokenizer: TextTokenizer | null = null;
     try {
       tokenizer = await loadTokenizer(path);
-    } catch {
-      tokenizer = null;
+    } catch (e) {
+      // No tokenizer.json: token-id prompts only. A broken tokenizer is an error, never silence.
+      if (!(e instanceof MissingTokenizerError)) {
+        files.close();
+        throw e;
+      }
     }
     const backend = await openBackend(files, opts);
     return new Model(path, files.config, tokenizer, backend);

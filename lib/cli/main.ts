@@ -4,6 +4,7 @@
 import { ConfigError } from "../model/config.ts";
 import { ModelFormatError } from "../model/errors.ts";
 import { UsageError } from "./args.ts";
+import { OutputDirError } from "../model/safe-write.ts";
 import { convertCommand } from "./commands/convert.ts";
 import { helpText, usage } from "./commands/help.ts";
 import { inspectCommand } from "./commands/inspect.ts";
@@ -46,7 +47,7 @@ export async function main(argv: string[], io: CliIO = processIO()): Promise<num
       io.stderr(`cherenkov ${name}: ${e.message}\n(cherenkov help ${name} shows the options)\n`);
       return 2;
     }
-    if (e instanceof ModelFormatError || e instanceof ConfigError) {
+    if (e instanceof ModelFormatError || e instanceof ConfigError || e instanceof OutputDirError) {
       io.stderr(`cherenkov ${name}: ${e.message}\n`);
       return 1;
     }

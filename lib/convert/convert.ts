@@ -30,6 +30,8 @@ export interface ConvertOptions {
   src: string;
   /** Model directory to write. */
   out: string;
+  /** Write into a non-empty `out`, replacing its model files (default: refuse). */
+  force?: boolean;
   /** Storage of the weights (default q4). */
   weights?: DType;
   /** Attention KV cache type recorded in the config (default q8). */
@@ -137,6 +139,7 @@ export async function convertCheckpoint(opts: ConvertOptions): Promise<ConvertRe
     };
     const w = await ModelWriter.create(opts.out, config, {
       weights,
+      force: opts.force,
       source: { convert: { from: basename(opts.src), format, model_type: raw.model_type, architecture } },
     });
     try {

@@ -15,6 +15,8 @@ import { ConvertError } from "./hf.ts";
 import { Checkpoint } from "./safetensors.ts";
 
 export interface NativeImportOptions {
+  /** Write into a non-empty `out`, replacing its model files (default: refuse). */
+  force?: boolean;
   /** Storage of the weights (default q4). */
   weights?: DType;
   /** Where tokenizer.json / tokenizer_config.json are (default: the source directory). */
@@ -81,7 +83,7 @@ export async function importNative(src: string, out: string, opts: NativeImportO
     if (strays.length)
       throw new ConvertError(`${strays.length} tensor(s) the config has no place for: ${strays.slice(0, 4).join(", ")}${strays.length > 4 ? ", ..." : ""}`, strays[0]);
 
-    const w = await ModelWriter.create(out, config, { weights, source: { native: { from: basename(src) } } });
+    const w = await ModelWriter.create(out, config, { weights, force: opts.force, source: { native: { from: basename(src) } } });
     try {
       for (const s of denseTensorSpecs(config)) w.addDense(s.name, ckpt.readF32(s.name));
       const { layers, per_layer } = w.expertLayout;

@@ -19,6 +19,8 @@ export interface SynthOptions {
   seed: number;
   out: string;
   weights: DType;
+  /** Write into a non-empty `out`, replacing its model files (default: refuse). */
+  force?: boolean;
   /** Called after each tensor, record or table with bytes written so far and in total. */
   onProgress?: (doneBytes: number, totalBytes: number) => void;
   /**
@@ -57,7 +59,7 @@ export async function synthesize(opts: SynthOptions): Promise<SynthResult> {
     opts.onProgress?.(done, total);
   };
 
-  const w = await ModelWriter.create(out, config, { weights, source: { synth: { preset, seed, features } } });
+  const w = await ModelWriter.create(out, config, { weights, force: opts.force, source: { synth: { preset, seed, features } } });
   try {
     for (const spec of denseTensorSpecs(config)) {
       w.addDense(spec.name, initTensor(spec, seed));

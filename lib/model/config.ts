@@ -5,6 +5,37 @@ import { z } from "zod";
 const positiveInt = z.number().int().positive();
 const nonNegativeInt = z.number().int().nonnegative();
 
+/**
+ * Upper bounds of every numeric config field (docs/format.md "Bounds"): far above any real
+ * model, low enough that no loop or allocation sized by a hostile config can hang or exhaust
+ * memory before the file-size checks run.
+ */
+export const CONFIG_LIMITS = {
+  vocab_size: 1 << 22,
+  hidden_size: 1 << 16,
+  num_layers: 1024,
+  /** Attention heads, KV heads, DeltaNet and QSA heads, PLE heads. */
+  heads: 1024,
+  /** Every per-head dimension (attention, DeltaNet keys/values, QSA, PLE). */
+  head_dim: 4096,
+  conv_kernel: 64,
+  hc_streams: 16,
+  sinkhorn_iters: 100,
+  experts: 1 << 16,
+  top_k: 64,
+  intermediate: 1 << 18,
+  qsa_topk: 1 << 24,
+  ple_orders: 8,
+  ple_order: 16,
+  ple_rows: 1 << 28,
+  max_drafts: 16,
+  rope_theta: 1e12,
+  /** rms_norm_eps and hc.eps. */
+  eps: 1,
+} as const;
+const L = CONFIG_LIMITS;
+const upTo = (max: number) => positiveInt.max(max);
+
 export const LayerType = z.enum(["deltanet", "attention"]);
 export type LayerType = z.infer<typeof LayerType>;
 
@@ -14,73 +45,73 @@ export type DType = z.infer<typeof DType>;
 
 const HyperConnection = z.strictObject({
   /** Number of residual streams n; 1 = plain pre-norm residual (no hc tensors). */
-  streams: positiveInt,
-  eps: z.number().positive(),
-  sinkhorn_iters: positiveInt,
+  streams: upTo(L.hc_streams),
+  eps: z.number().positive().max(L.eps),
+  sinkhorn_iters: upTo(L.sinkhorn_iters),
 });
 
 const DeltaNet = z.strictObject({
-  key_heads: positiveInt,
-  key_dim: positiveInt,
-  value_heads: positiveInt,
-  value_dim: positiveInt,
-  conv_kernel: positiveInt,
+  key_heads: upTo(L.heads),
+  key_dim: upTo(L.head_dim),
+  value_heads: upTo(L.heads),
+  value_dim: upTo(L.head_dim),
+  conv_kernel: upTo(L.conv_kernel),
 });
 
 const Qsa = z.strictObject({
-  heads: positiveInt,
-  head_dim: positiveInt,
+  heads: upTo(L.heads),
+  head_dim: upTo(L.head_dim),
   /** Each row attends to at most this many positions (selected by index score). */
-  topk: positiveInt,
+  topk: upTo(L.qsa_topk),
 });
 
 const Attention = z.strictObject({
-  heads: positiveInt,
-  kv_heads: positiveInt,
-  head_dim: positiveInt,
+  heads: upTo(L.heads),
+  kv_heads: upTo(L.heads),
+  head_dim: upTo(L.head_dim),
   partial_rotary_factor: z.number().gt(0).lte(1),
-  rope_theta: z.number().positive(),
+  rope_theta: z.number().positive().max(L.rope_theta),
   kv_cache: z.enum(["q8", "f32"]),
   qsa: Qsa.nullable(),
 });
 
 const Moe = z.strictObject({
-  experts: positiveInt,
-  top_k: positiveInt,
-  intermediate: positiveInt,
+  experts: upTo(L.experts),
+  top_k: upTo(L.top_k),
+  intermediate: upTo(L.intermediate),
   norm_topk_prob: z.boolean(),
   /** Intermediate size of the shared expert; 0 = no shared expert. */
-  shared_intermediate: nonNegativeInt,
+  shared_intermediate: nonNegativeInt.max(L.intermediate),
 });
 
 const Ple = z.strictObject({
-  layers: z.array(nonNegativeInt).min(1),
-  orders: z.array(z.number().int().min(1)).min(1),
-  heads: positiveInt,
-  head_dim: positiveInt,
+  layers: z.array(nonNegativeInt.max(L.num_layers - 1)).min(1).max(L.num_layers),
+  orders: z.array(upTo(L.ple_order)).min(1).max(L.ple_orders),
+  heads: upTo(L.heads),
+  head_dim: upTo(L.head_dim),
   /** rows[o][j]: table size of order index o, head j. */
-  rows: z.array(z.array(positiveInt)),
+  rows: z.array(z.array(upTo(L.ple_rows)).max(L.heads)).max(L.ple_orders),
   /** mult[o][j][i]: odd u32 multipliers of the n-gram hash. */
-  mult: z.array(z.array(z.array(z.number().int().min(1).max(0xffffffff)))),
-  pad_id: nonNegativeInt,
-  conv_kernel: positiveInt,
+  mult: z.array(z.array(z.array(z.number().int().min(1).max(0xffffffff)).max(L.ple_order)).max(L.heads)).max(L.ple_orders),
+  pad_id: nonNegativeInt.max(L.vocab_size - 1),
+  conv_kernel: upTo(L.conv_kernel),
 });
 
 const Mtp = z.strictObject({
-  max_drafts: positiveInt,
+  max_drafts: upTo(L.max_drafts),
 });
 
 export const ModelConfig = z
   .strictObject({
     architecture: z.literal("qwen4-exp"),
-    vocab_size: positiveInt,
-    hidden_size: positiveInt,
-    num_layers: positiveInt,
-    layer_types: z.array(LayerType).min(1),
-    rms_norm_eps: z.number().positive(),
+    vocab_size: upTo(L.vocab_size),
+    hidden_size: upTo(L.hidden_size),
+    num_layers: upTo(L.num_layers),
+    layer_types: z.array(LayerType).min(1).max(L.num_layers),
+    rms_norm_eps: z.number().positive().max(L.eps),
     tie_embeddings: z.boolean(),
-    bos_token_id: nonNegativeInt.nullable(),
-    eos_token_id: nonNegativeInt.nullable(),
+    bos_token_id: nonNegativeInt.max(L.vocab_size - 1).nullable(),
+    eos_token_id: nonNegativeInt.max(L.vocab_size - 1).nullable(),
     hc: HyperConnection,
     deltanet: DeltaNet,
     attention: Attention,

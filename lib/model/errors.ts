@@ -22,3 +22,19 @@ export class ModelFormatError extends Error {
     this.field = info.field;
   }
 }
+
+/**
+ * Bytes read from a model file do not match their checksum in cherenkov.json: the file was
+ * corrupted or changed after it was written. Names the file, the tensor, and for an expert
+ * record its layer and expert.
+ */
+export class ChecksumMismatchError extends ModelFormatError {
+  override name = "ChecksumMismatchError";
+  readonly layer?: number;
+  readonly expert?: number;
+  constructor(message: string, info: ModelFormatErrorInfo & { layer?: number; expert?: number }) {
+    super(message, info);
+    this.layer = info.layer;
+    this.expert = info.expert;
+  }
+}

@@ -1,13 +1,12 @@
 // Reads a model directory (docs/format.md): checks cherenkov.json against the config's tensor
 // inventory and the files' sizes up front, so that every later read is in bounds, then serves
 // tensors as the reference's Weights (dequantized to f32 on first use, cached).
-import { closeSync, openSync, readFileSync, readSync, statSync } from "node:fs";
-import { open } from "node:fs/promises";
+import { closeSync, fstatSync, openSync, read, readSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { checksum } from "./checksum.ts";
 import { decode } from "./codec.ts";
 import { describeIssues, ModelConfig } from "./config.ts";
-import { ModelFormatError } from "./errors.ts";
+import { ChecksumMismatchError, ModelFormatError } from "./errors.ts";
 import {
   DENSE_FILE,
   EXPERTS_FILE,
@@ -16,10 +15,14 @@ import {
   PAGE,
   PLE_FILE,
   alignUp,
+  FORMATS,
+  manifestChecksum,
+  PART_ALIGN,
   type ExpertPart,
   type PleTableEntry,
   type TensorEntry,
 } from "./manifest.ts";
+import { errnoOf, FILE_LIMITS, readTextFile } from "./safe-read.ts";
 import { denseTensorSpecs, expertPartSpecs, tensorBytes } from "./tensors.ts";
 import { expertName, pleTableName, type ExpertWeights, type Weights } from "./weights.ts";
 import { planPle } from "./writer.ts";
@@ -45,11 +48,20 @@ export interface ModelFiles extends Weights {
   readonly paths: { dense: string; experts: string; ple: string | null };
   /** The index entry of a dense tensor; throws naming the tensor if absent. */
   tensorInfo(name: string): TensorEntry;
-  /** The stored bytes of a dense tensor, a view of the mapped dense.bin (no copy). */
+  /** The stored bytes of a dense tensor, read from the held dense.bin and checked against its checksum. */
   denseBytes(name: string): Uint8Array;
+  /**
+   * Reads dense.bin (its first into.length bytes) into `into`, checking every tensor's
+   * checksum as it lands (ChecksumMismatchError naming the tensor).
+   */
+  readDenseInto(into: Uint8Array, onBytes?: (n: number) => void): void;
+  /** The same for ple.bin. */
+  readPleInto(into: Uint8Array, onBytes?: (n: number) => void): void;
+  /** Device and inode of a file held open since openModel (null: the model has no such file). */
+  fileIdentity(file: "dense" | "experts" | "ple"): { dev: number; ino: number; size: number } | null;
   /** Byte offset of record (l, e) in experts.bin. */
   expertOffset(layer: number, e: number): number;
-  /** The stored bytes of record (l, e), read from experts.bin (stride bytes). */
+  /** The stored bytes of record (l, e), read from experts.bin (stride bytes) and checked against its checksum. */
   readExpertRecord(layer: number, e: number, into?: Uint8Array): Uint8Array;
   /** Checks every checksum; throws a ModelFormatError naming the first tensor, record or table that fails. */
   verify(onProgress?: VerifyProgress): Promise<void>;
@@ -89,17 +101,34 @@ export function readManifest(dir: string): ValidManifest {
   const path = join(dir, MANIFEST_FILE);
   let text: string;
   try {
-    text = readFileSync(path, "utf8");
+    text = readTextFile(path, MANIFEST_FILE, FILE_LIMITS.manifest);
   } catch (e) {
-    const code = (e as NodeJS.ErrnoException).code;
-    if (code === "ENOENT") return fail(`${MANIFEST_FILE} is missing in ${dir} (not a model directory, or an unfinished write)`, MANIFEST_FILE);
-    return fail(`${MANIFEST_FILE}: cannot read ${path}: ${code ?? String(e)}`, MANIFEST_FILE);
+    if (errnoOf(e) === "ENOENT") return fail(`${MANIFEST_FILE} is missing in ${dir} (not a model directory, or an unfinished write)`, MANIFEST_FILE);
+    throw e;
   }
   let raw: unknown;
   try {
     raw = JSON.parse(text);
   } catch (e) {
     return fail(`${MANIFEST_FILE}: not valid JSON: ${(e as Error).message}`, MANIFEST_FILE);
+  }
+  if (typeof raw !== "object" || raw === null || Array.isArray(raw)) return fail(`${MANIFEST_FILE}: not a JSON object`, MANIFEST_FILE);
+  const rawObj = raw as Record<string, unknown>;
+  if (!(FORMATS as readonly unknown[]).includes(rawObj.format))
+    return fail(`${MANIFEST_FILE}: format ${JSON.stringify(rawObj.format)} is not supported (this cherenkov reads ${FORMATS.join(", ")})`, MANIFEST_FILE, {
+      field: "format",
+    });
+  if (rawObj.format !== "cherenkov/1") {
+    // cherenkov/2 and later seal the index: any changed value is refused before it is used.
+    if (typeof rawObj.manifest_checksum !== "string")
+      return fail(`${MANIFEST_FILE}: manifest_checksum is missing (format ${JSON.stringify(rawObj.format)} requires it)`, MANIFEST_FILE, { field: "manifest_checksum" });
+    const want = manifestChecksum(rawObj);
+    if (rawObj.manifest_checksum !== want)
+      return fail(
+        `${MANIFEST_FILE}: manifest checksum mismatch (expected ${rawObj.manifest_checksum}, got ${want}): the index was changed or corrupted after it was written`,
+        MANIFEST_FILE,
+        { field: "manifest_checksum" },
+      );
   }
   const parsed = Manifest.safeParse(raw);
   if (!parsed.success) {
@@ -153,6 +182,7 @@ function checkDenseIndex(m: ValidManifest) {
         field: `tensors.${i}.offset`,
       });
   }
+  checkDisjoint(m.tensors.map((t, i) => ({ name: t.name, offset: t.offset, bytes: t.bytes, field: `tensors.${i}.offset` })), "tensor");
   m.tensors.forEach((t, i) => {
     if (!wanted.has(t.name)) fail(`${MANIFEST_FILE}: tensor ${t.name} is not part of this config`, MANIFEST_FILE, { tensor: t.name, field: `tensors.${i}` });
   });
@@ -173,6 +203,20 @@ function checkEntry(t: { dtype: string; shape: number[]; bytes: number }, shape:
       tensor,
       field: `${field}.bytes`,
     });
+}
+
+/** Refuses blocks of one file that share bytes (two tensors must never alias). */
+function checkDisjoint(blocks: { name: string; offset: number; bytes: number; field: string }[], what: string) {
+  const sorted = [...blocks].sort((a, b) => a.offset - b.offset);
+  for (let i = 1; i < sorted.length; i++) {
+    const a = sorted[i - 1]!;
+    const b = sorted[i]!;
+    if (b.offset < a.offset + a.bytes)
+      fail(`${MANIFEST_FILE}: ${what} ${b.name} at ${b.offset} overlaps ${a.name} (${a.offset}..${a.offset + a.bytes})`, MANIFEST_FILE, {
+        tensor: b.name,
+        field: b.field,
+      });
+  }
 }
 
 function checkExpertIndex(m: ValidManifest) {
@@ -196,6 +240,18 @@ function checkExpertIndex(m: ValidManifest) {
     checkEntry(p, spec.shape, `experts.parts.${i}`, tensor);
     if (p.offset + p.bytes > x.stride)
       fail(`${MANIFEST_FILE}: expert part ${spec.name} ends at ${p.offset + p.bytes}, past the stride ${x.stride}`, MANIFEST_FILE, {
+        tensor,
+        field: `experts.parts.${i}.offset`,
+      });
+  });
+  // Parts in order, aligned, and apart: an overlap would make two matrices share bytes.
+  x.parts.forEach((p, i) => {
+    const tensor = `experts.${p.name}`;
+    if (p.offset % PART_ALIGN !== 0)
+      fail(`${MANIFEST_FILE}: expert part ${p.name}: offset ${p.offset} is not a multiple of ${PART_ALIGN}`, MANIFEST_FILE, { tensor, field: `experts.parts.${i}.offset` });
+    const prev = x.parts[i - 1];
+    if (prev && p.offset < prev.offset + prev.bytes)
+      fail(`${MANIFEST_FILE}: expert part ${p.name} at ${p.offset} overlaps or precedes ${prev.name} (${prev.offset}..${prev.offset + prev.bytes})`, MANIFEST_FILE, {
         tensor,
         field: `experts.parts.${i}.offset`,
       });
@@ -224,16 +280,23 @@ function checkPleIndex(m: ValidManifest) {
     if (t.offset % PAGE !== 0)
       fail(`${MANIFEST_FILE}: PLE table ${name}: offset ${t.offset} is not a multiple of ${PAGE}`, MANIFEST_FILE, { tensor: name, field: `ple.tables.${i}.offset` });
   }
+  checkDisjoint(
+    m.ple.tables.map((t, i) => ({ name: key(t), offset: t.offset, bytes: t.bytes, field: `ple.tables.${i}.offset` })),
+    "PLE table",
+  );
   if (m.ple.tables.length !== plan.tables.length)
     fail(`${MANIFEST_FILE}: ple.tables has ${m.ple.tables.length} entries, the config needs ${plan.tables.length}`, MANIFEST_FILE, { field: "ple.tables" });
 }
 
 function fileSize(dir: string, file: string): number {
+  let st;
   try {
-    return statSync(join(dir, file)).size;
+    st = statSync(join(dir, file));
   } catch (e) {
     return fail(`${file} is missing in ${dir} (${(e as NodeJS.ErrnoException).code ?? String(e)})`, file);
   }
+  if (!st.isFile()) fail(`${file}: ${join(dir, file)} is not a regular file (a device, FIFO or directory)`, file);
+  return st.size;
 }
 
 function checkFileSizes(dir: string, m: ValidManifest) {
@@ -297,15 +360,48 @@ class ExpertCache {
   }
 }
 
+/** A model file held open from openModel on: renames and rewrites of the path are invisible. */
+interface HeldFile {
+  readonly fd: number;
+  readonly size: number;
+  readonly dev: number;
+  readonly ino: number;
+}
+
+function holdFile(dir: string, file: string): HeldFile {
+  const path = join(dir, file);
+  let fd: number;
+  try {
+    fd = openSync(path, "r");
+  } catch (e) {
+    return fail(`${file} is missing in ${dir} (${(e as NodeJS.ErrnoException).code ?? String(e)})`, file);
+  }
+  const st = fstatSync(fd);
+  if (!st.isFile()) {
+    closeSync(fd);
+    return fail(`${file}: ${path} is not a regular file`, file);
+  }
+  return { fd, size: st.size, dev: st.dev, ino: st.ino };
+}
+
+/** Reads exactly `into.length` bytes at `position`; a short read (the file shrank) is an error naming `what`. */
+function preadExactly(held: HeldFile, into: Uint8Array, position: number, file: string, what: string, tensor?: string): Uint8Array {
+  let got = 0;
+  while (got < into.length) {
+    const n = readSync(held.fd, into, got, Math.min(into.length - got, 1 << 30), position + got);
+    if (n === 0) fail(`${file}: short read of ${what} (${got} of ${into.length} bytes at offset ${position}): the file was truncated after it was opened`, file, { tensor });
+    got += n;
+  }
+  return into;
+}
+
 class ModelDirectory implements ModelFiles {
   readonly config: ModelConfig;
   readonly expertLayout: ExpertLayout;
   readonly paths: { dense: string; experts: string; ple: string | null };
   private readonly byName: Map<string, TensorEntry>;
   private readonly pleByName: Map<string, PleTableEntry>;
-  private dense: Uint8Array | null;
-  private pleMap: Uint8Array | null = null;
-  private expertsFd: number | null = null;
+  private held: { dense: HeldFile; experts: HeldFile; ple: HeldFile | null } | null;
   private readonly cache = new Map<string, Float32Array>();
   private readonly experts: ExpertCache;
 
@@ -316,9 +412,34 @@ class ModelDirectory implements ModelFiles {
     this.paths = { dense: join(dir, DENSE_FILE), experts: join(dir, EXPERTS_FILE), ple: manifest.ple ? join(dir, PLE_FILE) : null };
     this.byName = new Map(manifest.tensors.map((t) => [t.name, t]));
     this.pleByName = new Map((manifest.ple?.tables ?? []).map((t) => [pleTableName(t.layer, t.order_index, t.head), t]));
-    // MAP_PRIVATE: the model's files are never written through this mapping.
-    this.dense = Bun.mmap(this.paths.dense, { shared: false });
+    // Every file is opened now and held until close(): a writer that replaces them later
+    // (rename) leaves this model on the files it validated. Nothing is mapped: a file
+    // truncated in place gives a clean short-read error here, never SIGBUS.
+    const opened: HeldFile[] = [];
+    try {
+      const hold = (f: string) => {
+        const h = holdFile(dir, f);
+        opened.push(h);
+        return h;
+      };
+      this.held = { dense: hold(DENSE_FILE), experts: hold(EXPERTS_FILE), ple: manifest.ple ? hold(PLE_FILE) : null };
+      checkHeldSizes(manifest, this.held);
+    } catch (e) {
+      for (const h of opened) closeSync(h.fd);
+      throw e;
+    }
     this.experts = new ExpertCache(expertCacheBytes);
+  }
+
+  private files() {
+    if (!this.held) return fail(`model ${this.dir} is closed`, this.dir);
+    return this.held;
+  }
+
+  /** Identity of a held file (device, inode): lets another opener check it reads the same file. */
+  fileIdentity(file: "dense" | "experts" | "ple"): { dev: number; ino: number; size: number } | null {
+    const h = this.files()[file];
+    return h ? { dev: h.dev, ino: h.ino, size: h.size } : null;
   }
 
   has(name: string) {
@@ -333,7 +454,29 @@ class ModelDirectory implements ModelFiles {
 
   denseBytes(name: string): Uint8Array {
     const t = this.tensorInfo(name);
-    return this.denseMap().subarray(t.offset, t.offset + t.bytes);
+    const bytes = preadExactly(this.files().dense, new Uint8Array(t.bytes), t.offset, DENSE_FILE, `tensor ${name}`, name);
+    verifyBytes(bytes, t.checksum, DENSE_FILE, `tensor ${name}`, { tensor: name });
+    return bytes;
+  }
+
+  readDenseInto(into: Uint8Array, onBytes?: (n: number) => void): void {
+    readVerifiedInto(
+      this.files().dense,
+      into,
+      this.manifest.tensors.map((t) => ({ offset: t.offset, bytes: t.bytes, checksum: t.checksum, what: `tensor ${t.name}`, tensor: t.name })),
+      DENSE_FILE,
+      onBytes,
+    );
+  }
+
+  readPleInto(into: Uint8Array, onBytes?: (n: number) => void): void {
+    const h = this.files().ple;
+    if (!h || !this.manifest.ple) return fail(`${PLE_FILE}: this model has no PLE tables`, PLE_FILE);
+    const tables = this.manifest.ple.tables.map((t) => {
+      const name = pleTableName(t.layer, t.order_index, t.head);
+      return { offset: t.offset, bytes: t.bytes, checksum: t.checksum, what: `table ${name}`, tensor: name };
+    });
+    readVerifiedInto(h, into, tables, PLE_FILE, onBytes);
   }
 
   get(name: string): Float32Array {
@@ -354,12 +497,10 @@ class ModelDirectory implements ModelFiles {
 
   readExpertRecord(layer: number, e: number, into = new Uint8Array(this.expertLayout.stride)): Uint8Array {
     const offset = this.expertOffset(layer, e);
-    const fd = (this.expertsFd ??= openSync(this.paths.experts, "r"));
-    const n = readSync(fd, into, 0, this.expertLayout.stride, offset);
-    if (n !== this.expertLayout.stride)
-      fail(`${EXPERTS_FILE}: short read of record layer ${layer} expert ${e} (${n} of ${this.expertLayout.stride} bytes)`, EXPERTS_FILE, {
-        tensor: expertName(layer, e),
-      });
+    if (into.length !== this.expertLayout.stride)
+      fail(`${EXPERTS_FILE}: record buffer of ${into.length} bytes, the stride is ${this.expertLayout.stride}`, EXPERTS_FILE);
+    preadExactly(this.files().experts, into, offset, EXPERTS_FILE, `record layer ${layer} expert ${e}`, expertName(layer, e));
+    verifyExpertRecord(this.manifest, into, layer, e);
     return into;
   }
 
@@ -381,9 +522,10 @@ class ModelDirectory implements ModelFiles {
     let v = this.cache.get(name);
     if (!v) {
       const t = this.pleByName.get(name);
-      if (!t || !this.paths.ple) return fail(`${PLE_FILE}: no table ${name} in this model`, PLE_FILE, { tensor: name });
-      this.pleMap ??= Bun.mmap(this.paths.ple, { shared: false });
-      const bytes = this.pleMap.subarray(t.offset, t.offset + t.bytes);
+      const h = this.files().ple;
+      if (!t || !h) return fail(`${PLE_FILE}: no table ${name} in this model`, PLE_FILE, { tensor: name });
+      const bytes = preadExactly(h, new Uint8Array(t.bytes), t.offset, PLE_FILE, `table ${name}`, name);
+      verifyBytes(bytes, t.checksum, PLE_FILE, `table ${name}`, { tensor: name });
       this.cache.set(name, (v = decode(bytes, [t.rows, this.config.ple!.head_dim], this.manifest.ple!.dtype)));
     }
     return v;
@@ -397,69 +539,110 @@ class ModelDirectory implements ModelFiles {
     const total =
       m.tensors.reduce((s, t) => s + t.bytes, 0) + records * x.stride + pleTables.reduce((s, t) => s + t.bytes, 0);
     let done = 0;
-    const mismatch = (file: string, what: string, tensor: string, expected: string, got: string) =>
-      fail(`${file}: ${what}: checksum mismatch (expected ${expected}, got ${got})`, file, { tensor });
-
-    for (const t of m.tensors) {
-      const got = checksum(this.denseBytes(t.name));
-      if (got !== t.checksum) mismatch(DENSE_FILE, `tensor ${t.name}`, t.name, t.checksum, got);
-      done += t.bytes;
+    const step = (n: number) => {
+      done += n;
       onProgress?.(done, total);
+    };
+    for (const t of m.tensors) {
+      this.denseBytes(t.name);
+      step(t.bytes);
     }
-
     // Records are checked in batches of about 64 MiB read with one positional read each.
     const batch = Math.max(1, Math.floor((64 << 20) / x.stride));
     const buf = new Uint8Array(batch * x.stride);
-    const fh = await open(this.paths.experts, "r");
-    try {
-      for (let first = 0; first < records; first += batch) {
-        const count = Math.min(batch, records - first);
-        const want = count * x.stride;
-        let got = 0;
-        while (got < want) {
-          const { bytesRead } = await fh.read(buf, got, want - got, first * x.stride + got);
-          if (bytesRead === 0) break;
-          got += bytesRead;
-        }
-        for (let k = 0; k < count; k++) {
-          const i = first + k;
-          const l = Math.floor(i / x.perLayer);
-          const e = i % x.perLayer;
-          const sum = checksum(buf.subarray(k * x.stride, Math.min(got, (k + 1) * x.stride)));
-          if (sum !== m.experts.checksums[i])
-            mismatch(EXPERTS_FILE, `record layer ${l} expert ${e}`, expertName(l, e), m.experts.checksums[i]!, sum);
-        }
-        done += want;
-        onProgress?.(done, total);
+    const held = this.files().experts;
+    const readAt = (off: number, len: number, pos: number) =>
+      new Promise<number>((resolve, reject) => read(held.fd, buf, off, len, pos, (err, n) => (err ? reject(err) : resolve(n))));
+    for (let first = 0; first < records; first += batch) {
+      const count = Math.min(batch, records - first);
+      const want = count * x.stride;
+      let got = 0;
+      while (got < want) {
+        const n = await readAt(got, want - got, first * x.stride + got);
+        if (n === 0) break;
+        got += n;
       }
-    } finally {
-      await fh.close();
+      for (let k = 0; k < count; k++) {
+        const i = first + k;
+        verifyExpertRecord(m, buf.subarray(k * x.stride, Math.min(got, (k + 1) * x.stride)), Math.floor(i / x.perLayer), i % x.perLayer);
+      }
+      step(want);
     }
-
-    if (pleTables.length) {
-      this.pleMap ??= Bun.mmap(this.paths.ple!, { shared: false });
-      for (const t of pleTables) {
-        const name = pleTableName(t.layer, t.order_index, t.head);
-        const got = checksum(this.pleMap.subarray(t.offset, t.offset + t.bytes));
-        if (got !== t.checksum) mismatch(PLE_FILE, `table ${name}`, name, t.checksum, got);
-        done += t.bytes;
-        onProgress?.(done, total);
-      }
+    for (const t of pleTables) {
+      this.cache.delete(pleTableName(t.layer, t.order_index, t.head));
+      this.pleTable(t.layer, t.order_index, t.head);
+      step(t.bytes);
     }
   }
 
   close(): void {
-    if (this.expertsFd !== null) closeSync(this.expertsFd);
-    this.expertsFd = null;
-    this.dense = null;
-    this.pleMap = null;
+    if (this.held) for (const h of [this.held.dense, this.held.experts, this.held.ple]) if (h) closeSync(h.fd);
+    this.held = null;
     this.cache.clear();
     this.experts.clear();
   }
+}
 
-  private denseMap(): Uint8Array {
-    if (!this.dense) return fail(`${DENSE_FILE}: model ${this.dir} is closed`, DENSE_FILE);
-    return this.dense;
+/** Checks the held files are long enough for the index (they may differ from the paths' stat). */
+function checkHeldSizes(m: ValidManifest, held: { dense: HeldFile; experts: HeldFile; ple: HeldFile | null }) {
+  const denseEnd = Math.max(0, ...m.tensors.map((t) => t.offset + t.bytes));
+  if (held.dense.size < denseEnd) fail(`${DENSE_FILE} is truncated: ${held.dense.size} bytes, the index needs ${denseEnd}`, DENSE_FILE);
+  const x = m.experts;
+  const expertsEnd = x.layers * x.per_layer * x.stride;
+  if (held.experts.size < expertsEnd) fail(`${EXPERTS_FILE} is truncated: ${held.experts.size} bytes, the index needs ${expertsEnd}`, EXPERTS_FILE);
+  if (m.ple && held.ple) {
+    const pleEnd = Math.max(0, ...m.ple.tables.map((t) => t.offset + t.bytes));
+    if (held.ple.size < pleEnd) fail(`${PLE_FILE} is truncated: ${held.ple.size} bytes, the index needs ${pleEnd}`, PLE_FILE);
   }
 }
 
+/** Throws a ChecksumMismatchError naming `what` when `bytes` do not hash to `expected`. */
+export function verifyBytes(
+  bytes: Uint8Array,
+  expected: string,
+  file: string,
+  what: string,
+  info: { tensor?: string; layer?: number; expert?: number } = {},
+): void {
+  const got = checksum(bytes);
+  if (got !== expected)
+    throw new ChecksumMismatchError(`${file}: ${what}: checksum mismatch (expected ${expected}, got ${got})`, { file, ...info });
+}
+
+/** Verifies expert record (layer, e) (`stride` bytes) against the index. */
+export function verifyExpertRecord(m: Manifest, record: Uint8Array, layer: number, e: number): void {
+  const expected = m.experts.checksums[layer * m.experts.per_layer + e]!;
+  verifyBytes(record, expected, EXPERTS_FILE, `record layer ${layer} expert ${e}`, { tensor: expertName(layer, e), layer, expert: e });
+}
+
+/**
+ * Reads the blocks of a held file into `into` (the file's first into.length bytes; gaps are
+ * read too), checking each block's checksum as it lands. One pass: the load reads these
+ * bytes anyway, so the check costs only the hash.
+ */
+function readVerifiedInto(
+  held: HeldFile,
+  into: Uint8Array,
+  blocks: { offset: number; bytes: number; checksum: string; what: string; tensor: string }[],
+  file: string,
+  onBytes?: (n: number) => void,
+): void {
+  const chunk = 64 << 20;
+  const sorted = [...blocks].sort((a, b) => a.offset - b.offset);
+  let next = 0;
+  const end = Math.min(into.length, held.size);
+  for (let pos = 0; pos < end; pos += chunk) {
+    const n = Math.min(chunk, end - pos);
+    preadExactly(held, into.subarray(pos, pos + n), pos, file, `bytes ${pos}..${pos + n}`);
+    // Every block that now lies wholly in memory.
+    while (next < sorted.length && sorted[next]!.offset + sorted[next]!.bytes <= pos + n) {
+      const b = sorted[next++]!;
+      verifyBytes(into.subarray(b.offset, b.offset + b.bytes), b.checksum, file, b.what, { tensor: b.tensor });
+    }
+    onBytes?.(n);
+  }
+  if (next < sorted.length) {
+    const b = sorted[next]!;
+    fail(`${file}: ${b.what} ends at ${b.offset + b.bytes}, past the ${into.length} bytes read`, file, { tensor: b.tensor });
+  }
+}

@@ -1,9 +1,13 @@
 // cherenkov.json: the schema of a model directory's index, and the layout constants that the
 // writer follows and the reader checks. See docs/format.md.
 import { z } from "zod";
+import { checksum } from "./checksum.ts";
 import { DType } from "./config.ts";
 
-export const FORMAT = "cherenkov/1";
+/** The format writers write: cherenkov/1 plus `manifest_checksum` (see {@link manifestChecksum}). */
+export const FORMAT = "cherenkov/2";
+/** Formats readers accept: cherenkov/1 (no manifest checksum) still loads. */
+export const FORMATS = ["cherenkov/1", FORMAT] as const;
 export const MANIFEST_FILE = "cherenkov.json";
 export const DENSE_FILE = "dense.bin";
 export const EXPERTS_FILE = "experts.bin";
@@ -72,7 +76,9 @@ export const PleIndex = z.object({
 export type PleIndex = z.infer<typeof PleIndex>;
 
 export const Manifest = z.object({
-  format: z.literal(FORMAT),
+  format: z.enum(FORMATS),
+  /** cherenkov/2: xxhash64 of this object's JSON without this field (see manifestChecksum). */
+  manifest_checksum: Hex64.optional(),
   /** The dtype the model's weights were written with (q4, bf16, f16 or f32). */
   weights: DType,
   /** Validated separately (parseConfig) so its errors read "config.<field>". */
@@ -83,3 +89,20 @@ export const Manifest = z.object({
   writer: z.object({ name: z.string(), version: z.string(), source: z.record(z.string(), z.unknown()).optional() }),
 });
 export type Manifest = z.infer<typeof Manifest>;
+
+/**
+ * The checksum of a manifest: xxhash64 of `JSON.stringify` of the parsed object with its
+ * `manifest_checksum` field left out, keys in file order. Any change to a value (a flipped
+ * digit of an offset, a config number) changes it; re-indenting the file does not.
+ */
+export function manifestChecksum(raw: Record<string, unknown>): string {
+  const { manifest_checksum: _, ...rest } = raw;
+  return checksum(new TextEncoder().encode(JSON.stringify(rest)));
+}
+
+/** Sets `manifest_checksum` of a parsed manifest after its values were changed (tools, tests). */
+export function sealManifest<T extends Record<string, unknown>>(raw: T): T {
+  const { format, manifest_checksum: _, ...rest } = raw;
+  const body = { format, ...rest };
+  return { format, manifest_checksum: manifestChecksum(body), ...rest } as unknown as T;
+}

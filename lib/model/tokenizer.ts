@@ -2,10 +2,12 @@
 // chat template of tokenizer_config.json through @huggingface/jinja.
 import { Template } from "@huggingface/jinja";
 import { Tokenizer } from "@huggingface/tokenizers";
-import { readFileSync } from "node:fs";
 import { join } from "node:path";
+import { renderChatTemplateAsync, renderChatTemplateSync } from "./chat-template.ts";
+import { CONFIG_LIMITS } from "./config.ts";
 import { ModelFormatError } from "./errors.ts";
 import { MANIFEST_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE } from "./manifest.ts";
+import { errnoOf, FILE_LIMITS, readTextFile } from "./safe-read.ts";
 
 export interface ChatMessage {
   role: string;
@@ -33,25 +35,34 @@ export interface TextTokenizer {
   /** The strings of the special added tokens (<|im_start|>, <|endoftext|>, ...). */
   readonly specialTokens: string[];
   decode(ids: number[], opts?: { skipSpecialTokens?: boolean }): string;
-  /** The prompt text the chat template makes of `messages` (and of `tools`, for templates that render them). */
+  /**
+   * The prompt text the chat template makes of `messages` (and of `tools`, for templates that
+   * render them), rendered in a worker with limits (lib/model/chat-template.ts); blocks this
+   * thread until done (at most the time limit).
+   */
   applyChatTemplate(messages: (ChatMessage | TemplateMessage)[], opts?: { addGenerationPrompt?: boolean; tools?: unknown[] }): string;
+  /** The same without blocking this thread. */
+  applyChatTemplateAsync(messages: (ChatMessage | TemplateMessage)[], opts?: { addGenerationPrompt?: boolean; tools?: unknown[] }): Promise<string>;
   readonly eosTokenIds: number[];
   /** One more than the largest id the tokenizer knows. */
   readonly vocabSize: number;
   readonly hasChatTemplate: boolean;
 }
 
-function readJson(dir: string, file: string, required: boolean): Record<string, unknown> | null {
+/** tokenizer.json is absent from `dir` (a model without a tokenizer takes token ids only). */
+export class MissingTokenizerError extends ModelFormatError {
+  override name = "MissingTokenizerError";
+}
+
+function readJson(dir: string, file: string, required: boolean, maxBytes: number): Record<string, unknown> | null {
   let text: string;
   try {
-    text = readFileSync(join(dir, file), "utf8");
+    text = readTextFile(join(dir, file), file, maxBytes);
   } catch (e) {
-    const code = (e as NodeJS.ErrnoException).code;
+    const code = errnoOf(e);
     if (code === "ENOENT" && !required) return null;
-    throw new ModelFormatError(
-      code === "ENOENT" ? `${file} is missing in ${dir} (the model has no tokenizer)` : `${file}: cannot read: ${code ?? e}`,
-      { file },
-    );
+    if (code === "ENOENT") throw new MissingTokenizerError(`${file} is missing in ${dir} (the model has no tokenizer)`, { file });
+    throw e;
   }
   try {
     const v = JSON.parse(text);
@@ -69,9 +80,41 @@ function tokenText(v: unknown): string | null {
   return null;
 }
 
+/** Checks that a token id from tokenizer.json is an integer the library can index with. */
+function checkId(id: unknown, where: string): void {
+  if (typeof id !== "number" || !Number.isInteger(id) || id < 0 || id >= CONFIG_LIMITS.vocab_size)
+    throw new ModelFormatError(`${TOKENIZER_FILE}: ${where}: id ${JSON.stringify(id)} is not an integer in 0..${CONFIG_LIMITS.vocab_size - 1}`, {
+      file: TOKENIZER_FILE,
+      field: where,
+    });
+}
+
+/**
+ * Validates every token id of tokenizer.json before the tokenizer library sees it: the
+ * library sizes arrays by the largest id (an id of 2^31 makes every load spin).
+ */
+function checkTokenizerIds(json: Record<string, unknown>): void {
+  const added = json.added_tokens;
+  if (added !== undefined && added !== null) {
+    if (!Array.isArray(added)) throw new ModelFormatError(`${TOKENIZER_FILE}: added_tokens is not an array`, { file: TOKENIZER_FILE, field: "added_tokens" });
+    added.forEach((t, i) => checkId((t as { id?: unknown } | null)?.id, `added_tokens.${i}.id`));
+  }
+  const model = json.model as { vocab?: unknown; unk_id?: unknown } | undefined;
+  if (!model || typeof model !== "object") throw new ModelFormatError(`${TOKENIZER_FILE}: model is missing`, { file: TOKENIZER_FILE, field: "model" });
+  const vocab = model.vocab;
+  if (Array.isArray(vocab)) {
+    if (vocab.length > CONFIG_LIMITS.vocab_size)
+      throw new ModelFormatError(`${TOKENIZER_FILE}: model.vocab has ${vocab.length} entries, more than ${CONFIG_LIMITS.vocab_size}`, { file: TOKENIZER_FILE, field: "model.vocab" });
+    if (model.unk_id !== undefined && model.unk_id !== null) checkId(model.unk_id, "model.unk_id");
+  } else if (vocab && typeof vocab === "object") {
+    for (const [token, id] of Object.entries(vocab)) checkId(id, `model.vocab[${JSON.stringify(token).slice(0, 40)}]`);
+  }
+}
+
 export async function loadTokenizer(dir: string): Promise<TextTokenizer> {
-  const json = readJson(dir, TOKENIZER_FILE, true)!;
-  const config = readJson(dir, TOKENIZER_CONFIG_FILE, false) ?? {};
+  const json = readJson(dir, TOKENIZER_FILE, true, FILE_LIMITS.tokenizer)!;
+  const config = readJson(dir, TOKENIZER_CONFIG_FILE, false, FILE_LIMITS.tokenizerConfig) ?? {};
+  checkTokenizerIds(json);
   let tokenizer: Tokenizer;
   try {
     tokenizer = new Tokenizer(json, config);
@@ -79,18 +122,36 @@ export async function loadTokenizer(dir: string): Promise<TextTokenizer> {
     throw new ModelFormatError(`${TOKENIZER_FILE}: cannot build the tokenizer: ${(e as Error).message}`, { file: TOKENIZER_FILE });
   }
   const chatTemplate = typeof config.chat_template === "string" ? config.chat_template : null;
-  let template: Template | null = null;
+  if (chatTemplate !== null) {
+    // Parsing is bounded by the file's size cap; rendering is what runs in the worker.
+    try {
+      new Template(chatTemplate);
+    } catch (e) {
+      throw new ModelFormatError(`${TOKENIZER_CONFIG_FILE}: chat_template does not parse: ${(e as Error).message}`, {
+        file: TOKENIZER_CONFIG_FILE,
+        field: "chat_template",
+      });
+    }
+  }
 
   const eos = new Set<number>();
   const eosText = tokenText(config.eos_token);
   const eosId = eosText === null ? undefined : tokenizer.token_to_id(eosText);
   if (eosId !== undefined) eos.add(eosId);
   // The model's own end token (cherenkov.json) counts too, when it sits next to the tokenizer.
+  let manifestText: string | null = null;
   try {
-    const m = JSON.parse(readFileSync(join(dir, MANIFEST_FILE), "utf8"));
-    if (typeof m?.config?.eos_token_id === "number") eos.add(m.config.eos_token_id);
+    manifestText = readTextFile(join(dir, MANIFEST_FILE), MANIFEST_FILE, FILE_LIMITS.manifest);
+  } catch (e) {
+    // a tokenizer without a model directory around it is fine; a bad one is openModel's to report
+    if (errnoOf(e) !== "ENOENT" && !(e instanceof ModelFormatError)) throw e;
+  }
+  try {
+    const m = manifestText === null ? null : JSON.parse(manifestText);
+    const id = m?.config?.eos_token_id;
+    if (typeof id === "number" && Number.isInteger(id) && id >= 0 && id < CONFIG_LIMITS.vocab_size) eos.add(id);
   } catch {
-    // a tokenizer without a model directory around it is fine
+    // not JSON: openModel names that error
   }
   let maxId = -1;
   for (const id of tokenizer.get_vocab(true).values()) if (id > maxId) maxId = id;
@@ -102,6 +163,18 @@ export async function loadTokenizer(dir: string): Promise<TextTokenizer> {
     if (id === undefined) throw new ModelFormatError(`${TOKENIZER_FILE}: the model produced the piece ${JSON.stringify(token)}, which has no id`, { file: TOKENIZER_FILE });
     return id;
   };
+  const requireTemplate = (): string => {
+    if (chatTemplate === null)
+      throw new ModelFormatError(`${TOKENIZER_CONFIG_FILE} has no chat_template (in ${dir})`, { file: TOKENIZER_CONFIG_FILE, field: "chat_template" });
+    return chatTemplate;
+  };
+  const context = (messages: (ChatMessage | TemplateMessage)[], opts: { addGenerationPrompt?: boolean; tools?: unknown[] }) => ({
+    messages,
+    ...(opts.tools && opts.tools.length > 0 ? { tools: opts.tools } : {}),
+    add_generation_prompt: opts.addGenerationPrompt ?? false,
+    bos_token: specialText("bos_token") ?? "",
+    eos_token: specialText("eos_token") ?? "",
+  });
   return {
     specialTokens,
     // The library's own pipeline minus its added-token splitter: normalize, pre-tokenize, model.
@@ -118,16 +191,14 @@ export async function loadTokenizer(dir: string): Promise<TextTokenizer> {
     // (the library refuses an empty list)
     decode: (ids, opts = {}) => (ids.length === 0 ? "" : tokenizer.decode(ids, { skip_special_tokens: opts.skipSpecialTokens ?? false })),
     applyChatTemplate(messages, opts = {}) {
-      if (chatTemplate === null)
-        throw new ModelFormatError(`${TOKENIZER_CONFIG_FILE} has no chat_template (in ${dir})`, { file: TOKENIZER_CONFIG_FILE, field: "chat_template" });
-      template ??= new Template(chatTemplate);
-      return template.render({
-        messages,
-        ...(opts.tools && opts.tools.length > 0 ? { tools: opts.tools } : {}),
-        add_generation_prompt: opts.addGenerationPrompt ?? false,
-        bos_token: specialText("bos_token") ?? "",
-        eos_token: specialText("eos_token") ?? "",
-      });
+      return renderChatTemplateSync(requireTemplate(), context(messages, opts));
+    },
+    applyChatTemplateAsync(messages, opts = {}) {
+      try {
+        return renderChatTemplateAsync(requireTemplate(), context(messages, opts));
+      } catch (e) {
+        return Promise.reject(e);
+      }
     },
   };
 }

@@ -1,8 +1,7 @@
 // Writes a model directory tensor by tensor, so that memory stays at one tensor or one expert
 // record however large the model is. cherenkov.json is written last: a directory without it
 // is an unfinished write, never a model.
-import { closeSync, ftruncateSync, mkdirSync, openSync, rmSync, writeFileSync, writeSync } from "node:fs";
-import { join } from "node:path";
+import { closeSync, ftruncateSync, rmSync, writeSync } from "node:fs";
 import pkg from "../../package.json";
 import { checksum } from "./checksum.ts";
 import { encode, encodeInto } from "./codec.ts";
@@ -24,7 +23,9 @@ import {
   type PleIndex,
   type PleTableEntry,
   type TensorEntry,
+  manifestChecksum,
 } from "./manifest.ts";
+import { openTemp, prepareOutputDir, publish, removeEntry, writeFileAtomic } from "./safe-write.ts";
 import { denseTensorSpecs, expertPartSpecs, numel, storageDType, tensorBytes, type TensorSpec } from "./tensors.ts";
 import type { ExpertWeights } from "./weights.ts";
 
@@ -32,6 +33,8 @@ export interface WriterOptions {
   weights: DType;
   /** Free-form description of where the weights came from (preset, seed, checkpoint...). */
   source?: Record<string, unknown>;
+  /** Write into a non-empty directory, replacing its model files (each by rename). Default false: refuse. */
+  force?: boolean;
 }
 
 /** The expert record layout of a config written with `weights`: parts at PART_ALIGN offsets. */
@@ -106,12 +109,14 @@ export class ModelWriter {
   private readonly plePlan: ReturnType<typeof planPle>;
   private readonly pleTables: PleTableEntry[] = [];
   private finished = false;
+  private tokenizer: { json: string; config: string } | null = null;
 
   private constructor(
     readonly dir: string,
     readonly config: ModelConfig,
     readonly options: WriterOptions,
     private readonly fds: { dense: number; experts: number; ple: number | null },
+    private readonly temps: Map<string, string>,
   ) {
     this.specs = denseTensorSpecs(config);
     this.expertPlan = planExperts(config, options.weights);
@@ -119,17 +124,30 @@ export class ModelWriter {
     this.plePlan = planPle(config, options.weights);
   }
 
-  /** Creates `dir` (and parents) and opens its binary files for writing, truncating old ones. */
+  /**
+   * Creates `dir` (and parents), or takes an existing empty one (a non-empty one only with
+   * `force`), and opens temporary files for the binary files. Nothing under the final names
+   * changes before finish(), which renames the finished files into place (cherenkov.json
+   * last): a model loaded from the old files keeps its old inodes, symlinks in `dir` are
+   * replaced, never written through.
+   */
   static async create(dir: string, config: ModelConfig, options: WriterOptions): Promise<ModelWriter> {
-    mkdirSync(dir, { recursive: true });
-    // An old index must not describe the half-written files that follow.
-    rmSync(join(dir, MANIFEST_FILE), { force: true });
-    const open = (f: string) => openSync(join(dir, f), "w");
-    return new ModelWriter(dir, config, options, {
-      dense: open(DENSE_FILE),
-      experts: open(EXPERTS_FILE),
-      ple: config.ple ? open(PLE_FILE) : null,
-    });
+    prepareOutputDir(dir, options.force ?? false);
+    const temps = new Map<string, string>();
+    const fds: number[] = [];
+    const open = (f: string) => {
+      const t = openTemp(dir, f);
+      temps.set(f, t.path);
+      fds.push(t.fd);
+      return t.fd;
+    };
+    try {
+      return new ModelWriter(dir, config, options, { dense: open(DENSE_FILE), experts: open(EXPERTS_FILE), ple: config.ple ? open(PLE_FILE) : null }, temps);
+    } catch (e) {
+      for (const fd of fds) closeSync(fd);
+      for (const p of temps.values()) rmSync(p, { force: true });
+      throw e;
+    }
   }
 
   /** Dense tensors written so far / in total. */
@@ -251,8 +269,7 @@ export class ModelWriter {
   /** Writes tokenizer.json and tokenizer_config.json (the Hugging Face files). */
   setTokenizer(tokenizerJson: object, tokenizerConfig: object): void {
     this.checkOpen();
-    writeFileSync(join(this.dir, TOKENIZER_FILE), JSON.stringify(tokenizerJson));
-    writeFileSync(join(this.dir, TOKENIZER_CONFIG_FILE), JSON.stringify(tokenizerConfig, null, 2));
+    this.tokenizer = { json: JSON.stringify(tokenizerJson), config: JSON.stringify(tokenizerConfig, null, 2) };
   }
 
   /** Checks that everything was written, pads the files to whole pages and writes cherenkov.json. */
@@ -278,7 +295,7 @@ export class ModelWriter {
       ftruncateSync(this.fds.ple, alignUp(last.offset + last.bytes, PAGE));
     }
     this.close();
-    const manifest: Manifest = {
+    const body = {
       format: FORMAT,
       weights: this.options.weights,
       config: this.config,
@@ -287,13 +304,26 @@ export class ModelWriter {
       ple: this.plePlan ? { dtype: this.plePlan.dtype, tables: this.pleTables } : null,
       writer: { name: pkg.name, version: pkg.version, ...(this.options.source ? { source: this.options.source } : {}) },
     };
-    await Bun.write(join(this.dir, MANIFEST_FILE), JSON.stringify(manifest, null, 1) + "\n");
+    const { format, ...rest } = body;
+    const manifest = { format, manifest_checksum: manifestChecksum(body), ...rest } as Manifest;
+    // The old index goes first: between the renames below the directory is an unfinished write.
+    removeEntry(this.dir, MANIFEST_FILE);
+    for (const [name, temp] of this.temps) publish(temp, this.dir, name);
+    this.temps.clear();
+    if (!this.config.ple) removeEntry(this.dir, PLE_FILE);
+    if (this.tokenizer) {
+      writeFileAtomic(this.dir, TOKENIZER_FILE, this.tokenizer.json);
+      writeFileAtomic(this.dir, TOKENIZER_CONFIG_FILE, this.tokenizer.config);
+    }
+    writeFileAtomic(this.dir, MANIFEST_FILE, JSON.stringify(manifest, null, 1) + "\n");
     return manifest;
   }
 
   /** Closes the files without writing a manifest (for aborted writes). */
   abort(): void {
     if (!this.finished) this.close();
+    for (const temp of this.temps.values()) rmSync(temp, { force: true });
+    this.temps.clear();
   }
 
   private close() {

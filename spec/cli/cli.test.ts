@@ -85,7 +85,7 @@ describe("inspect", () => {
     const r = await cli("inspect", tiny);
     expect(r.code).toBe(0);
     const out = r.stdout;
-    expect(out).toContain("cherenkov/1, weights q4");
+    expect(out).toContain("cherenkov/2, weights q4");
     expect(out).toContain("config: qwen4-exp, vocab 320, hidden 64, 4 layers (3 deltanet, 1 attention)");
     expect(out).toMatch(/dense\.bin\s+[\d.]+ MB\s+\d+ bytes/);
     expect(out).toMatch(/experts: 5 layers x 8 records, stride 16384 bytes/);
@@ -192,5 +192,5 @@ test("as a process: bun run cherenkov exits 2 on out-of-vocabulary tokens, 0 on 
   expect(bad.stderr.toString()).toContain("token 99999 is outside the vocabulary");
   const ok = Bun.spawnSync(["bun", "lib/cli/main.ts", "inspect", tiny, "--json"], { cwd });
   expect(ok.exitCode).toBe(0);
-  expect(JSON.parse(ok.stdout.toString()).format).toBe("cherenkov/1");
+  expect(JSON.parse(ok.stdout.toString()).format).toBe("cherenkov/2");
 });

@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { synthesize } from "../../lib/convert/synth.ts";
 import { ModelFormatError } from "../../lib/model/errors.ts";
 import { openModel } from "../../lib/model/format.ts";
-import type { Manifest } from "../../lib/model/manifest.ts";
+import { sealManifest, type Manifest } from "../../lib/model/manifest.ts";
 import { loadTokenizer } from "../../lib/model/tokenizer.ts";
 
 const root = mkdtempSync(join(tmpdir(), "cherenkov-errors-"));
@@ -24,10 +24,11 @@ function copy(): string {
 }
 
 const manifestOf = (dir: string): Manifest => JSON.parse(readFileSync(join(dir, "cherenkov.json"), "utf8"));
+/** Edits cherenkov.json and seals it again (a valid manifest checksum), so later checks are reached. */
 const editManifest = (dir: string, edit: (m: any) => void) => {
   const m = manifestOf(dir);
   edit(m);
-  writeFileSync(join(dir, "cherenkov.json"), JSON.stringify(m));
+  writeFileSync(join(dir, "cherenkov.json"), JSON.stringify(sealManifest(m as any)));
 };
 
 function flipByte(path: string, at: number) {

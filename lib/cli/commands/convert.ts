@@ -14,12 +14,13 @@ export const convertUsage = `cherenkov convert SRC_DIR OUT_DIR [options]
     --dtype q4|bf16|f32  weight storage (default q4; MLX 4-bit weights pass through bit-exact)
     --kv q8|f32          attention KV cache type recorded in the config (default q8)
     --no-mtp             leave out the MTP draft head even when the checkpoint has one
-    --progress           draw the progress bar even when stderr is not a terminal`;
+    --progress           draw the progress bar even when stderr is not a terminal
+    --force              write into a non-empty OUT_DIR, replacing its model files`;
 
 export async function convertCommand(argv: string[], io: CliIO = processIO()): Promise<number> {
   const { flags, positionals } = parseFlags(
     argv,
-    { dtype: { type: "string" }, kv: { type: "string" }, "no-mtp": { type: "boolean" }, progress: { type: "boolean" } },
+    { dtype: { type: "string" }, kv: { type: "string" }, "no-mtp": { type: "boolean" }, progress: { type: "boolean" }, force: { type: "boolean" } },
     2,
   );
   if (positionals.length < 2) throw new UsageError("needs SRC_DIR and OUT_DIR");
@@ -28,7 +29,7 @@ export async function convertCommand(argv: string[], io: CliIO = processIO()): P
   const kvCache = choiceFlag(flags, "kv", ["q8", "f32"] as const, "q8");
   if (isNativeCheckpoint(src)) {
     // safetensors with cherenkov's own tensor names (spec/train exports qwen4-exp this way)
-    await importNative(src, out, { weights, log: (l) => io.stderr(l + "\n") });
+    await importNative(src, out, { weights, force: flags.force === true, log: (l) => io.stderr(l + "\n") });
     io.stdout(`wrote ${out}: native qwen4-exp, ${weights}\n`);
     return 0;
   }
@@ -40,6 +41,7 @@ export async function convertCommand(argv: string[], io: CliIO = processIO()): P
       weights,
       kvCache,
       mtp: !flags["no-mtp"],
+      force: flags.force === true,
       onProgress: (d, t) => bar.update(d, t),
       log: (line) => io.stderr(`${line}\n`),
     });

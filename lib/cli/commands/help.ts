@@ -9,7 +9,8 @@ export const usage: Record<string, string> = {
   Writes a seeded random qwen4-exp model (every feature on unless switched off).
     --preset tiny|small|30b-a3b-shape|80b-a3b-shape
     --seed N            random seed (default 0); the same seed gives the same bytes
-    --out DIR           model directory to write (created; existing files are replaced)
+    --out DIR           model directory to write (created; must be empty unless --force)
+    --force             write into a non-empty DIR: its model files are replaced by rename
     --dtype q4|bf16|f32 weight storage (default q4)
     --no-hc --no-qsa --no-ple --no-mtp   switch a feature off (n = 1, dense attention, ...)
     --kv f32|q8         attention KV cache type recorded in the config (default q8)

@@ -19,6 +19,7 @@ export async function synthCommand(argv: string[], io: CliIO): Promise<number> {
       "no-ple": { type: "boolean" },
       "no-mtp": { type: "boolean" },
       progress: { type: "boolean" },
+      force: { type: "boolean" },
     },
     0,
   );
@@ -36,7 +37,7 @@ export async function synthCommand(argv: string[], io: CliIO): Promise<number> {
     kvCache,
   };
   const bar = new ProgressBar("synth", progressSink(io, flags.progress === true));
-  const r = await synthesize({ preset, features, seed, out, weights, onProgress: (d, t) => bar.update(d, t) });
+  const r = await synthesize({ preset, features, seed, out, weights, force: flags.force === true, onProgress: (d, t) => bar.update(d, t) });
   bar.finish();
   const rate = r.seconds > 0 ? r.bytes / r.seconds : 0;
   io.stdout(`wrote ${out}: preset ${preset}, seed ${seed}, ${weights}, ${formatBytes(r.bytes)} in ${r.seconds.toFixed(2)} s (${formatBytes(rate)}/s)\n`);
