@@ -4,6 +4,7 @@
 // so the caller can replay its tokens, and leaves the engine usable.
 import { throwIfAborted, type RowsResult, type SampleRequest, type SpeculativeResult } from "../api/backend.ts";
 import { Draw, PenaltyCounts } from "../reference/sampling.ts";
+import { NonFiniteError } from "../model/errors.ts";
 import type { ModelFiles } from "../model/format.ts";
 import { checkTokens } from "../reference/model.ts";
 import type { Backend, Buffer } from "../shim.ts";
@@ -147,6 +148,15 @@ export class Engine {
     if (recorder) this.trace!.write(recorder.step());
     const s = gpu.scratch.head;
     const out: RowsResult & { accepted?: number[] } = { next: Array.from(i32View(s.next, nb)), margins: Array.from(f32View(s.margins, nb)) };
+    // The argmax of NaN logits is a silent id 0: a non-finite margin means the logits are not finite.
+    const bad = out.margins.findIndex((m) => !Number.isFinite(m));
+    if (bad >= 0) {
+      seq.reset();
+      throw new NonFiniteError(
+        `the output logits: non-finite values at row ${bad} (margin ${out.margins[bad]}): the weights or activations of the output head or the last layer (${gpu.config.num_layers - 1}) are NaN or infinite`,
+        null,
+      );
+    }
     if (sampler && sample) {
       const drawn = Array.from(sampler.ids.i32.subarray(0, sampleRows));
       out.next.splice(nb - sampleRows, sampleRows, ...drawn);

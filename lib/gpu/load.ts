@@ -1,5 +1,5 @@
-// Loading a model onto the device (the seed's "load"): open the device, wrap dense.bin and
-// ple.bin without copying (Bun.mmap + Device.wrap), look every pipeline up, size the expert
+// Loading a model onto the device (the seed's "load"): open the device, read dense.bin and
+// ple.bin into device buffers (verifying every tensor's checksum), look every pipeline up, size the expert
 // pool (budget.ts), allocate the pool, the step scratch, the rollback planes and the event,
 // and the telemetry. Everything the step needs afterwards is in the returned EngineGpu.
 import type { DType, ModelConfig } from "../model/config.ts";
@@ -59,7 +59,10 @@ export interface EngineOptions {
   layers?: number;
   /** Append every trunk step's routing (tokens, expert ids, weights, misses) to this file (JSON lines). */
   trace?: string;
-  /** Touch every page of dense.bin at load so the first steps do not fault it in (default true). */
+  /**
+   * No effect (kept for compatibility): dense.bin and ple.bin are now read into device memory
+   * and verified at load, which leaves no page to fault in later.
+   */
   prefault?: boolean;
   /** @internal IO scheduler options (tests inject readers that fail or stall). */
   io?: IoSchedulerOptions;
@@ -149,30 +152,25 @@ function layersToRun(c: ModelConfig, o: EngineOptions): number {
 }
 
 /**
- * Maps a file and wraps it without copying. Read-only weights: "device" storage, so a
- * discrete GPU (cuda) reads them from its own memory (copied once here); with unified memory
- * this is the same zero-copy wrap.
+ * A device buffer for a held model file (its size as opened). dense.bin and ple.bin are read
+ * into device memory rather than mapped: a file truncated in place later cannot take the
+ * process down with SIGBUS, a rewrite cannot change the weights under a running model, and
+ * every tensor's checksum is checked as it lands (the load reads these bytes anyway).
  */
-function wrapFile(device: Device, path: string): { buffer: Buffer; bytes: number } {
-  const mapped = Bun.mmap(path, { shared: false });
-  return { buffer: device.wrap(mapped, "device"), bytes: mapped.byteLength };
+function fileBuffer(device: Device, files: ModelFiles, file: "dense" | "ple"): { buffer: Buffer; bytes: number } | null {
+  const id = files.fileIdentity(file);
+  if (!id) return null;
+  // "device" storage: a discrete GPU (cuda) keeps the weights in its own memory (uploaded after
+  // the read); with unified memory it is a plain shared buffer.
+  return { buffer: device.buffer(Math.max(id.size, 1), "device"), bytes: id.size };
 }
 
-/**
- * Reads one byte per 4 KiB of a wrapped file so its pages are resident before the first step
- * (in 64 MiB chunks, reporting each). Returns the bytes' XOR, so the reads are not elided.
- */
-async function prefault(buffer: Buffer, onChunk: (bytes: number) => void): Promise<number> {
-  const bytes = buffer.bytes;
-  const chunk = 64 << 20;
-  let sink = 0;
-  for (let start = 0; start < bytes.length; start += chunk) {
-    const end = Math.min(bytes.length, start + chunk);
-    for (let i = start; i < end; i += 4096) sink ^= bytes[i]!;
-    onChunk(end - start);
-    await new Promise((r) => setImmediate(r));
-  }
-  return sink;
+/** Reads (and verifies) a held file into its buffer in chunks, yielding to the event loop between them. */
+async function fill(buffer: Buffer, read: (into: Uint8Array, onBytes: (n: number) => void) => void, onChunk: (bytes: number) => void): Promise<void> {
+  read(buffer.bytes, onChunk);
+  // Device storage (cuda): the bytes went to the host mirror; copy them to GPU memory once.
+  buffer.upload();
+  await new Promise((r) => setImmediate(r));
 }
 
 /** Loads `files` onto a device of `backend`. */
@@ -199,9 +197,9 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
   const owned: { release(): void }[] = [];
   try {
     device.setWaitTimeout(waitTimeoutMs);
-    const dense = wrapFile(device, files.paths.dense);
+    const dense = fileBuffer(device, files, "dense")!;
     owned.push(dense.buffer);
-    const ple = files.paths.ple ? wrapFile(device, files.paths.ple) : null;
+    const ple = files.paths.ple ? fileBuffer(device, files, "ple") : null;
     if (ple) owned.push(ple.buffer);
     const refs = modelRefs(files, dense.buffer, ple?.buffer ?? null);
 
@@ -219,8 +217,6 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
       checkMappedFits({ deviceMaxWorkingSet: device.limits.maxWorkingSet, fixedBytes: memory.fixedBytes, hostReserveBytes: memory.hostReserveBytes, fileBytes: expertsBytes });
     memory.addFixed("sequence (one)", sequenceStateBytes(c, maxContext));
     if (c.mtp) memory.addFixed("rollback planes", SnapshotSet.bytes(c));
-    memory.addMapped("dense.bin", dense.bytes);
-    if (ple) memory.addMapped("ple.bin", ple.bytes);
 
     // The pool must hold one row's top-k (a decode step); longer steps are cut to what it holds.
     const plan = planPool({
@@ -252,10 +248,8 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
       done += bytes;
       onProgress?.(Math.min(done, total), total);
     };
-    if (opts.prefault ?? true) {
-      await prefault(dense.buffer, progress);
-      if (ple) await prefault(ple.buffer, progress);
-    } else progress(dense.bytes + (ple?.bytes ?? 0));
+    await fill(dense.buffer, (into, onBytes) => files.readDenseInto(into, onBytes), progress);
+    if (ple) await fill(ple.buffer, (into, onBytes) => files.readPleInto(into, onBytes), progress);
 
     // The library is compiled here (once per process on Metal: metal-shim caches it);
     // pipelines are built on first use, so the self-test and unused kernels never are.

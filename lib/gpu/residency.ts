@@ -29,6 +29,7 @@
  * slot becomes empty).
  */
 import { ptr } from "bun:ffi";
+import { fstatSync } from "node:fs";
 import type { ExpertLayout } from "../model/format.ts";
 import type { Buffer, Device } from "../shim.ts";
 import { IoScheduler, type IoFile, type Priority, type ReadTicket } from "./streaming.ts";
@@ -73,6 +74,13 @@ export function layerCycleOrder(ref: number, layers: number, mtp = false): numbe
 export interface ExpertSource {
   readonly paths: { readonly experts: string };
   readonly expertLayout: Pick<ExpertLayout, "stride" | "layers" | "perLayer">;
+  /**
+   * Checks record (layer, e) as it landed in a slot (a view of slot memory, no copy); throws
+   * naming file, layer and expert when it does not match its checksum. ModelFiles provides it.
+   */
+  verifyRecord?(layer: number, e: number, record: Uint8Array): void;
+  /** Device and inode of experts.bin as the source holds it: the pool refuses a replaced file. */
+  fileIdentity?(file: "experts"): { dev: number; ino: number } | null;
 }
 
 /** The result of {@link ExpertPool.acquire}. */
@@ -175,6 +183,8 @@ export interface ExpertPool {
   /** Whether (layer, e) is resident (or being read). */
   isResident(layer: number, e: number): boolean;
   poolStats(): PoolStats;
+  /** Checksum work so far: records verified, milliseconds spent hashing, mismatches. */
+  verifyStats(): { records: number; ms: number; failures: number };
   lookaheadStats(): LookaheadStats;
   /** Cancels queued reads, waits for reads in flight, frees buffers. The pool is unusable after. */
   close(): Promise<void>;
@@ -218,6 +228,12 @@ export interface ExpertPoolOptions {
   maxBufferBytes?: number;
   /** Eviction policy (default {@link DEFAULT_POOL_POLICY}). */
   policy?: PoolPolicy;
+  /**
+   * Verify every record against its checksum before its slot is published (default true when
+   * the model provides verifyRecord): wired, after the read lands; mapped, when a record enters
+   * the virtual pool. A mismatch fails that acquire's `ready`, and the slot is emptied.
+   */
+  verify?: boolean;
   /**
    * The last expert layer is the MTP head (layer-cyclic only: see {@link layerCycleOrder}).
    * Default false: every layer is a trunk layer of the cycle (e.g. trunk-only traces).
@@ -377,6 +393,8 @@ class SlotExpertPool implements ExpertPool {
   private readonly stamp: Float64Array; // prefetch call that last touched the slot
   private readonly gen: Uint32Array; // bumped on every new assignment: stale completions are ignored
   private readonly tickets: (ReadTicket | null)[]; // the read of the record the slot holds now
+  private readonly readies: (Promise<void> | null)[]; // settles when that read landed and was verified
+  private readonly verifyRecord: ((layer: number, e: number, record: Uint8Array) => void) | null;
   private ops: ReadTicket[][]; // every read into the slot not yet settled (pruned lazily)
   private readonly prev: Int32Array; // LRU list: head = least recent
   private readonly next: Int32Array;
@@ -415,6 +433,9 @@ class SlotExpertPool implements ExpertPool {
     alreadyResident: 0,
     skipped: 0,
     readErrors: 0,
+    verifiedRecords: 0,
+    verifyMs: 0,
+    checksumFailures: 0,
   };
 
   constructor(opts: ExpertPoolOptions) {
@@ -423,6 +444,8 @@ class SlotExpertPool implements ExpertPool {
     if (opts.backing !== "wired" && opts.backing !== "mapped") throw new Error(`expert pool: backing must be "wired" or "mapped", got ${JSON.stringify(opts.backing)}`);
     if (!Number.isInteger(opts.capacity) || opts.capacity < 1 || opts.capacity > records)
       throw new Error(`expert pool: capacity ${opts.capacity} must be an integer in 1..${records} (the model's expert records)`);
+    const source = opts.model;
+    this.verifyRecord = (opts.verify ?? true) && source.verifyRecord ? (l, e, r) => source.verifyRecord!(l, e, r) : null;
     const policy = opts.policy ?? DEFAULT_POOL_POLICY;
     if (!POOL_POLICIES.includes(policy)) throw new Error(`expert pool: policy must be ${POOL_POLICIES.map((p) => JSON.stringify(p)).join(" or ")}, got ${JSON.stringify(policy)}`);
     this.policy = policy;
@@ -439,6 +462,14 @@ class SlotExpertPool implements ExpertPool {
       this.ownsScheduler = !opts.scheduler;
       this.scheduler = opts.scheduler ?? new IoScheduler();
       this.file = this.scheduler.open(path);
+      const held = opts.model.fileIdentity?.("experts");
+      if (held) {
+        const st = fstatSync(this.file.fd);
+        if (st.ino !== held.ino || st.dev !== held.dev) {
+          this.scheduler.closeFile(this.file);
+          throw new Error(`${path} was replaced after the model was opened (another file is at that path now); open the model again`);
+        }
+      }
       if (this.file.size < records * stride)
         throw new Error(`${path}: ${this.file.size} bytes, the experts need ${records * stride} (${records} records of ${stride})`);
     } else {
@@ -459,6 +490,7 @@ class SlotExpertPool implements ExpertPool {
     this.stamp = new Float64Array(n);
     this.gen = new Uint32Array(n);
     this.tickets = new Array<ReadTicket | null>(n).fill(null);
+    this.readies = new Array<Promise<void> | null>(n).fill(null);
     this.ops = Array.from({ length: n }, () => []);
     this.prev = new Int32Array(n).fill(-1);
     this.next = new Int32Array(n).fill(-1);
@@ -596,14 +628,26 @@ class SlotExpertPool implements ExpertPool {
     this.slotKey[s] = key;
     this.keySlot[key] = s;
     const g = ++this.gen[s]!;
+    const layer = Math.floor(key / this.perLayer);
+    const expert = key % this.perLayer;
     if (!this.scheduler) {
-      this.state[s] = READY;
       this.tickets[s] = null;
+      this.readies[s] = null;
+      this.state[s] = READY;
+      // Mapped: the record enters the (virtual) pool now; check it before any table names it.
+      if (this.verifyRecord) {
+        try {
+          this.checkRecord(s, layer, expert);
+        } catch (e) {
+          // The caller pins or touches `s` next: it joins the free list on release.
+          this.dropFailed(s, key, false);
+          this.readies[s] = Promise.reject(e);
+          this.readies[s]!.catch(() => {});
+        }
+      }
       return;
     }
     this.state[s] = LOADING;
-    const layer = Math.floor(key / this.perLayer);
-    const expert = key % this.perLayer;
     const t = this.scheduler.submit({
       file: this.file!,
       position: key * this.recordBytes,
@@ -615,7 +659,12 @@ class SlotExpertPool implements ExpertPool {
     });
     this.tickets[s] = t;
     this.ops[s]!.push(t);
-    t.done.then(
+    // The slot is ready once its bytes landed and (wired) matched the record's checksum.
+    const ready = t.done.then(() => {
+      if (this.gen[s] === g && this.verifyRecord) this.checkRecord(s, layer, expert);
+    });
+    this.readies[s] = ready;
+    ready.then(
       () => {
         if (this.gen[s] !== g) return;
         this.memory.publish(s);
@@ -625,15 +674,40 @@ class SlotExpertPool implements ExpertPool {
       () => {
         if (this.gen[s] !== g) return;
         this.c.readErrors++;
-        this.tickets[s] = null;
-        this.predicted[s] = 0;
-        this.keySlot[key] = -1;
-        this.slotKey[s] = -1;
-        this.state[s] = EMPTY;
-        this.unlink(s);
-        if (!this.pinned[s]) this.free.push(s);
+        this.dropFailed(s, key);
       },
     );
+  }
+
+  /** Hashes slot `s` in place (a view of slot memory) against record (layer, expert)'s checksum. */
+  private checkRecord(s: number, layer: number, expert: number): void {
+    const t0 = performance.now();
+    try {
+      // Mapped: the record's place in the mapping is its public slot (the record index).
+      this.verifyRecord!(layer, expert, this.memory.view(this.publicSlot(s, layer * this.perLayer + expert)));
+    } catch (e) {
+      this.c.checksumFailures++;
+      throw e;
+    } finally {
+      this.c.verifiedRecords++;
+      this.c.verifyMs += performance.now() - t0;
+    }
+  }
+
+  /** Empties slot `s` after its record failed to arrive intact (read error or checksum mismatch). */
+  private dropFailed(s: number, key: number, free = true): void {
+    this.tickets[s] = null;
+    this.predicted[s] = 0;
+    this.keySlot[key] = -1;
+    this.slotKey[s] = -1;
+    this.state[s] = EMPTY;
+    this.unlink(s);
+    if (free && !this.pinned[s]) this.free.push(s);
+  }
+
+  /** Checksum work so far: records hashed, milliseconds spent hashing, mismatches. */
+  verifyStats(): { records: number; ms: number; failures: number } {
+    return { records: this.c.verifiedRecords, ms: this.c.verifyMs, failures: this.c.checksumFailures };
   }
 
   // ---- ExpertPool --------------------------------------------------------------------
@@ -673,9 +747,8 @@ class SlotExpertPool implements ExpertPool {
       }
       if (this.state[s] === LOADING) {
         this.c.hitsWhileLoading++;
-        const t = this.tickets[s]!;
-        t.promote(priority);
-        waits.push(t.done);
+        this.tickets[s]?.promote(priority);
+        waits.push(this.readies[s]!);
       }
     }
     for (let i = 0; i < union.length; i++) {
@@ -690,8 +763,7 @@ class SlotExpertPool implements ExpertPool {
       missIds.push(union[i]!);
       this.c.misses++;
       this.c.layerMisses[layer]!++;
-      const t = this.tickets[s];
-      if (t) waits.push(t.done);
+      if (this.readies[s] && (this.state[s] === LOADING || this.slotKey[s] === -1)) waits.push(this.readies[s]!);
     }
     for (let i = 0; i < union.length; i++) {
       this.touch(slots[i]!);
@@ -711,7 +783,11 @@ class SlotExpertPool implements ExpertPool {
     this.pins.delete(layer);
     for (const s of p.slots) {
       this.pinned[s] = 0;
-      if (this.slotKey[s] === -1 && !this.inList[s]) this.free.push(s);
+      // A slot whose record failed (read error, checksum) is empty: back to the free list.
+      if (this.slotKey[s] === -1) {
+        this.unlink(s);
+        this.free.push(s);
+      }
     }
     this.pinnedCount -= p.slots.length;
   }
@@ -768,8 +844,7 @@ class SlotExpertPool implements ExpertPool {
       this.touch(s);
       this.c.predictions++;
       issued++;
-      const t = this.tickets[s];
-      if (t) waits.push(t.done.catch(() => {}));
+      if (this.readies[s] && (this.state[s] === LOADING || this.slotKey[s] === -1)) waits.push(this.readies[s]!.catch(() => {}));
     }
     return { issued, ready: waits.length ? Promise.all(waits).then(() => {}) : RESOLVED };
   }

@@ -4,6 +4,7 @@
 // A failure (a read error, a pool error, the GPU giving up waiting) fails the step with a
 // clear error after the command buffer has finished: the remaining sites are released with
 // empty slot tables (their experts write NaN, never read outside the pool), so nothing hangs.
+import { NonFiniteError } from "../model/errors.ts";
 import type { EncodeContext } from "./dispatch.ts";
 import { GpuStepError, SitePlan, waitForCompletion, waitForSignal, type SiteInfo } from "./handshake.ts";
 import type { EngineGpu } from "./load.ts";
@@ -35,6 +36,7 @@ async function serveSite(gpu: EngineGpu, site: SiteInfo, observe: SiteObserver |
   const count = site.rows * gpu.config.moe.top_k;
   const ids = i32View(s.moe.ids, count);
   const weights = f32View(s.moe.weights, count);
+  checkRouting(gpu, site, weights);
   const acquired: Acquired = gpu.pool.acquire(site.layer, ids);
   let predicted: Int32Array | null = null;
   if (site.predicts !== null) {
@@ -47,6 +49,21 @@ async function serveSite(gpu: EngineGpu, site: SiteInfo, observe: SiteObserver |
   const t0 = performance.now();
   await acquired.ready;
   return performance.now() - t0;
+}
+
+/**
+ * NaN or infinity in the router's input makes its weights non-finite and its ids meaningless
+ * (the kernel's argmax finds no maximum): name the layer instead of failing on a bogus id.
+ */
+function checkRouting(gpu: EngineGpu, site: SiteInfo, weights: Float32Array): void {
+  for (let i = 0; i < weights.length; i++) {
+    if (Number.isFinite(weights[i]!)) continue;
+    const where = site.trunkLayer === null ? "the MTP head" : `layer ${site.layer}`;
+    throw new NonFiniteError(
+      `${where}: non-finite router weights (${weights[i]}) at the MoE site: the weights or activations of ${where} (or an earlier layer) are NaN or infinite`,
+      site.trunkLayer === null ? gpu.config.num_layers : site.layer,
+    );
+  }
 }
 
 /** An all-empty slot table: the site's experts write NaN and read nothing. */

@@ -38,3 +38,19 @@ export class ChecksumMismatchError extends ModelFormatError {
     this.expert = info.expert;
   }
 }
+
+/**
+ * NaN or infinity reached a point where the model's result depends on it (a router, the
+ * logits): the weights or activations of that layer (or an earlier one) are not finite.
+ * Raised by both backends instead of a bogus expert id or a silent token 0.
+ */
+export class NonFiniteError extends Error {
+  override name = "NonFiniteError";
+  constructor(
+    message: string,
+    /** The layer where it was detected (num_layers: the MTP head), or null for the output logits. */
+    readonly layer: number | null,
+  ) {
+    super(message);
+  }
+}

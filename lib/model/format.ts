@@ -57,6 +57,8 @@ export interface ModelFiles extends Weights {
   readDenseInto(into: Uint8Array, onBytes?: (n: number) => void): void;
   /** The same for ple.bin. */
   readPleInto(into: Uint8Array, onBytes?: (n: number) => void): void;
+  /** Throws a ChecksumMismatchError (file, layer, expert) unless `record` matches record (layer, e)'s checksum. */
+  verifyRecord(layer: number, e: number, record: Uint8Array): void;
   /** Device and inode of a file held open since openModel (null: the model has no such file). */
   fileIdentity(file: "dense" | "experts" | "ple"): { dev: number; ino: number; size: number } | null;
   /** Byte offset of record (l, e) in experts.bin. */
@@ -502,6 +504,11 @@ class ModelDirectory implements ModelFiles {
     preadExactly(this.files().experts, into, offset, EXPERTS_FILE, `record layer ${layer} expert ${e}`, expertName(layer, e));
     verifyExpertRecord(this.manifest, into, layer, e);
     return into;
+  }
+
+  verifyRecord(layer: number, e: number, record: Uint8Array): void {
+    this.expertOffset(layer, e);
+    verifyExpertRecord(this.manifest, record, layer, e);
   }
 
   expert(layer: number, e: number): ExpertWeights {

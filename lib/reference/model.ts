@@ -1,6 +1,7 @@
 // The forward pass of qwen4-exp over one row batch (MODEL.md): tokens at positions
 // state.length .. state.length + nb - 1 run layer by layer (as the engine runs them), the
 // state grows by nb, and every row gets its logits, final hidden and routing.
+import { NonFiniteError } from "../model/errors.ts";
 import type { LayerType, ModelConfig } from "../model/config.ts";
 import { denseTensorSpecs, numel } from "../model/tensors.ts";
 import type { Weights } from "../model/weights.ts";
@@ -69,6 +70,21 @@ interface LayerWeights {
 }
 
 /** Throws unless every id is an integer token of the vocabulary. */
+/**
+ * Throws a NonFiniteError naming the layer when `x` holds NaN or infinity: the model's result
+ * would otherwise be a silent wrong token (argmax over NaN picks id 0).
+ */
+function assertFinite(x: Float32Array, layer: number | null, part: string): void {
+  for (let i = 0; i < x.length; i++) {
+    if (Number.isFinite(x[i]!)) continue;
+    const where = layer === null ? "the output logits" : `layer ${layer}`;
+    throw new NonFiniteError(
+      `${where}: non-finite value (${x[i]}) after ${part}: the weights or activations ${layer === null ? "of the output head" : `of layer ${layer}`} (or an earlier layer) are NaN or infinite`,
+      layer,
+    );
+  }
+}
+
 export function checkTokens(tokens: readonly number[], vocab: number, what = "token"): void {
   tokens.forEach((t, i) => {
     if (!Number.isInteger(t) || t < 0 || t >= vocab)
@@ -239,6 +255,7 @@ export class ReferenceModel {
         return ys;
       });
       if (lw.deltanet) selected.push(null);
+      assertFinite(X, l, `the ${lw.deltanet ? "DeltaNet" : "attention"} mixer`);
       const experts: number[][] = [];
       const weights: number[][] = [];
       opts.onMoeSite?.(l, X);
@@ -254,6 +271,7 @@ export class ReferenceModel {
       });
       route.experts.push(experts);
       route.weights.push(weights);
+      assertFinite(X, l, "the MoE");
     });
     state.length += nb;
 
@@ -264,6 +282,7 @@ export class ReferenceModel {
       const h = rmsNorm(x, this.finalNorm, eps);
       hidden.push(h);
       logits.push(matvec(this.lmHead, h, new Float32Array(c.vocab_size), c.vocab_size, d));
+      assertFinite(logits[b]!, null, "the output head (final norm, LM head)");
     }
     const result: StepResult = { logits, hidden, route };
     if (snaps) result.snapshots = snaps;
