@@ -87,6 +87,8 @@ export const Manifest = z.object({
   experts: ExpertsIndex,
   ple: PleIndex.nullable(),
   writer: z.object({ name: z.string(), version: z.string(), source: z.record(z.string(), z.unknown()).optional() }),
+  /** cherenkov/2: xxhash64 of the tokenizer files as written (checked when the tokenizer loads). */
+  files: z.record(z.string(), Hex64).optional(),
 });
 export type Manifest = z.infer<typeof Manifest>;
 

@@ -7,7 +7,8 @@ import { renderChatTemplateAsync, renderChatTemplateSync } from "./chat-template
 import { CONFIG_LIMITS } from "./config.ts";
 import { ModelFormatError } from "./errors.ts";
 import { MANIFEST_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE } from "./manifest.ts";
-import { errnoOf, FILE_LIMITS, readTextFile } from "./safe-read.ts";
+import { checksum } from "./checksum.ts";
+import { errnoOf, FILE_LIMITS, readRegularFile, readTextFile } from "./safe-read.ts";
 
 export interface ChatMessage {
   role: string;
@@ -54,10 +55,16 @@ export class MissingTokenizerError extends ModelFormatError {
   override name = "MissingTokenizerError";
 }
 
-function readJson(dir: string, file: string, required: boolean, maxBytes: number): Record<string, unknown> | null {
+function readJson(dir: string, file: string, required: boolean, maxBytes: number, expected?: string): Record<string, unknown> | null {
   let text: string;
   try {
-    text = readTextFile(join(dir, file), file, maxBytes);
+    const bytes = readRegularFile(join(dir, file), file, maxBytes);
+    // cherenkov.json (cherenkov/2) records the tokenizer files' checksums: a changed byte is named.
+    if (expected !== undefined) {
+      const got = checksum(bytes);
+      if (got !== expected) throw new ModelFormatError(`${file}: checksum mismatch (expected ${expected}, got ${got}): the file changed after the model was written`, { file });
+    }
+    text = new TextDecoder().decode(bytes);
   } catch (e) {
     const code = errnoOf(e);
     if (code === "ENOENT" && !required) return null;
@@ -112,8 +119,22 @@ function checkTokenizerIds(json: Record<string, unknown>): void {
 }
 
 export async function loadTokenizer(dir: string): Promise<TextTokenizer> {
-  const json = readJson(dir, TOKENIZER_FILE, true, FILE_LIMITS.tokenizer)!;
-  const config = readJson(dir, TOKENIZER_CONFIG_FILE, false, FILE_LIMITS.tokenizerConfig) ?? {};
+  let manifestText: string | null = null;
+  try {
+    manifestText = readTextFile(join(dir, MANIFEST_FILE), MANIFEST_FILE, FILE_LIMITS.manifest);
+  } catch (e) {
+    // a tokenizer without a model directory around it is fine; a bad one is openModel's to report
+    if (errnoOf(e) !== "ENOENT" && !(e instanceof ModelFormatError)) throw e;
+  }
+  let m: { config?: { eos_token_id?: unknown }; files?: Record<string, unknown> } | null = null;
+  try {
+    m = manifestText === null ? null : JSON.parse(manifestText);
+  } catch {
+    // not JSON: openModel names that error
+  }
+  const sum = (f: string) => (typeof m?.files?.[f] === "string" ? (m.files[f] as string) : undefined);
+  const json = readJson(dir, TOKENIZER_FILE, true, FILE_LIMITS.tokenizer, sum(TOKENIZER_FILE))!;
+  const config = readJson(dir, TOKENIZER_CONFIG_FILE, false, FILE_LIMITS.tokenizerConfig, sum(TOKENIZER_CONFIG_FILE)) ?? {};
   checkTokenizerIds(json);
   let tokenizer: Tokenizer;
   try {
@@ -139,20 +160,8 @@ export async function loadTokenizer(dir: string): Promise<TextTokenizer> {
   const eosId = eosText === null ? undefined : tokenizer.token_to_id(eosText);
   if (eosId !== undefined) eos.add(eosId);
   // The model's own end token (cherenkov.json) counts too, when it sits next to the tokenizer.
-  let manifestText: string | null = null;
-  try {
-    manifestText = readTextFile(join(dir, MANIFEST_FILE), MANIFEST_FILE, FILE_LIMITS.manifest);
-  } catch (e) {
-    // a tokenizer without a model directory around it is fine; a bad one is openModel's to report
-    if (errnoOf(e) !== "ENOENT" && !(e instanceof ModelFormatError)) throw e;
-  }
-  try {
-    const m = manifestText === null ? null : JSON.parse(manifestText);
-    const id = m?.config?.eos_token_id;
-    if (typeof id === "number" && Number.isInteger(id) && id >= 0 && id < CONFIG_LIMITS.vocab_size) eos.add(id);
-  } catch {
-    // not JSON: openModel names that error
-  }
+  const id = m?.config?.eos_token_id;
+  if (typeof id === "number" && Number.isInteger(id) && id >= 0 && id < CONFIG_LIMITS.vocab_size) eos.add(id);
   let maxId = -1;
   for (const id of tokenizer.get_vocab(true).values()) if (id > maxId) maxId = id;
 

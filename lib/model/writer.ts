@@ -110,6 +110,7 @@ export class ModelWriter {
   private readonly pleTables: PleTableEntry[] = [];
   private finished = false;
   private tokenizer: { json: string; config: string } | null = null;
+  private files: Record<string, string> | null = null;
 
   private constructor(
     readonly dir: string,
@@ -270,6 +271,8 @@ export class ModelWriter {
   setTokenizer(tokenizerJson: object, tokenizerConfig: object): void {
     this.checkOpen();
     this.tokenizer = { json: JSON.stringify(tokenizerJson), config: JSON.stringify(tokenizerConfig, null, 2) };
+    const hash = (text: string) => checksum(new TextEncoder().encode(text));
+    this.files = { [TOKENIZER_FILE]: hash(this.tokenizer.json), [TOKENIZER_CONFIG_FILE]: hash(this.tokenizer.config) };
   }
 
   /** Checks that everything was written, pads the files to whole pages and writes cherenkov.json. */
@@ -303,6 +306,7 @@ export class ModelWriter {
       experts: { ...this.expertPlan, checksums: this.expertChecksums },
       ple: this.plePlan ? { dtype: this.plePlan.dtype, tables: this.pleTables } : null,
       writer: { name: pkg.name, version: pkg.version, ...(this.options.source ? { source: this.options.source } : {}) },
+      ...(this.files ? { files: this.files } : {}),
     };
     const { format, ...rest } = body;
     const manifest = { format, manifest_checksum: manifestChecksum(body), ...rest } as Manifest;

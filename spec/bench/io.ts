@@ -11,7 +11,10 @@
  * node:fs reads of the same records at the same depth (no scheduler, no pool), and bare reads
  * with each record split into parallel 1 MiB requests, alternating for --passes rounds at the
  * scheduler's default depth; then a sweep of the reads in flight (--in-flight 1,4,8,16,32).
- * Prints scheduler / dd and scheduler / raw per size, or one JSON object with --json.
+ * Prints scheduler / dd and scheduler / raw per size, or one JSON object with --json. The
+ * pool verifies every record against its xxhash64 before publishing its slot (as a loaded
+ * model does); the same reads without checks run alternately, and the report gives the
+ * hashing time as a share of the read time and the throughput it costs.
  *
  * Other sources: --model DIR (a model's experts.bin at its own record size), --preset NAME
  * (synthesize that preset, e.g. small, into --dir), --file PATH --stride BYTES (any file read
@@ -22,7 +25,7 @@
  * the core count); reads in flight beyond it only queue. When it is unset this script runs
  * itself again with UV_THREADPOOL_SIZE=64 so the sweep means what it says.
  */
-import { closeSync, existsSync, fsyncSync, mkdtempSync, openSync, readFileSync, realpathSync, rmSync, statSync, writeSync } from "node:fs";
+import { closeSync, existsSync, fsyncSync, mkdtempSync, openSync, readFileSync, readSync, realpathSync, rmSync, statSync, writeSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
@@ -41,6 +44,7 @@ const { openModel } = await import("../../lib/model/format.ts");
 const { createExpertPool } = await import("../../lib/gpu/residency.ts");
 const { IoScheduler, ioThreadPoolSize, fsRead, DEFAULT_MAX_IN_FLIGHT } = await import("../../lib/gpu/streaming.ts");
 const { planExperts } = await import("../../lib/model/writer.ts");
+const { checksum } = await import("../../lib/model/checksum.ts");
 const { presetConfig, presetNames } = await import("../../lib/convert/presets.ts");
 type ExpertSource = import("../../lib/gpu/residency.ts").ExpertSource;
 type ExpertPool = import("../../lib/gpu/residency.ts").ExpertPool;
@@ -132,6 +136,8 @@ interface SchedResult {
   p99Us: number;
   mode: string;
   fallbackReason: string | null;
+  /** Milliseconds spent hashing records before their slots were published (0 without checksums). */
+  verifyMs: number;
 }
 
 /** A seeded random permutation of 0..n-1 (xorshift32, Fisher-Yates). */
@@ -174,15 +180,16 @@ async function poolRound(pool: ExpertPool, order: number[]): Promise<number> {
  * `inFlight` reads in flight. The slots are touched once first: a running engine's slots
  * are mapped and warm, fresh memory would add page faults to the first reads.
  */
-async function runScheduler(model: ExpertSource, device: DeviceT | undefined, inFlight: number, seed: number, repeat: number): Promise<SchedResult> {
+async function runScheduler(model: ExpertSource, device: DeviceT | undefined, inFlight: number, seed: number, repeat: number, verify = true): Promise<SchedResult> {
   const { layers, perLayer, stride } = model.expertLayout;
   const records = layers * perLayer;
   const io = new IoScheduler({ maxInFlight: inFlight });
-  const pool = createExpertPool({ backing: "wired", model, capacity: poolSlots(records, stride), device, scheduler: io });
+  const pool = createExpertPool({ backing: "wired", model, capacity: poolSlots(records, stride), device, scheduler: io, verify });
   for (let s = 0; s < pool.capacity; s++) pool.slotView(s).fill(0);
   let seconds = 0;
   for (let round = 0; round < repeat; round++) seconds += await poolRound(pool, shuffled(records, seed * 131 + round));
   const st = io.stats();
+  const verifyMs = pool.verifyStats().ms;
   await pool.close();
   await io.close();
   return {
@@ -194,6 +201,7 @@ async function runScheduler(model: ExpertSource, device: DeviceT | undefined, in
     p99Us: st.service.p99Us,
     mode: st.mode,
     fallbackReason: st.fallbackReason,
+    verifyMs,
   };
 }
 
@@ -288,7 +296,23 @@ function writeScratch(path: string, mb: number): void {
 function fileAsRecords(path: string, stride: number): ExpertSource & { close(): void } {
   const n = Math.floor(statSync(path).size / stride);
   if (!(stride > 0 && stride % 4096 === 0) || n < 1) throw new Error(`record size ${stride}: a multiple of 4096, at most the size of ${path}`);
-  return { paths: { experts: path }, expertLayout: { stride, layers: 1, perLayer: n }, close() {} };
+  // Each record's xxhash64, as a model's index has them: the pool verifies every read against it.
+  const sums: string[] = [];
+  const fd = openSync(path, "r");
+  const buf = new Uint8Array(stride);
+  for (let i = 0; i < n; i++) {
+    readSync(fd, buf, 0, stride, i * stride);
+    sums.push(checksum(buf));
+  }
+  closeSync(fd);
+  return {
+    paths: { experts: path },
+    expertLayout: { stride, layers: 1, perLayer: n },
+    verifyRecord(_l, e, record) {
+      if (checksum(record) !== sums[e]) throw new Error(`${path}: record ${e}: checksum mismatch`);
+    },
+    close() {},
+  };
 }
 
 interface SizeResult {
@@ -302,6 +326,8 @@ interface SizeResult {
   fallbackReason: string | null;
   dd: { mbps: number; best: number; runs: number[] } | { error: string | null };
   scheduler: { inFlight: number; mbps: number; best: number; runs: number[]; p50Us: number; p99Us: number };
+  /** The same reads with no checksum checks, and what hashing cost: its time over the read time, and the throughput lost. */
+  checksum: { noVerifyMbps: number; hashShare: number; throughputCost: number };
   raw: { inFlight: number; mbps: number; best: number };
   rawSplit: { inFlight: number; requestBytes: number; mbps: number; best: number };
   ratio: number | null;
@@ -322,6 +348,7 @@ async function measure(label: string, model: ExpertSource, device: DeviceT | und
   log(`${label}: ${layers * perLayer} records of ${stride} bytes (${(fileBytes / 1e6).toFixed(1)} MB), read ${repeat}x per measurement; ${passes} passes; ${ioThreadPoolSize()} IO threads`);
   const dd: DdResult[] = [];
   const sched: SchedResult[] = [];
+  const noVerify: SchedResult[] = [];
   const raw: number[] = [];
   const rawSplit: number[] = [];
   let ddError: string | null = null;
@@ -330,6 +357,7 @@ async function measure(label: string, model: ExpertSource, device: DeviceT | und
     if ("error" in d) ddError = d.error;
     else dd.push(d);
     sched.push(await runScheduler(model, device, main, 1000 + p, repeat));
+    noVerify.push(await runScheduler(model, device, main, 1000 + p, repeat, false));
     raw.push(await runRaw(model, device, main, 1000 + p, repeat)); // same orders: interleaved, so drift hits all
     rawSplit.push(await runRaw(model, device, main, 1000 + p, repeat, splitBytes));
   }
@@ -352,6 +380,11 @@ async function measure(label: string, model: ExpertSource, device: DeviceT | und
     fallbackReason: sched[0]!.fallbackReason,
     dd: ddMbps === null ? { error: ddError } : { mbps: ddMbps, best: Math.max(...dd.map((d) => d.mbps)), runs: dd.map((d) => d.mbps) },
     scheduler: { inFlight: main, mbps: schedMbps, best: Math.max(...sched.map((s) => s.mbps)), runs: sched.map((s) => s.mbps), p50Us: median(sched.map((s) => s.p50Us)), p99Us: median(sched.map((s) => s.p99Us)) },
+    checksum: {
+      noVerifyMbps: median(noVerify.map((s) => s.mbps)),
+      hashShare: median(sched.map((s) => s.verifyMs / 1000 / s.seconds)),
+      throughputCost: 1 - schedMbps / median(noVerify.map((s) => s.mbps)),
+    },
     raw: { inFlight: main, mbps: median(raw), best: Math.max(...raw) },
     rawSplit: { inFlight: main, requestBytes: Math.min(splitBytes, stride), mbps: median(rawSplit), best: Math.max(...rawSplit) },
     ratio: ddMbps ? schedMbps / ddMbps : null,
@@ -369,6 +402,7 @@ function printSize(r: SizeResult, fs: string | null, device: string): void {
   else console.log(`  dd: ${r.dd.error}`);
   const n = String(r.scheduler.inFlight).padStart(2);
   console.log(`  scheduler, random order, ${n} in flight  ${f(r.scheduler.mbps)} ${f(r.scheduler.best)}   read p50 ${r.scheduler.p50Us.toFixed(0)} us, p99 ${r.scheduler.p99Us.toFixed(0)} us`);
+  console.log(`  same, without checksum checks         ${f(r.checksum.noVerifyMbps)}          checksums: hashing ${(r.checksum.hashShare * 100).toFixed(1)}% of read time, throughput cost ${(r.checksum.throughputCost * 100).toFixed(1)}%`);
   console.log(`  raw fs.read, same order, ${n} in flight  ${f(r.raw.mbps)} ${f(r.raw.best)}   (no scheduler, no pool)`);
   console.log(`  raw, each record as ${(r.rawSplit.requestBytes / 1024).toFixed(0)} KiB requests ${f(r.rawSplit.mbps)} ${f(r.rawSplit.best)}   (${n} records in flight)`);
   if (r.ratio !== null) console.log(`  ratio scheduler / dd: ${r.ratio.toFixed(2)}; scheduler / raw fs.read: ${r.ratioToRaw.toFixed(2)}`);

@@ -1,6 +1,8 @@
 // `bun run golden` writes spec/golden/*.json; `bun run golden --check` verifies that the
 // reference still reproduces them (exit 1 and a diff line per case otherwise).
 import { existsSync } from "node:fs";
+import { basename, dirname } from "node:path";
+import { writeFileAtomic } from "../../lib/model/safe-write.ts";
 import { goldenCases } from "./cases.ts";
 import { goldenPath, runGolden, type GoldenRecord } from "./golden.ts";
 
@@ -22,7 +24,8 @@ for (const c of goldenCases) {
     if (!same) failed++;
     console.log(`${c.name}: ${same ? "ok" : `DIFFERS\n  want ${want.tokens}\n  got  ${rec.tokens}`} (${ms} ms)`);
   } else {
-    await Bun.write(path, JSON.stringify(rec, null, 1) + "\n");
+    // Temp file + rename: never through a symlink, never a half-written record.
+    writeFileAtomic(dirname(path), basename(path), JSON.stringify(rec, null, 1) + "\n");
     const minMargin = Math.min(...rec.margins).toFixed(4);
     console.log(`${c.name}: ${rec.tokens.length} tokens, smallest margin ${minMargin} -> ${path} (${ms} ms)`);
   }

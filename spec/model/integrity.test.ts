@@ -16,6 +16,7 @@ import { sealManifest } from "../../lib/model/manifest.ts";
 import { OutputDirError } from "../../lib/model/safe-write.ts";
 import { loadTokenizer } from "../../lib/model/tokenizer.ts";
 import { generateGreedy } from "../../lib/reference/generate.ts";
+import { resealFiles } from "../fuzz/cases.ts";
 
 const root = mkdtempSync(join(tmpdir(), "cherenkov-integrity-"));
 const good = join(root, "good");
@@ -154,6 +155,7 @@ describe("tokenizer", () => {
       const t = readJson(join(dir, "tokenizer.json"));
       edit(t);
       writeFileSync(join(dir, "tokenizer.json"), JSON.stringify(t));
+      resealFiles(dir);
       const e = await within(5000, () => errorOf(() => loadTokenizer(dir)));
       expect(e.message).toMatch(/^tokenizer\.json: (model\.vocab|added_tokens).*: id .* is not an integer in 0\.\./);
     }
@@ -162,12 +164,16 @@ describe("tokenizer", () => {
   test("Model.load reports a broken tokenizer instead of running without one", async () => {
     const dir = copy();
     writeFileSync(join(dir, "tokenizer.json"), "{ not json");
+    // Its checksum in cherenkov.json names the change first; re-recorded, the JSON error shows.
+    expect((await errorOf(() => Model.load(dir, { backend: "reference" }))).message).toMatch(/^tokenizer\.json: checksum mismatch/);
+    resealFiles(dir);
     const e = await errorOf(() => Model.load(dir, { backend: "reference" }));
     expect(e.message).toMatch(/^tokenizer\.json: not valid JSON/);
     const t = copy();
     const cfg = readJson(join(t, "tokenizer_config.json"));
     cfg.chat_template = "{% for x in %}";
     writeFileSync(join(t, "tokenizer_config.json"), JSON.stringify(cfg));
+    resealFiles(t);
     expect((await errorOf(() => Model.load(t, { backend: "reference" }))).message).toMatch(/^tokenizer_config\.json: chat_template does not parse/);
     // No tokenizer.json at all is allowed: token ids only.
     const n = copy();
@@ -187,6 +193,7 @@ describe("tokenizer", () => {
     ] as const) {
       cfg.chat_template = template;
       writeFileSync(join(dir, "tokenizer_config.json"), JSON.stringify(cfg));
+      resealFiles(dir);
       const tok = await loadTokenizer(dir);
       let ticks = 0;
       const tick = setInterval(() => ticks++, 20);
@@ -202,6 +209,7 @@ describe("tokenizer", () => {
     // After a stopped render the worker is replaced: a normal template works again.
     cfg.chat_template = "{% for m in messages %}[{{ m.content }}]{% endfor %}";
     writeFileSync(join(dir, "tokenizer_config.json"), JSON.stringify(cfg));
+    resealFiles(dir);
     const tok = await loadTokenizer(dir);
     expect(await tok.applyChatTemplateAsync(msgs)).toBe("[hi]");
     expect(tok.applyChatTemplate(msgs)).toBe("[hi]");
