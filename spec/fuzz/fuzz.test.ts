@@ -27,7 +27,7 @@ beforeAll(async () => {
   const m = await Model.load(base, { backend: "reference" });
   const prompt = [1, 40, 7, 300, 12];
   const g = await m.generate(prompt, { maxTokens: 4, stopAtEos: false });
-  const baseline: Baseline = { prompt, tokens: g.tokens, chat: await m.encodeAsync([{ role: "user", content: "hi" }]) };
+  const baseline: Baseline = { prompt, tokens: g.tokens, chat: m.encode([{ role: "user", content: "hi" }]) };
   await m.close();
   writeFileSync(join(work, "baseline.json"), JSON.stringify(baseline));
 });
