@@ -32,6 +32,7 @@ import { ptr } from "bun:ffi";
 import { fstatSync } from "node:fs";
 import type { ExpertLayout } from "../model/format.ts";
 import type { Buffer, Device } from "../shim.ts";
+import { sharedHashWorkers, type HashWorkers } from "./hash-workers.ts";
 import { IoScheduler, type IoFile, type Priority, type ReadTicket } from "./streaming.ts";
 import type { LookaheadStats, PoolStats } from "./telemetry.ts";
 
@@ -79,6 +80,8 @@ export interface ExpertSource {
    * naming file, layer and expert when it does not match its checksum. ModelFiles provides it.
    */
   verifyRecord?(layer: number, e: number, record: Uint8Array): void;
+  /** Record (layer, e)'s checksum as the index has it (lets the pool hash on worker threads). */
+  recordChecksum?(layer: number, e: number): string;
   /** Device and inode of experts.bin as the source holds it: the pool refuses a replaced file. */
   fileIdentity?(file: "experts"): { dev: number; ino: number } | null;
 }
@@ -183,8 +186,8 @@ export interface ExpertPool {
   /** Whether (layer, e) is resident (or being read). */
   isResident(layer: number, e: number): boolean;
   poolStats(): PoolStats;
-  /** Checksum work so far: records verified, milliseconds spent hashing, mismatches. */
-  verifyStats(): { records: number; ms: number; failures: number };
+  /** Checksum work so far: records verified, milliseconds spent hashing on the main thread, mismatches, records hashed on worker threads. */
+  verifyStats(): { records: number; ms: number; failures: number; offThread: number };
   lookaheadStats(): LookaheadStats;
   /** Cancels queued reads, waits for reads in flight, frees buffers. The pool is unusable after. */
   close(): Promise<void>;
@@ -234,6 +237,11 @@ export interface ExpertPoolOptions {
    * the virtual pool. A mismatch fails that acquire's `ready`, and the slot is emptied.
    */
   verify?: boolean;
+  /**
+   * Hash wired records on worker threads (default true when the model gives recordChecksum):
+   * the main thread only compares; false hashes on the main thread.
+   */
+  hashThreads?: boolean;
   /**
    * The last expert layer is the MTP head (layer-cyclic only: see {@link layerCycleOrder}).
    * Default false: every layer is a trunk layer of the cycle (e.g. trunk-only traces).
@@ -395,6 +403,9 @@ class SlotExpertPool implements ExpertPool {
   private readonly tickets: (ReadTicket | null)[]; // the read of the record the slot holds now
   private readonly readies: (Promise<void> | null)[]; // settles when that read landed and was verified
   private readonly verifyRecord: ((layer: number, e: number, record: Uint8Array) => void) | null;
+  private readonly recordChecksum: ((layer: number, e: number) => string) | null;
+  private readonly hashers: HashWorkers | null;
+  private readonly hashing = new Set<Promise<unknown>>();
   private ops: ReadTicket[][]; // every read into the slot not yet settled (pruned lazily)
   private readonly prev: Int32Array; // LRU list: head = least recent
   private readonly next: Int32Array;
@@ -436,6 +447,7 @@ class SlotExpertPool implements ExpertPool {
     verifiedRecords: 0,
     verifyMs: 0,
     checksumFailures: 0,
+    offThread: 0,
   };
 
   constructor(opts: ExpertPoolOptions) {
@@ -446,6 +458,8 @@ class SlotExpertPool implements ExpertPool {
       throw new Error(`expert pool: capacity ${opts.capacity} must be an integer in 1..${records} (the model's expert records)`);
     const source = opts.model;
     this.verifyRecord = (opts.verify ?? true) && source.verifyRecord ? (l, e, r) => source.verifyRecord!(l, e, r) : null;
+    this.recordChecksum = this.verifyRecord && source.recordChecksum ? (l, e) => source.recordChecksum!(l, e) : null;
+    this.hashers = this.recordChecksum && opts.backing === "wired" && (opts.hashThreads ?? true) ? sharedHashWorkers() : null;
     const policy = opts.policy ?? DEFAULT_POOL_POLICY;
     if (!POOL_POLICIES.includes(policy)) throw new Error(`expert pool: policy must be ${POOL_POLICIES.map((p) => JSON.stringify(p)).join(" or ")}, got ${JSON.stringify(policy)}`);
     this.policy = policy;
@@ -660,8 +674,19 @@ class SlotExpertPool implements ExpertPool {
     this.tickets[s] = t;
     this.ops[s]!.push(t);
     // The slot is ready once its bytes landed and (wired) matched the record's checksum.
-    const ready = t.done.then(() => {
-      if (this.gen[s] === g && this.verifyRecord) this.checkRecord(s, layer, expert);
+    const ready = t.done.then(async () => {
+      if (this.gen[s] !== g || !this.verifyRecord) return;
+      if (this.hashers) {
+        const pending = this.hashers.hash(this.memory.view(s));
+        this.hashing.add(pending);
+        const got = await pending.finally(() => this.hashing.delete(pending));
+        if (this.gen[s] !== g) return;
+        this.c.verifiedRecords++;
+        this.c.offThread++;
+        if (got === this.recordChecksum!(layer, expert)) return;
+      }
+      // On this thread: the check itself, or (after a worker's mismatch) the named error.
+      this.checkRecord(s, layer, expert);
     });
     this.readies[s] = ready;
     ready.then(
@@ -706,8 +731,8 @@ class SlotExpertPool implements ExpertPool {
   }
 
   /** Checksum work so far: records hashed, milliseconds spent hashing, mismatches. */
-  verifyStats(): { records: number; ms: number; failures: number } {
-    return { records: this.c.verifiedRecords, ms: this.c.verifyMs, failures: this.c.checksumFailures };
+  verifyStats(): { records: number; ms: number; failures: number; offThread: number } {
+    return { records: this.c.verifiedRecords, ms: this.c.verifyMs, failures: this.c.checksumFailures, offThread: this.c.offThread };
   }
 
   // ---- ExpertPool --------------------------------------------------------------------
@@ -934,6 +959,8 @@ class SlotExpertPool implements ExpertPool {
       }
     }
     await Promise.all(inFlight);
+    // Worker threads may still be hashing slot memory: it must outlive them.
+    await Promise.all([...this.hashing].map((p) => p.catch(() => {})));
     if (this.scheduler) {
       if (this.ownsScheduler) await this.scheduler.close();
       else this.scheduler.closeFile(this.file!);

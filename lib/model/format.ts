@@ -59,6 +59,8 @@ export interface ModelFiles extends Weights {
   readPleInto(into: Uint8Array, onBytes?: (n: number) => void): void;
   /** Throws a ChecksumMismatchError (file, layer, expert) unless `record` matches record (layer, e)'s checksum. */
   verifyRecord(layer: number, e: number, record: Uint8Array): void;
+  /** Record (layer, e)'s checksum in the index (16 hex digits). */
+  recordChecksum(layer: number, e: number): string;
   /** Device and inode of a file held open since openModel (null: the model has no such file). */
   fileIdentity(file: "dense" | "experts" | "ple"): { dev: number; ino: number; size: number } | null;
   /** Byte offset of record (l, e) in experts.bin. */
@@ -504,6 +506,11 @@ class ModelDirectory implements ModelFiles {
     preadExactly(this.files().experts, into, offset, EXPERTS_FILE, `record layer ${layer} expert ${e}`, expertName(layer, e));
     verifyExpertRecord(this.manifest, into, layer, e);
     return into;
+  }
+
+  recordChecksum(layer: number, e: number): string {
+    this.expertOffset(layer, e);
+    return this.manifest.experts.checksums[layer * this.expertLayout.perLayer + e]!;
   }
 
   verifyRecord(layer: number, e: number, record: Uint8Array): void {

@@ -4,9 +4,10 @@
 // model stays usable. Non-finite weights surface as a NonFiniteError naming the layer on both
 // backends, never as a bogus expert id or a silent token 0.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { closeSync, cpSync, openSync, readFileSync, readSync, rmSync, writeFileSync, writeSync } from "node:fs";
+import { closeSync, cpSync, openSync, readFileSync, readSync, rmSync, truncateSync, writeFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { Model } from "../../lib/api/model.ts";
+import { synthesize } from "../../lib/convert/synth.ts";
 import { ChecksumMismatchError, NonFiniteError } from "../../lib/model/errors.ts";
 import { checksum } from "../../lib/model/checksum.ts";
 import { sealManifest } from "../../lib/model/manifest.ts";
@@ -167,4 +168,39 @@ describe("non-finite weights name the layer on both backends", () => {
       }
     }, 60_000);
   }
+});
+
+describe("files changed under a running engine", () => {
+  test("truncated in place: dense.bin and ple.bin are in memory (no SIGBUS), experts.bin reads fail cleanly naming the file", async () => {
+    const dir = copyOf(q4Dir);
+    const model = await Model.load(dir, { backend: "cpu", engine: { poolSlots: 2 } });
+    try {
+      const first = await model.generate(q4.prompt, { maxTokens: 4, stopAtEos: false });
+      expect(first.tokens).toEqual(want.tokens.slice(0, 4));
+      for (const f of ["dense.bin", "ple.bin", "experts.bin"]) truncateSync(join(dir, f), 0);
+      const e = await failure(() => model.generate(q4.prompt, { maxTokens: q4.maxTokens, stopAtEos: false }));
+      expect(e.message).toContain(join(dir, "experts.bin"));
+      expect(e.message).toMatch(/short read|outside the file/);
+    } finally {
+      await model.close();
+    }
+  }, 60_000);
+
+  test("rewritten by synth --force: the running engine keeps its old files and tokens", async () => {
+    const dir = join(tmp.dir, "served");
+    await synthesize({ preset: q4.preset, features: q4.features, seed: q4.seed, out: dir, weights: q4.dtype });
+    const model = await Model.load(dir, { backend: "cpu", engine: { poolSlots: 2 } });
+    try {
+      await synthesize({ preset: q4.preset, features: q4.features, seed: q4.seed + 100, out: dir, weights: q4.dtype, force: true });
+      expect((await model.generate(q4.prompt, { maxTokens: q4.maxTokens, stopAtEos: false })).tokens).toEqual(want.tokens);
+    } finally {
+      await model.close();
+    }
+    const fresh = await Model.load(dir, { backend: "cpu" });
+    try {
+      expect((await fresh.generate(q4.prompt, { maxTokens: q4.maxTokens, stopAtEos: false })).tokens).not.toEqual(want.tokens);
+    } finally {
+      await fresh.close();
+    }
+  }, 60_000);
 });
