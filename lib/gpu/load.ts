@@ -41,8 +41,9 @@ export interface EngineOptions {
    */
   ioMode?: IoMode;
   /**
-   * Expert-pool eviction: "layer-cyclic" (default: the victim is in the layer whose next visit
-   * in the cyclic layer order is farthest away) or "lru" (--pool-policy).
+   * Expert-pool eviction (--pool-policy): "reuse" (default: the victim is the record expected
+   * back farthest away, from its layer's place in the cycle and its recent use rate),
+   * "layer-cyclic" (in the layer whose next visit is farthest away) or "lru".
    */
   poolPolicy?: PoolPolicy;
   /** Run the next layer's router early and prefetch its predicted experts (default true). */

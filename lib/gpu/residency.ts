@@ -48,11 +48,28 @@ export type Backing = "wired" | "mapped";
  *   last: it approximates Belady when a layer's experts are reused on the next token, and it
  *   does not collapse when the pool is smaller than one token's working set (where LRU evicts
  *   exactly the layer needed next). See {@link layerCycleOrder} for the MTP layer.
+ * - "reuse": the record whose next use is expected farthest away: a record of layer m, used
+ *   at a fraction p of m's recent visits (an exponentially decayed count, half-life
+ *   {@link REUSE_HALF_LIFE} visits), is expected back after d + N (1 - p) / p layer visits,
+ *   d = m's distance in the cyclic order (as layer-cyclic), N the cycle's length. It is
+ *   Belady's rule with the future replaced by that estimate: a layer's frequent experts
+ *   outlive its rare ones, and the layer order still decides among equals. A prefetched
+ *   record not yet used counts with p = the lookahead's accuracy so far, and a prefetch only
+ *   takes a victim expected back later than the predicted record (no wasted swap).
+ *   Cost: each miss scores the {@link REUSE_SCAN} least recent candidates of every layer.
  */
-export type PoolPolicy = "lru" | "layer-cyclic";
-export const POOL_POLICIES: readonly PoolPolicy[] = ["lru", "layer-cyclic"];
-/** The engine's default (bench:pool: better than LRU at every pool size on the training traces). */
-export const DEFAULT_POOL_POLICY: PoolPolicy = "layer-cyclic";
+export type PoolPolicy = "lru" | "layer-cyclic" | "reuse";
+export const POOL_POLICIES: readonly PoolPolicy[] = ["lru", "layer-cyclic", "reuse"];
+/** Half-life, in visits of a record's layer, of the use counts the "reuse" policy scores with (bench:pool's sweep). */
+export const REUSE_HALF_LIFE = 16;
+/** Candidates per layer the "reuse" policy scores per victim, from the layer's least recent end. */
+export const REUSE_SCAN = 32;
+/**
+ * The engine's default. bench:pool (docs/performance.md): on the 64-expert top-8 traces of
+ * both architectures and on the 16-expert ones, "reuse" has the highest hit rate and the
+ * fewest reads of the three at 10-75% pools, with and without lookahead.
+ */
+export const DEFAULT_POOL_POLICY: PoolPolicy = "reuse";
 
 /**
  * The layer-cyclic eviction order when layer `ref` is being served: every layer, the one whose
@@ -231,6 +248,8 @@ export interface ExpertPoolOptions {
   maxBufferBytes?: number;
   /** Eviction policy (default {@link DEFAULT_POOL_POLICY}). */
   policy?: PoolPolicy;
+  /** "reuse": half-life of the use counts, in visits of the record's layer (default {@link REUSE_HALF_LIFE}). */
+  reuseHalfLife?: number;
   /**
    * Verify every record against its checksum before its slot is published (default true when
    * the model provides verifyRecord): wired, after the read lands; mapped, when a record enters
@@ -243,7 +262,7 @@ export interface ExpertPoolOptions {
    */
   hashThreads?: boolean;
   /**
-   * The last expert layer is the MTP head (layer-cyclic only: see {@link layerCycleOrder}).
+   * The last expert layer is the MTP head (layer-cyclic and reuse: see {@link layerCycleOrder}).
    * Default false: every layer is a trunk layer of the cycle (e.g. trunk-only traces).
    */
   mtp?: boolean;
@@ -420,6 +439,16 @@ class SlotExpertPool implements ExpertPool {
   private readonly ltail: Int32Array;
   /** Per layer being served: layers in eviction order (layer-cyclic). */
   private readonly cycleOrder: Int32Array[];
+  /** cycleDist[ref][m]: layer visits from serving `ref` until m's next visit, 1..N ("reuse"). */
+  private readonly cycleDist: Int32Array[];
+  private readonly prevOf: Int32Array;
+  // "reuse": per layer, its acquires and decay^(its acquires since the last rescale); per record,
+  // its decayed use rate divided by its layer's scale when it was set (rate now = that x scale).
+  private readonly visits: Float64Array;
+  private readonly scale: Float64Array;
+  private readonly useRate: Float64Array;
+  private readonly predictedAt: Float64Array; // per slot: its layer's visit count when prefetched
+  private readonly decay: number;
   private readonly free: number[] = []; // stack, lowest slot on top
   // Per record.
   private readonly keySlot: Int32Array;
@@ -515,6 +544,22 @@ class SlotExpertPool implements ExpertPool {
     this.lhead = new Int32Array(layers).fill(-1);
     this.ltail = new Int32Array(layers).fill(-1);
     this.cycleOrder = Array.from({ length: layers }, (_, l) => Int32Array.from(layerCycleOrder(l, layers, opts.mtp ?? false)));
+    this.cycleDist = this.cycleOrder.map((order) => {
+      const d = new Int32Array(layers);
+      order.forEach((m, i) => (d[m] = layers - i));
+      return d;
+    });
+    this.prevOf = Int32Array.from({ length: layers }, (_, l) => {
+      for (let m = 0; m < layers; m++) if (this.cycleDist[m]![l] === 1) return m;
+      return l;
+    });
+    this.visits = new Float64Array(policy === "reuse" ? layers : 0);
+    this.scale = new Float64Array(policy === "reuse" ? layers : 0).fill(1);
+    this.useRate = new Float64Array(policy === "reuse" ? records : 0);
+    this.predictedAt = new Float64Array(policy === "reuse" ? n : 0);
+    const halfLife = opts.reuseHalfLife ?? REUSE_HALF_LIFE;
+    if (!(halfLife > 0)) throw new Error(`expert pool: reuseHalfLife ${halfLife} must be > 0`);
+    this.decay = Math.pow(0.5, 1 / halfLife);
     for (let s = n - 1; s >= 0; s--) this.free.push(s);
     this.keySlot = new Int32Array(records).fill(-1);
     this.unions = new UnionBuilder(perLayer);
@@ -575,7 +620,7 @@ class SlotExpertPool implements ExpertPool {
    * taking it first (as layer-cyclic order alone would when the served layer's own records
    * were just requested) throws away work that a caller may still wait on.
    */
-  private takeVictim(allowBusy: boolean, excludeStamp: number, ref: number): number {
+  private takeVictim(allowBusy: boolean, excludeStamp: number, ref: number, minScore = -Infinity): number {
     if (this.free.length) return this.free.pop()!;
     let queued = -1;
     let busy = -1;
@@ -593,13 +638,79 @@ class SlotExpertPool implements ExpertPool {
       else if (k === 2 && busy < 0) busy = s;
       return false;
     };
-    if (this.policy === "layer-cyclic") {
+    if (this.policy === "reuse") {
+      // "First" read as: the largest expected reuse distance. A layer's records rank the same
+      // way by use rate at any time (they decay together), and the rarely used ones sit at the
+      // least recent end of its list: the first REUSE_SCAN candidates of each layer are scored.
+      let best = -1;
+      let bestScore = -Infinity;
+      for (const l of this.cycleOrder[ref]!) {
+        let seen = 0;
+        for (let s = this.lhead[l]!; s >= 0 && seen < REUSE_SCAN; s = this.lnext[s]!) {
+          if (kind(s) !== 0) {
+            consider(s);
+            continue;
+          }
+          seen++;
+          const score = this.reuseDistance(s, ref);
+          if (score > bestScore) {
+            bestScore = score;
+            best = s;
+          }
+        }
+      }
+      if (best >= 0) return bestScore > minScore ? best : -1; // -1: all expected back sooner than what asks
+    } else if (this.policy === "layer-cyclic") {
       // "First" read as: in the layer visited farthest from `ref`, least recently used within it.
       for (const l of this.cycleOrder[ref]!) for (let s = this.lhead[l]!; s >= 0; s = this.lnext[s]!) if (consider(s)) return s;
     } else {
       for (let s = this.head; s >= 0; s = this.next[s]!) if (consider(s)) return s;
     }
     return queued >= 0 ? queued : allowBusy ? busy : -1;
+  }
+
+  /** The layer served just before `layer` in the cycle (the one whose distance to `layer` is 1). */
+  private prevLayer(layer: number): number {
+    return this.prevOf[layer]!;
+  }
+
+  /** "reuse": the decayed use rate of record `key` now (uses per visit of its layer, 0..1). */
+  private useRateNow(key: number): number {
+    return this.useRate[key]! * this.scale[Math.floor(key / this.perLayer)]!;
+  }
+
+  /** "reuse": one visit of `layer`, whose union `ids` is used: rate = decay x rate + (1 - decay) x used. */
+  private countVisit(layer: number, ids: readonly number[]): void {
+    this.visits[layer]!++;
+    const base = layer * this.perLayer;
+    let scale = (this.scale[layer]! *= this.decay);
+    if (scale < 1e-200) {
+      // Rescale before the stored values overflow (after thousands of visits).
+      for (let e = 0; e < this.perLayer; e++) this.useRate[base + e]! *= scale;
+      scale = this.scale[layer] = 1;
+    }
+    for (const e of ids) this.useRate[base + e] = (this.useRate[base + e]! * scale + (1 - this.decay)) / scale;
+  }
+
+  /** "reuse": the lookahead's accuracy so far (Laplace), the use rate a prediction counts with. */
+  private predictionRate(): number {
+    return (this.c.used + 1) / (this.c.predictions + 2);
+  }
+
+  /** "reuse": layer visits until slot `s`'s record is expected back, seen from serving `ref`. */
+  private reuseDistance(s: number, ref: number): number {
+    const key = this.slotKey[s]!;
+    if (key < 0) return Infinity;
+    const layer = Math.floor(key / this.perLayer);
+    let p = this.useRateNow(key);
+    // A prediction counts until its layer's next visit; unused then, it was wrong.
+    if (this.predicted[s] && this.predictedAt[s] === this.visits[layer]) p = Math.max(p, this.predictionRate());
+    return this.expectedReturn(layer, ref, p);
+  }
+
+  private expectedReturn(layer: number, ref: number, p: number): number {
+    const q = Math.max(p, 1e-4);
+    return this.cycleDist[ref]![layer]! + (this.layers * (1 - q)) / q;
   }
 
   /** Reads still writing into slot `s` (started, not settled); prunes settled ones. */
@@ -754,6 +865,7 @@ class SlotExpertPool implements ExpertPool {
     if (union.length > this.capacity - this.pinnedCount) throw new PoolTooSmallError(layer, union.length, this.capacity, this.pinnedCount);
 
     const base = layer * this.perLayer;
+    if (this.policy === "reuse") this.countVisit(layer, union);
     const table = new Int32Array(this.perLayer).fill(-1);
     const slots = new Array<number>(union.length);
     const waits: Promise<void>[] = [];
@@ -857,7 +969,12 @@ class SlotExpertPool implements ExpertPool {
         continue;
       }
       // Never wait behind a read in flight, never push out what this call just predicted.
-      const s = this.takeVictim(false, call, layer);
+      // "reuse" scores from the layer just served (the predicted layer is next, one visit
+      // away) and takes only a victim expected back later than the prediction.
+      const s =
+        this.policy === "reuse"
+          ? this.takeVictim(false, call, this.prevLayer(layer), this.expectedReturn(layer, this.prevLayer(layer), Math.max(this.predictionRate(), this.useRateNow(key))))
+          : this.takeVictim(false, call, layer);
       if (s < 0) {
         this.c.skipped++;
         continue;
@@ -865,6 +982,7 @@ class SlotExpertPool implements ExpertPool {
       this.evict(s);
       this.assign(s, key, priority);
       this.predicted[s] = 1;
+      if (this.policy === "reuse") this.predictedAt[s] = this.visits[layer]!;
       this.stamp[s] = call;
       this.touch(s);
       this.c.predictions++;

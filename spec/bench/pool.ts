@@ -1,9 +1,10 @@
 /**
- * `bun run bench:pool`: expert-pool hit rates on routing traces, for pool sizes from 10% to
- * 100% of the expert records: the engine's two policies, LRU and layer-cyclic (LC: the
- * victim is in the layer visited farthest away in the cyclic layer order), each alone and
- * with one-layer lookahead (a perfect next-layer predictor; and the trace's own `predicted`
- * sets when it has them), and Belady's offline optimum, with ratios to Belady.
+ * `bun run bench:pool`: expert-pool hit rates and reads on routing traces, for pool sizes
+ * from 10% to 100% of the expert records: the engine's policies (lib/gpu/residency.ts: LRU,
+ * layer-cyclic LC, reuse), each alone, with the trace's recorded lookahead predictions
+ * prefetched (+LA) and with a perfect one-layer lookahead (+LA*), against Belady's offline
+ * optimum: hit rate, its distance to Belady's in points, reads (misses + prefetches) over
+ * Belady's, and the lookahead's wasted reads.
  *
  * Traces, in order of preference:
  *  --traces PATH   a trace file (.jsonl or .json, either gzipped as .gz) or a folder of them;
@@ -26,7 +27,11 @@ import type { PresetName } from "../../lib/convert/presets.ts";
 import { parseTrace, readTraceText, TraceWriter, type TraceStep } from "../../lib/gpu/trace.ts";
 import { openModel } from "../../lib/model/format.ts";
 import { generateGreedy } from "../../lib/reference/index.ts";
-import { accessesOf, largestUnion, simulateBelady, simulateLayerCyclic, simulateLru, type SimResult } from "./policies.ts";
+import { POOL_POLICIES, type PoolPolicy } from "../../lib/gpu/residency.ts";
+import { accessesOf, largestUnion, simulateBelady, simulateLru, type SimResult } from "./policies.ts";
+
+/** Short names in the tables. */
+const NAMES: Record<PoolPolicy, string> = { lru: "LRU", "layer-cyclic": "LC", reuse: "reuse" };
 
 const ROOT = join(import.meta.dir, "..", "..");
 const { values: opts } = parseArgs({
@@ -157,16 +162,25 @@ const pct = (x: number) => `${(100 * x).toFixed(1)}%`;
 const ratio = (a: number, b: number) => (b ? (a / b).toFixed(3) : "-");
 const sizes = opts.sizes.split(",").map(Number);
 
+/** A policy column: the engine pool's policy, and the lookahead that feeds its prefetches. */
+interface Variant {
+  name: string;
+  policy: PoolPolicy;
+  lookahead: "none" | "perfect" | "trace";
+}
+
+const VARIANTS: Variant[] = POOL_POLICIES.flatMap((policy) => [
+  { name: NAMES[policy], policy, lookahead: "none" as const },
+  { name: `${NAMES[policy]}+LA`, policy, lookahead: "trace" as const },
+  { name: `${NAMES[policy]}+LA*`, policy, lookahead: "perfect" as const },
+]);
+
 interface Row {
   percent: number;
   slots: number;
-  lru?: SimResult;
-  lookahead?: SimResult;
-  lookaheadTrace?: SimResult;
-  lc?: SimResult;
-  lcLookahead?: SimResult;
-  lcLookaheadTrace?: SimResult;
   belady?: SimResult;
+  /** Per variant name (LA rows only when the trace has predictions). */
+  results: Record<string, SimResult>;
   skipped?: string;
 }
 
@@ -178,20 +192,16 @@ async function benchSet(set: TraceSet) {
   const records = layers * set.perLayer;
   const minimum = largestUnion(steps);
   const hasPredicted = set.steps.some((s) => s.predicted?.some((p) => p.length > 0));
+  const variants = VARIANTS.filter((v) => v.lookahead !== "trace" || hasPredicted);
   const rows: Row[] = [];
   for (const p of sizes) {
     const slots = Math.round((p / 100) * records);
     if (slots < minimum) {
-      rows.push({ percent: p, slots, skipped: `below the largest union (${minimum} records)` });
+      rows.push({ percent: p, slots, results: {}, skipped: `below the largest union (${minimum} records)` });
       continue;
     }
-    const row: Row = { percent: p, slots };
-    row.lru = await simulateLru(steps, shape, slots);
-    row.lookahead = await simulateLru(steps, shape, slots, "perfect");
-    if (hasPredicted) row.lookaheadTrace = await simulateLru(steps, shape, slots, "trace");
-    row.lc = await simulateLayerCyclic(steps, shape, slots);
-    row.lcLookahead = await simulateLayerCyclic(steps, shape, slots, "perfect");
-    if (hasPredicted) row.lcLookaheadTrace = await simulateLayerCyclic(steps, shape, slots, "trace");
+    const row: Row = { percent: p, slots, results: {} };
+    for (const v of variants) row.results[v.name] = await simulateLru(steps, shape, slots, v.lookahead, v.policy);
     row.belady = simulateBelady(steps, shape, slots);
     rows.push(row);
   }
@@ -205,6 +215,7 @@ async function benchSet(set: TraceSet) {
     records,
     largestUnion: minimum,
     hasPredicted,
+    variants: variants.map((v) => v.name),
     rows,
   };
 }
@@ -212,24 +223,7 @@ async function benchSet(set: TraceSet) {
 function printSet(r: Awaited<ReturnType<typeof benchSet>>): void {
   console.log(`bench:pool  ${r.source}`);
   console.log(`  ${r.steps} steps, ${r.accesses} layer accesses, ${r.layers} layers x ${r.perLayer} experts = ${r.records} records, largest union ${r.largestUnion}\n`);
-  const la = r.hasPredicted;
-  const head = [
-    "pool",
-    "slots",
-    "LRU",
-    "LC",
-    "LRU+LA*",
-    "LC+LA*",
-    ...(la ? ["LRU+LA", "LC+LA"] : []),
-    "Belady",
-    "LRU/Bel",
-    "LC/Bel",
-    "reads/Belady: LRU",
-    "LC",
-    "LRU+LA*",
-    "LC+LA*",
-    ...(la ? ["LRU+LA", "LC+LA", "LA wasted LRU", "LC"] : []),
-  ];
+  const head = ["pool", "slots", "policy", "hit rate", "vs Belady", "reads/Belady", "LA wasted reads"];
   const table: string[][] = [head];
   for (const row of r.rows) {
     if (row.skipped) {
@@ -237,33 +231,15 @@ function printSet(r: Awaited<ReturnType<typeof benchSet>>): void {
       continue;
     }
     const b = row.belady!;
-    table.push([
-      `${row.percent}%`,
-      String(row.slots),
-      pct(row.lru!.hitRate),
-      pct(row.lc!.hitRate),
-      pct(row.lookahead!.hitRate),
-      pct(row.lcLookahead!.hitRate),
-      ...(la ? [pct(row.lookaheadTrace!.hitRate), pct(row.lcLookaheadTrace!.hitRate)] : []),
-      pct(b.hitRate),
-      ratio(row.lru!.hitRate, b.hitRate),
-      ratio(row.lc!.hitRate, b.hitRate),
-      ratio(row.lru!.reads, b.reads),
-      ratio(row.lc!.reads, b.reads),
-      ratio(row.lookahead!.reads, b.reads),
-      ratio(row.lcLookahead!.reads, b.reads),
-      ...(la
-        ? [
-            ratio(row.lookaheadTrace!.reads, b.reads),
-            ratio(row.lcLookaheadTrace!.reads, b.reads),
-            String(row.lookaheadTrace!.wasted ?? 0),
-            String(row.lcLookaheadTrace!.wasted ?? 0),
-          ]
-        : []),
-    ]);
+    table.push([`${row.percent}%`, String(row.slots), "Belady", pct(b.hitRate), "", "1.000", ""]);
+    for (const name of r.variants) {
+      const x = row.results[name]!;
+      const wasted = x.wasted === undefined ? "" : `${x.wasted} (${((100 * x.wasted) / Math.max(1, x.reads)).toFixed(1)}% of reads)`;
+      table.push(["", "", name, pct(x.hitRate), `${(100 * (x.hitRate - b.hitRate)).toFixed(1)} pt`, ratio(x.reads, b.reads), wasted]);
+    }
   }
   const widths = head.map((_, i) => Math.max(...table.map((t) => (t[i] ?? "").length)));
-  for (const t of table) console.log("  " + t.map((c, i) => (i < 2 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join("  "));
+  for (const t of table) console.log("  " + t.map((c, i) => (i < 3 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join("  "));
   console.log("");
 }
 
@@ -276,6 +252,8 @@ if (opts.json) {
   console.log("hit rate: demanded experts (per step and layer, the union of its rows) found resident;");
   console.log("reads: records read, misses plus prefetches (the bandwidth a policy costs).");
   console.log("LC: layer-cyclic (the victim is in the layer whose next visit is farthest away, LRU within it).");
-  console.log("LRU+LA*: LRU plus a perfect one-layer lookahead (the next layer's real union is prefetched).");
-  console.log("LRU+LA: LRU plus the trace's own lookahead predictions (the lookahead router's sets).");
+  console.log("reuse: the victim is expected back farthest away (layer distance + N (1 - p) / p, p its decayed use rate).");
+  console.log("+LA: with the trace's own lookahead predictions prefetched (the lookahead router's sets);");
+  console.log("+LA*: with a perfect one-layer lookahead (the next layer's real union is prefetched).");
+  console.log("LA wasted reads: prefetched records evicted before any use (bytes = reads x the record size).");
 }

@@ -1,4 +1,4 @@
-// The layer-cyclic pool policy (the default) and LRU, named explicitly, reproduce a golden
+// The reuse pool policy (the default), layer-cyclic and LRU, named explicitly, reproduce a golden
 // sequence at the minimum pool (one row's top-k) and a little above it (where victims are
 // chosen every layer); an unknown policy fails at load.
 import { afterAll, beforeAll, expect, test } from "bun:test";
@@ -17,7 +17,7 @@ beforeAll(async () => {
 });
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-test(`${c.name} on the engine with poolPolicy layer-cyclic and lru, minimum pool and just above`, async () => {
+test(`${c.name} on the engine with poolPolicy reuse, layer-cyclic and lru, minimum pool and just above`, async () => {
   const probe = await openEngine(dir, { pool: "100%" });
   const topK = probe.config.moe.top_k;
   await probe.close();
@@ -26,6 +26,9 @@ test(`${c.name} on the engine with poolPolicy layer-cyclic and lru, minimum pool
     ["min mapped layer-cyclic no-lookahead", { poolSlots: topK, backing: "mapped", poolPolicy: "layer-cyclic", lookahead: false }],
     ["3 x top-k wired layer-cyclic", { poolSlots: 3 * topK, backing: "wired", poolPolicy: "layer-cyclic" }],
     ["3 x top-k wired lru", { poolSlots: 3 * topK, backing: "wired", poolPolicy: "lru" }],
+    ["min wired reuse", { poolSlots: topK, backing: "wired", poolPolicy: "reuse" }],
+    ["3 x top-k wired reuse", { poolSlots: 3 * topK, backing: "wired", poolPolicy: "reuse" }],
+    ["3 x top-k mapped default", { poolSlots: 3 * topK, backing: "mapped" }],
   ];
   for (const [label, opts] of configs) {
     const backend = await openEngine(dir, opts);
@@ -39,5 +42,5 @@ test(`${c.name} on the engine with poolPolicy layer-cyclic and lru, minimum pool
       await backend.close();
     }
   }
-  await expect(openEngine(dir, { poolPolicy: "mru" as never })).rejects.toThrow(/poolPolicy: "mru" must be "lru" or "layer-cyclic"/);
+  await expect(openEngine(dir, { poolPolicy: "mru" as never })).rejects.toThrow(/poolPolicy: "mru" must be "lru" or "layer-cyclic" or "reuse"/);
 }, 60_000);

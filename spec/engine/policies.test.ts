@@ -114,3 +114,20 @@ test("layer-cyclic beats LRU on a cyclic trace whose working set is larger than 
   // With room for every record the trace touches (18), both only miss each record once.
   for (const r of [await simulateLru(steps, s, 18), await simulateLayerCyclic(steps, s, 18)]) expect(r.misses).toBe(18);
 });
+
+test("reuse beats layer-cyclic when a layer's experts differ in popularity", async () => {
+  // 4 layers x 16 experts; each token routes, per layer, expert 0 (always) and one of 1..15 at
+  // random. With 8 slots the hot experts fit (4) beside a few cold ones; layer-cyclic keeps the
+  // most recent records of the farthest layer instead.
+  const s = { layers: 4, perLayer: 16 };
+  let x = 3;
+  const rand = () => ((x = (Math.imul(x, 1103515245) + 12345) >>> 0) >>> 8) % 15;
+  const steps: Access[][] = Array.from({ length: 400 }, () => Array.from({ length: s.layers }, (_, layer) => ({ layer, ids: [0, 1 + rand()] })));
+  const lc = await simulateLayerCyclic(steps, s, 8);
+  const reuse = await simulateLru(steps, s, 8, "none", "reuse");
+  const opt = simulateBelady(steps, s, 8);
+  expect(reuse.policy).toBe("reuse");
+  expect(reuse.hitRate).toBeGreaterThan(lc.hitRate + 0.1);
+  expect(reuse.reads).toBeLessThan(lc.reads);
+  expect(reuse.hits).toBeLessThanOrEqual(opt.hits);
+});

@@ -348,9 +348,9 @@ test("layer-cyclic order: the served layer's own records first, then backwards r
   expect(layerCycleOrder(1, 5, true)).toEqual([1, 0, 4, 3, 2]);
   // ... and while it is served (chained draft rows come back to back), its own records are kept longest.
   expect(layerCycleOrder(4, 5, true)).toEqual([3, 2, 1, 0, 4]);
-  expect(DEFAULT_POOL_POLICY).toBe("layer-cyclic");
+  expect(DEFAULT_POOL_POLICY).toBe("reuse");
   expect(createExpertPool({ backing: "mapped", model: tiny.model, capacity: 4 }).policy).toBe(DEFAULT_POOL_POLICY);
-  expect(() => createExpertPool({ backing: "mapped", model: tiny.model, capacity: 4, policy: "mru" as never })).toThrow(/policy must be "lru" or "layer-cyclic", got "mru"/);
+  expect(() => createExpertPool({ backing: "mapped", model: tiny.model, capacity: 4, policy: "mru" as never })).toThrow(/policy must be "lru" or "layer-cyclic" or "reuse", got "mru"/);
 });
 
 test("layer-cyclic evicts from the layer whose next visit is farthest away, not the least recently used", async () => {
@@ -422,13 +422,13 @@ test("layer-cyclic with the MTP head: drafting keeps the MTP experts, trunk laye
   await pool.close();
 });
 
-test("layer-cyclic decisions are the same on both backings (wired reads awaited) and do not depend on IO timing", async () => {
+test("layer-cyclic and reuse decisions are the same on both backings (wired reads awaited) and do not depend on IO timing", async () => {
   const calls: [number, number[]][] = [];
   let x = 7;
   const rand = (n: number) => ((x = (Math.imul(x, 1103515245) + 12345) >>> 0) >>> 8) % n;
   for (let t = 0; t < 30; t++) for (let l = 0; l < layers; l++) calls.push([l, [rand(perLayer), rand(perLayer)]]);
-  const run = async (backing: "wired" | "mapped", wait: boolean) => {
-    const pool = createExpertPool({ backing, model: tiny.model, capacity: 7, policy: "layer-cyclic" });
+  const run = async (backing: "wired" | "mapped", wait: boolean, policy: "layer-cyclic" | "reuse") => {
+    const pool = createExpertPool({ backing, model: tiny.model, capacity: 7, policy });
     const log: number[][] = [];
     for (const [l, ids] of calls) {
       const a = pool.acquire(l, ids);
@@ -441,17 +441,19 @@ test("layer-cyclic decisions are the same on both backings (wired reads awaited)
     await pool.close();
     return { log, hits: st.hits, misses: st.misses };
   };
-  const mapped = await run("mapped", false);
-  expect(await run("wired", true)).toEqual(mapped);
-  expect(await run("wired", false)).toEqual(mapped);
-  expect(mapped.hits).toBeGreaterThan(0);
+  for (const policy of ["layer-cyclic", "reuse"] as const) {
+    const mapped = await run("mapped", false, policy);
+    expect(await run("wired", true, policy)).toEqual(mapped);
+    expect(await run("wired", false, policy)).toEqual(mapped);
+    expect(mapped.hits).toBeGreaterThan(0);
+  }
 });
 
-test("a released record whose read is still queued is not the victim while a record in place can go (both policies)", async () => {
+test("a released record whose read is still queued is not the victim while a record in place can go (every policy)", async () => {
   // bench:io's pattern at large records: acquire and release at once, await a window later.
   // Layer-cyclic order alone would take the served layer's own record, just asked for and
   // still queued, and its acquire would reject with IoCancelledError.
-  for (const policy of ["lru", "layer-cyclic"] as const) {
+  for (const policy of ["lru", "layer-cyclic", "reuse"] as const) {
     const f = faultyReader();
     const hold = gate();
     f.hold.set(tiny.model.expertOffset(3, 0), hold.promise);
@@ -475,4 +477,70 @@ test("a released record whose read is still queued is not the victim while a rec
     await pool.close();
     await io.close();
   }
+});
+
+// ---- reuse eviction ------------------------------------------------------------------
+
+/** A mapped pool without a device, policy "reuse". */
+const reusePool = (capacity: number) => createExpertPool({ backing: "mapped", model: tiny.model, capacity, policy: "reuse" });
+
+test("reuse keeps a layer's frequently used expert over a rarely used one that is more recent (layer-cyclic does the opposite)", async () => {
+  const play = (pool: ExpertPool) => {
+    for (let i = 0; i < 5; i++) {
+      pool.acquire(0, [0]); // e0: five visits in a row
+      pool.release(0);
+    }
+    pool.acquire(0, [1]); // e1: once, last
+    pool.release(0);
+    pool.acquire(0, [2]); // full: one of e0, e1 must go
+    pool.release(0);
+  };
+  const reuse = reusePool(2);
+  play(reuse);
+  expect([reuse.isResident(0, 0), reuse.isResident(0, 1)]).toEqual([true, false]);
+  const lc = cyclicPool(2);
+  play(lc);
+  expect([lc.isResident(0, 0), lc.isResident(0, 1)]).toEqual([false, true]);
+  await reuse.close();
+  await lc.close();
+});
+
+test("reuse: a prediction is kept until its layer's next visit, then, unused, it goes first", async () => {
+  let pool = reusePool(2);
+  pool.acquire(0, [0]);
+  pool.release(0);
+  expect(pool.prefetch(1, [5]).issued).toBe(1);
+  // Serving layer 2 (layer 1 not visited yet): the prediction counts as likely used; L0e0, used once, goes.
+  pool.acquire(2, [3]);
+  pool.release(2);
+  expect([pool.isResident(1, 5), pool.isResident(0, 0)]).toEqual([true, false]);
+  await pool.close();
+  pool = reusePool(2);
+  pool.acquire(0, [0]);
+  pool.release(0);
+  pool.prefetch(1, [5]);
+  // Layer 1's visit routes elsewhere: the prediction was wrong and is the victim, counted as wasted.
+  expect(pool.acquire(1, [6]).missIds).toEqual([6]);
+  pool.release(1);
+  expect([pool.isResident(1, 5), pool.isResident(0, 0)]).toEqual([false, true]);
+  expect(pool.lookaheadStats()).toMatchObject({ predictions: 1, used: 0, wasted: 1 });
+  await pool.close();
+});
+
+test("reuse: a prefetch does not push out a record expected back sooner than the prediction", async () => {
+  const pool = reusePool(1);
+  for (let i = 0; i < 40; i++) {
+    pool.acquire(2, [0]); // used at every visit of layer 2
+    pool.release(2);
+  }
+  expect(pool.prefetch(1, [4]).issued).toBe(0);
+  expect(pool.isResident(2, 0)).toBe(true);
+  expect(pool.lookaheadStats()).toMatchObject({ predictions: 0, skipped: 1 });
+  await pool.close();
+  const rare = reusePool(1);
+  rare.acquire(2, [0]); // used once
+  rare.release(2);
+  expect(rare.prefetch(1, [4]).issued).toBe(1);
+  expect(rare.isResident(1, 4)).toBe(true);
+  await rare.close();
 });

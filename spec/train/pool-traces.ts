@@ -26,6 +26,8 @@ const SEGMENT = Number(opts.segment);
 const heldout: { path: string; text: string }[] = JSON.parse(readFileSync(heldoutPath, "utf8"));
 const ordered = [...heldout].sort((a, b) => Bun.hash.crc32(a.path) - Bun.hash.crc32(b.path) || (a.path < b.path ? -1 : 1));
 const round4 = (x: number) => Math.round(x * 1e4) / 1e4;
+/** Routing weights to 2 decimals: enough for a policy to weigh by them, and the traces stay small. */
+const round2 = (x: number) => Math.round(x * 100) / 100;
 
 async function trace(name: string, dir: string) {
   const files = await openModel(dir, { verify: true });
@@ -47,7 +49,7 @@ async function trace(name: string, dir: string) {
       path: doc.path,
       tokens,
       experts: steps.map((s) => s.experts.flat()),
-      weights: steps.map((s) => s.weights.flat().map(round4)),
+      weights: steps.map((s) => s.weights.flat().map(round2)),
       predicted: steps.map((s) => s.predicted.slice(1).flat()),
     });
     console.log(`${name}: ${doc.path}: ${tokens.length} tokens (${total} of ${TOKENS}, ${((performance.now() - started) / 1000).toFixed(0)} s)`);

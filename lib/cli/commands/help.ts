@@ -40,8 +40,9 @@ export const usage: Record<string, string> = {
                          experts.bin fits the working set: it is made resident whole)
     --io direct|cached   wired pool reads: uncached (default), or through the page cache,
                          which then keeps hot records the pool evicted
-    --pool-policy layer-cyclic|lru  eviction: the layer visited farthest away next (default),
-                         or the least recently used record
+    --pool-policy reuse|layer-cyclic|lru  eviction: the record expected back farthest away
+                         (default; its layer's distance and its recent use rate), the layer
+                         visited farthest away next, or the least recently used record
     --no-lookahead       do not run the next layer's router early to prefetch its experts
     --max-context N      tokens a sequence may hold (default 4096)
     --trace FILE         append every step's routing (tokens, experts, weights, misses) as JSON lines`,

@@ -6,6 +6,7 @@ import { MANIFEST_FILE } from "../../model/manifest.ts";
 import type { EngineOptions } from "../../api/engine-backend.ts";
 import { BudgetError, parsePoolSize } from "../../gpu/budget.ts";
 import { IO_MODES, type IoMode } from "../../gpu/load.ts";
+import { DEFAULT_POOL_POLICY, POOL_POLICIES } from "../../gpu/residency.ts";
 import { choiceFlag, draftsFlag, intFlag, parseFlags, stringFlag, type Flags, UsageError } from "../args.ts";
 import type { CliIO } from "../io.ts";
 
@@ -46,7 +47,7 @@ function engineFlags(flags: Flags): EngineOptions {
   if (flags["pool-slots"] !== undefined) engine.poolSlots = intFlag(flags, "pool-slots", 0, 1);
   if (flags.backing !== undefined) engine.backing = choiceFlag(flags, "backing", ["wired", "mapped"] as const, "wired");
   if (flags.io !== undefined) engine.ioMode = ioFlag(flags);
-  if (flags["pool-policy"] !== undefined) engine.poolPolicy = choiceFlag(flags, "pool-policy", ["lru", "layer-cyclic"] as const, "layer-cyclic");
+  if (flags["pool-policy"] !== undefined) engine.poolPolicy = choiceFlag(flags, "pool-policy", POOL_POLICIES, DEFAULT_POOL_POLICY);
   if (flags["no-lookahead"]) engine.lookahead = false;
   if (flags["max-context"] !== undefined) engine.maxContext = intFlag(flags, "max-context", 4096, 1, 1 << 24);
   const trace = stringFlag(flags, "trace");
