@@ -2,6 +2,8 @@
 // against an exhaustive search on small sequences, LRU against a hand-worked sequence, and
 // the perfect lookahead against what it must achieve when the pool has room.
 import { expect, test } from "bun:test";
+import { join } from "node:path";
+import { readTrace } from "../../lib/gpu/trace.ts";
 import { accessesOf, largestUnion, simulateBelady, simulateLayerCyclic, simulateLru, type Access } from "../bench/policies.ts";
 import type { TraceStep } from "../../lib/gpu/trace.ts";
 
@@ -115,19 +117,18 @@ test("layer-cyclic beats LRU on a cyclic trace whose working set is larger than 
   for (const r of [await simulateLru(steps, s, 18), await simulateLayerCyclic(steps, s, 18)]) expect(r.misses).toBe(18);
 });
 
-test("reuse beats layer-cyclic when a layer's experts differ in popularity", async () => {
-  // 4 layers x 16 experts; each token routes, per layer, expert 0 (always) and one of 1..15 at
-  // random. With 8 slots the hot experts fit (4) beside a few cold ones; layer-cyclic keeps the
-  // most recent records of the farthest layer instead.
-  const s = { layers: 4, perLayer: 16 };
-  let x = 3;
-  const rand = () => ((x = (Math.imul(x, 1103515245) + 12345) >>> 0) >>> 8) % 15;
-  const steps: Access[][] = Array.from({ length: 400 }, () => Array.from({ length: s.layers }, (_, layer) => ({ layer, ids: [0, 1 + rand()] })));
-  const lc = await simulateLayerCyclic(steps, s, 8);
-  const reuse = await simulateLru(steps, s, 8, "none", "reuse");
-  const opt = simulateBelady(steps, s, 8);
-  expect(reuse.policy).toBe("reuse");
-  expect(reuse.hitRate).toBeGreaterThan(lc.hitRate + 0.1);
-  expect(reuse.reads).toBeLessThan(lc.reads);
-  expect(reuse.hits).toBeLessThanOrEqual(opt.hits);
-});
+test("reuse beats layer-cyclic and LRU on the committed 64-expert traces at 25% and 50% pools, with and without lookahead", async () => {
+  for (const name of ["qwen4-exp-64x8", "qwen3-next-64x8"]) {
+    const steps = accessesOf(readTrace(join(import.meta.dir, "..", "train", "traces", `${name}.json.gz`)));
+    const s = { layers: 8, perLayer: 64 };
+    for (const slots of [128, 256]) {
+      for (const la of ["none", "trace"] as const) {
+        const others = [await simulateLru(steps, s, slots, la, "layer-cyclic"), ...(la === "none" ? [await simulateLru(steps, s, slots, la, "lru")] : [])];
+        const reuse = await simulateLru(steps, s, slots, la, "reuse");
+        const what = `${name} ${slots} slots lookahead ${la}`;
+        expect({ what, better: others.every((o) => reuse.hitRate > o.hitRate) }).toEqual({ what, better: true });
+        expect({ what, fewer: others.every((o) => reuse.reads < o.reads) }).toEqual({ what, fewer: true });
+      }
+    }
+  }
+}, 120_000);
