@@ -1,6 +1,6 @@
 /**
- * The expert pool: which expert records the GPU may touch, managed here (policy "lru" or
- * "layer-cyclic", see {@link PoolPolicy}), with two backings behind one interface
+ * The expert pool: which expert records the GPU may touch, managed here (policy "reuse",
+ * "layer-cyclic" or "lru", see {@link PoolPolicy}), with two backings behind one interface
  * ({@link ExpertPool}).
  *
  * - "wired": `capacity` page-aligned slots carved out of one or a few shim buffers; a miss
@@ -66,8 +66,8 @@ export const REUSE_HALF_LIFE = 16;
 export const REUSE_SCAN = 32;
 /**
  * The engine's default. bench:pool (docs/performance.md): on the 64-expert top-8 traces of
- * both architectures and on the 16-expert ones, "reuse" has the highest hit rate and the
- * fewest reads of the three at 10-75% pools, with and without lookahead.
+ * both architectures "reuse" has the highest hit rate and the fewest reads of the three at
+ * 10-75% pools, with and without lookahead; on the 16-expert ones it is at least as good.
  */
 export const DEFAULT_POOL_POLICY: PoolPolicy = "reuse";
 
@@ -393,7 +393,7 @@ function mappedMemory(path: string, records: number, stride: number, maxBufferBy
   };
 }
 
-/** Both backings and both policies: `capacity` slots managed here; the backing decides what a slot number means. */
+/** Both backings and every policy: `capacity` slots managed here; the backing decides what a slot number means. */
 class SlotExpertPool implements ExpertPool {
   readonly backing: Backing;
   readonly policy: PoolPolicy;
