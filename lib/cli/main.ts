@@ -9,6 +9,7 @@ import { convertCommand } from "./commands/convert.ts";
 import { helpText, usage } from "./commands/help.ts";
 import { inspectCommand } from "./commands/inspect.ts";
 import { runCommand } from "./commands/run.ts";
+import { sealCommand } from "./commands/seal.ts";
 import { serveCommand } from "./commands/serve.ts";
 import { synthCommand } from "./commands/synth.ts";
 import { processIO, type CliIO } from "./io.ts";
@@ -19,6 +20,7 @@ const commands: Record<string, (argv: string[], io: CliIO) => Promise<number>> =
   run: runCommand,
   convert: convertCommand,
   serve: serveCommand,
+  seal: sealCommand,
 };
 
 export async function main(argv: string[], io: CliIO = processIO()): Promise<number> {

@@ -15,6 +15,7 @@ import { openModel } from "../../lib/model/format.ts";
 import { sealManifest } from "../../lib/model/manifest.ts";
 import { OutputDirError } from "../../lib/model/safe-write.ts";
 import { loadTokenizer } from "../../lib/model/tokenizer.ts";
+import { main } from "../../lib/cli/main.ts";
 import { generateGreedy } from "../../lib/reference/generate.ts";
 import { resealFiles } from "../fuzz/cases.ts";
 
@@ -181,6 +182,25 @@ describe("tokenizer", () => {
     const m = await Model.load(n, { backend: "reference" });
     expect(m.tokenizer).toBeNull();
     await m.close();
+  });
+
+  test("an edited chat template is named by its checksum until `cherenkov seal` records it; seal refuses a damaged index", async () => {
+    const dir = copy();
+    const cfg = readJson(join(dir, "tokenizer_config.json"));
+    cfg.chat_template = "{% for m in messages %}<{{ m.content }}>{% endfor %}";
+    writeFileSync(join(dir, "tokenizer_config.json"), JSON.stringify(cfg));
+    expect((await errorOf(() => loadTokenizer(dir))).message).toMatch(/^tokenizer_config\.json: checksum mismatch/);
+    const out: string[] = [];
+    const io = { stdout: (t: string) => void out.push(t), stderr: (t: string) => void out.push(t), stderrIsTTY: false };
+    expect(await main(["seal", dir], io)).toBe(0);
+    expect((await loadTokenizer(dir)).applyChatTemplate([{ role: "user", content: "hi" }])).toBe("<hi>");
+    (await openModel(dir, { verify: true })).close();
+    // A changed config value is not sealable: the index's own seal is checked first.
+    const m = readJson(join(dir, "cherenkov.json"));
+    m.config.rms_norm_eps = 1e-5;
+    writeFileSync(join(dir, "cherenkov.json"), JSON.stringify(m));
+    expect(await main(["seal", dir], io)).toBe(1);
+    expect(out.join("")).toContain("manifest checksum mismatch");
   });
 
   test("a chat template with a huge loop stops at the limits, and the event loop keeps running", async () => {

@@ -19,6 +19,10 @@ export const usage: Record<string, string> = {
   Prints a model's config, files, expert record layout and tensor table.
     --json      one JSON object instead of the tables
     --verify    check every checksum (tensors, expert records, PLE tables)`,
+  seal: `cherenkov seal DIR
+  After a deliberate edit of tokenizer.json or tokenizer_config.json (e.g. a new chat
+  template), records their checksums in cherenkov.json and seals the index again. The index
+  must be intact; weight checksums are never rewritten.`,
   run: `cherenkov run [DIR] (--prompt TEXT | --prompt-tokens 1,2,3) [options]
   Greedy generation. DIR defaults to the embedded model (examples/models/qwen4-exp-tiny).
     --prompt TEXT        text prompt, tokenized with the model's tokenizer
