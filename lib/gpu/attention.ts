@@ -5,7 +5,7 @@
 // output gate are the dense kernels'. Order within a step: norms, RoPE, append K/V (and
 // ik), then QSA and attention read everything back from the caches, this batch included.
 import { ropeInvFreq } from "../model/rope.ts";
-import type { Binding, Buffer, Device } from "../shim.ts";
+import type { Binding, Buffer, Device, Storage } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import { SIMD_WIDTH } from "./limits.ts";
 import { Params } from "./params.ts";
@@ -103,13 +103,14 @@ export function kvCacheBytes(kind: "q8" | "f32", heads: number, dim: number, cap
 const offsetOf = (b: Binding) => ("offset" in b ? b.offset : 0);
 const bufferOf = (b: Binding): Buffer => ("buffer" in b ? b.buffer : b);
 
-/** A cache in new buffers (the data region and, for q8, the scales), zero-filled. */
+/** A cache in new buffers (the data region and, for q8, the scales), zero-filled; "device" storage only kernels may touch. */
 export function allocateKvCache(
   device: Device,
   kind: "q8" | "f32",
   heads: number,
   dim: number,
   capacity: number,
+  storage: Storage = "shared",
 ): KvCacheRef {
   const bytes = kvCacheBytes(kind, heads, dim, capacity);
   return {
@@ -117,8 +118,8 @@ export function allocateKvCache(
     heads,
     dim,
     capacity,
-    data: device.buffer(bytes.data),
-    scales: kind === "q8" ? device.buffer(bytes.scales) : null,
+    data: device.buffer(bytes.data, storage),
+    scales: kind === "q8" ? device.buffer(bytes.scales, storage) : null,
   };
 }
 

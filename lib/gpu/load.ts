@@ -277,7 +277,7 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
     const kernelPool: KernelPool = { buffer: pool.buffers[0]!, slots: pool.slotCount, stride: x.stride, parts };
 
     const scratch = allocateScratch(device, c, { rows, maxContext });
-    owned.push(scratch.buffer);
+    owned.push(scratch.buffer, scratch.hostBuffer);
     const snapshots = c.mtp ? new SnapshotSet(device, c) : null;
     const event = device.event();
     const activity = new ExpertActivity(D.expertLayers, x.perLayer);

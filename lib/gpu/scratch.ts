@@ -1,5 +1,7 @@
 // The step's activation scratch: every intermediate of one row batch, for up to `rows` rows,
-// carved out of one shared buffer. Sized once at load (rows = min(prefill chunk, MAX_NB)
+// carved out of two buffers: the regions the host reads or writes mid-step (router ids and
+// weights at the MoE handshake, the slot table, next ids, drafts) in a shared one, all the
+// rest in device storage (GPU memory on cuda; shared memory on Metal and the CPU backend). Sized once at load (rows = min(prefill chunk, MAX_NB)
 // and what the pool allows; docs/engine.md). Regions a later op no longer needs are not
 // reused for something else: the layout stays obvious and the bytes are small next to the
 // weights (the logits are computed LOGIT_ROWS rows at a time to keep the largest region small).
@@ -39,7 +41,10 @@ class Arena {
 }
 
 export interface Scratch {
+  /** The regions only kernels touch (device storage). */
   readonly buffer: Buffer;
+  /** The regions the host reads or writes (shared). */
+  readonly hostBuffer: Buffer;
   readonly bytes: number;
   /** Rows the regions hold. */
   readonly rows: number;
@@ -102,14 +107,21 @@ export interface ScratchSize {
 /** Allocates the scratch of `config` for `size.rows` rows and contexts up to `size.maxContext`. */
 export function allocateScratch(device: Device, config: ModelConfig, size: ScratchSize): Scratch {
   const layout = layoutScratch(config, size);
-  const buffer = device.buffer(layout.bytes);
-  return layout.bind(buffer);
+  const buffer = device.buffer(layout.deviceBytes, "device");
+  let hostBuffer: Buffer;
+  try {
+    hostBuffer = device.buffer(layout.hostBytes);
+  } catch (e) {
+    buffer.release();
+    throw e;
+  }
+  return layout.bind(buffer, hostBuffer);
 }
 
 /** Bytes the scratch of `config` takes for `size` (the budget's fixed buffers). */
 export const scratchBytes = (config: ModelConfig, size: ScratchSize): number => layoutScratch(config, size).bytes;
 
-function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number; bind(buffer: Buffer): Scratch } {
+function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number; deviceBytes: number; hostBytes: number; bind(buffer: Buffer, hostBuffer: Buffer): Scratch } {
   const c = config;
   const D = dims(c);
   const R = size.rows;
@@ -118,7 +130,11 @@ function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number;
   const k = c.moe.top_k;
   const E = c.moe.experts;
   const at = c.attention;
-  const arena = new Arena();
+  const deviceArena = new Arena();
+  const hostArena = new Arena();
+  // Regions the host reads or writes between the GPU's signal and its release (or after the step).
+  const HOST = new Set(["la.ids", "la.weights", "moe.ids", "moe.weights", "moe.slotTable", "head.next", "head.margins", "mtp.drafts", "mtp.draftMargins"]);
+  const arenaOf = (path: string) => (HOST.has(path) ? hostArena : deviceArena);
   const out: Record<string, unknown> = {};
   // Registers a region under a dotted path of `out` ("attn.q" -> out.attn.q).
   const set = (path: string, value: unknown) => {
@@ -130,19 +146,19 @@ function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number;
   // `count` rows of `floats` values, each row padded to 16 bytes.
   const rows = (path: string, floats: number, count = R) => {
     const stride = rowBytes(floats);
-    arena.take(stride * count, (buffer, offset) => set(path, { buffer, offset, stride }));
+    arenaOf(path).take(stride * count, (buffer, offset) => set(path, { buffer, offset, stride }));
   };
   // Vectors the kernels index without a stride ([rows][k] ids, counts): packed rows.
   const packed = (path: string, values: number, count = R) => {
     const stride = values * 4;
-    arena.take(stride * count, (buffer, offset) => set(path, { buffer, offset, stride }));
+    arenaOf(path).take(stride * count, (buffer, offset) => set(path, { buffer, offset, stride }));
   };
   const half = (path: string, width: number, count = R) => {
     const w = Math.max(32, Math.ceil(width / 32) * 32);
     const stride = halfSetFloats(w) * 4;
-    arena.take(stride * count, (buffer, offset) => set(path, { buffer, offset, stride, width }));
+    arenaOf(path).take(stride * count, (buffer, offset) => set(path, { buffer, offset, stride, width }));
   };
-  const raw = (path: string, bytes: number) => arena.take(bytes, (buffer, offset) => set(path, { buffer, offset, bytes }));
+  const raw = (path: string, bytes: number) => arenaOf(path).take(bytes, (buffer, offset) => set(path, { buffer, offset, bytes }));
 
   rows("X", n * d);
   rows("xn", d);
@@ -222,16 +238,21 @@ function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number;
   rows("mtp.out", d);
   packed("mtp.drafts", 1, MAX_SNAP + 1);
   packed("mtp.draftMargins", 1, MAX_SNAP + 1);
-  arena.take(rowBytes(n), (buffer, offset) => {
+  // Written once by the host: shared.
+  hostArena.take(rowBytes(n), (buffer, offset) => {
     buffer.f32.fill(1 / n, offset / 4, offset / 4 + n);
     set("meanCoeffs", { buffer, offset, stride: 0 });
   });
 
+  const bytes = deviceArena.bytes + hostArena.bytes;
   return {
-    bytes: arena.bytes,
-    bind(buffer: Buffer): Scratch {
-      arena.bindAll(buffer);
-      return { ...(out as unknown as Omit<Scratch, "buffer" | "bytes" | "rows">), buffer, bytes: arena.bytes, rows: R } as Scratch;
+    bytes,
+    deviceBytes: deviceArena.bytes,
+    hostBytes: hostArena.bytes,
+    bind(buffer: Buffer, hostBuffer: Buffer): Scratch {
+      deviceArena.bindAll(buffer);
+      hostArena.bindAll(hostBuffer);
+      return { ...(out as unknown as Omit<Scratch, "buffer" | "hostBuffer" | "bytes" | "rows">), buffer, hostBuffer, bytes, rows: R } as Scratch;
     },
   };
 }

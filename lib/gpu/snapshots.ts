@@ -7,7 +7,7 @@
 // Layout: for one piece of state of `floats` values, SNAPSHOT_PLANES planes of the same
 // layout as the live state, `stride` bytes apart (a multiple of 256), plane r = the state
 // after row r of the batch that wrote them. A kernel writes planes 0 .. snap_rows - 1.
-import type { Binding, Buffer, Device } from "../shim.ts";
+import type { Binding, Buffer, Device, Storage } from "../shim.ts";
 import { bind, dispatch, type EncodeContext } from "./dispatch.ts";
 import { MAX_SNAP } from "./limits.ts";
 import { Params } from "./params.ts";
@@ -44,9 +44,9 @@ export function planesAt(buffer: Buffer, floats: number, offset = 0): SnapshotPl
   return { buffer, offset, floats, stride };
 }
 
-/** A new buffer holding the planes of a state of `floats` values. */
-export function allocatePlanes(device: Device, floats: number): SnapshotPlanes {
-  return planesAt(device.buffer(planesLayout(floats).bytes), floats);
+/** A new buffer holding the planes of a state of `floats` values ("device": only kernels touch it; readPlane downloads). */
+export function allocatePlanes(device: Device, floats: number, storage: Storage = "shared"): SnapshotPlanes {
+  return planesAt(device.buffer(planesLayout(floats).bytes, storage), floats);
 }
 
 /** Binding of plane r. */
@@ -59,6 +59,7 @@ export function planeBinding(planes: SnapshotPlanes, r: number): Binding {
 export function readPlane(planes: SnapshotPlanes, r: number): Float32Array {
   planeBinding(planes, r); // range check
   const start = (planes.offset + r * planes.stride) / 4;
+  planes.buffer.download(start * 4, planes.floats * 4);
   return planes.buffer.f32.slice(start, start + planes.floats);
 }
 

@@ -6,7 +6,7 @@
 // snapshot planes of its last accepted row over the fixed-size state (S, windows, PLE
 // history) and cuts the lengths back. Commit is the lengths moving forward.
 import { dims, type ModelConfig } from "../model/config.ts";
-import type { Buffer, Device } from "../shim.ts";
+import type { Buffer, Device, Storage } from "../shim.ts";
 import { allocateKvCache, kvCacheBytes, type KvCacheRef } from "./attention.ts";
 import { deltanetStateFloats, encodeDeltaNetRestore } from "./deltanet.ts";
 import type { EncodeContext } from "./dispatch.ts";
@@ -106,18 +106,20 @@ export class SequenceState {
     const c = config;
     const s = stateShapes(c);
     const at = c.attention;
-    const buf = (bytes: number) => {
-      const b = device.buffer(bytes);
+    // Only kernels touch the state between steps: device storage (GPU memory on cuda). The host
+    // reaches it through reset, capture and restore, which upload or download.
+    const buf = (bytes: number, storage: Storage = "device") => {
+      const b = device.buffer(bytes, storage);
       this.#buffers.push(b);
       return b;
     };
     const cache = (heads: number, dim: number, cap: number) => {
-      const kv = allocateKvCache(device, at.kv_cache, heads, dim, cap);
+      const kv = allocateKvCache(device, at.kv_cache, heads, dim, cap, "device");
       this.#buffers.push(kv.data as Buffer);
       if (kv.scales) this.#buffers.push(kv.scales as Buffer);
       return kv;
     };
-    this.tokens = buf((capacity + SPARE) * 4);
+    this.tokens = buf((capacity + SPARE) * 4, "shared"); // written by the host before each step
     this.deltanet = c.layer_types.map((t) => (t === "deltanet" ? { S: buf(s.S * 4), conv: buf(Math.max(1, s.conv) * 4) } : null));
     this.attention = c.layer_types.map((t) =>
       t === "attention"
@@ -148,11 +150,15 @@ export class SequenceState {
   reset(): void {
     this.length = 0;
     this.mtpLength = 0;
+    const zero = (b: Buffer) => {
+      b.f32.fill(0);
+      b.upload();
+    };
     for (const s of this.deltanet) {
-      s?.S.f32.fill(0);
-      s?.conv.f32.fill(0);
+      if (s) zero(s.S);
+      if (s) zero(s.conv);
     }
-    for (const h of this.ple) h?.f32.fill(0);
+    for (const h of this.ple) if (h) zero(h);
   }
 
   /**
@@ -196,7 +202,10 @@ export class SequenceState {
   /** A host copy of the used state (no step of this sequence may be in flight). */
   capture(): StateImage {
     if (this.#disposed) throw new Error("capture: the sequence state is released");
-    const parts = this.regions(this.length, this.mtpLength).map((r) => r.buffer.bytes.slice(r.offset, r.offset + r.bytes));
+    const parts = this.regions(this.length, this.mtpLength).map((r) => {
+      r.buffer.download(r.offset, r.bytes);
+      return r.buffer.bytes.slice(r.offset, r.offset + r.bytes);
+    });
     return { config: this.config, length: this.length, mtpLength: this.mtpLength, parts, bytes: parts.reduce((a, p) => a + p.length, 0) };
   }
 
@@ -210,6 +219,7 @@ export class SequenceState {
       const part = image.parts[i]!;
       if (part.length !== r.bytes) throw new Error(`restore: part ${i} has ${part.length} bytes, expected ${r.bytes}`);
       r.buffer.bytes.set(part, r.offset);
+      r.buffer.upload(r.offset, r.bytes);
     });
     this.length = image.length;
     this.mtpLength = image.mtpLength;
@@ -239,8 +249,10 @@ export class SnapshotSet {
 
   constructor(device: Device, config: ModelConfig) {
     const s = stateShapes(config);
-    this.deltanet = config.layer_types.map((t) => (t === "deltanet" ? { S: allocatePlanes(device, s.S), conv: allocatePlanes(device, Math.max(1, s.conv)) } : null));
-    this.ple = config.layer_types.map((_, l) => (config.ple?.layers.includes(l) ? allocatePlanes(device, s.ple) : null));
+    this.deltanet = config.layer_types.map((t) =>
+      t === "deltanet" ? { S: allocatePlanes(device, s.S, "device"), conv: allocatePlanes(device, Math.max(1, s.conv), "device") } : null,
+    );
+    this.ple = config.layer_types.map((_, l) => (config.ple?.layers.includes(l) ? allocatePlanes(device, s.ple, "device") : null));
   }
 
   /** Frees the planes' buffers. */

@@ -37,6 +37,7 @@ using ck::set_error;
 
 ck_buffer::~ck_buffer() {
   if (owned && data) munmap(data, length);
+  if (mirror_owned && mirror) munmap(mirror, length);
 }
 
 void ck_buffer_unref(ck_buffer *b) {
@@ -91,6 +92,7 @@ CK_API ck_device *ck_device_open(void) {
     }
     dev->pipeline_max_threads = uint32_t(v);
   }
+  if (const char *env = std::getenv("CHERENKOV_CPU_DEVICE_MIRROR")) dev->device_mirror = std::strcmp(env, "1") == 0;
   unsigned n = std::thread::hardware_concurrency();
   if (const char *env = std::getenv("CHERENKOV_CPU_THREADS")) {
     int v = std::atoi(env);
@@ -173,22 +175,52 @@ CK_API ck_buffer *ck_buffer_wrap(ck_device *dev, void *ptr, double length) {
 }
 
 // Storage modes: host and "GPU" share memory here, so a device buffer is a shared one and
-// upload/download only check their range.
+// upload/download only check their range; unless CHERENKOV_CPU_DEVICE_MIRROR=1 gives device
+// buffers a separate host mirror (ck_buffer::mirror), the way the CUDA backend has them.
 static bool storage_ok(int32_t storage, const char *fn) {
   if (storage == CK_STORAGE_SHARED || storage == CK_STORAGE_DEVICE) return true;
   set_error("%s: storage mode %d is not CK_STORAGE_SHARED (0) or CK_STORAGE_DEVICE (1)", fn, storage);
   return false;
 }
 
+static char *zeroed_pages(size_t n) {
+  void *p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<char *>(p);
+}
+
 CK_API ck_buffer *ck_buffer_new_storage(ck_device *dev, double length, int32_t storage) {
-  return storage_ok(storage, "ck_buffer_new_storage") ? ck_buffer_new(dev, length) : nullptr;
+  if (!storage_ok(storage, "ck_buffer_new_storage")) return nullptr;
+  ck_buffer *b = ck_buffer_new(dev, length);
+  if (!b || storage == CK_STORAGE_SHARED || !dev->device_mirror) return b;
+  b->mirror = zeroed_pages(b->length);
+  if (!b->mirror) {
+    set_error("ck_buffer_new_storage: cannot allocate the %zu-byte host mirror: %s", b->length, std::strerror(errno));
+    ck_buffer_unref(b);
+    return nullptr;
+  }
+  b->mirror_owned = true;
+  return b;
 }
 
 CK_API ck_buffer *ck_buffer_wrap_storage(ck_device *dev, void *ptr, double length, int32_t storage) {
-  return storage_ok(storage, "ck_buffer_wrap_storage") ? ck_buffer_wrap(dev, ptr, length) : nullptr;
+  if (!storage_ok(storage, "ck_buffer_wrap_storage")) return nullptr;
+  ck_buffer *b = ck_buffer_wrap(dev, ptr, length);
+  if (!b || storage == CK_STORAGE_SHARED || !dev->device_mirror) return b;
+  // As on cuda: the caller's memory becomes the host mirror, its bytes copied "to the GPU" once.
+  char *copy = zeroed_pages(b->length);
+  if (!copy) {
+    set_error("ck_buffer_wrap_storage: cannot allocate %zu bytes: %s", b->length, std::strerror(errno));
+    ck_buffer_unref(b);
+    return nullptr;
+  }
+  std::memcpy(copy, b->data, b->length);
+  b->mirror = b->data;
+  b->data = copy;
+  b->owned = true;
+  return b;
 }
 
-CK_API int32_t ck_buffer_storage(ck_buffer *buf) { return buf ? CK_STORAGE_SHARED : CK_ERROR; }
+CK_API int32_t ck_buffer_storage(ck_buffer *buf) { return !buf ? CK_ERROR : buf->mirror ? CK_STORAGE_DEVICE : CK_STORAGE_SHARED; }
 
 static int32_t check_range(ck_buffer *buf, double offset, double length, const char *fn) {
   uint64_t off, len;
@@ -198,15 +230,25 @@ static int32_t check_range(ck_buffer *buf, double offset, double length, const c
   return CK_OK;
 }
 
+// The host must call these only between command buffers that touch the buffer (as on cuda).
+static int32_t transfer(ck_buffer *buf, double offset, double length, bool up, const char *fn) {
+  int32_t status = check_range(buf, offset, length, fn);
+  if (status != CK_OK || !buf->mirror) return status;
+  size_t off = size_t(offset), len = size_t(length);
+  if (up) std::memcpy(buf->data + off, buf->mirror + off, len);
+  else std::memcpy(buf->mirror + off, buf->data + off, len);
+  return CK_OK;
+}
+
 CK_API int32_t ck_buffer_upload(ck_buffer *buf, double offset, double length) {
-  return check_range(buf, offset, length, "ck_buffer_upload");
+  return transfer(buf, offset, length, true, "ck_buffer_upload");
 }
 
 CK_API int32_t ck_buffer_download(ck_buffer *buf, double offset, double length) {
-  return check_range(buf, offset, length, "ck_buffer_download");
+  return transfer(buf, offset, length, false, "ck_buffer_download");
 }
 
-CK_API void *ck_buffer_contents(ck_buffer *buf) { return buf ? buf->data : nullptr; }
+CK_API void *ck_buffer_contents(ck_buffer *buf) { return !buf ? nullptr : buf->mirror ? buf->mirror : buf->data; }
 CK_API double ck_buffer_length(ck_buffer *buf) { return buf ? double(buf->length) : 0; }
 CK_API void ck_buffer_release(ck_buffer *buf) { ck_buffer_unref(buf); }
 

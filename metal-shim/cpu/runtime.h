@@ -31,6 +31,11 @@ struct ck_buffer : ck::Counted {
   char *data = nullptr;
   size_t length = 0;
   bool owned = false;  // false: wraps caller memory
+  // CHERENKOV_CPU_DEVICE_MIRROR=1: a device-storage buffer's host view is this separate copy
+  // (what the host reads and writes), kernels use `data`, upload/download copy between them,
+  // as on a discrete GPU; so a missing upload or download shows on the CPU backend too.
+  char *mirror = nullptr;
+  bool mirror_owned = false;  // false: the caller's wrapped memory is the mirror
   ~ck_buffer();
 };
 void ck_buffer_unref(ck_buffer *b);
@@ -97,6 +102,7 @@ struct ck_device {
   // device's 1024 for kernels that use many registers; CHERENKOV_CPU_MAX_THREADS
   // emulates that so a threadgroup the GPU would refuse fails here too.
   uint32_t pipeline_max_threads = ck::kMaxThreads;
+  bool device_mirror = false;  // CHERENKOV_CPU_DEVICE_MIRROR=1 (see ck_buffer::mirror)
   double working_set = 0;
   unsigned threads = 1;
   std::atomic<uint32_t> wait_timeout_ms{10000};

@@ -43,6 +43,11 @@ function relDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
 function live(s: SequenceState): Map<string, ArrayLike<number>> {
   const m = new Map<string, ArrayLike<number>>();
   const n = s.length;
+  // Device storage (GPU memory on cuda): the host mirror is current only after a download.
+  const fetch = (b: { download(): void }) => b.download();
+  for (const d of s.deltanet) if (d) [d.S, d.conv].forEach(fetch);
+  for (const h of s.ple) if (h) fetch(h);
+  for (const a of s.attention) if (a) [a.k, a.v, ...(a.ik ? [a.ik] : [])].forEach((kv) => fetch(kv.data as { download(): void }));
   s.deltanet.forEach((d, l) => {
     if (!d) return;
     m.set(`dn${l}.S`, d.S.f32.slice());
