@@ -85,6 +85,7 @@ static ck_buffer *new_buffer(ck_device *dev, double length, int32_t storage, con
   if (!checked_length(dev, length, fn, n) || !checked_storage(storage, fn)) return nullptr;
   cudaSetDevice(dev->ordinal);
   auto *b = new ck_buffer();
+  b->dev = dev;
   b->length = n;
   b->storage = storage;
   // Page-aligned zeroed pages (mmap), pinned and mapped for the GPU.
@@ -142,6 +143,9 @@ static ck_buffer *wrap_buffer(ck_device *dev, void *ptr, double length, int32_t 
     void *d = nullptr;
     cudaError_t e = cudaMalloc(&d, n);
     if (e == cudaSuccess) e = cudaMemcpy(d, ptr, n, cudaMemcpyHostToDevice);
+    // From pageable memory cudaMemcpy may return once the bytes are staged, before they land;
+    // kernels run on a non-blocking stream that does not order after it: wait for the copy.
+    if (e == cudaSuccess) e = cudaStreamSynchronize(0);
     if (e != cudaSuccess) {
       set_error("%s: cannot copy %zu bytes to GPU memory: %s", fn, n, cudaGetErrorString(e));
       if (d) cudaFree(d);
@@ -190,7 +194,9 @@ static uint64_t event_value(const ck_event *e) {
 __global__ void ck_signal_kernel(volatile unsigned long long *word, unsigned long long value, const volatile uint32_t *cancel) {
   if (*cancel) return;
   __threadfence_system();
-  *word = value;
+  // Apple's rule (MTLSharedEvent): a value below the current one is ignored. The GPU is the
+  // word's only writer while a command buffer runs (the host releases it only when it waits).
+  if (*word < value) *word = value;
   __threadfence_system();
 }
 
@@ -742,7 +748,10 @@ CK_API int32_t ck_event_set(ck_event *ev, double value) {
   uint64_t v;
   if (!ev) return set_error("ck_event_set: event is NULL");
   if (!ck::to_u64(value, v)) return set_error("event %u: value %.17g is not an integer in [0, 2^53]", ev->id, value);
-  __atomic_store_n(ev->word, v, __ATOMIC_RELEASE);
+  // Apple's rule: a value below the current one is ignored (a late release after a timed-out wait).
+  uint64_t cur = __atomic_load_n(ev->word, __ATOMIC_ACQUIRE);
+  while (cur < v && !__atomic_compare_exchange_n(ev->word, &cur, v, true, __ATOMIC_RELEASE, __ATOMIC_ACQUIRE)) {
+  }
   return CK_OK;
 }
 
