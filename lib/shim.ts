@@ -4,24 +4,20 @@
  * (Device, Buffer, Pipeline, CommandBuffer, Event) that turn error codes into
  * exceptions carrying the native message.
  *
- * Library resolution, for the selected backend (CHERENKOV_BACKEND=cpu|metal|cuda;
- * default metal on macOS when it is installed, built or buildable; cuda on Linux when an
- * NVIDIA GPU is present and the CUDA library is built or buildable; else cpu):
- *  1. setShimPath(path) or CHERENKOV_SHIM_PATH;
- *  2. the optional package @cherenkov/shim-<platform>-<arch>, whose main
- *     module exports `{ cpu?: string, metal?: string }` (library paths);
- *  3. the local build in metal-shim/build/. When it is missing or older than
- *     its sources it is (re)built here first, by running metal-shim/build.ts
- *     (CHERENKOV_NO_AUTOBUILD=1 turns that off). This is what makes `bun test`
- *     build the shim when needed.
+ * Which library is loaded, for the selected backend (CHERENKOV_BACKEND=cpu|metal|cuda;
+ * default metal on macOS, cuda on Linux with an NVIDIA GPU, else cpu), and nothing else:
+ *  - setShimPath(path) or CHERENKOV_SHIM_PATH, when set: exactly that file. It must be a
+ *    regular file in the platform's library format; anything wrong with it is an error,
+ *    never a fallback to another library.
+ *  - otherwise the package's own build, metal-shim/build/ (lib/native-library.ts). When it
+ *    is missing the error says what to run; the runtime never builds it.
  * CHERENKOV_DEBUG_FFI=1 logs every native call to stderr.
  */
 import { dlopen, FFIType, ptr as addressOf, toArrayBuffer, type Pointer } from "bun:ffi";
-import { existsSync } from "node:fs";
-import { createRequire } from "node:module";
-import { join } from "node:path";
+import { closeSync, existsSync, openSync, readFileSync, readSync, statSync } from "node:fs";
+import { join, resolve } from "node:path";
 
-import { buildIsStale, canBuildCuda, canBuildMetal, localLibraryPath, type Backend } from "../metal-shim/build.ts";
+import { libraryProblem, localLibraryPath, type Backend } from "./native-library.ts";
 
 export type { Backend };
 
@@ -176,7 +172,6 @@ export class ShimError extends Error {
 }
 
 const KERNELS_DIR = join(import.meta.dir, "..", "kernels");
-const ROOT = join(import.meta.dir, "..");
 
 let pathOverride: string | null = null;
 const loaded = new Map<Backend, Shim>();
@@ -187,14 +182,13 @@ export function setShimPath(path: string | null): void {
   loaded.clear();
 }
 
-/** The backend CHERENKOV_BACKEND asks for, or the platform default. */
+/** The backend CHERENKOV_BACKEND asks for, or the platform's GPU (metal on macOS, cuda with an NVIDIA GPU), else cpu. */
 export function defaultBackend(): Backend {
   const env = process.env.CHERENKOV_BACKEND;
   if (env === "cpu" || env === "metal" || env === "cuda") return env;
-  if (env && env !== "auto") throw new ShimError(`CHERENKOV_BACKEND=${env}: expected cpu, metal, cuda or auto`);
-  if (process.platform === "linux") return hasNvidiaGpu() && (existsSync(localLibraryPath("cuda")) || canBuildCuda()) ? "cuda" : "cpu";
-  if (process.platform !== "darwin") return "cpu";
-  return platformPackagePath("metal") || existsSync(localLibraryPath("metal")) || canBuildMetal() ? "metal" : "cpu";
+  if (env && env !== "reference" && env !== "auto") throw new ShimError(`CHERENKOV_BACKEND=${env}: expected cpu, metal, cuda, reference or auto`);
+  if (process.platform === "darwin") return "metal";
+  return hasNvidiaGpu() ? "cuda" : "cpu";
 }
 
 /** An NVIDIA GPU with its driver loaded (the device nodes the driver creates). */
@@ -202,55 +196,52 @@ export function hasNvidiaGpu(): boolean {
   return existsSync("/dev/nvidia0") || existsSync("/dev/nvidiactl");
 }
 
-function platformPackageName(): string {
-  return `@cherenkov/shim-${process.platform}-${process.arch}`;
+/** The first bytes of a shared library of this platform: ELF, or Mach-O (thin 64-bit or universal). */
+function isLibraryFormat(head: Uint8Array): boolean {
+  if (process.platform === "darwin") {
+    const magic = new DataView(head.buffer, head.byteOffset, head.byteLength).getUint32(0, false);
+    return magic === 0xcffaedfe || magic === 0xcafebabe; // MH_MAGIC_64 as stored little-endian; FAT_MAGIC
+  }
+  return head[0] === 0x7f && head[1] === 0x45 && head[2] === 0x4c && head[3] === 0x46;
 }
 
-function platformPackagePath(backend: Backend): string | null {
+/** An explicitly configured library, checked before dlopen runs any of its code. */
+function explicitLibrary(setting: string, value: string): string {
+  const path = resolve(value); // never a bare name: dlopen would search the system's paths
+  let size: number;
   try {
-    const mod = createRequire(import.meta.url)(platformPackageName()) as Partial<Record<Backend, string>>;
-    return mod[backend] ?? null;
-  } catch {
-    return null;
+    const st = statSync(path);
+    if (!st.isFile()) throw new ShimError(`${setting}=${value}: not a regular file`);
+    size = st.size;
+  } catch (e) {
+    if (e instanceof ShimError) throw e;
+    throw new ShimError(`${setting}=${value}: no such file`);
   }
+  const head = new Uint8Array(4);
+  const fd = openSync(path, "r");
+  try {
+    readSync(fd, head, 0, 4, 0);
+  } finally {
+    closeSync(fd);
+  }
+  if (size < 4 || !isLibraryFormat(head))
+    throw new ShimError(`${setting}=${value}: not a ${process.platform === "darwin" ? "Mach-O" : "ELF"} shared library`);
+  // dlopen runs a library's constructors: refuse one that does not even name the ABI's
+  // entry points (its dynamic string table would) before any of its code runs.
+  const text = readFileSync(path).toString("latin1");
+  for (const symbol of ["ck_abi_version", "ck_device_open"])
+    if (!text.includes(symbol + "\0")) throw new ShimError(`${setting}=${value}: does not export ${symbol}; not a metal-shim library`);
+  return path;
 }
 
-/** Builds the one backend asked for (the CUDA build alone takes minutes on a small machine). */
-function buildLocal(backend: Backend): string | null {
-  if (process.env.CHERENKOV_NO_AUTOBUILD === "1") return "stale or missing, and CHERENKOV_NO_AUTOBUILD=1";
-  const proc = Bun.spawnSync([process.execPath, join(ROOT, "metal-shim", "build.ts"), "--quiet", "--backend", backend], {
-    cwd: ROOT,
-    stdout: "pipe",
-    stderr: "pipe",
-  });
-  if (proc.exitCode === 0) return null;
-  return `build failed: ${(proc.stderr.toString() + proc.stdout.toString()).trim()}`;
-}
-
+/** The one library this backend may load here, or an error saying why there is none. */
 function resolveLibrary(backend: Backend): string {
-  const tried: string[] = [];
-  const override = pathOverride ?? process.env.CHERENKOV_SHIM_PATH ?? null;
-  if (override) {
-    if (existsSync(override)) return override;
-    tried.push(`${pathOverride ? "setShimPath" : "CHERENKOV_SHIM_PATH"}=${override}: no such file`);
-  } else {
-    tried.push("CHERENKOV_SHIM_PATH: not set");
-  }
-  if (!override) {
-    const fromPackage = platformPackagePath(backend);
-    if (fromPackage && existsSync(fromPackage)) return fromPackage;
-    tried.push(`package ${platformPackageName()}: ${fromPackage ? `${fromPackage} missing` : `not installed or has no ${backend} library`}`);
-    const local = localLibraryPath(backend);
-    const canBuild = backend === "cpu" || (backend === "metal" ? canBuildMetal() : canBuildCuda());
-    let why = existsSync(local) ? null : "not built";
-    if (canBuild && buildIsStale(backend)) why = buildLocal(backend) ?? null;
-    if (!why && existsSync(local)) return local;
-    tried.push(`local build ${local}: ${why ?? "not built"}`);
-  }
-  throw new ShimError(
-    `cannot load the ${backend} backend of metal-shim. Tried:\n  - ${tried.join("\n  - ")}\n` +
-      "Build it with `bun run build:native` (needs a C++ compiler), or set CHERENKOV_SHIM_PATH.",
-  );
+  if (pathOverride) return explicitLibrary("setShimPath", pathOverride);
+  const fromEnv = process.env.CHERENKOV_SHIM_PATH;
+  if (fromEnv) return explicitLibrary("CHERENKOV_SHIM_PATH", fromEnv);
+  const problem = libraryProblem(backend);
+  if (problem) throw new ShimError(`cherenkov: ${problem}`);
+  return localLibraryPath(backend);
 }
 
 function traced(symbols: Symbols): Symbols {
@@ -275,7 +266,7 @@ export function loadShim(backend: Backend = defaultBackend()): Shim {
   try {
     lib = dlopen(path, SYMBOLS);
   } catch (e) {
-    throw new ShimError(`cannot dlopen ${path}: ${e instanceof Error ? e.message : String(e)}`);
+    throw new ShimError(`cannot load ${path}: ${e instanceof Error ? e.message.split("\n")[0] : String(e)}`);
   }
   const version = lib.symbols.ck_abi_version();
   if (version !== ABI_VERSION) throw new ShimError(`${path}: ABI version ${version}, expected ${ABI_VERSION}`);

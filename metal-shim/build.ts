@@ -21,46 +21,17 @@ import { basename, join, relative, resolve } from "node:path";
 
 import { paramsHeaderIsStale } from "../lib/gpu/params-gen.ts";
 import { generate } from "./gen-bindings.ts";
-import { buildCuda, cudaBuildIsStale, findNvcc } from "./cuda/build.ts";
+import { buildCuda, findNvcc } from "./cuda/build.ts";
+import { BUILD_DIR, canBuildMetal, libraryInputs, localLibraryPath, type Backend } from "../lib/native-library.ts";
+
+// Where libraries go and when they are stale is the runtime's knowledge (lib/native-library.ts).
+export { BUILD_DIR, buildIsStale, canBuildMetal, localLibraryPath, type Backend } from "../lib/native-library.ts";
 
 const ROOT = join(import.meta.dir, "..");
-export const BUILD_DIR = join(ROOT, "metal-shim", "build");
 const CPU_DIR = join(ROOT, "metal-shim", "cpu");
 const COMMON_DIR = join(ROOT, "metal-shim", "common"); // plain C shared by every backend (cherenkov_io.h)
 const METAL_DIR = join(ROOT, "metal-shim", "metal");
 const isMac = process.platform === "darwin";
-const LIB_EXT = isMac ? "dylib" : "so";
-
-export type Backend = "cpu" | "metal" | "cuda";
-
-/** Where a build (the local one by default) puts a backend's library. */
-export function localLibraryPath(backend: Backend, outDir: string = BUILD_DIR): string {
-  return join(outDir, `libcherenkov_${backend}.${backend === "metal" ? "dylib" : LIB_EXT}`);
-}
-
-/** Files and folders whose change means a backend's library must be rebuilt. */
-function inputs(backend: Backend): string[] {
-  const include = join(ROOT, "metal-shim", "include");
-  const dirs = backend === "cpu" ? [CPU_DIR, COMMON_DIR, include, join(ROOT, "kernels")] : [METAL_DIR, COMMON_DIR, include];
-  const out = [join(ROOT, "metal-shim", "build.ts")];
-  if (backend === "cpu") {
-    const gpu = join(ROOT, "lib", "gpu");
-    const params = readdirSync(gpu).filter((f) => /^params.*\.ts$/.test(f)).map((f) => join(gpu, f));
-    out.push(join(ROOT, "metal-shim", "gen-bindings.ts"), ...params);
-  }
-  const walk = (dir: string) => {
-    if (!existsSync(dir)) return;
-    out.push(dir); // a folder's mtime changes when a file is added or removed
-    for (const name of readdirSync(dir)) {
-      const path = join(dir, name);
-      if (statSync(path).isDirectory()) walk(path);
-      else out.push(path);
-    }
-  };
-  dirs.forEach(walk);
-  return out;
-}
-
 /** True when this machine can build the CUDA backend (Linux with nvcc; no GPU needed). */
 export function canBuildCuda(): boolean {
   return findNvcc() !== null;
@@ -78,23 +49,9 @@ async function buildCudaOptional(opts: BuildOptions, outDir: string): Promise<st
   }
 }
 
-/** True when this machine can build the Metal backend (macOS with its sources present). */
-export function canBuildMetal(): boolean {
-  return isMac && existsSync(METAL_DIR) && readdirSync(METAL_DIR).some((f) => f.endsWith(".m"));
-}
-
 const mtime = (path: string) => statSync(path).mtimeMs;
 /** A path as printed: relative inside the repository, absolute outside it. */
 const shown = (path: string) => (path.startsWith(ROOT + "/") ? relative(ROOT, path) : path);
-
-/** Cheap synchronous check (lib/shim.ts uses it): is a local library missing or older than its sources? */
-export function buildIsStale(backend: Backend = "cpu", outDir: string = BUILD_DIR): boolean {
-  if (backend === "cuda") return cudaBuildIsStale(localLibraryPath("cuda", outDir));
-  const lib = localLibraryPath(backend, outDir);
-  if (!existsSync(lib)) return true;
-  const built = mtime(lib);
-  return inputs(backend).some((p) => mtime(p) > built);
-}
 
 interface Job {
   compiler: string;
@@ -251,7 +208,7 @@ async function buildMetal(opts: BuildOptions, outDir: string): Promise<string> {
     .map((f) => join(METAL_DIR, f));
   if (sources.length === 0) return "";
   const lib = localLibraryPath("metal", outDir);
-  const newest = Math.max(...inputs("metal").map(mtime));
+  const newest = Math.max(...libraryInputs("metal").map(mtime));
   if (!opts.force && existsSync(lib) && mtime(lib) >= newest) return "";
   const tmp = `${lib}.${process.pid}.tmp`;
   await run(metalBuildCommand(tmp, [...sources, ...commonSources()]), "build the Metal backend");

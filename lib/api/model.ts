@@ -11,7 +11,8 @@ import { EngineBackend, type EngineOptions } from "./engine-backend.ts";
 import { DraftController } from "./draft-controller.ts";
 import { Checkpoint } from "./checkpoint.ts";
 import { SessionBusyError, SessionClosedError } from "./session-errors.ts";
-import { defaultBackend, loadShim } from "../shim.ts";
+import { loadShim } from "../shim.ts";
+import { autoBackend } from "./auto-backend.ts";
 
 export type BackendName = "auto" | "reference" | "cpu" | "metal" | "cuda";
 
@@ -141,13 +142,13 @@ function shimUnavailable(backend: "cpu" | "metal" | "cuda"): string | null {
 }
 
 /**
- * "reference": the pure-TS oracle. "cpu" / "metal": the engine on that metal-shim backend.
- * "auto": the engine on the platform's backend (metal on macOS when it is built or buildable,
- * else cpu; CHERENKOV_BACKEND overrides), or the reference with a logged reason when no shim
- * can be loaded here.
+ * "reference": the pure-TS oracle. "cpu" / "metal" / "cuda": the engine on that metal-shim backend.
+ * "auto": autoBackend() (lib/api/auto-backend.ts). A backend that cannot load is an error
+ * naming what to run, never a fallback to another backend.
  */
 async function openBackend(files: ModelFiles, opts: LoadOptions): Promise<Backend> {
-  const name = opts.backend ?? "auto";
+  let name = opts.backend ?? "auto";
+  if (name === "auto") name = autoBackend().backend;
   if (name === "reference") return new ReferenceBackend(files, { prefillChunk: opts.prefillChunk });
   const engine: EngineOptions = { ...opts.engine, prefillChunk: opts.engine?.prefillChunk ?? opts.prefillChunk };
   if (name === "cpu" || name === "metal" || name === "cuda") {
@@ -155,21 +156,7 @@ async function openBackend(files: ModelFiles, opts: LoadOptions): Promise<Backen
     if (why) throw new BackendUnavailableError(`backend "${name}" is not available here: ${why}`);
     return openEngine(files, name, engine, opts);
   }
-  if (name !== "auto") throw new BackendUnavailableError(`backend "${name}" is unknown (available: auto, reference, cpu, metal, cuda)`);
-  let platform: "cpu" | "metal" | "cuda";
-  let why: string | null;
-  try {
-    platform = defaultBackend();
-    why = shimUnavailable(platform);
-  } catch (e) {
-    platform = "cpu";
-    why = (e as Error).message;
-  }
-  if (why) {
-    console.warn(`cherenkov: the ${platform} engine is unavailable (${why.split("\n")[0]}); using the reference backend`);
-    return new ReferenceBackend(files, { prefillChunk: opts.prefillChunk });
-  }
-  return openEngine(files, platform, engine, opts);
+  throw new BackendUnavailableError(`backend "${name}" is unknown (available: auto, reference, cpu, metal, cuda)`);
 }
 
 async function openEngine(files: ModelFiles, backend: "cpu" | "metal" | "cuda", engine: EngineOptions, opts: LoadOptions): Promise<Backend> {
@@ -355,6 +342,11 @@ export class Model {
     const running = [...this.sessions].map((s) => s.closeFor("the model was closed"));
     await Promise.allSettled(running);
     await this.backend.close();
+  }
+
+  /** `await using model = await Model.load()` closes the model at the end of the scope. */
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
   }
 }
 
@@ -712,6 +704,16 @@ export class Session {
   /** @internal */
   onClose(f: () => void): void {
     this.closeListeners.push(f);
+  }
+
+  /** `using chat = model.session()` closes the session at the end of the scope. */
+  [Symbol.dispose](): void {
+    this.close();
+  }
+
+  /** `await using` works too (the same as close()). */
+  async [Symbol.asyncDispose](): Promise<void> {
+    this.close();
   }
 }
 

@@ -5,6 +5,7 @@ import { ConfigError } from "../model/config.ts";
 import { ModelFormatError } from "../model/errors.ts";
 import { UsageError } from "./args.ts";
 import { OutputDirError } from "../model/safe-write.ts";
+import { buildCommand } from "./commands/build.ts";
 import { convertCommand } from "./commands/convert.ts";
 import { helpText, usage } from "./commands/help.ts";
 import { inspectCommand } from "./commands/inspect.ts";
@@ -21,6 +22,7 @@ const commands: Record<string, (argv: string[], io: CliIO) => Promise<number>> =
   convert: convertCommand,
   serve: serveCommand,
   seal: sealCommand,
+  build: buildCommand,
 };
 
 export async function main(argv: string[], io: CliIO = processIO()): Promise<number> {

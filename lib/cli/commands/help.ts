@@ -1,4 +1,5 @@
 // Usage text of every command, shown by `cherenkov help [command]` and `--help`.
+import { buildUsage } from "./build.ts";
 import { convertUsage } from "./convert.ts";
 import { serveUsage } from "./serve.ts";
 
@@ -29,12 +30,13 @@ export const usage: Record<string, string> = {
     --prompt-tokens IDS  comma-separated token ids instead of text
     --chat               wrap --prompt as a user message with the chat template
     --max-tokens N       tokens to generate at most (default 16; stops after the end token)
-    --backend NAME       auto (default: the engine on this platform's backend), cpu, metal,
-                         or reference (the pure-TypeScript oracle)
+    --backend NAME       auto (default: metal on macOS, else reference, the faster CPU choice;
+                         CHERENKOV_BACKEND overrides), cpu, metal, or reference
     --drafts auto|N      MTP drafts per step (speculative decoding; same tokens as greedy);
                          auto picks 0..max each step from the measured acceptance and step times
     --prefill-chunk N    prompt rows per step (default 512)
     --json               print {"tokens": [...], "text": "..."} on one line
+    --verbose            print which backend runs the model, and why auto chose it (stderr)
     --stats              print the model's stats (engine: pool, IO, lookahead, activity,
                          memory, phases, handshake) as JSON on stderr, or inside --json
   Engine options (cpu, metal, auto):
@@ -50,6 +52,7 @@ export const usage: Record<string, string> = {
     --no-lookahead       do not run the next layer's router early to prefetch its experts
     --max-context N      tokens a sequence may hold (default 4096)
     --trace FILE         append every step's routing (tokens, experts, weights, misses) as JSON lines`,
+  build: buildUsage,
 };
 
 export function helpText(command?: string): string {

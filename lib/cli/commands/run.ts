@@ -1,5 +1,6 @@
 // `cherenkov run`: greedy generation from a prompt through Model (streamed to stdout).
 import { BackendUnavailableError } from "../../api/backend.ts";
+import { autoBackend } from "../../api/auto-backend.ts";
 import { Model } from "../../api/model.ts";
 import { defaultModelDir } from "../../model/default-model.ts";
 import { MANIFEST_FILE } from "../../model/manifest.ts";
@@ -68,6 +69,7 @@ export async function runCommand(argv: string[], io: CliIO): Promise<number> {
       json: { type: "boolean" },
       chat: { type: "boolean" },
       stats: { type: "boolean" },
+      verbose: { type: "boolean" },
       pool: { type: "string" },
       "pool-slots": { type: "string" },
       backing: { type: "string" },
@@ -96,6 +98,7 @@ export async function runCommand(argv: string[], io: CliIO): Promise<number> {
     throw e;
   });
   try {
+    if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${autoBackend().reason})` : ""}\n`);
     const vocab = model.config.vocab_size;
     let tokens: number[];
     if (promptTokens !== undefined) {
