@@ -1,6 +1,6 @@
 // The public API of cherenkov. Explicit named exports only: nothing from lib/gpu or
 // lib/shim.ts is public.
-export { Model, Session } from "./api/model.ts";
+export { DEFAULT_MAX_TOKENS, Model, Session } from "./api/model.ts";
 export { SessionBusyError, SessionClosedError } from "./api/session-errors.ts";
 export type {
   BackendName, FinishReason, GenerateOptions, GenerationResult, LoadOptions, ModelStats, Prompt, StreamChunk,
@@ -12,6 +12,9 @@ export type { ModelFormatErrorInfo } from "./model/errors.ts";
 export type { ExpertWeights, Weights } from "./model/weights.ts";
 export { openModel } from "./model/format.ts";
 export type { ExpertLayout, ModelFiles, OpenOptions, ValidManifest, VerifyProgress } from "./model/format.ts";
+export type { Manifest } from "./model/manifest.ts";
+export type { Architecture } from "./convert/hf.ts";
+export type { Backing, PoolPolicy } from "./gpu/residency.ts";
 export type { ChatMessage, TextTokenizer } from "./model/tokenizer.ts";
 export { defaultModelDir } from "./model/default-model.ts";
 export { synthesize } from "./convert/synth.ts";

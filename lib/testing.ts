@@ -5,4 +5,8 @@ export { generateGreedy, ReferenceModel } from "./reference/index.ts";
 export type {
   DraftStats, ForwardOptions, GenerateOptions as ReferenceGenerateOptions, Generation, MtpRows, RouteStep, SequenceState, StepResult,
 } from "./reference/index.ts";
+export type { StateSnapshot } from "./reference/index.ts";
+export type { AttentionState, DeltaNetState, PleState } from "./reference/state.ts";
+export type { Routing } from "./reference/moe.ts";
+export type { DraftProposer } from "./reference/generate.ts";
 export { presetConfig, presetNames } from "./convert/presets.ts";

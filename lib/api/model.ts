@@ -39,8 +39,11 @@ export interface LoadOptions {
 /** What to generate from: text, token ids, or chat messages (rendered with the model's chat template). */
 export type Prompt = string | number[] | ChatMessage[];
 
+/** Tokens generated when a request names no maximum: the API, `cherenkov run` and the server alike. */
+export const DEFAULT_MAX_TOKENS = 256;
+
 export interface GenerateOptions {
-  /** Tokens to generate at most (default 256). */
+  /** Tokens to generate at most (default {@link DEFAULT_MAX_TOKENS}, 256). */
   maxTokens?: number;
   /** Stop at the end-of-sequence token (default true). */
   stopAtEos?: boolean;
@@ -550,7 +553,7 @@ export class Session {
 
   private async *run(opts: GenerateOptions, signal: AbortSignal): AsyncGenerator<StreamChunk, GenerationResult> {
     if (this.tokens.length === 0) throw new Error("generate: append a prompt first");
-    const maxTokens = opts.maxTokens ?? 256;
+    const maxTokens = opts.maxTokens ?? DEFAULT_MAX_TOKENS;
     if (!Number.isInteger(maxTokens) || maxTokens < 0) throw new Error(`maxTokens ${maxTokens} must be an integer >= 0`);
     const stopAtEos = opts.stopAtEos ?? true;
     const eos = this.model.stopTokens;

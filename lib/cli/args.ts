@@ -2,6 +2,16 @@
 // UsageError (exit code 2) whose message names the flag.
 import { parseArgs } from "node:util";
 
+import { closest } from "./suggest.ts";
+
+/** Names other tools (and earlier versions) use for options that have one name here. */
+const RENAMED: Record<string, string> = {
+  "--context": "--ctx-size",
+  "--max-context": "--ctx-size",
+  "--temperature": "--temp",
+  "--max-new-tokens": "--max-tokens",
+};
+
 export class UsageError extends Error {
   override name = "UsageError";
 }
@@ -22,7 +32,16 @@ export function parseFlags(argv: string[], spec: FlagSpec, maxPositionals: numbe
   } catch (e) {
     // parseArgs messages already name the flag ("Unknown option '--x'. To specify a positional
     // argument starting with a '-' ...", "Option '--seed <value>' argument missing"); keep the first sentence.
-    throw new UsageError((e as Error).message.split(/\. (?=[A-Z])/)[0]!);
+    const first = (e as Error).message.split(/\.\s(?=[A-Z])/)[0]!;
+    const unknown = first.match(/^Unknown option '(--?[^']+)'/)?.[1];
+    if (unknown) {
+      const known = Object.entries(spec).flatMap(([name, o]) => [`--${name}`, ...(o.short ? [`-${o.short}`] : [])]);
+      const name = unknown.split("=")[0]!;
+      const renamed = RENAMED[name];
+      const guess = renamed && known.includes(renamed) ? renamed : closest(name, known);
+      throw new UsageError(`unknown option ${unknown}${guess ? ` (did you mean ${guess}?)` : ""}`);
+    }
+    throw new UsageError(first);
   }
   if (parsed.positionals.length > maxPositionals)
     throw new UsageError(

@@ -5,6 +5,8 @@ export interface CliIO {
   stderr(text: string): void;
   /** Whether stderr is a terminal (progress bars are drawn only there, unless --progress). */
   stderrIsTTY: boolean;
+  /** All of stdin when it is not a terminal (a pipe or file), else null; absent: no stdin. */
+  stdin?: () => Promise<string | null>;
 }
 
 export function processIO(): CliIO {
@@ -17,6 +19,7 @@ export function processIO(): CliIO {
     stdout: (t) => void process.stdout.write(t),
     stderr: (t) => void process.stderr.write(t),
     stderrIsTTY: Boolean(process.stderr.isTTY),
+    stdin: async () => (process.stdin.isTTY ? null : await Bun.stdin.text()),
   };
 }
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bun
 // The `cherenkov` command: one subcommand per file in commands/. Exit codes: 0 done,
-// 1 the work failed (bad model files, IO), 2 the command line was wrong.
+// 1 the work failed (bad model files, IO; one line on stderr), 2 the command line was wrong.
 import { ConfigError } from "../model/config.ts";
 import { ModelFormatError } from "../model/errors.ts";
+import packageJson from "../../package.json" with { type: "json" };
 import { UsageError } from "./args.ts";
 import { OutputDirError } from "../model/safe-write.ts";
 import { buildCommand } from "./commands/build.ts";
@@ -14,6 +15,7 @@ import { sealCommand } from "./commands/seal.ts";
 import { serveCommand } from "./commands/serve.ts";
 import { synthCommand } from "./commands/synth.ts";
 import { processIO, type CliIO } from "./io.ts";
+import { closest } from "./suggest.ts";
 
 const commands: Record<string, (argv: string[], io: CliIO) => Promise<number>> = {
   synth: synthCommand,
@@ -35,9 +37,14 @@ export async function main(argv: string[], io: CliIO = processIO()): Promise<num
     io.stdout(helpText(rest[0]));
     return 0;
   }
+  if (name === "--version" || name === "version") {
+    io.stdout(`cherenkov ${packageJson.version} (bun ${Bun.version})\n`);
+    return 0;
+  }
   const command = commands[name];
   if (!command) {
-    io.stderr(`cherenkov: unknown command "${name}"\n\n${helpText()}`);
+    const guess = closest(name, Object.keys(commands));
+    io.stderr(`cherenkov: unknown command "${name}"${guess ? ` (did you mean ${guess}?)` : ""}\n\n${helpText()}`);
     return 2;
   }
   if (rest.includes("--help") || rest.includes("-h")) {
@@ -55,7 +62,10 @@ export async function main(argv: string[], io: CliIO = processIO()): Promise<num
       io.stderr(`cherenkov ${name}: ${e.message}\n`);
       return 1;
     }
-    io.stderr(`cherenkov ${name}: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}\n`);
+    // One line, no stack trace (--verbose shows it): the message says what went wrong.
+    const message = e instanceof Error ? e.message : String(e);
+    const stack = rest.includes("--verbose") && e instanceof Error && e.stack ? `\n${e.stack}` : "";
+    io.stderr(`cherenkov ${name}: ${message.split("\n")[0]}${stack}\n`);
     return 1;
   }
 }

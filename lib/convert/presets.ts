@@ -97,7 +97,11 @@ const base = {
   },
 } as const;
 
-export type PresetName = keyof typeof base;
+/** The synthetic model presets (docs/model.md). */
+export type PresetName = "tiny" | "small" | "30b-a3b-shape" | "80b-a3b-shape";
+// The table above has exactly these keys (a compile error otherwise).
+const _presetNamesMatch: [PresetName, keyof typeof base] extends [keyof typeof base, PresetName] ? true : never = true;
+void _presetNamesMatch;
 export const presetNames = Object.keys(base) as PresetName[];
 
 /** Feature switches, for coverage of the plain paths (n = 1, dense attention, no PLE, no MTP). */

@@ -725,7 +725,7 @@ class SlotExpertPool implements ExpertPool {
     const key = this.slotKey[s]!;
     if (key < 0) return;
     this.c.evictions++;
-    const t = this.tickets[s];
+    const t = this.tickets[s] ?? null;
     const cancelled = t !== null && t.cancel();
     if (this.predicted[s]) {
       if (cancelled) this.c.cancelled++;

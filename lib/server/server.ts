@@ -3,7 +3,7 @@
 // run one at a time through a queue; a client that goes away aborts its own generation.
 import { createHash, timingSafeEqual } from "node:crypto";
 import { basename } from "node:path";
-import type { GenerationResult, Model, TokenLogprob } from "../api/model.ts";
+import { DEFAULT_MAX_TOKENS, type GenerationResult, type Model, type TokenLogprob } from "../api/model.ts";
 import { readJsonBody } from "./body.ts";
 import { resolveContextLength } from "./context.ts";
 import { ApiError, isAbortError, toApiError } from "./errors.ts";
@@ -44,7 +44,7 @@ export interface ServerOptions {
    * else 4096; never more than the backend holds).
    */
   contextLength?: number;
-  /** Completion tokens when a request sets no max_tokens (default 512, never past the context). */
+  /** Completion tokens when a request sets no max_tokens (default DEFAULT_MAX_TOKENS, 256, as the API; never past the context). */
   defaultMaxTokens?: number;
   /** MTP drafts per step for every request (speculative decoding: same output, maybe faster). */
   drafts?: number | "auto";
@@ -86,7 +86,7 @@ export function createServer(opts: ServerOptions): RunningServer {
   const model = opts.model;
   const modelId = opts.modelId ?? basename(model.dir);
   const contextLength = resolveContextLength(model, opts.contextLength);
-  const defaultMaxTokens = opts.defaultMaxTokens ?? 512;
+  const defaultMaxTokens = opts.defaultMaxTokens ?? DEFAULT_MAX_TOKENS;
   const drafts = opts.drafts ?? 0;
   if (drafts !== "auto" && drafts > 0 && model.maxDrafts === 0) throw new Error(`drafts: ${model.dir} has no MTP head (speculative decoding is unavailable)`);
   const maxBodyBytes = opts.maxBodyBytes ?? 8 << 20;

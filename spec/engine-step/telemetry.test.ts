@@ -136,12 +136,12 @@ test("Model.load reports its progress in bytes, ending at the total", async () =
 });
 
 describe("cherenkov run with engine flags", () => {
-  test(`--backend ${BACKEND} --pool 50% --backing mapped --no-lookahead --stats --json --trace`, async () => {
+  test(`--backend ${BACKEND} --pool 50% --backing mapped --no-lookahead --stats=json --json --trace`, async () => {
     let stdout = "";
     let stderr = "";
     const trace = join(tmp.dir, "cli-trace.jsonl");
     const code = await main(
-      ["run", dir, "--prompt-tokens", c.prompt.join(","), "--max-tokens", "5", "--backend", BACKEND, "--pool", "50%", "--backing", "mapped", "--no-lookahead", "--stats", "--json", "--trace", trace],
+      ["run", dir, "--prompt-tokens", c.prompt.join(","), "--max-tokens", "5", "--backend", BACKEND, "--pool", "50%", "--backing", "mapped", "--no-lookahead", "--stats=json", "--json", "--trace", trace],
       { stdout: (t) => (stdout += t), stderr: (t) => (stderr += t), stderrIsTTY: false },
     );
     expect({ code, stderr }).toEqual({ code: 0, stderr: "" });

@@ -15,7 +15,7 @@ describe("cherenkov serve", () => {
   test("starts on a free port with the flags' model id, context, default max tokens and access log", async () => {
     const { io, err } = bufferIO();
     const { server, model } = await startServe(
-      ["--port", "0", "--host", "127.0.0.1", "--backend", "reference", "--model-id", "tiny", "--context", "128", "--max-tokens", "4"],
+      ["--port", "0", "--host", "127.0.0.1", "--backend", "reference", "--model-id", "tiny", "--ctx-size", "128", "--max-tokens", "4"],
       io,
     );
     try {
@@ -50,7 +50,7 @@ describe("cherenkov serve", () => {
       [["--port", "http"], "--port"],
       [["--port", "70000"], "--port"],
       [["--backend", "vulkan"], "--backend"],
-      [["--context", "1"], "--context"],
+      [["--ctx-size", "1"], "--ctx-size"],
       [["--nope"], "--nope"],
     ] as const) {
       const e = await startServe([...argv], io).then(() => null, (x: unknown) => x);
@@ -97,7 +97,7 @@ describe("cherenkov serve", () => {
   }, 20_000);
 
   test("the usage text lists every flag the command parses", () => {
-    for (const flag of ["--port", "--host", "--backend", "--model-id", "--context", "--max-tokens", "--drafts", "--prefill-chunk", "--max-queue", "--api-key", "--cors"])
+    for (const flag of ["--port", "--host", "--backend", "--model-id", "--ctx-size", "--max-tokens", "--drafts", "--prefill-chunk", "--max-queue", "--api-key", "--cors", "--pool", "--backing", "--no-lookahead"])
       expect(serveUsage).toContain(flag);
   });
 });

@@ -1,17 +1,30 @@
-// `cherenkov run`: greedy generation from a prompt through Model (streamed to stdout).
-import { BackendUnavailableError } from "../../api/backend.ts";
+// `cherenkov run`: generation from a prompt through Model (streamed to stdout). Flags follow
+// llama.cpp / mlx-lm where they have one (-m, -p, -n, -c, -s, --temp, --top-k, ...).
 import { autoBackend } from "../../api/auto-backend.ts";
-import { Model } from "../../api/model.ts";
+import { BackendUnavailableError } from "../../api/backend.ts";
+import { DEFAULT_MAX_TOKENS, Model, type GenerateOptions, type GenerationResult } from "../../api/model.ts";
 import { defaultModelDir } from "../../model/default-model.ts";
 import { MANIFEST_FILE } from "../../model/manifest.ts";
-import type { EngineOptions } from "../../api/engine-backend.ts";
-import { BudgetError, parsePoolSize } from "../../gpu/budget.ts";
-import { IO_MODES, type IoMode } from "../../gpu/load.ts";
-import { DEFAULT_POOL_POLICY, POOL_POLICIES } from "../../gpu/residency.ts";
-import { choiceFlag, draftsFlag, intFlag, parseFlags, stringFlag, type Flags, UsageError } from "../args.ts";
+import { BudgetError } from "../../gpu/budget.ts";
+import { draftsFlag, intFlag, parseFlags, stringFlag, type Flags, UsageError } from "../args.ts";
+import { backendFlag, engineFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
+import { samplingFlags, SAMPLING_FLAGS, SAMPLING_FLAGS_USAGE } from "../sampling-flags.ts";
+import { statsLine } from "../stats-line.ts";
 import type { CliIO } from "../io.ts";
 
-const BACKENDS = ["auto", "reference", "cpu", "metal", "cuda"] as const;
+export const runUsage = `cherenkov run [DIR] (-p TEXT | --prompt-tokens 1,2,3) [options]
+  Generates from a prompt (greedy unless --temp is given). DIR defaults to the embedded model
+  (examples/models/qwen4-exp-tiny). Without -p and with stdin not a terminal, the prompt is
+  read from stdin (-p - reads it too).
+    -p, --prompt TEXT    text prompt, tokenized with the model's tokenizer
+    --prompt-tokens IDS  comma-separated token ids instead of text
+    --chat               wrap the prompt as a user message with the chat template
+    -n, --max-tokens N   tokens to generate at most (default ${DEFAULT_MAX_TOKENS}; stops after the end token)
+    --json               print {"tokens": [...], "text": "..."} on one line
+    --stats[=json]       after the text, one line on stderr: tokens/s, pool hit rate, IO MB/s;
+                         --stats=json: the model's whole stats object (on stderr, or inside --json)
+${SAMPLING_FLAGS_USAGE}
+${MODEL_FLAGS_USAGE}`;
 
 /** "1, 2,3" -> [1, 2, 3], each checked against the vocabulary. */
 export function parsePromptTokens(text: string, vocabSize: number, where: string): number[] {
@@ -25,107 +38,85 @@ export function parsePromptTokens(text: string, vocabSize: number, where: string
   });
 }
 
-/** --io direct|cached: how the wired pool reads expert records (shared with serve). */
-export function ioFlag(flags: Flags): IoMode {
-  if (flags.io !== undefined && flags.backing === "mapped") throw new UsageError("--io applies to --backing wired (the mapped backing does no reads)");
-  return choiceFlag(flags, "io", IO_MODES, "direct");
+/** `--stats` alone means the one-line summary; `--stats=json` the whole object. */
+function statsMode(flags: Flags): "line" | "json" | null {
+  const v = flags.stats;
+  if (v === undefined) return null;
+  if (v === "line" || v === "json") return v;
+  throw new UsageError(`--stats: "${v}" is not json (give --stats or --stats=json)`);
 }
 
-/** The engine's flags (--pool, --pool-slots, --backing, --io, --pool-policy, --no-lookahead, --max-context, --trace). */
-function engineFlags(flags: Flags): EngineOptions {
-  const engine: EngineOptions = {};
-  const pool = stringFlag(flags, "pool");
-  if (pool !== undefined && flags["pool-slots"] !== undefined) throw new UsageError("give at most one of --pool and --pool-slots");
-  if (pool !== undefined) {
-    try {
-      const size = parsePoolSize(pool);
-      if (size.poolFraction !== undefined) engine.pool = size.poolFraction;
-      else engine.poolBytes = size.poolBytes;
-    } catch (e) {
-      throw new UsageError((e as Error).message);
-    }
-  }
-  if (flags["pool-slots"] !== undefined) engine.poolSlots = intFlag(flags, "pool-slots", 0, 1);
-  if (flags.backing !== undefined) engine.backing = choiceFlag(flags, "backing", ["wired", "mapped"] as const, "wired");
-  if (flags.io !== undefined) engine.ioMode = ioFlag(flags);
-  if (flags["pool-policy"] !== undefined) engine.poolPolicy = choiceFlag(flags, "pool-policy", POOL_POLICIES, DEFAULT_POOL_POLICY);
-  if (flags["no-lookahead"]) engine.lookahead = false;
-  if (flags["max-context"] !== undefined) engine.maxContext = intFlag(flags, "max-context", 4096, 1, 1 << 24);
-  const trace = stringFlag(flags, "trace");
-  if (trace !== undefined) engine.trace = trace;
-  return engine;
+/** The prompt text: -p TEXT, -p - or piped stdin; undefined when token ids are given instead. */
+async function promptText(flags: Flags, stdin: () => Promise<string | null>): Promise<string | undefined> {
+  const prompt = stringFlag(flags, "prompt");
+  const tokens = stringFlag(flags, "prompt-tokens");
+  if (prompt !== undefined && tokens !== undefined) throw new UsageError("give one of --prompt TEXT or --prompt-tokens IDS, not both");
+  if (tokens !== undefined) return undefined;
+  if (prompt !== undefined && prompt !== "-") return prompt;
+  const piped = await stdin();
+  if (piped === null) throw new UsageError("give a prompt: -p TEXT, --prompt-tokens IDS, or text on stdin");
+  return piped.replace(/\r?\n$/, "");
 }
 
 export async function runCommand(argv: string[], io: CliIO): Promise<number> {
+  // --stats alone is a flag; parseArgs wants a value for a string option.
+  const args = argv.map((a) => (a === "--stats" ? "--stats=line" : a));
   const { flags, positionals } = parseFlags(
-    argv,
+    args,
     {
-      prompt: { type: "string" },
+      prompt: { type: "string", short: "p" },
       "prompt-tokens": { type: "string" },
-      "max-tokens": { type: "string" },
-      backend: { type: "string" },
-      drafts: { type: "string" },
-      "prefill-chunk": { type: "string" },
+      "max-tokens": { type: "string", short: "n" },
       json: { type: "boolean" },
       chat: { type: "boolean" },
-      stats: { type: "boolean" },
-      verbose: { type: "boolean" },
-      pool: { type: "string" },
-      "pool-slots": { type: "string" },
-      backing: { type: "string" },
-      io: { type: "string" },
-      "pool-policy": { type: "string" },
-      "no-lookahead": { type: "boolean" },
-      "max-context": { type: "string" },
-      trace: { type: "string" },
+      stats: { type: "string" },
+      ...SAMPLING_FLAGS,
+      ...MODEL_FLAGS,
     },
     1,
   );
-  const prompt = stringFlag(flags, "prompt");
   const promptTokens = stringFlag(flags, "prompt-tokens");
-  if ((prompt === undefined) === (promptTokens === undefined)) throw new UsageError("give exactly one of --prompt TEXT or --prompt-tokens IDS");
-  if (flags.chat && prompt === undefined) throw new UsageError("--chat needs --prompt");
-  const maxTokens = intFlag(flags, "max-tokens", 16, 1, 1 << 20);
+  const prompt = await promptText(flags, io.stdin ?? (async () => null));
+  if (flags.chat && prompt === undefined) throw new UsageError("--chat needs a text prompt");
+  const maxTokens = intFlag(flags, "max-tokens", DEFAULT_MAX_TOKENS, 1, 1 << 20);
   const drafts = draftsFlag(flags);
+  const sampling = samplingFlags(flags);
   const prefillChunk = intFlag(flags, "prefill-chunk", 512, 1, 1 << 20);
-  const backend = choiceFlag(flags, "backend", BACKENDS, "auto");
+  const backend = backendFlag(flags);
   const engine = engineFlags(flags);
+  const stats = statsMode(flags);
 
-  const dir = positionals[0] ?? (await defaultModelDir());
-  const model = await Model.load(dir, { backend, prefillChunk, engine }).catch((e: unknown) => {
+  const dir = modelDir(flags, positionals) ?? (await defaultModelDir());
+  await using model = await Model.load(dir, { backend, prefillChunk, engine }).catch((e: unknown) => {
     if (e instanceof BackendUnavailableError) throw new UsageError(`--backend: ${e.message}`);
     if (e instanceof BudgetError) throw new UsageError(`--pool: ${e.message}`);
     throw e;
   });
-  try {
-    if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${autoBackend().reason})` : ""}\n`);
-    const vocab = model.config.vocab_size;
-    let tokens: number[];
-    if (promptTokens !== undefined) {
-      tokens = parsePromptTokens(promptTokens, vocab, `${dir}/${MANIFEST_FILE}`);
-    } else {
-      if (!model.tokenizer) throw new UsageError(`--prompt: ${dir} has no tokenizer.json; use --prompt-tokens`);
-      tokens = flags.chat ? model.encode([{ role: "user", content: prompt! }]) : model.encode(prompt!);
-      if (tokens.length === 0) throw new UsageError("--prompt: the prompt has no tokens");
-      const bad = tokens.find((t) => t >= vocab);
-      if (bad !== undefined) throw new UsageError(`--prompt: the tokenizer gave id ${bad}, outside the model's vocabulary (${vocab})`);
-    }
-    if (drafts !== "auto" && drafts > 0 && model.maxDrafts === 0) throw new UsageError(`--drafts: ${dir} has no MTP head`);
-    const stream = model.stream(tokens, { maxTokens, drafts });
-    let r = await stream.next();
-    while (!r.done) {
-      if (!flags.json) io.stdout(r.value.text);
-      r = await stream.next();
-    }
-    const result = r.value;
-    const stats = flags.stats ? { ...model.stats(), timings: result.timings, drafts: result.drafts } : undefined;
-    if (flags.json) io.stdout(JSON.stringify({ tokens: result.tokens, text: result.text, ...(stats ? { stats } : {}) }) + "\n");
-    else {
-      io.stdout("\n");
-      if (stats) io.stderr(JSON.stringify(stats) + "\n");
-    }
-  } finally {
-    await model.close();
+  if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${autoBackend().reason})` : ""}\n`);
+  const vocab = model.config.vocab_size;
+  let tokens: number[];
+  if (promptTokens !== undefined) {
+    tokens = parsePromptTokens(promptTokens, vocab, `${dir}/${MANIFEST_FILE}`);
+  } else {
+    if (!model.tokenizer) throw new UsageError(`--prompt: ${dir} has no tokenizer.json; use --prompt-tokens`);
+    tokens = flags.chat ? model.encode([{ role: "user", content: prompt! }]) : model.encode(prompt!);
+    if (tokens.length === 0) throw new UsageError("--prompt: the prompt has no tokens");
+    const bad = tokens.find((t) => t >= vocab);
+    if (bad !== undefined) throw new UsageError(`--prompt: the tokenizer gave id ${bad}, outside the model's vocabulary (${vocab})`);
   }
+  if (drafts !== "auto" && drafts > 0 && model.maxDrafts === 0) throw new UsageError(`--drafts: ${dir} has no MTP head`);
+  const options: GenerateOptions = { maxTokens, drafts, ...sampling };
+  const stream = model.stream(tokens, options);
+  let r = await stream.next();
+  while (!r.done) {
+    if (!flags.json) io.stdout(r.value.text);
+    r = await stream.next();
+  }
+  const result: GenerationResult = r.value;
+  const all = stats === "json" ? { ...model.stats(), timings: result.timings, drafts: result.drafts } : undefined;
+  if (flags.json) io.stdout(JSON.stringify({ tokens: result.tokens, text: result.text, ...(all ? { stats: all } : {}) }) + "\n");
+  else io.stdout("\n");
+  if (stats === "line") io.stderr(statsLine(result, model.stats()) + "\n");
+  else if (all && !flags.json) io.stderr(JSON.stringify(all) + "\n");
   return 0;
 }

@@ -1,32 +1,28 @@
 // `cherenkov serve`: the OpenAI-compatible HTTP server (lib/server) over one loaded model,
 // until SIGINT or SIGTERM.
 import { BackendUnavailableError } from "../../api/backend.ts";
-import { Model } from "../../api/model.ts";
+import { autoBackend } from "../../api/auto-backend.ts";
+import { DEFAULT_MAX_TOKENS, Model } from "../../api/model.ts";
+import { BudgetError } from "../../gpu/budget.ts";
 import { defaultModelDir } from "../../model/default-model.ts";
 import { createServer, type RunningServer } from "../../server/server.ts";
-import { choiceFlag, draftsFlag, intFlag, parseFlags, stringFlag, UsageError } from "../args.ts";
+import { draftsFlag, intFlag, parseFlags, stringFlag, UsageError } from "../args.ts";
+import { backendFlag, ctxSizeFlag, engineFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
 import type { CliIO } from "../io.ts";
-import { ioFlag } from "./run.ts";
-
-const BACKENDS = ["auto", "reference", "cpu", "metal", "cuda"] as const;
 
 export const serveUsage = `cherenkov serve [DIR] [options]
-  OpenAI-compatible HTTP server (greedy generation, one request at a time, queued).
-  DIR defaults to the embedded tiny model. Endpoints: /v1/chat/completions, /v1/completions,
-  /v1/models, /v1/stats, /health (docs/server.md).
+  OpenAI-compatible HTTP server (one request at a time, queued). DIR defaults to the
+  embedded tiny model. Endpoints: /v1/chat/completions, /v1/completions, /v1/models,
+  /v1/stats, /health (docs/server.md).
     --port N            TCP port (default 8080; 0 picks a free one)
     --host H            interface to listen on (default 127.0.0.1; 0.0.0.0 = every interface)
-    --backend B         auto|reference|cpu|metal|cuda (default auto)
     --model-id NAME     the name clients pass as "model" (default: DIR's name)
-    --context N         prompt + completion tokens per request (default: the model's, else 4096)
-    --max-tokens N      completion tokens when a request sets none (default 512)
-    --drafts auto|N     MTP drafts per step (same output; needs an MTP head); auto adapts
-                        the count to measured acceptance and step cost
-    --prefill-chunk N   rows per prefill chunk (default 512)
-    --io direct|cached  expert reads: uncached (default), or through the page cache
+    -n, --max-tokens N  completion tokens when a request sets none (default ${DEFAULT_MAX_TOKENS})
     --max-queue N       requests that may wait; more get 503 (default 64)
     --api-key KEY       require "Authorization: Bearer KEY" on /v1/* (or set CHERENKOV_API_KEY)
-    --cors              allow cross-origin requests from browsers`;
+    --cors              allow cross-origin requests from browsers
+  -c/--ctx-size is also each request's limit (prompt + completion; default: the model's, else 4096).
+${MODEL_FLAGS_USAGE}`;
 
 /** Loads the model and starts the server; the caller stops it. */
 export async function startServe(argv: string[], io: CliIO): Promise<{ server: RunningServer; model: Model }> {
@@ -35,25 +31,21 @@ export async function startServe(argv: string[], io: CliIO): Promise<{ server: R
     {
       port: { type: "string" },
       host: { type: "string" },
-      backend: { type: "string" },
       "model-id": { type: "string" },
-      context: { type: "string" },
-      "max-tokens": { type: "string" },
-      drafts: { type: "string" },
-      "prefill-chunk": { type: "string" },
-      io: { type: "string" },
+      "max-tokens": { type: "string", short: "n" },
       "max-queue": { type: "string" },
       "api-key": { type: "string" },
       cors: { type: "boolean" },
+      ...MODEL_FLAGS,
     },
     1,
   );
   const port = intFlag(flags, "port", 8080, 0, 65535);
   const hostname = stringFlag(flags, "host") ?? "127.0.0.1";
   if (hostname === "") throw new UsageError("--host: give an interface address or name");
-  const backend = choiceFlag(flags, "backend", BACKENDS, "auto");
-  const contextFlag = stringFlag(flags, "context") === undefined ? undefined : intFlag(flags, "context", 0, 2, 1 << 30);
-  const defaultMaxTokens = intFlag(flags, "max-tokens", 512, 1, 1 << 30);
+  const backend = backendFlag(flags);
+  const contextFlag = ctxSizeFlag(flags);
+  const defaultMaxTokens = intFlag(flags, "max-tokens", DEFAULT_MAX_TOKENS, 1, 1 << 30);
   const drafts = draftsFlag(flags);
   const prefillChunk = intFlag(flags, "prefill-chunk", 512, 1, 1 << 20);
   const maxQueue = intFlag(flags, "max-queue", 64, 0, 1 << 20);
@@ -61,15 +53,15 @@ export async function startServe(argv: string[], io: CliIO): Promise<{ server: R
   const modelId = stringFlag(flags, "model-id");
   if (modelId === "") throw new UsageError("--model-id: must not be empty");
 
-  const dir = positionals[0] ?? (await defaultModelDir());
-  // the engine sizes its KV caches for the context asked for
-  const engine = {
-    ...(contextFlag === undefined ? {} : { maxContext: contextFlag }),
-    ...(flags.io === undefined ? {} : { ioMode: ioFlag(flags) }),
-  };
+  const dir = modelDir(flags, positionals) ?? (await defaultModelDir());
+  // the engine sizes its KV caches for the context asked for (--ctx-size)
+  const engine = engineFlags(flags);
   const model = await Model.load(dir, { backend, prefillChunk, engine }).catch((e: unknown) => {
-    throw e instanceof BackendUnavailableError ? new UsageError(`--backend: ${e.message}`) : e;
+    if (e instanceof BackendUnavailableError) throw new UsageError(`--backend: ${e.message}`);
+    if (e instanceof BudgetError) throw new UsageError(`--pool: ${e.message}`);
+    throw e;
   });
+  if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${autoBackend().reason})` : ""}\n`);
   try {
     if (drafts !== "auto" && drafts > 0 && model.maxDrafts === 0) throw new UsageError(`--drafts: ${dir} has no MTP head`);
     let server: RunningServer;

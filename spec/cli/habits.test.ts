@@ -1,0 +1,116 @@
+// The command line as llama.cpp / mlx-lm users type it (issue 11 item 5): --version, short
+// flags, sampling flags, prompt from stdin, --stats as one line, one-line errors without a
+// stack trace, "did you mean", and run and serve sharing every model and engine option.
+import { describe, expect, test } from "bun:test";
+import { join } from "node:path";
+
+import { DEFAULT_MAX_TOKENS } from "../../lib/api/model.ts";
+import { runUsage } from "../../lib/cli/commands/run.ts";
+import { serveUsage, startServe } from "../../lib/cli/commands/serve.ts";
+import { MODEL_FLAGS } from "../../lib/cli/engine-flags.ts";
+import { main } from "../../lib/cli/main.ts";
+import { SAMPLING_FLAGS } from "../../lib/cli/sampling-flags.ts";
+import { DEFAULT_MODEL_DIR } from "../../lib/model/default-model.ts";
+import pkg from "../../package.json" with { type: "json" };
+
+const MAIN = join(import.meta.dir, "..", "..", "lib", "cli", "main.ts");
+
+async function cli(...argv: string[]) {
+  let stdout = "";
+  let stderr = "";
+  const code = await main(argv, { stdout: (t) => (stdout += t), stderr: (t) => (stderr += t), stderrIsTTY: false });
+  return { code, stdout, stderr };
+}
+
+function spawnCli(argv: string[], stdin?: string) {
+  const proc = Bun.spawnSync([process.execPath, MAIN, ...argv], { stdin: stdin === undefined ? "ignore" : new TextEncoder().encode(stdin), stdout: "pipe", stderr: "pipe" });
+  return { code: proc.exitCode, stdout: proc.stdout.toString(), stderr: proc.stderr.toString() };
+}
+
+test("--version prints the package version", async () => {
+  const r = await cli("--version");
+  expect(r).toEqual({ code: 0, stdout: `cherenkov ${pkg.version} (bun ${Bun.version})\n`, stderr: "" });
+});
+
+test("short flags and sampling flags: -m -p -n -c --temp --top-k --top-p --min-p -s; the same seed gives the same text", async () => {
+  const argv = ["run", "-m", DEFAULT_MODEL_DIR, "-p", "def add(a, b):", "-n", "6", "-c", "64", "--temp", "0.9", "--top-k", "40", "--top-p", "0.95", "--min-p", "0.01", "-s", "11", "--json"];
+  const a = await cli(...argv);
+  const b = await cli(...argv);
+  expect(a.code).toBe(0);
+  expect(JSON.parse(a.stdout).tokens).toHaveLength(6);
+  expect(a.stdout).toBe(b.stdout);
+  const greedy = await cli("run", "-m", DEFAULT_MODEL_DIR, "-p", "def add(a, b):", "-n", "6", "--json");
+  const otherSeeds = await Promise.all([12, 13, 14].map((s) => cli(...argv.slice(0, -3), "-s", String(s), "--json")));
+  // Sampling at T = 0.9 differs from greedy for some seed (else the flags did not reach the sampler).
+  expect([a, ...otherSeeds].some((r) => r.stdout !== greedy.stdout)).toBe(true);
+});
+
+test("the prompt from stdin (piped, or -p -) is the same as -p", () => {
+  const withFlag = spawnCli(["run", "-p", "import os", "-n", "4", "--json"]);
+  const piped = spawnCli(["run", "-n", "4", "--json"], "import os\n");
+  const dash = spawnCli(["run", "-p", "-", "-n", "4", "--json"], "import os");
+  expect(withFlag.code).toBe(0);
+  expect(piped.stdout).toBe(withFlag.stdout);
+  expect(dash.stdout).toBe(withFlag.stdout);
+});
+
+test("--stats is one summary line; --stats=json the whole object", async () => {
+  const line = await cli("run", "-p", "x", "-n", "3", "--stats");
+  expect(line.stderr).toMatch(/^3 tokens, [\d.]+ tokens\/s \(prefill \d+ tokens in [\d.]+ s\); (pool hit rate [\d.-]+%; IO [\d.]+ MB\/s; )?\w+ backend\n$/);
+  const json = await cli("run", "-p", "x", "-n", "3", "--stats=json");
+  const stats = JSON.parse(json.stderr);
+  expect(stats.completionTokens).toBe(3);
+  expect(stats.timings.tokensPerSecond).toBeGreaterThan(0);
+});
+
+test("a failure is one line without a stack trace, exit code 1", () => {
+  const r = spawnCli(["run", "/nonexistent/model", "-p", "x"]);
+  expect(r.code).toBe(1);
+  expect(r.stderr).toBe("cherenkov run: cannot open model directory /nonexistent/model: ENOENT\n");
+  expect(r.stdout).toBe("");
+});
+
+test("unknown flags and commands suggest the closest name", async () => {
+  expect((await cli("run", "--max-tokns", "3")).stderr).toContain("unknown option --max-tokns (did you mean --max-tokens?)");
+  expect((await cli("serve", "--context", "9")).stderr).toContain("unknown option --context (did you mean --ctx-size?)");
+  expect((await cli("run", "--max-context", "9")).stderr).toContain("unknown option --max-context (did you mean --ctx-size?)");
+  const cmd = await cli("serv");
+  expect(cmd.code).toBe(2);
+  expect(cmd.stderr).toContain('unknown command "serv" (did you mean serve?)');
+});
+
+describe("run and serve share their options, and every option is described", () => {
+  test("each model, engine and sampling flag is in the usage text, with its short form", () => {
+    for (const [name, spec] of Object.entries({ ...MODEL_FLAGS, ...SAMPLING_FLAGS })) {
+      expect(runUsage).toContain(`--${name}`);
+      if (spec.short) expect(runUsage).toContain(`-${spec.short}, --${name}`);
+    }
+    for (const name of Object.keys(MODEL_FLAGS)) expect(serveUsage).toContain(`--${name}`);
+    for (const flag of ["-p, --prompt", "-n, --max-tokens", "--prompt-tokens", "--chat", "--json", "--stats"]) expect(runUsage).toContain(flag);
+  });
+
+  test(`the default max tokens is ${DEFAULT_MAX_TOKENS} in the API, run and serve`, () => {
+    expect(runUsage).toContain(`(default ${DEFAULT_MAX_TOKENS};`);
+    expect(serveUsage).toContain(`(default ${DEFAULT_MAX_TOKENS})`);
+  });
+
+  test("serve takes the engine options run takes (--pool, --backing, --no-lookahead, --drafts, -c)", async () => {
+    let err = "";
+    const io = { stdout: () => {}, stderr: (t: string) => void (err += t), stderrIsTTY: false };
+    const { server, model } = await startServe(
+      ["--port", "0", "--backend", "cpu", "--pool", "50%", "--backing", "mapped", "--no-lookahead", "--drafts", "1", "-c", "64", "--verbose"],
+      io,
+    );
+    try {
+      const engine = model.stats().engine as { pool: { backing: string; capacity: number; records: number }; setup: { maxContext: number; lookahead: boolean } };
+      expect(engine.pool.backing).toBe("mapped");
+      expect(engine.pool.capacity).toBe(Math.ceil(engine.pool.records / 2));
+      expect(engine.setup.maxContext).toBe(64);
+      expect(err).toContain("cherenkov: cpu backend\n");
+      expect(err).toContain("context 64");
+    } finally {
+      await server.stop();
+      await model.close();
+    }
+  }, 60_000);
+});
