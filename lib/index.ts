@@ -1,5 +1,5 @@
-// The public API of cherenkov. Explicit named exports only: nothing from lib/gpu or
-// lib/shim.ts is public.
+// The public API of cherenkov. Explicit named exports only: from lib/gpu and lib/shim.ts
+// only error classes and option types are public.
 export { DEFAULT_MAX_TOKENS, Model, Session } from "./api/model.ts";
 export { SessionBusyError, SessionClosedError } from "./api/session-errors.ts";
 export type {
@@ -24,6 +24,14 @@ export type { Features, PresetName } from "./convert/presets.ts";
 export { convertCheckpoint } from "./convert/convert.ts";
 export type { ConvertOptions, ConvertResult } from "./convert/convert.ts";
 export { BackendUnavailableError } from "./api/backend.ts";
+// Every error a caller may want to catch by class.
+export { ModelClosedError } from "./api/errors.ts";
+export { ContextFullError } from "./gpu/state.ts";
+export { BudgetError } from "./gpu/budget.ts";
+export { PoolTooSmallError } from "./gpu/residency.ts";
+export { GpuStepError } from "./gpu/handshake.ts";
+export { IoCancelledError, IoReadError } from "./gpu/streaming.ts";
+export { ShimError } from "./shim.ts";
 export { createServer } from "./server/server.ts";
 export type { RunningServer, ServerOptions } from "./server/server.ts";
 export type { EngineOptions } from "./api/engine-backend.ts";

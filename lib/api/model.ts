@@ -13,6 +13,7 @@ import { Checkpoint } from "./checkpoint.ts";
 import { SessionBusyError, SessionClosedError } from "./session-errors.ts";
 import { loadShim } from "../shim.ts";
 import { autoBackend } from "./auto-backend.ts";
+import { ModelClosedError } from "./errors.ts";
 
 export type BackendName = "auto" | "reference" | "cpu" | "metal" | "cuda";
 
@@ -241,7 +242,7 @@ export class Model {
   }
 
   private check() {
-    if (this.closed) throw new Error("the model is closed");
+    if (this.closed) throw new ModelClosedError("the model is closed");
   }
 
   /** Generates a continuation of `prompt` in a fresh sequence. */

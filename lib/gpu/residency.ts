@@ -47,16 +47,16 @@ export type Backing = "wired" | "mapped";
  *   layers in the cycle), so l's own unpinned records go first, then l-1's, ... and l+1's
  *   last: it approximates Belady when a layer's experts are reused on the next token, and it
  *   does not collapse when the pool is smaller than one token's working set (where LRU evicts
- *   exactly the layer needed next). See {@link layerCycleOrder} for the MTP layer.
+ *   exactly the layer needed next). See `layerCycleOrder` (below) for the MTP layer.
  * - "reuse": the record whose next use is expected farthest away: a record of layer m, used
  *   at a fraction p of m's recent visits (an exponentially decayed count, half-life
- *   {@link REUSE_HALF_LIFE} visits), is expected back after d + N (1 - p) / p layer visits,
+ *   `REUSE_HALF_LIFE` visits), is expected back after d + N (1 - p) / p layer visits,
  *   d = m's distance in the cyclic order (as layer-cyclic), N the cycle's length. It is
  *   Belady's rule with the future replaced by that estimate: a layer's frequent experts
  *   outlive its rare ones, and the layer order still decides among equals. A prefetched
  *   record not yet used counts with p = the lookahead's accuracy so far, and a prefetch only
  *   takes a victim expected back later than the predicted record (no wasted swap).
- *   Cost: each miss scores the {@link REUSE_SCAN} least recent candidates of every layer.
+ *   Cost: each miss scores the `REUSE_SCAN` least recent candidates of every layer.
  */
 export type PoolPolicy = "lru" | "layer-cyclic" | "reuse";
 export const POOL_POLICIES: readonly PoolPolicy[] = ["lru", "layer-cyclic", "reuse"];
@@ -248,7 +248,7 @@ export interface ExpertPoolOptions {
   maxBufferBytes?: number;
   /** Eviction policy (default {@link DEFAULT_POOL_POLICY}). */
   policy?: PoolPolicy;
-  /** "reuse": half-life of the use counts, in visits of the record's layer (default {@link REUSE_HALF_LIFE}). */
+  /** "reuse": half-life of the use counts, in visits of the record's layer (default `REUSE_HALF_LIFE`). */
   reuseHalfLife?: number;
   /**
    * Verify every record against its checksum before its slot is published (default true when

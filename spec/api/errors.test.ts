@@ -1,0 +1,24 @@
+// Every error a caller may catch is an exported class (issue 11 item 4).
+import { expect, test } from "bun:test";
+
+import * as cherenkov from "../../lib/index.ts";
+import { Model, ModelClosedError, SessionClosedError } from "../../lib/index.ts";
+
+test("the error classes are exported, each an Error subclass named as exported", () => {
+  for (const name of ["BackendUnavailableError", "BudgetError", "ConfigError", "ContextFullError", "GpuStepError", "IoCancelledError", "IoReadError", "ModelClosedError", "ModelFormatError", "PoolTooSmallError", "SessionBusyError", "SessionClosedError", "ShimError"] as const) {
+    const Cls = cherenkov[name] as unknown as new (...a: never[]) => Error;
+    expect(typeof Cls).toBe("function");
+    expect(Cls.prototype).toBeInstanceOf(Error);
+    expect(Cls.name).toBe(name);
+  }
+});
+
+test("a closed session throws SessionClosedError, a closed model ModelClosedError", async () => {
+  const model = await Model.load(undefined, { backend: "reference" });
+  const chat = model.session();
+  chat.close();
+  await expect(chat.append("x")).rejects.toBeInstanceOf(SessionClosedError);
+  await model.close();
+  await expect(model.generate("x", { maxTokens: 1 })).rejects.toBeInstanceOf(ModelClosedError);
+  await expect(model.generate("x", { maxTokens: 1 })).rejects.toThrow("the model is closed");
+});
