@@ -7,6 +7,7 @@ import packageJson from "../../package.json" with { type: "json" };
 import { UsageError } from "./args.ts";
 import { OutputDirError } from "../model/safe-write.ts";
 import { buildCommand } from "./commands/build.ts";
+import { chatCommand } from "./commands/chat.ts";
 import { convertCommand } from "./commands/convert.ts";
 import { helpText, usage } from "./commands/help.ts";
 import { inspectCommand } from "./commands/inspect.ts";
@@ -25,6 +26,7 @@ const commands: Record<string, (argv: string[], io: CliIO) => Promise<number>> =
   serve: serveCommand,
   seal: sealCommand,
   build: buildCommand,
+  chat: chatCommand,
 };
 
 export async function main(argv: string[], io: CliIO = processIO()): Promise<number> {

@@ -5,6 +5,7 @@ import { describe, expect, test } from "bun:test";
 import { join } from "node:path";
 
 import { DEFAULT_MAX_TOKENS } from "../../lib/api/model.ts";
+import { chatUsage } from "../../lib/cli/commands/chat.ts";
 import { runUsage } from "../../lib/cli/commands/run.ts";
 import { serveUsage, startServe } from "../../lib/cli/commands/serve.ts";
 import { MODEL_FLAGS } from "../../lib/cli/engine-flags.ts";
@@ -86,6 +87,7 @@ describe("run and serve share their options, and every option is described", () 
       if (spec.short) expect(runUsage).toContain(`-${spec.short}, --${name}`);
     }
     for (const name of Object.keys(MODEL_FLAGS)) expect(serveUsage).toContain(`--${name}`);
+    for (const name of Object.keys({ ...MODEL_FLAGS, ...SAMPLING_FLAGS })) expect(chatUsage).toContain(`--${name}`);
     for (const flag of ["-p, --prompt", "-n, --max-tokens", "--prompt-tokens", "--chat", "--json", "--stats"]) expect(runUsage).toContain(flag);
   });
 
@@ -112,5 +114,35 @@ describe("run and serve share their options, and every option is described", () 
       await server.stop();
       await model.close();
     }
+  }, 60_000);
+});
+
+describe("cherenkov chat", () => {
+  test("answers line by line; /reset forgets the conversation (the same first answer again)", () => {
+    const r = spawnCli(["chat", "-n", "5", "--system", "You write Python."], "def add(a, b):\n/reset\ndef add(a, b):\n");
+    expect(r.code).toBe(0);
+    const [first, reset, again] = r.stdout.split(/\n(?=\(conversation reset\)\n)|(?<=\(conversation reset\))\n/);
+    expect(reset).toBe("(conversation reset)");
+    expect(first!.length).toBeGreaterThan(0);
+    expect(again!.trimEnd()).toBe(first!.trimEnd());
+  });
+
+  test("Ctrl-C stops the answer being written, not the chat", async () => {
+    const proc = Bun.spawn([process.execPath, MAIN, "chat", "-n", "2000"], { stdin: "pipe", stdout: "pipe", stderr: "pipe" });
+    proc.stdin.write("def fibonacci(n):\n");
+    proc.stdin.flush();
+    const reader = proc.stdout.getReader();
+    let out = "";
+    while (out.length < 20) out += new TextDecoder().decode((await reader.read()).value);
+    proc.kill("SIGINT");
+    while (!out.includes("[stopped]\n")) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      out += new TextDecoder().decode(value);
+    }
+    expect(out).toContain(" [stopped]\n");
+    proc.stdin.write("/exit\n");
+    proc.stdin.end();
+    expect(await proc.exited).toBe(0);
   }, 60_000);
 });

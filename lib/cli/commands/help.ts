@@ -1,5 +1,6 @@
 // Usage text of every command, shown by `cherenkov help [command]` and `--help`.
 import { buildUsage } from "./build.ts";
+import { chatUsage } from "./chat.ts";
 import { convertUsage } from "./convert.ts";
 import { runUsage } from "./run.ts";
 import { serveUsage } from "./serve.ts";
@@ -25,6 +26,7 @@ export const usage: Record<string, string> = {
   template), records their checksums in cherenkov.json and seals the index again. The index
   must be intact; weight checksums are never rewritten.`,
   run: runUsage,
+  chat: chatUsage,
   build: buildUsage,
 };
 

@@ -1,0 +1,95 @@
+// `cherenkov chat`: an interactive conversation through the model's chat template. Each
+// turn renders the whole history again (simple and exact; a long chat re-reads its history).
+// Ctrl-C stops the answer being written; at the prompt it (or Ctrl-D, or /exit) quits.
+import { createInterface } from "node:readline";
+
+import { autoBackend } from "../../api/auto-backend.ts";
+import { BackendUnavailableError } from "../../api/backend.ts";
+import { DEFAULT_MAX_TOKENS, Model, type GenerateOptions } from "../../api/model.ts";
+import { BudgetError } from "../../gpu/budget.ts";
+import { defaultModelDir } from "../../model/default-model.ts";
+import type { ChatMessage } from "../../model/tokenizer.ts";
+import { draftsFlag, intFlag, parseFlags, stringFlag, UsageError } from "../args.ts";
+import { backendFlag, engineFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
+import type { CliIO } from "../io.ts";
+import { samplingFlags, SAMPLING_FLAGS, SAMPLING_FLAGS_USAGE } from "../sampling-flags.ts";
+
+export const chatUsage = `cherenkov chat [DIR] [options]
+  An interactive chat with the model's chat template, one line per message. /reset forgets
+  the conversation (the system prompt stays), /exit or Ctrl-D quits; Ctrl-C stops the
+  answer being written (at the prompt it quits).
+    --system TEXT        a system prompt for the whole conversation
+    -n, --max-tokens N   tokens per answer at most (default ${DEFAULT_MAX_TOKENS})
+${SAMPLING_FLAGS_USAGE}
+${MODEL_FLAGS_USAGE}`;
+
+export async function chatCommand(argv: string[], io: CliIO): Promise<number> {
+  const { flags, positionals } = parseFlags(
+    argv,
+    { system: { type: "string" }, "max-tokens": { type: "string", short: "n" }, ...SAMPLING_FLAGS, ...MODEL_FLAGS },
+    1,
+  );
+  const maxTokens = intFlag(flags, "max-tokens", DEFAULT_MAX_TOKENS, 1, 1 << 20);
+  const options: GenerateOptions = { maxTokens, drafts: draftsFlag(flags), ...samplingFlags(flags) };
+  const backend = backendFlag(flags);
+  const system = stringFlag(flags, "system");
+  const dir = modelDir(flags, positionals) ?? (await defaultModelDir());
+  await using model = await Model.load(dir, { backend, prefillChunk: intFlag(flags, "prefill-chunk", 512, 1, 1 << 20), engine: engineFlags(flags) }).catch((e: unknown) => {
+    if (e instanceof BackendUnavailableError) throw new UsageError(`--backend: ${e.message}`);
+    if (e instanceof BudgetError) throw new UsageError(`--pool: ${e.message}`);
+    throw e;
+  });
+  if (!model.tokenizer) throw new UsageError(`${dir} has no tokenizer.json: chat needs text`);
+  if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${autoBackend().reason})` : ""}\n`);
+
+  const start: ChatMessage[] = system ? [{ role: "system", content: system }] : [];
+  let history = [...start];
+  const interactive = Boolean(process.stdin.isTTY);
+  const lines = createInterface({ input: process.stdin, terminal: interactive });
+  let answering: AbortController | null = null;
+  let quit = false;
+  // Ctrl-C: stop the answer being written; at the prompt, quit.
+  const onInterrupt = () => {
+    if (answering) answering.abort();
+    else {
+      quit = true;
+      lines.close();
+    }
+  };
+  lines.on("SIGINT", onInterrupt);
+  process.on("SIGINT", onInterrupt);
+  try {
+    if (interactive) io.stdout("> ");
+    for await (const line of lines) {
+      const text = line.trim();
+      if (text === "/exit" || quit) break;
+      if (text === "/reset") {
+        history = [...start];
+        io.stdout("(conversation reset)\n");
+      } else if (text !== "") {
+        history.push({ role: "user", content: text });
+        answering = new AbortController();
+        let answer = "";
+        try {
+          const stream = model.stream(history, { ...options, signal: answering.signal });
+          for (let r = await stream.next(); !r.done; r = await stream.next()) {
+            answer += r.value.text;
+            io.stdout(r.value.text);
+          }
+        } catch (e) {
+          if (!answering.signal.aborted) throw e;
+          io.stdout(" [stopped]");
+        } finally {
+          answering = null;
+        }
+        history.push({ role: "assistant", content: answer });
+        io.stdout("\n");
+      }
+      if (interactive) io.stdout("> ");
+    }
+  } finally {
+    process.off("SIGINT", onInterrupt);
+    lines.close();
+  }
+  return 0;
+}
