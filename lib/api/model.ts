@@ -449,8 +449,12 @@ export class Session {
     return { next: r.next[r.next.length - 1]!, logprobs: r.logprobs?.[0] };
   }
 
-  /** Runs `prompt` through the model (a prefill); generation continues after it. */
-  async append(prompt: Prompt, signal?: AbortSignal): Promise<void> {
+  /**
+   * Runs `prompt` through the model (a prefill); generation continues after it. Options as
+   * everywhere else: `{ signal }` (a bare AbortSignal is still accepted).
+   */
+  async append(prompt: Prompt, options?: { signal?: AbortSignal } | AbortSignal): Promise<void> {
+    const signal = options instanceof AbortSignal ? options : options?.signal;
     const op = this.begin("append", signal);
     try {
       const ids = this.model.encode(prompt);
@@ -473,7 +477,7 @@ export class Session {
    * made here would have to be recomputed).
    */
   async appendFor(prompt: Prompt, opts: GenerateOptions): Promise<void> {
-    if (!samplingRequest(opts)) return this.append(prompt, opts.signal);
+    if (!samplingRequest(opts)) return this.append(prompt, { signal: opts.signal });
     const signal = this.begin("append", opts.signal);
     try {
       const ids = this.model.encode(prompt);

@@ -20,3 +20,11 @@ test("await using closes the model at the end of its scope; using closes a sessi
   }
   await expect(outer.generate("x", { maxTokens: 1 })).rejects.toThrow(/closed/);
 });
+
+test("options are passed the same way everywhere: append takes { signal } like generate", async () => {
+  await using model = await Model.load(undefined, { backend: "reference" });
+  using chat = model.session();
+  await expect(chat.append("def f(x):", { signal: AbortSignal.abort() })).rejects.toThrow(/abort/i);
+  await chat.append("def f(x):", { signal: new AbortController().signal });
+  expect((await chat.generate({ maxTokens: 1, signal: new AbortController().signal })).tokens).toHaveLength(1);
+});
