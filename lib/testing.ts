@@ -7,7 +7,7 @@ export type {
 } from "./reference/index.ts";
 export type { StateSnapshot } from "./reference/index.ts";
 export type { AttentionState, DeltaNetState, PleState } from "./reference/state.ts";
-export type { KvCache } from "./reference/kvcache.ts";
+export type { KvCache, KvKind } from "./reference/kvcache.ts";
 export type { Routing } from "./reference/moe.ts";
 export type { DraftProposer } from "./reference/generate.ts";
 export { presetConfig, presetNames } from "./convert/presets.ts";

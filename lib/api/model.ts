@@ -14,6 +14,7 @@ import { SessionBusyError, SessionClosedError } from "./session-errors.ts";
 import { loadShim } from "../shim.ts";
 import { autoBackend } from "./auto-backend.ts";
 import { ModelClosedError } from "./errors.ts";
+import { ContextFullError } from "../gpu/state.ts";
 
 export type BackendName = "auto" | "reference" | "cpu" | "metal" | "cuda";
 
@@ -653,6 +654,10 @@ export class Session {
           headBehind = true;
         }
       }
+    } catch (e) {
+      // The context filled mid-generation: the caller keeps what was generated.
+      if (e instanceof ContextFullError) [e.tokens, e.text] = [generated.slice(), text.text];
+      throw e;
     } finally {
       sample?.counts?.release();
     }

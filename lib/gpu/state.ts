@@ -17,6 +17,10 @@ import { allocatePlanes, encodeRestore, planesLayout, SNAPSHOT_PLANES, type Snap
 /** The sequence would grow past the capacity it was allocated with. */
 export class ContextFullError extends RangeError {
   override name = "ContextFullError";
+  /** The tokens the generation produced before the context filled (none when the prompt did not fit). */
+  tokens: number[] = [];
+  /** Their text. */
+  text = "";
 }
 
 export interface DeltaNetLayerState {

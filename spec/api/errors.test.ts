@@ -22,3 +22,24 @@ test("a closed session throws SessionClosedError, a closed model ModelClosedErro
   await expect(model.generate("x", { maxTokens: 1 })).rejects.toBeInstanceOf(ModelClosedError);
   await expect(model.generate("x", { maxTokens: 1 })).rejects.toThrow("the model is closed");
 });
+
+test("ContextFullError keeps the tokens generated before the context filled", async () => {
+  const model = await Model.load(undefined, { backend: "cpu", engine: { maxContext: 12 } });
+  try {
+    const prompt = model.encode("def add(a, b):");
+    expect(prompt.length).toBeLessThan(10);
+    const e = await model.generate(prompt, { maxTokens: 50, stopAtEos: false }).then(() => null, (x: unknown) => x);
+    expect(e).toBeInstanceOf(cherenkov.ContextFullError);
+    const full = e as InstanceType<typeof cherenkov.ContextFullError>;
+    expect(full.tokens.length).toBeGreaterThan(0);
+    expect(prompt.length + full.tokens.length).toBeLessThanOrEqual(12 + 1);
+    expect(full.text).toBe(model.decode(full.tokens));
+    // The same prefix, greedy, as an unbounded generation gives.
+    const free = await Model.load(undefined, { backend: "reference" });
+    const want = await free.generate(prompt, { maxTokens: full.tokens.length, stopAtEos: false });
+    await free.close();
+    expect(full.tokens).toEqual(want.tokens);
+  } finally {
+    await model.close();
+  }
+}, 60_000);
