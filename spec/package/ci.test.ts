@@ -22,3 +22,19 @@ test(".ci/run runs the README's test command, under CI=true", () => {
   // Nothing else is built or run before it: the command's own install and pretest do that.
   expect(ci).not.toMatch(/^\s*bun (run|install|test)\b/m);
 });
+
+test("every optional tool required under CI=true is one .ci/run installs", () => {
+  const glob = new Bun.Glob("spec/**/*.test.ts");
+  const required = new Set<string>();
+  for (const file of glob.scanSync(ROOT)) {
+    const text = readFileSync(join(ROOT, file), "utf8");
+    for (const m of text.matchAll(/optionalTool\(\{([^}]*)\}/g)) {
+      if (/requiredUnderCi:\s*false/.test(m[1]!)) continue;
+      const tool = m[1]!.match(/tool:\s*"([^"]+)"/)?.[1];
+      if (tool) required.add(tool);
+    }
+  }
+  expect(required.size).toBeGreaterThan(0);
+  const installed = [...ci.matchAll(/need\+=\(([^)]+)\)/g)].map((m) => m[1]!);
+  for (const tool of required) expect({ tool, installedByCi: installed.includes(tool) }).toEqual({ tool, installedByCi: true });
+});
