@@ -15,6 +15,7 @@ export type { ExpertLayout, ModelFiles, OpenOptions, ValidManifest, VerifyProgre
 export type { Manifest } from "./model/manifest.ts";
 export type { Architecture } from "./convert/hf.ts";
 export type { Backing, PoolPolicy } from "./gpu/residency.ts";
+export type { IoMode } from "./gpu/load.ts";
 export type { ChatMessage, TemplateMessage, TextTokenizer } from "./model/tokenizer.ts";
 export { defaultModelDir } from "./model/default-model.ts";
 export { synthesize } from "./convert/synth.ts";

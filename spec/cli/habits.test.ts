@@ -61,6 +61,9 @@ test("--stats is one summary line; --stats=json the whole object", async () => {
   const json = await cli("run", "-p", "x", "-n", "3", "--stats=json");
   const stats = JSON.parse(json.stderr);
   expect(stats.completionTokens).toBe(3);
+  const inside = await cli("run", "-p", "x", "-n", "3", "--stats", "--json");
+  expect(JSON.parse(inside.stdout).stats.completionTokens).toBe(3);
+  expect(inside.stderr).toBe("");
   expect(stats.timings.tokensPerSecond).toBeGreaterThan(0);
 });
 

@@ -22,7 +22,8 @@ export const runUsage = `cherenkov run [DIR] (-p TEXT | --prompt-tokens 1,2,3) [
     -n, --max-tokens N   tokens to generate at most (default ${DEFAULT_MAX_TOKENS}; stops after the end token)
     --json               print {"tokens": [...], "text": "..."} on one line
     --stats[=json]       after the text, one line on stderr: tokens/s, pool hit rate, IO MB/s;
-                         --stats=json: the model's whole stats object (on stderr, or inside --json)
+                         --stats=json (or --stats with --json): the model's whole stats object,
+                         on stderr or inside the --json object
 ${SAMPLING_FLAGS_USAGE}
 ${MODEL_FLAGS_USAGE}`;
 
@@ -84,7 +85,8 @@ export async function runCommand(argv: string[], io: CliIO): Promise<number> {
   const prefillChunk = intFlag(flags, "prefill-chunk", 512, 1, 1 << 20);
   const backend = backendFlag(flags);
   const engine = engineFlags(flags);
-  const stats = statsMode(flags);
+  // With --json the stats go inside the object, whole (a summary line is for people).
+  const stats = flags.json && statsMode(flags) ? "json" : statsMode(flags);
 
   const dir = modelDir(flags, positionals) ?? (await defaultModelDir());
   await using model = await Model.load(dir, { backend, prefillChunk, engine }).catch((e: unknown) => {
