@@ -39,3 +39,10 @@ export type { RunningServer, ServerOptions } from "./server/server.ts";
 export type { EngineOptions } from "./api/engine-backend.ts";
 export type { Checkpoint } from "./api/checkpoint.ts";
 export type { DraftStats, SessionOptions, TokenLogprob } from "./api/model.ts";
+// The shapes of model.stats(): ModelStats.engine is one of the BackendStats.
+export type { BackendStats, EngineBackendStats, ReferenceBackendStats } from "./api/backend.ts";
+export type {
+  EngineSetup, EngineStats, HandshakeSummary, IoStats, LatencySummary, LoadedEngineStats, LookaheadStats, PhaseEntry, PhaseStats, PoolStats,
+} from "./gpu/telemetry.ts";
+export type { ActivitySnapshot } from "./gpu/activity.ts";
+export type { MemoryStats } from "./gpu/memory.ts";

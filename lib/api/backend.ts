@@ -3,6 +3,7 @@
 // Metal) both implement it, so Model, sessions, streaming and the CLI are written once.
 import type { ModelConfig } from "../model/config.ts";
 import type { PenaltyCounts, SamplingParams, TopLogprob } from "../reference/sampling.ts";
+import type { LoadedEngineStats } from "../gpu/telemetry.ts";
 
 /** Greedy result of a row batch: next[i] is the argmax after row i; margins[i] its top-1 minus top-2 logit. */
 export interface RowsResult {
@@ -72,6 +73,19 @@ export interface BackendSequence {
   dispose(): void;
 }
 
+/** The reference backend's stats(): it keeps no telemetry beyond its name. */
+export interface ReferenceBackendStats {
+  backend: "reference";
+}
+
+/** The engine backend's stats(): its name plus everything the loaded engine reports. */
+export interface EngineBackendStats extends LoadedEngineStats {
+  backend: "cpu" | "metal" | "cuda";
+}
+
+/** What a backend's stats() returns (`ModelStats.engine`); `backend` tells which shape. */
+export type BackendStats = ReferenceBackendStats | EngineBackendStats;
+
 export interface Backend {
   /** "reference", "cpu" or "metal". */
   readonly name: string;
@@ -85,7 +99,7 @@ export interface Backend {
   /** Zeroed penalty counts over `config.vocab_size` tokens, in storage the backend's sampler reads. */
   penaltyCounts(): PenaltyCounts;
   /** Backend-specific telemetry (the engine's pool, IO, lookahead, phases ...). */
-  stats(): Record<string, unknown>;
+  stats(): BackendStats;
   close(): Promise<void>;
 }
 

@@ -5,7 +5,7 @@ import type { ModelFiles } from "../model/format.ts";
 import { Engine, EngineCheckpoint } from "../gpu/engine.ts";
 import type { EngineOptions, LoadProgress } from "../gpu/load.ts";
 import { PenaltyCounts } from "../reference/sampling.ts";
-import type { Backend, BackendCheckpoint, BackendSequence } from "./backend.ts";
+import type { Backend, BackendCheckpoint, BackendSequence, EngineBackendStats } from "./backend.ts";
 
 export type { EngineOptions };
 
@@ -43,7 +43,7 @@ export class EngineBackend implements Backend {
     return this.engine.penaltyCounts();
   }
 
-  stats(): Record<string, unknown> {
+  stats(): EngineBackendStats {
     return { backend: this.name, ...this.engine.stats() };
   }
 

@@ -4,7 +4,7 @@ import { defaultModelDir } from "../model/default-model.ts";
 import { openModel, type ModelFiles } from "../model/format.ts";
 import { loadTokenizer, MissingTokenizerError, type ChatMessage, type TextTokenizer } from "../model/tokenizer.ts";
 import { encodeChat } from "../model/chat-encode.ts";
-import { BackendUnavailableError, throwIfAborted, type Backend, type BackendSequence, type SampleRequest, type TokenLogprobs } from "./backend.ts";
+import { BackendUnavailableError, throwIfAborted, type Backend, type BackendSequence, type BackendStats, type SampleRequest, type TokenLogprobs } from "./backend.ts";
 import { checkSeed, hasPenalties, isPlainGreedy, samplingParams, type PenaltyCounts } from "../reference/sampling.ts";
 import { ReferenceBackend } from "./reference-backend.ts";
 import { EngineBackend, type EngineOptions } from "./engine-backend.ts";
@@ -133,7 +133,8 @@ export interface ModelStats {
   prefillMs: number;
   decodeMs: number;
   drafts: { proposed: number; accepted: number };
-  engine: Record<string, unknown>;
+  /** The backend's own telemetry (pool, IO, lookahead, phases ... on the engine). */
+  engine: BackendStats;
 }
 
 /** Why the shim of `backend` cannot be loaded here, or null when it can. */

@@ -6,7 +6,7 @@ import { argmax, topTwoMargin } from "../reference/ops.ts";
 import { checkTokens } from "../reference/model.ts";
 import type { KvCache } from "../reference/kvcache.ts";
 import { Draw, PenaltyCounts, sampleToken, samplingDistribution, speculativeTokens, tokenLogprobs, type RowSampling } from "../reference/sampling.ts";
-import { throwIfAborted, type Backend, type BackendCheckpoint, type BackendSequence, type RowsResult, type SampleRequest, type SpeculativeResult, type TokenLogprobs } from "./backend.ts";
+import { throwIfAborted, type Backend, type BackendCheckpoint, type BackendSequence, type RowsResult, type SampleRequest, type SpeculativeResult, type TokenLogprobs, type ReferenceBackendStats } from "./backend.ts";
 
 /** A KV cache's live content. */
 interface SavedCache {
@@ -276,7 +276,7 @@ export class ReferenceBackend implements Backend {
   penaltyCounts(): PenaltyCounts {
     return new PenaltyCounts(this.model.config.vocab_size);
   }
-  stats() {
+  stats(): ReferenceBackendStats {
     return { backend: this.name };
   }
   async close() {

@@ -1,12 +1,6 @@
 // `--stats`: the numbers people look at first, on one line (--stats=json prints everything).
 import type { GenerationResult, ModelStats } from "../api/model.ts";
 
-interface EngineSummary {
-  pool?: { hits?: number; misses?: number; hitRate?: number };
-  io?: { completedBytes?: number };
-  phases?: Record<string, { ms?: number; totalMs?: number } | number>;
-}
-
 /** "48 tokens, 15.2 tokens/s (prefill 6 tokens in 0.41 s); pool hit rate 93.4%; IO 12.1 MB/s" */
 export function statsLine(result: GenerationResult, stats: ModelStats): string {
   const t = result.timings;
@@ -14,13 +8,13 @@ export function statsLine(result: GenerationResult, stats: ModelStats): string {
     `${result.usage.completionTokens} tokens, ${t.tokensPerSecond.toFixed(1)} tokens/s ` +
       `(prefill ${result.usage.promptTokens} tokens in ${(t.prefillMs / 1000).toFixed(2)} s)`,
   ];
-  const engine = stats.engine as EngineSummary;
-  const pool = engine.pool;
-  if (pool && typeof pool.hits === "number" && typeof pool.misses === "number") {
-    const total = pool.hits + pool.misses;
-    parts.push(`pool hit rate ${total > 0 ? ((100 * pool.hits) / total).toFixed(1) : "-"}%`);
+  // The reference backend keeps no pool or IO counters.
+  const engine = stats.engine.backend === "reference" ? null : stats.engine;
+  if (engine) {
+    const total = engine.pool.hits + engine.pool.misses;
+    parts.push(`pool hit rate ${total > 0 ? ((100 * engine.pool.hits) / total).toFixed(1) : "-"}%`);
   }
-  const bytes = engine.io?.completedBytes;
+  const bytes = engine?.io?.completedBytes;
   const seconds = (stats.prefillMs + stats.decodeMs) / 1000;
   if (typeof bytes === "number" && seconds > 0) parts.push(`IO ${(bytes / 1e6 / seconds).toFixed(1)} MB/s`);
   parts.push(`${stats.backend} backend`);

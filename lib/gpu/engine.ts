@@ -19,6 +19,7 @@ import { encodeSample, SamplingScratch } from "./sampling.ts";
 import { SequenceState, type StateImage } from "./state.ts";
 import { runStep, type EventCounter } from "./step.ts";
 import { TraceWriter } from "./trace.ts";
+import type { LoadedEngineStats } from "./telemetry.ts";
 
 export class Engine {
   private readonly counter: EventCounter = { value: 0 };
@@ -250,7 +251,7 @@ export class Engine {
     }
   }
 
-  stats(): Record<string, unknown> {
+  stats(): LoadedEngineStats {
     const g = this.gpu;
     return {
       ...g.stats.stats(),

@@ -12,7 +12,7 @@
 //   tail        last release -> completion (the last experts, final read, logits)
 //   gpu         step wall time minus the host's handshake and IO time: the GPU working or queued
 //   step        commit -> completion
-import { LatencyHistogram, type LatencySummary, type PhaseTimer } from "./telemetry.ts";
+import { LatencyHistogram, type HandshakeSummary, type PhaseTimer } from "./telemetry.ts";
 
 /** What the host observed at one MoE site. */
 export interface SiteTiming {
@@ -75,7 +75,7 @@ export class HandshakeStats {
     this.all.addMs(ms);
   }
 
-  summary(): { all: LatencySummary; perLayer: LatencySummary[] } {
+  summary(): HandshakeSummary {
     return { all: this.all.summary(), perLayer: this.perLayer.map((h) => h.summary()) };
   }
 

@@ -215,6 +215,40 @@ export interface EngineStats {
   phases: PhaseStats;
 }
 
+/** Handshake latency (host wait for a GPU stop at an expert layer): all layers and per expert layer. */
+export interface HandshakeSummary {
+  all: LatencySummary;
+  perLayer: LatencySummary[];
+}
+
+/** How the loaded engine was set up (sizes the load chose and why). */
+export interface EngineSetup {
+  /** The metal-shim device's name. */
+  device: string;
+  /** Rows of the largest step. */
+  rows: number;
+  /** Rows per prefill step. */
+  prefillRows: number;
+  /** Drafts a verify step may carry (0 without MTP). */
+  maxDrafts: number;
+  maxContext: number;
+  /** Trunk blocks run (CHERENKOV_LAYERS). */
+  layersRun: number;
+  lookahead: boolean;
+  /** Why rows, drafts or layers are what they are, in words. */
+  notes: string[];
+  /** Sequences open now. */
+  sequences: number;
+  /** The routing trace being written, or null. */
+  trace: { path: string; steps: number } | null;
+}
+
+/** Everything a loaded engine reports: the collector's parts plus handshakes and setup. */
+export interface LoadedEngineStats extends EngineStats {
+  handshake: HandshakeSummary;
+  setup: EngineSetup;
+}
+
 /** Anything that reports pool and lookahead counters (an ExpertPool). */
 export interface PoolStatsSource {
   poolStats(): PoolStats;
