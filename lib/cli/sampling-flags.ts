@@ -26,7 +26,7 @@ export const SAMPLING_FLAGS_USAGE = `  Sampling (default greedy; docs/sampling.m
     --top-p P            keep the most likely tokens up to probability mass P, (0, 1] (1 = off)
     --min-p P            keep tokens at least P times as likely as the top one, [0, 1] (0 = off)
     --repeat-penalty R   divide the logits of tokens already in the context by R (1 = off)
-    --presence-penalty X subtract X from tokens already generated (0 = off)
+    --presence-penalty X  subtract X from tokens already generated (0 = off)
     --frequency-penalty X  subtract X per time a token was generated (0 = off)
     -s, --seed N         the same seed and inputs give the same tokens (default: random)`;
 

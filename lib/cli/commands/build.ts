@@ -5,7 +5,7 @@
 import { join } from "node:path";
 
 import { PACKAGE_ROOT } from "../../native-library.ts";
-import { parseFlags } from "../args.ts";
+import { parseFlags, type FlagSpec } from "../args.ts";
 import type { CliIO } from "../io.ts";
 
 export const buildUsage = `cherenkov build [--force]
@@ -14,8 +14,11 @@ export const buildUsage = `cherenkov build [--force]
   dependency's postinstall only once trusted (bun pm trust cherenkov).
     --force     recompile every file`;
 
+/** build's options (each shown with a description by `cherenkov help build`). */
+export const BUILD_FLAGS: FlagSpec = { force: { type: "boolean" } };
+
 export async function buildCommand(argv: string[], io: CliIO): Promise<number> {
-  const { flags } = parseFlags(argv, { force: { type: "boolean" } }, 0);
+  const { flags } = parseFlags(argv, BUILD_FLAGS, 0);
   const proc = Bun.spawn([process.execPath, join(PACKAGE_ROOT, "metal-shim", "build.ts"), ...(flags.force ? ["--force"] : [])], {
     cwd: PACKAGE_ROOT,
     stdout: "pipe",

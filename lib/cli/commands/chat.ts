@@ -9,7 +9,7 @@ import { DEFAULT_MAX_TOKENS, Model, type GenerateOptions } from "../../api/model
 import { BudgetError } from "../../gpu/budget.ts";
 import { defaultModelDir } from "../../model/default-model.ts";
 import type { ChatMessage } from "../../model/tokenizer.ts";
-import { draftsFlag, intFlag, parseFlags, stringFlag, UsageError } from "../args.ts";
+import { draftsFlag, intFlag, parseFlags, stringFlag, UsageError, type FlagSpec } from "../args.ts";
 import { backendFlag, engineFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
 import type { CliIO } from "../io.ts";
 import { samplingFlags, SAMPLING_FLAGS, SAMPLING_FLAGS_USAGE } from "../sampling-flags.ts";
@@ -23,10 +23,13 @@ export const chatUsage = `cherenkov chat [DIR] [options]
 ${SAMPLING_FLAGS_USAGE}
 ${MODEL_FLAGS_USAGE}`;
 
+/** chat's options (each shown with a description by `cherenkov help chat`). */
+export const CHAT_FLAGS: FlagSpec = { system: { type: "string" }, "max-tokens": { type: "string", short: "n" }, ...SAMPLING_FLAGS, ...MODEL_FLAGS };
+
 export async function chatCommand(argv: string[], io: CliIO): Promise<number> {
   const { flags, positionals } = parseFlags(
     argv,
-    { system: { type: "string" }, "max-tokens": { type: "string", short: "n" }, ...SAMPLING_FLAGS, ...MODEL_FLAGS },
+    CHAT_FLAGS,
     1,
   );
   const maxTokens = intFlag(flags, "max-tokens", DEFAULT_MAX_TOKENS, 1, 1 << 20);

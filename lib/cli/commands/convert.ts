@@ -4,7 +4,7 @@ import { convertCheckpoint } from "../../convert/convert.ts";
 import { importNative, isNativeCheckpoint } from "../../convert/native.ts";
 import { ConvertError } from "../../convert/hf.ts";
 import { CheckpointError } from "../../convert/safetensors.ts";
-import { choiceFlag, parseFlags, UsageError } from "../args.ts";
+import { choiceFlag, parseFlags, UsageError, type FlagSpec } from "../args.ts";
 import { processIO, progressSink, type CliIO } from "../io.ts";
 import { formatBytes, ProgressBar } from "../progress.ts";
 
@@ -17,10 +17,13 @@ export const convertUsage = `cherenkov convert SRC_DIR OUT_DIR [options]
     --progress           draw the progress bar even when stderr is not a terminal
     --force              write into a non-empty OUT_DIR, replacing its model files`;
 
+/** convert's options (each shown with a description by `cherenkov help convert`). */
+export const CONVERT_FLAGS: FlagSpec = { dtype: { type: "string" }, kv: { type: "string" }, "no-mtp": { type: "boolean" }, progress: { type: "boolean" }, force: { type: "boolean" } };
+
 export async function convertCommand(argv: string[], io: CliIO = processIO()): Promise<number> {
   const { flags, positionals } = parseFlags(
     argv,
-    { dtype: { type: "string" }, kv: { type: "string" }, "no-mtp": { type: "boolean" }, progress: { type: "boolean" }, force: { type: "boolean" } },
+    CONVERT_FLAGS,
     2,
   );
   if (positionals.length < 2) throw new UsageError("needs SRC_DIR and OUT_DIR");

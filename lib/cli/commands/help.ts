@@ -1,26 +1,32 @@
 // Usage text of every command, shown by `cherenkov help [command]` and `--help`.
-import { buildUsage } from "./build.ts";
-import { chatUsage } from "./chat.ts";
-import { convertUsage } from "./convert.ts";
-import { runUsage } from "./run.ts";
-import { serveUsage } from "./serve.ts";
+import type { FlagSpec } from "../args.ts";
+import { BUILD_FLAGS, buildUsage } from "./build.ts";
+import { CHAT_FLAGS, chatUsage } from "./chat.ts";
+import { CONVERT_FLAGS, convertUsage } from "./convert.ts";
+import { INSPECT_FLAGS } from "./inspect.ts";
+import { RUN_FLAGS, runUsage } from "./run.ts";
+import { SEAL_FLAGS } from "./seal.ts";
+import { SERVE_FLAGS, serveUsage } from "./serve.ts";
+import { SYNTH_FLAGS } from "./synth.ts";
 
 export const usage: Record<string, string> = {
   convert: convertUsage,
   serve: serveUsage,
   synth: `cherenkov synth --preset NAME --out DIR [options]
   Writes a seeded random qwen4-exp model (every feature on unless switched off).
-    --preset tiny|small|30b-a3b-shape|80b-a3b-shape
+    --preset tiny|small|30b-a3b-shape|80b-a3b-shape  the model's size and shape
     --seed N            random seed (default 0); the same seed gives the same bytes
-    --out DIR           model directory to write (created; existing files are replaced)
-    --dtype q4|bf16|f32 weight storage (default q4)
+    --out DIR           model directory to write (created; must be empty unless --force)
+    --dtype q4|bf16|f32  weight storage (default q4)
     --no-hc --no-qsa --no-ple --no-mtp   switch a feature off (n = 1, dense attention, ...)
     --kv f32|q8         attention KV cache type recorded in the config (default q8)
-    --progress          draw the progress bar even when stderr is not a terminal`,
+    --progress          draw the progress bar even when stderr is not a terminal
+    --force             write into a non-empty DIR, replacing its model files`,
   inspect: `cherenkov inspect DIR [--json] [--verify] [--progress]
   Prints a model's config, files, expert record layout and tensor table.
     --json      one JSON object instead of the tables
-    --verify    check every checksum (tensors, expert records, PLE tables)`,
+    --verify    check every checksum (tensors, expert records, PLE tables)
+    --progress  draw the verify progress bar even when stderr is not a terminal`,
   seal: `cherenkov seal DIR
   After a deliberate edit of tokenizer.json or tokenizer_config.json (e.g. a new chat
   template), records their checksums in cherenkov.json and seals the index again. The index
@@ -28,6 +34,18 @@ export const usage: Record<string, string> = {
   run: runUsage,
   chat: chatUsage,
   build: buildUsage,
+};
+
+/** Every command's option table (what its parser accepts), for the test that each is described. */
+export const optionTables: Record<string, FlagSpec> = {
+  convert: CONVERT_FLAGS,
+  serve: SERVE_FLAGS,
+  synth: SYNTH_FLAGS,
+  inspect: INSPECT_FLAGS,
+  seal: SEAL_FLAGS,
+  run: RUN_FLAGS,
+  chat: CHAT_FLAGS,
+  build: BUILD_FLAGS,
 };
 
 export function helpText(command?: string): string {

@@ -5,14 +5,17 @@ import type { ModelConfig } from "../../model/config.ts";
 import { openModel, type ModelFiles } from "../../model/format.ts";
 import { DENSE_FILE, EXPERTS_FILE, PLE_FILE } from "../../model/manifest.ts";
 import { numel } from "../../model/tensors.ts";
-import { parseFlags, UsageError } from "../args.ts";
+import { parseFlags, UsageError, type FlagSpec } from "../args.ts";
 import { progressSink, type CliIO } from "../io.ts";
 import { formatBytes, ProgressBar } from "../progress.ts";
+
+/** inspect's options (each shown with a description by `cherenkov help inspect`). */
+export const INSPECT_FLAGS: FlagSpec = { json: { type: "boolean" }, verify: { type: "boolean" }, progress: { type: "boolean" } };
 
 export async function inspectCommand(argv: string[], io: CliIO): Promise<number> {
   const { flags, positionals } = parseFlags(
     argv,
-    { json: { type: "boolean" }, verify: { type: "boolean" }, progress: { type: "boolean" } },
+    INSPECT_FLAGS,
     1,
   );
   const dir = positionals[0];

@@ -6,7 +6,7 @@ import { DEFAULT_MAX_TOKENS, Model, type GenerateOptions, type GenerationResult 
 import { defaultModelDir } from "../../model/default-model.ts";
 import { MANIFEST_FILE } from "../../model/manifest.ts";
 import { BudgetError } from "../../gpu/budget.ts";
-import { draftsFlag, intFlag, parseFlags, stringFlag, type Flags, UsageError } from "../args.ts";
+import { draftsFlag, intFlag, parseFlags, stringFlag, type Flags, UsageError, type FlagSpec } from "../args.ts";
 import { backendFlag, engineFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
 import { samplingFlags, SAMPLING_FLAGS, SAMPLING_FLAGS_USAGE } from "../sampling-flags.ts";
 import { statsLine } from "../stats-line.ts";
@@ -59,21 +59,24 @@ async function promptText(flags: Flags, stdin: () => Promise<string | null>): Pr
   return piped.replace(/\r?\n$/, "");
 }
 
+/** run's options (each shown with a description by `cherenkov help run`). */
+export const RUN_FLAGS: FlagSpec = {
+  prompt: { type: "string", short: "p" },
+  "prompt-tokens": { type: "string" },
+  "max-tokens": { type: "string", short: "n" },
+  json: { type: "boolean" },
+  chat: { type: "boolean" },
+  stats: { type: "string" },
+  ...SAMPLING_FLAGS,
+  ...MODEL_FLAGS,
+};
+
 export async function runCommand(argv: string[], io: CliIO): Promise<number> {
   // --stats alone is a flag; parseArgs wants a value for a string option.
   const args = argv.map((a) => (a === "--stats" ? "--stats=line" : a));
   const { flags, positionals } = parseFlags(
     args,
-    {
-      prompt: { type: "string", short: "p" },
-      "prompt-tokens": { type: "string" },
-      "max-tokens": { type: "string", short: "n" },
-      json: { type: "boolean" },
-      chat: { type: "boolean" },
-      stats: { type: "string" },
-      ...SAMPLING_FLAGS,
-      ...MODEL_FLAGS,
-    },
+    RUN_FLAGS,
     1,
   );
   const promptTokens = stringFlag(flags, "prompt-tokens");

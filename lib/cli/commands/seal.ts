@@ -10,11 +10,14 @@ import { readManifest } from "../../model/format.ts";
 import { FORMAT, MANIFEST_FILE, sealManifest, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE } from "../../model/manifest.ts";
 import { FILE_LIMITS, readRegularFile } from "../../model/safe-read.ts";
 import { writeFileAtomic } from "../../model/safe-write.ts";
-import { parseFlags, UsageError } from "../args.ts";
+import { parseFlags, UsageError, type FlagSpec } from "../args.ts";
 import type { CliIO } from "../io.ts";
 
+/** seal takes no options. */
+export const SEAL_FLAGS: FlagSpec = {};
+
 export async function sealCommand(argv: string[], io: CliIO): Promise<number> {
-  const { positionals } = parseFlags(argv, {}, 1);
+  const { positionals } = parseFlags(argv, SEAL_FLAGS, 1);
   if (positionals.length < 1) throw new UsageError("needs DIR");
   const dir = positionals[0]!;
   readManifest(dir); // the index itself must be intact

@@ -6,7 +6,7 @@ import { DEFAULT_MAX_TOKENS, Model } from "../../api/model.ts";
 import { BudgetError } from "../../gpu/budget.ts";
 import { defaultModelDir } from "../../model/default-model.ts";
 import { createServer, type RunningServer } from "../../server/server.ts";
-import { draftsFlag, intFlag, parseFlags, stringFlag, UsageError } from "../args.ts";
+import { draftsFlag, intFlag, parseFlags, stringFlag, UsageError, type FlagSpec } from "../args.ts";
 import { backendFlag, ctxSizeFlag, engineFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
 import type { CliIO } from "../io.ts";
 
@@ -25,19 +25,22 @@ export const serveUsage = `cherenkov serve [DIR] [options]
 ${MODEL_FLAGS_USAGE}`;
 
 /** Loads the model and starts the server; the caller stops it. */
+/** serve's options (each shown with a description by `cherenkov help serve`). */
+export const SERVE_FLAGS: FlagSpec = {
+  port: { type: "string" },
+  host: { type: "string" },
+  "model-id": { type: "string" },
+  "max-tokens": { type: "string", short: "n" },
+  "max-queue": { type: "string" },
+  "api-key": { type: "string" },
+  cors: { type: "boolean" },
+  ...MODEL_FLAGS,
+};
+
 export async function startServe(argv: string[], io: CliIO): Promise<{ server: RunningServer; model: Model }> {
   const { flags, positionals } = parseFlags(
     argv,
-    {
-      port: { type: "string" },
-      host: { type: "string" },
-      "model-id": { type: "string" },
-      "max-tokens": { type: "string", short: "n" },
-      "max-queue": { type: "string" },
-      "api-key": { type: "string" },
-      cors: { type: "boolean" },
-      ...MODEL_FLAGS,
-    },
+    SERVE_FLAGS,
     1,
   );
   const port = intFlag(flags, "port", 8080, 0, 65535);

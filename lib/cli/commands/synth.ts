@@ -1,26 +1,29 @@
 // `cherenkov synth`: writes a seeded synthetic model directory.
 import { presetNames } from "../../convert/presets.ts";
 import { synthesize } from "../../convert/synth.ts";
-import { choiceFlag, intFlag, parseFlags, requiredString, UsageError } from "../args.ts";
+import { choiceFlag, intFlag, parseFlags, requiredString, UsageError, type FlagSpec } from "../args.ts";
 import { progressSink, type CliIO } from "../io.ts";
 import { formatBytes, ProgressBar } from "../progress.ts";
+
+/** synth's options (each shown with a description by `cherenkov help synth`). */
+export const SYNTH_FLAGS: FlagSpec = {
+  preset: { type: "string" },
+  seed: { type: "string" },
+  out: { type: "string" },
+  dtype: { type: "string" },
+  kv: { type: "string" },
+  "no-hc": { type: "boolean" },
+  "no-qsa": { type: "boolean" },
+  "no-ple": { type: "boolean" },
+  "no-mtp": { type: "boolean" },
+  progress: { type: "boolean" },
+  force: { type: "boolean" },
+};
 
 export async function synthCommand(argv: string[], io: CliIO): Promise<number> {
   const { flags } = parseFlags(
     argv,
-    {
-      preset: { type: "string" },
-      seed: { type: "string" },
-      out: { type: "string" },
-      dtype: { type: "string" },
-      kv: { type: "string" },
-      "no-hc": { type: "boolean" },
-      "no-qsa": { type: "boolean" },
-      "no-ple": { type: "boolean" },
-      "no-mtp": { type: "boolean" },
-      progress: { type: "boolean" },
-      force: { type: "boolean" },
-    },
+    SYNTH_FLAGS,
     0,
   );
   if (flags.preset === undefined) throw new UsageError(`--preset is required (${presetNames.join(", ")})`);
