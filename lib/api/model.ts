@@ -10,6 +10,7 @@ import { ReferenceBackend } from "./reference-backend.ts";
 import { EngineBackend, type EngineOptions } from "./engine-backend.ts";
 import { DraftController } from "./draft-controller.ts";
 import { Checkpoint } from "./checkpoint.ts";
+import { StopHoldback } from "./stop-holdback.ts";
 import { SessionBusyError, SessionClosedError } from "./session-errors.ts";
 import { loadShim } from "../shim.ts";
 import { autoBackend } from "./auto-backend.ts";
@@ -49,7 +50,10 @@ export interface GenerateOptions {
   maxTokens?: number;
   /** Stop at the end-of-sequence token (default true). */
   stopAtEos?: boolean;
-  /** Stop when the text contains one of these; the stop string is not returned. */
+  /**
+   * Stop when the text contains one of these; the stop string is not returned, and stream()
+   * holds back text that may begin one until it is known (so its chunks add up to the text).
+   */
   stop?: string[];
   /**
    * MTP drafts per step (speculative decoding; the output is identical to plain greedy).
@@ -118,7 +122,10 @@ export interface DraftStats {
 
 export interface StreamChunk {
   token: number;
-  /** Text this token completed (may be "" while a UTF-8 character is split across tokens). */
+  /**
+   * Text this token completed (may be "" while a UTF-8 character is split across tokens, or
+   * while the text may be the start of a stop string). The chunks' texts add up to the result's.
+   */
   text: string;
   /** With `logprobs: true`: this token's entry (one element). */
   logprobs?: TokenLogprob[];
@@ -383,10 +390,6 @@ class TextStream {
   get text() {
     return this.emitted;
   }
-  /** The last `n` characters of the text (where a stop string completed by new text must lie). */
-  tail(n: number): string {
-    return this.emitted.slice(Math.max(0, this.emitted.length - n));
-  }
 }
 
 export interface SessionOptions {
@@ -587,6 +590,7 @@ export class Session {
     // The MTP head has not seen the rows run since the last draft step (the prompt included).
     let headBehind = true;
     const text = new TextStream(this.model);
+    const held = new StopHoldback(opts.stop ?? []);
     const generated: number[] = [];
     const stats: DraftStats = { proposed: 0, accepted: 0, steps: new Array(drafts + 1).fill(0) };
     let finishReason: FinishReason = "length";
@@ -597,10 +601,10 @@ export class Session {
       let queueLogprobs: TokenLogprobs[] | undefined;
       // Sampling draws from the last row: after append()'s greedy prediction, from the row's
       // logits if the backend still holds them, else by re-running the session.
-      const held = sample && this.prediction !== null && this.seq.length === this.tokens.length && this.seq.resample ? await this.step(this.seq.resample(sample)) : null;
-      if (held) {
-        queue = [held.next];
-        queueLogprobs = held.logprobs ? [held.logprobs] : undefined;
+      const resampled = sample && this.prediction !== null && this.seq.length === this.tokens.length && this.seq.resample ? await this.step(this.seq.resample(sample)) : null;
+      if (resampled) {
+        queue = [resampled.next];
+        queueLogprobs = resampled.logprobs ? [resampled.logprobs] : undefined;
       } else if (sample || this.prediction === null) {
         if (sample) this.prediction = null;
         const first = await this.catchUp([], signal, sample ?? undefined);
@@ -614,22 +618,21 @@ export class Session {
           generated.push(token);
           this.tokens.push(token);
           sample?.counts?.add(token, true);
-          const delta = text.push(token);
+          // Text that may begin a stop string waits until it is known; at the end it is flushed.
+          let out = held.push(text.push(token));
+          const ends: FinishReason | null =
+            stopAtEos && eos.has(token) ? "eos" : held.stoppedAt >= 0 ? "stop" : generated.length >= maxTokens ? "length" : null;
+          if (ends !== null && ends !== "stop") out += held.flush();
           const lp = queueLogprobs?.[qi];
           if (logprobs && lp) {
             const e = entry(token, lp);
             logprobs.push(e);
-            yield { token, text: delta, logprobs: [e] };
-          } else yield { token, text: delta };
-          if (stopAtEos && eos.has(token)) {
-            finishReason = "eos";
+            yield { token, text: out, logprobs: [e] };
+          } else yield { token, text: out };
+          if (ends !== null) {
+            finishReason = ends;
             break outer;
           }
-          if (delta && opts.stop?.some((s) => text.tail(delta.length + s.length - 1).includes(s))) {
-            finishReason = "stop";
-            break outer;
-          }
-          if (generated.length >= maxTokens) break outer;
         }
         throwIfAborted(signal);
         // The newest token has not been run yet: it leads the next step.
@@ -663,13 +666,8 @@ export class Session {
       sample?.counts?.release();
     }
     const decodeMs = performance.now() - t0;
-    let out = text.text;
-    if (finishReason === "stop") {
-      const cut = Math.min(...opts.stop!.map((s) => out.indexOf(s)).filter((i) => i >= 0));
-      out = out.slice(0, cut);
-    }
     const result: GenerationResult = {
-      text: out,
+      text: held.text,
       tokens: generated,
       finishReason,
       usage: { promptTokens: this.newPromptTokens, completionTokens: generated.length },

@@ -1,9 +1,8 @@
-// One generation for the server: streams through Model, hands out text that stop strings can no
-// longer claim, and yields to the event loop after every token so that sockets are written,
+// One generation for the server: streams through Model (whose chunks hold back text a stop
+// string may still claim, so they add up to the final text), and yields to the event loop after every token so that sockets are written,
 // disconnects are noticed and new requests are accepted (queued) while the model runs.
 import type { GenerationResult, Model, TokenLogprob } from "../api/model.ts";
 import type { Sampling } from "./prepare.ts";
-import { StopHoldback } from "./sse.ts";
 
 export interface GenerationJob {
   prompt: number[];
@@ -29,19 +28,17 @@ export async function runGeneration(model: Model, job: GenerationJob): Promise<G
     signal: job.signal,
     ...job.sampling,
   });
-  const holdback = new StopHoldback(job.stop);
   // log probabilities wait with their text (held back, or a character split across tokens)
   let pending: TokenLogprob[] = [];
   try {
     for (;;) {
       const step = await stream.next();
       if (step.done) {
-        const rest = holdback.finish(step.value.text);
-        if (rest !== "" || pending.length > 0) job.onText?.(rest, pending);
+        if (pending.length > 0) job.onText?.("", pending);
         return step.value;
       }
       if (step.value.logprobs) pending.push(...step.value.logprobs);
-      const text = holdback.push(step.value.text);
+      const text = step.value.text;
       if (text !== "") {
         job.onText?.(text, pending);
         pending = [];

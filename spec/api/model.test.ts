@@ -121,6 +121,54 @@ describe("Model", () => {
     expect(r.text).toBe(full.text.slice(0, full.text.indexOf(stopAt)));
   });
 
+  /** Streams `prompt` with `opts`: the chunks' texts, the emitted text after each, and the result. */
+  async function streamAll(opts: { maxTokens: number; stop?: string[] }) {
+    const it = model.stream(prompt, { ...opts, stopAtEos: false });
+    const chunks: { token: number; text: string; emittedSoFar: string }[] = [];
+    let emitted = "";
+    for (let r = await it.next(); ; r = await it.next()) {
+      if (r.done) return { chunks, emitted, result: r.value };
+      emitted += r.value.text;
+      chunks.push({ token: r.value.token, text: r.value.text, emittedSoFar: emitted });
+    }
+  }
+
+  test("stream() never emits stop-string text: a started stop string is held until it diverges or completes", async () => {
+    const full = await streamAll({ maxTokens: 40 });
+    const text = full.result.text;
+    expect(full.emitted).toBe(text);
+    // distinct three-character pieces of the text (random weights: bytes, no words), each
+    // spanning several tokens
+    const pieces: [number, string][] = [];
+    for (let i = 1; i + 3 <= text.length; i++) {
+      const p = text.slice(i, i + 3);
+      if (!/[\uFFFD\uD800-\uDFFF]/.test(p) && text.indexOf(p) === i) pieces.push([i, p]);
+    }
+    expect(pieces.length).toBeGreaterThan(1);
+
+    // Diverging: the first two characters of a piece, then a character the text never has there.
+    const [, piece] = pieces[0]!;
+    const other = [..."~`^|{}"].find((c) => !text.includes(piece.slice(0, 2) + c))!;
+    const diverging = piece.slice(0, 2) + other;
+    const d = await streamAll({ maxTokens: 40, stop: [diverging] });
+    expect(d.result.finishReason).toBe("length");
+    expect(d.result.text).toBe(text);
+    expect(d.emitted).toBe(text);
+    for (const c of d.chunks.slice(0, -1)) {
+      // before the end, no emitted text ends with the start of the stop string: it waits
+      for (let n = 1; n < diverging.length; n++) expect(c.emittedSoFar.endsWith(diverging.slice(0, n))).toBe(false);
+    }
+
+    // Completing: a piece from the middle of the text; its characters are never streamed.
+    const [at, stop] = pieces[Math.floor(pieces.length / 2)]!;
+    const c = await streamAll({ maxTokens: 40, stop: [stop] });
+    expect(c.result.finishReason).toBe("stop");
+    expect(c.result.text).toBe(text.slice(0, at));
+    expect(c.emitted).toBe(c.result.text);
+    expect(c.chunks.every((k) => k.emittedSoFar.length <= at)).toBe(true);
+    expect(c.chunks.length).toBe(c.result.tokens.length);
+  });
+
   test("out-of-vocabulary prompt ids are refused with the id named", async () => {
     await expect(model.generate([1, 2, 99999])).rejects.toThrow(/99999/);
   });
