@@ -235,6 +235,27 @@ export class Model {
     return this.tokenizer ? this.tokenizer.decode(tokens, { skipSpecialTokens: true }) : "";
   }
 
+  private turnEndIds: number[] | null = null;
+
+  /**
+   * @internal The ids that close an assistant turn after `answer` (the tokens generated in it),
+   * as the chat template renders the end of an assistant message (`<|im_end|>\n` for Qwen
+   * templates). When the answer already ends with the close's first token (the end-of-turn
+   * token it stopped at), only the rest.
+   */
+  turnEnd(answer: readonly number[]): number[] {
+    if (this.turnEndIds === null) {
+      const tok = this.requireTokenizer();
+      const mark = "cherenkovTurnMark";
+      const rendered = tok.applyChatTemplate([{ role: "user", content: "x" }, { role: "assistant", content: mark }], { addGenerationPrompt: false });
+      const at = rendered.lastIndexOf(mark);
+      if (at < 0) throw new Error(`${this.dir}: the chat template does not render an assistant message's content, so a session cannot close the assistant turn`);
+      this.turnEndIds = tok.encode(rendered.slice(at + mark.length), { addSpecialTokens: false });
+    }
+    const end = this.turnEndIds;
+    return end.length > 0 && answer[answer.length - 1] === end[0] ? end.slice(1) : end.slice();
+  }
+
   /** @internal One token's own text, special tokens included (for logprobs). */
   tokenText(id: number): string {
     return this.tokenizer ? this.tokenizer.decode([id], { skipSpecialTokens: false }) : "";
@@ -412,6 +433,11 @@ export class Session {
   private prediction: number | null = null;
   private newPromptTokens = 0;
   private prefillMs = 0;
+  /**
+   * Where the assistant turn that the last chat append opened begins (tokens after it are its
+   * answer), or -1: the next chat append closes that turn first.
+   */
+  private openTurn = -1;
   private closed = false;
   /** The operation running now (one at a time). */
   private running: { name: string } | null = null;
@@ -462,11 +488,12 @@ export class Session {
     const signal = options instanceof AbortSignal ? options : options?.signal;
     const op = this.begin("append", signal);
     try {
-      const ids = this.model.encode(prompt);
+      const ids = this.promptIds(prompt);
       if (ids.length === 0) throw new Error("append: the prompt is empty");
       this.prediction = null;
       const next = await this.catchUp(ids, op);
       this.tokens.push(...ids);
+      this.openTurn = isChat(prompt) ? this.tokens.length : -1;
       this.newPromptTokens += ids.length;
       this.prediction = next.next;
     } catch (e) {
@@ -485,7 +512,7 @@ export class Session {
     if (!samplingRequest(opts)) return this.append(prompt, { signal: opts.signal });
     const signal = this.begin("append", opts.signal);
     try {
-      const ids = this.model.encode(prompt);
+      const ids = this.promptIds(prompt);
       if (ids.length === 0) throw new Error("append: the prompt is empty");
       this.prediction = null;
       if (this.seq.length > this.tokens.length) this.seq.reset();
@@ -496,12 +523,25 @@ export class Session {
         this.prefillMs += performance.now() - t0;
       }
       this.tokens.push(...ids);
+      this.openTurn = isChat(prompt) ? this.tokens.length : -1;
       this.newPromptTokens += ids.length;
     } catch (e) {
       throw this.closedInstead(e);
     } finally {
       this.end();
     }
+  }
+
+  /**
+   * The ids `prompt` appends. Chat messages after an assistant turn (opened by the last append,
+   * which was chat messages too) first close that turn as the template would have rendered it,
+   * whether the answer ended with the end-of-turn token or stopped on length or a stop string
+   * (the answer keeps every generated token). Text and token ids are appended as they are.
+   */
+  private promptIds(prompt: Prompt): number[] {
+    const ids = this.model.encode(prompt);
+    if (!isChat(prompt) || this.openTurn < 0) return ids;
+    return [...this.model.turnEnd(this.tokens.slice(this.openTurn)), ...ids];
   }
 
   /**
@@ -687,6 +727,7 @@ export class Session {
     this.seq.reset();
     this.tokens.length = 0;
     this.prediction = null;
+    this.openTurn = -1;
   }
 
   /**
@@ -727,6 +768,11 @@ export class Session {
   async [Symbol.asyncDispose](): Promise<void> {
     this.close();
   }
+}
+
+/** Chat messages (rendered with the template), not text or token ids. */
+function isChat(prompt: Prompt): boolean {
+  return Array.isArray(prompt) && prompt.length > 0 && prompt.every((m) => typeof m === "object" && m !== null);
 }
 
 /**

@@ -209,6 +209,49 @@ describe("Session", () => {
     s.close();
   });
 
+  /** The template's rendering of `messages`, encoded, with the assistant message's content as the `answer` tokens. */
+  function rendered(messages: { role: string; content: string }[], answer: number[]): number[] {
+    const tok = model.tokenizer!;
+    const mark = "ANSWER_HERE";
+    const text = tok.applyChatTemplate(messages.map((m) => (m.role === "assistant" ? { ...m, content: mark } : m)), { addGenerationPrompt: true });
+    const [before, after] = text.split(mark) as [string, string];
+    return [...tok.encode(before, { addSpecialTokens: false }), ...answer, ...tok.encode(after, { addSpecialTokens: false })];
+  }
+
+  test("a chat turn after an answer that stopped on length closes the assistant turn as the template does", async () => {
+    const s = model.session();
+    await s.append([{ role: "user", content: "hi" }]);
+    const a = await s.generate({ maxTokens: 5, stopAtEos: false });
+    expect(a.finishReason).toBe("length");
+    await s.append([{ role: "user", content: "more" }]);
+    const conversation = [{ role: "user", content: "hi" }, { role: "assistant", content: "" }, { role: "user", content: "more" }];
+    expect(s.tokens).toEqual(rendered(conversation, a.tokens));
+    const after = s.tokens.slice(model.encode([{ role: "user", content: "hi" }]).length + a.tokens.length);
+    expect(model.tokenizer!.decode(after, { skipSpecialTokens: false })).toBe("<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n");
+    // and generation continues from there as it would over the whole rendering at once
+    const b = await s.generate({ maxTokens: 4, stopAtEos: false });
+    const files = await openModel(dir);
+    expect(b.tokens).toEqual(generateGreedy(files, rendered(conversation, a.tokens), { maxTokens: 4 }).tokens);
+    files.close();
+    s.close();
+  });
+
+  test("an answer that ended with the end-of-turn token gets only the rest of the turn's close; raw appends add nothing", async () => {
+    const imEnd = model.tokenizer!.encode("<|im_end|>", { addSpecialTokens: false });
+    expect(imEnd).toHaveLength(1);
+    const newline = model.tokenizer!.encode("\n", { addSpecialTokens: false });
+    expect(model.turnEnd([65, imEnd[0]!])).toEqual(newline);
+    expect(model.turnEnd([65])).toEqual([...imEnd, ...newline]);
+    expect(model.turnEnd([])).toEqual([...imEnd, ...newline]);
+    const s = model.session();
+    await s.append([{ role: "user", content: "hi" }]);
+    await s.append([65, ...imEnd, ...newline]); // the caller writes the markup itself
+    const before = s.tokens.length;
+    await s.append([{ role: "user", content: "more" }]);
+    expect(s.tokens.slice(before)).toEqual(model.encode([{ role: "user", content: "more" }]));
+    s.close();
+  });
+
   test("reset() starts over", async () => {
     const s = model.session();
     await s.append([1, 2, 3]);
