@@ -16,6 +16,8 @@ export class Checkpoint {
     readonly prediction: number | null,
     /** @internal The backend's copy of the sequence state. */
     readonly state: BackendCheckpoint,
+    /** @internal Where the assistant turn still open begins (the session's), or -1. */
+    readonly openTurn: number = -1,
   ) {}
 
   /** Tokens the checkpoint covers. */

@@ -452,6 +452,7 @@ export class Session {
     if (from) {
       this.tokens.push(...from.tokens);
       this.prediction = from.prediction;
+      this.openTurn = from.openTurn;
     }
   }
 
@@ -462,7 +463,7 @@ export class Session {
    */
   checkpoint(): Checkpoint {
     this.checkIdle("checkpoint");
-    return new Checkpoint(this.model, `${this.model.dir} on ${this.model.backendName}`, this.tokens.slice(), this.prediction, this.seq.checkpoint());
+    return new Checkpoint(this.model, `${this.model.dir} on ${this.model.backendName}`, this.tokens.slice(), this.prediction, this.seq.checkpoint(), this.openTurn);
   }
 
   /**

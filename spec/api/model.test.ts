@@ -234,6 +234,15 @@ describe("Session", () => {
     expect(b.tokens).toEqual(generateGreedy(files, rendered(conversation, a.tokens), { maxTokens: 4 }).tokens);
     files.close();
     s.close();
+    // a session resumed from a checkpoint taken inside the answer closes the turn the same way
+    const t = model.session();
+    await t.append([{ role: "user", content: "hi" }]);
+    await t.generate({ maxTokens: 5, stopAtEos: false });
+    const resumed = model.session({ from: t.checkpoint() });
+    t.close();
+    await resumed.append([{ role: "user", content: "more" }]);
+    expect(resumed.tokens).toEqual(rendered(conversation, a.tokens));
+    resumed.close();
   });
 
   test("an answer that ended with the end-of-turn token gets only the rest of the turn's close; raw appends add nothing", async () => {
