@@ -56,7 +56,7 @@ export class GpuStepError extends Error {
 /** Milliseconds the host blocks in one event wait before it lets the event loop run IO callbacks. */
 const WAIT_SLICE_MS = 2;
 
-const yieldToEventLoop = () => new Promise<void>((r) => setImmediate(r));
+export const yieldToEventLoop = () => new Promise<void>((r) => setImmediate(r));
 
 /**
  * Waits until `event` reaches `value`: blocking in short slices (a short blocking wait wakes

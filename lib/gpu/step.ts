@@ -6,7 +6,7 @@
 // empty slot tables (their experts write NaN, never read outside the pool), so nothing hangs.
 import { NonFiniteError } from "../model/errors.ts";
 import type { EncodeContext } from "./dispatch.ts";
-import { GpuStepError, SitePlan, waitForCompletion, waitForSignal, type SiteInfo } from "./handshake.ts";
+import { GpuStepError, SitePlan, waitForCompletion, waitForSignal, yieldToEventLoop, type SiteInfo } from "./handshake.ts";
 import type { EngineGpu } from "./load.ts";
 import { StepTimeline } from "./phases.ts";
 import type { Acquired } from "./residency.ts";
@@ -128,5 +128,8 @@ export async function runStep(
   }
   if (failure !== null) throw failure;
   timeline.finish(gpu.stats.phases, gpu.handshakes);
+  // One event-loop turn per step: on a fast GPU no wait ever runs out its slice, and timers
+  // (a close() or an abort scheduled mid-generation) would otherwise wait for the stream's end.
+  await yieldToEventLoop();
   return timeline;
 }

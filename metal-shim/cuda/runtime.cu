@@ -266,7 +266,13 @@ static bool enqueue(ck_device *dev, ck_cmdbuf *cb) {
   cudaMemcpyAsync(dev->ring_gpu + start, dev->ring_host + start, ck::kCancelBytes + cb->params.size(), cudaMemcpyHostToDevice, dev->stream);
   const volatile uint32_t *cancel = reinterpret_cast<const volatile uint32_t *>(dev->ring_gpu + start);
   const size_t params_base = start + ck::kCancelBytes;
+  ck::Profiler &prof = ck::Profiler::get();
+  if (prof.on()) {
+    cb->marks = prof.marks(cb->commands.size());
+    cudaEventRecord(cb->marks[0], dev->stream);
+  }
   for (size_t i = 0; i < cb->commands.size(); i++) {
+    if (i > 0 && !cb->marks.empty()) cudaEventRecord(cb->marks[i], dev->stream);
     ck::Command &c = cb->commands[i];
     if (c.kind == ck::Command::kDispatch) {
       ck::Launch L;
@@ -304,7 +310,26 @@ static bool enqueue(ck_device *dev, ck_cmdbuf *cb) {
       }
     }
   }
+  if (!cb->marks.empty()) cudaEventRecord(cb->marks.back(), dev->stream);
   return true;
+}
+
+// CHERENKOV_CUDA_PROFILE: the command buffer's per-command times go to the profile (after
+// completion, before its commands are released).
+static void profile_completed(ck_cmdbuf *cb, bool ok) {
+  if (cb->marks.empty()) return;
+  std::vector<std::string> names;
+  if (ok && cb->marks.size() == cb->commands.size() + 1) {
+    names.reserve(cb->commands.size());
+    char row[256];
+    for (auto &c : cb->commands) {
+      if (c.kind == ck::Command::kDispatch)
+        std::snprintf(row, sizeof row, "%s %ux%ux%u x %u", c.kernel->name, c.groups[0], c.groups[1], c.groups[2], c.tg[0] * c.tg[1] * c.tg[2]);
+      names.push_back(c.kind == ck::Command::kDispatch ? row : c.kind == ck::Command::kSignal ? "(signal)" : "(wait)");
+    }
+  }
+  ck::Profiler::get().add(cb->marks, names);
+  cb->marks.clear();
 }
 
 static void finish(ck_cmdbuf *cb, int32_t status) {
@@ -390,6 +415,7 @@ static void complete_loop(ck_device *dev) {
     }
     if (!timed_out.empty() && !cb->submit_failed) cb->error = timed_out;
     bool failed = cb->submit_failed || e != cudaSuccess || !timed_out.empty();
+    profile_completed(cb, !failed);
     {
       std::lock_guard<std::mutex> lk(dev->qm);
       dev->inflight.pop_front();
@@ -557,6 +583,7 @@ CK_API void ck_device_close(ck_device *dev) {
   dev->flightcv.notify_all();
   if (dev->completer.joinable()) dev->completer.join();
   cudaStreamSynchronize(dev->stream);
+  ck::Profiler::get().dump();
   cudaStreamDestroy(dev->stream);
   cudaStreamDestroy(dev->copy);
   cudaFreeHost(dev->ring_host);

@@ -14,6 +14,7 @@
 
 #include "../include/cherenkov.h"
 #include "abi.h"
+#include "profile.h"
 
 namespace ck {
 int32_t set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -91,6 +92,7 @@ struct ck_cmdbuf : ck::Counted {
   cudaEvent_t done = nullptr;
   size_t ring_start = 0;  // its slice of the param ring (cancel word first)
   bool submit_failed = false;
+  std::vector<cudaEvent_t> marks;  // CHERENKOV_CUDA_PROFILE: an event before each command and after the last
   ~ck_cmdbuf();
 };
 void ck_cmdbuf_unref(ck_cmdbuf *cb);
