@@ -114,7 +114,14 @@ static ck_buffer *new_buffer(ck_device *dev, double length, int32_t storage, con
   }
   void *d = nullptr;
   e = cudaMalloc(&d, n);
-  if (e == cudaSuccess) e = cudaMemset(d, 0, n);
+  if (e == cudaSuccess) {
+    // On the copy stream, waited for: a plain cudaMemset runs on the legacy default stream,
+    // which the non-blocking streams do not order after, so it could land after an upload
+    // or a kernel's first writes (seen on the H200 under load: zeroed state, zero tokens).
+    std::lock_guard<std::mutex> lk(dev->copy_m);
+    e = cudaMemsetAsync(d, 0, n, dev->copy);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(dev->copy);
+  }
   if (e != cudaSuccess) {
     set_error("%s: cannot allocate %zu bytes of GPU memory: %s", fn, n, cudaGetErrorString(e));
     if (d) cudaFree(d);
@@ -142,10 +149,14 @@ static ck_buffer *wrap_buffer(ck_device *dev, void *ptr, double length, int32_t 
   if (storage == CK_STORAGE_DEVICE) {
     void *d = nullptr;
     cudaError_t e = cudaMalloc(&d, n);
-    if (e == cudaSuccess) e = cudaMemcpy(d, ptr, n, cudaMemcpyHostToDevice);
-    // From pageable memory cudaMemcpy may return once the bytes are staged, before they land;
-    // kernels run on a non-blocking stream that does not order after it: wait for the copy.
-    if (e == cudaSuccess) e = cudaStreamSynchronize(0);
+    // On the copy stream, waited for (kernels run on a non-blocking stream that does not
+    // order after the legacy default stream, and from pageable memory a copy may return
+    // once the bytes are staged, before they land).
+    if (e == cudaSuccess) {
+      std::lock_guard<std::mutex> lk(dev->copy_m);
+      e = cudaMemcpyAsync(d, ptr, n, cudaMemcpyHostToDevice, dev->copy);
+      if (e == cudaSuccess) e = cudaStreamSynchronize(dev->copy);
+    }
     if (e != cudaSuccess) {
       set_error("%s: cannot copy %zu bytes to GPU memory: %s", fn, n, cudaGetErrorString(e));
       if (d) cudaFree(d);

@@ -1,17 +1,24 @@
 /**
  * `bun run bench:kernels`: time per kernel dispatch on the selected backend (the CPU
- * backend off macOS) at the small preset's shapes (presetConfig("small")), for a decode row
+ * backend off macOS) at the small preset's shapes (presetConfig("small"), or --preset), for a decode row
  * (nb = 1) and a 32-row batch. Weights are random, stored as a q4 model stores them
  * (matrices q4, small tensors bf16, norms f32); all experts are resident.
  *
  *   bun spec/bench/kernels.ts [--json] [--iters N] [--nb 1,32] [--filter text]
+ *                             [--preset small|30b-a3b-shape|...] [--storage shared|device]
+ *
+ * --preset picks the shapes (default small); --storage device puts every buffer in device
+ * storage (HBM on cuda, uploaded after the host fills it), as the engine does; the default,
+ * shared, is host memory on cuda (read over the bus) and the same thing elsewhere. Weights over
+ * 16M values are random bytes rather than quantized random floats (timing only: the values
+ * do not matter, making them would take minutes).
  *
  * Each case records `reps` copies of its dispatches into one command buffer (so commit
  * latency is spread), runs it `iters` times after a warm-up, and reports the fastest run
  * per copy (the least disturbed by other processes on a shared machine) and the median.
  * A case may be several dispatches (named in `kernels`).
  */
-import { presetConfig } from "../../lib/convert/presets.ts";
+import { presetConfig, type PresetName } from "../../lib/convert/presets.ts";
 import { dims, type DType } from "../../lib/model/config.ts";
 import { f32ToBf16, f32ToF16 } from "../../lib/model/dtype.ts";
 import { quantizeQ4 } from "../../lib/model/q4.ts";
@@ -26,7 +33,7 @@ import { encodeMtpInput } from "../../lib/gpu/mtp.ts";
 import { encodeRmsNorm, encodeRmsNormGated } from "../../lib/gpu/norms.ts";
 import { encodeHalfSet, encodeMatvec, halfSetAt, halfSetBytes } from "../../lib/gpu/projections.ts";
 import { encodeArgmax, encodeFinalRead } from "../../lib/gpu/sampling.ts";
-import { Device, type Buffer } from "../../lib/shim.ts";
+import { Device, type Buffer, type Storage } from "../../lib/shim.ts";
 import { allocateKvCache, attentionPartialBytes, attentionSplits, encodeAttention, encodeKvAppend, encodeQsa, encodeRope, qsaScoreBytes } from "../../lib/gpu/attention.ts";
 import { deltanetStateFloats, encodeConvSilu, encodeDeltaNet } from "../../lib/gpu/deltanet.ts";
 import { encodePleConv, encodePleGate, encodePleGather, pleHistoryFloats } from "../../lib/gpu/ple.ts";
@@ -52,7 +59,15 @@ export interface BenchResult {
   medianUs: number;
 }
 
-const cfg = presetConfig("small");
+const argv = process.argv.slice(2);
+const argValue = (flag: string) => {
+  const i = argv.indexOf(flag);
+  return i >= 0 ? argv[i + 1] : undefined;
+};
+const PRESET = (argValue("--preset") ?? "small") as PresetName;
+const STORAGE = (argValue("--storage") ?? "shared") as Storage;
+if (STORAGE !== "shared" && STORAGE !== "device") throw new Error(`--storage: expected shared or device, got ${STORAGE}`);
+const cfg = presetConfig(PRESET);
 const D = dims(cfg);
 const { d, n } = D;
 const moe = cfg.moe;
@@ -64,26 +79,39 @@ class Fixture {
   readonly rng = new Rng(1, "bench");
   constructor(readonly dev: Device) {}
 
+  /** A zero-filled buffer in the bench's storage; call `upload` on it after filling it from the host. */
+  buffer(bytes: number): Buffer {
+    return this.dev.buffer(bytes, STORAGE);
+  }
+
   random(count: number, scale = 1): Float32Array {
     return Float32Array.from({ length: count }, () => this.rng.symmetric() * scale);
   }
 
   /** Activation rows [nb][width] with random values. */
   rows(nb: number, width: number, scale = 1): RowsRef {
-    const b = this.dev.buffer(nb * width * 4);
+    const b = this.buffer(nb * width * 4);
     b.f32.set(this.random(nb * width, scale));
+    b.upload();
     return { buffer: b, offset: 0, stride: width * 4 };
   }
 
   i32(values: ArrayLike<number>): Buffer {
-    const b = this.dev.buffer(Math.max(4, values.length * 4));
+    const b = this.buffer(Math.max(4, values.length * 4));
     b.i32.set(Array.from(values));
+    b.upload();
     return b;
   }
 
   /** A weight of `shape` stored as `dtype` in its own buffer. */
   weight(shape: number[], dtype: DType, scale = 0.3): TensorRef {
     const count = shape.reduce((a, b) => a * b, 1);
+    if (count > 16 << 20) {
+      const buffer = this.buffer(tensorBytes(shape, dtype) + 256);
+      for (let o = 0; o < buffer.bytes.length; o += 65536) crypto.getRandomValues(buffer.bytes.subarray(o, o + 65536));
+      buffer.upload();
+      return { buffer, offset: 256, dtype, shape };
+    }
     const values = this.random(count, scale);
     const bytes =
       dtype === "q4" ? quantizeQ4(values)
@@ -91,8 +119,9 @@ class Fixture {
       : dtype === "f16" ? new Uint8Array(f32ToF16(values).buffer)
       : new Uint8Array(values.buffer);
     if (bytes.byteLength !== tensorBytes(shape, dtype)) throw new Error("bench: weight size mismatch");
-    const buffer = this.dev.buffer(bytes.byteLength + 256);
+    const buffer = this.buffer(bytes.byteLength + 256);
     buffer.bytes.set(bytes, 256);
+    buffer.upload();
     return { buffer, offset: 256, dtype, shape };
   }
 
@@ -122,7 +151,7 @@ function cases(f: Fixture): BenchCase[] {
       const x = f.rows(nb, inDim);
       const y = f.rows(nb, out);
       if (dtype !== q4) return (ctx) => encodeMatvec(ctx, w, x, y, nb);
-      const half = halfSetAt(f.dev.buffer(halfSetBytes(inDim, nb)), inDim);
+      const half = halfSetAt(f.buffer(halfSetBytes(inDim, nb)), inDim);
       runOnce(f.dev, (ctx) => encodeHalfSet(ctx, x, half, nb));
       return (ctx) => encodeMatvec(ctx, w, half, y, nb);
     },
@@ -220,7 +249,7 @@ function cases(f: Fixture): BenchCase[] {
       shape: `${d}`,
       setup(nb) {
         const x = f.rows(nb, d);
-        const h = halfSetAt(f.dev.buffer(halfSetBytes(d, nb)), d);
+        const h = halfSetAt(f.buffer(halfSetBytes(d, nb)), d);
         return (ctx) => encodeHalfSet(ctx, x, h, nb);
       },
     },
@@ -246,8 +275,8 @@ function cases(f: Fixture): BenchCase[] {
       shape: `E ${E}, k ${k}`,
       setup(nb) {
         const logits = f.rows(nb, E, 3);
-        const ids = f.dev.buffer(nb * k * 4);
-        const weights = f.dev.buffer(nb * k * 4);
+        const ids = f.buffer(nb * k * 4);
+        const weights = f.buffer(nb * k * 4);
         return (ctx) => encodeRouterTopK(ctx, logits, { ids, weights }, nb, moe);
       },
     },
@@ -257,7 +286,7 @@ function cases(f: Fixture): BenchCase[] {
       shape: `${k} pairs per row`,
       setup(nb) {
         const ids = f.i32(Array.from({ length: nb * k }, (_, i) => (i * 7) % E));
-        const lists = { offsets: f.dev.buffer((E + 1) * 4), pairs: f.dev.buffer(nb * k * 4), active: f.dev.buffer((E + 1) * 4) };
+        const lists = { offsets: f.buffer((E + 1) * 4), pairs: f.buffer(nb * k * 4), active: f.buffer((E + 1) * 4) };
         return (ctx) => encodeExpertLists(ctx, ids, lists, nb, k, E);
       },
     },
@@ -278,9 +307,10 @@ function cases(f: Fixture): BenchCase[] {
           return o;
         });
         const stride = Math.ceil(cursor / 16384) * 16384;
-        const pool = f.dev.buffer(stride * E);
+        const pool = f.buffer(stride * E);
         for (let s = 0; s < E; s++)
           parts.forEach((p, i) => pool.bytes.set(p.buffer.bytes.subarray(256, 256 + tensorBytes(p.shape, q4)), s * stride + offsets[i]!));
+        pool.upload();
         const expertPool: ExpertPool = {
           buffer: pool,
           slots: E,
@@ -289,12 +319,12 @@ function cases(f: Fixture): BenchCase[] {
         };
         const slotOf = f.i32(Array.from({ length: E }, (_, e) => e));
         const ids = f.i32(Array.from({ length: nb * k }, (_, i) => (i * 7 + Math.floor(i / k)) % E));
-        const lists = { offsets: f.dev.buffer((E + 1) * 4), pairs: f.dev.buffer(nb * k * 4), active: f.dev.buffer((E + 1) * 4) };
+        const lists = { offsets: f.buffer((E + 1) * 4), pairs: f.buffer(nb * k * 4), active: f.buffer((E + 1) * 4) };
         runOnce(f.dev, (ctx) => encodeExpertLists(ctx, ids, lists, nb, k, E));
         const x = f.rows(nb, d);
-        const half = halfSetAt(f.dev.buffer(halfSetBytes(d, nb)), d);
+        const half = halfSetAt(f.buffer(halfSetBytes(d, nb)), d);
         runOnce(f.dev, (ctx) => encodeHalfSet(ctx, x, half, nb));
-        const scratch = { h: f.rows(nb * k, I), hHalf: halfSetAt(f.dev.buffer(halfSetBytes(I, nb * k)), I), o: f.rows(nb * k, d) };
+        const scratch = { h: f.rows(nb * k, I), hHalf: halfSetAt(f.buffer(halfSetBytes(I, nb * k)), I), o: f.rows(nb * k, d) };
         return (ctx) => encodeRoutedExperts(ctx, expertPool, slotOf, lists, { rows: x, half }, scratch, nb, k, E);
       },
     },
@@ -305,9 +335,9 @@ function cases(f: Fixture): BenchCase[] {
       setup(nb) {
         const w = { gate: f.weight([SI, d], q4), up: f.weight([SI, d], q4), down: f.weight([d, SI], q4), expertGate: f.weight([1, d], "bf16") };
         const x = f.rows(nb, d);
-        const half = halfSetAt(f.dev.buffer(halfSetBytes(d, nb)), d);
+        const half = halfSetAt(f.buffer(halfSetBytes(d, nb)), d);
         runOnce(f.dev, (ctx) => encodeHalfSet(ctx, x, half, nb));
-        const scratch = { h: f.rows(nb, SI), hHalf: halfSetAt(f.dev.buffer(halfSetBytes(SI, nb)), SI), s: f.rows(nb, d), sg: f.rows(nb, 1) };
+        const scratch = { h: f.rows(nb, SI), hHalf: halfSetAt(f.buffer(halfSetBytes(SI, nb)), SI), s: f.rows(nb, d), sg: f.rows(nb, 1) };
         return (ctx) => encodeSharedExpert(ctx, w, { rows: x, half }, scratch, nb);
       },
     },
@@ -344,8 +374,8 @@ function cases(f: Fixture): BenchCase[] {
       shape: `vocab ${vocab}`,
       setup(nb) {
         const logits = f.rows(nb, vocab, 5);
-        const ids = f.dev.buffer(nb * 4);
-        const margin = f.dev.buffer(nb * 4);
+        const ids = f.buffer(nb * 4);
+        const margin = f.buffer(nb * 4);
         return (ctx) => encodeArgmax(ctx, logits, ids, margin, nb, vocab);
       },
     },
@@ -390,7 +420,7 @@ function sequenceCases(f: Fixture): BenchCase[] {
         const x = f.rows(nb, C);
         const y = f.rows(nb, C);
         const weight = f.weight([C, K], "f32");
-        const state = f.dev.buffer((K - 1) * C * 4);
+        const state = f.buffer((K - 1) * C * 4);
         return (ctx) => encodeConvSilu(ctx, { rows: nb, channels: C, x, weight, state, y });
       },
     },
@@ -405,7 +435,7 @@ function sequenceCases(f: Fixture): BenchCase[] {
         const a = f.rows(nb, dn.value_heads);
         const aLog = f.weight([dn.value_heads], "f32");
         const dtBias = f.weight([dn.value_heads], "f32");
-        const state = f.dev.buffer(deltanetStateFloats(shape) * 4);
+        const state = f.buffer(deltanetStateFloats(shape) * 4);
         const o = f.rows(nb, D.dnValue);
         return (ctx) => encodeDeltaNet(ctx, { ...shape, rows: nb, qkv, b, a, aLog, dtBias, state, o });
       },
@@ -440,9 +470,9 @@ function sequenceCases(f: Fixture): BenchCase[] {
         runOnce(f.dev, (ctx) => encodeKvAppend(ctx, { rows: nb, pos0: CONTEXT, x: f.rows(nb, qsa.head_dim), cache: ik }));
         const iq = f.rows(nb, qsa.heads * qsa.head_dim);
         const iw = f.rows(nb, qsa.heads);
-        const scores = { buffer: f.dev.buffer(qsaScoreBytes(nb, CONTEXT)), offset: 0, stride: (CONTEXT + nb) * 4 };
-        const selected = f.dev.buffer(nb * qsa.topk * 4);
-        const counts = f.dev.buffer(nb * 4);
+        const scores = { buffer: f.buffer(qsaScoreBytes(nb, CONTEXT)), offset: 0, stride: (CONTEXT + nb) * 4 };
+        const selected = f.buffer(nb * qsa.topk * 4);
+        const counts = f.buffer(nb * 4);
         return (ctx) => encodeQsa(ctx, { rows: nb, pos0: CONTEXT, topk: qsa.topk, iq, iw, heads: qsa.heads, ik, scores, selected, counts });
       },
     },
@@ -457,7 +487,7 @@ function sequenceCases(f: Fixture): BenchCase[] {
         const o = f.rows(nb, D.attnQ);
         const args = { rows: nb, pos0: CONTEXT, heads: at.heads, q, k, v, o };
         const { splits } = attentionSplits(args);
-        const partials = f.dev.buffer(Math.max(4, attentionPartialBytes(nb, at.heads, hd, splits)));
+        const partials = f.buffer(Math.max(4, attentionPartialBytes(nb, at.heads, hd, splits)));
         return (ctx) => encodeAttention(ctx, { ...args, partials });
       },
     },
@@ -468,7 +498,7 @@ function sequenceCases(f: Fixture): BenchCase[] {
       setup(nb) {
         const tables = ple.orders.flatMap((_, o) => ple.rows[o]!.map((rowsOfTable) => f.weight([rowsOfTable, ple.head_dim], "bf16", 1)));
         const sizes = tables.map((t) => tensorBytes(t.shape, "bf16"));
-        const buffer = f.dev.buffer(sizes.reduce((a, b) => a + Math.ceil(b / 256) * 256, 0));
+        const buffer = f.buffer(sizes.reduce((a, b) => a + Math.ceil(b / 256) * 256, 0));
         const offsets: number[] = [];
         let cursor = 0;
         tables.forEach((t, i) => {
@@ -476,10 +506,11 @@ function sequenceCases(f: Fixture): BenchCase[] {
           buffer.bytes.set(t.buffer.bytes.subarray(256, 256 + sizes[i]!), cursor);
           cursor += Math.ceil(sizes[i]! / 256) * 256;
         });
+        buffer.upload();
         const history = Math.max(...ple.orders) - 1;
         const tokens = f.i32(Array.from({ length: history + nb }, (_, i) => (i * 13) % cfg.vocab_size));
         const e = f.rows(nb, D.pleEmbed);
-        const rowIds = f.dev.buffer(nb * tables.length * 4);
+        const rowIds = f.buffer(nb * tables.length * 4);
         return (ctx) => encodePleGather(ctx, { rows: nb, pos0: CONTEXT, ple, tokens, history, tables: { buffer, dtype: "bf16", offsets }, e, rowIds });
       },
     },
@@ -501,7 +532,7 @@ function sequenceCases(f: Fixture): BenchCase[] {
       setup(nb) {
         const weight = f.weight([d, ple.conv_kernel], "f32");
         const [u, v] = [f.rows(nb, d), f.rows(nb, d)];
-        const history = f.dev.buffer(pleHistoryFloats(d, ple.conv_kernel, D.pleDilation) * 4);
+        const history = f.buffer(pleHistoryFloats(d, ple.conv_kernel, D.pleDilation) * 4);
         const x = f.rows(nb, n * d);
         return (ctx) => encodePleConv(ctx, { rows: nb, dim: d, dilation: D.pleDilation, weight, u, v, history, x, streams: n, streamStride: d * 4 });
       },
@@ -565,19 +596,16 @@ function table(results: BenchResult[], nbs: number[]): string {
 }
 
 if (import.meta.main) {
-  const args = process.argv.slice(2);
-  const value = (flag: string) => {
-    const i = args.indexOf(flag);
-    return i >= 0 ? args[i + 1] : undefined;
-  };
+  const args = argv;
+  const value = argValue;
   const nbs = (value("--nb") ?? "1,32").split(",").map(Number);
   if (nbs.some((x) => !Number.isInteger(x) || x < 1)) throw new Error(`--nb: expected row counts like 1,32`);
   const iters = Number(value("--iters") ?? 5);
   const results = runBench({ nbs, iters, reps: 10, filter: value("--filter") });
   if (args.includes("--json")) {
-    console.log(JSON.stringify({ preset: "small", backend: process.env.CHERENKOV_BACKEND ?? "default", results }, null, 2));
+    console.log(JSON.stringify({ preset: PRESET, storage: STORAGE, backend: process.env.CHERENKOV_BACKEND ?? "default", results }, null, 2));
   } else {
-    console.log(`Kernel times at presetConfig("small") shapes (d ${d}, n ${n}); fastest of ${iters} runs, per dispatch group:\n`);
+    console.log(`Kernel times at presetConfig("${PRESET}") shapes (d ${d}, n ${n}), ${STORAGE} storage; fastest of ${iters} runs, per dispatch group:\n`);
     console.log(table(results, nbs));
   }
 }
