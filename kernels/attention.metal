@@ -16,6 +16,8 @@
 
 using namespace metal;
 
+// Per-lane loops over head dims run to the constant SEQ_MAX_PER_LANE with a guard (m < per),
+// so acc[] stays in registers (a runtime bound spilled it to local memory on the H200).
 #define ATTN_MAX_SIMDGROUPS 8
 #define ATTN_MAX_HEAD_DIM 256
 
@@ -68,7 +70,7 @@ kernel void attn_rows(
 
   const uint per = (hd + 31u) / 32u;
   float acc[SEQ_MAX_PER_LANE];
-  for (uint m = 0; m < per; m++) {
+  for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) if (m < per) {
     acc[m] = 0.0f;
   }
   float mx = -INFINITY;
@@ -81,7 +83,20 @@ kernel void attn_rows(
     float logit = -INFINITY;
     if (valid) {
       float d = 0.0f;
-      if (Q8) {
+      if (Q8 && (hd & 15u) == 0u) {
+        // 16 codes per load (a lane reads a whole K row: scalar char4 loads left it waiting
+        // on 32 round trips per position); the dot product adds in the same order.
+        device const int4* k16 = (device const int4*)(kc + slot * hd);
+        for (uint i = 0; i < hd / 16u; i++) {
+          const int4 w = k16[i];
+          for (uint c = 0; c < 4u; c++) {
+            const float4 kv = float4(as_type<char4>(w[c]));
+            const uint e = 16u * i + 4u * c;
+            d += dot(float4(qs[e], qs[e + 1u], qs[e + 2u], qs[e + 3u]), kv);
+          }
+        }
+        d *= ks[slot];
+      } else if (Q8) {
         device const char4* k4 = (device const char4*)(kc + slot * hd);
         for (uint i = 0; i < hd / 4u; i++) {
           const float4 kv = float4(k4[i]);
@@ -103,14 +118,14 @@ kernel void attn_rows(
     ws[lane] = Q8 && valid ? w * vs[slot] : w;
     ss[lane] = int(s);
     simdgroup_barrier(mem_flags::mem_threadgroup);
-    for (uint m = 0; m < per; m++) {
+    for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) if (m < per) {
       acc[m] *= corr;
     }
     const uint n = min(32u, end - b);
     for (uint jj = 0; jj < n; jj++) {
       const float wj = ws[jj];
       const ulong base = (ulong(ss[jj]) * Hkv + kvh) * hd;
-      for (uint m = 0; m < per; m++) {
+      for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) if (m < per) {
         const uint d = uint(lane) + 32u * m;
         if (d < hd) {
           const float v = Q8 ? float(vc[base + d]) : ((device const float*)vc)[base + d];
@@ -125,7 +140,7 @@ kernel void attn_rows(
   if (p.splits == 1) {
     device float* out = seq_row(o, p.o_stride, t) + h * hd;
     const float inv = 1.0f / sum;
-    for (uint m = 0; m < per; m++) {
+    for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) if (m < per) {
       const uint d = uint(lane) + 32u * m;
       if (d < hd) {
         out[d] = acc[m] * inv;
@@ -137,7 +152,7 @@ kernel void attn_rows(
       pr[0] = mx;
       pr[1] = sum;
     }
-    for (uint m = 0; m < per; m++) {
+    for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) if (m < per) {
       const uint d = uint(lane) + 32u * m;
       if (d < hd) {
         pr[2u + d] = acc[m];

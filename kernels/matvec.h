@@ -16,11 +16,19 @@
 
 using namespace metal;
 
+// Loops over a pass's batch rows run to the constant MV_NR with a guard (j < nx): indexed by
+// constants once unrolled, the accumulators stay in registers. To a runtime bound they were
+// indexed dynamically, which put them in local memory on the H200 (ncu: 605k spill requests
+// in one [2048, 4096] q4 projection).
+//
 // Output rows per simdgroup (4: one float4 accumulator per batch row holds them, so one
 // simd_sum reduces 4 outputs at once), batch rows per pass, simdgroups per threadgroup.
 #define MV_R 4
 #define MV_NR 4
 #define MV_SG 4
+// Simdgroups of a matvec_split threadgroup: all of them on the same MV_R rows, each on a
+// slice of the input dimension (narrow projections: few output rows, long inputs).
+#define MV_SPLIT_SG 8
 static_assert(MV_R == 4, "an accumulator is one float4 of MV_R output rows");
 
 // ---- element conversions ----------------------------------------------------------
@@ -103,20 +111,22 @@ struct Weights<uchar> {
 // Rows of W past out_dim are clamped (their results are never written); x rows arrive as
 // byte offsets from x so the caller decides where each batch row lives.
 
+// `lane` of `lanes` splits the input dimension: a simdgroup's 32 lanes (lanes = 32), or every
+// lane of a threadgroup that shares its weight rows (matvec_split).
 template <typename WL>
 inline void mv_pass_dense(device const uchar* w, int in_dim, int o0, int out_dim,
                           device const uchar* x, thread const ulong* xoff, int nx,
-                          thread float4* acc, ushort lane) {
+                          thread float4* acc, int lane, int lanes) {
   ulong wrow[MV_R];
   for (int i = 0; i < MV_R; i++) {
     wrow[i] = ulong(min(o0 + i, out_dim - 1)) * ulong(in_dim);
   }
-  for (int c = int(lane) * 4; c < in_dim; c += 32 * 4) {
+  for (int c = lane * 4; c < in_dim; c += lanes * 4) {
     float4 wv[MV_R];
     for (int i = 0; i < MV_R; i++) {
       wv[i] = WL::load4(w, wrow[i] + ulong(c));
     }
-    for (int j = 0; j < nx; j++) {
+    for (int j = 0; j < MV_NR; j++) if (j < nx) {
       float4 xv = *((device const float4*)(x + xoff[j] + ulong(c) * 4));
       acc[j] += float4(dot(wv[0], xv), dot(wv[1], xv), dot(wv[2], xv), dot(wv[3], xv));
     }
@@ -127,7 +137,7 @@ inline void mv_pass_dense(device const uchar* w, int in_dim, int o0, int out_dim
 // 8 odd elements) and adds its group's bias term on the first half of the group.
 inline void mv_pass_q4(device const uchar* w, int in_dim, int o0, int out_dim,
                        device const uchar* x, thread const ulong* xoff, int nx,
-                       thread float4* acc, ushort lane) {
+                       thread float4* acc, int lane, int lanes) {
   ulong total = ulong(out_dim) * ulong(in_dim);
   device const ushort* scales = (device const ushort*)(w + total / 2);
   device const ushort* biases = scales + total / 32;
@@ -136,7 +146,7 @@ inline void mv_pass_q4(device const uchar* w, int in_dim, int o0, int out_dim,
     wrow[i] = ulong(min(o0 + i, out_dim - 1)) * ulong(in_dim);
   }
   int half_dim = in_dim / 2;
-  for (int u = int(lane); u < in_dim / 16; u += 32) {
+  for (int u = lane; u < in_dim / 16; u += lanes) {
     int g = u >> 1;
     // The 16 nibbles of each row as floats, even and odd halves, unpacked once per unit.
     float4 qe0[MV_R], qe1[MV_R], qo0[MV_R], qo1[MV_R];
@@ -152,7 +162,7 @@ inline void mv_pass_q4(device const uchar* w, int in_dim, int o0, int out_dim,
       sc[i] = bf16_to_f32(scales[e >> 5]);
       bi[i] = (u & 1) == 0 ? bf16_to_f32(biases[e >> 5]) : 0.0f;
     }
-    for (int j = 0; j < nx; j++) {
+    for (int j = 0; j < MV_NR; j++) if (j < nx) {
       device const float* h = (device const float*)(x + xoff[j]);
       float4 e0 = *((device const float4*)(h + u * 8));
       float4 e1 = *((device const float4*)(h + u * 8 + 4));
@@ -172,7 +182,11 @@ template <typename T>
 struct MvPass {
   static void run(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
                   thread const ulong* xoff, int nx, thread float4* acc, ushort lane) {
-    mv_pass_dense<Weights<T> >(w, in_dim, o0, out_dim, x, xoff, nx, acc, lane);
+    mv_pass_dense<Weights<T> >(w, in_dim, o0, out_dim, x, xoff, nx, acc, int(lane), 32);
+  }
+  static void run_split(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
+                        thread const ulong* xoff, int nx, thread float4* acc, int lane, int lanes) {
+    mv_pass_dense<Weights<T> >(w, in_dim, o0, out_dim, x, xoff, nx, acc, lane, lanes);
   }
 };
 
@@ -180,14 +194,18 @@ template <>
 struct MvPass<uchar> {
   static void run(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
                   thread const ulong* xoff, int nx, thread float4* acc, ushort lane) {
-    mv_pass_q4(w, in_dim, o0, out_dim, x, xoff, nx, acc, lane);
+    mv_pass_q4(w, in_dim, o0, out_dim, x, xoff, nx, acc, int(lane), 32);
+  }
+  static void run_split(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
+                        thread const ulong* xoff, int nx, thread float4* acc, int lane, int lanes) {
+    mv_pass_q4(w, in_dim, o0, out_dim, x, xoff, nx, acc, lane, lanes);
   }
 };
 
 // Sums the first nx accumulators over the simdgroup (each lane then holds the totals).
 // nx is uniform across the simdgroup, so every lane makes the same simd_sum calls.
 inline void mv_reduce(thread float4* acc, int nx) {
-  for (int j = 0; j < nx; j++) {
+  for (int j = 0; j < MV_NR; j++) if (j < nx) {
     acc[j] = simd_sum(acc[j]);
   }
 }

@@ -173,7 +173,7 @@ inline void moe_experts(constant MoeExpertsParams& p, device const int* offsets,
       }
     }
     if (lane == 0) {
-      for (int j = 0; j < nx; j++) {
+      for (int j = 0; j < MV_NR; j++) if (j < nx) {
         device float* yr = (device float*)(y + ulong(pairs[q0 + j]) * p.y_stride);
         for (int i = 0; i < MV_R && o0 + i < p.out_dim; i++) {
           float g = acc[j][i];
@@ -259,7 +259,7 @@ kernel void ffn_gate_up(
     mv_reduce(g, nx);
     mv_reduce(u, nx);
     if (lane == 0) {
-      for (int j = 0; j < nx; j++) {
+      for (int j = 0; j < MV_NR; j++) if (j < nx) {
         device float* yr = (device float*)(y + ulong(r0 + j) * p.y_stride);
         for (int i = 0; i < MV_R && o0 + i < p.out_dim; i++) {
           float gv = g[j][i];

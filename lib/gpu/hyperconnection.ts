@@ -11,8 +11,9 @@ import { encodeRmsNorm } from "./norms.ts";
 import { Params } from "./params.ts";
 import { checkRows, checkVector, encodeMatvec, matrixShape } from "./projections.ts";
 
-/** Rows (simdgroups) per threadgroup in kernels/hc.metal, and the largest n it holds. */
-const HC_SG = 4;
+/** Simdgroups of the threadgroup that handles one row (HC_TG_SG in kernels/hc.metal). */
+const HC_TG_SG = 8;
+/** The largest n the kernels hold. */
 export const HC_MAX_STREAMS = 8;
 const WRITE_THREADS = 64;
 
@@ -89,8 +90,8 @@ export function encodeHcCoefficients(
       c_stride: scratch.coeffs.stride,
     },
     [bind(X.buffer, X.offset), bind(scratch.raw.buffer, scratch.raw.offset), bind(site.scale.buffer, site.scale.offset), bind(site.base.buffer, site.base.offset), bind(scratch.coeffs.buffer, scratch.coeffs.offset)],
-    Math.ceil(nb / HC_SG),
-    SIMD_WIDTH * HC_SG,
+    nb,
+    SIMD_WIDTH * HC_TG_SG,
   );
 }
 
@@ -125,8 +126,8 @@ export function encodeHcRead(
       y_stride: y.stride,
     },
     buffers,
-    Math.ceil(nb / HC_SG),
-    SIMD_WIDTH * HC_SG,
+    nb,
+    SIMD_WIDTH * HC_TG_SG,
   );
 }
 

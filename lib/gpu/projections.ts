@@ -9,7 +9,7 @@ import { MAX_NB, SIMD_WIDTH } from "./limits.ts";
 import { Params } from "./params.ts";
 
 /** Output rows per simdgroup, batch rows per pass and simdgroups per threadgroup (kernels/matvec.h). */
-export const MATVEC_TILE = { rows: 4, batchRows: 4, simdgroups: 4 } as const;
+export const MATVEC_TILE = { rows: 4, batchRows: 4, simdgroups: 4, splitSimdgroups: 8 } as const;
 
 /** HalfSet rows of a batch: `width` is the length of the x they were made from. */
 export interface HalfSet extends RowsRef {
@@ -27,6 +27,23 @@ export interface MatvecOptions {
   accumulate?: boolean;
   /** Batch rows per threadgroup (default: all of them, so each weight is read once per step). */
   rowsPerGroup?: number;
+  /**
+   * Kernel form: "rows" (matvec: each simdgroup its own MV_R output rows) or "split"
+   * (matvec_split: a threadgroup's simdgroups share MV_R rows and split the input). Default:
+   * split for narrow weights on a GPU (see `prefersSplit`), rows otherwise.
+   */
+  form?: "rows" | "split";
+}
+
+/**
+ * Whether a matvec with `out` output rows should take the split form: on a GPU, when the rows
+ * form would start fewer than 512 threadgroups (2048 simdgroups, about what keeps an H200's
+ * 132 SMs' memory pipes busy; narrow projections were latency-bound there, docs/cuda.md).
+ * The CPU backend emulates threads as fibers, where more simdgroups only cost, so it keeps the
+ * rows form (its tests run both forms explicitly).
+ */
+export function prefersSplit(backend: string, out: number): boolean {
+  return backend !== "cpu" && Math.ceil(out / (MATVEC_TILE.rows * MATVEC_TILE.simdgroups)) < 512;
 }
 
 /** Throws unless nb is a row count a step may have. */
@@ -86,6 +103,13 @@ const MATVEC_KERNELS: Record<DType, string> = {
   q4: "matvec_q4_f32",
 };
 
+const MATVEC_SPLIT_KERNELS: Record<DType, string> = {
+  f32: "matvec_split_f32_f32",
+  bf16: "matvec_split_bf16_f32",
+  f16: "matvec_split_f16_f32",
+  q4: "matvec_split_q4_f32",
+};
+
 /**
  * y[r] = W x[r] for r < nb. `x` is plain rows for f32/bf16/f16 weights and a HalfSet for q4
  * ones. The input width must be a multiple of 4 (32 for q4).
@@ -114,9 +138,10 @@ export function encodeMatvec(
   const rowsPerGroup = Math.min(nb, opts.rowsPerGroup ?? nb);
   if (!Number.isInteger(rowsPerGroup) || rowsPerGroup < 1) throw new Error(`matvec: rowsPerGroup ${rowsPerGroup} must be a positive integer`);
   const T = MATVEC_TILE;
+  const split = opts.form === undefined ? prefersSplit(ctx.device.backend, out) : opts.form === "split";
   dispatch(
     ctx,
-    MATVEC_KERNELS[w.dtype],
+    split ? MATVEC_SPLIT_KERNELS[w.dtype] : MATVEC_KERNELS[w.dtype],
     Params.Matvec,
     {
       rows: nb,
@@ -128,8 +153,8 @@ export function encodeMatvec(
       y_stride: y.stride,
     },
     [bind(w.buffer, w.offset), bind(x.buffer, x.offset), bind(y.buffer, y.offset)],
-    [Math.ceil(out / (T.rows * T.simdgroups)), Math.ceil(nb / rowsPerGroup)],
-    [SIMD_WIDTH * T.simdgroups, 1],
+    [Math.ceil(out / (split ? T.rows : T.rows * T.simdgroups)), Math.ceil(nb / rowsPerGroup)],
+    [SIMD_WIDTH * (split ? T.splitSimdgroups : T.simdgroups), 1],
   );
 }
 

@@ -46,7 +46,9 @@ describe("halfset_f32", () => {
 
 const DTYPES: DType[] = ["f32", "bf16", "f16", "q4"];
 
-describe.each(DTYPES)("matvec_%s_f32", (dtype) => {
+const FORMS = ["rows", "split"] as const;
+
+describe.each(DTYPES.flatMap((d) => FORMS.map((f) => [d, f] as const)))("matvec %s (%s form)", (dtype, form) => {
   // Widths: out not a multiple of the 16-row tile; in wider than one pass of 32 lanes.
   const shapes = (nb: number): [number, number] => (nb === 1024 ? [19, 64] : [37, dtype === "q4" ? 1088 : 548]);
 
@@ -60,8 +62,8 @@ describe.each(DTYPES)("matvec_%s_f32", (dtype) => {
       if (dtype === "q4") {
         const half = halfSetAt(dev.buffer(halfSetBytes(inDim, nb)), inDim);
         encodeHalfSet(ctx, rows(xb, inDim), half, nb);
-        encodeMatvec(ctx, ref, half, rows(y, out), nb);
-      } else encodeMatvec(ctx, ref, rows(xb, inDim), rows(y, out), nb);
+        encodeMatvec(ctx, ref, half, rows(y, out), nb, { form });
+      } else encodeMatvec(ctx, ref, rows(xb, inDim), rows(y, out), nb, { form });
     });
     const want = matmulRows(host.values, x, nb, out, inDim);
     expectClose(readF32(y, nb * out), want, dotTolerance(inDim), `matvec_${dtype}_f32 nb=${nb}`, out);
@@ -79,7 +81,7 @@ describe.each(DTYPES)("matvec_%s_f32", (dtype) => {
     run(dev, (ctx) => {
       const half = halfSetAt(dev.buffer(halfSetBytes(inDim, nb)), inDim);
       if (dtype === "q4") encodeHalfSet(ctx, rows(xb, inDim), half, nb);
-      encodeMatvec(ctx, ref, dtype === "q4" ? half : rows(xb, inDim), rows(y, out), nb, { accumulate: true, rowsPerGroup: 4 });
+      encodeMatvec(ctx, ref, dtype === "q4" ? half : rows(xb, inDim), rows(y, out), nb, { accumulate: true, rowsPerGroup: 4, form });
     });
     const want = matmulRows(host.values, x, nb, out, inDim).map((v, i) => v + y0[i]!);
     expectClose(readF32(y, nb * out), want, dotTolerance(inDim), `matvec_${dtype}_f32 accumulate`, out);
