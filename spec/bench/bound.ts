@@ -68,8 +68,8 @@ interface Row {
 const lines = [
   `model ${o.model ?? o.preset}: dense ${(dense / 1e9).toFixed(2)} GB/token, experts ${(experts / 1e9).toFixed(2)} GB/token (top-${c.moe.top_k} x ${c.num_layers} x ${stride} B), DeltaNet state ${(state / 1e6).toFixed(0)} MB/token; HBM ${(hbm / 1e12).toFixed(2)} TB/s, disk ${(disk / 1e9).toFixed(2)} GB/s`,
   "",
-  "| pool | lookahead | decode tok/s | HBM bound tok/s | disk bound tok/s | bound tok/s | ratio | GPU ms/token (HBM floor ms) | prefill tok/s | handshake p50 / p99 us | io-wait share | hit rate |",
-  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+  "| pool | lookahead | prompt | decode tok/s | HBM bound tok/s | disk bound tok/s | bound tok/s | ratio | GPU ms/token (HBM floor ms) | prefill tok/s | handshake p50 / p99 us | io-wait share | hit rate |",
+  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
 ];
 // Each file holds bench:decode --json outputs, one per line (other lines, e.g. the peer's, are skipped).
 const runs = positionals.flatMap((file) =>
@@ -90,7 +90,7 @@ for (const j of runs) {
     const gpu = r.phasesPerToken.gpu ?? 0;
     const f1 = (x: number) => (x >= 100 ? x.toFixed(0) : x.toFixed(1));
     lines.push(
-      `| ${pool} ${r.backing} | ${r.lookahead ? "on" : "off"} | ${r.tokensPerSecond.toFixed(1)} | ${f1(1 / hbmTime)} | ${diskTime > 0 ? f1(1 / diskTime) : "-"} | ${f1(bound)} | ${((100 * r.tokensPerSecond) / bound).toFixed(1)}% | ${gpu.toFixed(1)} (${(1000 * hbmTime).toFixed(2)}) | ${r.prefillTokensPerSecond.toFixed(1)} | ${r.handshakeUs.all.p50Us} / ${r.handshakeUs.all.p99Us} | ${step > 0 ? ((100 * io) / step).toFixed(0) + "%" : "-"} | ${(100 * r.hitRate).toFixed(1)}% |`,
+      `| ${pool} ${r.backing} | ${r.lookahead ? "on" : "off"} | ${r.promptTokens} | ${r.tokensPerSecond.toFixed(1)} | ${f1(1 / hbmTime)} | ${diskTime > 0 ? f1(1 / diskTime) : "-"} | ${f1(bound)} | ${((100 * r.tokensPerSecond) / bound).toFixed(1)}% | ${gpu.toFixed(1)} (${(1000 * hbmTime).toFixed(2)}) | ${r.prefillTokensPerSecond.toFixed(1)} | ${r.handshakeUs.all.p50Us} / ${r.handshakeUs.all.p99Us} | ${step > 0 ? ((100 * io) / step).toFixed(0) + "%" : "-"} | ${(100 * r.hitRate).toFixed(1)}% |`,
     );
   }
 }
