@@ -550,6 +550,12 @@ CK_API const char *ck_last_error(void) { return ck::last_error.c_str(); }
 CK_API int32_t ck_abi_version(void) { return CK_ABI_VERSION; }
 
 CK_API ck_device *ck_device_open(void) {
+  // Each device has two streams and its GPU waits are spinning kernels: streams that share one
+  // of the hardware queues (8 by default) can hold each other's work behind such a wait. More
+  // queues keep several devices of one process (three models loaded at once) apart. Read when
+  // the CUDA context is created, so only the first open in a process sets it; an explicit
+  // setting wins.
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
