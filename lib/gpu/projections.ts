@@ -37,13 +37,15 @@ export interface MatvecOptions {
 
 /**
  * Whether a matvec with `out` output rows should take the split form: on a GPU, when the rows
- * form would start fewer than 512 threadgroups (2048 simdgroups, about what keeps an H200's
- * 132 SMs' memory pipes busy; narrow projections were latency-bound there, docs/cuda.md).
- * The CPU backend emulates threads as fibers, where more simdgroups only cost, so it keeps the
- * rows form (its tests run both forms explicitly).
+ * form would start fewer than 64 threadgroups (out < 1024: the hyper-connection, router and
+ * DeltaNet b/a projections). On the H200 those were latency-bound in the rows form (a [24, 8192]
+ * f32 projection: 149 us rows, 29 us split) while [2048|4096, 2048|4096] q4 projections were no
+ * faster split (82/68 us rows, 89/111 us split, in the engine), docs/cuda.md. The CPU backend
+ * emulates threads as fibers, where more simdgroups only cost, so it keeps the rows form (its
+ * tests run both forms explicitly).
  */
 export function prefersSplit(backend: string, out: number): boolean {
-  return backend !== "cpu" && Math.ceil(out / (MATVEC_TILE.rows * MATVEC_TILE.simdgroups)) < 512;
+  return backend !== "cpu" && Math.ceil(out / (MATVEC_TILE.rows * MATVEC_TILE.simdgroups)) < 64;
 }
 
 /** Throws unless nb is a row count a step may have. */

@@ -5,7 +5,7 @@
  * the floor, and a figure is shown as the fraction of the bound it reaches.
  *
  *   bun spec/bench/bound.ts --model DIR --hbm 4.3e12 --disk 2.5e9 results.json...
- *   bun spec/bench/bound.ts --preset 30b-a3b-shape --weights q4 --hbm 4.3e12 --disk 1.2e9 results.json...
+ *   bun spec/bench/bound.ts --preset 30b-a3b-shape --weights q4 --hbm 4.3e12 --disk 1.2e9 [--name m30] results.json...
  * (--preset computes the same sizes from the preset's config, for a model written elsewhere.)
  *
  * Bytes the GPU touches per token: every dense tensor except the embedding (one row) and the
@@ -29,6 +29,8 @@ const { values: o, positionals } = parseArgs({
     weights: { type: "string", default: "q4" },
     hbm: { type: "string", default: "4.3e12" },
     disk: { type: "string" },
+    /** Only rows of this bench:decode model name (a results file may hold several models). */
+    name: { type: "string" },
   },
   allowPositionals: true,
 });
@@ -77,6 +79,7 @@ const runs = positionals.flatMap((file) =>
 );
 for (const j of runs) {
   for (const r of j.models ?? []) {
+    if (o.name && r.model !== o.name) continue;
     const context = r.promptTokens + r.decodeTokens / 2;
     const kvBytes = c.attention.kv_cache === "q8" ? 1 : 4;
     const kv = attnLayers * context * c.attention.kv_heads * c.attention.head_dim * kvBytes * 2;
