@@ -34,38 +34,14 @@ inline float hc_tg_sum(float v, threadgroup float* partial, ushort sg, ushort la
   return total;
 }
 
-// A threadgroup per row: its threads sum flat^2, thread 0 turns the row's mixes into
-// coefficients (Sinkhorn is n x n with n <= 8: serial is cheaper than a reduction per step).
-kernel void hc_coeffs_f32(
-    constant HcCoeffsParams& p [[buffer(0)]],
-    device const uchar* x      [[buffer(1)]],
-    device const uchar* raw    [[buffer(2)]],
-    device const float* scale  [[buffer(3)]],
-    device const float* base   [[buffer(4)]],
-    device uchar* coeffs       [[buffer(5)]],
-    uint tg                    [[threadgroup_position_in_grid]],
-    ushort sg                  [[simdgroup_index_in_threadgroup]],
-    ushort lane                [[thread_index_in_simdgroup]]) {
-  threadgroup float partial[HC_TG_SG];
-  int row = int(tg);
-  if (row >= p.rows) {
-    return;  // uniform per threadgroup
-  }
-  int n = p.streams;
-  int len = n * p.cols;
-  device const float* flat = (device const float*)(x + ulong(row) * p.x_stride);
-  float ss = 0.0f;
-  for (int c = int(sg) * 32 + int(lane); c < len; c += 32 * HC_TG_SG) {
-    float v = flat[c];
-    ss += v * v;
-  }
-  ss = hc_tg_sum(ss, partial, sg, lane);
-  if (sg != 0 || lane != 0) {
-    return;
-  }
-  float rs = rsqrt(ss / float(len) + p.eps);
-  device const float* mix = (device const float*)(raw + ulong(row) * p.raw_stride);
-  device float* out = (device float*)(coeffs + ulong(row) * p.c_stride);
+// The coefficients of one row from its mixes (thread 0 of the row's threadgroup). N > 0 fixes n
+// at compile time: every loop has a constant trip count, so comb[] lives in registers (with a
+// runtime n it was indexed dynamically: local memory, about 50 us a call on the H200). N = 0
+// takes n from the params. The same operations in the same order either way.
+template <int N>
+inline void hc_coeffs_row(constant HcCoeffsParams& p, float rs, device const float* scale,
+                          device const float* base, device const float* mix, device float* out) {
+  const int n = N > 0 ? N : p.streams;
   for (int i = 0; i < n; i++) {
     out[i] = hc_sigmoid(mix[i] * rs * scale[0] + base[i]) + p.eps;
   }
@@ -116,6 +92,45 @@ kernel void hc_coeffs_f32(
   }
   for (int k = 0; k < n * n; k++) {
     out[2 * n + k] = comb[k];
+  }
+}
+
+// A threadgroup per row: its threads sum flat^2, thread 0 turns the row's mixes into
+// coefficients (Sinkhorn is n x n with n <= 8: serial is cheaper than a reduction per step).
+kernel void hc_coeffs_f32(
+    constant HcCoeffsParams& p [[buffer(0)]],
+    device const uchar* x      [[buffer(1)]],
+    device const uchar* raw    [[buffer(2)]],
+    device const float* scale  [[buffer(3)]],
+    device const float* base   [[buffer(4)]],
+    device uchar* coeffs       [[buffer(5)]],
+    uint tg                    [[threadgroup_position_in_grid]],
+    ushort sg                  [[simdgroup_index_in_threadgroup]],
+    ushort lane                [[thread_index_in_simdgroup]]) {
+  threadgroup float partial[HC_TG_SG];
+  int row = int(tg);
+  if (row >= p.rows) {
+    return;  // uniform per threadgroup
+  }
+  int n = p.streams;
+  int len = n * p.cols;
+  device const float* flat = (device const float*)(x + ulong(row) * p.x_stride);
+  float ss = 0.0f;
+  for (int c = int(sg) * 32 + int(lane); c < len; c += 32 * HC_TG_SG) {
+    float v = flat[c];
+    ss += v * v;
+  }
+  ss = hc_tg_sum(ss, partial, sg, lane);
+  if (sg != 0 || lane != 0) {
+    return;
+  }
+  float rs = rsqrt(ss / float(len) + p.eps);
+  device const float* mix = (device const float*)(raw + ulong(row) * p.raw_stride);
+  device float* out = (device float*)(coeffs + ulong(row) * p.c_stride);
+  if (n == 4) {
+    hc_coeffs_row<4>(p, rs, scale, base, mix, out);
+  } else {
+    hc_coeffs_row<0>(p, rs, scale, base, mix, out);
   }
 }
 

@@ -227,8 +227,13 @@ export function encodeQsa(ctx: EncodeContext, a: QsaArgs): void {
 
 /** Query heads per threadgroup of attn_rows (one simdgroup each; kernels/attention.metal). */
 const ATTN_SIMDGROUPS = 4;
-/** Positions per split when one row reads a long cache (decode). */
-export const ATTN_DECODE_SPLIT = 256;
+/**
+ * Positions per split when one row reads a long cache (decode). A simdgroup walks its split 32
+ * positions at a time, serially: on the H200 one split of 256 took most of a 177 us call at
+ * context ~270 (two splits, 64 simdgroups on 132 SMs). 64 gives 4x the simdgroups, each a
+ * quarter of the walk, for one more small attn_combine_f32 input per 64 positions.
+ */
+export const ATTN_DECODE_SPLIT = 64;
 
 export interface AttentionArgs {
   rows: number;
