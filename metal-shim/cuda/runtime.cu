@@ -42,6 +42,76 @@ bool to_u64(double v, uint64_t &out) {
 
 using ck::set_error;
 
+namespace ck {
+// Releases CUDA memory off the caller's thread. cudaFree, cudaFreeHost and cudaHostUnregister
+// may synchronize the whole device: on the thread that must release a GPU wait (the engine's
+// JS thread) that never returns while any device of the process has a step waiting on that
+// thread (three models in one process hung this way on the H200). One reaper thread does
+// them; it may block for a while, nothing waits on it.
+struct Release {
+  enum Kind { kDevice, kHost, kUnregisterUnmap } kind;
+  void *p;
+  size_t n;
+};
+
+class Reaper {
+ public:
+  static void post(Release r) {
+    Reaper &R = get();
+    {
+      std::lock_guard<std::mutex> lk(R.m_);
+      R.q_.push_back(r);
+    }
+    R.cv_.notify_one();
+  }
+
+ private:
+  static Reaper &get() {
+    static Reaper *r = new Reaper();  // never destroyed: the thread outlives static destructors
+    return *r;
+  }
+  Reaper() { std::thread([this] { loop(); }).detach(); }
+  void loop() {
+    for (;;) {
+      Release r;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return !q_.empty(); });
+        r = q_.front();
+        q_.pop_front();
+      }
+      if (r.kind == Release::kDevice) cudaFree(r.p);
+      else if (r.kind == Release::kHost) cudaFreeHost(r.p);
+      else {
+        cudaHostUnregister(r.p);
+        munmap(r.p, r.n);
+      }
+      cudaGetLastError();
+    }
+  }
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<Release> q_;
+};
+
+// Device memory for `dev`, zero-filled: allocated and filled on the copy stream and waited
+// for there (cudaMalloc may synchronize the device, see Reaper; a plain cudaMemset runs on the
+// legacy stream, which the non-blocking streams do not order after). Copy is optional.
+static cudaError_t device_alloc(ck_device *dev, void **d, size_t n, const void *copy_from) {
+  std::lock_guard<std::mutex> lk(dev->copy_m);
+  cudaError_t e = cudaMallocAsync(d, n, dev->copy);
+  if (e == cudaSuccess) {
+    e = copy_from ? cudaMemcpyAsync(*d, copy_from, n, cudaMemcpyHostToDevice, dev->copy) : cudaMemsetAsync(*d, 0, n, dev->copy);
+  }
+  if (e == cudaSuccess) e = cudaStreamSynchronize(dev->copy);
+  if (e != cudaSuccess && *d) {
+    cudaFreeAsync(*d, dev->copy);
+    *d = nullptr;
+  }
+  return e;
+}
+}  // namespace ck
+
 #define CUDA_FAIL(call, fmt, ...)                                                              \
   do {                                                                                         \
     cudaError_t e_ = (call);                                                                   \
@@ -51,13 +121,11 @@ using ck::set_error;
 // ---- buffers ----------------------------------------------------------------------
 
 ck_buffer::~ck_buffer() {
-  if (host_owner == kHostAlloc) cudaFreeHost(host);
+  if (host_owner == kHostAlloc) ck::Reaper::post({ck::Release::kHost, host, 0});
+  // The caller's memory: unregistered now (it may map or wrap the same pages again at once).
   else if (host_owner == kRegistered) cudaHostUnregister(host);
-  else if (host_owner == kMapped) {
-    cudaHostUnregister(host);
-    munmap(host, mapped);
-  }
-  if (gpu_owned) cudaFree(gpu);
+  else if (host_owner == kMapped) ck::Reaper::post({ck::Release::kUnregisterUnmap, host, mapped});
+  if (gpu_owned) ck::Reaper::post({ck::Release::kDevice, gpu, 0});
 }
 
 void ck_buffer_unref(ck_buffer *b) {
@@ -112,19 +180,12 @@ static ck_buffer *new_buffer(ck_device *dev, double length, int32_t storage, con
     b->gpu = static_cast<char *>(d);
     return b;
   }
+  // Zero-filled on the copy stream, waited for (a cudaMemset on the legacy stream could land
+  // after an upload or a kernel's first writes: seen on the H200 under load, zero tokens).
   void *d = nullptr;
-  e = cudaMalloc(&d, n);
-  if (e == cudaSuccess) {
-    // On the copy stream, waited for: a plain cudaMemset runs on the legacy default stream,
-    // which the non-blocking streams do not order after, so it could land after an upload
-    // or a kernel's first writes (seen on the H200 under load: zeroed state, zero tokens).
-    std::lock_guard<std::mutex> lk(dev->copy_m);
-    e = cudaMemsetAsync(d, 0, n, dev->copy);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(dev->copy);
-  }
+  e = ck::device_alloc(dev, &d, n, nullptr);
   if (e != cudaSuccess) {
     set_error("%s: cannot allocate %zu bytes of GPU memory: %s", fn, n, cudaGetErrorString(e));
-    if (d) cudaFree(d);
     delete b;
     return nullptr;
   }
@@ -147,19 +208,12 @@ static ck_buffer *wrap_buffer(ck_device *dev, void *ptr, double length, int32_t 
   b->storage = storage;
   b->host = static_cast<char *>(ptr);
   if (storage == CK_STORAGE_DEVICE) {
+    // Copied on the copy stream and waited for (kernels run on a non-blocking stream that does
+    // not order after the legacy stream; from pageable memory a copy may return once staged).
     void *d = nullptr;
-    cudaError_t e = cudaMalloc(&d, n);
-    // On the copy stream, waited for (kernels run on a non-blocking stream that does not
-    // order after the legacy default stream, and from pageable memory a copy may return
-    // once the bytes are staged, before they land).
-    if (e == cudaSuccess) {
-      std::lock_guard<std::mutex> lk(dev->copy_m);
-      e = cudaMemcpyAsync(d, ptr, n, cudaMemcpyHostToDevice, dev->copy);
-      if (e == cudaSuccess) e = cudaStreamSynchronize(dev->copy);
-    }
+    cudaError_t e = ck::device_alloc(dev, &d, n, ptr);
     if (e != cudaSuccess) {
       set_error("%s: cannot copy %zu bytes to GPU memory: %s", fn, n, cudaGetErrorString(e));
-      if (d) cudaFree(d);
       delete b;
       return nullptr;
     }
@@ -190,7 +244,7 @@ static ck_buffer *wrap_buffer(ck_device *dev, void *ptr, double length, int32_t 
 // ---- events --------------------------------------------------------------------------
 
 ck_event::~ck_event() {
-  if (word) cudaFreeHost((void *)word);
+  if (word) ck::Reaper::post({ck::Release::kHost, (void *)word, 0});
 }
 
 void ck_event_unref(ck_event *e) {
@@ -578,7 +632,7 @@ CK_API ck_device *ck_device_open(void) {
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&dev->copy, cudaStreamNonBlocking);
   dev->ring_size = size_t(32) << 20;
   if (e == cudaSuccess) e = cudaHostAlloc((void **)&dev->ring_host, dev->ring_size, cudaHostAllocDefault);
-  if (e == cudaSuccess) e = cudaMalloc((void **)&dev->ring_gpu, dev->ring_size);
+  if (e == cudaSuccess) e = ck::device_alloc(dev, (void **)&dev->ring_gpu, dev->ring_size, nullptr);
   if (e != cudaSuccess) {
     set_error("ck_device_open: %s", cudaGetErrorString(e));
     delete dev;
@@ -603,8 +657,8 @@ CK_API void ck_device_close(ck_device *dev) {
   ck::Profiler::get().dump();
   cudaStreamDestroy(dev->stream);
   cudaStreamDestroy(dev->copy);
-  cudaFreeHost(dev->ring_host);
-  cudaFree(dev->ring_gpu);
+  ck::Reaper::post({ck::Release::kHost, dev->ring_host, 0});
+  ck::Reaper::post({ck::Release::kDevice, dev->ring_gpu, 0});
   delete dev;
 }
 
