@@ -100,6 +100,10 @@ class Reaper {
 static cudaError_t device_alloc(ck_device *dev, void **d, size_t n, const void *copy_from) {
   std::lock_guard<std::mutex> lk(dev->copy_m);
   cudaError_t e = cudaMallocAsync(d, n, dev->copy);
+  if (e == cudaErrorNotSupported) {  // a GPU or driver without stream-ordered pools
+    cudaGetLastError();
+    e = cudaMalloc(d, n);
+  }
   if (e == cudaSuccess) {
     e = copy_from ? cudaMemcpyAsync(*d, copy_from, n, cudaMemcpyHostToDevice, dev->copy) : cudaMemsetAsync(*d, 0, n, dev->copy);
   }
