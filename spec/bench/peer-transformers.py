@@ -6,15 +6,12 @@
 # per layer). Not the same weights as the synthetic q4 model cherenkov runs: the same shape.
 import sys, time, json, importlib.util
 import torch
-from transformers import Qwen3NextConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
+from peer_config import qwen3_next_30b_shape
 
 L = int(sys.argv[1]) if len(sys.argv) > 1 else 8
 T = int(sys.argv[2]) if len(sys.argv) > 2 else 16
-cfg = Qwen3NextConfig(vocab_size=151936, hidden_size=2048, num_hidden_layers=L, num_attention_heads=32, num_key_value_heads=4,
-    head_dim=128, partial_rotary_factor=0.25, rope_theta=1e7, linear_num_value_heads=32, linear_num_key_heads=16,
-    linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=128, num_experts_per_tok=8,
-    moe_intermediate_size=768, shared_expert_intermediate_size=768, intermediate_size=6144, full_attention_interval=4,
-    decoder_sparse_step=1, norm_topk_prob=True, max_position_embeddings=8192)
+cfg = qwen3_next_30b_shape(L)
 torch.manual_seed(0)
 t0 = time.time()
 with torch.device("cuda"):
