@@ -544,3 +544,46 @@ test("reuse: a prefetch does not push out a record expected back sooner than the
   expect(rare.isResident(1, 4)).toBe(true);
   await rare.close();
 });
+
+test("reuse: the per-batch victim cache makes exactly the choices of a full rescan for every victim", async () => {
+  // Lists longer than REUSE_SCAN (96 records a layer at 50% and 25% of 12 x 96), demand misses
+  // and lookahead prefetches (right and wrong) in each site. Mapped: no IO, so the decisions do
+  // not depend on read timing (with reads in flight, queued and busy slots would differ run to
+  // run; the cache keeps those per layer the same way, and no read settles inside a batch).
+  let x = 3;
+  const rand = (n: number) => ((x = (Math.imul(x, 1103515245) + 12345) >>> 0) >>> 8) % n;
+  const pick = (n: number, k: number) => {
+    const s = new Set<number>();
+    while (s.size < k) s.add(rand(n));
+    return [...s];
+  };
+  const replay = async (pool: ExpertPool, L: number, E: number, k: number, steps: number) => {
+    const log: unknown[] = [];
+    let next = pick(E, k);
+    for (let t = 0; t < steps; t++)
+      for (let l = 0; l < L; l++) {
+        const ids = next;
+        next = pick(E, k);
+        const a = pool.acquire(l, ids);
+        const predicted = rand(4) === 0 ? pick(E, k) : next; // a quarter of the predictions wrong
+        const p = l + 1 < L ? pool.prefetch(l + 1, predicted) : null;
+        log.push([a.missIds, Array.from(a.slotOf), p?.issued ?? -1]);
+        pool.release(l);
+        await a.ready;
+      }
+    const st = pool.poolStats();
+    log.push([st.hits, st.misses, pool.lookaheadStats()]);
+    await pool.close();
+    return log;
+  };
+  const sim = { paths: { experts: "(simulation: no file)" }, expertLayout: { stride: 1, layers: 12, perLayer: 96 } } as never;
+  for (const capacity of [576, 288]) {
+    const runs: unknown[][] = [];
+    for (const victimCache of [true, false]) {
+      x = 3; // the same routing for both
+      runs.push(await replay(createExpertPool({ backing: "mapped", model: sim, capacity, policy: "reuse", victimCache }), 12, 96, 8, 20));
+    }
+    expect(runs[0]!.length).toBe(12 * 20 + 1);
+    expect(runs[0]).toEqual(runs[1]!);
+  }
+});
