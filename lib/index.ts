@@ -5,6 +5,7 @@ export { SessionBusyError, SessionClosedError } from "./api/session-errors.ts";
 export type {
   BackendName, FinishReason, GenerateOptions, GenerationResult, LoadOptions, ModelStats, Prompt, StreamChunk,
 } from "./api/model.ts";
+export type { SamplingOptions } from "./reference/sampling.ts";
 export { ConfigError, parseConfig } from "./model/config.ts";
 export type { ModelConfig } from "./model/config.ts";
 export { ModelFormatError } from "./model/errors.ts";

@@ -5,7 +5,7 @@ import { openModel, type ModelFiles } from "../model/format.ts";
 import { loadTokenizer, MissingTokenizerError, type ChatMessage, type TextTokenizer } from "../model/tokenizer.ts";
 import { encodeChat } from "../model/chat-encode.ts";
 import { BackendUnavailableError, throwIfAborted, type Backend, type BackendSequence, type BackendStats, type SampleRequest, type TokenLogprobs } from "./backend.ts";
-import { checkSeed, hasPenalties, isPlainGreedy, samplingParams, type PenaltyCounts } from "../reference/sampling.ts";
+import { checkSeed, hasPenalties, isPlainGreedy, samplingParams, type PenaltyCounts, type SamplingOptions } from "../reference/sampling.ts";
 import { ReferenceBackend } from "./reference-backend.ts";
 import { EngineBackend, type EngineOptions } from "./engine-backend.ts";
 import { DraftController } from "./draft-controller.ts";
@@ -45,7 +45,7 @@ export type Prompt = string | number[] | ChatMessage[];
 /** Tokens generated when a request names no maximum: the API, `cherenkov run` and the server alike. */
 export const DEFAULT_MAX_TOKENS = 256;
 
-export interface GenerateOptions {
+export interface GenerateOptions extends SamplingOptions {
   /** Tokens to generate at most (default {@link DEFAULT_MAX_TOKENS}, 256). */
   maxTokens?: number;
   /** Stop at the end-of-sequence token (default true). */
@@ -63,22 +63,6 @@ export interface GenerateOptions {
   drafts?: number | "auto";
   /** Cancels generation: generate() rejects and stream() throws an AbortError. */
   signal?: AbortSignal;
-  // Sampling (docs/sampling.md). Unset or temperature 0: greedy, bit-exact as before.
-  // The transform runs in this order: penalties -> temperature -> topK -> topP -> minP.
-  /** Softmax temperature, 0..100 (default 0 = greedy: the argmax, ties to the lowest id). */
-  temperature?: number;
-  /** Keep only the k most likely tokens (ties at the k-th all kept); 0 = off (default). */
-  topK?: number;
-  /** Nucleus: keep the most likely tokens up to this much probability mass, (0, 1]; 1 = off (default). */
-  topP?: number;
-  /** Keep tokens at least this fraction as likely as the most likely one, [0, 1]; 0 = off (default). */
-  minP?: number;
-  /** Divides positive logits and multiplies negative ones of every token in the context (prompt and output), (0, 100]; 1 = off (default). */
-  repetitionPenalty?: number;
-  /** Subtracted from the logit of every token this generation has produced, [-100, 100]; 0 = off (default). */
-  presencePenalty?: number;
-  /** Subtracted per occurrence in this generation's output, [-100, 100]; 0 = off (default). */
-  frequencyPenalty?: number;
   /** Integer in [0, 2^53): the same seed and inputs give the same tokens on every backend (default: a random seed). */
   seed?: number;
   /** Report each token's log-probability (log_softmax of the raw logits) in `logprobs`. */

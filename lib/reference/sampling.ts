@@ -24,14 +24,25 @@ export interface SamplingParams {
   frequencyPenalty: number;
 }
 
-/** What a caller may pass (GenerateOptions' sampling fields). */
+/**
+ * The sampling fields a caller may pass (GenerateOptions extends it; docs/sampling.md). Unset or
+ * temperature 0: greedy, bit-exact as before. The transform runs in this order: penalties ->
+ * temperature -> topK -> topP -> minP.
+ */
 export interface SamplingOptions {
+  /** Softmax temperature, 0..100 (default 0 = greedy: the argmax, ties to the lowest id). */
   temperature?: number;
+  /** Keep only the k most likely tokens (ties at the k-th all kept); 0 = off (default). */
   topK?: number;
+  /** Nucleus: keep the most likely tokens up to this much probability mass, (0, 1]; 1 = off (default). */
   topP?: number;
+  /** Keep tokens at least this fraction as likely as the most likely one, [0, 1]; 0 = off (default). */
   minP?: number;
+  /** Divides positive logits and multiplies negative ones of every token in the context (prompt and output), (0, 100]; 1 = off (default). */
   repetitionPenalty?: number;
+  /** Subtracted from the logit of every token this generation has produced, [-100, 100]; 0 = off (default). */
   presencePenalty?: number;
+  /** Subtracted per occurrence in this generation's output, [-100, 100]; 0 = off (default). */
   frequencyPenalty?: number;
 }
 
