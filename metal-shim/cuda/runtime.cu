@@ -152,6 +152,22 @@ static bool checked_storage(int32_t storage, const char *fn) {
   return false;
 }
 
+// Gives `b` its GPU memory (device storage): zero-filled, or a copy of `from` (b->length bytes),
+// via ck::device_alloc (the copy stream, waited for). Deletes `b` and returns null on failure.
+static ck_buffer *with_device_copy(ck_buffer *b, const void *from, const char *fn) {
+  void *d = nullptr;
+  cudaError_t e = ck::device_alloc(b->dev, &d, b->length, from);
+  if (e != cudaSuccess) {
+    if (from) set_error("%s: cannot copy %zu bytes to GPU memory: %s", fn, b->length, cudaGetErrorString(e));
+    else set_error("%s: cannot allocate %zu bytes of GPU memory: %s", fn, b->length, cudaGetErrorString(e));
+    delete b;
+    return nullptr;
+  }
+  b->gpu = static_cast<char *>(d);
+  b->gpu_owned = true;
+  return b;
+}
+
 static ck_buffer *new_buffer(ck_device *dev, double length, int32_t storage, const char *fn) {
   size_t n;
   if (!checked_length(dev, length, fn, n) || !checked_storage(storage, fn)) return nullptr;
@@ -184,18 +200,7 @@ static ck_buffer *new_buffer(ck_device *dev, double length, int32_t storage, con
     b->gpu = static_cast<char *>(d);
     return b;
   }
-  // Zero-filled on the copy stream, waited for (a cudaMemset on the legacy stream could land
-  // after an upload or a kernel's first writes: seen on the H200 under load, zero tokens).
-  void *d = nullptr;
-  e = ck::device_alloc(dev, &d, n, nullptr);
-  if (e != cudaSuccess) {
-    set_error("%s: cannot allocate %zu bytes of GPU memory: %s", fn, n, cudaGetErrorString(e));
-    delete b;
-    return nullptr;
-  }
-  b->gpu = static_cast<char *>(d);
-  b->gpu_owned = true;
-  return b;
+  return with_device_copy(b, nullptr, fn);  // zero-filled
 }
 
 static ck_buffer *wrap_buffer(ck_device *dev, void *ptr, double length, int32_t storage, const char *fn) {
@@ -211,20 +216,7 @@ static ck_buffer *wrap_buffer(ck_device *dev, void *ptr, double length, int32_t 
   b->length = n;
   b->storage = storage;
   b->host = static_cast<char *>(ptr);
-  if (storage == CK_STORAGE_DEVICE) {
-    // Copied on the copy stream and waited for (kernels run on a non-blocking stream that does
-    // not order after the legacy stream; from pageable memory a copy may return once staged).
-    void *d = nullptr;
-    cudaError_t e = ck::device_alloc(dev, &d, n, ptr);
-    if (e != cudaSuccess) {
-      set_error("%s: cannot copy %zu bytes to GPU memory: %s", fn, n, cudaGetErrorString(e));
-      delete b;
-      return nullptr;
-    }
-    b->gpu = static_cast<char *>(d);
-    b->gpu_owned = true;
-    return b;
-  }
+  if (storage == CK_STORAGE_DEVICE) return with_device_copy(b, ptr, fn);  // the caller's bytes
   // Shared: pin the caller's pages and map them for the GPU (read-only where the caller's
   // mapping may be read-only, e.g. a file).
   cudaError_t e = cudaHostRegister(ptr, n, cudaHostRegisterMapped | cudaHostRegisterPortable);
