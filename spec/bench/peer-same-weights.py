@@ -9,17 +9,10 @@
 # conversion of the same tensors (so: the same model, not the same bytes).
 import sys, time, json, importlib.util
 import torch
-from transformers import AutoModelForCausalLM
-from peer_config import qwen3_next_30b_shape
+from peer_config import random_model
 
 L, P, T, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-cfg = qwen3_next_30b_shape(L)
-torch.manual_seed(0)
-t0 = time.time()
-with torch.device("cuda"):
-    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
-model.eval()
-init = time.time() - t0
+model, init = random_model(L)
 t0 = time.time()
 model.save_pretrained(out, safe_serialization=True, max_shard_size="4GB")
 save = time.time() - t0

@@ -6,18 +6,11 @@
 # per layer). Not the same weights as the synthetic q4 model cherenkov runs: the same shape.
 import sys, time, json, importlib.util
 import torch
-from transformers import AutoModelForCausalLM
-from peer_config import qwen3_next_30b_shape
+from peer_config import random_model
 
 L = int(sys.argv[1]) if len(sys.argv) > 1 else 8
 T = int(sys.argv[2]) if len(sys.argv) > 2 else 16
-cfg = qwen3_next_30b_shape(L)
-torch.manual_seed(0)
-t0 = time.time()
-with torch.device("cuda"):
-    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
-model.eval()
-init = time.time() - t0
+model, init = random_model(L)
 ids = torch.randint(0, 151936, (1, 16), device="cuda")
 with torch.no_grad():
     model.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False)
