@@ -1,6 +1,7 @@
 // A real server on 127.0.0.1 with an ephemeral port over the embedded tiny model, and raw-fetch
 // helpers for the tests that send what the OpenAI client never would.
-import { expect } from "bun:test";
+import { afterAll, beforeAll, expect } from "bun:test";
+import OpenAI from "openai";
 import { Model } from "../../lib/index.ts";
 import { createServer, type RunningServer, type ServerOptions } from "../../lib/server/server.ts";
 
@@ -25,6 +26,30 @@ export function startServer(model: Model, opts: Omit<ServerOptions, "model"> = {
       }),
     get: (path) => fetch(server.url + path),
   };
+}
+
+/** The official openai client pointed at `server` (no retries: a failure shows at once). */
+export function clientFor(server: { url: string }): OpenAI {
+  return new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "unused", maxRetries: 0 });
+}
+
+/**
+ * A file's shared fixture: the tiny model on the reference backend, a server over it and an
+ * openai client for that server, made in beforeAll and closed in afterAll. Read the fields
+ * inside tests (they are set once beforeAll has run).
+ */
+export function servedModel(): { readonly model: Model; readonly server: TestServer; readonly client: OpenAI } {
+  const f = {} as { model: Model; server: TestServer; client: OpenAI };
+  beforeAll(async () => {
+    f.model = await loadModel();
+    f.server = startServer(f.model);
+    f.client = clientFor(f.server);
+  });
+  afterAll(async () => {
+    await f.server.stop();
+    await f.model.close();
+  });
+  return f;
 }
 
 /** Checks OpenAI's error shape and status; returns the error object. */

@@ -1,34 +1,21 @@
 // Sampling parameters and log probabilities through the official openai client: the server
 // passes them to the library (the same text as model.generate with the same options), the
 // same seed gives the same text, and logprobs come back in OpenAI's shapes.
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { describe, expect, test } from "bun:test";
 import OpenAI from "openai";
-import type { Model } from "../../lib/index.ts";
-import { loadModel, startServer, type TestServer } from "./harness.ts";
+import { clientFor, servedModel, startServer } from "./harness.ts";
 import { BACKEND } from "../selected-backend.ts";
 
-let model: Model;
-let server: TestServer;
-let client: OpenAI;
+const fx = servedModel();
 const messages = [{ role: "user" as const, content: "Write a function" }];
-
-beforeAll(async () => {
-  model = await loadModel();
-  server = startServer(model);
-  client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "unused", maxRetries: 0 });
-});
-afterAll(async () => {
-  await server.stop();
-  await model.close();
-});
 
 describe("sampling parameters", () => {
   test("temperature 0.7 with a seed: 200, reproducible, and the library's own sample", async () => {
-    const ask = (seed: number) => client.chat.completions.create({ model: server.modelId, messages, max_tokens: 8, temperature: 0.7, seed });
+    const ask = (seed: number) => fx.client.chat.completions.create({ model: fx.server.modelId, messages, max_tokens: 8, temperature: 0.7, seed });
     const a = await ask(11);
     const b = await ask(11);
     expect(b.choices[0]!.message.content).toBe(a.choices[0]!.message.content);
-    const direct = await model.generate(messages, { maxTokens: 8, temperature: 0.7, seed: 11 });
+    const direct = await fx.model.generate(messages, { maxTokens: 8, temperature: 0.7, seed: 11 });
     expect(a.choices[0]!.message.content).toBe(direct.text);
     // other seeds draw other texts (the tiny model is far from certain at T = 0.7)
     const others = await Promise.all([12, 13].map(async (s) => (await ask(s)).choices[0]!.message.content));
@@ -38,36 +25,36 @@ describe("sampling parameters", () => {
   test("every knob reaches the sampler: top_k, top_p, min_p and the penalties, on completions too", async () => {
     const knobs = { temperature: 1.3, top_k: 7, top_p: 0.9, min_p: 0.02, presence_penalty: 0.4, frequency_penalty: 0.3, repetition_penalty: 1.2, seed: 5 };
     const lib = { temperature: 1.3, topK: 7, topP: 0.9, minP: 0.02, presencePenalty: 0.4, frequencyPenalty: 0.3, repetitionPenalty: 1.2, seed: 5 };
-    const body = { model: server.modelId, max_tokens: 10, ...knobs };
-    const chat = await client.chat.completions.create({ ...body, messages } as OpenAI.ChatCompletionCreateParamsNonStreaming);
-    expect(chat.choices[0]!.message.content).toBe((await model.generate(messages, { maxTokens: 10, ...lib })).text);
+    const body = { model: fx.server.modelId, max_tokens: 10, ...knobs };
+    const chat = await fx.client.chat.completions.create({ ...body, messages } as OpenAI.ChatCompletionCreateParamsNonStreaming);
+    expect(chat.choices[0]!.message.content).toBe((await fx.model.generate(messages, { maxTokens: 10, ...lib })).text);
     const prompt = "import os\n";
-    const cmpl = await client.completions.create({ ...body, prompt } as OpenAI.CompletionCreateParamsNonStreaming);
-    expect(cmpl.choices[0]!.text).toBe((await model.generate(prompt, { maxTokens: 10, ...lib })).text);
+    const cmpl = await fx.client.completions.create({ ...body, prompt } as OpenAI.CompletionCreateParamsNonStreaming);
+    expect(cmpl.choices[0]!.text).toBe((await fx.model.generate(prompt, { maxTokens: 10, ...lib })).text);
     // and each one matters: without the penalties the sample is another one
-    const plain = await model.generate(prompt, { maxTokens: 10, ...lib, presencePenalty: 0, frequencyPenalty: 0, repetitionPenalty: 1 });
-    const withPenalties = await model.generate(prompt, { maxTokens: 10, ...lib });
+    const plain = await fx.model.generate(prompt, { maxTokens: 10, ...lib, presencePenalty: 0, frequencyPenalty: 0, repetitionPenalty: 1 });
+    const withPenalties = await fx.model.generate(prompt, { maxTokens: 10, ...lib });
     expect(plain.tokens).not.toEqual(withPenalties.tokens);
   });
 
   test("streamed sampling equals non-streamed sampling with the same seed", async () => {
-    const params = { model: server.modelId, messages, max_tokens: 8, temperature: 0.9, top_p: 0.95, seed: 21 };
-    const whole = await client.chat.completions.create(params);
+    const params = { model: fx.server.modelId, messages, max_tokens: 8, temperature: 0.9, top_p: 0.95, seed: 21 };
+    const whole = await fx.client.chat.completions.create(params);
     let text = "";
-    for await (const c of await client.chat.completions.create({ ...params, stream: true })) text += c.choices[0]?.delta.content ?? "";
+    for await (const c of await fx.client.chat.completions.create({ ...params, stream: true })) text += c.choices[0]?.delta.content ?? "";
     expect(text).toBe(whole.choices[0]!.message.content!);
   });
 
   test("top_k -1 and 0 mean off, as in vLLM and llama.cpp", async () => {
-    const base = { model: server.modelId, messages, max_tokens: 6, temperature: 0.8, seed: 3 };
-    const off = (await client.chat.completions.create(base)).choices[0]!.message.content;
-    for (const top_k of [-1, 0]) expect((await client.chat.completions.create({ ...base, top_k } as never as OpenAI.ChatCompletionCreateParamsNonStreaming)).choices[0]!.message.content).toBe(off);
+    const base = { model: fx.server.modelId, messages, max_tokens: 6, temperature: 0.8, seed: 3 };
+    const off = (await fx.client.chat.completions.create(base)).choices[0]!.message.content;
+    for (const top_k of [-1, 0]) expect((await fx.client.chat.completions.create({ ...base, top_k } as never as OpenAI.ChatCompletionCreateParamsNonStreaming)).choices[0]!.message.content).toBe(off);
   });
 });
 
 describe("logprobs", () => {
   test("chat: one entry per completion token with its alternatives; greedy picks the most likely", async () => {
-    const r = await client.chat.completions.create({ model: server.modelId, messages, max_tokens: 6, logprobs: true, top_logprobs: 3 });
+    const r = await fx.client.chat.completions.create({ model: fx.server.modelId, messages, max_tokens: 6, logprobs: true, top_logprobs: 3 });
     const content = r.choices[0]!.logprobs!.content!;
     expect(content).toHaveLength(r.usage!.completion_tokens);
     expect(content.map((e) => e.token).join("")).toBe(r.choices[0]!.message.content!);
@@ -79,20 +66,20 @@ describe("logprobs", () => {
       expect(e.top_logprobs[1]!.logprob).toBeLessThanOrEqual(e.top_logprobs[0]!.logprob);
       expect(e.bytes).toEqual(Array.from(new TextEncoder().encode(e.token)));
     }
-    const direct = await model.generate(messages, { maxTokens: 6, logprobs: true, topLogprobs: 3 });
+    const direct = await fx.model.generate(messages, { maxTokens: 6, logprobs: true, topLogprobs: 3 });
     expect(content.map((e) => e.logprob)).toEqual(direct.logprobs!.map((e) => e.logprob));
   });
 
   test("chat streaming: the chunks' logprobs add up to the non-streamed ones", async () => {
-    const params = { model: server.modelId, messages, max_tokens: 6, logprobs: true, top_logprobs: 2 };
-    const whole = await client.chat.completions.create(params);
+    const params = { model: fx.server.modelId, messages, max_tokens: 6, logprobs: true, top_logprobs: 2 };
+    const whole = await fx.client.chat.completions.create(params);
     const streamed: OpenAI.ChatCompletionTokenLogprob[] = [];
-    for await (const c of await client.chat.completions.create({ ...params, stream: true })) streamed.push(...(c.choices[0]?.logprobs?.content ?? []));
+    for await (const c of await fx.client.chat.completions.create({ ...params, stream: true })) streamed.push(...(c.choices[0]?.logprobs?.content ?? []));
     expect(streamed).toEqual(whole.choices[0]!.logprobs!.content!);
   });
 
   test("completions: the legacy parallel arrays with text offsets", async () => {
-    const r = await client.completions.create({ model: server.modelId, prompt: "import os\n", max_tokens: 5, logprobs: 2 });
+    const r = await fx.client.completions.create({ model: fx.server.modelId, prompt: "import os\n", max_tokens: 5, logprobs: 2 });
     const lp = r.choices[0]!.logprobs!;
     expect(lp.tokens).toHaveLength(5);
     expect(lp.token_logprobs).toHaveLength(5);
@@ -101,7 +88,7 @@ describe("logprobs", () => {
     for (let i = 1; i < 5; i++) expect(lp.text_offset![i]).toBe(lp.text_offset![i - 1]! + lp.tokens![i - 1]!.length);
     for (const top of lp.top_logprobs!) expect(Object.keys(top).length).toBeGreaterThanOrEqual(1);
     // no logprobs unless asked
-    const plain = await client.completions.create({ model: server.modelId, prompt: "import os\n", max_tokens: 2 });
+    const plain = await fx.client.completions.create({ model: fx.server.modelId, prompt: "import os\n", max_tokens: 2 });
     expect(plain.choices[0]!.logprobs).toBeNull();
   });
 });
@@ -111,10 +98,10 @@ test("a server on the engine (the selected backend) samples the reference's text
   const engine = await Model.load(undefined, { backend: BACKEND });
   const onEngine = startServer(engine);
   try {
-    const c = new OpenAI({ baseURL: `${onEngine.url}/v1`, apiKey: "unused", maxRetries: 0 });
+    const c = clientFor(onEngine);
     const params = { model: onEngine.modelId, messages, max_tokens: 5, temperature: 0.7, top_k: 20, seed: 3 };
     const a = await c.chat.completions.create(params as OpenAI.ChatCompletionCreateParamsNonStreaming);
-    const b = await client.chat.completions.create(params as OpenAI.ChatCompletionCreateParamsNonStreaming);
+    const b = await fx.client.chat.completions.create(params as OpenAI.ChatCompletionCreateParamsNonStreaming);
     expect(a.choices[0]!.message.content).toBe(b.choices[0]!.message.content);
   } finally {
     await onEngine.stop();

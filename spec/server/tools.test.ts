@@ -10,7 +10,7 @@ import { Model, type GenerationResult, type GenerateOptions, type Prompt, type S
 import { encodeChat } from "../../lib/model/chat-encode.ts";
 import { DEFAULT_MODEL_DIR } from "../../lib/model/default-model.ts";
 import { parseToolCalls, ToolCallSplitter } from "../../lib/server/tool-calls.ts";
-import { expectError, startServer, type TestServer } from "./harness.ts";
+import { clientFor, expectError, startServer, type TestServer } from "./harness.ts";
 
 const weather: OpenAI.ChatCompletionTool = {
   type: "function",
@@ -98,7 +98,7 @@ describe("a model with a tool-rendering (Qwen-style) chat template", () => {
       return { text, tokens, finishReason: "eos", usage: { promptTokens: model.encode(prompt).length, completionTokens: tokens.length }, timings: { prefillMs: 1, decodeMs: 1, tokensPerSecond: 1 } };
     };
     server = startServer(scripted);
-    client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "unused", maxRetries: 0 });
+    client = clientFor(server);
   });
   afterAll(async () => {
     await server.stop();
