@@ -210,6 +210,23 @@ inline void mv_reduce(thread float4* acc, int nx) {
   }
 }
 
+// Byte offsets of a pass's MV_NR batch rows from r0; rows past r_end repeat the last one
+// (their results are never written).
+inline void mv_row_offsets(thread ulong* xoff, int r0, int r_end, ulong x_stride) {
+  for (int j = 0; j < MV_NR; j++) {
+    xoff[j] = ulong(min(r0 + j, r_end - 1)) * x_stride;
+  }
+}
+
+// y[row][o0 + i] = v[i] (or += v[i] when accumulating) for the MV_R rows of W from o0 that
+// exist (out_dim may end inside the four).
+inline void mv_store(device uchar* y, ulong y_stride, int row, int o0, int out_dim, float4 v, bool accumulate) {
+  device float* yr = (device float*)(y + ulong(row) * y_stride);
+  for (int i = 0; i < MV_R && o0 + i < out_dim; i++) {
+    yr[o0 + i] = accumulate ? yr[o0 + i] + v[i] : v[i];
+  }
+}
+
 inline void mv_clear(thread float4* acc) {
   for (int j = 0; j < MV_NR; j++) {
     acc[j] = float4(0.0f);

@@ -53,9 +53,7 @@ kernel void matvec(
   }
   for (int r0 = r_begin; r0 < r_end; r0 += MV_NR) {
     ulong xoff[MV_NR];
-    for (int j = 0; j < MV_NR; j++) {
-      xoff[j] = ulong(min(r0 + j, r_end - 1)) * p.x_stride;
-    }
+    mv_row_offsets(xoff, r0, r_end, p.x_stride);
     int nx = min(MV_NR, r_end - r0);
     float4 acc[MV_NR];
     mv_clear(acc);
@@ -63,11 +61,7 @@ kernel void matvec(
     mv_reduce(acc, nx);
     if (lane == 0) {
       for (int j = 0; j < MV_NR; j++) if (j < nx) {
-        device float* yr = (device float*)(y + ulong(r0 + j) * p.y_stride);
-        for (int i = 0; i < MV_R && o0 + i < p.out_dim; i++) {
-          float v = acc[j][i];
-          yr[o0 + i] = p.accumulate != 0 ? yr[o0 + i] + v : v;
-        }
+        mv_store(y, p.y_stride, r0 + j, o0, p.out_dim, acc[j], p.accumulate != 0);
       }
     }
   }
@@ -97,9 +91,7 @@ kernel void matvec_split(
   }
   for (int r0 = r_begin; r0 < r_end; r0 += MV_NR) {
     ulong xoff[MV_NR];
-    for (int j = 0; j < MV_NR; j++) {
-      xoff[j] = ulong(min(r0 + j, r_end - 1)) * p.x_stride;
-    }
+    mv_row_offsets(xoff, r0, r_end, p.x_stride);
     int nx = min(MV_NR, r_end - r0);
     float4 acc[MV_NR];
     mv_clear(acc);
@@ -117,10 +109,7 @@ kernel void matvec_split(
         for (int s = 1; s < MV_SPLIT_SG; s++) {
           v += part[s][j];
         }
-        device float* yr = (device float*)(y + ulong(r0 + j) * p.y_stride);
-        for (int i = 0; i < MV_R && o0 + i < p.out_dim; i++) {
-          yr[o0 + i] = p.accumulate != 0 ? yr[o0 + i] + v[i] : v[i];
-        }
+        mv_store(y, p.y_stride, r0 + j, o0, p.out_dim, v, p.accumulate != 0);
       }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);  // part is reused by the next pass

@@ -246,9 +246,7 @@ kernel void ffn_gate_up(
   }
   for (int r0 = r_begin; r0 < r_end; r0 += MV_NR) {
     ulong xoff[MV_NR];
-    for (int j = 0; j < MV_NR; j++) {
-      xoff[j] = ulong(min(r0 + j, r_end - 1)) * p.x_stride;
-    }
+    mv_row_offsets(xoff, r0, r_end, p.x_stride);
     int nx = min(MV_NR, r_end - r0);
     float4 g[MV_NR];
     float4 u[MV_NR];
