@@ -13,6 +13,7 @@ using namespace metal;
 // the coefficients and 69 us for a read at d = 2048, n = 4), partial sums meet in
 // threadgroup memory in simdgroup order.
 #define HC_TG_SG 8
+static_assert(HC_TG_SG * 32 == 256, "update the hc kernels' [[max_total_threads_per_threadgroup]]");
 
 inline float hc_sigmoid(float v) {
   return 1.0f / (1.0f + exp(-v));
@@ -97,7 +98,7 @@ inline void hc_coeffs_row(constant HcCoeffsParams& p, float rs, device const flo
 
 // A threadgroup per row: its threads sum flat^2, thread 0 turns the row's mixes into
 // coefficients (Sinkhorn is n x n with n <= 8: serial is cheaper than a reduction per step).
-kernel void hc_coeffs_f32(
+[[max_total_threads_per_threadgroup(256)]] kernel void hc_coeffs_f32(
     constant HcCoeffsParams& p [[buffer(0)]],
     device const uchar* x      [[buffer(1)]],
     device const uchar* raw    [[buffer(2)]],
@@ -164,7 +165,7 @@ inline void hc_read_row(constant HcReadParams& p, device const uchar* x, device 
   }
 }
 
-kernel void hc_read_f32(
+[[max_total_threads_per_threadgroup(256)]] kernel void hc_read_f32(
     constant HcReadParams& p  [[buffer(0)]],
     device const uchar* x     [[buffer(1)]],
     device const uchar* coeffs [[buffer(2)]],
@@ -179,7 +180,7 @@ kernel void hc_read_f32(
   }
 }
 
-kernel void hc_read_norm_f32(
+[[max_total_threads_per_threadgroup(256)]] kernel void hc_read_norm_f32(
     constant HcReadParams& p  [[buffer(0)]],
     device const uchar* x     [[buffer(1)]],
     device const uchar* coeffs [[buffer(2)]],

@@ -30,6 +30,18 @@ using namespace metal;
 // slice of the input dimension (narrow projections: few output rows, long inputs).
 #define MV_SPLIT_SG 8
 static_assert(MV_R == 4, "an accumulator is one float4 of MV_R output rows");
+// The kernels' [[max_total_threads_per_threadgroup]] bounds (literals: the bindings parser
+// reads them) are these threadgroup sizes.
+static_assert(MV_SG * 32 == 128 && MV_SPLIT_SG * 32 == 256, "update the matvec/moe kernels' thread bounds");
+
+// Unrolls the next loop (constant trip count) on every compiler: arrays it indexes by the loop
+// variable then stay in registers. nvcc leaves a large body rolled, and a rolled loop over
+// acc[j] put the accumulators in local memory.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define MV_UNROLL _Pragma("GCC unroll 8")
+#else
+#define MV_UNROLL _Pragma("unroll")
+#endif
 
 // ---- element conversions ----------------------------------------------------------
 
@@ -43,13 +55,6 @@ inline float4 bf16x4_to_f32(uint2 v) {
                 as_type<float>(v.y << 16), as_type<float>(v.y & 0xFFFF0000u));
 }
 
-// The four low (or, shifted first, high) nibbles of a word as floats.
-inline float4 nibbles_lo(uint w) {
-  return float4(as_type<uchar4>(w & 0x0F0F0F0Fu));
-}
-inline float4 nibbles_hi(uint w) {
-  return float4(as_type<uchar4>((w >> 4) & 0x0F0F0F0Fu));
-}
 
 // ---- weight loaders --------------------------------------------------------------------
 // load4: 4 consecutive elements from element e (e % 4 == 0); load1: element e of a tensor
@@ -133,45 +138,64 @@ inline void mv_pass_dense(device const uchar* w, int in_dim, int o0, int out_dim
   }
 }
 
-// q4 over HalfSet rows: a lane takes 16 columns at a time (8 nibble bytes: 8 even and
-// 8 odd elements) and adds its group's bias term on the first half of the group.
+// Four nibbles of a word (the low ones of its bytes, or with w >> 4 the high ones) as exact
+// floats without int-to-float conversions (a quarter-rate instruction on NVIDIA GPUs): the
+// nibble is the low mantissa of 2^23 + q, and subtracting 2^23 is exact.
+inline float4 q4_nibbles4(uint w) {
+  const uint m = 0x4B000000u;
+  return float4(as_type<float>((w & 0xFu) | m), as_type<float>(((w >> 8) & 0xFu) | m),
+                as_type<float>(((w >> 16) & 0xFu) | m), as_type<float>(((w >> 24) & 0xFu) | m)) -
+         8388608.0f;
+}
+
+// sum_{j in group} q_j x_j for one q4 group: its 16 nibble bytes (byte b holds elements 2b,
+// 2b + 1) against the HalfSet halves, 16 even and 16 odd elements.
+inline float q4_group_dot(uint4 nib, thread const float4* ev, thread const float4* od) {
+  return dot(q4_nibbles4(nib.x), ev[0]) + dot(q4_nibbles4(nib.x >> 4), od[0]) +
+         dot(q4_nibbles4(nib.y), ev[1]) + dot(q4_nibbles4(nib.y >> 4), od[1]) +
+         dot(q4_nibbles4(nib.z), ev[2]) + dot(q4_nibbles4(nib.z >> 4), od[2]) +
+         dot(q4_nibbles4(nib.w), ev[3]) + dot(q4_nibbles4(nib.w >> 4), od[3]);
+}
+
+// q4 over HalfSet rows: a lane takes one whole group of 32 columns at a time (one 16-byte
+// load of nibbles per weight row, its scale and bias), the group's 32 x values and sum are
+// loaded once per batch row and serve all MV_R weight rows. Per-row pointers are formed
+// once; inside the loop offsets are 32-bit.
 inline void mv_pass_q4(device const uchar* w, int in_dim, int o0, int out_dim,
                        device const uchar* x, thread const ulong* xoff, int nx,
                        thread float4* acc, int lane, int lanes) {
-  ulong total = ulong(out_dim) * ulong(in_dim);
+  const uint groups = uint(in_dim) / 32u;
+  const ulong total = ulong(out_dim) * ulong(in_dim);
   device const ushort* scales = (device const ushort*)(w + total / 2);
   device const ushort* biases = scales + total / 32;
-  ulong wrow[MV_R];
+  device const uint4* nib_row[MV_R];
+  device const ushort* sc_row[MV_R];
+  device const ushort* bi_row[MV_R];
   for (int i = 0; i < MV_R; i++) {
-    wrow[i] = ulong(min(o0 + i, out_dim - 1)) * ulong(in_dim);
+    ulong row = ulong(min(o0 + i, out_dim - 1));
+    nib_row[i] = (device const uint4*)(w + row * ulong(in_dim / 2));
+    sc_row[i] = scales + row * groups;
+    bi_row[i] = biases + row * groups;
   }
-  int half_dim = in_dim / 2;
-  for (int u = lane; u < in_dim / 16; u += lanes) {
-    int g = u >> 1;
-    // The 16 nibbles of each row as floats, even and odd halves, unpacked once per unit.
-    float4 qe0[MV_R], qe1[MV_R], qo0[MV_R], qo1[MV_R];
+  const uint half_dim = uint(in_dim) / 2u;
+  for (uint g = uint(lane); g < groups; g += uint(lanes)) {
+    uint4 nib[MV_R];
     float sc[MV_R];
     float bi[MV_R];
     for (int i = 0; i < MV_R; i++) {
-      ulong e = wrow[i] + ulong(u) * 16;
-      uint2 nib = *((device const uint2*)(w + e / 2));
-      qe0[i] = nibbles_lo(nib.x);
-      qo0[i] = nibbles_hi(nib.x);
-      qe1[i] = nibbles_lo(nib.y);
-      qo1[i] = nibbles_hi(nib.y);
-      sc[i] = bf16_to_f32(scales[e >> 5]);
-      bi[i] = (u & 1) == 0 ? bf16_to_f32(biases[e >> 5]) : 0.0f;
+      nib[i] = nib_row[i][g];
+      sc[i] = bf16_to_f32(sc_row[i][g]);
+      bi[i] = bf16_to_f32(bi_row[i][g]);
     }
-    for (int j = 0; j < MV_NR; j++) if (j < nx) {
+    MV_UNROLL for (int j = 0; j < MV_NR; j++) if (j < nx) {
       device const float* h = (device const float*)(x + xoff[j]);
-      float4 e0 = *((device const float4*)(h + u * 8));
-      float4 e1 = *((device const float4*)(h + u * 8 + 4));
-      float4 d0 = *((device const float4*)(h + half_dim + u * 8));
-      float4 d1 = *((device const float4*)(h + half_dim + u * 8 + 4));
-      float gs = h[in_dim + g];
+      device const float4* he = (device const float4*)(h + g * 16u);
+      device const float4* ho = (device const float4*)(h + half_dim + g * 16u);
+      float4 ev[4] = {he[0], he[1], he[2], he[3]};
+      float4 od[4] = {ho[0], ho[1], ho[2], ho[3]};
+      float gs = h[uint(in_dim) + g];
       for (int i = 0; i < MV_R; i++) {
-        float q = dot(qe0[i], e0) + dot(qo0[i], d0) + dot(qe1[i], e1) + dot(qo1[i], d1);
-        acc[j][i] += sc[i] * q + bi[i] * gs;
+        acc[j][i] += sc[i] * q4_group_dot(nib[i], ev, od) + bi[i] * gs;
       }
     }
   }

@@ -37,7 +37,7 @@ kernel void halfset_f32(
 // [y * rows_per_group, ...); each simdgroup walks those rows MV_NR at a time with its
 // MV_R weight rows, so a weight is read once per threadgroup row range.
 template <typename T>
-kernel void matvec(
+[[max_total_threads_per_threadgroup(128)]] kernel void matvec(
     constant MatvecParams& p [[buffer(0)]],
     device const uchar* w    [[buffer(1)]],
     device const uchar* x    [[buffer(2)]],
@@ -74,7 +74,7 @@ kernel void matvec(
 // rows gets MV_SPLIT_SG times the simdgroups of `matvec` and each a shorter walk: on the H200 a
 // [24, 8192] projection took 149 us as `matvec` (two threadgroups, latency-bound).
 template <typename T>
-kernel void matvec_split(
+[[max_total_threads_per_threadgroup(256)]] kernel void matvec_split(
     constant MatvecParams& p [[buffer(0)]],
     device const uchar* w    [[buffer(1)]],
     device const uchar* x    [[buffer(2)]],

@@ -15,7 +15,7 @@ using namespace metal;
 // Per row: p = softmax(logits); the top_k experts by logit (equal logits: lower id first),
 // weights p_k (or p_k / sum of the chosen p). One simdgroup per row; expert e lives in
 // lane e % 32, slot e / 32.
-kernel void router_topk_f32(
+[[max_total_threads_per_threadgroup(128)]] kernel void router_topk_f32(
     constant RouterParams& p  [[buffer(0)]],
     device const uchar* logits [[buffer(1)]],
     device int* ids           [[buffer(2)]],
@@ -186,7 +186,7 @@ inline void moe_experts(constant MoeExpertsParams& p, device const int* offsets,
 }
 
 template <typename T>
-kernel void moe_gate_up(
+[[max_total_threads_per_threadgroup(128)]] kernel void moe_gate_up(
     constant MoeExpertsParams& p [[buffer(0)]],
     device const int* offsets    [[buffer(1)]],
     device const int* pairs      [[buffer(2)]],
@@ -202,7 +202,7 @@ kernel void moe_gate_up(
 }
 
 template <typename T>
-kernel void moe_down(
+[[max_total_threads_per_threadgroup(128)]] kernel void moe_down(
     constant MoeExpertsParams& p [[buffer(0)]],
     device const int* offsets    [[buffer(1)]],
     device const int* pairs      [[buffer(2)]],
@@ -229,7 +229,7 @@ template [[host_name("moe_down_q4_f32")]] kernel decltype(moe_down<uchar>) moe_d
 // Dense gated MLP input half (the shared expert): y[r] = SiLU(W_gate x[r]) * (W_up x[r]),
 // tiled as matvec (rows_per_group batch rows per threadgroup).
 template <typename T>
-kernel void ffn_gate_up(
+[[max_total_threads_per_threadgroup(128)]] kernel void ffn_gate_up(
     constant MatvecParams& p [[buffer(0)]],
     device const uchar* wg   [[buffer(1)]],
     device const uchar* wu   [[buffer(2)]],

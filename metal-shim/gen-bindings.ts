@@ -26,6 +26,12 @@ export interface KernelEntry {
   params: ParamBinding[];
   /** "kernels/file.metal:line" of the signature. */
   where: string;
+  /**
+   * The kernel's `[[max_total_threads_per_threadgroup(N)]]` (on the definition or, for an
+   * instantiation, on its template), or null: the largest threadgroup the host may dispatch,
+   * which lets a compiler give each thread more registers (CUDA: __launch_bounds__(N)).
+   */
+  maxThreads: number | null;
 }
 
 /** The builtin attributes the CPU backend binds (see metal-shim/cpu/bind.h). */
@@ -144,6 +150,7 @@ interface Found {
   kind: "definition" | "template" | "instantiation" | "declaration";
   params: string[] | null;
   line: number;
+  maxThreads: number | null;
 }
 
 /** Finds every `kernel` declaration in one source. */
@@ -162,6 +169,12 @@ export function findKernels(source: string, file: string): Found[] {
     const prevEnd = Math.max(code.lastIndexOf(";", at), code.lastIndexOf("}", at), code.lastIndexOf("{", at));
     const prefix = code.slice(prevEnd + 1, at);
     const hostName = /\[\[\s*host_name\s*\(\s*"([^"]+)"\s*\)\s*\]\]/.exec(prefix)?.[1] ?? null;
+    const bound = /\[\[\s*max_total_threads_per_threadgroup\s*\(\s*([^)]*?)\s*\)\s*\]\]/.exec(prefix)?.[1];
+    if (bound !== undefined && !/^[1-9]\d*$/.test(bound))
+      throw new KernelParseError(`${where}: [[max_total_threads_per_threadgroup(${bound})]]: write a literal thread count`);
+    const maxThreads = bound === undefined ? null : Number(bound);
+    if (maxThreads !== null && (maxThreads % 32 !== 0 || maxThreads > 1024))
+      throw new KernelParseError(`${where}: [[max_total_threads_per_threadgroup(${maxThreads})]]: must be a multiple of 32, at most 1024`);
     const isTemplate = /\btemplate\s*</.test(prefix);
     const isInstantiation = !isTemplate && /\btemplate\b/.test(prefix);
 
@@ -209,7 +222,7 @@ export function findKernels(source: string, file: string): Found[] {
     const kind = isTemplate ? "template" : isInstantiation ? "instantiation" : hasBody ? "definition" : "declaration";
     if (kind === "instantiation" && !hostName)
       throw new KernelParseError(`${where}: explicit instantiation of ${name} needs [[host_name("...")]]`);
-    found.push({ name, templateArgs, hostName, kind, params, line });
+    found.push({ name, templateArgs, hostName, kind, params, line, maxThreads });
   }
   return found;
 }
@@ -299,7 +312,7 @@ export function parseKernelTable(root: string, kernelsDir = join(root, "kernels"
 export function collectKernels(root: string, kernelsDir = join(root, "kernels")): Map<string, KernelEntry[]> {
   const all = listSources(kernelsDir, [".metal", ".h"]);
   const perFile = new Map<string, Found[]>();
-  const templates = new Map<string, { params: string[]; where: string }>();
+  const templates = new Map<string, { params: string[]; where: string; maxThreads: number | null }>();
   for (const path of all) {
     const rel = relative(root, path);
     const found = findKernels(readFileSync(path, "utf8"), rel);
@@ -309,7 +322,7 @@ export function collectKernels(root: string, kernelsDir = join(root, "kernels"))
       const prev = templates.get(f.name);
       if (prev && prev.params.join() !== f.params!.join())
         throw new KernelParseError(`${rel}:${f.line}: template kernel ${f.name} is also defined at ${prev.where}`);
-      templates.set(f.name, { params: f.params!, where: `${rel}:${f.line}` });
+      templates.set(f.name, { params: f.params!, where: `${rel}:${f.line}`, maxThreads: f.maxThreads });
     }
   }
   const byFile = new Map<string, KernelEntry[]>();
@@ -324,10 +337,12 @@ export function collectKernels(root: string, kernelsDir = join(root, "kernels"))
       if (!isMetal)
         throw new KernelParseError(`${where}: kernel ${f.name}: define and instantiate kernels in kernels/*.metal, not in headers`);
       let params = f.params;
+      let maxThreads = f.maxThreads;
       if (f.kind === "instantiation" && !params) {
         const t = templates.get(f.name);
         if (!t) throw new KernelParseError(`${where}: instantiation of ${f.name}, but no template kernel ${f.name} is defined`);
         params = t.params;
+        maxThreads ??= t.maxThreads;
       }
       const name = f.hostName ?? f.name;
       if (!/^[A-Za-z_]\w*$/.test(name)) throw new KernelParseError(`${where}: kernel name "${name}" is not an identifier`);
@@ -338,7 +353,7 @@ export function collectKernels(root: string, kernelsDir = join(root, "kernels"))
       const indices = bindings.flatMap((b) => (b.kind === "buffer" ? [b.index] : []));
       const dup = indices.find((x, i) => indices.indexOf(x) !== i);
       if (dup !== undefined) throw new KernelParseError(`${where}: kernel ${name} declares [[buffer(${dup})]] twice`);
-      entries.push({ name, fn: f.name + (f.templateArgs ?? ""), params: bindings, where });
+      entries.push({ name, fn: f.name + (f.templateArgs ?? ""), params: bindings, where, maxThreads });
     }
     if (isMetal) byFile.set(path, entries);
   }
@@ -466,7 +481,7 @@ export function emitCpu(table: KernelTable, genDir: string): { sources: string[]
     prelude: [`#include <metal_stdlib>`, `#include "bind.h"`],
     row: (ns, k) =>
       `    ck::kernel_info<&${ns}::${k.fn}${k.params.map((p) => ", " + binderOf(p)).join("")}>(\n` +
-      `        ${JSON.stringify(k.name)}, ${JSON.stringify(k.where)}),`,
+      `        ${JSON.stringify(k.name)}, ${JSON.stringify(k.where)}, ${k.maxThreads ?? "ck::kMaxThreads"}),`,
   });
 }
 

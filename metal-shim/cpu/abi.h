@@ -36,6 +36,7 @@ struct KernelInfo {
   InvokeFn invoke;           // calls the kernel for one thread
   uint32_t buffer_mask;      // bit i: the kernel declares [[buffer(i)]]
   uint32_t min_bytes[kMaxBuffers];  // bytes a reference parameter reads at [[buffer(i)]]
+  uint32_t max_threads;      // [[max_total_threads_per_threadgroup(N)]], else kMaxThreads
 };
 
 struct KernelTable {

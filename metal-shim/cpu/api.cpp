@@ -259,8 +259,11 @@ CK_API ck_library *ck_library_load(ck_device *dev, const char *) {
   auto *lib = new ck_library();
   lib->dev = dev;
   for (uint32_t t = 0; t < ck::kAllTablesCount; t++)
-    for (uint32_t i = 0; i < ck::kAllTables[t].count; i++)
-      lib->pipelines.push_back(ck_pipeline{&ck::kAllTables[t].kernels[i], dev->pipeline_max_threads});
+    for (uint32_t i = 0; i < ck::kAllTables[t].count; i++) {
+      // As Metal: a kernel's MSL bound caps its pipeline (so a host dispatch above it fails here too).
+      const ck::KernelInfo &k = ck::kAllTables[t].kernels[i];
+      lib->pipelines.push_back(ck_pipeline{&k, std::min(dev->pipeline_max_threads, k.max_threads)});
+    }
   std::sort(lib->pipelines.begin(), lib->pipelines.end(),
             [](const ck_pipeline &a, const ck_pipeline &b) { return std::strcmp(a.info->name, b.info->name) < 0; });
   for (auto &p : lib->pipelines) lib->by_name[p.info->name] = &p;

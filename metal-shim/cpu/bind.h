@@ -95,16 +95,16 @@ inline void describe_param(KernelInfo &k) {
 }
 
 template <class... Bs, class... Args>
-inline KernelInfo describe(void (*)(Args...), const char *name, const char *where, InvokeFn fn) {
-  KernelInfo k{name, where, fn, 0, {}};
+inline KernelInfo describe(void (*)(Args...), const char *name, const char *where, InvokeFn fn, uint32_t max_threads) {
+  KernelInfo k{name, where, fn, 0, {}, max_threads};
   (describe_param<Bs, Args>(k), ...);
   return k;
 }
 
 // One table entry: ck::kernel_info<&ns::kernel, ck::Buf<0>, ck::thread_position_in_grid>(...)
 template <auto F, class... Bs>
-inline KernelInfo kernel_info(const char *name, const char *where) {
-  return describe<Bs...>(F, name, where, &invoke<F, Bs...>);
+inline KernelInfo kernel_info(const char *name, const char *where, uint32_t max_threads) {
+  return describe<Bs...>(F, name, where, &invoke<F, Bs...>, max_threads);
 }
 
 }  // namespace ck

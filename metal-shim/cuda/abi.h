@@ -7,7 +7,7 @@
 namespace ck {
 
 constexpr uint32_t kSimdWidth = 32;
-constexpr uint32_t kMaxThreads = 1024;  // per threadgroup (every entry has __launch_bounds__(1024))
+constexpr uint32_t kMaxThreads = 1024;  // per threadgroup (entries without an MSL bound get __launch_bounds__(1024))
 constexpr uint32_t kMaxBuffers = 31;    // [[buffer(0..30)]]
 
 // What every generated __global__ entry receives by value: the bound addresses (device
