@@ -18,6 +18,11 @@ const libraryIn = (outDir: string) => join(outDir, "libcherenkov_cuda.so");
 /** Hopper (the H200) natively, plus PTX for anything newer. */
 const ARCH = process.env.CHERENKOV_CUDA_ARCH ?? "sm_90";
 
+/** The device-code flags every kernel object is compiled with (spec/native/cuda-spills.test.ts uses them too). */
+export function cudaCompileFlags(): string[] {
+  return ["-std=c++17", "-O3", `-arch=${ARCH}`];
+}
+
 /** The nvcc to use: $NVCC, else nvcc on PATH, else /usr/local/cuda/bin/nvcc; null when none. */
 export function findNvcc(): string | null {
   if (process.platform !== "linux") return null;
@@ -68,7 +73,7 @@ export async function buildCuda(opts: { force?: boolean; outDir: string }): Prom
   const generated = generateCuda(ROOT, GEN_DIR);
   const newestInput = Math.max(...cudaInputs().map(mtime));
   const include = ["-I", join(CUDA_DIR, "include"), "-I", CUDA_DIR, "-I", GEN_DIR];
-  const flags = ["-std=c++17", "-O3", `-arch=${ARCH}`, "-Xcompiler", "-fPIC,-fvisibility=hidden", "-Xptxas", "-warn-spills"];
+  const flags = [...cudaCompileFlags(), "-Xcompiler", "-fPIC,-fvisibility=hidden", "-Xptxas", "-warn-spills"];
   const jobs = [
     ...generated.sources.map((s) => ({ source: s, object: join(OBJ_DIR, `${basename(s, ".cu")}.o`), extra: include })),
     { source: join(CUDA_DIR, "runtime.cu"), object: join(OBJ_DIR, "runtime.o"), extra: [] as string[] },

@@ -45,10 +45,17 @@ test("every pipeline of kernels/ gets one __global__ entry point and one table r
     expect(r.kernels).toBe(pipelines.length);
     const text = r.sources.filter((s) => s.endsWith(".cu")).map((s) => readFileSync(s, "utf8")).join("\n");
     for (const k of pipelines) {
-      expect(text).toContain(`__global__ void __launch_bounds__(1024) ckg_${k.name}(const ck::Launch L)`);
+      // The kernel's MSL [[max_total_threads_per_threadgroup(N)]] is its launch bound (registers a thread may use).
+      expect(text).toContain(`__global__ void __launch_bounds__(${k.maxThreads ?? 1024}) ckg_${k.name}(const ck::Launch L)`);
       expect(text).toContain(`"${k.name}", "${k.where}"`);
     }
     expect(existsSync(join(dir, "registry.cu"))).toBe(true);
+    // The hot q4 kernels declare their bound (else __launch_bounds__(1024) caps them at 64 registers: they spilled).
+    const bound = (name: string) => pipelines.find((k) => k.name === name)?.maxThreads;
+    expect(bound("matvec_q4_f32")).toBe(128);
+    expect(bound("matvec_split_q4_f32")).toBe(256);
+    expect(bound("moe_gate_up_q4_f32")).toBe(128);
+    expect(bound("moe_down_q4_f32")).toBe(128);
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

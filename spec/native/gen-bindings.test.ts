@@ -53,6 +53,22 @@ template [[host_name("tmpl_f16")]] kernel void tmpl<half>(constant P& p [[buffer
     expect(found[2]!.params).toBeNull();
   });
 
+  test("[[max_total_threads_per_threadgroup(N)]] is read before `kernel` (instantiations take their template's in collectKernels: spec/native/cuda.test.ts)", () => {
+    const src = `
+[[max_total_threads_per_threadgroup(128)]] kernel void bounded(device float* x [[buffer(1)]]) {}
+kernel void free(device float* x [[buffer(1)]]) {}
+template <typename T>
+[[max_total_threads_per_threadgroup(256)]] kernel void tmpl(device T* y [[buffer(2)]]) {}
+template [[host_name("tmpl_f32")]] kernel decltype(tmpl<float>) tmpl<float>;
+`;
+    expect(findKernels(src, "k.metal").map((f) => [f.name, f.maxThreads])).toEqual([
+      ["bounded", 128],
+      ["free", null],
+      ["tmpl", 256],
+      ["tmpl", null],
+    ]);
+  });
+
   test("a field named kernel (p.kernel, p->kernel) is not a declaration", () => {
     const src = `kernel void k(constant P& p [[buffer(0)]], device float* y [[buffer(1)]]) { y[0] = p.kernel + q->kernel; }`;
     expect(findKernels(src, "k.metal").map((f) => f.name)).toEqual(["k"]);
@@ -62,6 +78,8 @@ template [[host_name("tmpl_f16")]] kernel void tmpl<half>(constant P& p [[buffer
     ["[[kernel]] void k() {}", /k.metal:1: write `kernel void name\(...\)`, not \[\[kernel\]\]/],
     ['template kernel void t<float>(device float* x [[buffer(1)]]);', /k.metal:1: explicit instantiation of t needs \[\[host_name/],
     ["kernel void k(device float* x [[buffer(1)]]", /unbalanced \(\.\.\.\) in kernel k/],
+    ["[[max_total_threads_per_threadgroup(MV_SG * 32)]] kernel void k() {}", /k.metal:1: \[\[max_total_threads_per_threadgroup\(MV_SG \* 32\)\]\]: write a literal thread count/],
+    ["[[max_total_threads_per_threadgroup(100)]] kernel void k() {}", /must be a multiple of 32, at most 1024/],
   ])("rejects %s", (src, message) => {
     expect(() => findKernels(src, "k.metal")).toThrow(message);
   });
