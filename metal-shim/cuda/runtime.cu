@@ -47,9 +47,10 @@ namespace ck {
 // may synchronize the whole device: on the thread that must release a GPU wait (the engine's
 // JS thread) that never returns while any device of the process has a step waiting on that
 // thread (three models in one process hung this way on the H200). One reaper thread does
-// them; it may block for a while, nothing waits on it.
+// them; it may block for a while, nothing waits on it. Evicted CUDA graphs are destroyed
+// there too (cudaGraphExecDestroy of an idle graph; whether it synchronizes is not documented).
 struct Release {
-  enum Kind { kDevice, kHost, kUnregisterUnmap } kind;
+  enum Kind { kDevice, kHost, kUnregisterUnmap, kGraphExec } kind;
   void *p;
   size_t n;
 };
@@ -82,6 +83,7 @@ class Reaper {
       }
       if (r.kind == Release::kDevice) cudaFree(r.p);
       else if (r.kind == Release::kHost) cudaFreeHost(r.p);
+      else if (r.kind == Release::kGraphExec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(r.p));
       else {
         cudaHostUnregister(r.p);
         munmap(r.p, r.n);
@@ -251,18 +253,22 @@ static uint64_t event_value(const ck_event *e) {
   return __atomic_load_n(e->word, __ATOMIC_ACQUIRE);
 }
 
-// The GPU side of events: one thread each, launched in the stream between dispatches.
-__global__ void ck_signal_kernel(volatile unsigned long long *word, unsigned long long value, const volatile uint32_t *cancel) {
+// The GPU side of events: one thread each, launched in the stream between dispatches. The
+// value is read from the command buffer's copied bytes (its value slot, ck::SliceLayout), not
+// passed by value: a CUDA graph replays the same arguments with each command buffer's values.
+__global__ void ck_signal_kernel(volatile unsigned long long *word, const unsigned long long *value, const volatile uint32_t *cancel) {
   if (*cancel) return;
+  const unsigned long long v = *value;
   __threadfence_system();
   // Apple's rule (MTLSharedEvent): a value below the current one is ignored. The GPU is the
   // word's only writer while a command buffer runs (the host releases it only when it waits).
-  if (*word < value) *word = value;
+  if (*word < v) *word = v;
   __threadfence_system();
 }
 
-__global__ void ck_wait_kernel(const volatile unsigned long long *word, unsigned long long value, const volatile uint32_t *cancel) {
-  while (*word < value) {
+__global__ void ck_wait_kernel(const volatile unsigned long long *word, const unsigned long long *value, const volatile uint32_t *cancel) {
+  const unsigned long long v = *value;
+  while (*word < v) {
     if (*cancel) return;
     __nanosleep(100);
   }
@@ -277,6 +283,7 @@ static void release_resources(ck_cmdbuf *cb) {
   for (auto &c : cb->commands)
     if (c.kind != ck::Command::kDispatch) ck_event_unref(c.event);
   cb->commands.clear();
+  cb->event_commands = 0;
   cb->bindings.clear();
   cb->params.clear();
 }
@@ -290,12 +297,342 @@ void ck_cmdbuf_unref(ck_cmdbuf *cb) {
   if (cb && cb->drop()) delete cb;
 }
 
-// Enqueues one command buffer into the device's stream (submit thread). Returns false with
-// cb->error set when something could not be enqueued.
+namespace ck {
+// Where a command buffer's bytes lie, in its ring slice and in a graph's area alike: the
+// cancel word at 0, the params at kCancelBytes, then one 64-bit value per event command in
+// command order (what ck_signal_kernel / ck_wait_kernel compare against).
+struct SliceLayout {
+  size_t values;  // offset of the first event value
+  size_t bytes;   // bytes copied to the GPU
+};
+
+static SliceLayout slice_layout(const ck_cmdbuf *cb) {
+  const size_t values = kCancelBytes + ((cb->params.size() + 7) & ~size_t(7));
+  return {values, values + 8 * size_t(cb->event_commands)};
+}
+
+// Writes cb's bytes (layout `lay`) at `host`, its pinned ring slice: the cancel word cleared.
+static void stage(const ck_cmdbuf *cb, const SliceLayout &lay, unsigned char *host) {
+  std::memset(host, 0, kCancelBytes);
+  if (!cb->params.empty()) std::memcpy(host + kCancelBytes, cb->params.data(), cb->params.size());
+  unsigned char *value = host + lay.values;
+  for (const Command &c : cb->commands)
+    if (c.kind != Command::kDispatch) {
+      std::memcpy(value, &c.value, sizeof c.value);
+      value += 8;
+    }
+}
+
+// One command as a kernel call: what cudaLaunchKernel and a graph's kernel node both take.
+// Its arguments address `base`, the device copy of the command buffer's bytes. Not copyable:
+// `args` points at its own fields.
+struct KernelCall {
+  const void *func = nullptr;
+  dim3 grid, block;
+  Launch L;                                     // a dispatch's one argument
+  unsigned long long *word = nullptr;           // an event command's three
+  const unsigned long long *value = nullptr;
+  const volatile uint32_t *cancel = nullptr;
+  void *args[3] = {};
+  KernelCall() = default;
+  KernelCall(const KernelCall &) = delete;
+  KernelCall &operator=(const KernelCall &) = delete;
+};
+
+// `events` counts the event commands before `c` (its value slot); an event command advances it.
+static void kernel_call(const ck_cmdbuf *cb, const Command &c, const SliceLayout &lay, unsigned char *base,
+                        uint32_t &events, KernelCall &k) {
+  k.cancel = reinterpret_cast<const volatile uint32_t *>(base);
+  if (c.kind == Command::kDispatch) {
+    std::memset(k.L.buf, 0, sizeof k.L.buf);
+    for (int i = 0; i < 3; i++) {
+      k.L.tg[i] = c.tg[i];
+      k.L.threads[i] = c.threads[i];
+    }
+    for (uint32_t b = 0; b < c.binding_count; b++) {
+      const BoundBuffer &bound = cb->bindings[c.first_binding + b];
+      k.L.buf[bound.index] = bound.address;
+    }
+    if (c.params_len) k.L.buf[0] = base + kCancelBytes + c.params_offset;
+    k.L.cancel = k.cancel;
+    k.func = c.kernel->entry;
+    k.grid = dim3(c.groups[0], c.groups[1], c.groups[2]);
+    k.block = dim3(c.tg[0] * c.tg[1] * c.tg[2]);
+    k.args[0] = &k.L;
+    return;
+  }
+  k.word = reinterpret_cast<unsigned long long *>(c.event->dptr);
+  k.value = reinterpret_cast<const unsigned long long *>(base + lay.values + 8 * size_t(events++));
+  k.func = c.kind == Command::kSignal ? reinterpret_cast<const void *>(ck_signal_kernel) : reinterpret_cast<const void *>(ck_wait_kernel);
+  k.grid = dim3(1);
+  k.block = dim3(1);
+  k.args[0] = &k.word;
+  k.args[1] = &k.value;
+  k.args[2] = &k.cancel;
+}
+
+// "command buffer C: command I, dispatch of 'K' (file:line)" or "...: command I: signal of event E".
+static std::string command_name(const ck_cmdbuf *cb, size_t i) {
+  char s[512];
+  const Command &c = cb->commands[i];
+  if (c.kind == Command::kDispatch)
+    std::snprintf(s, sizeof s, "command buffer %u: command %zu, dispatch of '%s' (%s)", cb->id, i, c.kernel->name, c.kernel->where);
+  else
+    std::snprintf(s, sizeof s, "command buffer %u: command %zu: %s of event %u", cb->id, i, c.kind == Command::kSignal ? "signal" : "wait", c.event->id);
+  return s;
+}
+
+// ---- graphs --------------------------------------------------------------------------------
+//
+// A command buffer whose shape was seen before is replayed from a CUDA graph: one
+// cudaMemcpyAsync of its bytes (cancel word, params, event values) into the graph's own
+// device area, then one cudaGraphLaunch, instead of a launch per command. The shape
+// (shape_of) is everything that goes into a kernel argument except those bytes: each
+// command's kernel, grid, block, threads, bound addresses, params offset and length, and each
+// event command's word. Same shape, same arguments: every argument that differs between
+// command buffers of one shape is read from the area, which each replay refills.
+//
+// Why one area per graph is safe:
+// - Params and values: the replay's copy and its graph are enqueued on dev->stream, after
+//   everything enqueued before, so the copy runs only once the previous replay's graph (the
+//   only other reader of the area) has finished.
+// - The cancel word (complete_loop): cancelling is a write from the copy stream, outside
+//   stream order. The completion thread cancels command buffer A only while A has not
+//   completed, but A may finish between its check and the write; the write then lands in the
+//   area after A. If the next replay B of the same graph had already copied its bytes there,
+//   B would see a cancel meant for A and silently do nothing. So a graph has at most one
+//   command buffer in flight: the submit thread claims it (Graph::busy) before B's copy is
+//   enqueued and waits while A holds it; A releases it only after it is marked done, and its
+//   cancel write (if any) was waited for (cudaStreamSynchronize) before that. B's copy thus
+//   runs after any cancel of A and clears the word. Engine steps are committed one at a time
+//   (each waited for before the next), so the wait costs nothing there.
+// - Eviction frees only a graph no command buffer holds; the reaper frees it.
+//
+// The graph is built with cudaGraphAddKernelNode, not by stream capture. Capture puts
+// dev->stream itself in a mode: an allocation or a synchronizing call (the reaper's frees,
+// device_alloc; in the global mode from any thread) breaks it, and a capture that fails
+// midway must be ended before the stream can take direct launches again. An explicit build
+// touches no stream: nothing another thread does can invalidate it, a failure leaves nothing
+// to repair (the command buffer is then launched directly, as if graphs were off), and it
+// takes the very arguments the direct launches take (kernel_call). Nodes form a chain (each
+// depends on the one before): the same order and visibility as launches in one stream.
+
+// The shape of cb, as words; equal vectors mean the same kernel arguments for the same bytes.
+static void shape_of(const ck_cmdbuf *cb, std::vector<uint64_t> &s) {
+  s.clear();
+  s.reserve(8 * cb->commands.size() + 2 * cb->bindings.size() + 2);
+  s.push_back(cb->params.size());
+  s.push_back(cb->event_commands);
+  for (const Command &c : cb->commands) {
+    s.push_back(uint64_t(c.kind));
+    if (c.kind != Command::kDispatch) {
+      s.push_back(uint64_t(c.event->dptr));
+      continue;
+    }
+    s.push_back(reinterpret_cast<uintptr_t>(c.kernel));
+    s.push_back(uint64_t(c.groups[0]) << 32 | c.groups[1]);
+    s.push_back(uint64_t(c.groups[2]) << 32 | c.tg[0]);
+    s.push_back(uint64_t(c.tg[1]) << 32 | c.tg[2]);
+    s.push_back(uint64_t(c.threads[0]) << 32 | c.threads[1]);
+    s.push_back(uint64_t(c.threads[2]) << 32 | c.params_len);
+    s.push_back(uint64_t(c.params_offset) << 32 | c.binding_count);
+    for (uint32_t b = 0; b < c.binding_count; b++) {
+      const BoundBuffer &bound = cb->bindings[c.first_binding + b];
+      s.push_back(bound.index);
+      s.push_back(reinterpret_cast<uintptr_t>(bound.address));
+    }
+  }
+}
+
+// Never 0 (GraphCache::seen starts zeroed). A collision only costs a graph or a direct launch:
+// a hit is confirmed by comparing the whole shape.
+static uint64_t shape_hash(const std::vector<uint64_t> &s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint64_t w : s) {
+    h ^= w * 0x9e3779b97f4a7c15ull;
+    h = (h << 27 | h >> 37) * 0xc2b2ae3d27d4eb4full;
+  }
+  h ^= h >> 33;
+  return h ? h : 1;
+}
+
+static void release_graph(Graph *g) {
+  if (g->exec) Reaper::post({Release::kGraphExec, static_cast<void *>(g->exec), 0});
+  if (g->area) Reaper::post({Release::kDevice, g->area, 0});
+  delete g;
+}
+
+static void graph_error(GraphCache &G, const std::string &what) {
+  G.fallbacks++;
+  if (G.first_error.empty()) G.first_error = what;
+}
+
+// Builds cb's graph into g: its area first, then one kernel node per command, instantiated.
+// Returns false with `err` set (the caller releases g).
+static bool build_graph(ck_device *dev, const ck_cmdbuf *cb, const SliceLayout &lay, Graph *g, std::string &err) {
+  char msg[640];
+  g->area_bytes = (lay.bytes + 255) & ~size_t(255);
+  void *area = nullptr;
+  cudaError_t e = device_alloc(dev, &area, g->area_bytes, nullptr);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    std::snprintf(msg, sizeof msg, "cannot allocate its %zu-byte param area: %s", g->area_bytes, cudaGetErrorString(e));
+    err = msg;
+    return false;
+  }
+  g->area = static_cast<unsigned char *>(area);
+  cudaGraph_t graph = nullptr;
+  e = cudaGraphCreate(&graph, 0);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    err = std::string("cudaGraphCreate: ") + cudaGetErrorString(e);
+    return false;
+  }
+  cudaGraphNode_t prev = nullptr;
+  uint32_t events = 0;
+  for (size_t i = 0; i < cb->commands.size(); i++) {
+    KernelCall k;
+    kernel_call(cb, cb->commands[i], lay, g->area, events, k);
+    cudaKernelNodeParams p = {};
+    p.func = const_cast<void *>(k.func);
+    p.gridDim = k.grid;
+    p.blockDim = k.block;
+    p.sharedMemBytes = 0;
+    p.kernelParams = k.args;  // copied by the call
+    p.extra = nullptr;
+    cudaGraphNode_t node = nullptr;
+    e = cudaGraphAddKernelNode(&node, graph, prev ? &prev : nullptr, prev ? 1 : 0, &p);
+    if (e != cudaSuccess) {
+      err = command_name(cb, i) + ": cudaGraphAddKernelNode: " + cudaGetErrorString(e);
+      break;
+    }
+    prev = node;
+  }
+  if (e == cudaSuccess) {
+    e = cudaGraphInstantiateWithFlags(&g->exec, graph, 0);
+    if (e != cudaSuccess) {
+      g->exec = nullptr;
+      err = std::string("cudaGraphInstantiateWithFlags: ") + cudaGetErrorString(e);
+    }
+  }
+  cudaGraphDestroy(graph);  // the instantiated graph does not need it
+  if (e != cudaSuccess) cudaGetLastError();
+  return e == cudaSuccess;
+}
+
+// The graph to replay cb from, or null (launch it directly). A shape gets a graph on its
+// second sight, so one-off shapes (prefill chunks of odd sizes) never pay for building one;
+// a shape whose graph failed is never tried again.
+static Graph *graph_for(ck_device *dev, const ck_cmdbuf *cb, const SliceLayout &lay) {
+  GraphCache &G = dev->graphs;
+  if (!G.enabled || cb->commands.empty()) return nullptr;
+  shape_of(cb, G.scratch);
+  const uint64_t h = shape_hash(G.scratch);
+  for (Graph *g : G.entries)
+    if (g->hash == h && !g->broken && g->shape == G.scratch) {
+      g->last_use = ++G.tick;
+      return g;
+    }
+  if (G.failed.count(h)) return nullptr;
+  if (std::find(std::begin(G.seen), std::end(G.seen), h) == std::end(G.seen)) {
+    G.seen[G.seen_next++ % kSeenShapes] = h;
+    return nullptr;
+  }
+  if (G.entries.size() >= kGraphCacheSize) {
+    size_t victim = G.entries.size();
+    {
+      std::lock_guard<std::mutex> lk(dev->qm);  // busy only goes from true to false elsewhere
+      for (size_t i = 0; i < G.entries.size(); i++)
+        if (!G.entries[i]->busy && (victim == G.entries.size() || G.entries[i]->last_use < G.entries[victim]->last_use)) victim = i;
+    }
+    if (victim == G.entries.size()) return nullptr;  // every graph has a command buffer in flight
+    release_graph(G.entries[victim]);
+    G.entries.erase(G.entries.begin() + victim);
+    G.evictions++;
+  }
+  auto *g = new Graph();
+  g->hash = h;
+  g->shape = G.scratch;
+  std::string err;
+  if (!build_graph(dev, cb, lay, g, err)) {
+    char msg[160];
+    std::snprintf(msg, sizeof msg, "command buffer %u: building a CUDA graph of its %zu commands: ", cb->id, cb->commands.size());
+    graph_error(G, msg + err);
+    G.failed.insert(h);
+    release_graph(g);
+    return nullptr;
+  }
+  G.captures++;
+  g->last_use = ++G.tick;
+  G.entries.push_back(g);
+  return g;
+}
+
+// Enqueues cb as a replay of its shape's graph, if it has one; false: launch it directly
+// (nothing of it was run). `staged` is its pinned ring slice, written by stage().
+static bool replay(ck_device *dev, ck_cmdbuf *cb, const SliceLayout &lay, const unsigned char *staged) {
+  GraphCache &G = dev->graphs;
+  Graph *g = graph_for(dev, cb, lay);
+  if (!g) {
+    if (G.enabled) G.direct++;
+    return false;
+  }
+  {
+    // At most one command buffer in flight per graph: see "Why one area per graph is safe".
+    std::unique_lock<std::mutex> lk(dev->qm);
+    dev->flightcv.wait(lk, [&] { return !g->busy; });
+    g->busy = true;
+  }
+  cb->graph = g;  // held until cb completes, whatever happens below (a copy into the area may be pending)
+  const char *step = "copying its bytes to the graph's area";
+  cudaError_t e = cudaMemcpyAsync(g->area, staged, lay.bytes, cudaMemcpyHostToDevice, dev->stream);
+  if (e == cudaSuccess) {
+    step = "cudaGraphLaunch";
+    e = cudaGraphLaunch(g->exec, dev->stream);
+  }
+  if (e == cudaSuccess) {
+    cb->cancel_word = g->area;
+    G.replays++;
+    return true;
+  }
+  cudaGetLastError();
+  char msg[512];
+  std::snprintf(msg, sizeof msg, "command buffer %u: replaying its CUDA graph: %s: %s", cb->id, step, cudaGetErrorString(e));
+  graph_error(G, msg);
+  G.failed.insert(g->hash);
+  g->broken = true;
+  g->last_use = 0;  // evicted first
+  G.direct++;
+  return false;
+}
+
+// At device close (streams idle, threads joined): the counters, then every graph released.
+static void close_graphs(ck_device *dev) {
+  GraphCache &G = dev->graphs;
+  if (G.verbose) {
+    if (!G.enabled)
+      std::fprintf(stderr, "cherenkov cuda graphs: off (CHERENKOV_CUDA_GRAPHS=0 or CHERENKOV_CUDA_PROFILE set)\n");
+    else
+      std::fprintf(stderr,
+                   "cherenkov cuda graphs: %llu command buffers replayed, %llu launched directly, %llu graphs built, %llu evicted, "
+                   "%llu graph errors%s%s\n",
+                   (unsigned long long)G.replays, (unsigned long long)G.direct, (unsigned long long)G.captures,
+                   (unsigned long long)G.evictions, (unsigned long long)G.fallbacks, G.first_error.empty() ? "" : "; first: ",
+                   G.first_error.c_str());
+  }
+  for (Graph *g : G.entries) release_graph(g);
+  G.entries.clear();
+}
+}  // namespace ck
+
+// Enqueues one command buffer into the device's stream (submit thread): a graph replay when
+// its shape has one, else a launch per command. Returns false with cb->error set when
+// something could not be enqueued.
 static bool enqueue(ck_device *dev, ck_cmdbuf *cb) {
   char msg[768];
-  // Its ring slice: the cancel word, then the params (FIFO; wait for completions when full).
-  size_t need = ck::kCancelBytes + ((cb->params.size() + 255) & ~size_t(255));
+  // Its ring slice: the cancel word, params and event values (FIFO; wait for completions when full).
+  const ck::SliceLayout lay = ck::slice_layout(cb);
+  size_t need = (lay.bytes + 255) & ~size_t(255);
   if (need > dev->ring_size) {
     std::snprintf(msg, sizeof msg, "command buffer %u: %zu bytes of params, more than the %zu-byte ring", cb->id, need, dev->ring_size);
     cb->error = msg;
@@ -322,53 +659,34 @@ static bool enqueue(ck_device *dev, ck_cmdbuf *cb) {
     dev->ring_live.push_back({start, start + need});
   }
   cb->ring_start = start;
-  std::memset(dev->ring_host + start, 0, ck::kCancelBytes);
-  std::memcpy(dev->ring_host + start + ck::kCancelBytes, cb->params.data(), cb->params.size());
-  cudaMemcpyAsync(dev->ring_gpu + start, dev->ring_host + start, ck::kCancelBytes + cb->params.size(), cudaMemcpyHostToDevice, dev->stream);
-  const volatile uint32_t *cancel = reinterpret_cast<const volatile uint32_t *>(dev->ring_gpu + start);
-  const size_t params_base = start + ck::kCancelBytes;
+  unsigned char *staged = dev->ring_host + start;
+  ck::stage(cb, lay, staged);
+  if (ck::replay(dev, cb, lay, staged)) return true;
+
+  // Direct: the bytes to the ring slice's device copy, then each command launched.
+  unsigned char *base = dev->ring_gpu + start;
+  cb->cancel_word = base;
+  cudaError_t e = cudaMemcpyAsync(base, staged, lay.bytes, cudaMemcpyHostToDevice, dev->stream);
+  if (e != cudaSuccess) {
+    std::snprintf(msg, sizeof msg, "command buffer %u: copying %zu bytes of params to the GPU failed: %s", cb->id, lay.bytes, cudaGetErrorString(e));
+    cb->error = msg;
+    return false;
+  }
   ck::Profiler &prof = ck::Profiler::get();
   if (prof.on()) {
     cb->marks = prof.marks(cb->commands.size());
     cudaEventRecord(cb->marks[0], dev->stream);
   }
+  uint32_t events = 0;
   for (size_t i = 0; i < cb->commands.size(); i++) {
     if (i > 0 && !cb->marks.empty()) cudaEventRecord(cb->marks[i], dev->stream);
-    ck::Command &c = cb->commands[i];
-    if (c.kind == ck::Command::kDispatch) {
-      ck::Launch L;
-      std::memset(L.buf, 0, sizeof L.buf);
-      for (int k = 0; k < 3; k++) {
-        L.tg[k] = c.tg[k];
-        L.threads[k] = c.threads[k];
-      }
-      for (uint32_t b = 0; b < c.binding_count; b++) {
-        const ck::BoundBuffer &bound = cb->bindings[c.first_binding + b];
-        L.buf[bound.index] = bound.address;
-      }
-      if (c.params_len) L.buf[0] = dev->ring_gpu + params_base + c.params_offset;
-      L.cancel = cancel;
-      void *args[] = {&L};
-      dim3 grid(c.groups[0], c.groups[1], c.groups[2]);
-      dim3 block(c.tg[0] * c.tg[1] * c.tg[2]);
-      cudaError_t e = cudaLaunchKernel(c.kernel->entry, grid, block, args, 0, dev->stream);
-      if (e != cudaSuccess) {
-        std::snprintf(msg, sizeof msg, "command buffer %u: command %zu, dispatch of '%s' (%s): launch failed: %s", cb->id, i,
-                      c.kernel->name, c.kernel->where, cudaGetErrorString(e));
-        cb->error = msg;
-        return false;
-      }
-    } else {
-      auto *word = reinterpret_cast<unsigned long long *>(c.event->dptr);
-      if (c.kind == ck::Command::kSignal) ck_signal_kernel<<<1, 1, 0, dev->stream>>>(word, c.value, cancel);
-      else ck_wait_kernel<<<1, 1, 0, dev->stream>>>(word, c.value, cancel);
-      cudaError_t e = cudaGetLastError();
-      if (e != cudaSuccess) {
-        std::snprintf(msg, sizeof msg, "command buffer %u: command %zu: %s of event %u failed: %s", cb->id, i,
-                      c.kind == ck::Command::kSignal ? "signal" : "wait", c.event->id, cudaGetErrorString(e));
-        cb->error = msg;
-        return false;
-      }
+    ck::KernelCall k;
+    ck::kernel_call(cb, cb->commands[i], lay, base, events, k);
+    e = cudaLaunchKernel(k.func, k.grid, k.block, k.args, 0, dev->stream);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      cb->error = ck::command_name(cb, i) + ": launch failed: " + cudaGetErrorString(e);
+      return false;
     }
   }
   if (!cb->marks.empty()) cudaEventRecord(cb->marks.back(), dev->stream);
@@ -413,8 +731,13 @@ static void submit_loop(ck_device *dev) {
       dev->queue.pop_front();
     }
     if (!enqueue(dev, cb)) cb->submit_failed = true;
-    cudaEventCreateWithFlags(&cb->done, cudaEventDisableTiming);
-    cudaEventRecord(cb->done, dev->stream);
+    cudaError_t e = cudaEventCreateWithFlags(&cb->done, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(cb->done, dev->stream);
+    if (e != cudaSuccess) {  // the completion thread's query of `done` fails too: the command buffer fails
+      cudaGetLastError();
+      if (cb->error.empty()) cb->error = std::string("command buffer ") + std::to_string(cb->id) + ": recording its completion event: " + cudaGetErrorString(e);
+      cb->submit_failed = true;
+    }
     {
       std::lock_guard<std::mutex> lk(dev->qm);
       dev->inflight.push_back(cb);
@@ -462,10 +785,18 @@ static void complete_loop(ck_device *dev) {
           std::snprintf(msg, sizeof msg, "command buffer %u: wait for event %u >= %llu timed out after %u ms", cb->id, w->event->id,
                         static_cast<unsigned long long>(w->value), timeout);
           timed_out = msg;
-          // Cancel the rest of this command buffer: its polling wait returns, later commands do nothing.
-          std::lock_guard<std::mutex> lk(dev->copy_m);
-          cudaMemsetAsync(dev->ring_gpu + cb->ring_start, 0xff, sizeof(uint32_t), dev->copy);
-          cudaStreamSynchronize(dev->copy);
+          // Cancel the rest of this command buffer: its polling wait returns, later commands do
+          // nothing. Waited for before cb is marked done: a graph's next replay, which reuses
+          // the word, is enqueued only after that (runtime.cu, "Why one area per graph is safe").
+          if (cb->cancel_word) {
+            std::lock_guard<std::mutex> lk(dev->copy_m);
+            cudaError_t ce = cudaMemsetAsync(cb->cancel_word, 0xff, sizeof(uint32_t), dev->copy);
+            if (ce == cudaSuccess) ce = cudaStreamSynchronize(dev->copy);
+            if (ce != cudaSuccess) {
+              cudaGetLastError();
+              timed_out += std::string(" (cancelling it failed: ") + cudaGetErrorString(ce) + ")";
+            }
+          }
         }
       }
     }
@@ -481,6 +812,8 @@ static void complete_loop(ck_device *dev) {
       std::lock_guard<std::mutex> lk(dev->qm);
       dev->inflight.pop_front();
       if (!dev->ring_live.empty()) dev->ring_live.pop_front();
+      if (cb->graph) cb->graph->busy = false;  // its next replay may be enqueued (submit thread, in replay)
+      cb->graph = nullptr;
     }
     dev->flightcv.notify_all();
     finish(cb, failed ? CK_CMDBUF_FAILED : CK_CMDBUF_COMPLETED);
@@ -589,6 +922,7 @@ static int32_t encode_event(ck_cmdbuf *cb, ck_event *ev, double value, ck::Comma
   c.value = v;
   ev->retain();
   cb->commands.push_back(c);
+  cb->event_commands++;
   return CK_OK;
 }
 
@@ -634,6 +968,12 @@ CK_API ck_device *ck_device_open(void) {
     delete dev;
     return nullptr;
   }
+  // CUDA graphs: on unless CHERENKOV_CUDA_GRAPHS=0; off under the per-command profiler (it
+  // records events between commands).
+  const char *graphs = std::getenv("CHERENKOV_CUDA_GRAPHS");
+  const char *verbose = std::getenv("CHERENKOV_CUDA_GRAPHS_VERBOSE");
+  dev->graphs.enabled = !(graphs && std::strcmp(graphs, "0") == 0) && !ck::Profiler::get().on();
+  dev->graphs.verbose = verbose && *verbose && std::strcmp(verbose, "0") != 0;
   dev->submitter = std::thread(submit_loop, dev);
   dev->completer = std::thread(complete_loop, dev);
   return dev;
@@ -650,6 +990,7 @@ CK_API void ck_device_close(ck_device *dev) {
   dev->flightcv.notify_all();
   if (dev->completer.joinable()) dev->completer.join();
   cudaStreamSynchronize(dev->stream);
+  ck::close_graphs(dev);
   ck::Profiler::get().dump();
   cudaStreamDestroy(dev->stream);
   cudaStreamDestroy(dev->copy);

@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "../include/cherenkov.h"
@@ -26,8 +27,41 @@ struct Counted {
   bool drop() { return refs.fetch_sub(1, std::memory_order_acq_rel) == 1; }
 };
 
-// Every command buffer's slice of the param ring starts with its cancel word (kCancelBytes).
+// Every command buffer's slice of the param ring starts with its cancel word (kCancelBytes),
+// then its params, then one 64-bit value per event command (ck::SliceLayout in runtime.cu).
 constexpr size_t kCancelBytes = 256;
+
+// A command buffer shape replayed as a CUDA graph (runtime.cu, "---- graphs"). Its kernel
+// arguments point into `area` (the same layout as a ring slice), which each replay refills.
+struct Graph {
+  uint64_t hash = 0;
+  std::vector<uint64_t> shape;  // shape_of(): compared in full on a hash hit
+  cudaGraphExec_t exec = nullptr;
+  unsigned char *area = nullptr;  // device memory: cancel word, params, event values
+  size_t area_bytes = 0;
+  uint64_t last_use = 0;  // LRU tick
+  bool broken = false;    // a replay failed: never used again, evicted first
+  bool busy = false;      // a command buffer that used `area` has not completed (guarded by ck_device::qm)
+};
+
+constexpr size_t kGraphCacheSize = 8;  // instantiated graphs per device
+constexpr size_t kSeenShapes = 64;     // recent shape hashes: a shape is recorded on its second sight
+
+struct GraphCache {
+  bool enabled = false;  // CHERENKOV_CUDA_GRAPHS != 0 and no CHERENKOV_CUDA_PROFILE
+  bool verbose = false;  // CHERENKOV_CUDA_GRAPHS_VERBOSE=1: one line of counters at device close
+  std::vector<Graph *> entries;  // owned; only the submit thread adds or removes
+  uint64_t seen[kSeenShapes] = {};
+  size_t seen_next = 0;
+  std::unordered_set<uint64_t> failed;  // hashes of shapes whose graph failed: launched directly
+  std::vector<uint64_t> scratch;        // the shape being looked up
+  uint64_t tick = 0;
+  // Counters (submit thread; read at close): command buffers replayed from a graph, graphs
+  // built, graph errors (each falls back to direct launches), command buffers launched
+  // directly with graphs on, graphs evicted.
+  uint64_t replays = 0, captures = 0, fallbacks = 0, direct = 0, evictions = 0;
+  std::string first_error;
+};
 }  // namespace ck
 
 struct ck_device;
@@ -89,8 +123,11 @@ struct ck_cmdbuf : ck::Counted {
   std::vector<ck_buffer *> buffers;
   std::string error;
   // Set by the submit thread.
+  uint32_t event_commands = 0;  // signals and waits among `commands` (each has a value slot)
   cudaEvent_t done = nullptr;
   size_t ring_start = 0;  // its slice of the param ring (cancel word first)
+  unsigned char *cancel_word = nullptr;  // device address of its cancel word: its ring slice's or its graph's area
+  ck::Graph *graph = nullptr;            // the graph whose area it claimed (busy until it completes), or null
   bool submit_failed = false;
   std::vector<cudaEvent_t> marks;  // CHERENKOV_CUDA_PROFILE: an event before each command and after the last
   ~ck_cmdbuf();
@@ -125,4 +162,5 @@ struct ck_device {
   std::deque<ck_cmdbuf *> inflight;  // enqueued, not yet finished
   bool stopping = false;
   std::thread submitter, completer;
+  ck::GraphCache graphs;  // the submit thread's; Graph::busy under qm
 };
