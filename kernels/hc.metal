@@ -35,18 +35,19 @@ inline float hc_tg_sum(float v, threadgroup float* partial, ushort sg, ushort la
   return total;
 }
 
-// The coefficients of one row from its mixes (thread 0 of the row's threadgroup). N > 0 fixes n
-// at compile time: every loop has a constant trip count, so comb[] lives in registers (with a
-// runtime n it was indexed dynamically: local memory, about 50 us a call on the H200). N = 0
-// takes n from the params. The same operations in the same order either way.
+// The coefficients of one row from its mixes, serially (thread 0 of the row's threadgroup):
+// the form for n * n > 32, where a simdgroup's lanes cannot hold comb. N > 0 fixes n at compile
+// time (constant trip counts keep comb[] in registers); N = 0 takes n from `streams`. Writes
+// [pre | post | comb] to `out` and pre to `pre`.
 template <int N>
-inline void hc_coeffs_row(constant HcCoeffsParams& p, float rs, device const float* scale,
-                          device const float* base, device const float* mix, device float* out) {
-  const int n = N > 0 ? N : p.streams;
+inline void hc_coeffs_serial(int streams, bool head, int iters, float eps, float rs, device const float* scale,
+                             device const float* base, device const float* mix, device float* out, threadgroup float* pre) {
+  const int n = N > 0 ? N : streams;
   for (int i = 0; i < n; i++) {
-    out[i] = hc_sigmoid(mix[i] * rs * scale[0] + base[i]) + p.eps;
+    out[i] = hc_sigmoid(mix[i] * rs * scale[0] + base[i]) + eps;
+    pre[i] = out[i];
   }
-  if (p.head != 0) {
+  if (head) {
     return;
   }
   for (int i = 0; i < n; i++) {
@@ -65,11 +66,11 @@ inline void hc_coeffs_row(constant HcCoeffsParams& p, float rs, device const flo
       s += comb[i * n + j];
     }
     for (int j = 0; j < n; j++) {
-      comb[i * n + j] = comb[i * n + j] / s + p.eps;
+      comb[i * n + j] = comb[i * n + j] / s + eps;
     }
   }
   // Columns first, then iters - 1 rounds of {rows, columns}: round 0 does columns only.
-  for (int it = 0; it < p.iters; it++) {
+  for (int it = 0; it < iters; it++) {
     if (it > 0) {
       for (int i = 0; i < n; i++) {
         float s = 0.0f;
@@ -77,7 +78,7 @@ inline void hc_coeffs_row(constant HcCoeffsParams& p, float rs, device const flo
           s += comb[i * n + j];
         }
         for (int j = 0; j < n; j++) {
-          comb[i * n + j] /= s + p.eps;
+          comb[i * n + j] /= s + eps;
         }
       }
     }
@@ -87,7 +88,7 @@ inline void hc_coeffs_row(constant HcCoeffsParams& p, float rs, device const flo
         s += comb[i * n + j];
       }
       for (int i = 0; i < n; i++) {
-        comb[i * n + j] /= s + p.eps;
+        comb[i * n + j] /= s + eps;
       }
     }
   }
@@ -96,8 +97,113 @@ inline void hc_coeffs_row(constant HcCoeffsParams& p, float rs, device const flo
   }
 }
 
-// A threadgroup per row: its threads sum flat^2, thread 0 turns the row's mixes into
-// coefficients (Sinkhorn is n x n with n <= 8: serial is cheaper than a reduction per step).
+// The same coefficients computed by one simdgroup (every lane calls it; n * n <= 32): lane
+// i * n + j holds comb[i][j]; each row or column sum gathers its n values by shuffles and adds
+// them in the serial form's order, so the results are the serial form's to the bit. Sinkhorn's
+// 20 rounds were ~24 us on one thread of the H200 (144 sites a token).
+inline void hc_coeffs_lanes(int n, bool head, int iters, float eps, float rs, device const float* scale,
+                            device const float* base, device const float* mix, device float* out,
+                            threadgroup float* pre, ushort lane) {
+  const int l = int(lane);
+  if (l < n) {
+    float v = hc_sigmoid(mix[l] * rs * scale[0] + base[l]) + eps;
+    out[l] = v;
+    pre[l] = v;
+    if (!head) {
+      out[n + l] = 2.0f * hc_sigmoid(mix[n + l] * rs * scale[1] + base[n + l]);
+    }
+  }
+  if (head) {
+    return;  // uniform
+  }
+  const bool live = l < n * n;
+  const int i = live ? l / n : 0;  // lanes past n * n shadow entry (0, 0): every shuffle stays in range
+  const int j = live ? l % n : 0;
+  float c = mix[2 * n + i * n + j] * rs * scale[2] + base[2 * n + i * n + j];
+  float m = -INFINITY;
+  for (int k = 0; k < n; k++) {
+    m = max(m, simd_shuffle(c, ushort(i * n + k)));
+  }
+  float e = exp(c - m);
+  float s = 0.0f;
+  for (int k = 0; k < n; k++) {
+    s += simd_shuffle(e, ushort(i * n + k));
+  }
+  c = e / s + eps;
+  for (int it = 0; it < iters; it++) {
+    if (it > 0) {
+      float rsum = 0.0f;
+      for (int k = 0; k < n; k++) {
+        rsum += simd_shuffle(c, ushort(i * n + k));
+      }
+      c /= rsum + eps;
+    }
+    float csum = 0.0f;
+    for (int k = 0; k < n; k++) {
+      csum += simd_shuffle(c, ushort(k * n + j));
+    }
+    c /= csum + eps;
+  }
+  if (live) {
+    out[2 * n + l] = c;
+  }
+}
+
+// One row's coefficients from its raw mixes and the streams' rms: simdgroup 0 of the row's
+// threadgroup (lane-parallel for n * n <= 32, else its thread 0 serially). pre also lands in
+// threadgroup memory for a read in the same threadgroup.
+inline void hc_coeffs_row(int n, bool head, int iters, float eps, float rs, device const float* scale,
+                          device const float* base, device const float* mix, device float* out,
+                          threadgroup float* pre, ushort sg, ushort lane) {
+  if (sg != 0) {
+    return;
+  }
+  if (n * n <= 32) {
+    hc_coeffs_lanes(n, head, iters, eps, rs, scale, base, mix, out, pre, lane);
+  } else if (lane == 0) {
+    hc_coeffs_serial<0>(n, head, iters, eps, rs, scale, base, mix, out, pre);
+  }
+}
+
+// rsqrt(mean(flat^2) + eps) of a row's n * d stream values, summed by the whole threadgroup.
+inline float hc_stream_rms(device const float* flat, int len, float eps, threadgroup float* partial, ushort sg, ushort lane) {
+  float ss = 0.0f;
+  for (int c = int(sg) * 32 + int(lane); c < len; c += 32 * HC_TG_SG) {
+    float v = flat[c];
+    ss += v * v;
+  }
+  ss = hc_tg_sum(ss, partial, sg, lane);
+  return rsqrt(ss / float(len) + eps);
+}
+
+// x = sum_i pre_i X_i for one row, then (NORM) x * rsqrt(mean(x^2) + eps) * w; the norm
+// rescales, in a second pass, the elements the same thread wrote. PRE is where pre lives
+// (device or threadgroup memory).
+template <bool NORM, typename PRE>
+inline void hc_read_row(int n, int cols, float eps, bool centred, device const float* X, PRE pre,
+                        device const float* w, device float* out, threadgroup float* partial, ushort sg, ushort lane) {
+  const int t = int(sg) * 32 + int(lane);
+  float ss = 0.0f;
+  for (int c = t; c < cols; c += 32 * HC_TG_SG) {
+    float v = 0.0f;
+    for (int i = 0; i < n; i++) {
+      v += pre[i] * X[i * cols + c];
+    }
+    out[c] = v;
+    ss += v * v;
+  }
+  if (NORM) {
+    ss = hc_tg_sum(ss, partial, sg, lane);
+    float r = rsqrt(ss / float(cols) + eps);
+    float offset = centred ? 1.0f : 0.0f;
+    for (int c = t; c < cols; c += 32 * HC_TG_SG) {
+      out[c] = out[c] * r * (offset + w[c]);
+    }
+  }
+}
+
+// A threadgroup per row: its threads sum flat^2, simdgroup 0 turns the row's mixes into
+// coefficients.
 [[max_total_threads_per_threadgroup(256)]] kernel void hc_coeffs_f32(
     constant HcCoeffsParams& p [[buffer(0)]],
     device const uchar* x      [[buffer(1)]],
@@ -109,60 +215,47 @@ inline void hc_coeffs_row(constant HcCoeffsParams& p, float rs, device const flo
     ushort sg                  [[simdgroup_index_in_threadgroup]],
     ushort lane                [[thread_index_in_simdgroup]]) {
   threadgroup float partial[HC_TG_SG];
+  threadgroup float pre[HC_MAX_STREAMS];
   int row = int(tg);
   if (row >= p.rows) {
     return;  // uniform per threadgroup
   }
-  int n = p.streams;
-  int len = n * p.cols;
   device const float* flat = (device const float*)(x + ulong(row) * p.x_stride);
-  float ss = 0.0f;
-  for (int c = int(sg) * 32 + int(lane); c < len; c += 32 * HC_TG_SG) {
-    float v = flat[c];
-    ss += v * v;
-  }
-  ss = hc_tg_sum(ss, partial, sg, lane);
-  if (sg != 0 || lane != 0) {
-    return;
-  }
-  float rs = rsqrt(ss / float(len) + p.eps);
+  float rs = hc_stream_rms(flat, p.streams * p.cols, p.eps, partial, sg, lane);
   device const float* mix = (device const float*)(raw + ulong(row) * p.raw_stride);
   device float* out = (device float*)(coeffs + ulong(row) * p.c_stride);
-  if (n == 4) {
-    hc_coeffs_row<4>(p, rs, scale, base, mix, out);
-  } else {
-    hc_coeffs_row<0>(p, rs, scale, base, mix, out);
-  }
+  hc_coeffs_row(p.streams, p.head != 0, p.iters, p.eps, rs, scale, base, mix, out, pre, sg, lane);
 }
 
-// x = sum_i pre_i X_i per row, then (NORM) x * rsqrt(mean(x^2) + eps) * w. A threadgroup
-// per row; the norm rescales, in a second pass, the elements the same thread wrote.
-template <bool NORM>
-inline void hc_read_row(constant HcReadParams& p, device const uchar* x, device const uchar* coeffs,
-                        device const float* w, device uchar* y, int row, threadgroup float* partial,
-                        ushort sg, ushort lane) {
-  const int t = int(sg) * 32 + int(lane);
-  int n = p.streams;
-  device const float* X = (device const float*)(x + ulong(row) * p.x_stride);
-  device const float* pre = (device const float*)(coeffs + ulong(row) * p.c_stride);
-  device float* out = (device float*)(y + ulong(row) * p.y_stride);
-  float ss = 0.0f;
-  for (int c = t; c < p.cols; c += 32 * HC_TG_SG) {
-    float v = 0.0f;
-    for (int i = 0; i < n; i++) {
-      v += pre[i] * X[i * p.cols + c];
-    }
-    out[c] = v;
-    ss += v * v;
+// A residual site's read (or the final read) in one threadgroup per row: the coefficients as
+// hc_coeffs_f32 (written out for the site's write), then, after a barrier, x = sum_i pre_i X_i
+// and its RMSNorm, pre taken from threadgroup memory. One dispatch instead of two.
+[[max_total_threads_per_threadgroup(256)]] kernel void hc_coeffs_read_norm_f32(
+    constant HcCoeffsReadParams& p [[buffer(0)]],
+    device const uchar* x      [[buffer(1)]],
+    device const uchar* raw    [[buffer(2)]],
+    device const float* scale  [[buffer(3)]],
+    device const float* base   [[buffer(4)]],
+    device uchar* coeffs       [[buffer(5)]],
+    device uchar* y            [[buffer(6)]],
+    device const float* w      [[buffer(7)]],
+    uint tg                    [[threadgroup_position_in_grid]],
+    ushort sg                  [[simdgroup_index_in_threadgroup]],
+    ushort lane                [[thread_index_in_simdgroup]]) {
+  threadgroup float partial[HC_TG_SG];
+  threadgroup float pre[HC_MAX_STREAMS];
+  int row = int(tg);
+  if (row >= p.rows) {
+    return;  // uniform per threadgroup
   }
-  if (NORM) {
-    ss = hc_tg_sum(ss, partial, sg, lane);
-    float r = rsqrt(ss / float(p.cols) + p.eps);
-    float offset = p.centred != 0 ? 1.0f : 0.0f;
-    for (int c = t; c < p.cols; c += 32 * HC_TG_SG) {
-      out[c] = out[c] * r * (offset + w[c]);
-    }
-  }
+  device const float* flat = (device const float*)(x + ulong(row) * p.x_stride);
+  float rs = hc_stream_rms(flat, p.streams * p.cols, p.eps, partial, sg, lane);
+  device const float* mix = (device const float*)(raw + ulong(row) * p.raw_stride);
+  device float* out = (device float*)(coeffs + ulong(row) * p.c_stride);
+  hc_coeffs_row(p.streams, p.head != 0, p.iters, p.eps, rs, scale, base, mix, out, pre, sg, lane);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  hc_read_row<true>(p.streams, p.cols, p.norm_eps, p.centred != 0, flat, (threadgroup const float*)pre, w,
+                    (device float*)(y + ulong(row) * p.y_stride), partial, sg, lane);
 }
 
 [[max_total_threads_per_threadgroup(256)]] kernel void hc_read_f32(
@@ -176,7 +269,9 @@ inline void hc_read_row(constant HcReadParams& p, device const uchar* x, device 
   threadgroup float partial[HC_TG_SG];
   int row = int(tg);
   if (row < p.rows) {  // uniform per threadgroup
-    hc_read_row<false>(p, x, coeffs, (device const float*)coeffs, y, row, partial, sg, lane);
+    hc_read_row<false>(p.streams, p.cols, p.eps, p.centred != 0, (device const float*)(x + ulong(row) * p.x_stride),
+                       (device const float*)(coeffs + ulong(row) * p.c_stride), (device const float*)coeffs /* unused */,
+                       (device float*)(y + ulong(row) * p.y_stride), partial, sg, lane);
   }
 }
 
@@ -192,7 +287,9 @@ inline void hc_read_row(constant HcReadParams& p, device const uchar* x, device 
   threadgroup float partial[HC_TG_SG];
   int row = int(tg);
   if (row < p.rows) {  // uniform per threadgroup
-    hc_read_row<true>(p, x, coeffs, w, y, row, partial, sg, lane);
+    hc_read_row<true>(p.streams, p.cols, p.eps, p.centred != 0, (device const float*)(x + ulong(row) * p.x_stride),
+                      (device const float*)(coeffs + ulong(row) * p.c_stride), w,
+                      (device float*)(y + ulong(row) * p.y_stride), partial, sg, lane);
   }
 }
 

@@ -5,10 +5,9 @@
 // once per row; its lanes split the input dimension and simd_sum joins them.
 //
 // q4 (docs/format.md): [nibbles out*in/2][bf16 scales out*in/32][bf16 biases out*in/32],
-// even column in the low nibble. Its input is a HalfSet row: the even elements of x, then
-// the odd ones, then the per-32 group sums, so that
+// even column in the low nibble. Its input is a plain row of x, and
 //   dot(w_row, x) = sum_g scale_g * (sum_{j in g} q_j x_j) + bias_g * gsum_g
-// and four nibbles of a word meet four consecutive floats of one half.
+// with the group sums gsum_g formed by the lane that reads the group's 32 x values.
 #ifndef CHERENKOV_MATVEC_H
 #define CHERENKOV_MATVEC_H
 
@@ -118,7 +117,7 @@ struct Weights<uchar> {
 
 // `lane` of `lanes` splits the input dimension: a simdgroup's 32 lanes (lanes = 32), or every
 // lane of a threadgroup that shares its weight rows (matvec_split).
-template <typename WL>
+template <typename WL, int NR>
 inline void mv_pass_dense(device const uchar* w, int in_dim, int o0, int out_dim,
                           device const uchar* x, thread const ulong* xoff, int nx,
                           thread float4* acc, int lane, int lanes) {
@@ -131,7 +130,7 @@ inline void mv_pass_dense(device const uchar* w, int in_dim, int o0, int out_dim
     for (int i = 0; i < MV_R; i++) {
       wv[i] = WL::load4(w, wrow[i] + ulong(c));
     }
-    for (int j = 0; j < MV_NR; j++) if (j < nx) {
+    for (int j = 0; j < NR; j++) if (j < nx) {
       float4 xv = *((device const float4*)(x + xoff[j] + ulong(c) * 4));
       acc[j] += float4(dot(wv[0], xv), dot(wv[1], xv), dot(wv[2], xv), dot(wv[3], xv));
     }
@@ -148,96 +147,145 @@ inline float4 q4_nibbles4(uint w) {
          8388608.0f;
 }
 
-// sum_{j in group} q_j x_j for one q4 group: its 16 nibble bytes (byte b holds elements 2b,
-// 2b + 1) against the HalfSet halves, 16 even and 16 odd elements.
-inline float q4_group_dot(uint4 nib, thread const float4* ev, thread const float4* od) {
-  return dot(q4_nibbles4(nib.x), ev[0]) + dot(q4_nibbles4(nib.x >> 4), od[0]) +
-         dot(q4_nibbles4(nib.y), ev[1]) + dot(q4_nibbles4(nib.y >> 4), od[1]) +
-         dot(q4_nibbles4(nib.z), ev[2]) + dot(q4_nibbles4(nib.z >> 4), od[2]) +
-         dot(q4_nibbles4(nib.w), ev[3]) + dot(q4_nibbles4(nib.w >> 4), od[3]);
+// sum_{j in group} q_j x_j for one q4 group: its 16 nibble bytes (byte b holds elements 2b
+// and 2b + 1) against the group's 32 x values xv[0..7]. Word m of the nibbles covers
+// xv[2m], xv[2m + 1]: its low nibbles the even elements, its high nibbles the odd ones.
+inline float q4_group_dot(uint4 nib, thread const float4* xv) {
+  float q = 0.0f;
+  const uint words[4] = {nib.x, nib.y, nib.z, nib.w};
+  MV_UNROLL for (int m = 0; m < 4; m++) {
+    float4 a = xv[2 * m];
+    float4 b = xv[2 * m + 1];
+    q += dot(q4_nibbles4(words[m]), float4(a.x, a.z, b.x, b.z)) + dot(q4_nibbles4(words[m] >> 4), float4(a.y, a.w, b.y, b.w));
+  }
+  return q;
 }
 
-// q4 over HalfSet rows: a lane takes one whole group of 32 columns at a time (one 16-byte
-// load of nibbles per weight row, its scale and bias), the group's 32 x values and sum are
-// loaded once per batch row and serve all MV_R weight rows. Per-row pointers are formed
-// once; inside the loop offsets are 32-bit.
-inline void mv_pass_q4(device const uchar* w, int in_dim, int o0, int out_dim,
-                       device const uchar* x, thread const ulong* xoff, int nx,
-                       thread float4* acc, int lane, int lanes) {
+// The sum of a group's 32 x values, in a fixed order (row results do not depend on which
+// kernel formed it).
+inline float q4_group_sum(thread const float4* xv) {
+  float sum = 0.0f;
+  MV_UNROLL for (int k = 0; k < 4; k++) {
+    float4 a = xv[2 * k];
+    float4 b = xv[2 * k + 1];
+    sum += (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
+  }
+  return sum;
+}
+
+// A q4 weight's MV_R rows from o0 (clamped to out_dim - 1): nibble, scale and bias rows.
+struct Q4Rows {
+  device const uint4* nib[MV_R];
+  device const ushort* sc[MV_R];
+  device const ushort* bi[MV_R];
+};
+
+inline Q4Rows q4_rows(device const uchar* w, int in_dim, int o0, int out_dim) {
   const uint groups = uint(in_dim) / 32u;
   const ulong total = ulong(out_dim) * ulong(in_dim);
   device const ushort* scales = (device const ushort*)(w + total / 2);
   device const ushort* biases = scales + total / 32;
-  device const uint4* nib_row[MV_R];
-  device const ushort* sc_row[MV_R];
-  device const ushort* bi_row[MV_R];
-  for (int i = 0; i < MV_R; i++) {
+  Q4Rows r;
+  MV_UNROLL for (int i = 0; i < MV_R; i++) {
     ulong row = ulong(min(o0 + i, out_dim - 1));
-    nib_row[i] = (device const uint4*)(w + row * ulong(in_dim / 2));
-    sc_row[i] = scales + row * groups;
-    bi_row[i] = biases + row * groups;
+    r.nib[i] = (device const uint4*)(w + row * ulong(in_dim / 2));
+    r.sc[i] = scales + row * groups;
+    r.bi[i] = biases + row * groups;
   }
-  const uint half_dim = uint(in_dim) / 2u;
+  return r;
+}
+
+// q4 over plain input rows: a lane takes one whole group of 32 columns at a time (one 16-byte
+// load of nibbles per weight row, its scale and bias); the group's 32 x values and their sum
+// are loaded and formed once per batch row and serve every weight row. TWO: a second weight
+// of the same shape (gate and up) shares the x loads, into acc1. Offsets in the loop are
+// 32-bit; the row pointers are formed once.
+template <bool TWO, int NR>
+inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim,
+                       device const uchar* x, thread const ulong* xoff, int nx,
+                       thread float4* acc0, thread float4* acc1, int lane, int lanes) {
+  const uint groups = uint(in_dim) / 32u;
+  const Q4Rows r0 = q4_rows(w0, in_dim, o0, out_dim);
+  const Q4Rows r1 = q4_rows(TWO ? w1 : w0, in_dim, o0, out_dim);
   for (uint g = uint(lane); g < groups; g += uint(lanes)) {
-    uint4 nib[MV_R];
-    float sc[MV_R];
-    float bi[MV_R];
-    for (int i = 0; i < MV_R; i++) {
-      nib[i] = nib_row[i][g];
-      sc[i] = bf16_to_f32(sc_row[i][g]);
-      bi[i] = bf16_to_f32(bi_row[i][g]);
+    uint4 n0[MV_R], n1[MV_R];
+    float s0[MV_R], b0[MV_R], s1[MV_R], b1[MV_R];
+    MV_UNROLL for (int i = 0; i < MV_R; i++) {
+      n0[i] = r0.nib[i][g];
+      s0[i] = bf16_to_f32(r0.sc[i][g]);
+      b0[i] = bf16_to_f32(r0.bi[i][g]);
+      if (TWO) {
+        n1[i] = r1.nib[i][g];
+        s1[i] = bf16_to_f32(r1.sc[i][g]);
+        b1[i] = bf16_to_f32(r1.bi[i][g]);
+      }
     }
-    MV_UNROLL for (int j = 0; j < MV_NR; j++) if (j < nx) {
-      device const float* h = (device const float*)(x + xoff[j]);
-      device const float4* he = (device const float4*)(h + g * 16u);
-      device const float4* ho = (device const float4*)(h + half_dim + g * 16u);
-      float4 ev[4] = {he[0], he[1], he[2], he[3]};
-      float4 od[4] = {ho[0], ho[1], ho[2], ho[3]};
-      float gs = h[uint(in_dim) + g];
-      for (int i = 0; i < MV_R; i++) {
-        acc[j][i] += sc[i] * q4_group_dot(nib[i], ev, od) + bi[i] * gs;
+    MV_UNROLL for (int j = 0; j < NR; j++) if (j < nx) {
+      device const float4* xg = (device const float4*)(x + xoff[j]) + g * 8u;
+      float4 xv[8];
+      MV_UNROLL for (int k = 0; k < 8; k++) {
+        xv[k] = xg[k];
+      }
+      float gs = q4_group_sum(xv);
+      MV_UNROLL for (int i = 0; i < MV_R; i++) {
+        acc0[j][i] += s0[i] * q4_group_dot(n0[i], xv) + b0[i] * gs;
+        if (TWO) {
+          acc1[j][i] += s1[i] * q4_group_dot(n1[i], xv) + b1[i] * gs;
+        }
       }
     }
   }
 }
 
-// Dispatch on the weight format: q4 reads HalfSet rows, the others plain rows.
-template <typename T>
+// Dispatch on the weight format. run2: two weights of one shape over the same input (gate
+// and up), which q4 does in one pass sharing the x loads.
+template <typename T, int NR>
 struct MvPass {
   static void run(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
                   thread const ulong* xoff, int nx, thread float4* acc, ushort lane) {
-    mv_pass_dense<Weights<T> >(w, in_dim, o0, out_dim, x, xoff, nx, acc, int(lane), 32);
+    mv_pass_dense<Weights<T>, NR>(w, in_dim, o0, out_dim, x, xoff, nx, acc, int(lane), 32);
+  }
+  static void run2(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim, device const uchar* x,
+                   thread const ulong* xoff, int nx, thread float4* acc0, thread float4* acc1, ushort lane) {
+    mv_pass_dense<Weights<T>, NR>(w0, in_dim, o0, out_dim, x, xoff, nx, acc0, int(lane), 32);
+    mv_pass_dense<Weights<T>, NR>(w1, in_dim, o0, out_dim, x, xoff, nx, acc1, int(lane), 32);
   }
   static void run_split(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
                         thread const ulong* xoff, int nx, thread float4* acc, int lane, int lanes) {
-    mv_pass_dense<Weights<T> >(w, in_dim, o0, out_dim, x, xoff, nx, acc, lane, lanes);
+    mv_pass_dense<Weights<T>, NR>(w, in_dim, o0, out_dim, x, xoff, nx, acc, lane, lanes);
   }
 };
 
-template <>
-struct MvPass<uchar> {
+template <int NR>
+struct MvPass<uchar, NR> {
   static void run(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
                   thread const ulong* xoff, int nx, thread float4* acc, ushort lane) {
-    mv_pass_q4(w, in_dim, o0, out_dim, x, xoff, nx, acc, int(lane), 32);
+    mv_pass_q4<false, NR>(w, w, in_dim, o0, out_dim, x, xoff, nx, acc, acc, int(lane), 32);
+  }
+  static void run2(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim, device const uchar* x,
+                   thread const ulong* xoff, int nx, thread float4* acc0, thread float4* acc1, ushort lane) {
+    mv_pass_q4<true, NR>(w0, w1, in_dim, o0, out_dim, x, xoff, nx, acc0, acc1, int(lane), 32);
   }
   static void run_split(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
                         thread const ulong* xoff, int nx, thread float4* acc, int lane, int lanes) {
-    mv_pass_q4(w, in_dim, o0, out_dim, x, xoff, nx, acc, lane, lanes);
+    mv_pass_q4<false, NR>(w, w, in_dim, o0, out_dim, x, xoff, nx, acc, acc, lane, lanes);
   }
 };
 
 // Sums the first nx accumulators over the simdgroup (each lane then holds the totals).
 // nx is uniform across the simdgroup, so every lane makes the same simd_sum calls.
+template <int NR>
 inline void mv_reduce(thread float4* acc, int nx) {
-  for (int j = 0; j < MV_NR; j++) if (j < nx) {
+  for (int j = 0; j < NR; j++) if (j < nx) {
     acc[j] = simd_sum(acc[j]);
   }
 }
 
-// Byte offsets of a pass's MV_NR batch rows from r0; rows past r_end repeat the last one
+// Byte offsets of a pass's NR batch rows from r0; rows past r_end repeat the last one
 // (their results are never written).
+template <int NR>
 inline void mv_row_offsets(thread ulong* xoff, int r0, int r_end, ulong x_stride) {
-  for (int j = 0; j < MV_NR; j++) {
+  for (int j = 0; j < NR; j++) {
     xoff[j] = ulong(min(r0 + j, r_end - 1)) * x_stride;
   }
 }
@@ -251,8 +299,9 @@ inline void mv_store(device uchar* y, ulong y_stride, int row, int o0, int out_d
   }
 }
 
+template <int NR>
 inline void mv_clear(thread float4* acc) {
-  for (int j = 0; j < MV_NR; j++) {
+  for (int j = 0; j < NR; j++) {
     acc[j] = float4(0.0f);
   }
 }

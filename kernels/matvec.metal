@@ -1,42 +1,14 @@
-// Row-batched dense projections y[r] = W x[r] for every storage dtype, and the HalfSet
-// prep that q4 projections read. Bodies are in matvec.h.
+// Row-batched dense projections y[r] = W x[r] for every storage dtype. Bodies are in matvec.h.
 #include <metal_stdlib>
 #include "params.h"
 #include "matvec.h"
 
 using namespace metal;
 
-// HalfSet row of x (cols a multiple of 32): [even elements | odd elements | group sums],
-// one thread per group of 32.
-kernel void halfset_f32(
-    constant HalfSetParams& p [[buffer(0)]],
-    device const uchar* x     [[buffer(1)]],
-    device uchar* h           [[buffer(2)]],
-    uint2 gid                 [[thread_position_in_grid]]) {
-  int g = int(gid.x);
-  int r = int(gid.y);
-  if (g >= p.cols / 32 || r >= p.rows) {
-    return;
-  }
-  device const float4* xr = (device const float4*)(x + ulong(r) * p.x_stride) + g * 8;
-  device float* hr = (device float*)(h + ulong(r) * p.h_stride);
-  device float4* even = (device float4*)(hr + g * 16);
-  device float4* odd = (device float4*)(hr + p.cols / 2 + g * 16);
-  float sum = 0.0f;
-  for (int k = 0; k < 4; k++) {
-    float4 a = xr[2 * k];
-    float4 b = xr[2 * k + 1];
-    even[k] = float4(a.x, a.z, b.x, b.z);
-    odd[k] = float4(a.y, a.w, b.y, b.w);
-    sum += (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
-  }
-  hr[p.cols + g] = sum;
-}
-
 // y[r] = W x[r] (+ y[r]). Threadgroup (x, y) covers MV_SG * MV_R output rows for batch rows
-// [y * rows_per_group, ...); each simdgroup walks those rows MV_NR at a time with its
+// [y * rows_per_group, ...); each simdgroup walks those rows NR at a time with its
 // MV_R weight rows, so a weight is read once per threadgroup row range.
-template <typename T>
+template <typename T, int NR>
 [[max_total_threads_per_threadgroup(128)]] kernel void matvec(
     constant MatvecParams& p [[buffer(0)]],
     device const uchar* w    [[buffer(1)]],
@@ -51,16 +23,16 @@ template <typename T>
   if (o0 >= p.out_dim || r_begin >= r_end) {
     return;  // uniform per simdgroup
   }
-  for (int r0 = r_begin; r0 < r_end; r0 += MV_NR) {
-    ulong xoff[MV_NR];
-    mv_row_offsets(xoff, r0, r_end, p.x_stride);
-    int nx = min(MV_NR, r_end - r0);
-    float4 acc[MV_NR];
-    mv_clear(acc);
-    MvPass<T>::run(w, p.in_dim, o0, p.out_dim, x, xoff, nx, acc, lane);
-    mv_reduce(acc, nx);
+  for (int r0 = r_begin; r0 < r_end; r0 += NR) {
+    ulong xoff[NR];
+    mv_row_offsets<NR>(xoff, r0, r_end, p.x_stride);
+    int nx = min(NR, r_end - r0);
+    float4 acc[NR];
+    mv_clear<NR>(acc);
+    MvPass<T, NR>::run(w, p.in_dim, o0, p.out_dim, x, xoff, nx, acc, lane);
+    mv_reduce<NR>(acc, nx);
     if (lane == 0) {
-      for (int j = 0; j < MV_NR; j++) if (j < nx) {
+      for (int j = 0; j < NR; j++) if (j < nx) {
         mv_store(y, p.y_stride, r0 + j, o0, p.out_dim, acc[j], p.accumulate != 0);
       }
     }
@@ -73,7 +45,7 @@ template <typename T>
 // partial sums meet in threadgroup memory, added in simdgroup order. A matvec with few output
 // rows gets MV_SPLIT_SG times the simdgroups of `matvec` and each a shorter walk: on the H200 a
 // [24, 8192] projection took 149 us as `matvec` (two threadgroups, latency-bound).
-template <typename T>
+template <typename T, int NR>
 [[max_total_threads_per_threadgroup(256)]] kernel void matvec_split(
     constant MatvecParams& p [[buffer(0)]],
     device const uchar* w    [[buffer(1)]],
@@ -82,29 +54,29 @@ template <typename T>
     uint2 tg                 [[threadgroup_position_in_grid]],
     ushort sg                [[simdgroup_index_in_threadgroup]],
     ushort lane              [[thread_index_in_simdgroup]]) {
-  threadgroup float4 part[MV_SPLIT_SG][MV_NR];
+  threadgroup float4 part[MV_SPLIT_SG][NR];
   int o0 = int(tg.x) * MV_R;
   int r_begin = int(tg.y) * p.rows_per_group;
   int r_end = min(p.rows, r_begin + p.rows_per_group);
   if (o0 >= p.out_dim || r_begin >= r_end) {
     return;  // uniform per threadgroup: no barrier is left waiting
   }
-  for (int r0 = r_begin; r0 < r_end; r0 += MV_NR) {
-    ulong xoff[MV_NR];
-    mv_row_offsets(xoff, r0, r_end, p.x_stride);
-    int nx = min(MV_NR, r_end - r0);
-    float4 acc[MV_NR];
-    mv_clear(acc);
-    MvPass<T>::run_split(w, p.in_dim, o0, p.out_dim, x, xoff, nx, acc, int(sg) * 32 + int(lane), 32 * MV_SPLIT_SG);
-    mv_reduce(acc, nx);
+  for (int r0 = r_begin; r0 < r_end; r0 += NR) {
+    ulong xoff[NR];
+    mv_row_offsets<NR>(xoff, r0, r_end, p.x_stride);
+    int nx = min(NR, r_end - r0);
+    float4 acc[NR];
+    mv_clear<NR>(acc);
+    MvPass<T, NR>::run_split(w, p.in_dim, o0, p.out_dim, x, xoff, nx, acc, int(sg) * 32 + int(lane), 32 * MV_SPLIT_SG);
+    mv_reduce<NR>(acc, nx);
     if (lane == 0) {
-      for (int j = 0; j < MV_NR; j++) if (j < nx) {
+      for (int j = 0; j < NR; j++) if (j < nx) {
         part[sg][j] = acc[j];
       }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     if (sg == 0 && lane == 0) {
-      for (int j = 0; j < MV_NR; j++) if (j < nx) {
+      for (int j = 0; j < NR; j++) if (j < nx) {
         float4 v = part[0][j];
         for (int s = 1; s < MV_SPLIT_SG; s++) {
           v += part[s][j];
@@ -116,11 +88,15 @@ template <typename T>
   }
 }
 
-template [[host_name("matvec_f32_f32")]] kernel decltype(matvec<float>) matvec<float>;
-template [[host_name("matvec_bf16_f32")]] kernel decltype(matvec<bfloat>) matvec<bfloat>;
-template [[host_name("matvec_f16_f32")]] kernel decltype(matvec<half>) matvec<half>;
-template [[host_name("matvec_q4_f32")]] kernel decltype(matvec<uchar>) matvec<uchar>;
-template [[host_name("matvec_split_f32_f32")]] kernel decltype(matvec_split<float>) matvec_split<float>;
-template [[host_name("matvec_split_bf16_f32")]] kernel decltype(matvec_split<bfloat>) matvec_split<bfloat>;
-template [[host_name("matvec_split_f16_f32")]] kernel decltype(matvec_split<half>) matvec_split<half>;
-template [[host_name("matvec_split_q4_f32")]] kernel decltype(matvec_split<uchar>) matvec_split<uchar>;
+template [[host_name("matvec_f32_f32")]] kernel decltype(matvec<float, MV_NR>) matvec<float, MV_NR>;
+template [[host_name("matvec_bf16_f32")]] kernel decltype(matvec<bfloat, MV_NR>) matvec<bfloat, MV_NR>;
+template [[host_name("matvec_f16_f32")]] kernel decltype(matvec<half, MV_NR>) matvec<half, MV_NR>;
+template [[host_name("matvec_q4_f32")]] kernel decltype(matvec<uchar, MV_NR>) matvec<uchar, MV_NR>;
+template [[host_name("matvec_split_f32_f32")]] kernel decltype(matvec_split<float, MV_NR>) matvec_split<float, MV_NR>;
+template [[host_name("matvec_split_bf16_f32")]] kernel decltype(matvec_split<bfloat, MV_NR>) matvec_split<bfloat, MV_NR>;
+template [[host_name("matvec_split_f16_f32")]] kernel decltype(matvec_split<half, MV_NR>) matvec_split<half, MV_NR>;
+template [[host_name("matvec_split_q4_f32")]] kernel decltype(matvec_split<uchar, MV_NR>) matvec_split<uchar, MV_NR>;
+// Decode forms (one batch row per pass: a quarter of the registers, so more simdgroups per
+// core hide the memory latency); the host picks them when a dispatch has one row.
+template [[host_name("matvec_q4_r1_f32")]] kernel decltype(matvec<uchar, 1>) matvec<uchar, 1>;
+template [[host_name("matvec_split_q4_r1_f32")]] kernel decltype(matvec_split<uchar, 1>) matvec_split<uchar, 1>;

@@ -135,8 +135,8 @@ kernel void moe_lists_i32(
 // the engine's finite check to catch.
 //   gate_up (GATE_UP): out[q] = SiLU(gate x[q / top_k]) * up x[q / top_k]
 //   down:              out[q] = down x[q]
-// x rows are HalfSet rows for q4 records, plain rows otherwise.
-template <typename T, bool GATE_UP>
+// x rows are plain rows for every record dtype.
+template <typename T, bool GATE_UP, int NR>
 inline void moe_experts(constant MoeExpertsParams& p, device const int* offsets, device const int* pairs,
                         device const int* active, device const int* slot_of, device const uchar* pool,
                         device const uchar* x, device uchar* y, uint2 tg, ushort sg, ushort lane) {
@@ -153,27 +153,28 @@ inline void moe_experts(constant MoeExpertsParams& p, device const int* offsets,
   int slot = slot_of[e];
   bool missing = slot < 0 || slot >= p.slots;
   device const uchar* record = pool + (missing ? 0ul : ulong(slot) * p.record_stride);
-  for (int q0 = begin; q0 < end; q0 += MV_NR) {
-    ulong xoff[MV_NR];
-    for (int j = 0; j < MV_NR; j++) {
+  for (int q0 = begin; q0 < end; q0 += NR) {
+    ulong xoff[NR];
+    for (int j = 0; j < NR; j++) {
       int q = pairs[min(q0 + j, end - 1)];
       xoff[j] = ulong(GATE_UP ? q / p.top_k : q) * p.x_stride;
     }
-    int nx = min(MV_NR, end - q0);
-    float4 acc[MV_NR];
-    float4 up[MV_NR];
-    mv_clear(acc);
-    mv_clear(up);
+    int nx = min(NR, end - q0);
+    float4 acc[NR];
+    float4 up[NR];
+    mv_clear<NR>(acc);
+    mv_clear<NR>(up);
     if (!missing) {
-      MvPass<T>::run(record + p.w0_offset, p.in_dim, o0, p.out_dim, x, xoff, nx, acc, lane);
-      mv_reduce(acc, nx);
       if (GATE_UP) {
-        MvPass<T>::run(record + p.w1_offset, p.in_dim, o0, p.out_dim, x, xoff, nx, up, lane);
-        mv_reduce(up, nx);
+        MvPass<T, NR>::run2(record + p.w0_offset, record + p.w1_offset, p.in_dim, o0, p.out_dim, x, xoff, nx, acc, up, lane);
+        mv_reduce<NR>(up, nx);
+      } else {
+        MvPass<T, NR>::run(record + p.w0_offset, p.in_dim, o0, p.out_dim, x, xoff, nx, acc, lane);
       }
+      mv_reduce<NR>(acc, nx);
     }
     if (lane == 0) {
-      for (int j = 0; j < MV_NR; j++) if (j < nx) {
+      for (int j = 0; j < NR; j++) if (j < nx) {
         device float* yr = (device float*)(y + ulong(pairs[q0 + j]) * p.y_stride);
         for (int i = 0; i < MV_R && o0 + i < p.out_dim; i++) {
           float g = acc[j][i];
@@ -185,7 +186,7 @@ inline void moe_experts(constant MoeExpertsParams& p, device const int* offsets,
   }
 }
 
-template <typename T>
+template <typename T, int NR>
 [[max_total_threads_per_threadgroup(128)]] kernel void moe_gate_up(
     constant MoeExpertsParams& p [[buffer(0)]],
     device const int* offsets    [[buffer(1)]],
@@ -198,10 +199,10 @@ template <typename T>
     uint2 tg                     [[threadgroup_position_in_grid]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
-  moe_experts<T, true>(p, offsets, pairs, active, slot_of, pool, x, y, tg, sg, lane);
+  moe_experts<T, true, NR>(p, offsets, pairs, active, slot_of, pool, x, y, tg, sg, lane);
 }
 
-template <typename T>
+template <typename T, int NR>
 [[max_total_threads_per_threadgroup(128)]] kernel void moe_down(
     constant MoeExpertsParams& p [[buffer(0)]],
     device const int* offsets    [[buffer(1)]],
@@ -214,17 +215,20 @@ template <typename T>
     uint2 tg                     [[threadgroup_position_in_grid]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
-  moe_experts<T, false>(p, offsets, pairs, active, slot_of, pool, x, y, tg, sg, lane);
+  moe_experts<T, false, NR>(p, offsets, pairs, active, slot_of, pool, x, y, tg, sg, lane);
 }
 
-template [[host_name("moe_gate_up_f32_f32")]] kernel decltype(moe_gate_up<float>) moe_gate_up<float>;
-template [[host_name("moe_gate_up_bf16_f32")]] kernel decltype(moe_gate_up<bfloat>) moe_gate_up<bfloat>;
-template [[host_name("moe_gate_up_f16_f32")]] kernel decltype(moe_gate_up<half>) moe_gate_up<half>;
-template [[host_name("moe_gate_up_q4_f32")]] kernel decltype(moe_gate_up<uchar>) moe_gate_up<uchar>;
-template [[host_name("moe_down_f32_f32")]] kernel decltype(moe_down<float>) moe_down<float>;
-template [[host_name("moe_down_bf16_f32")]] kernel decltype(moe_down<bfloat>) moe_down<bfloat>;
-template [[host_name("moe_down_f16_f32")]] kernel decltype(moe_down<half>) moe_down<half>;
-template [[host_name("moe_down_q4_f32")]] kernel decltype(moe_down<uchar>) moe_down<uchar>;
+template [[host_name("moe_gate_up_f32_f32")]] kernel decltype(moe_gate_up<float, MV_NR>) moe_gate_up<float, MV_NR>;
+template [[host_name("moe_gate_up_bf16_f32")]] kernel decltype(moe_gate_up<bfloat, MV_NR>) moe_gate_up<bfloat, MV_NR>;
+template [[host_name("moe_gate_up_f16_f32")]] kernel decltype(moe_gate_up<half, MV_NR>) moe_gate_up<half, MV_NR>;
+template [[host_name("moe_gate_up_q4_f32")]] kernel decltype(moe_gate_up<uchar, MV_NR>) moe_gate_up<uchar, MV_NR>;
+template [[host_name("moe_down_f32_f32")]] kernel decltype(moe_down<float, MV_NR>) moe_down<float, MV_NR>;
+template [[host_name("moe_down_bf16_f32")]] kernel decltype(moe_down<bfloat, MV_NR>) moe_down<bfloat, MV_NR>;
+template [[host_name("moe_down_f16_f32")]] kernel decltype(moe_down<half, MV_NR>) moe_down<half, MV_NR>;
+template [[host_name("moe_down_q4_f32")]] kernel decltype(moe_down<uchar, MV_NR>) moe_down<uchar, MV_NR>;
+// Decode forms: one pair per pass (a decode step routes one row to each of its experts).
+template [[host_name("moe_gate_up_q4_r1_f32")]] kernel decltype(moe_gate_up<uchar, 1>) moe_gate_up<uchar, 1>;
+template [[host_name("moe_down_q4_r1_f32")]] kernel decltype(moe_down<uchar, 1>) moe_down<uchar, 1>;
 
 // Dense gated MLP input half (the shared expert): y[r] = SiLU(W_gate x[r]) * (W_up x[r]),
 // tiled as matvec (rows_per_group batch rows per threadgroup).
@@ -246,16 +250,15 @@ template <typename T>
   }
   for (int r0 = r_begin; r0 < r_end; r0 += MV_NR) {
     ulong xoff[MV_NR];
-    mv_row_offsets(xoff, r0, r_end, p.x_stride);
+    mv_row_offsets<MV_NR>(xoff, r0, r_end, p.x_stride);
     int nx = min(MV_NR, r_end - r0);
     float4 g[MV_NR];
     float4 u[MV_NR];
-    mv_clear(g);
-    mv_clear(u);
-    MvPass<T>::run(wg, p.in_dim, o0, p.out_dim, x, xoff, nx, g, lane);
-    MvPass<T>::run(wu, p.in_dim, o0, p.out_dim, x, xoff, nx, u, lane);
-    mv_reduce(g, nx);
-    mv_reduce(u, nx);
+    mv_clear<MV_NR>(g);
+    mv_clear<MV_NR>(u);
+    MvPass<T, MV_NR>::run2(wg, wu, p.in_dim, o0, p.out_dim, x, xoff, nx, g, u, lane);
+    mv_reduce<MV_NR>(g, nx);
+    mv_reduce<MV_NR>(u, nx);
     if (lane == 0) {
       for (int j = 0; j < MV_NR; j++) if (j < nx) {
         device float* yr = (device float*)(y + ulong(r0 + j) * p.y_stride);

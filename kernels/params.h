@@ -79,21 +79,6 @@ CK_PARAMS_ASSERT(__builtin_offsetof(RmsNormParams, y_stride) == 32, "RmsNormPara
 CK_PARAMS_ASSERT(__builtin_offsetof(RmsNormParams, z_stride) == 40, "RmsNormParams.z_stride: offset");
 #endif
 
-// HalfSet prep: per row, the even and odd elements of x and its per-32 group sums (q4 matvec input).
-typedef struct {
-  int32_t rows;                  // offset 0: rows in the batch (nb)
-  int32_t cols;                  // offset 4: elements per row (a multiple of 32)
-  uint64_t x_stride;             // offset 8: bytes between input rows
-  uint64_t h_stride;             // offset 16: bytes between HalfSet rows
-} HalfSetParams;
-CK_PARAMS_ASSERT(sizeof(HalfSetParams) == 24, "HalfSetParams: size");
-#ifndef __METAL_VERSION__
-CK_PARAMS_ASSERT(__builtin_offsetof(HalfSetParams, rows) == 0, "HalfSetParams.rows: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(HalfSetParams, cols) == 4, "HalfSetParams.cols: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(HalfSetParams, x_stride) == 8, "HalfSetParams.x_stride: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(HalfSetParams, h_stride) == 16, "HalfSetParams.h_stride: offset");
-#endif
-
 // Row-batched matrix-vector product y[r] = W x[r] (+ y[r] when accumulating); W [out_dim, in_dim] bound at its offset.
 typedef struct {
   int32_t rows;                  // offset 0: rows in the batch (nb)
@@ -102,7 +87,7 @@ typedef struct {
   uint32_t accumulate;           // offset 12: 1: y += W x, 0: y = W x
   int32_t rows_per_group;        // offset 16: batch rows one threadgroup serves (its weights are read once for them)
   uint32_t _pad0;                // offset 20
-  uint64_t x_stride;             // offset 24: bytes between input rows (HalfSet rows for q4)
+  uint64_t x_stride;             // offset 24: bytes between input rows
   uint64_t y_stride;             // offset 32: bytes between output rows
 } MatvecParams;
 CK_PARAMS_ASSERT(sizeof(MatvecParams) == 40, "MatvecParams: size");
@@ -140,6 +125,37 @@ CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, eps) == 20, "HcCoeffsParams.
 CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, x_stride) == 24, "HcCoeffsParams.x_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, raw_stride) == 32, "HcCoeffsParams.raw_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, c_stride) == 40, "HcCoeffsParams.c_stride: offset");
+#endif
+
+// A residual site's read in one pass: the coefficients of HcCoeffs, then x[r] = sum_i pre_i X[r][i] and RMSNorm(x, w).
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t streams;               // offset 4: n
+  int32_t cols;                  // offset 8: hidden size d
+  uint32_t head;                 // offset 12: 1: final read (n mixes, pre only), 0: a site (2n + n*n mixes)
+  int32_t iters;                 // offset 16: hc.sinkhorn_iters
+  float eps;                     // offset 20: hc.eps
+  uint32_t centred;              // offset 24: norm weight: 1 zero-centred, 0 plain
+  float norm_eps;                // offset 28: rms_norm_eps of the read's norm
+  uint64_t x_stride;             // offset 32: bytes between rows of the streams X [nb][n][d]
+  uint64_t raw_stride;           // offset 40: bytes between rows of the raw products
+  uint64_t c_stride;             // offset 48: bytes between coefficient rows (pre | post | comb)
+  uint64_t y_stride;             // offset 56: bytes between output rows
+} HcCoeffsReadParams;
+CK_PARAMS_ASSERT(sizeof(HcCoeffsReadParams) == 64, "HcCoeffsReadParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, rows) == 0, "HcCoeffsReadParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, streams) == 4, "HcCoeffsReadParams.streams: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, cols) == 8, "HcCoeffsReadParams.cols: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, head) == 12, "HcCoeffsReadParams.head: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, iters) == 16, "HcCoeffsReadParams.iters: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, eps) == 20, "HcCoeffsReadParams.eps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, centred) == 24, "HcCoeffsReadParams.centred: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, norm_eps) == 28, "HcCoeffsReadParams.norm_eps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, x_stride) == 32, "HcCoeffsReadParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, raw_stride) == 40, "HcCoeffsReadParams.raw_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, c_stride) == 48, "HcCoeffsReadParams.c_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, y_stride) == 56, "HcCoeffsReadParams.y_stride: offset");
 #endif
 
 // Hyper-connection read x[r] = sum_i pre_i X[r][i], optionally followed by RMSNorm(x, w).

@@ -11,9 +11,8 @@ import type { EngineGpu } from "./load.ts";
 import { encodeAttentionMixer, encodeDeltaNetMixer } from "./mixers.ts";
 import { encodeLookaheadRoute, encodeMoeCompute, encodeMoeRoute, type MoeSiteArgs } from "./moe-site.ts";
 import { encodePleLayer } from "./ple-layer.ts";
-import { encodeHalfSet, type ProjectionInput } from "./projections.ts";
-import { anyQ4, type LayerRefs } from "./refs.ts";
-import { halfAt, LOGIT_ROWS, rowAt } from "./scratch.ts";
+import type { LayerRefs } from "./refs.ts";
+import { LOGIT_ROWS, rowAt } from "./scratch.ts";
 import type { SequenceState } from "./state.ts";
 import { encodeArgmax, encodeFinalRead, encodeLogits } from "./sampling.ts";
 
@@ -23,13 +22,6 @@ export interface TrunkStep {
   pos0: number;
   /** A verify batch: snapshot the per-row state for rollback. */
   verify: boolean;
-}
-
-/** Whether a layer's mixer reads its input through a HalfSet (some projection of it is q4). */
-function mixerNeedsHalf(w: LayerRefs): boolean {
-  const dn = w.deltanet;
-  const at = w.attention;
-  return anyQ4(dn?.qkv, dn?.z, dn?.b, dn?.a, at?.q, at?.gate, at?.k, at?.v, at?.qsa?.iq, at?.qsa?.ik, at?.qsa?.iw);
 }
 
 /** The MoE site arguments of trunk layer `w`. */
@@ -76,9 +68,7 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
       });
     }
     encodeSiteRead(ctx, s.X, w.hcMixer, s.hc, s.xn, nb, gpu.hc, d, { w: w.mixerNorm, eps });
-    const half = mixerNeedsHalf(w);
-    if (half) encodeHalfSet(ctx, s.xn, s.xnHalf, nb);
-    const x: ProjectionInput = half ? { rows: s.xn, half: s.xnHalf } : { rows: s.xn };
+    const x = s.xn;
     switch (w.type) {
       case "deltanet": {
         const planes = snaps?.deltanet[l];
@@ -124,13 +114,10 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
 export function encodeGreedy(ctx: EncodeContext, gpu: EngineGpu, hidden: RowsRef, nb: number, ids: RowsRef, margins: RowsRef): void {
   const s = gpu.scratch;
   const lm = gpu.refs.lmHead;
-  const q4 = lm.dtype === "q4";
-  if (q4) encodeHalfSet(ctx, hidden, s.head.hiddenHalf, nb);
   const vocab = gpu.config.vocab_size;
   for (let r0 = 0; r0 < nb; r0 += LOGIT_ROWS) {
     const rows = Math.min(LOGIT_ROWS, nb - r0);
-    const input: ProjectionInput = q4 ? { rows: rowAt(hidden, r0), half: halfAt(s.head.hiddenHalf, r0) } : { rows: rowAt(hidden, r0) };
-    encodeLogits(ctx, lm, input, s.head.logits, rows);
+    encodeLogits(ctx, lm, rowAt(hidden, r0), s.head.logits, rows);
     encodeArgmax(ctx, s.head.logits, bind(ids.buffer, ids.offset + r0 * 4), bind(margins.buffer, margins.offset + r0 * 4), rows, vocab);
   }
 }

@@ -14,8 +14,7 @@ import type { EngineGpu } from "./load.ts";
 import { encodeMoeCompute, encodeMoeRoute, type MoeSiteArgs } from "./moe-site.ts";
 import { encodeMtpInput } from "./mtp.ts";
 import { encodeRmsNorm } from "./norms.ts";
-import { encodeHalfSet, encodeProjection, type ProjectionInput } from "./projections.ts";
-import { anyQ4 } from "./refs.ts";
+import { encodeMatvec } from "./projections.ts";
 import { rowAt } from "./scratch.ts";
 import type { SequenceState } from "./state.ts";
 
@@ -46,18 +45,12 @@ function encodeMtpRows(
   const d = c.hidden_size;
   const eps = c.rms_norm_eps;
   encodeMtpInput(ctx, gpu.refs.embed, ids, hidden, { embedNorm: w.embedNorm, hiddenNorm: w.hiddenNorm }, s.mtp.fuse, nb, eps);
-  if (w.fc.dtype === "q4") {
-    encodeHalfSet(ctx, s.mtp.fuse, s.mtp.fuseHalf, nb);
-    encodeProjection(ctx, w.fc, { rows: s.mtp.fuse, half: s.mtp.fuseHalf }, s.mtp.X, nb);
-  } else encodeProjection(ctx, w.fc, { rows: s.mtp.fuse }, s.mtp.X, nb);
+  encodeMatvec(ctx, w.fc, s.mtp.fuse, s.mtp.X, nb);
 
   // Attention with a plain residual (n = 1).
   encodeRmsNorm(ctx, s.mtp.X, w.mixerNorm, s.xn, nb, eps);
   const at = w.attention;
-  const half = anyQ4(at.q, at.gate, at.k, at.v);
-  if (half) encodeHalfSet(ctx, s.xn, s.xnHalf, nb);
-  const x: ProjectionInput = half ? { rows: s.xn, half: s.xnHalf } : { rows: s.xn };
-  encodeAttentionMixer(ctx, { config: c, w: at, state: { ...seq.mtp!, ik: null }, scratch: s, nb, pos0: mtpPos, x, y: s.y });
+  encodeAttentionMixer(ctx, { config: c, w: at, state: { ...seq.mtp!, ik: null }, scratch: s, nb, pos0: mtpPos, x: s.xn, y: s.y });
   encodeResidualAdd(ctx, s.mtp.X, s.y, nb, d);
 
   const site: MoeSiteArgs = {

@@ -9,16 +9,7 @@ import type { Binding, Buffer } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { SIMD_WIDTH } from "./limits.ts";
 import { Params } from "./params.ts";
-import {
-  checkRows,
-  encodeHalfSet,
-  encodeMatvec,
-  encodeProjection,
-  MATVEC_TILE,
-  matrixShape,
-  type HalfSet,
-  type ProjectionInput,
-} from "./projections.ts";
+import { checkRows, encodeMatvec, MATVEC_TILE, matrixShape, oneRowForm } from "./projections.ts";
 
 /** Largest expert count and top-k the router and list kernels hold. */
 export const MOE_MAX_EXPERTS = 1024;
@@ -46,7 +37,7 @@ export interface Routes {
 export function encodeRouter(
   ctx: EncodeContext,
   router: TensorRef,
-  x: ProjectionInput,
+  x: RowsRef,
   logits: RowsRef,
   routes: Routes,
   nb: number,
@@ -54,7 +45,7 @@ export function encodeRouter(
 ): void {
   const [E] = matrixShape(router, "router");
   if (E !== cfg.experts) throw new Error(`router has ${E} rows, config says ${cfg.experts} experts`);
-  encodeProjection(ctx, router, x, logits, nb);
+  encodeMatvec(ctx, router, x, logits, nb);
   encodeRouterTopK(ctx, logits, routes, nb, cfg);
 }
 
@@ -120,24 +111,23 @@ function part(pool: ExpertPool, name: string): ExpertPartRef {
   return p;
 }
 
-/** Scratch of the routed experts for nb rows: h [nb*k][I] (+ its HalfSet for q4 downs), o [nb*k][d]. */
+/** Scratch of the routed experts for nb rows: h [nb*k][I], o [nb*k][d]. */
 export interface RoutedScratch {
   h: RowsRef;
-  hHalf?: HalfSet;
   o: RowsRef;
 }
 
 /**
  * Routed experts of one layer: for every pair q = r * k + j (expert e = ids[q]),
- * h[q] = SiLU(gate_e x[r]) * up_e x[r], then o[q] = down_e h[q]. `x` must carry its
- * HalfSet when the records are q4.
+ * h[q] = SiLU(gate_e x[r]) * up_e x[r], then o[q] = down_e h[q]. With one row (a decode
+ * step: one pair per expert) q4 records take the kernels' one-row forms.
  */
 export function encodeRoutedExperts(
   ctx: EncodeContext,
   pool: ExpertPool,
   slotOf: Binding,
   lists: ExpertLists,
-  x: ProjectionInput,
+  x: RowsRef,
   scratch: RoutedScratch,
   nb: number,
   topK: number,
@@ -153,10 +143,9 @@ export function encodeRoutedExperts(
   if (gate.dtype !== up.dtype || gate.dtype !== down.dtype)
     throw new Error(`expert parts: mixed dtypes ${gate.dtype}/${up.dtype}/${down.dtype} (one kernel reads all three)`);
   const dtype = gate.dtype;
-  const q4 = dtype === "q4";
-  const xin = q4 ? x.half : x.rows;
-  if (!xin) throw new Error("routed experts: q4 records need the input's HalfSet");
-  if (q4 && !scratch.hHalf) throw new Error("routed experts: q4 records need scratch.hHalf for the down projections");
+  if (dtype === "q4" && (d % 32 !== 0 || I % 32 !== 0)) throw new Error(`expert parts: q4 needs widths that are multiples of 32 (d ${d}, I ${I})`);
+  // A decode step routes one row: every active expert has exactly one pair.
+  const pairsPerPass = nb === 1 ? 1 : MATVEC_TILE.batchRows;
   const T = MATVEC_TILE;
   const common = { rows: nb, top_k: topK, experts, slots: pool.slots, record_stride: pool.stride };
   const tables = [lists.offsets, lists.pairs, lists.active, slotOf, pool.buffer] as const;
@@ -164,24 +153,19 @@ export function encodeRoutedExperts(
   const expertRows = Math.min(experts, nb * topK);
   dispatch(
     ctx,
-    `moe_gate_up_${dtype}_f32`,
+    oneRowForm(`moe_gate_up_${dtype}_f32`, dtype, pairsPerPass),
     Params.MoeExperts,
-    { ...common, in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: xin.stride, y_stride: scratch.h.stride },
-    [...tables, bind(xin.buffer, xin.offset), bind(scratch.h.buffer, scratch.h.offset)],
+    { ...common, in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: x.stride, y_stride: scratch.h.stride },
+    [...tables, bind(x.buffer, x.offset), bind(scratch.h.buffer, scratch.h.offset)],
     [Math.ceil(I / (T.rows * T.simdgroups)), expertRows],
     SIMD_WIDTH * T.simdgroups,
   );
-  let hin: RowsRef = scratch.h;
-  if (q4) {
-    encodeHalfSet(ctx, scratch.h, scratch.hHalf!, nb * topK);
-    hin = scratch.hHalf!;
-  }
   dispatch(
     ctx,
-    `moe_down_${dtype}_f32`,
+    oneRowForm(`moe_down_${dtype}_f32`, dtype, pairsPerPass),
     Params.MoeExperts,
-    { ...common, in_dim: I, out_dim: d, w0_offset: down.offset, w1_offset: 0, x_stride: hin.stride, y_stride: scratch.o.stride },
-    [...tables, bind(hin.buffer, hin.offset), bind(scratch.o.buffer, scratch.o.offset)],
+    { ...common, in_dim: I, out_dim: d, w0_offset: down.offset, w1_offset: 0, x_stride: scratch.h.stride, y_stride: scratch.o.stride },
+    [...tables, bind(scratch.h.buffer, scratch.h.offset), bind(scratch.o.buffer, scratch.o.offset)],
     [Math.ceil(d / (T.rows * T.simdgroups)), expertRows],
     SIMD_WIDTH * T.simdgroups,
   );
@@ -196,37 +180,30 @@ export interface SharedExpertRefs {
   expertGate: TensorRef;
 }
 
-/** Scratch of the shared expert: h [nb][SI] (+ HalfSet for q4), s [nb][d], sg [nb][1]. */
+/** Scratch of the shared expert: h [nb][SI], s [nb][d], sg [nb][1]. */
 export interface SharedScratch {
   h: RowsRef;
-  hHalf?: HalfSet;
   s: RowsRef;
   sg: RowsRef;
 }
 
 /** s[r] = down(SiLU(gate x[r]) * up x[r]) and sg[r] = w_sg . x[r] (the combine applies the sigmoid). */
-export function encodeSharedExpert(ctx: EncodeContext, w: SharedExpertRefs, x: ProjectionInput, scratch: SharedScratch, nb: number): void {
+export function encodeSharedExpert(ctx: EncodeContext, w: SharedExpertRefs, x: RowsRef, scratch: SharedScratch, nb: number): void {
   checkRows(nb, "shared expert");
   const [SI, d] = matrixShape(w.gate, "shared_gate");
   if (w.gate.dtype !== w.up.dtype) throw new Error(`shared expert: gate ${w.gate.dtype} and up ${w.up.dtype} differ`);
-  const xin = w.gate.dtype === "q4" ? x.half : x.rows;
-  if (!xin) throw new Error("shared expert: q4 weights need the input's HalfSet");
   const T = MATVEC_TILE;
   dispatch(
     ctx,
     `ffn_gate_up_${w.gate.dtype}_f32`,
     Params.Matvec,
-    { rows: nb, in_dim: d, out_dim: SI, accumulate: 0, rows_per_group: nb, x_stride: xin.stride, y_stride: scratch.h.stride },
-    [bind(w.gate.buffer, w.gate.offset), bind(w.up.buffer, w.up.offset), bind(xin.buffer, xin.offset), bind(scratch.h.buffer, scratch.h.offset)],
+    { rows: nb, in_dim: d, out_dim: SI, accumulate: 0, rows_per_group: nb, x_stride: x.stride, y_stride: scratch.h.stride },
+    [bind(w.gate.buffer, w.gate.offset), bind(w.up.buffer, w.up.offset), bind(x.buffer, x.offset), bind(scratch.h.buffer, scratch.h.offset)],
     [Math.ceil(SI / (T.rows * T.simdgroups)), 1],
     SIMD_WIDTH * T.simdgroups,
   );
-  if (w.down.dtype === "q4") {
-    if (!scratch.hHalf) throw new Error("shared expert: q4 down needs scratch.hHalf");
-    encodeHalfSet(ctx, scratch.h, scratch.hHalf, nb);
-    encodeMatvec(ctx, w.down, scratch.hHalf, scratch.s, nb);
-  } else encodeMatvec(ctx, w.down, scratch.h, scratch.s, nb);
-  encodeProjection(ctx, w.expertGate, x, scratch.sg, nb);
+  encodeMatvec(ctx, w.down, scratch.h, scratch.s, nb);
+  encodeMatvec(ctx, w.expertGate, x, scratch.sg, nb);
 }
 
 /** y[r] = sum_j w[r][j] o[r * k + j] (+ sigmoid(sg[r]) s[r] when `shared` is given). */

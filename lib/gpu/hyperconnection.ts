@@ -50,6 +50,41 @@ function checkStreams(n: number, what: string): void {
   if (!Number.isInteger(n) || n < 1 || n > HC_MAX_STREAMS) throw new Error(`${what}: ${n} streams, expected 1..${HC_MAX_STREAMS}`);
 }
 
+/** Checks a site's (or the head's) tensors against n and d; returns the mix count. */
+function checkSite(site: HcSiteRefs, n: number, d: number, head: boolean): number {
+  const M = hcMixCount(n, head);
+  const [out, inDim] = matrixShape(site.fn, "hc fn");
+  if (out !== M || inDim !== n * d) throw new Error(`hc fn has shape [${out}, ${inDim}], expected [${M}, ${n * d}]`);
+  if (site.fn.dtype === "q4") throw new Error("hc fn: q4 is not a storage dtype of hc tensors (expected bf16, f16 or f32)");
+  checkVector(site.base, M, "hc base");
+  checkVector(site.scale, head ? 1 : 3, "hc scale");
+  return M;
+}
+
+/** The coefficient kernels' common params and bindings (X, raw, scale, base, coeffs). */
+function coeffArgs(X: RowsRef, site: HcSiteRefs, scratch: HcScratch, nb: number, cfg: HcConfig, d: number, head: boolean) {
+  return {
+    values: {
+      rows: nb,
+      streams: cfg.streams,
+      cols: d,
+      head: head ? 1 : 0,
+      iters: cfg.sinkhorn_iters,
+      eps: cfg.eps,
+      x_stride: X.stride,
+      raw_stride: scratch.raw.stride,
+      c_stride: scratch.coeffs.stride,
+    },
+    buffers: [
+      bind(X.buffer, X.offset),
+      bind(scratch.raw.buffer, scratch.raw.offset),
+      bind(site.scale.buffer, site.scale.offset),
+      bind(site.base.buffer, site.base.offset),
+      bind(scratch.coeffs.buffer, scratch.coeffs.offset),
+    ],
+  };
+}
+
 /**
  * Coefficients of nb rows of X [nb][n][d]: raw = fn . flat, then per row
  * pre (and for a site post and comb) into scratch.coeffs.
@@ -64,32 +99,42 @@ export function encodeHcCoefficients(
   d: number,
   head = false,
 ): void {
-  const n = cfg.streams;
-  checkStreams(n, "hc_coeffs");
+  checkStreams(cfg.streams, "hc_coeffs");
   checkRows(nb, "hc_coeffs");
-  const M = hcMixCount(n, head);
-  const [out, inDim] = matrixShape(site.fn, "hc fn");
-  if (out !== M || inDim !== n * d) throw new Error(`hc fn has shape [${out}, ${inDim}], expected [${M}, ${n * d}]`);
-  if (site.fn.dtype === "q4") throw new Error("hc fn: q4 is not a storage dtype of hc tensors (expected bf16, f16 or f32)");
-  checkVector(site.base, M, "hc base");
-  checkVector(site.scale, head ? 1 : 3, "hc scale");
+  checkSite(site, cfg.streams, d, head);
   encodeMatvec(ctx, site.fn, X, scratch.raw, nb);
+  const a = coeffArgs(X, site, scratch, nb, cfg, d, head);
+  dispatch(ctx, "hc_coeffs_f32", Params.HcCoeffs, a.values, a.buffers, nb, SIMD_WIDTH * HC_TG_SG);
+}
+
+/**
+ * The coefficients of encodeHcCoefficients (left in scratch.coeffs for the site's write) and
+ * the normalised read y = RMSNorm(sum_i pre_i X_i, norm) in one kernel after the fn matvec.
+ */
+export function encodeHcCoefficientsRead(
+  ctx: EncodeContext,
+  X: RowsRef,
+  site: HcSiteRefs,
+  scratch: HcScratch,
+  y: RowsRef,
+  nb: number,
+  cfg: HcConfig,
+  d: number,
+  norm: ReadNorm,
+  head = false,
+): void {
+  checkStreams(cfg.streams, "hc_coeffs_read_norm");
+  checkRows(nb, "hc_coeffs_read_norm");
+  checkSite(site, cfg.streams, d, head);
+  checkVector(norm.w, d, "hc read norm");
+  encodeMatvec(ctx, site.fn, X, scratch.raw, nb);
+  const a = coeffArgs(X, site, scratch, nb, cfg, d, head);
   dispatch(
     ctx,
-    "hc_coeffs_f32",
-    Params.HcCoeffs,
-    {
-      rows: nb,
-      streams: n,
-      cols: d,
-      head: head ? 1 : 0,
-      iters: cfg.sinkhorn_iters,
-      eps: cfg.eps,
-      x_stride: X.stride,
-      raw_stride: scratch.raw.stride,
-      c_stride: scratch.coeffs.stride,
-    },
-    [bind(X.buffer, X.offset), bind(scratch.raw.buffer, scratch.raw.offset), bind(site.scale.buffer, site.scale.offset), bind(site.base.buffer, site.base.offset), bind(scratch.coeffs.buffer, scratch.coeffs.offset)],
+    "hc_coeffs_read_norm_f32",
+    Params.HcCoeffsRead,
+    { ...a.values, centred: (norm.centred ?? true) ? 1 : 0, norm_eps: norm.eps, y_stride: y.stride },
+    [...a.buffers, bind(y.buffer, y.offset), bind(norm.w.buffer, norm.w.offset)],
     nb,
     SIMD_WIDTH * HC_TG_SG,
   );
@@ -166,8 +211,7 @@ export function encodeSiteRead(
     encodeRmsNorm(ctx, X, norm.w, xn, nb, norm.eps, { centred: norm.centred ?? true });
     return;
   }
-  encodeHcCoefficients(ctx, X, site, scratch, nb, cfg, d);
-  encodeHcRead(ctx, X, scratch.coeffs, xn, nb, cfg.streams, d, norm);
+  encodeHcCoefficientsRead(ctx, X, site, scratch, xn, nb, cfg, d, norm);
 }
 
 /** A residual site's write of the sub-layer output y: hc_write with the read's coefficients, or X += y (n = 1). */

@@ -1,26 +1,19 @@
 // The two mixers of a layer (MODEL.md "Mixer A/B") as dispatch sequences over a step's rows:
 // gated DeltaNet (projections, conv + SiLU, the recurrence, gated RMSNorm, out) and gated
 // attention (projections, per-head norms, RoPE, cache appends, QSA, attention, sigmoid
-// gate, out). Input: the site's normalised read (and its HalfSet); output: y [nb][d].
+// gate, out). Input: the site's normalised read; output: y [nb][d].
 import type { ModelConfig } from "../model/config.ts";
 import { encodeAttention, encodeKvAppend, encodeQsa, encodeRope } from "./attention.ts";
 import { encodeConvSilu, encodeDeltaNet } from "./deltanet.ts";
 import { bind, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import { encodeElementwise } from "./elementwise.ts";
 import { encodeRmsNorm, encodeRmsNormGated } from "./norms.ts";
-import { encodeHalfSet, encodeProjection, type HalfSet, type ProjectionInput } from "./projections.ts";
+import { encodeMatvec } from "./projections.ts";
 import type { AttentionRefs, DeltaNetRefs } from "./refs.ts";
 import type { Scratch } from "./scratch.ts";
 import type { AttentionLayerState, DeltaNetLayerState } from "./state.ts";
 import type { SnapshotPlanes } from "./snapshots.ts";
 
-/** y = W x, preparing x's HalfSet first when W is q4. */
-export function encodeOutProjection(ctx: EncodeContext, w: AttentionRefs["o"], x: RowsRef, half: HalfSet, y: RowsRef, nb: number): void {
-  if (w.dtype === "q4") {
-    encodeHalfSet(ctx, x, half, nb);
-    encodeProjection(ctx, w, { rows: x, half }, y, nb);
-  } else encodeProjection(ctx, w, { rows: x }, y, nb);
-}
 
 export interface DeltaNetMixerArgs {
   config: ModelConfig;
@@ -28,7 +21,7 @@ export interface DeltaNetMixerArgs {
   state: DeltaNetLayerState;
   scratch: Scratch;
   nb: number;
-  x: ProjectionInput;
+  x: RowsRef;
   y: RowsRef;
   /** Verify batches: store S and the conv window after each of the first `rows` rows. */
   snapshots?: { S: SnapshotPlanes; conv: SnapshotPlanes; rows: number };
@@ -38,10 +31,10 @@ export function encodeDeltaNetMixer(ctx: EncodeContext, a: DeltaNetMixerArgs): v
   const { config: c, w, nb } = a;
   const dn = c.deltanet;
   const s = a.scratch.dn;
-  encodeProjection(ctx, w.qkv, a.x, s.qkv, nb);
-  encodeProjection(ctx, w.z, a.x, s.z, nb);
-  encodeProjection(ctx, w.b, a.x, s.b, nb);
-  encodeProjection(ctx, w.a, a.x, s.a, nb);
+  encodeMatvec(ctx, w.qkv, a.x, s.qkv, nb);
+  encodeMatvec(ctx, w.z, a.x, s.z, nb);
+  encodeMatvec(ctx, w.b, a.x, s.b, nb);
+  encodeMatvec(ctx, w.a, a.x, s.a, nb);
   const C = w.qkv.shape[0]!;
   const convSnap = a.snapshots && dn.conv_kernel > 1 ? { planes: a.snapshots.conv, rows: a.snapshots.rows } : undefined;
   encodeConvSilu(ctx, { rows: nb, channels: C, x: s.qkv, weight: w.conv, state: a.state.conv, y: s.conv, snapshots: convSnap });
@@ -61,7 +54,7 @@ export function encodeDeltaNetMixer(ctx: EncodeContext, a: DeltaNetMixerArgs): v
     snapshots: a.snapshots ? { planes: a.snapshots.S, rows: a.snapshots.rows } : undefined,
   });
   encodeRmsNormGated(ctx, s.o, s.z, w.norm, s.o, nb, dn.value_heads, c.rms_norm_eps);
-  encodeOutProjection(ctx, w.out, s.o, s.oHalf, a.y, nb);
+  encodeMatvec(ctx, w.out, s.o, a.y, nb);
 }
 
 export interface AttentionMixerArgs {
@@ -72,7 +65,7 @@ export interface AttentionMixerArgs {
   nb: number;
   /** Position of row 0. */
   pos0: number;
-  x: ProjectionInput;
+  x: RowsRef;
   y: RowsRef;
 }
 
@@ -81,10 +74,10 @@ export function encodeAttentionMixer(ctx: EncodeContext, a: AttentionMixerArgs):
   const at = c.attention;
   const s = a.scratch.attn;
   const eps = c.rms_norm_eps;
-  encodeProjection(ctx, w.q, a.x, s.q, nb);
-  encodeProjection(ctx, w.gate, a.x, s.gate, nb);
-  encodeProjection(ctx, w.k, a.x, s.k, nb);
-  encodeProjection(ctx, w.v, a.x, s.v, nb);
+  encodeMatvec(ctx, w.q, a.x, s.q, nb);
+  encodeMatvec(ctx, w.gate, a.x, s.gate, nb);
+  encodeMatvec(ctx, w.k, a.x, s.k, nb);
+  encodeMatvec(ctx, w.v, a.x, s.v, nb);
   encodeRmsNorm(ctx, s.q, w.qNorm, s.q, nb, eps, { heads: at.heads });
   encodeRmsNorm(ctx, s.k, w.kNorm, s.k, nb, eps, { heads: at.kv_heads });
   const rotDim = Math.round(at.head_dim * at.partial_rotary_factor);
@@ -95,9 +88,9 @@ export function encodeAttentionMixer(ctx: EncodeContext, a: AttentionMixerArgs):
   const qsa = w.qsa && at.qsa;
   if (w.qsa && at.qsa && a.state.ik) {
     const q = at.qsa;
-    encodeProjection(ctx, w.qsa.iq, a.x, s.iq, nb);
-    encodeProjection(ctx, w.qsa.ik, a.x, s.ikRaw, nb);
-    encodeProjection(ctx, w.qsa.iw, a.x, s.iw, nb);
+    encodeMatvec(ctx, w.qsa.iq, a.x, s.iq, nb);
+    encodeMatvec(ctx, w.qsa.ik, a.x, s.ikRaw, nb);
+    encodeMatvec(ctx, w.qsa.iw, a.x, s.iw, nb);
     encodeRmsNorm(ctx, s.ikRaw, w.qsa.ikNorm, s.ik, nb, eps);
     encodeKvAppend(ctx, { rows: nb, pos0, x: s.ik, cache: a.state.ik });
     const scoreStride = Math.ceil(((pos0 + nb) * 4) / 16) * 16;
@@ -132,5 +125,5 @@ export function encodeAttentionMixer(ctx: EncodeContext, a: AttentionMixerArgs):
     partials: bind(s.partials.buffer, s.partials.offset),
   });
   encodeElementwise(ctx, "sigmoid_mul", s.o, s.gate, s.o, nb, at.heads * at.head_dim);
-  encodeOutProjection(ctx, w.o, s.o, s.oHalf, a.y, nb);
+  encodeMatvec(ctx, w.o, s.o, a.y, nb);
 }

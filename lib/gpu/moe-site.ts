@@ -15,7 +15,6 @@ import {
   type ExpertPool as KernelPool,
 } from "./experts.ts";
 import { encodeSiteRead, encodeSiteWrite, type HcConfig, type HcSiteRefs } from "./hyperconnection.ts";
-import { encodeHalfSet, type ProjectionInput } from "./projections.ts";
 import type { MoeRefs } from "./refs.ts";
 import type { Scratch } from "./scratch.ts";
 
@@ -29,31 +28,19 @@ export interface MoeSiteArgs {
   moe: MoeRefs;
   scratch: Scratch;
   nb: number;
-  /** Record dtype of the routed experts (q4 ones read the input's HalfSet). */
+  /** Record dtype of the routed experts. */
   expertDType: string;
 }
 
 const routerConfig = (c: ModelConfig) => ({ experts: c.moe.experts, top_k: c.moe.top_k, norm_topk_prob: c.moe.norm_topk_prob });
 
-/** Whether the MoE input needs a HalfSet: some consumer of it is q4. */
-function needsHalf(a: MoeSiteArgs): boolean {
-  const sh = a.moe.shared;
-  return a.expertDType === "q4" || a.moe.router.dtype === "q4" || (!!sh && (sh.gate.dtype === "q4" || sh.expertGate.dtype === "q4"));
-}
-
-function input(a: MoeSiteArgs): ProjectionInput {
-  const s = a.scratch;
-  return needsHalf(a) ? { rows: s.xn, half: s.xnHalf } : { rows: s.xn };
-}
-
-/** The site's read + norm into scratch.xn, its HalfSet, the router (scratch.moe.ids/weights) and the pair lists. */
+/** The site's read + norm into scratch.xn, the router (scratch.moe.ids/weights) and the pair lists. */
 export function encodeMoeRoute(ctx: EncodeContext, a: MoeSiteArgs): void {
   const { config: c, nb, scratch: s } = a;
   const d = c.hidden_size;
   encodeSiteRead(ctx, a.X, a.site, s.hc, s.xn, nb, a.hc, d, { w: a.norm, eps: c.rms_norm_eps });
-  if (needsHalf(a)) encodeHalfSet(ctx, s.xn, s.xnHalf, nb);
   const m = s.moe;
-  encodeRouter(ctx, a.moe.router, input(a), m.logits, { ids: bind(m.ids.buffer, m.ids.offset), weights: bind(m.weights.buffer, m.weights.offset) }, nb, routerConfig(c));
+  encodeRouter(ctx, a.moe.router, s.xn, m.logits, { ids: bind(m.ids.buffer, m.ids.offset), weights: bind(m.weights.buffer, m.weights.offset) }, nb, routerConfig(c));
   const L = m.lists;
   encodeExpertLists(
     ctx,
@@ -72,21 +59,21 @@ export function encodeMoeCompute(ctx: EncodeContext, a: MoeSiteArgs, pool: Kerne
   const k = c.moe.top_k;
   const m = s.moe;
   const L = m.lists;
-  const x = input(a);
+  const x = s.xn;
   encodeRoutedExperts(
     ctx,
     pool,
     bind(m.slotTable.buffer, m.slotTable.offset),
     { offsets: bind(L.offsets.buffer, L.offsets.offset), pairs: bind(L.pairs.buffer, L.pairs.offset), active: bind(L.active.buffer, L.active.offset) },
     x,
-    { h: m.h, hHalf: m.hHalf, o: m.o },
+    { h: m.h, o: m.o },
     nb,
     k,
     c.moe.experts,
   );
   let shared: { s: RowsRef; sg: RowsRef } | undefined;
   if (a.moe.shared) {
-    encodeSharedExpert(ctx, a.moe.shared, x, { h: m.sh, hHalf: m.shHalf, s: m.s, sg: m.sg }, nb);
+    encodeSharedExpert(ctx, a.moe.shared, x, { h: m.sh, s: m.s, sg: m.sg }, nb);
     shared = { s: m.s, sg: m.sg };
   }
   encodeMoeCombine(ctx, bind(m.weights.buffer, m.weights.offset), m.o, s.y, nb, k, d, shared);
@@ -102,12 +89,10 @@ export function encodeLookaheadRoute(ctx: EncodeContext, a: MoeSiteArgs): void {
   const d = c.hidden_size;
   const la = s.la;
   encodeSiteRead(ctx, a.X, a.site, la.hc, la.xn, nb, a.hc, d, { w: a.norm, eps: c.rms_norm_eps });
-  const q4 = a.moe.router.dtype === "q4";
-  if (q4) encodeHalfSet(ctx, la.xn, la.half, nb);
   encodeRouter(
     ctx,
     a.moe.router,
-    q4 ? { rows: la.xn, half: la.half } : { rows: la.xn },
+    la.xn,
     la.logits,
     { ids: bind(la.ids.buffer, la.ids.offset), weights: bind(la.weights.buffer, la.weights.offset) },
     nb,

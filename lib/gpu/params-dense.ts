@@ -30,15 +30,6 @@ export const denseParams = {
       { name: "z_stride", type: "u64", doc: "bytes between gate rows (gated form only)" },
     ],
   },
-  HalfSet: {
-    doc: "HalfSet prep: per row, the even and odd elements of x and its per-32 group sums (q4 matvec input).",
-    fields: [
-      { name: "rows", type: "i32", doc: "rows in the batch (nb)" },
-      { name: "cols", type: "i32", doc: "elements per row (a multiple of 32)" },
-      { name: "x_stride", type: "u64", doc: "bytes between input rows" },
-      { name: "h_stride", type: "u64", doc: "bytes between HalfSet rows" },
-    ],
-  },
   Matvec: {
     doc: "Row-batched matrix-vector product y[r] = W x[r] (+ y[r] when accumulating); W [out_dim, in_dim] bound at its offset.",
     fields: [
@@ -48,7 +39,7 @@ export const denseParams = {
       { name: "accumulate", type: "u32", doc: "1: y += W x, 0: y = W x" },
       { name: "rows_per_group", type: "i32", doc: "batch rows one threadgroup serves (its weights are read once for them)" },
       { name: "_pad0", type: "u32" },
-      { name: "x_stride", type: "u64", doc: "bytes between input rows (HalfSet rows for q4)" },
+      { name: "x_stride", type: "u64", doc: "bytes between input rows" },
       { name: "y_stride", type: "u64", doc: "bytes between output rows" },
     ],
   },
@@ -64,6 +55,23 @@ export const denseParams = {
       { name: "x_stride", type: "u64", doc: "bytes between rows of the streams X [nb][n][d]" },
       { name: "raw_stride", type: "u64", doc: "bytes between rows of the raw products" },
       { name: "c_stride", type: "u64", doc: "bytes between coefficient rows (pre | post | comb)" },
+    ],
+  },
+  HcCoeffsRead: {
+    doc: "A residual site's read in one pass: the coefficients of HcCoeffs, then x[r] = sum_i pre_i X[r][i] and RMSNorm(x, w).",
+    fields: [
+      { name: "rows", type: "i32", doc: "rows in the batch (nb)" },
+      { name: "streams", type: "i32", doc: "n" },
+      { name: "cols", type: "i32", doc: "hidden size d" },
+      { name: "head", type: "u32", doc: "1: final read (n mixes, pre only), 0: a site (2n + n*n mixes)" },
+      { name: "iters", type: "i32", doc: "hc.sinkhorn_iters" },
+      { name: "eps", type: "f32", doc: "hc.eps" },
+      { name: "centred", type: "u32", doc: "norm weight: 1 zero-centred, 0 plain" },
+      { name: "norm_eps", type: "f32", doc: "rms_norm_eps of the read's norm" },
+      { name: "x_stride", type: "u64", doc: "bytes between rows of the streams X [nb][n][d]" },
+      { name: "raw_stride", type: "u64", doc: "bytes between rows of the raw products" },
+      { name: "c_stride", type: "u64", doc: "bytes between coefficient rows (pre | post | comb)" },
+      { name: "y_stride", type: "u64", doc: "bytes between output rows" },
     ],
   },
   HcRead: {

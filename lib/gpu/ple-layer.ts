@@ -10,7 +10,7 @@ import { encodeElementwise } from "./elementwise.ts";
 import { encodeHcRead } from "./hyperconnection.ts";
 import { encodeRmsNorm } from "./norms.ts";
 import { encodePleConv, encodePleGate, encodePleGather } from "./ple.ts";
-import { encodeHalfSet, encodeProjection, type ProjectionInput } from "./projections.ts";
+import { encodeMatvec } from "./projections.ts";
 import type { PleRefs } from "./refs.ts";
 import type { Scratch } from "./scratch.ts";
 import type { SnapshotPlanes } from "./snapshots.ts";
@@ -49,15 +49,12 @@ export function encodePleLayer(ctx: EncodeContext, a: PleLayerArgs): void {
     e: s.e,
     rowIds: bind(s.rowIds.buffer, s.rowIds.offset),
   });
-  const q4 = w.k.dtype === "q4" || w.v.dtype === "q4";
-  if (q4) encodeHalfSet(ctx, s.e, s.eHalf, nb);
-  const e: ProjectionInput = q4 ? { rows: s.e, half: s.eHalf } : { rows: s.e };
-  encodeProjection(ctx, w.k, e, s.kRaw, nb);
+  encodeMatvec(ctx, w.k, s.e, s.kRaw, nb);
   encodeElementwise(ctx, "add", s.kRaw, { buffer: w.kBias.buffer, offset: w.kBias.offset, stride: 0 }, s.kRaw, nb, d);
   encodeRmsNorm(ctx, s.kRaw, w.kNorm, s.k, nb, eps);
   if (n === 1) encodeRmsNorm(ctx, a.X, w.qNorm, s.q, nb, eps);
   else encodeHcRead(ctx, a.X, a.scratch.meanCoeffs, s.q, nb, n, d, { w: w.qNorm, eps });
-  encodeProjection(ctx, w.v, e, s.vIn, nb);
+  encodeMatvec(ctx, w.v, s.e, s.vIn, nb);
   encodePleGate(ctx, { rows: nb, dim: d, eps, k: s.k, q: s.q, vIn: s.vIn, vBias: w.vBias, convNorm: w.convNorm, v: s.v, u: s.u });
   encodePleConv(ctx, {
     rows: nb,

@@ -1,8 +1,7 @@
-// Dense projections y[r] = W x[r] over a row batch (kernels/matvec.metal): f32, bf16 and f16
-// weights read plain input rows; q4 weights read HalfSet rows (the even and odd halves of x
-// plus its per-32 group sums), prepared once per input and shared by every q4 projection of
-// it. A threadgroup serves all the rows of its range with each weight it reads, so a step
-// reads its weights once, not once per row.
+// Dense projections y[r] = W x[r] over a row batch (kernels/matvec.metal) for every storage
+// dtype, all reading plain input rows (q4 kernels form the per-32 group sums of x themselves).
+// A threadgroup serves all the rows of its range with each weight it reads, so a step reads
+// its weights once, not once per row.
 import type { DType } from "../model/config.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { MAX_NB, SIMD_WIDTH } from "./limits.ts";
@@ -10,17 +9,6 @@ import { Params } from "./params.ts";
 
 /** Output rows per simdgroup, batch rows per pass and simdgroups per threadgroup (kernels/matvec.h). */
 export const MATVEC_TILE = { rows: 4, batchRows: 4, simdgroups: 4, splitSimdgroups: 8 } as const;
-
-/** HalfSet rows of a batch: `width` is the length of the x they were made from. */
-export interface HalfSet extends RowsRef {
-  readonly width: number;
-}
-
-/** The input of a projection: plain rows, and their HalfSet when a q4 weight reads them. */
-export interface ProjectionInput {
-  readonly rows: RowsRef;
-  readonly half?: HalfSet;
-}
 
 export interface MatvecOptions {
   /** y += W x instead of y = W x. */
@@ -66,38 +54,6 @@ export function checkVector(w: TensorRef, n: number, what: string): void {
   if (len !== n) throw new Error(`${what}: weight has ${len} values, expected ${n}`);
 }
 
-/** Floats in one HalfSet row of a `width`-wide x: the halves, the group sums, padded to 16 bytes. */
-export function halfSetFloats(width: number): number {
-  if (!Number.isInteger(width) || width <= 0 || width % 32 !== 0) throw new Error(`HalfSet: width ${width} must be a positive multiple of 32`);
-  return width + Math.ceil(width / 32 / 4) * 4;
-}
-
-/** Bytes of a HalfSet buffer region for nb rows. */
-export const halfSetBytes = (width: number, nb: number) => halfSetFloats(width) * 4 * nb;
-
-/** A HalfSet over `buffer` from `offset`, rows packed. */
-export function halfSetAt(buffer: RowsRef["buffer"], width: number, offset = 0): HalfSet {
-  return { buffer, offset, stride: halfSetFloats(width) * 4, width };
-}
-
-/** Writes the HalfSet rows of x (nb rows of out.width floats; nb may exceed MAX_NB). */
-export function encodeHalfSet(ctx: EncodeContext, x: RowsRef, out: HalfSet, nb: number): void {
-  // Any row count: routed experts prepare nb * top_k rows.
-  if (!Number.isInteger(nb) || nb < 1) throw new RangeError(`halfset: ${nb} rows must be a positive integer`);
-  const rowBytes = halfSetFloats(out.width) * 4; // validates the width
-  const groups = out.width / 32;
-  if (out.stride < rowBytes) throw new Error(`halfset: stride ${out.stride} is below ${rowBytes} bytes`);
-  dispatch(
-    ctx,
-    "halfset_f32",
-    Params.HalfSet,
-    { rows: nb, cols: out.width, x_stride: x.stride, h_stride: out.stride },
-    [bind(x.buffer, x.offset), bind(out.buffer, out.offset)],
-    [Math.ceil(groups / SIMD_WIDTH), nb],
-    [SIMD_WIDTH, 1],
-  );
-}
-
 const MATVEC_KERNELS: Record<DType, string> = {
   f32: "matvec_f32_f32",
   bf16: "matvec_bf16_f32",
@@ -113,13 +69,19 @@ const MATVEC_SPLIT_KERNELS: Record<DType, string> = {
 };
 
 /**
- * y[r] = W x[r] for r < nb. `x` is plain rows for f32/bf16/f16 weights and a HalfSet for q4
- * ones. The input width must be a multiple of 4 (32 for q4).
+ * The kernel of a q4 projection whose threadgroups serve one batch row each: the decode form
+ * (one row per pass: a quarter of the registers, so more simdgroups per core hide memory
+ * latency; kernels/matvec.metal). Other dtypes have the batch form only.
  */
+export function oneRowForm(kernel: string, dtype: DType, rowsPerPass: number): string {
+  return dtype === "q4" && rowsPerPass === 1 ? kernel.replace(/_q4_f32$/, "_q4_r1_f32") : kernel;
+}
+
+/** y[r] = W x[r] for r < nb. The input width must be a multiple of 4 (32 for q4). */
 export function encodeMatvec(
   ctx: EncodeContext,
   w: TensorRef,
-  x: RowsRef | HalfSet,
+  x: RowsRef,
   y: RowsRef,
   nb: number,
   opts: MatvecOptions = {},
@@ -127,8 +89,7 @@ export function encodeMatvec(
   const [out, inDim] = matrixShape(w, "matvec");
   checkRows(nb, "matvec");
   if (w.dtype === "q4") {
-    if (!("width" in x) || x.width !== inDim)
-      throw new Error(`matvec: a q4 weight [${out}, ${inDim}] needs a HalfSet input of width ${inDim}`);
+    if (inDim % 32 !== 0) throw new Error(`matvec: a q4 weight [${out}, ${inDim}] needs an input width that is a multiple of 32`);
   } else if (inDim % 4 !== 0) {
     throw new Error(`matvec: input width ${inDim} must be a multiple of 4`);
   }
@@ -143,7 +104,7 @@ export function encodeMatvec(
   const split = opts.form === undefined ? prefersSplit(ctx.device.backend, out) : opts.form === "split";
   dispatch(
     ctx,
-    split ? MATVEC_SPLIT_KERNELS[w.dtype] : MATVEC_KERNELS[w.dtype],
+    oneRowForm(split ? MATVEC_SPLIT_KERNELS[w.dtype] : MATVEC_KERNELS[w.dtype], w.dtype, rowsPerGroup),
     Params.Matvec,
     {
       rows: nb,
@@ -158,21 +119,4 @@ export function encodeMatvec(
     [Math.ceil(out / (split ? T.rows : T.rows * T.simdgroups)), Math.ceil(nb / rowsPerGroup)],
     [SIMD_WIDTH * (split ? T.splitSimdgroups : T.simdgroups), 1],
   );
-}
-
-/** A projection of an input that may have a HalfSet: picks the form the weight's dtype reads. */
-export function encodeProjection(
-  ctx: EncodeContext,
-  w: TensorRef,
-  x: ProjectionInput,
-  y: RowsRef,
-  nb: number,
-  opts: MatvecOptions = {},
-): void {
-  if (w.dtype === "q4") {
-    if (!x.half) throw new Error(`projection: q4 weight [${w.shape.join(", ")}] needs the input's HalfSet (encodeHalfSet first)`);
-    encodeMatvec(ctx, w, x.half, y, nb, opts);
-  } else {
-    encodeMatvec(ctx, w, x.rows, y, nb, opts);
-  }
 }

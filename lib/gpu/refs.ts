@@ -82,7 +82,7 @@ export interface ModelRefs {
   finalNorm: TensorRef;
   lmHead: TensorRef;
   mtp: MtpRefs | null;
-  /** Every matrix weight, for the "does this input need a HalfSet" questions. */
+  /** Every matrix weight of the layer. */
   all: TensorRef[];
 }
 
@@ -193,5 +193,3 @@ export function modelRefs(files: ModelFiles, dense: Buffer, ple: Buffer | null):
   return refs;
 }
 
-/** Whether any of `weights` is q4 (then its input needs a HalfSet). */
-export const anyQ4 = (...weights: (TensorRef | null | undefined)[]) => weights.some((w) => w?.dtype === "q4");

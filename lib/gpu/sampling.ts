@@ -5,11 +5,11 @@
 import { hasPenalties, type SamplingParams } from "../reference/sampling.ts";
 import type { Binding, Buffer, Device } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
-import { encodeHcCoefficients, encodeHcRead, type HcConfig, type HcScratch, type HcSiteRefs } from "./hyperconnection.ts";
+import { encodeHcCoefficientsRead, type HcConfig, type HcScratch, type HcSiteRefs } from "./hyperconnection.ts";
 import { SIMD_WIDTH } from "./limits.ts";
 import { encodeRmsNorm } from "./norms.ts";
 import { Params } from "./params.ts";
-import { checkRows, encodeProjection, type ProjectionInput } from "./projections.ts";
+import { checkRows, encodeMatvec } from "./projections.ts";
 
 /**
  * hidden[r] = RMSNorm(sum_i pre_i X[r][i], final_norm) with the head's pre (hc_head.*), or
@@ -32,13 +32,12 @@ export function encodeFinalRead(
     encodeRmsNorm(ctx, X, finalNorm, hidden, nb, eps);
     return;
   }
-  encodeHcCoefficients(ctx, X, head, scratch, nb, cfg, d, true);
-  encodeHcRead(ctx, X, scratch.coeffs, hidden, nb, cfg.streams, d, { w: finalNorm, eps });
+  encodeHcCoefficientsRead(ctx, X, head, scratch, hidden, nb, cfg, d, { w: finalNorm, eps }, true);
 }
 
 /** logits[r] = W x[r] for the LM head (or the tied embedding) in any stored dtype. */
-export function encodeLogits(ctx: EncodeContext, lmHead: TensorRef, x: ProjectionInput, logits: RowsRef, nb: number): void {
-  encodeProjection(ctx, lmHead, x, logits, nb);
+export function encodeLogits(ctx: EncodeContext, lmHead: TensorRef, x: RowsRef, logits: RowsRef, nb: number): void {
+  encodeMatvec(ctx, lmHead, x, logits, nb);
 }
 
 /** ids[r] = argmax of logits[r] (ties: lowest id), margin[r] = top1 - top2 (0 on a tie). */

@@ -11,7 +11,6 @@ import type { RowsRef } from "./dispatch.ts";
 import type { HcScratch } from "./hyperconnection.ts";
 import { hcMixCount } from "./hyperconnection.ts";
 import { attentionPartialBytes, ATTN_DECODE_SPLIT } from "./attention.ts";
-import { halfSetFloats, type HalfSet } from "./projections.ts";
 import { MAX_SNAP } from "./limits.ts";
 
 /** Rows of logits computed at once (the LM head runs over a step in blocks of this many). */
@@ -50,22 +49,20 @@ export interface Scratch {
   readonly rows: number;
   /** Residual streams X [rows][n][d]. */
   X: RowsRef;
-  /** A site's normalised read [rows][d] and its HalfSet. */
+  /** A site's normalised read [rows][d]. */
   xn: RowsRef;
-  xnHalf: HalfSet;
   /** A sub-layer's output [rows][d]. */
   y: RowsRef;
   /** Hyper-connection coefficients of the current site, and of the lookahead's read. */
   hc: HcScratch;
-  la: { hc: HcScratch; xn: RowsRef; half: HalfSet; logits: RowsRef; ids: RowsRef; weights: RowsRef };
-  dn: { qkv: RowsRef; conv: RowsRef; z: RowsRef; b: RowsRef; a: RowsRef; o: RowsRef; oHalf: HalfSet };
+  la: { hc: HcScratch; xn: RowsRef; logits: RowsRef; ids: RowsRef; weights: RowsRef };
+  dn: { qkv: RowsRef; conv: RowsRef; z: RowsRef; b: RowsRef; a: RowsRef; o: RowsRef };
   attn: {
     q: RowsRef;
     gate: RowsRef;
     k: RowsRef;
     v: RowsRef;
     o: RowsRef;
-    oHalf: HalfSet;
     iq: RowsRef;
     ikRaw: RowsRef;
     ik: RowsRef;
@@ -76,7 +73,7 @@ export interface Scratch {
     counts: RowsRef;
     partials: { buffer: Buffer; offset: number; bytes: number };
   };
-  ple: { e: RowsRef; eHalf: HalfSet; kRaw: RowsRef; k: RowsRef; q: RowsRef; vIn: RowsRef; v: RowsRef; u: RowsRef; rowIds: RowsRef };
+  ple: { e: RowsRef; kRaw: RowsRef; k: RowsRef; q: RowsRef; vIn: RowsRef; v: RowsRef; u: RowsRef; rowIds: RowsRef };
   moe: {
     logits: RowsRef;
     /** Router output of the current site: ids [rows][k] (i32) and weights [rows][k]. */
@@ -84,17 +81,15 @@ export interface Scratch {
     weights: RowsRef;
     lists: { offsets: RowsRef; pairs: RowsRef; active: RowsRef };
     h: RowsRef;
-    hHalf: HalfSet;
     o: RowsRef;
     sh: RowsRef;
-    shHalf: HalfSet;
     s: RowsRef;
     sg: RowsRef;
     /** The layer's slot table (perLayer slots, then the union size), written by the host. */
     slotTable: RowsRef;
   };
-  head: { hidden: RowsRef; hiddenHalf: HalfSet; logits: RowsRef; next: RowsRef; margins: RowsRef };
-  mtp: { fuse: RowsRef; fuseHalf: HalfSet; X: RowsRef; out: RowsRef; drafts: RowsRef; draftMargins: RowsRef };
+  head: { hidden: RowsRef; logits: RowsRef; next: RowsRef; margins: RowsRef };
+  mtp: { fuse: RowsRef; X: RowsRef; out: RowsRef; drafts: RowsRef; draftMargins: RowsRef };
   /** n floats of 1/n: the mean of the streams as a hyper-connection read (row stride 0). */
   meanCoeffs: RowsRef;
 }
@@ -153,16 +148,10 @@ function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number;
     const stride = values * 4;
     arenaOf(path).take(stride * count, (buffer, offset) => set(path, { buffer, offset, stride }));
   };
-  const half = (path: string, width: number, count = R) => {
-    const w = Math.max(32, Math.ceil(width / 32) * 32);
-    const stride = halfSetFloats(w) * 4;
-    arenaOf(path).take(stride * count, (buffer, offset) => set(path, { buffer, offset, stride, width }));
-  };
   const raw = (path: string, bytes: number) => arenaOf(path).take(bytes, (buffer, offset) => set(path, { buffer, offset, bytes }));
 
   rows("X", n * d);
   rows("xn", d);
-  half("xnHalf", d);
   rows("y", d);
   const mix = Math.max(1, hcMixCount(n));
   rows("hc.raw", mix);
@@ -170,7 +159,6 @@ function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number;
   rows("la.hc.raw", mix);
   rows("la.hc.coeffs", mix);
   rows("la.xn", d);
-  half("la.half", d);
   rows("la.logits", E);
   packed("la.ids", k);
   packed("la.weights", k);
@@ -182,14 +170,12 @@ function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number;
   rows("dn.b", c.deltanet.value_heads);
   rows("dn.a", c.deltanet.value_heads);
   rows("dn.o", D.dnValue);
-  half("dn.oHalf", D.dnValue);
 
   rows("attn.q", D.attnQ);
   rows("attn.gate", D.attnQ);
   rows("attn.k", D.attnKv);
   rows("attn.v", D.attnKv);
   rows("attn.o", D.attnQ);
-  half("attn.oHalf", D.attnQ);
   const qsa = at.qsa;
   rows("attn.iq", qsa ? qsa.heads * qsa.head_dim : 1);
   rows("attn.ikRaw", qsa ? qsa.head_dim : 1);
@@ -205,7 +191,6 @@ function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number;
 
   const P = D.pleEmbed;
   rows("ple.e", Math.max(1, P));
-  half("ple.eHalf", Math.max(32, P));
   for (const name of ["kRaw", "k", "q", "vIn", "v", "u"]) rows(`ple.${name}`, d);
   packed("ple.rowIds", c.ple ? c.ple.orders.length * c.ple.heads : 1);
 
@@ -217,23 +202,19 @@ function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number;
   rows("moe.lists.active", E + 1, 1);
   const I = c.moe.intermediate;
   rows("moe.h", I, R * k);
-  half("moe.hHalf", I, R * k);
   rows("moe.o", d, R * k);
   const SI = Math.max(32, c.moe.shared_intermediate);
   rows("moe.sh", SI);
-  half("moe.shHalf", SI);
   rows("moe.s", d);
   rows("moe.sg", 1);
   rows("moe.slotTable", E + 1, 1);
 
   rows("head.hidden", d);
-  half("head.hiddenHalf", d);
   rows("head.logits", c.vocab_size, Math.min(R, LOGIT_ROWS));
   packed("head.next", 1);
   packed("head.margins", 1);
 
   rows("mtp.fuse", 2 * d);
-  half("mtp.fuseHalf", 2 * d);
   rows("mtp.X", d);
   rows("mtp.out", d);
   packed("mtp.drafts", 1, MAX_SNAP + 1);
@@ -260,8 +241,6 @@ function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number;
 /** The rows of a region from row `first` on. */
 export const rowAt = (ref: RowsRef, first: number): RowsRef => ({ buffer: ref.buffer, offset: ref.offset + first * ref.stride, stride: ref.stride });
 
-/** The HalfSet rows of a region from row `first` on. */
-export const halfAt = (ref: HalfSet, first: number): HalfSet => ({ ...ref, offset: ref.offset + first * ref.stride });
 
 /** An i32 view of `count` values of a packed region (no copy). */
 export const i32View = (ref: RowsRef, count: number): Int32Array => ref.buffer.i32.subarray(ref.offset / 4, ref.offset / 4 + count);

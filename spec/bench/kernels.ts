@@ -28,10 +28,10 @@ import { encodeResidualAdd, encodeElementwise } from "../../lib/gpu/elementwise.
 import { encodeEmbed } from "../../lib/gpu/embed.ts";
 import type { EncodeContext, RowsRef, TensorRef } from "../../lib/gpu/dispatch.ts";
 import { encodeExpertLists, encodeMoeCombine, encodeRouterTopK, encodeRoutedExperts, encodeSharedExpert, type ExpertPool } from "../../lib/gpu/experts.ts";
-import { encodeHcCoefficients, encodeHcRead, encodeHcWrite, hcMixCount, type HcSiteRefs } from "../../lib/gpu/hyperconnection.ts";
+import { encodeHcCoefficients, encodeHcCoefficientsRead, encodeHcWrite, hcMixCount, type HcSiteRefs } from "../../lib/gpu/hyperconnection.ts";
 import { encodeMtpInput } from "../../lib/gpu/mtp.ts";
 import { encodeRmsNorm, encodeRmsNormGated } from "../../lib/gpu/norms.ts";
-import { encodeHalfSet, encodeMatvec, halfSetAt, halfSetBytes } from "../../lib/gpu/projections.ts";
+import { encodeMatvec } from "../../lib/gpu/projections.ts";
 import { encodeArgmax, encodeFinalRead } from "../../lib/gpu/sampling.ts";
 import { Device, type Buffer, type Storage } from "../../lib/shim.ts";
 import { allocateKvCache, attentionPartialBytes, attentionSplits, encodeAttention, encodeKvAppend, encodeQsa, encodeRope, qsaScoreBytes } from "../../lib/gpu/attention.ts";
@@ -46,6 +46,8 @@ interface BenchCase {
   shape: string;
   /** Returns the encode of one copy of the case at nb rows. */
   setup(nb: number): (ctx: EncodeContext) => void;
+  /** The fewest bytes one copy must move through device memory (weights read once, inputs read, outputs written). */
+  bytes?(nb: number): number;
 }
 
 export interface BenchResult {
@@ -57,6 +59,9 @@ export interface BenchResult {
   us: number;
   /** Median run, microseconds per copy. */
   medianUs: number;
+  /** The case's byte count (when it declares one) and the bandwidth that makes: bytes / fastest run. */
+  bytes?: number;
+  gbPerS?: number;
 }
 
 const argv = process.argv.slice(2);
@@ -150,13 +155,28 @@ function cases(f: Fixture): BenchCase[] {
       const w = f.weight([out, inDim], dtype);
       const x = f.rows(nb, inDim);
       const y = f.rows(nb, out);
-      if (dtype !== q4) return (ctx) => encodeMatvec(ctx, w, x, y, nb);
-      const half = halfSetAt(f.buffer(halfSetBytes(inDim, nb)), inDim);
-      runOnce(f.dev, (ctx) => encodeHalfSet(ctx, x, half, nb));
-      return (ctx) => encodeMatvec(ctx, w, half, y, nb);
+      return (ctx) => encodeMatvec(ctx, w, x, y, nb);
     },
+    bytes: (nb) => tensorBytes([out, inDim], dtype) + nb * (inDim + out) * 4,
   });
+  // The streaming reference: y = a + b over STREAM_FLOATS floats (two reads and a write each),
+  // what a memory-bound kernel of this backend can reach (the "copy bandwidth" of the table).
+  const STREAM_FLOATS = f.dev.backend === "cpu" ? 1 << 20 : 1 << 25;
+  const STREAM_COLS = 8192;
   return [
+    {
+      name: "stream (a + b)",
+      kernels: ["ew_add_f32"],
+      shape: `${STREAM_FLOATS} floats`,
+      setup() {
+        const rows = STREAM_FLOATS / STREAM_COLS;
+        const a = f.rows(rows, STREAM_COLS);
+        const b = f.rows(rows, STREAM_COLS);
+        const y = f.rows(rows, STREAM_COLS);
+        return (ctx) => encodeElementwise(ctx, "add", a, b, y, rows, STREAM_COLS);
+      },
+      bytes: () => STREAM_FLOATS * 12,
+    },
     {
       name: "embed",
       kernels: ["embed_q4_f32"],
@@ -180,15 +200,16 @@ function cases(f: Fixture): BenchCase[] {
       },
     },
     {
-      name: "hc read + norm",
-      kernels: ["hc_read_norm_f32"],
-      shape: `${n} x ${d}`,
+      name: "hc site read (coefficients + read + norm)",
+      kernels: ["matvec_bf16_f32", "hc_coeffs_read_norm_f32"],
+      shape: `fn [${D.hcMix}, ${n * d}] bf16, ${n} x ${d}`,
       setup(nb) {
         const X = f.rows(nb, n * d);
-        const coeffs = f.rows(nb, D.hcMix);
+        const site = f.site();
+        const s = f.scratch(nb, D.hcMix);
         const y = f.rows(nb, d);
         const w = f.weight([d], "f32");
-        return (ctx) => encodeHcRead(ctx, X, coeffs, y, nb, n, d, { w, eps: cfg.rms_norm_eps });
+        return (ctx) => encodeHcCoefficientsRead(ctx, X, site, s, y, nb, cfg.hc, d, { w, eps: cfg.rms_norm_eps });
       },
     },
     {
@@ -243,16 +264,6 @@ function cases(f: Fixture): BenchCase[] {
         return (ctx) => encodeRmsNormGated(ctx, o, z, w, o, nb, dn.value_heads, cfg.rms_norm_eps);
       },
     },
-    {
-      name: "halfset",
-      kernels: ["halfset_f32"],
-      shape: `${d}`,
-      setup(nb) {
-        const x = f.rows(nb, d);
-        const h = halfSetAt(f.buffer(halfSetBytes(d, nb)), d);
-        return (ctx) => encodeHalfSet(ctx, x, h, nb);
-      },
-    },
     proj("dn.qkv projection", D.dnConvChannels, d, q4),
     proj("attn.q projection", D.attnQ, d, q4),
     proj("dn.out / attn.o projection", d, D.dnValue, q4),
@@ -292,7 +303,7 @@ function cases(f: Fixture): BenchCase[] {
     },
     {
       name: "routed experts",
-      kernels: ["moe_gate_up_q4_f32", "halfset_f32", "moe_down_q4_f32"],
+      kernels: ["moe_gate_up_q4(_r1)_f32", "moe_down_q4(_r1)_f32"],
       shape: `k ${k}, [${I}, ${d}] q4 records`,
       setup(nb) {
         const gate = f.weight([I, d], q4);
@@ -322,23 +333,24 @@ function cases(f: Fixture): BenchCase[] {
         const lists = { offsets: f.buffer((E + 1) * 4), pairs: f.buffer(nb * k * 4), active: f.buffer((E + 1) * 4) };
         runOnce(f.dev, (ctx) => encodeExpertLists(ctx, ids, lists, nb, k, E));
         const x = f.rows(nb, d);
-        const half = halfSetAt(f.buffer(halfSetBytes(d, nb)), d);
-        runOnce(f.dev, (ctx) => encodeHalfSet(ctx, x, half, nb));
-        const scratch = { h: f.rows(nb * k, I), hHalf: halfSetAt(f.buffer(halfSetBytes(I, nb * k)), I), o: f.rows(nb * k, d) };
-        return (ctx) => encodeRoutedExperts(ctx, expertPool, slotOf, lists, { rows: x, half }, scratch, nb, k, E);
+        const scratch = { h: f.rows(nb * k, I), o: f.rows(nb * k, d) };
+        return (ctx) => encodeRoutedExperts(ctx, expertPool, slotOf, lists, x, scratch, nb, k, E);
+      },
+      // Each active expert's three projections once, the rows in and out (h written and read).
+      bytes: (nb) => {
+        const active = new Set(Array.from({ length: nb * k }, (_, i) => (i * 7 + Math.floor(i / k)) % E)).size;
+        return active * 3 * tensorBytes([I, d], q4) + nb * d * 4 + nb * k * (2 * I + d) * 4;
       },
     },
     {
       name: "shared expert",
-      kernels: ["ffn_gate_up_q4_f32", "halfset_f32", "matvec_q4_f32", "matvec_bf16_f32"],
+      kernels: ["ffn_gate_up_q4_f32", "matvec_q4(_r1)_f32", "matvec_bf16_f32"],
       shape: `[${SI}, ${d}] q4 + gate`,
       setup(nb) {
         const w = { gate: f.weight([SI, d], q4), up: f.weight([SI, d], q4), down: f.weight([d, SI], q4), expertGate: f.weight([1, d], "bf16") };
         const x = f.rows(nb, d);
-        const half = halfSetAt(f.buffer(halfSetBytes(d, nb)), d);
-        runOnce(f.dev, (ctx) => encodeHalfSet(ctx, x, half, nb));
-        const scratch = { h: f.rows(nb, SI), hHalf: halfSetAt(f.buffer(halfSetBytes(SI, nb)), SI), s: f.rows(nb, d), sg: f.rows(nb, 1) };
-        return (ctx) => encodeSharedExpert(ctx, w, { rows: x, half }, scratch, nb);
+        const scratch = { h: f.rows(nb, SI), s: f.rows(nb, d), sg: f.rows(nb, 1) };
+        return (ctx) => encodeSharedExpert(ctx, w, x, scratch, nb);
       },
     },
     {
@@ -356,7 +368,7 @@ function cases(f: Fixture): BenchCase[] {
     },
     {
       name: "final read + norm",
-      kernels: ["matvec_bf16_f32", "hc_coeffs_f32", "hc_read_norm_f32"],
+      kernels: ["matvec_bf16_f32", "hc_coeffs_read_norm_f32"],
       shape: `${n} x ${d}`,
       setup(nb) {
         const X = f.rows(nb, n * d);
@@ -575,7 +587,9 @@ export function runBench(opts: { nbs: number[]; iters: number; reps: number; fil
           runOnce(dev, once);
           times.push(((performance.now() - t0) * 1000) / opts.reps);
         }
-        out.push({ name: c.name, kernels: c.kernels, shape: c.shape, nb, us: Math.min(...times), medianUs: median(times) });
+        const us = Math.min(...times);
+        const bytes = c.bytes?.(nb);
+        out.push({ name: c.name, kernels: c.kernels, shape: c.shape, nb, us, medianUs: median(times), bytes, gbPerS: bytes === undefined ? undefined : bytes / us / 1000 });
       }
     }
   } finally {
@@ -586,10 +600,15 @@ export function runBench(opts: { nbs: number[]; iters: number; reps: number; fil
 
 function table(results: BenchResult[], nbs: number[]): string {
   const names = [...new Set(results.map((r) => r.name))];
-  const head = ["case", "kernels", "shape", ...nbs.map((nb) => `nb=${nb} (us)`)];
+  // Bandwidth columns are relative to the stream case's (this backend's memory-bound ceiling).
+  const stream = results.find((r) => r.name.startsWith("stream") && r.gbPerS !== undefined)?.gbPerS;
+  const head = ["case", "kernels", "shape", ...nbs.map((nb) => `nb=${nb} (us)`), ...nbs.map((nb) => `nb=${nb} GB/s (% stream)`)];
+  const bw = (r: BenchResult | undefined) =>
+    r?.gbPerS === undefined ? "" : `${r.gbPerS.toFixed(r.gbPerS < 10 ? 2 : 0)}${stream ? ` (${((100 * r.gbPerS) / stream).toFixed(0)}%)` : ""}`;
   const body = names.map((name) => {
     const rs = results.filter((r) => r.name === name);
-    return [name, rs[0]!.kernels.join(" + "), rs[0]!.shape, ...nbs.map((nb) => rs.find((r) => r.nb === nb)?.us.toFixed(1) ?? "")];
+    const at = (nb: number) => rs.find((r) => r.nb === nb);
+    return [name, rs[0]!.kernels.join(" + "), rs[0]!.shape, ...nbs.map((nb) => at(nb)?.us.toFixed(1) ?? ""), ...nbs.map((nb) => bw(at(nb)))];
   });
   const widths = head.map((h, i) => Math.max(h.length, ...body.map((row) => row[i]!.length)));
   const line = (row: string[]) => row.map((v, i) => (i >= 3 ? v.padStart(widths[i]!) : v.padEnd(widths[i]!))).join("  ");

@@ -60,10 +60,31 @@ describe("hc_coeffs_f32 (site)", () => {
     }
     expectClose(readF32(s.coeffs.buffer, nb * M), want, COEFF_TOL, `hc_coeffs_f32 nb=${nb}`, M);
   });
+
+  // n * n <= 32: one simdgroup's lanes hold comb; above: thread 0 serially (n = 6, 8).
+  test.each([2, 3, 5, 6, 8])("n = %i", (n) => {
+    const c = { ...cfg, streams: n };
+    const nb = 3;
+    const d = 32;
+    const M = hcMixCount(n);
+    const { refs, host } = siteWeights(dev, n, d, 11 + n);
+    const X = randomF32(nb * n * d, 40 + n, 2, "X");
+    const s = scratch(nb, M);
+    run(dev, (ctx) => encodeHcCoefficients(ctx, rows(uploadF32(dev, X), n * d), refs, s, nb, c, d));
+    const want = new Float32Array(nb * M);
+    for (let r = 0; r < nb; r++) {
+      const k = hcCoefficients(hcMixes(host.fn, X.subarray(r * n * d, (r + 1) * n * d), M, c.eps), host, c);
+      want.set(k.pre, r * M);
+      want.set(k.post, r * M + n);
+      want.set(k.comb, r * M + 2 * n);
+    }
+    expectClose(readF32(s.coeffs.buffer, nb * M), want, COEFF_TOL, `hc_coeffs_f32 n=${n}`, M);
+  });
 });
 
-describe("residual site: read (hc_read_norm_f32), write (hc_write_f32)", () => {
-  test.each(NB_CASES.flatMap((nb) => [[nb, 4], [nb, 1]] as const))("nb = %i, n = %i", (nb, n) => {
+describe("residual site: read (hc_coeffs_read_norm_f32), write (hc_write_f32)", () => {
+  // n = 6: the coefficients' serial form hands pre to the read through threadgroup memory too.
+  test.each([...NB_CASES.flatMap((nb) => [[nb, 4], [nb, 1]] as const), [2, 6] as const])("nb = %i, n = %i", (nb, n) => {
     const c = { ...cfg, streams: n };
     const d = nb === 1024 ? 32 : 96;
     const M = hcMixCount(n);
@@ -82,7 +103,7 @@ describe("residual site: read (hc_read_norm_f32), write (hc_write_f32)", () => {
     const want = X.slice();
     let read = new Float32Array(0);
     residualSite(want, nb, d, c, n === 1 ? null : host, host.norm, normEps, (xs) => ((read = xs.slice()), Y));
-    expectClose(readF32(xn, nb * d), read, STREAM_TOL, `hc_read_norm_f32 nb=${nb} n=${n}`, d);
+    expectClose(readF32(xn, nb * d), read, STREAM_TOL, `hc_coeffs_read_norm_f32 nb=${nb} n=${n}`, d);
     expectClose(readF32(Xb, nb * n * d), want, STREAM_TOL, `hc_write_f32 nb=${nb} n=${n}`, n * d);
   });
 
@@ -95,7 +116,7 @@ describe("residual site: read (hc_read_norm_f32), write (hc_write_f32)", () => {
   });
 });
 
-describe("final read (hc_coeffs_f32 head + hc_read_norm_f32)", () => {
+describe("final read (hc_coeffs_read_norm_f32, head)", () => {
   test.each(NB_CASES.flatMap((nb) => [[nb, 4], [nb, 1]] as const))("nb = %i, n = %i", (nb, n) => {
     const c = { ...cfg, streams: n };
     const d = nb === 1024 ? 32 : 64;

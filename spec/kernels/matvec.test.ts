@@ -3,7 +3,7 @@
 // dequantized), so the only difference left is f32 accumulation order.
 import { afterAll, describe, expect, test } from "bun:test";
 
-import { encodeHalfSet, encodeMatvec, halfSetAt, halfSetBytes, halfSetFloats } from "../../lib/gpu/projections.ts";
+import { encodeMatvec, oneRowForm } from "../../lib/gpu/projections.ts";
 import type { DType } from "../../lib/model/config.ts";
 import { matmulRows } from "../../lib/reference/ops.ts";
 import { expectClose, expectGuard, NB_CASES, openDevice, outputF32, randomF32, readF32, rows, run, uploadF32, uploadWeight } from "./harness.ts";
@@ -14,35 +14,6 @@ afterAll(() => dev.close());
 // Sums of `in` products of values in [-1, 1): f32 rounding in another order grows like
 // sqrt(in) ulps of the sum of |terms| (measured ~5e-6 at in = 1088); 4e-7 * in leaves room.
 const dotTolerance = (inDim: number) => ({ abs: 4e-7 * inDim });
-
-describe("halfset_f32", () => {
-  test.each(NB_CASES)("nb = %i", (nb) => {
-    const width = nb === 1024 ? 64 : 160;
-    const x = randomF32(nb * width, nb, 1, "halfset");
-    const xb = uploadF32(dev, x);
-    const hs = dev.buffer(halfSetBytes(width, nb));
-    hs.f32.fill(Number.NaN);
-    const half = halfSetAt(hs, width);
-    run(dev, (ctx) => encodeHalfSet(ctx, rows(xb, width), half, nb));
-    const F = halfSetFloats(width);
-    const want = new Float32Array(nb * (width + width / 32));
-    const got = new Float32Array(want.length);
-    let k = 0;
-    for (let r = 0; r < nb; r++) {
-      const row = x.subarray(r * width, (r + 1) * width);
-      const h = hs.f32.subarray(r * F, (r + 1) * F);
-      for (let i = 0; i < width / 2; i++, k++) [want[k], got[k]] = [row[2 * i]!, h[i]!];
-      for (let i = 0; i < width / 2; i++, k++) [want[k], got[k]] = [row[2 * i + 1]!, h[width / 2 + i]!];
-      for (let g = 0; g < width / 32; g++, k++) {
-        let s = 0;
-        for (let j = 0; j < 32; j++) s += row[g * 32 + j]!;
-        [want[k], got[k]] = [s, h[width + g]!];
-      }
-    }
-    // halves are copies (exact); group sums are 32 f32 additions
-    expectClose(got, want, { abs: 1e-5 }, `halfset_f32 nb=${nb}`);
-  });
-});
 
 const DTYPES: DType[] = ["f32", "bf16", "f16", "q4"];
 
@@ -58,13 +29,7 @@ describe.each(DTYPES.flatMap((d) => FORMS.map((f) => [d, f] as const)))("matvec 
     const x = randomF32(nb * inDim, nb, 1, `x-${dtype}`);
     const xb = uploadF32(dev, x);
     const y = outputF32(dev, nb * out);
-    run(dev, (ctx) => {
-      if (dtype === "q4") {
-        const half = halfSetAt(dev.buffer(halfSetBytes(inDim, nb)), inDim);
-        encodeHalfSet(ctx, rows(xb, inDim), half, nb);
-        encodeMatvec(ctx, ref, half, rows(y, out), nb, { form });
-      } else encodeMatvec(ctx, ref, rows(xb, inDim), rows(y, out), nb, { form });
-    });
+    run(dev, (ctx) => encodeMatvec(ctx, ref, rows(xb, inDim), rows(y, out), nb, { form }));
     const want = matmulRows(host.values, x, nb, out, inDim);
     expectClose(readF32(y, nb * out), want, dotTolerance(inDim), `matvec_${dtype}_f32 nb=${nb}`, out);
     expectGuard(y, nb * out);
@@ -78,14 +43,30 @@ describe.each(DTYPES.flatMap((d) => FORMS.map((f) => [d, f] as const)))("matvec 
     const y0 = randomF32(nb * out, 4, 1, "acc-y");
     const xb = uploadF32(dev, x);
     const y = uploadF32(dev, y0);
-    run(dev, (ctx) => {
-      const half = halfSetAt(dev.buffer(halfSetBytes(inDim, nb)), inDim);
-      if (dtype === "q4") encodeHalfSet(ctx, rows(xb, inDim), half, nb);
-      encodeMatvec(ctx, ref, dtype === "q4" ? half : rows(xb, inDim), rows(y, out), nb, { accumulate: true, rowsPerGroup: 4, form });
-    });
+    run(dev, (ctx) => encodeMatvec(ctx, ref, rows(xb, inDim), rows(y, out), nb, { accumulate: true, rowsPerGroup: 4, form }));
     const want = matmulRows(host.values, x, nb, out, inDim).map((v, i) => v + y0[i]!);
     expectClose(readF32(y, nb * out), want, dotTolerance(inDim), `matvec_${dtype}_f32 accumulate`, out);
   });
+
+  // One batch row per threadgroup: q4 takes the decode (one-row) kernels, here over several rows.
+  test("one row per threadgroup (the q4 one-row form), several rows", () => {
+    const nb = 3;
+    const [out, inDim] = [37, 1088];
+    const { ref, host } = uploadWeight(dev, dtype, [out, inDim], 17);
+    const x = randomF32(nb * inDim, 21, 1, "r1-x");
+    const xb = uploadF32(dev, x);
+    const y = outputF32(dev, nb * out);
+    run(dev, (ctx) => encodeMatvec(ctx, ref, rows(xb, inDim), rows(y, out), nb, { rowsPerGroup: 1, form }));
+    expectClose(readF32(y, nb * out), matmulRows(host.values, x, nb, out, inDim), dotTolerance(inDim), `matvec_${dtype} one-row form`, out);
+    expectGuard(y, nb * out);
+  });
+});
+
+test("oneRowForm: q4 kernels with one row per pass take their _r1 form; other dtypes keep theirs", () => {
+  expect(oneRowForm("matvec_q4_f32", "q4", 1)).toBe("matvec_q4_r1_f32");
+  expect(oneRowForm("matvec_split_q4_f32", "q4", 1)).toBe("matvec_split_q4_r1_f32");
+  expect(oneRowForm("moe_down_q4_f32", "q4", 4)).toBe("moe_down_q4_f32");
+  expect(oneRowForm("matvec_bf16_f32", "bf16", 1)).toBe("matvec_bf16_f32");
 });
 
 describe("matvec strides and errors", () => {
@@ -103,10 +84,12 @@ describe("matvec strides and errors", () => {
     }
   });
 
-  test("rejects a q4 weight without a HalfSet and a bad row count", () => {
+  test("rejects a q4 weight whose input width is not a multiple of 32, and a bad row count", () => {
     const { ref } = uploadWeight(dev, "q4", [4, 32], 1);
     const x = dev.buffer(1024);
-    expect(() => run(dev, (ctx) => encodeMatvec(ctx, ref, rows(x, 32), rows(x, 4), 1))).toThrow("needs a HalfSet input of width 32");
-    expect(() => run(dev, (ctx) => encodeMatvec(ctx, ref, halfSetAt(x, 32), rows(x, 4), 0))).toThrow("nb 0 must be");
+    expect(() => run(dev, (ctx) => encodeMatvec(ctx, { ...ref, shape: [4, 48] }, rows(x, 48), rows(x, 4), 1))).toThrow(
+      "needs an input width that is a multiple of 32",
+    );
+    expect(() => run(dev, (ctx) => encodeMatvec(ctx, ref, rows(x, 32), rows(x, 4), 0))).toThrow("nb 0 must be");
   });
 });

@@ -5,7 +5,6 @@
 import { afterAll, describe, expect, test } from "bun:test";
 
 import { encodeExpertLists, encodeMoeCombine, encodeRouter, encodeRouterTopK, encodeRoutedExperts, encodeSharedExpert, type ExpertPool } from "../../lib/gpu/experts.ts";
-import { encodeHalfSet, halfSetAt, halfSetBytes, type ProjectionInput } from "../../lib/gpu/projections.ts";
 import type { DType } from "../../lib/model/config.ts";
 import { PART_ALIGN } from "../../lib/model/manifest.ts";
 import { moeRow, routerTopK, type MoeWeights } from "../../lib/reference/moe.ts";
@@ -139,27 +138,23 @@ function runMoe(nb: number, dims: MoeDims, dtype: DType, opts: { missing?: numbe
   const { refs } = uploadWeights(dev, dense);
   const x = randomF32(nb * d, nb + 1, 1.5, "moe-x");
   const xb = uploadF32(dev, x);
-  const q4 = dtype === "q4";
-  const input: ProjectionInput = { rows: rows(xb, d), half: halfSetAt(dev.buffer(halfSetBytes(d, nb)), d) };
+  const input = rows(xb, d);
   const logits = outputF32(dev, nb * E);
   const ids = outputI32(dev, nb * k);
   const weights = outputF32(dev, nb * k);
   const lists = { offsets: outputI32(dev, E + 1), pairs: outputI32(dev, nb * k), active: outputI32(dev, E + 1) };
   const routed = {
     h: rows(outputF32(dev, nb * k * I), I),
-    hHalf: q4 ? halfSetAt(dev.buffer(halfSetBytes(I, nb * k)), I) : undefined,
     o: rows(outputF32(dev, nb * k * d), d),
   };
   const shared = {
     h: rows(outputF32(dev, nb * SI), SI),
-    hHalf: q4 ? halfSetAt(dev.buffer(halfSetBytes(SI, nb)), SI) : undefined,
     s: rows(outputF32(dev, nb * d), d),
     sg: rows(outputF32(dev, nb), 1),
   };
   const y = outputF32(dev, nb * d);
   const cfg = { experts: E, top_k: k, norm_topk_prob: true };
   run(dev, (ctx) => {
-    encodeHalfSet(ctx, input.rows, input.half!, nb);
     encodeRouter(ctx, refs.router, input, rows(logits, E), { ids, weights }, nb, cfg);
     encodeExpertLists(ctx, ids, lists, nb, k, E);
     // (the engine waits here for the host to publish slotOf)

@@ -4,7 +4,6 @@
 import { afterAll, describe, test } from "bun:test";
 
 import { encodeMtpInput } from "../../lib/gpu/mtp.ts";
-import { encodeHalfSet, halfSetAt, halfSetBytes } from "../../lib/gpu/projections.ts";
 import { encodeArgmax, encodeLogits } from "../../lib/gpu/sampling.ts";
 import type { DType } from "../../lib/model/config.ts";
 import { argmax, matmulRows, rmsNorm, topTwoMargin } from "../../lib/reference/ops.ts";
@@ -59,9 +58,7 @@ describe("logits (matvec over the LM head) + argmax", () => {
     const ids = outputI32(dev, nb);
     const margin = outputF32(dev, nb);
     run(dev, (ctx) => {
-      const half = halfSetAt(dev.buffer(halfSetBytes(d, nb)), d);
-      encodeHalfSet(ctx, rows(xb, d), half, nb);
-      encodeLogits(ctx, ref, { rows: rows(xb, d), half }, rows(logits, vocab), nb);
+      encodeLogits(ctx, ref, rows(xb, d), rows(logits, vocab), nb);
       encodeArgmax(ctx, rows(logits, vocab), ids, margin, nb, vocab);
     });
     const want = matmulRows(host.values, x, nb, vocab, d);
