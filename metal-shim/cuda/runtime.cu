@@ -50,7 +50,7 @@ namespace ck {
 // them; it may block for a while, nothing waits on it. Evicted CUDA graphs are destroyed
 // there too (cudaGraphExecDestroy of an idle graph; whether it synchronizes is not documented).
 struct Release {
-  enum Kind { kDevice, kHost, kUnregisterUnmap, kGraphExec } kind;
+  enum Kind { kDevice, kHost, kUnregisterUnmap, kGraphExec, kGraph } kind;
   void *p;
   size_t n;
 };
@@ -84,6 +84,7 @@ class Reaper {
       if (r.kind == Release::kDevice) cudaFree(r.p);
       else if (r.kind == Release::kHost) cudaFreeHost(r.p);
       else if (r.kind == Release::kGraphExec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(r.p));
+      else if (r.kind == Release::kGraph) cudaGraphDestroy(static_cast<cudaGraph_t>(r.p));
       else {
         cudaHostUnregister(r.p);
         munmap(r.p, r.n);
@@ -384,13 +385,21 @@ static std::string command_name(const ck_cmdbuf *cb, size_t i) {
 
 // ---- graphs --------------------------------------------------------------------------------
 //
-// A command buffer whose shape was seen before is replayed from a CUDA graph: one
+// A command buffer whose structure was seen before is replayed from a CUDA graph: one
 // cudaMemcpyAsync of its bytes (cancel word, params, event values) into the graph's own
-// device area, then one cudaGraphLaunch, instead of a launch per command. The shape
-// (shape_of) is everything that goes into a kernel argument except those bytes: each
-// command's kernel, grid, block, threads, bound addresses, params offset and length, and each
-// event command's word. Same shape, same arguments: every argument that differs between
-// command buffers of one shape is read from the area, which each replay refills.
+// device area, then one cudaGraphLaunch, instead of a launch per command.
+//
+// What a replay must reproduce: command i's kernel arguments are a function of its shape
+// words (shape_of: its kernel, grid, block, threads, bound addresses, params offset and length;
+// an event command's word), the area's address and the number of event commands before it.
+// Everything else that differs between command buffers (params bytes, event values) is read
+// from the area, which each replay refills. A graph is reused for a command buffer of the same
+// structure (the number of commands, each one's kind and kernel, the params size and the event
+// count, so the area's layout is the same); the nodes of commands whose shape words differ
+// (a decode step binds its token and its final hidden row at the position's offset) are updated
+// with cudaGraphExecKernelNodeSetParams to exactly what kernel_call gives for the new command
+// buffer, as a fresh build would hold, before the launch. When more than a quarter of the
+// commands differ, a graph of its own is built instead (if that exact shape was seen before).
 //
 // Why one area per graph is safe:
 // - Params and values: the replay's copy and its graph are enqueued on dev->stream, after
@@ -406,6 +415,8 @@ static std::string command_name(const ck_cmdbuf *cb, size_t i) {
 //   cancel write (if any) was waited for (cudaStreamSynchronize) before that. B's copy thus
 //   runs after any cancel of A and clears the word. Engine steps are committed one at a time
 //   (each waited for before the next), so the wait costs nothing there.
+// - Node updates happen after that claim too, so no launch of the graph is in flight (an
+//   update would not affect one anyway, per CUDA's documentation).
 // - Eviction frees only a graph no command buffer holds; the reaper frees it.
 //
 // The graph is built with cudaGraphAddKernelNode, not by stream capture. Capture puts
@@ -413,22 +424,42 @@ static std::string command_name(const ck_cmdbuf *cb, size_t i) {
 // device_alloc; in the global mode from any thread) breaks it, and a capture that fails
 // midway must be ended before the stream can take direct launches again. An explicit build
 // touches no stream: nothing another thread does can invalidate it, a failure leaves nothing
-// to repair (the command buffer is then launched directly, as if graphs were off), and it
-// takes the very arguments the direct launches take (kernel_call). Nodes form a chain (each
-// depends on the one before): the same order and visibility as launches in one stream.
+// to repair (the command buffer is then launched directly, as if graphs were off), it takes
+// the very arguments the direct launches take (kernel_call), and it names each command's node
+// for updates. Nodes form a chain (each depends on the one before): the same order and
+// visibility as launches in one stream.
 
-// The shape of cb, as words; equal vectors mean the same kernel arguments for the same bytes.
-static void shape_of(const ck_cmdbuf *cb, std::vector<uint64_t> &s) {
+static uint64_t mix(uint64_t h, uint64_t w) {
+  h ^= w * 0x9e3779b97f4a7c15ull;
+  return (h << 27 | h >> 37) * 0xc2b2ae3d27d4eb4full;
+}
+
+// Never 0 (GraphCache::seen starts zeroed). A collision costs at most a graph or a direct
+// launch: entries are confirmed by comparing the shapes themselves.
+static uint64_t finish_hash(uint64_t h) {
+  h ^= h >> 33;
+  return h ? h : 1;
+}
+
+// The shape of cb as words (`s`; command i's are s[starts[i] .. starts[i + 1])), with the
+// hashes of the whole shape and of its structure.
+static void shape_of(const ck_cmdbuf *cb, std::vector<uint64_t> &s, std::vector<uint32_t> &starts, uint64_t &full, uint64_t &structure) {
   s.clear();
+  starts.clear();
   s.reserve(8 * cb->commands.size() + 2 * cb->bindings.size() + 2);
+  starts.reserve(cb->commands.size() + 1);
   s.push_back(cb->params.size());
   s.push_back(cb->event_commands);
+  uint64_t st = mix(mix(mix(0x84222325cbf29ce4ull, cb->commands.size()), cb->params.size()), cb->event_commands);
   for (const Command &c : cb->commands) {
+    starts.push_back(uint32_t(s.size()));
     s.push_back(uint64_t(c.kind));
     if (c.kind != Command::kDispatch) {
+      st = mix(st, uint64_t(c.kind));
       s.push_back(uint64_t(c.event->dptr));
       continue;
     }
+    st = mix(st, reinterpret_cast<uintptr_t>(c.kernel));
     s.push_back(reinterpret_cast<uintptr_t>(c.kernel));
     s.push_back(uint64_t(c.groups[0]) << 32 | c.groups[1]);
     s.push_back(uint64_t(c.groups[2]) << 32 | c.tg[0]);
@@ -442,22 +473,33 @@ static void shape_of(const ck_cmdbuf *cb, std::vector<uint64_t> &s) {
       s.push_back(reinterpret_cast<uintptr_t>(bound.address));
     }
   }
+  starts.push_back(uint32_t(s.size()));
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint64_t w : s) h = mix(h, w);
+  full = finish_hash(h);
+  structure = finish_hash(st);
 }
 
-// Never 0 (GraphCache::seen starts zeroed). A collision only costs a graph or a direct launch:
-// a hit is confirmed by comparing the whole shape.
-static uint64_t shape_hash(const std::vector<uint64_t> &s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (uint64_t w : s) {
-    h ^= w * 0x9e3779b97f4a7c15ull;
-    h = (h << 27 | h >> 37) * 0xc2b2ae3d27d4eb4full;
+// The commands of `s` (same structure as g's) whose words differ from g's nodes, into `out`;
+// false when g's structure is not s's after all, or more than `limit` differ.
+static bool differing_commands(const Graph *g, const std::vector<uint64_t> &s, const std::vector<uint32_t> &starts, size_t limit,
+                               std::vector<uint32_t> &out) {
+  out.clear();
+  if (g->starts.size() != starts.size() || g->shape[0] != s[0] || g->shape[1] != s[1]) return false;
+  for (size_t i = 0; i + 1 < starts.size(); i++) {
+    const uint64_t *a = g->shape.data() + g->starts[i], *b = s.data() + starts[i];
+    const size_t na = g->starts[i + 1] - g->starts[i], nb = starts[i + 1] - starts[i];
+    if (a[0] != b[0] || (b[0] == Command::kDispatch && a[1] != b[1])) return false;  // kind, kernel
+    if (na == nb && std::equal(a, a + na, b)) continue;
+    if (out.size() == limit) return false;
+    out.push_back(uint32_t(i));
   }
-  h ^= h >> 33;
-  return h ? h : 1;
+  return true;
 }
 
 static void release_graph(Graph *g) {
   if (g->exec) Reaper::post({Release::kGraphExec, static_cast<void *>(g->exec), 0});
+  if (g->graph) Reaper::post({Release::kGraph, static_cast<void *>(g->graph), 0});
   if (g->area) Reaper::post({Release::kDevice, g->area, 0});
   delete g;
 }
@@ -465,6 +507,17 @@ static void release_graph(Graph *g) {
 static void graph_error(GraphCache &G, const std::string &what) {
   G.fallbacks++;
   if (G.first_error.empty()) G.first_error = what;
+}
+
+static cudaKernelNodeParams node_params(const KernelCall &k) {
+  cudaKernelNodeParams p = {};
+  p.func = const_cast<void *>(k.func);
+  p.gridDim = k.grid;
+  p.blockDim = k.block;
+  p.sharedMemBytes = 0;
+  p.kernelParams = const_cast<void **>(k.args);  // copied by the call
+  p.extra = nullptr;
+  return p;
 }
 
 // Builds cb's graph into g: its area first, then one kernel node per command, instantiated.
@@ -481,63 +534,76 @@ static bool build_graph(ck_device *dev, const ck_cmdbuf *cb, const SliceLayout &
     return false;
   }
   g->area = static_cast<unsigned char *>(area);
-  cudaGraph_t graph = nullptr;
-  e = cudaGraphCreate(&graph, 0);
+  e = cudaGraphCreate(&g->graph, 0);
   if (e != cudaSuccess) {
     cudaGetLastError();
+    g->graph = nullptr;
     err = std::string("cudaGraphCreate: ") + cudaGetErrorString(e);
     return false;
   }
+  g->nodes.assign(cb->commands.size(), nullptr);
   cudaGraphNode_t prev = nullptr;
   uint32_t events = 0;
   for (size_t i = 0; i < cb->commands.size(); i++) {
     KernelCall k;
     kernel_call(cb, cb->commands[i], lay, g->area, events, k);
-    cudaKernelNodeParams p = {};
-    p.func = const_cast<void *>(k.func);
-    p.gridDim = k.grid;
-    p.blockDim = k.block;
-    p.sharedMemBytes = 0;
-    p.kernelParams = k.args;  // copied by the call
-    p.extra = nullptr;
-    cudaGraphNode_t node = nullptr;
-    e = cudaGraphAddKernelNode(&node, graph, prev ? &prev : nullptr, prev ? 1 : 0, &p);
+    const cudaKernelNodeParams p = node_params(k);
+    e = cudaGraphAddKernelNode(&g->nodes[i], g->graph, prev ? &prev : nullptr, prev ? 1 : 0, &p);
     if (e != cudaSuccess) {
       err = command_name(cb, i) + ": cudaGraphAddKernelNode: " + cudaGetErrorString(e);
       break;
     }
-    prev = node;
+    prev = g->nodes[i];
   }
   if (e == cudaSuccess) {
-    e = cudaGraphInstantiateWithFlags(&g->exec, graph, 0);
+    e = cudaGraphInstantiateWithFlags(&g->exec, g->graph, 0);
     if (e != cudaSuccess) {
       g->exec = nullptr;
       err = std::string("cudaGraphInstantiateWithFlags: ") + cudaGetErrorString(e);
     }
   }
-  cudaGraphDestroy(graph);  // the instantiated graph does not need it
   if (e != cudaSuccess) cudaGetLastError();
   return e == cudaSuccess;
 }
 
-// The graph to replay cb from, or null (launch it directly). A shape gets a graph on its
-// second sight, so one-off shapes (prefill chunks of odd sizes) never pay for building one;
-// a shape whose graph failed is never tried again.
+static bool seen_before(GraphCache &G, uint64_t h) {
+  if (std::find(std::begin(G.seen), std::end(G.seen), h) != std::end(G.seen)) return true;
+  G.seen[G.seen_next++ % kSeenShapes] = h;
+  return false;
+}
+
+// The graph to replay cb from, or null (launch it directly); G.patch lists the commands whose
+// nodes must be updated first. A structure gets its first graph on its second sight, so one-off
+// shapes (prefill chunks of odd sizes) never pay for building one; a structure whose graph
+// failed is never tried again.
 static Graph *graph_for(ck_device *dev, const ck_cmdbuf *cb, const SliceLayout &lay) {
   GraphCache &G = dev->graphs;
+  G.patch.clear();
   if (!G.enabled || cb->commands.empty()) return nullptr;
-  shape_of(cb, G.scratch);
-  const uint64_t h = shape_hash(G.scratch);
-  for (Graph *g : G.entries)
-    if (g->hash == h && !g->broken && g->shape == G.scratch) {
-      g->last_use = ++G.tick;
-      return g;
+  uint64_t full = 0, structure = 0;
+  shape_of(cb, G.scratch, G.scratch_starts, full, structure);
+  if (G.failed.count(structure)) return nullptr;
+  const size_t limit = std::max<size_t>(4, cb->commands.size() / 4);
+  Graph *best = nullptr;
+  bool same_structure = false;
+  std::vector<uint32_t> diff;
+  for (Graph *g : G.entries) {
+    if (g->structure != structure || g->broken) continue;
+    same_structure = true;
+    if (differing_commands(g, G.scratch, G.scratch_starts, limit, diff) && (!best || diff.size() < G.patch.size())) {
+      best = g;
+      G.patch.swap(diff);
+      if (G.patch.empty()) break;
     }
-  if (G.failed.count(h)) return nullptr;
-  if (std::find(std::begin(G.seen), std::end(G.seen), h) == std::end(G.seen)) {
-    G.seen[G.seen_next++ % kSeenShapes] = h;
-    return nullptr;
   }
+  if (best) {
+    best->last_use = ++G.tick;
+    return best;
+  }
+  const bool full_seen = seen_before(G, full);  // both recorded
+  const bool structure_seen = seen_before(G, structure);
+  // A first graph for a structure seen before, or another one for a shape seen before.
+  if (!(same_structure ? full_seen : structure_seen)) return nullptr;
   if (G.entries.size() >= kGraphCacheSize) {
     size_t victim = G.entries.size();
     {
@@ -551,14 +617,15 @@ static Graph *graph_for(ck_device *dev, const ck_cmdbuf *cb, const SliceLayout &
     G.evictions++;
   }
   auto *g = new Graph();
-  g->hash = h;
+  g->structure = structure;
   g->shape = G.scratch;
+  g->starts = G.scratch_starts;
   std::string err;
   if (!build_graph(dev, cb, lay, g, err)) {
     char msg[160];
     std::snprintf(msg, sizeof msg, "command buffer %u: building a CUDA graph of its %zu commands: ", cb->id, cb->commands.size());
     graph_error(G, msg + err);
-    G.failed.insert(h);
+    G.failed.insert(structure);
     release_graph(g);
     return nullptr;
   }
@@ -568,8 +635,33 @@ static Graph *graph_for(ck_device *dev, const ck_cmdbuf *cb, const SliceLayout &
   return g;
 }
 
-// Enqueues cb as a replay of its shape's graph, if it has one; false: launch it directly
-// (nothing of it was run). `staged` is its pinned ring slice, written by stage().
+// Updates the nodes of g's commands listed in G.patch to cb's (g claimed: nothing of it in
+// flight), then records cb's shape as g's. Returns the failing step's message, or "".
+static std::string update_nodes(GraphCache &G, Graph *g, const ck_cmdbuf *cb, const SliceLayout &lay) {
+  if (G.patch.empty()) return "";
+  uint32_t events = 0;
+  size_t next = 0;
+  for (size_t i = 0; i < cb->commands.size() && next < G.patch.size(); i++) {
+    const Command &c = cb->commands[i];
+    if (i != G.patch[next]) {
+      if (c.kind != Command::kDispatch) events++;
+      continue;
+    }
+    next++;
+    KernelCall k;
+    kernel_call(cb, c, lay, g->area, events, k);
+    const cudaKernelNodeParams p = node_params(k);
+    cudaError_t e = cudaGraphExecKernelNodeSetParams(g->exec, g->nodes[i], &p);
+    if (e != cudaSuccess) return command_name(cb, i) + ": cudaGraphExecKernelNodeSetParams: " + cudaGetErrorString(e);
+  }
+  G.patched += G.patch.size();
+  g->shape.swap(G.scratch);
+  g->starts.swap(G.scratch_starts);
+  return "";
+}
+
+// Enqueues cb as a replay of a graph, if one fits; false: launch it directly (nothing of it
+// was run). `staged` is its pinned ring slice, written by stage().
 static bool replay(ck_device *dev, ck_cmdbuf *cb, const SliceLayout &lay, const unsigned char *staged) {
   GraphCache &G = dev->graphs;
   Graph *g = graph_for(dev, cb, lay);
@@ -584,22 +676,26 @@ static bool replay(ck_device *dev, ck_cmdbuf *cb, const SliceLayout &lay, const 
     g->busy = true;
   }
   cb->graph = g;  // held until cb completes, whatever happens below (a copy into the area may be pending)
-  const char *step = "copying its bytes to the graph's area";
-  cudaError_t e = cudaMemcpyAsync(g->area, staged, lay.bytes, cudaMemcpyHostToDevice, dev->stream);
-  if (e == cudaSuccess) {
-    step = "cudaGraphLaunch";
-    e = cudaGraphLaunch(g->exec, dev->stream);
+  std::string failed = update_nodes(G, g, cb, lay);
+  cudaError_t e = cudaSuccess;
+  if (failed.empty()) {
+    e = cudaMemcpyAsync(g->area, staged, lay.bytes, cudaMemcpyHostToDevice, dev->stream);
+    if (e != cudaSuccess) failed = std::string("copying its bytes to the graph's area: ") + cudaGetErrorString(e);
   }
-  if (e == cudaSuccess) {
+  if (failed.empty()) {
+    e = cudaGraphLaunch(g->exec, dev->stream);
+    if (e != cudaSuccess) failed = std::string("cudaGraphLaunch: ") + cudaGetErrorString(e);
+  }
+  if (failed.empty()) {
     cb->cancel_word = g->area;
     G.replays++;
     return true;
   }
   cudaGetLastError();
-  char msg[512];
-  std::snprintf(msg, sizeof msg, "command buffer %u: replaying its CUDA graph: %s: %s", cb->id, step, cudaGetErrorString(e));
-  graph_error(G, msg);
-  G.failed.insert(g->hash);
+  char msg[64];
+  std::snprintf(msg, sizeof msg, "command buffer %u: replaying a CUDA graph: ", cb->id);
+  graph_error(G, msg + failed);
+  G.failed.insert(g->structure);
   g->broken = true;
   g->last_use = 0;  // evicted first
   G.direct++;
@@ -614,11 +710,11 @@ static void close_graphs(ck_device *dev) {
       std::fprintf(stderr, "cherenkov cuda graphs: off (CHERENKOV_CUDA_GRAPHS=0 or CHERENKOV_CUDA_PROFILE set)\n");
     else
       std::fprintf(stderr,
-                   "cherenkov cuda graphs: %llu command buffers replayed, %llu launched directly, %llu graphs built, %llu evicted, "
-                   "%llu graph errors%s%s\n",
+                   "cherenkov cuda graphs: %llu command buffers replayed, %llu launched directly, %llu graphs built, %llu nodes "
+                   "updated, %llu evicted, %llu graph errors%s%s\n",
                    (unsigned long long)G.replays, (unsigned long long)G.direct, (unsigned long long)G.captures,
-                   (unsigned long long)G.evictions, (unsigned long long)G.fallbacks, G.first_error.empty() ? "" : "; first: ",
-                   G.first_error.c_str());
+                   (unsigned long long)G.patched, (unsigned long long)G.evictions, (unsigned long long)G.fallbacks,
+                   G.first_error.empty() ? "" : "; first: ", G.first_error.c_str());
   }
   for (Graph *g : G.entries) release_graph(g);
   G.entries.clear();

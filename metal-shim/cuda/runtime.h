@@ -31,11 +31,14 @@ struct Counted {
 // then its params, then one 64-bit value per event command (ck::SliceLayout in runtime.cu).
 constexpr size_t kCancelBytes = 256;
 
-// A command buffer shape replayed as a CUDA graph (runtime.cu, "---- graphs"). Its kernel
+// A command buffer structure replayed as a CUDA graph (runtime.cu, "---- graphs"). Its kernel
 // arguments point into `area` (the same layout as a ring slice), which each replay refills.
 struct Graph {
-  uint64_t hash = 0;
-  std::vector<uint64_t> shape;  // shape_of(): compared in full on a hash hit
+  uint64_t structure = 0;        // structure hash (shape_of): command kinds and kernels
+  std::vector<uint64_t> shape;   // the shape its nodes hold now (shape_of)
+  std::vector<uint32_t> starts;  // command i's words: shape[starts[i] .. starts[i + 1])
+  cudaGraph_t graph = nullptr;   // kept: its nodes name the exec's nodes for updates
+  std::vector<cudaGraphNode_t> nodes;  // node of command i
   cudaGraphExec_t exec = nullptr;
   unsigned char *area = nullptr;  // device memory: cancel word, params, event values
   size_t area_bytes = 0;
@@ -45,7 +48,7 @@ struct Graph {
 };
 
 constexpr size_t kGraphCacheSize = 8;  // instantiated graphs per device
-constexpr size_t kSeenShapes = 64;     // recent shape hashes: a shape is recorded on its second sight
+constexpr size_t kSeenShapes = 64;     // recent shape and structure hashes (a graph is built on a second sight)
 
 struct GraphCache {
   bool enabled = false;  // CHERENKOV_CUDA_GRAPHS != 0 and no CHERENKOV_CUDA_PROFILE
@@ -53,13 +56,15 @@ struct GraphCache {
   std::vector<Graph *> entries;  // owned; only the submit thread adds or removes
   uint64_t seen[kSeenShapes] = {};
   size_t seen_next = 0;
-  std::unordered_set<uint64_t> failed;  // hashes of shapes whose graph failed: launched directly
+  std::unordered_set<uint64_t> failed;  // structure hashes whose graph failed: launched directly
   std::vector<uint64_t> scratch;        // the shape being looked up
+  std::vector<uint32_t> scratch_starts;
+  std::vector<uint32_t> patch;          // commands whose nodes the coming replay updates
   uint64_t tick = 0;
   // Counters (submit thread; read at close): command buffers replayed from a graph, graphs
   // built, graph errors (each falls back to direct launches), command buffers launched
-  // directly with graphs on, graphs evicted.
-  uint64_t replays = 0, captures = 0, fallbacks = 0, direct = 0, evictions = 0;
+  // directly with graphs on, graphs evicted, nodes updated before a replay.
+  uint64_t replays = 0, captures = 0, fallbacks = 0, direct = 0, evictions = 0, patched = 0;
   std::string first_error;
 };
 }  // namespace ck

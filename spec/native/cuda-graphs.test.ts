@@ -1,12 +1,13 @@
 // Command buffers of one shape committed again and again, as the engine commits a decode step
 // every token. On cuda (CHERENKOV_BACKEND=cuda) the second and later ones replay a CUDA graph
-// (metal-shim/cuda/runtime.cu, "graphs"): these tests check that a replay uses its own params
-// and event values, that a timeout cancel of one replay does not reach the next, that several
-// in flight at once run in order, and that more shapes than the cache holds stay correct. On
-// the other backends the same results are required (there is nothing to replay there).
+// (metal-shim/cuda/runtime.cu, "graphs"): these tests check that a replay uses its own params,
+// event values and bound addresses (a binding at a moving offset, as a decode step binds its
+// token), that a timeout cancel of one replay does not reach the next, that several in flight
+// at once run in order, and that more structures than the cache holds stay correct. On the
+// other backends the same results are required (there is nothing to replay there).
 import { afterAll, expect, test } from "bun:test";
 
-import { Device } from "../../lib/shim.ts";
+import { Device, type Binding } from "../../lib/shim.ts";
 import { selftestParams } from "./util.ts";
 
 const dev = Device.open();
@@ -15,14 +16,15 @@ afterAll(() => dev.close());
 const n = 1024;
 const x = dev.buffer(n * 4);
 for (let i = 0; i < n; i++) x.f32[i] = i;
-const scale = (from: typeof x, to: typeof x, s: number) =>
+const scale = (from: Binding, to: Binding, s: number) =>
   ["selftest_scale_f32", n / 64, 64, [null, from, to], selftestParams({ n, scale: s })] as const;
 
-test("each commit of one shape uses its own params and event values", async () => {
+test("each commit of one shape uses its own params, event values and buffers", async () => {
   const ev = dev.event();
-  const y1 = dev.buffer(n * 4), y2 = dev.buffer(n * 4);
+  const pairs = [0, 1, 2].map(() => [dev.buffer(n * 4), dev.buffer(n * 4)] as const);
   let base = 0;
-  for (let round = 1; round <= 6; round++) {
+  for (let round = 1; round <= 8; round++) {
+    const [y1, y2] = pairs[Math.floor(round / 3) % pairs.length]!; // the same buffers twice or three times in a row, then others
     const cb = dev.commandBuffer();
     cb.dispatch(...scale(x, y1, round))
       .signal(ev, base + 1)
@@ -43,7 +45,22 @@ test("each commit of one shape uses its own params and event values", async () =
     cb.release();
     base += 3;
   }
-  for (const r of [ev, y1, y2]) r.release();
+  ev.release();
+  for (const r of pairs.flat()) r.release();
+});
+
+test("a binding at a moving offset (a position) is read at each commit's offset", () => {
+  const xs = dev.buffer((n + 64) * 4);
+  for (let i = 0; i < n + 64; i++) xs.f32[i] = i;
+  const y = dev.buffer(n * 4);
+  for (let pos = 0; pos < 8; pos++) {
+    const cb = dev.commandBuffer().dispatch(...scale({ buffer: xs, offset: pos * 4 }, y, 3)).commit();
+    cb.waitUntilCompleted(5000);
+    expect(y.f32[5]).toBe(3 * (5 + pos));
+    expect(y.f32[n - 1]).toBe(3 * (n - 1 + pos));
+    cb.release();
+  }
+  for (const r of [xs, y]) r.release();
 });
 
 test("a timed-out wait cancels only its own commit; the next commit of the shape runs whole", () => {
@@ -85,11 +102,14 @@ test("commits of one shape queued together run in order, each with its params", 
   for (const r of [first, ...chain, y]) r.release();
 });
 
-test("more shapes than the graph cache holds, interleaved, stay correct", () => {
+test("more structures than the graph cache holds, interleaved, stay correct", () => {
   const outs = Array.from({ length: 11 }, () => dev.buffer(n * 4));
   for (let round = 0; round < 4; round++) {
     for (let j = 0; j < outs.length; j++) {
-      const cb = dev.commandBuffer().dispatch(...scale(x, outs[j]!, round * 100 + j)).commit();
+      // j + 1 commands: a structure of its own (the extra ones multiply by 1).
+      const cb = dev.commandBuffer().dispatch(...scale(x, outs[j]!, round * 100 + j));
+      for (let k = 0; k < j; k++) cb.dispatch(...scale(outs[j]!, outs[j]!, 1));
+      cb.commit();
       cb.waitUntilCompleted(5000);
       expect(outs[j]!.f32[7]).toBe(7 * (round * 100 + j));
       cb.release();
