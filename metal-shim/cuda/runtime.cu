@@ -399,7 +399,8 @@ static std::string command_name(const ck_cmdbuf *cb, size_t i) {
 // (a decode step binds its token and its final hidden row at the position's offset) are updated
 // with cudaGraphExecKernelNodeSetParams to exactly what kernel_call gives for the new command
 // buffer, as a fresh build would hold, before the launch. When more than a quarter of the
-// commands (and more than 4) differ, a graph of its own is built instead (if that exact shape was seen before).
+// commands (and more than 4) differ, a graph of its own is built instead (if that exact
+// shape was seen before).
 //
 // Why one area per graph is safe:
 // - Params and values: the replay's copy and its graph are enqueued on dev->stream, after
