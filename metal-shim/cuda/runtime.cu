@@ -584,7 +584,7 @@ static Graph *graph_for(ck_device *dev, const ck_cmdbuf *cb, const SliceLayout &
   uint64_t full = 0, structure = 0;
   shape_of(cb, G.scratch, G.scratch_starts, full, structure);
   if (G.failed.count(structure)) return nullptr;
-  const size_t limit = std::max<size_t>(4, cb->commands.size() / 4);
+  const size_t limit = G.update_nodes ? std::max<size_t>(4, cb->commands.size() / 4) : 0;
   Graph *best = nullptr;
   bool same_structure = false;
   std::vector<uint32_t> diff;
@@ -1065,12 +1065,13 @@ CK_API ck_device *ck_device_open(void) {
     delete dev;
     return nullptr;
   }
-  // CUDA graphs: on unless CHERENKOV_CUDA_GRAPHS=0; off under the per-command profiler (it
-  // records events between commands).
+  // CUDA graphs: on unless CHERENKOV_CUDA_GRAPHS=0 ("exact": no node updates, for telling a
+  // fault in them apart); off under the per-command profiler (it records events between commands).
   const char *graphs = std::getenv("CHERENKOV_CUDA_GRAPHS");
   const char *verbose = std::getenv("CHERENKOV_CUDA_GRAPHS_VERBOSE");
   dev->graphs.enabled = !(graphs && std::strcmp(graphs, "0") == 0) && !ck::Profiler::get().on();
   dev->graphs.verbose = verbose && *verbose && std::strcmp(verbose, "0") != 0;
+  dev->graphs.update_nodes = !(graphs && std::strcmp(graphs, "exact") == 0);
   dev->submitter = std::thread(submit_loop, dev);
   dev->completer = std::thread(complete_loop, dev);
   return dev;

@@ -53,6 +53,7 @@ constexpr size_t kSeenShapes = 64;     // recent shape and structure hashes (a g
 struct GraphCache {
   bool enabled = false;  // CHERENKOV_CUDA_GRAPHS != 0 and no CHERENKOV_CUDA_PROFILE
   bool verbose = false;  // CHERENKOV_CUDA_GRAPHS_VERBOSE=1: one line of counters at device close
+  bool update_nodes = true;  // false (CHERENKOV_CUDA_GRAPHS=exact): replay only an identical shape
   std::vector<Graph *> entries;  // owned; only the submit thread adds or removes
   uint64_t seen[kSeenShapes] = {};
   size_t seen_next = 0;
