@@ -36,13 +36,12 @@ inline float hc_tg_sum(float v, threadgroup float* partial, ushort sg, ushort la
 }
 
 // The coefficients of one row from its mixes, serially (thread 0 of the row's threadgroup):
-// the form for n * n > 32, where a simdgroup's lanes cannot hold comb. N > 0 fixes n at compile
-// time (constant trip counts keep comb[] in registers); N = 0 takes n from `streams`. Writes
-// [pre | post | comb] to `out` and pre to `pre`.
-template <int N>
-inline void hc_coeffs_serial(int streams, bool head, int iters, float eps, float rs, device const float* scale,
-                             device const float* base, device const float* mix, device float* out, threadgroup float* pre) {
-  const int n = N > 0 ? N : streams;
+// the form for n * n > 32, where a simdgroup's lanes cannot hold comb. comb lives in
+// threadgroup memory (a thread-local array indexed by a runtime n went to the stack and
+// spilled on the H200). Writes [pre | post | comb] to `out` and pre to `pre`.
+inline void hc_coeffs_serial(int n, bool head, int iters, float eps, float rs, device const float* scale,
+                             device const float* base, device const float* mix, device float* out,
+                             threadgroup float* pre, threadgroup float* comb) {
   for (int i = 0; i < n; i++) {
     out[i] = hc_sigmoid(mix[i] * rs * scale[0] + base[i]) + eps;
     pre[i] = out[i];
@@ -53,7 +52,6 @@ inline void hc_coeffs_serial(int streams, bool head, int iters, float eps, float
   for (int i = 0; i < n; i++) {
     out[n + i] = 2.0f * hc_sigmoid(mix[n + i] * rs * scale[1] + base[n + i]);
   }
-  float comb[HC_MAX_STREAMS * HC_MAX_STREAMS];
   for (int i = 0; i < n; i++) {
     float m = -INFINITY;
     for (int j = 0; j < n; j++) {
@@ -154,14 +152,14 @@ inline void hc_coeffs_lanes(int n, bool head, int iters, float eps, float rs, de
 // threadgroup memory for a read in the same threadgroup.
 inline void hc_coeffs_row(int n, bool head, int iters, float eps, float rs, device const float* scale,
                           device const float* base, device const float* mix, device float* out,
-                          threadgroup float* pre, ushort sg, ushort lane) {
+                          threadgroup float* pre, threadgroup float* comb, ushort sg, ushort lane) {
   if (sg != 0) {
     return;
   }
   if (n * n <= 32) {
     hc_coeffs_lanes(n, head, iters, eps, rs, scale, base, mix, out, pre, lane);
   } else if (lane == 0) {
-    hc_coeffs_serial<0>(n, head, iters, eps, rs, scale, base, mix, out, pre);
+    hc_coeffs_serial(n, head, iters, eps, rs, scale, base, mix, out, pre, comb);
   }
 }
 
@@ -216,6 +214,7 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
     ushort lane                [[thread_index_in_simdgroup]]) {
   threadgroup float partial[HC_TG_SG];
   threadgroup float pre[HC_MAX_STREAMS];
+  threadgroup float comb[HC_MAX_STREAMS * HC_MAX_STREAMS];
   int row = int(tg);
   if (row >= p.rows) {
     return;  // uniform per threadgroup
@@ -224,7 +223,7 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
   float rs = hc_stream_rms(flat, p.streams * p.cols, p.eps, partial, sg, lane);
   device const float* mix = (device const float*)(raw + ulong(row) * p.raw_stride);
   device float* out = (device float*)(coeffs + ulong(row) * p.c_stride);
-  hc_coeffs_row(p.streams, p.head != 0, p.iters, p.eps, rs, scale, base, mix, out, pre, sg, lane);
+  hc_coeffs_row(p.streams, p.head != 0, p.iters, p.eps, rs, scale, base, mix, out, pre, comb, sg, lane);
 }
 
 // A residual site's read (or the final read) in one threadgroup per row: the coefficients as
@@ -244,6 +243,7 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
     ushort lane                [[thread_index_in_simdgroup]]) {
   threadgroup float partial[HC_TG_SG];
   threadgroup float pre[HC_MAX_STREAMS];
+  threadgroup float comb[HC_MAX_STREAMS * HC_MAX_STREAMS];
   int row = int(tg);
   if (row >= p.rows) {
     return;  // uniform per threadgroup
@@ -252,7 +252,7 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
   float rs = hc_stream_rms(flat, p.streams * p.cols, p.eps, partial, sg, lane);
   device const float* mix = (device const float*)(raw + ulong(row) * p.raw_stride);
   device float* out = (device float*)(coeffs + ulong(row) * p.c_stride);
-  hc_coeffs_row(p.streams, p.head != 0, p.iters, p.eps, rs, scale, base, mix, out, pre, sg, lane);
+  hc_coeffs_row(p.streams, p.head != 0, p.iters, p.eps, rs, scale, base, mix, out, pre, comb, sg, lane);
   threadgroup_barrier(mem_flags::mem_threadgroup);
   hc_read_row<true>(p.streams, p.cols, p.norm_eps, p.centred != 0, flat, (threadgroup const float*)pre, w,
                     (device float*)(y + ulong(row) * p.y_stride), partial, sg, lane);
