@@ -48,6 +48,8 @@ const SYMBOLS = {
   ck_device_simd_width: { args: [ptr], returns: u32 },
   // uint32_t ck_device_page_size(ck_device *dev)
   ck_device_page_size: { args: [ptr], returns: u32 },
+  // double ck_device_limit(ck_device *dev, int32_t limit)
+  ck_device_limit: { args: [ptr, i32], returns: f64 },
   // void ck_device_set_wait_timeout(ck_device *dev, uint32_t timeout_ms)
   ck_device_set_wait_timeout: { args: [ptr, u32], returns: none },
 
@@ -140,7 +142,7 @@ const SYMBOLS = {
   ck_io_error_text: { args: [i32], returns: cstring },
 } as const;
 
-const ABI_VERSION = 2;
+const ABI_VERSION = 3;
 export const CK_OK = 0;
 export const CK_ERROR = -1;
 export const CK_TIMEOUT = 1;
@@ -298,7 +300,16 @@ export interface DeviceLimits {
   maxThreadsPerThreadgroup: number;
   simdWidth: number;
   pageSize: number;
+  /** Bytes of the largest single buffer (Metal: maxBufferLength, well below the working set on Apple silicon). */
+  maxBufferLength: number;
+  /** GPU cores (cuda: SMs; cpu: worker threads); 0 when the backend cannot tell (Metal). */
+  gpuCores: number;
+  /** How long the OS lets one GPU-side event wait block before it ends the command buffer; 0 = none known. */
+  gpuWaitLimitMs: number;
 }
+
+/** cherenkov.h's CK_LIMIT_* numbers (ck_device_limit). */
+const LIMIT = { maxBufferLength: 0, maxWorkingSet: 1, pageSize: 2, executionWidth: 3, gpuCores: 4, maxThreadsPerThreadgroup: 5, maxThreadgroupMemory: 6, gpuWaitLimitMs: 7 } as const;
 
 /** 1 to 3 dimensions; missing ones are 1. */
 export type Dims = number | readonly [number, number?, number?];
@@ -327,6 +338,9 @@ export class Device {
       maxThreadsPerThreadgroup: s.ck_device_max_threads_per_threadgroup(handle),
       simdWidth: s.ck_device_simd_width(handle),
       pageSize: s.ck_device_page_size(handle),
+      maxBufferLength: s.ck_device_limit(handle, LIMIT.maxBufferLength),
+      gpuCores: s.ck_device_limit(handle, LIMIT.gpuCores),
+      gpuWaitLimitMs: s.ck_device_limit(handle, LIMIT.gpuWaitLimitMs),
     };
   }
 

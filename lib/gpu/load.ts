@@ -10,7 +10,7 @@ import { ExpertActivity } from "./activity.ts";
 import { checkMappedFits, defaultHostReserveBytes, planPool, type PoolBudgetInput, type PoolPlan } from "./budget.ts";
 import type { ExpertPool as KernelPool } from "./experts.ts";
 import type { HcConfig } from "./hyperconnection.ts";
-import { MAX_NB, MAX_SNAP } from "./limits.ts";
+import { MAX_NB, MAX_SNAP, watchdogTimeoutMs } from "./limits.ts";
 import { MemoryTracker } from "./memory.ts";
 import { HandshakeStats } from "./phases.ts";
 import { modelRefs, type ModelRefs } from "./refs.ts";
@@ -145,6 +145,17 @@ function poolOverride(o: EngineOptions): Pick<PoolBudgetInput, "poolBytes" | "po
 }
 
 /** CHERENKOV_LAYERS=N (or options.layers): trunk blocks to run. */
+/**
+ * Largest pool buffer: all `records` in one when the device allows it, else as many whole
+ * records as its largest buffer holds (slots never straddle buffers).
+ */
+export function poolBufferBytes(stride: number, records: number, maxBufferLength: number): number {
+  const all = Math.max(records, 1) * stride;
+  if (all <= maxBufferLength) return all;
+  if (stride > maxBufferLength) throw new Error(`expert pool: one record is ${stride} bytes, more than this device's largest buffer (${maxBufferLength} bytes)`);
+  return Math.floor(maxBufferLength / stride) * stride;
+}
+
 function layersToRun(c: ModelConfig, o: EngineOptions): number {
   const env = process.env.CHERENKOV_LAYERS;
   const asked = o.layers ?? (env !== undefined && env !== "" ? Number(env) : c.num_layers);
@@ -197,7 +208,10 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
   const device = Device.open({ backend });
   const owned: { release(): void }[] = [];
   try {
-    device.setWaitTimeout(waitTimeoutMs);
+    const watchdogMs = watchdogTimeoutMs(waitTimeoutMs, device.limits.gpuWaitLimitMs);
+    if (watchdogMs !== waitTimeoutMs)
+      notes.push(`GPU wait watchdog ${watchdogMs} ms (asked ${waitTimeoutMs}): the OS ends GPU event waits after ${device.limits.gpuWaitLimitMs} ms`);
+    device.setWaitTimeout(watchdogMs);
     const dense = fileBuffer(device, files, "dense")!;
     owned.push(dense.buffer);
     const ple = files.paths.ple ? fileBuffer(device, files, "ple") : null;
@@ -267,16 +281,17 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
       mtp: x.layers === c.num_layers + 1,
       device,
       scheduler: scheduler ?? undefined,
-      // One buffer: the expert kernels bind the pool as a single buffer.
-      maxBufferBytes: Math.max(x.stride * (backing === "wired" ? plan.slots : x.layers * x.perLayer), x.stride),
+      // As few buffers as the device's largest buffer allows (Metal: maxBufferLength, well
+      // below the working set on Apple silicon); the expert kernels run once per buffer.
+      maxBufferBytes: poolBufferBytes(x.stride, backing === "wired" ? plan.slots : x.layers * x.perLayer, device.limits.maxBufferLength),
     });
     progress(plan.bytes);
     memory.setPool(plan, backing, x.stride);
     if (backing === "mapped") memory.addMapped("experts.bin", expertsBytes);
-    if (pool.buffers.length !== 1) throw new Error(`expert pool: ${pool.buffers.length} buffers, the expert kernels bind one`);
-    const kernelPool: KernelPool = { buffer: pool.buffers[0]!, slots: pool.slotCount, stride: x.stride, parts };
+    const kernelPool: KernelPool = { buffers: pool.buffers, slotsPerBuffer: pool.slotsPerBuffer, slots: pool.slotCount, stride: x.stride, parts };
+    if (pool.buffers.length > 1) notes.push(`expert pool in ${pool.buffers.length} buffers of at most ${pool.slotsPerBuffer} records (largest buffer ${device.limits.maxBufferLength} bytes)`);
 
-    const scratch = allocateScratch(device, c, { rows, maxContext });
+    const scratch = allocateScratch(device, c, { rows, maxContext, slotTableEntries: pool.slotTableStride });
     owned.push(scratch.buffer, scratch.hostBuffer);
     const snapshots = c.mtp ? new SnapshotSet(device, c) : null;
     const event = device.event();

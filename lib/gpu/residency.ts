@@ -144,7 +144,12 @@ export interface ExpertPool {
   readonly recordBytes: number;
   readonly layers: number;
   readonly perLayer: number;
-  /** Entries per layer of a slot table: perLayer slots, then the union size. */
+  /**
+   * Entries per layer of a slot table: perLayer slots, then the union size. A pool in B > 1
+   * buffers adds, per buffer b at E + 1 + b * (2E + 1) (E = perLayer), the slot table of the
+   * experts in that buffer (slot within the buffer, -1 elsewhere) and its active list (count,
+   * then expert ids): the expert kernels run once per buffer over those (lib/gpu/experts.ts).
+   */
   readonly slotTableStride: number;
 
   /**
@@ -521,7 +526,6 @@ class SlotExpertPool implements ExpertPool {
     this.recordBytes = stride;
     this.layers = layers;
     this.perLayer = perLayer;
-    this.slotTableStride = perLayer + 1;
     const maxBufferBytes = opts.maxBufferBytes ?? DEFAULT_MAX_BUFFER_BYTES;
     const path = opts.model.paths.experts;
     if (this.backing === "wired") {
@@ -548,6 +552,7 @@ class SlotExpertPool implements ExpertPool {
     this.slotCount = this.memory.slotCount;
     this.buffers = this.memory.buffers;
     this.slotsPerBuffer = this.memory.slotsPerBuffer;
+    this.slotTableStride = perLayer + 1 + (this.buffers.length > 1 ? this.buffers.length * (2 * perLayer + 1) : 0);
 
     const n = this.capacity;
     this.slotKey = new Int32Array(n).fill(-1);
@@ -1101,7 +1106,22 @@ class SlotExpertPool implements ExpertPool {
     if (!p) throw new Error(`writeSlotTable: layer ${layer} is not acquired`);
     if (dst.length < this.slotTableStride) throw new Error(`writeSlotTable: dst has ${dst.length} entries, needs ${this.slotTableStride}`);
     dst.set(p.table);
-    dst[this.perLayer] = p.union;
+    const E = this.perLayer;
+    dst[E] = p.union;
+    const B = this.buffers.length;
+    if (B < 2) return;
+    const per = this.slotsPerBuffer;
+    dst.fill(-1, E + 1, E + 1 + B * (2 * E + 1));
+    for (let b = 0; b < B; b++) dst[E + 1 + b * (2 * E + 1) + E] = 0;
+    for (let e = 0; e < E; e++) {
+      const slot = p.table[e]!;
+      if (slot < 0) continue;
+      const base = E + 1 + Math.floor(slot / per) * (2 * E + 1);
+      dst[base + e] = slot % per;
+      const n = dst[base + E]!;
+      dst[base + E + 1 + n] = e;
+      dst[base + E] = n + 1;
+    }
   }
 
   private checkSlot(slot: number): void {

@@ -102,6 +102,8 @@ export interface Scratch {
 export interface ScratchSize {
   rows: number;
   maxContext: number;
+  /** Entries of the slot table (the pool's slotTableStride; default experts + 1, a one-buffer pool). */
+  slotTableEntries?: number;
 }
 
 /** Allocates the scratch of `config` for `size.rows` rows and contexts up to `size.maxContext`. */
@@ -224,7 +226,7 @@ function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number;
   half("moe.shHalf", SI);
   rows("moe.s", d);
   rows("moe.sg", 1);
-  rows("moe.slotTable", E + 1, 1);
+  rows("moe.slotTable", size.slotTableEntries ?? E + 1, 1);
 
   rows("head.hidden", d);
   half("head.hiddenHalf", d);

@@ -108,6 +108,7 @@ typedef NS_OPTIONS(NSUInteger, NSStringCompareOptions) {
 - (NSString *)substringWithRange:(NSRange)range;
 - (NSArray<NSString *> *)componentsSeparatedByString:(NSString *)separator;
 - (NSString *)stringByTrimmingCharactersInSet:(NSCharacterSet *)set;
+@property (readonly) long long longLongValue;  /* NSString.h (NSStringExtensionMethods) */
 - (NSString *)stringByReplacingOccurrencesOfString:(NSString *)target withString:(NSString *)replacement;
 /* NSPathUtilities.h */
 @property (readonly, copy) NSString *lastPathComponent;
