@@ -185,6 +185,37 @@ async function fill(buffer: Buffer, read: (into: Uint8Array, onBytes: (n: number
   await new Promise((r) => setImmediate(r));
 }
 
+/**
+ * The pool loadEngine plans for `files` with the default budget on a device of this working set
+ * (the same fixed buffers: dense.bin, ple.bin, the scratch of a full prefill chunk, one sequence,
+ * the rollback planes), and how many buffers it takes under the device's largest buffer.
+ * For `cherenkov doctor`, which plans without loading; throws loadEngine's BudgetError.
+ */
+export function defaultPoolPlan(files: ModelFiles, limits: { maxWorkingSet: number; maxBufferLength: number }, opts: Pick<EngineOptions, "hostReserveBytes" | "maxContext" | "prefillChunk"> = {}) {
+  const c = files.config;
+  const x = files.expertLayout;
+  const maxContext = opts.maxContext ?? DEFAULT_MAX_CONTEXT;
+  const rows = Math.max(Math.min(opts.prefillChunk ?? DEFAULT_PREFILL_CHUNK, MAX_NB), 1 + Math.min(c.mtp?.max_drafts ?? 0, MAX_SNAP));
+  const memory = new MemoryTracker(limits.maxWorkingSet, opts.hostReserveBytes ?? defaultHostReserveBytes());
+  memory.addFixed("dense.bin", files.fileIdentity("dense")?.size ?? 0);
+  memory.addFixed("ple.bin", files.fileIdentity("ple")?.size ?? 0);
+  memory.addFixed("scratch", scratchBytes(c, { rows, maxContext }));
+  memory.addFixed("sequence (one)", sequenceStateBytes(c, maxContext));
+  if (c.mtp) memory.addFixed("rollback planes", SnapshotSet.bytes(c));
+  const plan = planPool({
+    deviceMaxWorkingSet: limits.maxWorkingSet,
+    fixedBytes: memory.fixedBytes,
+    hostReserveBytes: memory.hostReserveBytes,
+    recordStride: x.stride,
+    expertLayers: x.layers,
+    perLayer: x.perLayer,
+    topK: c.moe.top_k,
+    maxRows: 1,
+  });
+  const perBuffer = poolBufferBytes(x.stride, plan.slots, limits.maxBufferLength) / x.stride;
+  return { plan, fixedBytes: memory.fixedBytes, hostReserveBytes: memory.hostReserveBytes, buffers: Math.ceil(plan.slots / perBuffer) };
+}
+
 /** Loads `files` onto a device of `backend`. */
 export async function loadEngine(files: ModelFiles, backend: Backend, opts: EngineOptions = {}, onProgress?: LoadProgress): Promise<EngineGpu> {
   const c = files.config;
