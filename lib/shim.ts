@@ -138,6 +138,10 @@ const SYMBOLS = {
   ck_fd_is_direct: { args: [i32], returns: i32 },
   // int32_t ck_fd_io_alignment(int32_t fd)
   ck_fd_io_alignment: { args: [i32], returns: i32 },
+  // int32_t ck_map_readonly(int32_t fd, double length, void **out)
+  ck_map_readonly: { args: [i32, f64, ptr], returns: i32 },
+  // int32_t ck_unmap(void *addr, double length)
+  ck_unmap: { args: [ptr, f64], returns: i32 },
   // const char *ck_io_error_text(int32_t err)
   ck_io_error_text: { args: [i32], returns: cstring },
 } as const;

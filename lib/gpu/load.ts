@@ -360,6 +360,16 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
       async close() {
         if (closed) return;
         closed = true;
+        // Command buffers run in commit order: once an empty one completes, none still reads
+        // the pool, whose mapped backing is unmapped by close().
+        const idle = device.commandBuffer();
+        try {
+          idle.commit().waitUntilCompleted();
+        } catch {
+          // a failed step's buffer: nothing runs after it either
+        } finally {
+          idle.release();
+        }
         await pool.close();
         if (scheduler) await scheduler.close();
         event.release();

@@ -76,12 +76,13 @@ CK_API ck_cmdbuf *ck_cmdbuf_begin(ck_device *dev) {
     if (!dev) return ck_fail(@"ck_cmdbuf_begin: device is NULL"), NULL;
     CherenkovDevice *d = CK_OBJ(CherenkovDevice, dev);
     // Retained references: Metal keeps every buffer, pipeline and event it
-    // encodes alive until the command buffer completes. Encoder execution
-    // status: a GPU fault reports which encoder faulted, with the dispatches
+    // encodes alive until the command buffer completes (cherenkov.h promises it).
+    // Encoder execution status, only under CHERENKOV_METAL_DEBUG=1 (it costs GPU
+    // time): a GPU fault reports which encoder faulted, with the dispatches
     // (signposts) it holds, so the error can name the kernel.
     MTLCommandBufferDescriptor *desc = [MTLCommandBufferDescriptor new];
     desc.retainedReferences = YES;
-    desc.errorOptions = MTLCommandBufferErrorOptionEncoderExecutionStatus;
+    desc.errorOptions = ck_metal_debug() ? MTLCommandBufferErrorOptionEncoderExecutionStatus : MTLCommandBufferErrorOptionNone;
     id<MTLCommandBuffer> mtl = [d->queue commandBufferWithDescriptor:desc];
     if (!mtl) return ck_fail(@"ck_cmdbuf_begin: Metal gave no command buffer"), NULL;
     CherenkovCmdbuf *cb = [CherenkovCmdbuf new];
@@ -188,7 +189,7 @@ static int32_t encode_dispatch(ck_cmdbuf *handle, ck_pipeline *pipe, const uint3
     cb->enc.label = [NSString stringWithFormat:@"command buffer %u, encoder %u", cb->ident, ++cb->encoders];
   }
   id<MTLComputeCommandEncoder> enc = cb->enc;
-  [enc insertDebugSignpost:p->signpost];
+  if (ck_metal_debug()) [enc insertDebugSignpost:p->signpost];
   if (cb->enc_pipeline != p->state) {
     [enc setComputePipelineState:p->state];
     cb->enc_pipeline = p->state;
@@ -327,6 +328,7 @@ static void watch_waits(CherenkovCmdbuf *cb) {
 // "; the fault is in <encoder label>, which dispatches <kernels>" from the
 // encoder execution status of a failed command buffer, or "" when Metal gave none.
 static NSString *fault_site(NSError *error) {
+  if (!ck_metal_debug()) return @" (CHERENKOV_METAL_DEBUG=1 names the kernel of a GPU fault)";
   id infos = error ? error.userInfo[MTLCommandBufferEncoderInfoErrorKey] : nil;
   if (![infos isKindOfClass:[NSArray class]]) return @"";
   for (id<MTLCommandBufferEncoderInfo> info in (NSArray *)infos) {

@@ -44,6 +44,8 @@ CK_INTERNAL BOOL ck_to_u64(double v, uint64_t *out);
 CK_INTERNAL NSData *ck_cstring(NSString *s);
 // Drops the caller's reference taken by CK_HANDLE (NULL is ignored).
 CK_INTERNAL void ck_drop_handle(void *handle);
+// CHERENKOV_METAL_DEBUG=1 (library.m): reflection, encoder execution status, signposts.
+CK_INTERNAL BOOL ck_metal_debug(void);
 
 // ---- objects ----------------------------------------------------------------------
 

@@ -76,3 +76,34 @@ console.log(JSON.stringify({ message, notes }));`;
   expect(out.message).toMatch(/gave up waiting for (layer \d+'s|the MTP head's) slot table: command buffer \d+: wait for event \d+ >= \d+ timed out after 1200 ms$/);
   expect(out.notes).toContain("GPU wait watchdog 1200 ms (asked 10000)");
 }, 60_000);
+
+// ---- item 4: mapped backing, read-only and shared ----------------------------------------------
+
+test("--backing mapped maps experts.bin read-only and shared (the page cache's pages), and unmaps it at close", async () => {
+  if (process.platform !== "linux") return; // /proc/self/maps
+  const { tinyModel } = await import("../engine/fixture.ts");
+  const { createExpertPool } = await import("../../lib/gpu/residency.ts");
+  const { Device } = await import("../../lib/shim.ts");
+  const { readFileSync } = await import("node:fs");
+  const tiny = await tinyModel(5);
+  const device = Device.open({ backend: "cpu" });
+  const maps = () => readFileSync("/proc/self/maps", "utf8").split("\n").filter((l) => l.endsWith(tiny.model.paths.experts));
+  try {
+    const x = tiny.model.expertLayout;
+    const pool = createExpertPool({ backing: "mapped", model: tiny.model, capacity: x.perLayer, device });
+    const lines = maps();
+    expect(lines.length).toBe(1);
+    expect(lines[0]!.split(/\s+/)[1]).toBe("r--s");
+    // The slots read the file's bytes.
+    const a = pool.acquire(0, [0, 1]);
+    await a.ready;
+    const want = readFileSync(tiny.model.paths.experts).subarray(x.stride, 2 * x.stride);
+    expect(Buffer.compare(pool.slotView(a.slotOf[1]!), want)).toBe(0);
+    pool.release(0);
+    await pool.close();
+    expect(maps()).toEqual([]);
+  } finally {
+    device.close();
+    tiny.cleanup();
+  }
+});

@@ -165,7 +165,28 @@ typedef NSString *NSErrorUserInfoKey;
 - (void)addObject:(ObjectType)anObject;
 - (void)removeObjectAtIndex:(NSUInteger)index;
 - (void)removeAllObjects;
+- (void)replaceObjectAtIndex:(NSUInteger)index withObject:(ObjectType)anObject;
+- (void)setObject:(ObjectType)obj atIndexedSubscript:(NSUInteger)idx;
 @end
+
+/* NSValue.h */
+@interface NSNumber : NSObject <NSCopying>
++ (NSNumber *)numberWithInteger:(NSInteger)value;
+@property (readonly) NSInteger integerValue;
+@end
+
+/* NSNull.h: the object that stands for nil in collections. */
+@interface NSNull : NSObject <NSCopying>
++ (NSNull *)null;
+@end
+
+/* NSKeyValueCoding.h: sets a property by name (what a newer SDK declares, an older one can still set). */
+@interface NSObject (NSKeyValueCoding)
+- (void)setValue:(nullable id)value forKey:(NSString *)key;
+@end
+
+/* NSObjCRuntime.h */
+extern SEL NSSelectorFromString(NSString *aSelectorName);
 
 @interface NSDictionary<__covariant KeyType, __covariant ObjectType> : NSObject <NSCopying, NSMutableCopying, NSFastEnumeration>
 @property (readonly) NSUInteger count;

@@ -367,6 +367,8 @@ typedef void (^MTLCommandBufferHandler)(id<MTLCommandBuffer>);
 
 /* ---- MTLDevice.h ---------------------------------------------------------------- */
 
+typedef void (^MTLNewLibraryCompletionHandler)(id<MTLLibrary> _Nullable library, NSError *_Nullable error);
+
 @protocol MTLDevice <NSObject>
 @property (readonly) NSString *name;
 @property (readonly) MTLSize maxThreadsPerThreadgroup;
@@ -385,6 +387,10 @@ typedef void (^MTLCommandBufferHandler)(id<MTLCommandBuffer>);
 - (nullable id<MTLLibrary>)newLibraryWithSource:(NSString *)source
                                         options:(nullable MTLCompileOptions *)options
                                           error:(__autoreleasing NSError **)error;
+/* Compiles asynchronously: the handler runs on a thread of Metal's when the library is ready. */
+- (void)newLibraryWithSource:(NSString *)source
+                     options:(nullable MTLCompileOptions *)options
+           completionHandler:(MTLNewLibraryCompletionHandler)completionHandler;
 - (nullable id<MTLComputePipelineState>)newComputePipelineStateWithFunction:(id<MTLFunction>)computeFunction
                                                                       error:(__autoreleasing NSError **)error;
 - (nullable id<MTLComputePipelineState>)newComputePipelineStateWithFunction:(id<MTLFunction>)computeFunction
