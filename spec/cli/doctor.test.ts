@@ -71,3 +71,21 @@ test("the library's build is read from its header: ELF here, arm64 Mach-O with t
   expect(libraryBuild(bytes)).toEqual({ format: "Mach-O", arch: "arm64", minOS: "14.0", sdk: "15.2" });
   expect(libraryBuild(new Uint8Array(8)).format).toBe("unknown");
 });
+
+test("doctor --probe-gpu-wait holds one GPU event wait: completed where nothing limits it, the OS's error where something does", () => {
+  const probe = (env: Record<string, string>) => {
+    const proc = Bun.spawnSync([process.execPath, "lib/cli/main.ts", "doctor", "--probe-gpu-wait", "1.2", "--backend", "cpu", "--json"], {
+      cwd: ROOT,
+      env: { ...process.env, ...env },
+    });
+    expect(proc.exitCode).toBe(0);
+    return JSON.parse(proc.stdout.toString());
+  };
+  const free = probe({});
+  expect(free.outcome).toBe("completed");
+  expect(free.elapsedMs).toBeGreaterThanOrEqual(1150);
+  // Emulated OS limit (CHERENKOV_CPU_GPU_WAIT_LIMIT_MS): the probe reports where it ended.
+  const limited = probe({ CHERENKOV_CPU_GPU_WAIT_LIMIT_MS: "300" });
+  expect(limited.outcome).toBe("command buffer 1: the GPU stopped it: Timeout (the system ended a wait for event 1 >= 1 after its 300 ms limit)");
+  expect(limited.elapsedMs).toBeGreaterThanOrEqual(290);
+});

@@ -11,17 +11,21 @@ import { defaultPoolPlan } from "../../gpu/load.ts";
 import { openModel } from "../../model/format.ts";
 import { libraryProblem, localLibraryPath, type Backend } from "../../native-library.ts";
 import { Device, hasNvidiaGpu, type DeviceLimits } from "../../shim.ts";
-import { parseFlags, type FlagSpec } from "../args.ts";
+import { parseFlags, UsageError, type FlagSpec } from "../args.ts";
 import type { CliIO } from "../io.ts";
 
-export const DOCTOR_FLAGS: FlagSpec = { json: { type: "boolean" } };
+export const DOCTOR_FLAGS: FlagSpec = { json: { type: "boolean" }, "probe-gpu-wait": { type: "string" }, backend: { type: "string" } };
 
 export const doctorUsage = `cherenkov doctor [DIR] [--json]
   Says what this machine gives the engine: the backend auto picks and why, each native
   backend's device limits (largest buffer, working set, page, SIMD width, GPU cores),
   the native library's build, the wired-memory limit (macOS), and with a model DIR the
   expert pool the default budget gives it. Send its output with a bug report.
-    --json   one JSON object instead of the text`;
+    --json                one JSON object instead of the text
+    --probe-gpu-wait S    hold one GPU event wait for S seconds (the watchdog lifted), then
+                          release it: says whether the OS let the command buffer wait that
+                          long, and its error if not (learns Metal's undocumented limit)
+    --backend B           the backend the probe uses (metal, cuda, cpu; default: the GPU's)`;
 
 /** What the native library file says about its build: architecture, and for Mach-O the SDK and the oldest macOS. */
 export interface LibraryBuild {
@@ -114,8 +118,68 @@ function backendsHere(): BackendReport[] {
   return [cuda, probeBackend("cpu")];
 }
 
+export interface WaitProbe {
+  backend: Backend;
+  seconds: number;
+  /** "completed": the GPU waited the whole time; otherwise the command buffer's error. */
+  outcome: string;
+  elapsedMs: number;
+}
+
+/**
+ * Holds one GPU-side event wait for `seconds` with the device's watchdog lifted, then sets the
+ * event from the host. Apple documents that the OS may end a command buffer that waits too long
+ * for an event (MTLCommandBufferErrorTimeout) but gives no number: this measures it.
+ */
+export async function probeGpuWait(backend: Backend, seconds: number): Promise<WaitProbe> {
+  const d = Device.open({ backend });
+  try {
+    const ev = d.event();
+    d.setWaitTimeout(Math.min(2 ** 32 - 1, Math.round(seconds * 1000) + 600_000));
+    const t0 = performance.now();
+    const cb = d.commandBuffer().wait(ev, 1).commit();
+    const release = setTimeout(() => ev.set(1), seconds * 1000);
+    let outcome = "completed";
+    let elapsedMs = 0;
+    // Poll, so the host's timer can fire: the wait itself never blocks the event loop for long.
+    for (;;) {
+      const state = cb.status;
+      if (state === "completed" || state === "failed") {
+        elapsedMs = performance.now() - t0;
+        if (state === "failed") outcome = cb.error;
+        break;
+      }
+      await Bun.sleep(20);
+    }
+    clearTimeout(release);
+    ev.set(1);
+    cb.release();
+    ev.release();
+    return { backend, seconds, outcome, elapsedMs: Math.round(elapsedMs) };
+  } finally {
+    d.close();
+  }
+}
+
 export async function doctorCommand(argv: string[], io: CliIO): Promise<number> {
   const { flags, positionals } = parseFlags(argv, DOCTOR_FLAGS, 1);
+  if (flags["probe-gpu-wait"] !== undefined) {
+    const seconds = Number(flags["probe-gpu-wait"]);
+    if (!(seconds > 0 && seconds <= 3600)) throw new UsageError(`--probe-gpu-wait ${flags["probe-gpu-wait"]}: expected seconds in (0, 3600]`);
+    const asked = flags.backend as string | undefined;
+    if (asked !== undefined && asked !== "metal" && asked !== "cuda" && asked !== "cpu") throw new UsageError(`--backend ${asked}: expected metal, cuda or cpu`);
+    const backend = (asked as Backend | undefined) ?? backendsHere().find((b) => !b.problem)?.backend ?? "cpu";
+    const r = await probeGpuWait(backend, seconds);
+    if (flags.json) io.stdout(JSON.stringify(r) + "\n");
+    else
+      io.stdout(
+        r.outcome === "completed"
+          ? `${backend}: a GPU event wait of ${seconds} s completed (released by the host after ${r.elapsedMs} ms): the OS allows at least that\n`
+          : `${backend}: the GPU event wait ended after ${r.elapsedMs} ms, before the host released it at ${seconds} s: ${r.outcome}\n` +
+            `  set CHERENKOV_METAL_GPU_WAIT_LIMIT_MS to a little less than ${r.elapsedMs} so the engine's watchdog fires first\n`,
+      );
+    return 0;
+  }
   let auto: { backend: string; reason: string };
   try {
     auto = autoBackend();
