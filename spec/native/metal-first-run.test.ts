@@ -2,8 +2,15 @@
 // emulated by the CPU backend (each case runs in its own process: the variables are read when
 // a device opens); the Objective-C side is checked by compiling it against the transcribed SDK
 // declarations (metal-shim/metal/check.ts).
-import { expect, test } from "bun:test";
+import { afterAll, describe, expect, test } from "bun:test";
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { presetConfig } from "../../lib/convert/presets.ts";
+import { plannedBytes } from "../../lib/model/writer.ts";
+import { Device } from "../../lib/shim.ts";
+import { clangPath, findClang, METAL_DIR, OBJC_TARGET, objcFlags, type SdkGeneration } from "../../metal-shim/metal/check.ts";
+import { optionalTool } from "../optional-tool.ts";
 
 const ROOT = join(import.meta.dir, "..", "..");
 
@@ -106,4 +113,63 @@ test("--backing mapped maps experts.bin read-only and shared (the page cache's p
     device.close();
     tiny.cleanup();
   }
+});
+
+// ---- items 5 and 6: the Objective-C, as far as a compiled object shows it ----------------------
+
+const objcChecks = !(process.platform === "darwin" && !clangPath()) &&
+  optionalTool({ tool: "clang-19", path: clangPath(), checks: "Metal object checks (spec/native/metal-first-run.test.ts)", enable: "apt-get install clang-19, or set CK_CLANG to a clang 19" });
+const scratch = mkdtempSync(join(tmpdir(), "cherenkov-first-run-"));
+afterAll(() => rmSync(scratch, { recursive: true, force: true }));
+let objects = 0;
+/** The bytes of `file` compiled against one SDK generation's declarations (selector names and strings are in it). */
+function objectText(file: string, sdk: SdkGeneration): string {
+  const object = join(scratch, `o${objects++}.o`);
+  const proc = Bun.spawnSync([findClang(), ...objcFlags(OBJC_TARGET, sdk), "-O2", "-c", join(METAL_DIR, file), "-o", object]);
+  expect(proc.stderr.toString()).toBe("");
+  expect(proc.exitCode).toBe(0);
+  return readFileSync(object).toString("latin1");
+}
+
+(objcChecks ? describe : () => {})("Metal objects", () => {
+  test("built with the macOS 14 SDK, the library still asks for precise FP32 functions on macOS 15 (by key)", () => {
+    const sel14 = objectText("library.m", 14);
+    expect(sel14).toContain("setMathFloatingPointFunctions:"); // the respondsToSelector: probe
+    expect(sel14).toContain("mathFloatingPointFunctions\0");
+    expect(sel14).toContain("mathMode\0");
+    expect(sel14).toContain("setValue:forKey:");
+    expect(sel14).toContain("setFastMathEnabled:");
+    expect(sel14).toContain("___isPlatformVersionAtLeast"); // the @available(macOS 15) check
+  });
+
+  test("start-up: the .metal files compile asynchronously; reflection, execution status and signposts wait for CHERENKOV_METAL_DEBUG", () => {
+    const library = objectText("library.m", 15);
+    expect(library).toContain("newLibraryWithSource:options:completionHandler:");
+    expect(library).not.toContain("newLibraryWithSource:options:error:");
+    expect(library).toContain("newComputePipelineStateWithFunction:error:");
+    expect(library).toContain("CHERENKOV_METAL_DEBUG");
+    const source = readFileSync(join(METAL_DIR, "commands.m"), "utf8");
+    expect(source).toMatch(/if \(ck_metal_debug\(\)\) \[enc insertDebugSignpost:/);
+    expect(source).toMatch(/errorOptions = ck_metal_debug\(\) \? MTLCommandBufferErrorOptionEncoderExecutionStatus : MTLCommandBufferErrorOptionNone/);
+    expect(readFileSync(join(METAL_DIR, "library.m"), "utf8")).toMatch(/ck_metal_debug\(\) \? \[l->dev->mtl newComputePipelineStateWithFunction:fn\s+options:/);
+  });
+});
+
+// ---- item 8: docs/metal.md's numbers are this repository's -------------------------------------
+
+test("docs/metal.md gives the current kernel and file counts and the real model sizes", () => {
+  const doc = readFileSync(join(ROOT, "docs", "metal.md"), "utf8");
+  const device = Device.open({ backend: "cpu" });
+  const kernels = device.library().kernelNames().length;
+  device.close();
+  const files = readdirSync(join(ROOT, "kernels")).filter((f) => f.endsWith(".metal")).length;
+  const counted = /(\d+) kernels from (\d+) `\.metal` files/.exec(doc);
+  expect(counted && [Number(counted[1]), Number(counted[2])]).toEqual([kernels, files]);
+  expect(doc).toContain(`(${kernels}\n   kernels;`);
+  const gb = (preset: "30b-a3b-shape" | "80b-a3b-shape") => `${(plannedBytes(presetConfig(preset), "q4") / 1e9).toFixed(1)} GB`;
+  expect(doc).toContain(`30b-a3b-shape model is ${gb("30b-a3b-shape")}`);
+  expect(doc).toContain(`80b-a3b-shape one would be ${gb("80b-a3b-shape")}`);
+  expect(doc).toMatch(/MTL_SHADER_VALIDATION=1 MTL_DEBUG_LAYER=1/);
+  expect(doc).toContain("xcrun xctrace record --template 'Metal System Trace'");
+  expect(doc).toContain("cherenkov doctor --probe-gpu-wait");
 });
