@@ -105,6 +105,8 @@ const SYMBOLS = {
   ck_encode_signal: { args: [ptr, ptr, f64], returns: i32 },
   // int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value)
   ck_encode_wait: { args: [ptr, ptr, f64], returns: i32 },
+  // int32_t ck_encode_wait_host(ck_cmdbuf *cb, ck_event *ev, double value)
+  ck_encode_wait_host: { args: [ptr, ptr, f64], returns: i32 },
   // int32_t ck_cmdbuf_commit(ck_cmdbuf *cb)
   ck_cmdbuf_commit: { args: [ptr], returns: i32 },
   // int32_t ck_cmdbuf_wait(ck_cmdbuf *cb, uint32_t timeout_ms)
@@ -358,6 +360,13 @@ export class Device {
     this.shim.symbols.ck_device_set_wait_timeout(this.handle, ms);
   }
 
+  /**
+   * How CommandBuffer.wait() waits: "gpu" (the GPU blocks on the event: one command buffer) or
+   * "host" (ck_encode_wait_host: the rest is submitted once the event is reached, so the GPU
+   * never waits; for waits that may outlast the OS's limit, limits.gpuWaitLimitMs).
+   */
+  waitMode: "gpu" | "host" = "gpu";
+
   /** A zero-filled buffer (length rounded up to the page size); shared unless `storage` says "device". */
   buffer(length: number, storage: Storage = "shared"): Buffer {
     const s = this.shim.symbols;
@@ -594,7 +603,8 @@ export class CommandBuffer {
 
   /** Before anything after it: block until `event` >= `value`. */
   wait(event: Event, value: number): this {
-    check(this.#shim, this.#shim.symbols.ck_encode_wait(this.handle, event.handle, value));
+    const s = this.#shim.symbols;
+    check(this.#shim, (this.device.waitMode === "host" ? s.ck_encode_wait_host : s.ck_encode_wait)(this.handle, event.handle, value));
     return this;
   }
 

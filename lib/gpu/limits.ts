@@ -20,6 +20,16 @@ export function threadsWithin(pipeline: { readonly name: string; readonly maxThr
 }
 
 /**
+ * How the engine's handshakes wait (Device.waitMode). Under an OS limit on GPU event waits
+ * (gpuWaitLimitMs > 0) a pool that can miss may hold the GPU at a site while records are read
+ * for seconds: those steps wait on the host instead (the GPU never blocks; a submission per
+ * site). With every record resident, or no limit known, the step stays one command buffer.
+ */
+export function waitModeFor(gpuWaitLimitMs: number, poolSlots: number, records: number): "gpu" | "host" {
+  return gpuWaitLimitMs > 0 && poolSlots < records ? "host" : "gpu";
+}
+
+/**
  * The engine's GPU-wait watchdog under an OS limit on GPU event waits (Device.limits.gpuWaitLimitMs;
  * 0: none known): three quarters of the OS limit when the requested timeout would reach it,
  * so that a wait the host never answers ends with the engine's message ("wait for event ...

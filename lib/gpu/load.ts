@@ -10,7 +10,7 @@ import { ExpertActivity } from "./activity.ts";
 import { checkMappedFits, defaultHostReserveBytes, planPool, type PoolBudgetInput, type PoolPlan } from "./budget.ts";
 import type { ExpertPool as KernelPool } from "./experts.ts";
 import type { HcConfig } from "./hyperconnection.ts";
-import { MAX_NB, MAX_SNAP, watchdogTimeoutMs } from "./limits.ts";
+import { MAX_NB, MAX_SNAP, waitModeFor, watchdogTimeoutMs } from "./limits.ts";
 import { MemoryTracker } from "./memory.ts";
 import { HandshakeStats } from "./phases.ts";
 import { modelRefs, type ModelRefs } from "./refs.ts";
@@ -239,10 +239,6 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
   const device = Device.open({ backend });
   const owned: { release(): void }[] = [];
   try {
-    const watchdogMs = watchdogTimeoutMs(waitTimeoutMs, device.limits.gpuWaitLimitMs);
-    if (watchdogMs !== waitTimeoutMs)
-      notes.push(`GPU wait watchdog ${watchdogMs} ms (asked ${waitTimeoutMs}): the OS ends GPU event waits after ${device.limits.gpuWaitLimitMs} ms`);
-    device.setWaitTimeout(watchdogMs);
     const dense = fileBuffer(device, files, "dense")!;
     owned.push(dense.buffer);
     const ple = files.paths.ple ? fileBuffer(device, files, "ple") : null;
@@ -283,6 +279,15 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
         rows = fit;
       }
     }
+    // Under an OS limit on GPU event waits, a pool that can miss waits on the host (the GPU
+    // never blocks); otherwise the watchdog stays below the limit, so the engine's message is
+    // what a user sees (docs/metal.md "Long GPU waits").
+    const limit = device.limits.gpuWaitLimitMs;
+    device.waitMode = waitModeFor(limit, plan.slots, x.layers * x.perLayer);
+    const watchdogMs = device.waitMode === "host" ? waitTimeoutMs : watchdogTimeoutMs(waitTimeoutMs, limit);
+    if (device.waitMode === "host") notes.push(`handshakes wait on the host: the OS ends GPU event waits after ${limit} ms and the pool can miss`);
+    if (watchdogMs !== waitTimeoutMs) notes.push(`GPU wait watchdog ${watchdogMs} ms (asked ${waitTimeoutMs}): the OS ends GPU event waits after ${limit} ms`);
+    device.setWaitTimeout(watchdogMs);
     const maxDrafts = Math.min(wantDrafts, rows - 1);
     if (c.mtp && maxDrafts < c.mtp.max_drafts) notes.push(`drafts per step limited to ${maxDrafts} (mtp.max_drafts ${c.mtp.max_drafts}, ${rows} rows per step, MAX_SNAP ${MAX_SNAP})`);
     if (layersRun < c.num_layers) notes.push(`CHERENKOV_LAYERS: running the first ${layersRun} of ${c.num_layers} blocks`);

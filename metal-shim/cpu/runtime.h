@@ -64,14 +64,14 @@ struct ck_library {
 namespace ck {
 // One recorded command, kept small: a command buffer may hold thousands.
 struct Command {
-  enum Kind { kDispatch, kSignal, kWait } kind;
+  enum Kind { kDispatch, kSignal, kWait, kWaitHost } kind;  // kWaitHost: ck_encode_wait_host
   const KernelInfo *kernel;   // kDispatch
   uint32_t groups[3], tg[3], threads[3];
   uint32_t first_binding;     // into ck_cmdbuf::bindings
   uint32_t binding_count;
   uint32_t params_offset;     // into ck_cmdbuf::params
   uint32_t params_len;
-  ck_event *event;            // kSignal, kWait (retained)
+  ck_event *event;            // kSignal, kWait, kWaitHost (retained)
   uint64_t value;
 };
 

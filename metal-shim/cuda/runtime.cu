@@ -802,6 +802,8 @@ CK_API int32_t ck_encode_dispatch_threads(ck_cmdbuf *cb, ck_pipeline *pipe, uint
 
 CK_API int32_t ck_encode_signal(ck_cmdbuf *cb, ck_event *ev, double value) { return encode_event(cb, ev, value, ck::Command::kSignal); }
 CK_API int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value) { return encode_event(cb, ev, value, ck::Command::kWait); }
+// The driver ends no stream for waiting (CK_LIMIT_GPU_WAIT_LIMIT_MS is 0): a GPU-side wait is fine.
+CK_API int32_t ck_encode_wait_host(ck_cmdbuf *cb, ck_event *ev, double value) { return ck_encode_wait(cb, ev, value); }
 
 CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *cb) {
   if (check_encoding(cb, "commit") != CK_OK) return CK_ERROR;

@@ -223,6 +223,14 @@ CK_API int32_t ck_encode_signal(ck_cmdbuf *cb, ck_event *ev, double value);
  * wait longer than the device's wait timeout fails the command buffer with
  * "command buffer C: wait for event E >= V timed out after T ms". */
 CK_API int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value);
+/* As ck_encode_wait, but the GPU never blocks on it: the commands recorded after it reach the
+ * GPU only once the event is >= value, submitted by the host (Metal: the command buffer is cut
+ * there and the next part, enqueued at commit to keep the queue's order, is committed when the
+ * event is reached). For waits that may outlast what the OS lets a GPU wait for an event
+ * (CK_LIMIT_GPU_WAIT_LIMIT_MS); it costs a submission per wait. The device's wait timeout and
+ * its message are the same. cpu: as ck_encode_wait, exempt from the emulated OS limit; cuda:
+ * ck_encode_wait (the driver has no such limit). */
+CK_API int32_t ck_encode_wait_host(ck_cmdbuf *cb, ck_event *ev, double value);
 /* Queues the command buffer; command buffers run in commit order. */
 CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *cb);
 /* Blocks until the command buffer completes or fails, at most timeout_ms

@@ -133,6 +133,7 @@ CK_API ck_device *ck_device_open(void) {
     d->next_event_id = 1;
     d->done = [NSCondition new];
     d->watchdog = dispatch_queue_create("cherenkov.metal.watchdog", DISPATCH_QUEUE_SERIAL);
+    d->gates = dispatch_queue_create("cherenkov.metal.gates", DISPATCH_QUEUE_SERIAL);
     d->residency_lock = [NSLock new];
     open_residency_set(d);
     return CK_HANDLE(ck_device, d);

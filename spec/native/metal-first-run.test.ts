@@ -44,18 +44,26 @@ for (const timeout of [10000, 300]) {
   const cb = d.commandBuffer().wait(ev, 1).commit();
   try { cb.waitUntilCompleted(20000); out[timeout] = "completed"; } catch (e) { out[timeout] = e.message; }
 }
+// A host wait holds no GPU: the OS limit does not apply, it lasts until the host sets the event.
+d.setWaitTimeout(10000);
+d.waitMode = "host";
+const ev2 = d.event();
+const cb = d.commandBuffer().wait(ev2, 1).commit();
+setTimeout(() => ev2.set(1), 1500);
+while (cb.status !== "completed" && cb.status !== "failed") await Bun.sleep(20);
+out.host = cb.status === "completed" && ev2.value === 1 ? "completed after the host released it" : cb.error;
 console.log(JSON.stringify(out));`;
   const r = run(["-e", script], { CHERENKOV_CPU_GPU_WAIT_LIMIT_MS: "800" });
   expect(r.code).toBe(0);
   const out = lastJson(r.output);
   expect(out.limit).toBe(800);
+  expect(out.host).toBe("completed after the host released it");
   expect(out["10000"]).toMatch(/^command buffer 1: the GPU stopped it: Timeout \(the system ended a wait for event 1 >= 1 after its 800 ms limit\)$/);
   expect(out["300"]).toBe("command buffer 2: wait for event 1 >= 1 timed out after 300 ms");
 });
 
-test("the engine keeps its watchdog below the OS's limit: a slow expert read fails with the engine's message, not Metal's", () => {
-  // The default 10 s watchdog would outlast a 1.6 s OS limit: the engine lowers it to 1.2 s.
-  const script = `import { Model } from "./lib/api/model.ts";
+/** A golden tiny model whose `after`-th expert read (counted from arming) is delayed 4 s. */
+const slowRead = (engine: string, armBeforePrompt: boolean) => `import { Model } from "./lib/api/model.ts";
 import { buildGoldenModel } from "./spec/golden/golden.ts";
 import { goldenCases } from "./spec/golden/cases.ts";
 import { fsRead } from "./lib/gpu/streaming.ts";
@@ -66,22 +74,44 @@ const reader = async (file, into, position) => {
   if (armed && !fired) { fired = true; await new Promise((r) => setTimeout(r, 4000)); }
   return fsRead(file, into, position);
 };
-const model = await Model.load(dir, { backend: "cpu", engine: { poolSlots: 2, io: { reader } } });
+const model = await Model.load(dir, { backend: "cpu", engine: { ${engine}, io: { reader } } });
 const s = model.session();
-await s.append([1, 2, 3]);
-armed = true;
-let message = "";
-try { await s.generate({ maxTokens: 4, stopAtEos: false }); } catch (e) { message = e.message; }
-const notes = JSON.stringify(model.stats()).match(/GPU wait watchdog [^"]*/)?.[0] ?? "";
+armed = ${armBeforePrompt};
+let message = "", tokens = [];
+try {
+  await s.append([1, 2, 3]);
+  armed = true;
+  tokens = (await s.generate({ maxTokens: 4, stopAtEos: false })).tokens;
+} catch (e) { message = e.message; }
+const notes = JSON.stringify(model.stats()).match(/(GPU wait watchdog|handshakes wait on the host)[^"]*/)?.[0] ?? "";
+const plain = await Model.load(dir, { backend: "cpu", engine: { ${engine} } });
+const ps = plain.session();
+await ps.append([1, 2, 3]);
+const want = (await ps.generate({ maxTokens: 4, stopAtEos: false })).tokens;
 await model.close();
+await plain.close();
 rmSync(dir, { recursive: true, force: true });
-console.log(JSON.stringify({ message, notes }));`;
-  const r = run(["-e", script], { CHERENKOV_CPU_GPU_WAIT_LIMIT_MS: "1600" });
+console.log(JSON.stringify({ message, notes, tokens, want, fired }));`;
+
+test("a pool that can miss waits on the host under an OS limit: a 4 s read outlasts a 1.6 s limit and the step completes", () => {
+  const r = run(["-e", slowRead("poolSlots: 2", false)], { CHERENKOV_CPU_GPU_WAIT_LIMIT_MS: "1600" });
+  if (r.code !== 0) console.error(r.output.slice(-3000));
+  expect(r.code).toBe(0);
+  const out = lastJson(r.output);
+  expect(out.fired).toBe(true);
+  expect(out.message).toBe("");
+  expect(out.tokens).toEqual(out.want);
+  expect(out.notes).toBe("handshakes wait on the host: the OS ends GPU event waits after 1600 ms and the pool can miss");
+}, 60_000);
+
+test("with every record resident the step stays one command buffer, its watchdog below the OS limit: a slow read fails with the engine's message", () => {
+  // The default 10 s watchdog would outlast the 1.6 s limit: the engine lowers it to 1.2 s.
+  const r = run(["-e", slowRead('pool: "100%"', true)], { CHERENKOV_CPU_GPU_WAIT_LIMIT_MS: "1600" });
   if (r.code !== 0) console.error(r.output.slice(-3000));
   expect(r.code).toBe(0);
   const out = lastJson(r.output);
   expect(out.message).toMatch(/gave up waiting for (layer \d+'s|the MTP head's) slot table: command buffer \d+: wait for event \d+ >= \d+ timed out after 1200 ms$/);
-  expect(out.notes).toContain("GPU wait watchdog 1200 ms (asked 10000)");
+  expect(out.notes).toBe("GPU wait watchdog 1200 ms (asked 10000): the OS ends GPU event waits after 1600 ms");
 }, 60_000);
 
 // ---- item 4: mapped backing, read-only and shared ----------------------------------------------
@@ -140,6 +170,13 @@ function objectText(file: string, sdk: SdkGeneration): string {
     expect(sel14).toContain("setValue:forKey:");
     expect(sel14).toContain("setFastMathEnabled:");
     expect(sel14).toContain("___isPlatformVersionAtLeast"); // the @available(macOS 15) check
+  });
+
+  test("host waits: the command buffer is cut into parts, enqueued at commit, committed from the gates queue", () => {
+    const commands = objectText("commands.m", 15);
+    for (const sel of ["enqueue", "commit", "waitUntilCompleted", "waitUntilSignaledValue:timeoutMS:", "signaledValue"]) expect(commands).toContain(sel + "\0");
+    expect(commands).toContain("_ck_encode_wait_host");
+    expect(objectText("device.m", 15)).toContain("cherenkov.metal.gates");
   });
 
   test("start-up: the .metal files compile asynchronously; reflection, execution status and signposts wait for CHERENKOV_METAL_DEBUG", () => {
