@@ -240,6 +240,41 @@ static NSArray<id<MTLLibrary>> *libraries_for(CherenkovDevice *d, NSArray<NSStri
   return out;
 }
 
+// FNV-1a, 64 bits: names an archive after the exact sources it was built from (a changed
+// kernel gets a new file; the archive only saves compile time, Metal checks what it loads).
+static uint64_t fnv1a(uint64_t h, NSString *text) {
+  const char *bytes = text.UTF8String;
+  for (const char *c = bytes ? bytes : ""; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
+  return h;
+}
+
+// The pipeline archive of these sources on this device: opened from the cache directory
+// ($CHERENKOV_METAL_CACHE, else ~/Library/Caches/cherenkov) when a previous run wrote it,
+// else empty. A file Metal cannot read is replaced at the next write.
+static void open_archive(CherenkovLibrary *l, NSArray<NSString *> *sources) {
+  NSDictionary<NSString *, NSString *> *env = NSProcessInfo.processInfo.environment;
+  NSString *flag = env[@"CHERENKOV_METAL_ARCHIVE"];
+  if (flag && [flag isEqualToString:@"0"]) return;
+  uint64_t h = fnv1a(14695981039346656037ull, l->dev->mtl.name);
+  h = fnv1a(h, @"msl3.1 precise");  // the compile options
+  for (NSString *source in sources) h = fnv1a(h, source);
+  NSString *dir = env[@"CHERENKOV_METAL_CACHE"];
+  if (!dir) dir = [NSHomeDirectory() stringByAppendingPathComponent:@"Library/Caches/cherenkov"];
+  NSString *path = [dir stringByAppendingPathComponent:[NSString stringWithFormat:@"pipelines-%016llx.metallib", (unsigned long long)h]];
+  MTLBinaryArchiveDescriptor *desc = [MTLBinaryArchiveDescriptor new];
+  NSError *error = nil;
+  if ([NSFileManager.defaultManager fileExistsAtPath:path]) {
+    desc.url = [NSURL fileURLWithPath:path];
+    l->archive = [l->dev->mtl newBinaryArchiveWithDescriptor:desc error:&error];
+  }
+  if (!l->archive) {
+    desc.url = nil;
+    l->archive = [l->dev->mtl newBinaryArchiveWithDescriptor:desc error:&error];
+  }
+  l->archive_url = [NSURL fileURLWithPath:path];
+  l->archive_dir = dir;
+}
+
 static NSArray<NSString *> *sorted_bytewise(NSArray<NSString *> *names) {
   return [names sortedArrayUsingComparator:^NSComparisonResult(id a, id b) {
     return [(NSString *)a compare:(NSString *)b options:NSLiteralSearch];
@@ -310,12 +345,24 @@ CK_API ck_library *ck_library_load(ck_device *dev, const char *dir) {
     l->library_of = library_of;
     l->pipelines = [NSMutableDictionary dictionary];
     l->lock = [NSLock new];
+    open_archive(l, sources);
     return CK_HANDLE(ck_library, l);
   }
 }
 
 CK_API void ck_library_release(ck_library *lib) {
   @autoreleasepool {
+    CherenkovLibrary *l = lib ? CK_OBJ(CherenkovLibrary, lib) : nil;
+    if (l) {
+      [l->lock lock];
+      if (l->archive && l->archive_dirty) {
+        // Best effort: a cache that cannot be written costs the next run its compile time only.
+        [NSFileManager.defaultManager createDirectoryAtPath:l->archive_dir withIntermediateDirectories:YES attributes:nil error:nil];
+        [l->archive serializeToURL:l->archive_url error:nil];
+        l->archive_dirty = NO;
+      }
+      [l->lock unlock];
+    }
     ck_drop_handle(lib);
   }
 }
@@ -343,12 +390,18 @@ static CherenkovPipeline *build_pipeline(CherenkovLibrary *l, NSString *name, co
   NSError *error = nil;
   // Reflection (the binding checks) only under CHERENKOV_METAL_DEBUG=1: it slows every
   // pipeline's creation, and Metal's validation layer checks bindings when asked anyway.
+  // Through the library's archive: a pipeline a previous run built is loaded, not compiled.
+  MTLComputePipelineDescriptor *desc = [MTLComputePipelineDescriptor new];
+  desc.computeFunction = fn;
+  desc.label = name;
+  if (l->archive) desc.binaryArchives = [NSArray arrayWithObject:l->archive];
   id<MTLComputePipelineState> state =
-      ck_metal_debug() ? [l->dev->mtl newComputePipelineStateWithFunction:fn
-                                                                  options:MTLPipelineOptionBindingInfo | MTLPipelineOptionBufferTypeInfo
-                                                               reflection:&reflection
-                                                                    error:&error]
-                       : [l->dev->mtl newComputePipelineStateWithFunction:fn error:&error];
+      ck_metal_debug() ? [l->dev->mtl newComputePipelineStateWithDescriptor:desc
+                                                                    options:MTLPipelineOptionBindingInfo | MTLPipelineOptionBufferTypeInfo
+                                                                 reflection:&reflection
+                                                                      error:&error]
+                       : [l->dev->mtl newComputePipelineStateWithDescriptor:desc options:MTLPipelineOptionNone reflection:nil error:&error];
+  if (state && l->archive && [l->archive addComputePipelineFunctionsWithDescriptor:desc error:nil]) l->archive_dirty = YES;
   if (!state) {
     ck_fail(@"ck_pipeline_get: %@ (%@): Metal could not build its pipeline: %@", name, where,
             error ? error.localizedDescription : @"no reason given");

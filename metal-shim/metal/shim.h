@@ -115,6 +115,13 @@ CK_INTERNAL @interface CherenkovLibrary : NSObject {
   NSDictionary<NSString *, id<MTLLibrary>> *library_of;  // the compiled file each kernel is in
   NSMutableDictionary<NSString *, CherenkovPipeline *> *pipelines;
   NSLock *lock;
+  // Pipelines compiled before, on disk (MTLBinaryArchive) keyed by a hash of every source and
+  // the device; nil when off (CHERENKOV_METAL_ARCHIVE=0). Written back at release when a
+  // pipeline was built. Under `lock`.
+  id<MTLBinaryArchive> archive;
+  NSURL *archive_url;
+  NSString *archive_dir;
+  BOOL archive_dirty;
 }
 @end
 

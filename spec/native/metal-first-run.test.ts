@@ -179,16 +179,20 @@ function objectText(file: string, sdk: SdkGeneration): string {
     expect(objectText("device.m", 15)).toContain("cherenkov.metal.gates");
   });
 
-  test("start-up: the .metal files compile asynchronously; reflection, execution status and signposts wait for CHERENKOV_METAL_DEBUG", () => {
+  test("start-up: the .metal files compile asynchronously, pipelines come from a binary archive; reflection, execution status and signposts wait for CHERENKOV_METAL_DEBUG", () => {
     const library = objectText("library.m", 15);
     expect(library).toContain("newLibraryWithSource:options:completionHandler:");
     expect(library).not.toContain("newLibraryWithSource:options:error:");
-    expect(library).toContain("newComputePipelineStateWithFunction:error:");
+    // Pipelines through an on-disk binary archive named by the sources' hash, written back at release.
+    for (const sel of ["newBinaryArchiveWithDescriptor:error:", "setBinaryArchives:", "newComputePipelineStateWithDescriptor:options:reflection:error:", "addComputePipelineFunctionsWithDescriptor:error:", "serializeToURL:error:"])
+      expect(library).toContain(sel + "\0");
+    expect(library).not.toContain("newComputePipelineStateWithFunction:");
+    expect(library).toContain("pipelines-%016llx.metallib");
     expect(library).toContain("CHERENKOV_METAL_DEBUG");
     const source = readFileSync(join(METAL_DIR, "commands.m"), "utf8");
     expect(source).toMatch(/if \(ck_metal_debug\(\)\) \[enc insertDebugSignpost:/);
     expect(source).toMatch(/errorOptions = ck_metal_debug\(\) \? MTLCommandBufferErrorOptionEncoderExecutionStatus : MTLCommandBufferErrorOptionNone/);
-    expect(readFileSync(join(METAL_DIR, "library.m"), "utf8")).toMatch(/ck_metal_debug\(\) \? \[l->dev->mtl newComputePipelineStateWithFunction:fn\s+options:/);
+    expect(readFileSync(join(METAL_DIR, "library.m"), "utf8")).toMatch(/ck_metal_debug\(\) \? \[l->dev->mtl newComputePipelineStateWithDescriptor:desc\s+options:MTLPipelineOptionBindingInfo/);
   });
 });
 

@@ -149,6 +149,7 @@ typedef NSString *NSErrorUserInfoKey;
 /* ---- collections ----------------------------------------------------------- */
 
 @interface NSArray<__covariant ObjectType> : NSObject <NSCopying, NSMutableCopying, NSFastEnumeration>
++ (instancetype)arrayWithObject:(ObjectType)anObject;
 @property (readonly) NSUInteger count;
 - (ObjectType)objectAtIndex:(NSUInteger)index;
 - (ObjectType)objectAtIndexedSubscript:(NSUInteger)idx;
@@ -185,6 +186,14 @@ typedef NSString *NSErrorUserInfoKey;
 - (void)setValue:(nullable id)value forKey:(NSString *)key;
 @end
 
+/* NSURL.h */
+@interface NSURL : NSObject <NSCopying>
++ (NSURL *)fileURLWithPath:(NSString *)path;
+@end
+
+/* NSPathUtilities.h */
+extern NSString *NSHomeDirectory(void);
+
 /* NSObjCRuntime.h */
 extern SEL NSSelectorFromString(NSString *aSelectorName);
 
@@ -216,6 +225,10 @@ extern SEL NSSelectorFromString(NSString *aSelectorName);
 @property (class, readonly, strong) NSFileManager *defaultManager;
 - (nullable NSArray<NSString *> *)contentsOfDirectoryAtPath:(NSString *)path error:(NSError **)error;
 - (BOOL)fileExistsAtPath:(NSString *)path;
+- (BOOL)createDirectoryAtPath:(NSString *)path
+    withIntermediateDirectories:(BOOL)createIntermediates
+                     attributes:(nullable NSDictionary<NSString *, id> *)attributes
+                          error:(NSError **)error;
 @end
 
 @interface NSProcessInfo : NSObject
