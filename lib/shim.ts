@@ -48,6 +48,8 @@ const SYMBOLS = {
   ck_device_simd_width: { args: [ptr], returns: u32 },
   // uint32_t ck_device_page_size(ck_device *dev)
   ck_device_page_size: { args: [ptr], returns: u32 },
+  // double ck_device_limit(ck_device *dev, int32_t limit)
+  ck_device_limit: { args: [ptr, i32], returns: f64 },
   // void ck_device_set_wait_timeout(ck_device *dev, uint32_t timeout_ms)
   ck_device_set_wait_timeout: { args: [ptr, u32], returns: none },
 
@@ -103,6 +105,8 @@ const SYMBOLS = {
   ck_encode_signal: { args: [ptr, ptr, f64], returns: i32 },
   // int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value)
   ck_encode_wait: { args: [ptr, ptr, f64], returns: i32 },
+  // int32_t ck_encode_wait_host(ck_cmdbuf *cb, ck_event *ev, double value)
+  ck_encode_wait_host: { args: [ptr, ptr, f64], returns: i32 },
   // int32_t ck_cmdbuf_commit(ck_cmdbuf *cb)
   ck_cmdbuf_commit: { args: [ptr], returns: i32 },
   // int32_t ck_cmdbuf_wait(ck_cmdbuf *cb, uint32_t timeout_ms)
@@ -136,11 +140,15 @@ const SYMBOLS = {
   ck_fd_is_direct: { args: [i32], returns: i32 },
   // int32_t ck_fd_io_alignment(int32_t fd)
   ck_fd_io_alignment: { args: [i32], returns: i32 },
+  // int32_t ck_map_readonly(int32_t fd, double length, void **out)
+  ck_map_readonly: { args: [i32, f64, ptr], returns: i32 },
+  // int32_t ck_unmap(void *addr, double length)
+  ck_unmap: { args: [ptr, f64], returns: i32 },
   // const char *ck_io_error_text(int32_t err)
   ck_io_error_text: { args: [i32], returns: cstring },
 } as const;
 
-const ABI_VERSION = 2;
+const ABI_VERSION = 3;
 export const CK_OK = 0;
 export const CK_ERROR = -1;
 export const CK_TIMEOUT = 1;
@@ -298,7 +306,16 @@ export interface DeviceLimits {
   maxThreadsPerThreadgroup: number;
   simdWidth: number;
   pageSize: number;
+  /** Bytes of the largest single buffer (Metal: maxBufferLength, well below the working set on Apple silicon). */
+  maxBufferLength: number;
+  /** GPU cores (cuda: SMs; cpu: worker threads); 0 when the backend cannot tell (Metal). */
+  gpuCores: number;
+  /** How long the OS lets one GPU-side event wait block before it ends the command buffer; 0 = none known. */
+  gpuWaitLimitMs: number;
 }
+
+/** cherenkov.h's CK_LIMIT_* numbers (ck_device_limit). */
+const LIMIT = { maxBufferLength: 0, maxWorkingSet: 1, pageSize: 2, executionWidth: 3, gpuCores: 4, maxThreadsPerThreadgroup: 5, maxThreadgroupMemory: 6, gpuWaitLimitMs: 7 } as const;
 
 /** 1 to 3 dimensions; missing ones are 1. */
 export type Dims = number | readonly [number, number?, number?];
@@ -327,6 +344,9 @@ export class Device {
       maxThreadsPerThreadgroup: s.ck_device_max_threads_per_threadgroup(handle),
       simdWidth: s.ck_device_simd_width(handle),
       pageSize: s.ck_device_page_size(handle),
+      maxBufferLength: s.ck_device_limit(handle, LIMIT.maxBufferLength),
+      gpuCores: s.ck_device_limit(handle, LIMIT.gpuCores),
+      gpuWaitLimitMs: s.ck_device_limit(handle, LIMIT.gpuWaitLimitMs),
     };
   }
 
@@ -339,6 +359,13 @@ export class Device {
   setWaitTimeout(ms: number): void {
     this.shim.symbols.ck_device_set_wait_timeout(this.handle, ms);
   }
+
+  /**
+   * How CommandBuffer.wait() waits: "gpu" (the GPU blocks on the event: one command buffer) or
+   * "host" (ck_encode_wait_host: the rest is submitted once the event is reached, so the GPU
+   * never waits; for waits that may outlast the OS's limit, limits.gpuWaitLimitMs).
+   */
+  waitMode: "gpu" | "host" = "gpu";
 
   /** A zero-filled buffer (length rounded up to the page size); shared unless `storage` says "device". */
   buffer(length: number, storage: Storage = "shared"): Buffer {
@@ -576,7 +603,8 @@ export class CommandBuffer {
 
   /** Before anything after it: block until `event` >= `value`. */
   wait(event: Event, value: number): this {
-    check(this.#shim, this.#shim.symbols.ck_encode_wait(this.handle, event.handle, value));
+    const s = this.#shim.symbols;
+    check(this.#shim, (this.device.waitMode === "host" ? s.ck_encode_wait_host : s.ck_encode_wait)(this.handle, event.handle, value));
     return this;
   }
 

@@ -9,6 +9,7 @@ import { OutputDirError } from "../model/safe-write.ts";
 import { buildCommand } from "./commands/build.ts";
 import { chatCommand } from "./commands/chat.ts";
 import { convertCommand } from "./commands/convert.ts";
+import { doctorCommand } from "./commands/doctor.ts";
 import { helpText, usage } from "./commands/help.ts";
 import { inspectCommand } from "./commands/inspect.ts";
 import { runCommand } from "./commands/run.ts";
@@ -27,6 +28,7 @@ const commands: Record<string, (argv: string[], io: CliIO) => Promise<number>> =
   seal: sealCommand,
   build: buildCommand,
   chat: chatCommand,
+  doctor: doctorCommand,
 };
 
 export async function main(argv: string[], io: CliIO = processIO()): Promise<number> {

@@ -8,7 +8,7 @@ import type { DType } from "../model/config.ts";
 import type { Binding, Buffer } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { SIMD_WIDTH } from "./limits.ts";
-import { Params } from "./params.ts";
+import { Params, type ParamValues } from "./params.ts";
 import { checkRows, encodeMatvec, MATVEC_TILE, matrixShape, oneRowForm } from "./projections.ts";
 
 /** Largest expert count and top-k the router and list kernels hold. */
@@ -93,12 +93,16 @@ export interface ExpertPartRef {
 }
 
 /**
- * The expert pool: slot s holds one expert record at s * stride; `slotOf` (i32 [E]) maps
- * this layer's experts to slots (-1: not resident). A missing slot makes its pairs' outputs
- * NaN (never a read outside the pool), for the engine's finite check to catch.
+ * The expert pool: slot s holds one expert record, in buffers[floor(s / slotsPerBuffer)] at
+ * (s % slotsPerBuffer) * stride; `slotOf` (i32 [E]) maps this layer's experts to slots (-1:
+ * not resident). A missing slot makes its pairs' outputs NaN (never a read outside the pool),
+ * for the engine's finite check to catch. A pool in several buffers (a device whose largest
+ * buffer is smaller than the pool) has per-buffer tables after slotOf (ExpertPool.slotTableStride
+ * in residency.ts), and the kernels run once per buffer.
  */
 export interface ExpertPool {
-  buffer: Buffer;
+  buffers: readonly Buffer[];
+  slotsPerBuffer: number;
   slots: number;
   stride: number;
   parts: readonly ExpertPartRef[];
@@ -147,28 +151,32 @@ export function encodeRoutedExperts(
   // A decode step routes one row: every active expert has exactly one pair.
   const pairsPerPass = nb === 1 ? 1 : MATVEC_TILE.batchRows;
   const T = MATVEC_TILE;
-  const common = { rows: nb, top_k: topK, experts, slots: pool.slots, record_stride: pool.stride };
-  const tables = [lists.offsets, lists.pairs, lists.active, slotOf, pool.buffer] as const;
   // One threadgroup row per expert that can be active: at most E, at most one per pair.
   const expertRows = Math.min(experts, nb * topK);
-  dispatch(
-    ctx,
-    oneRowForm(`moe_gate_up_${dtype}_f32`, dtype, pairsPerPass),
-    Params.MoeExperts,
-    { ...common, in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: x.stride, y_stride: scratch.h.stride },
-    [...tables, bind(x.buffer, x.offset), bind(scratch.h.buffer, scratch.h.offset)],
-    [Math.ceil(I / (T.rows * T.simdgroups)), expertRows],
-    SIMD_WIDTH * T.simdgroups,
-  );
-  dispatch(
-    ctx,
-    oneRowForm(`moe_down_${dtype}_f32`, dtype, pairsPerPass),
-    Params.MoeExperts,
-    { ...common, in_dim: I, out_dim: d, w0_offset: down.offset, w1_offset: 0, x_stride: scratch.h.stride, y_stride: scratch.o.stride },
-    [...tables, bind(scratch.h.buffer, scratch.h.offset), bind(scratch.o.buffer, scratch.o.offset)],
-    [Math.ceil(d / (T.rows * T.simdgroups)), expertRows],
-    SIMD_WIDTH * T.simdgroups,
-  );
+  // Per pool buffer: its pool, slot table, active list and slot count. One buffer: the
+  // layer's table and the GPU-built active list, as the kernels were written for.
+  const table = "offset" in slotOf ? slotOf : { buffer: slotOf, offset: 0 };
+  const parts = pool.buffers.length === 1
+    ? [{ pool: pool.buffers[0]!, slotOf, active: lists.active, slots: pool.slots }]
+    : pool.buffers.map((buffer, b) => {
+        const base = table.offset + 4 * (experts + 1 + b * (2 * experts + 1));
+        const slots = Math.min(pool.slotsPerBuffer, pool.slots - b * pool.slotsPerBuffer);
+        return { pool: buffer, slotOf: bind(table.buffer, base), active: bind(table.buffer, base + 4 * experts), slots };
+      });
+  const run = (kernel: string, values: Omit<ParamValues<typeof Params.MoeExperts>, "rows" | "top_k" | "experts" | "slots" | "record_stride">, x: RowsRef, y: RowsRef, outDim: number) => {
+    for (const p of parts)
+      dispatch(
+        ctx,
+        kernel,
+        Params.MoeExperts,
+        { rows: nb, top_k: topK, experts, slots: p.slots, record_stride: pool.stride, ...values },
+        [lists.offsets, lists.pairs, p.active, p.slotOf, p.pool, bind(x.buffer, x.offset), bind(y.buffer, y.offset)],
+        [Math.ceil(outDim / (T.rows * T.simdgroups)), expertRows],
+        SIMD_WIDTH * T.simdgroups,
+      );
+  };
+  run(oneRowForm(`moe_gate_up_${dtype}_f32`, dtype, pairsPerPass), { in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: x.stride, y_stride: scratch.h.stride }, x, scratch.h, I);
+  run(oneRowForm(`moe_down_${dtype}_f32`, dtype, pairsPerPass), { in_dim: I, out_dim: d, w0_offset: down.offset, w1_offset: 0, x_stride: scratch.h.stride, y_stride: scratch.o.stride }, scratch.h, scratch.o, d);
 }
 
 /** The shared expert's tensors (`moe.shared_*`). */

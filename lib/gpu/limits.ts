@@ -6,3 +6,36 @@ export const MAX_NB = 1024;
 export const MAX_SNAP = 8;
 /** SIMD width every backend runs with (Metal's on Apple silicon; the CPU emulator's). */
 export const SIMD_WIDTH = 32;
+
+/**
+ * Threads for a kernel that takes any multiple of the SIMD width: `wanted`, lowered to the
+ * pipeline's maximum rounded down to the execution width. Metal lowers
+ * maxTotalThreadsPerThreadgroup below the device's 1024 for register-heavy kernels, so a
+ * fixed 1024 can be refused on a Mac that no other machine here shows (docs/metal.md).
+ */
+export function threadsWithin(pipeline: { readonly name: string; readonly maxThreads: number }, wanted: number, width = SIMD_WIDTH): number {
+  const cap = Math.floor(pipeline.maxThreads / width) * width;
+  if (cap < width) throw new Error(`${pipeline.name}: the pipeline allows ${pipeline.maxThreads} threads per threadgroup, less than one SIMD group of ${width}`);
+  return Math.min(wanted, cap);
+}
+
+/**
+ * How the engine's handshakes wait (Device.waitMode). Under an OS limit on GPU event waits
+ * (gpuWaitLimitMs > 0) a pool that can miss may hold the GPU at a site while records are read
+ * for seconds: those steps wait on the host instead (the GPU never blocks; a submission per
+ * site). With every record resident, or no limit known, the step stays one command buffer.
+ */
+export function waitModeFor(gpuWaitLimitMs: number, poolSlots: number, records: number): "gpu" | "host" {
+  return gpuWaitLimitMs > 0 && poolSlots < records ? "host" : "gpu";
+}
+
+/**
+ * The engine's GPU-wait watchdog under an OS limit on GPU event waits (Device.limits.gpuWaitLimitMs;
+ * 0: none known): three quarters of the OS limit when the requested timeout would reach it,
+ * so that a wait the host never answers ends with the engine's message ("wait for event ...
+ * timed out"), not the OS's ("the GPU stopped it: Timeout").
+ */
+export function watchdogTimeoutMs(requestedMs: number, gpuWaitLimitMs: number): number {
+  if (!(gpuWaitLimitMs > 0) || requestedMs < gpuWaitLimitMs) return requestedMs;
+  return Math.max(1, Math.floor(gpuWaitLimitMs * 0.75));
+}

@@ -10,7 +10,7 @@ import { ExpertActivity } from "./activity.ts";
 import { checkMappedFits, defaultHostReserveBytes, planPool, type PoolBudgetInput, type PoolPlan } from "./budget.ts";
 import type { ExpertPool as KernelPool } from "./experts.ts";
 import type { HcConfig } from "./hyperconnection.ts";
-import { MAX_NB, MAX_SNAP } from "./limits.ts";
+import { MAX_NB, MAX_SNAP, waitModeFor, watchdogTimeoutMs } from "./limits.ts";
 import { MemoryTracker } from "./memory.ts";
 import { HandshakeStats } from "./phases.ts";
 import { modelRefs, type ModelRefs } from "./refs.ts";
@@ -145,6 +145,17 @@ function poolOverride(o: EngineOptions): Pick<PoolBudgetInput, "poolBytes" | "po
 }
 
 /** CHERENKOV_LAYERS=N (or options.layers): trunk blocks to run. */
+/**
+ * Largest pool buffer: all `records` in one when the device allows it, else as many whole
+ * records as its largest buffer holds (slots never straddle buffers).
+ */
+export function poolBufferBytes(stride: number, records: number, maxBufferLength: number): number {
+  const all = Math.max(records, 1) * stride;
+  if (all <= maxBufferLength) return all;
+  if (stride > maxBufferLength) throw new Error(`expert pool: one record is ${stride} bytes, more than this device's largest buffer (${maxBufferLength} bytes)`);
+  return Math.floor(maxBufferLength / stride) * stride;
+}
+
 function layersToRun(c: ModelConfig, o: EngineOptions): number {
   const env = process.env.CHERENKOV_LAYERS;
   const asked = o.layers ?? (env !== undefined && env !== "" ? Number(env) : c.num_layers);
@@ -174,6 +185,37 @@ async function fill(buffer: Buffer, read: (into: Uint8Array, onBytes: (n: number
   await new Promise((r) => setImmediate(r));
 }
 
+/**
+ * The pool loadEngine plans for `files` with the default budget on a device of this working set
+ * (the same fixed buffers: dense.bin, ple.bin, the scratch of a full prefill chunk, one sequence,
+ * the rollback planes), and how many buffers it takes under the device's largest buffer.
+ * For `cherenkov doctor`, which plans without loading; throws loadEngine's BudgetError.
+ */
+export function defaultPoolPlan(files: ModelFiles, limits: { maxWorkingSet: number; maxBufferLength: number }, opts: Pick<EngineOptions, "hostReserveBytes" | "maxContext" | "prefillChunk"> = {}) {
+  const c = files.config;
+  const x = files.expertLayout;
+  const maxContext = opts.maxContext ?? DEFAULT_MAX_CONTEXT;
+  const rows = Math.max(Math.min(opts.prefillChunk ?? DEFAULT_PREFILL_CHUNK, MAX_NB), 1 + Math.min(c.mtp?.max_drafts ?? 0, MAX_SNAP));
+  const memory = new MemoryTracker(limits.maxWorkingSet, opts.hostReserveBytes ?? defaultHostReserveBytes());
+  memory.addFixed("dense.bin", files.fileIdentity("dense")?.size ?? 0);
+  memory.addFixed("ple.bin", files.fileIdentity("ple")?.size ?? 0);
+  memory.addFixed("scratch", scratchBytes(c, { rows, maxContext }));
+  memory.addFixed("sequence (one)", sequenceStateBytes(c, maxContext));
+  if (c.mtp) memory.addFixed("rollback planes", SnapshotSet.bytes(c));
+  const plan = planPool({
+    deviceMaxWorkingSet: limits.maxWorkingSet,
+    fixedBytes: memory.fixedBytes,
+    hostReserveBytes: memory.hostReserveBytes,
+    recordStride: x.stride,
+    expertLayers: x.layers,
+    perLayer: x.perLayer,
+    topK: c.moe.top_k,
+    maxRows: 1,
+  });
+  const perBuffer = poolBufferBytes(x.stride, plan.slots, limits.maxBufferLength) / x.stride;
+  return { plan, fixedBytes: memory.fixedBytes, hostReserveBytes: memory.hostReserveBytes, buffers: Math.ceil(plan.slots / perBuffer) };
+}
+
 /** Loads `files` onto a device of `backend`. */
 export async function loadEngine(files: ModelFiles, backend: Backend, opts: EngineOptions = {}, onProgress?: LoadProgress): Promise<EngineGpu> {
   const c = files.config;
@@ -197,7 +239,6 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
   const device = Device.open({ backend });
   const owned: { release(): void }[] = [];
   try {
-    device.setWaitTimeout(waitTimeoutMs);
     const dense = fileBuffer(device, files, "dense")!;
     owned.push(dense.buffer);
     const ple = files.paths.ple ? fileBuffer(device, files, "ple") : null;
@@ -238,6 +279,15 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
         rows = fit;
       }
     }
+    // Under an OS limit on GPU event waits, a pool that can miss waits on the host (the GPU
+    // never blocks); otherwise the watchdog stays below the limit, so the engine's message is
+    // what a user sees (docs/metal.md "Long GPU waits").
+    const limit = device.limits.gpuWaitLimitMs;
+    device.waitMode = waitModeFor(limit, plan.slots, x.layers * x.perLayer);
+    const watchdogMs = device.waitMode === "host" ? waitTimeoutMs : watchdogTimeoutMs(waitTimeoutMs, limit);
+    if (device.waitMode === "host") notes.push(`handshakes wait on the host: the OS ends GPU event waits after ${limit} ms and the pool can miss`);
+    if (watchdogMs !== waitTimeoutMs) notes.push(`GPU wait watchdog ${watchdogMs} ms (asked ${waitTimeoutMs}): the OS ends GPU event waits after ${limit} ms`);
+    device.setWaitTimeout(watchdogMs);
     const maxDrafts = Math.min(wantDrafts, rows - 1);
     if (c.mtp && maxDrafts < c.mtp.max_drafts) notes.push(`drafts per step limited to ${maxDrafts} (mtp.max_drafts ${c.mtp.max_drafts}, ${rows} rows per step, MAX_SNAP ${MAX_SNAP})`);
     if (layersRun < c.num_layers) notes.push(`CHERENKOV_LAYERS: running the first ${layersRun} of ${c.num_layers} blocks`);
@@ -267,16 +317,17 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
       mtp: x.layers === c.num_layers + 1,
       device,
       scheduler: scheduler ?? undefined,
-      // One buffer: the expert kernels bind the pool as a single buffer.
-      maxBufferBytes: Math.max(x.stride * (backing === "wired" ? plan.slots : x.layers * x.perLayer), x.stride),
+      // As few buffers as the device's largest buffer allows (Metal: maxBufferLength, well
+      // below the working set on Apple silicon); the expert kernels run once per buffer.
+      maxBufferBytes: poolBufferBytes(x.stride, backing === "wired" ? plan.slots : x.layers * x.perLayer, device.limits.maxBufferLength),
     });
     progress(plan.bytes);
     memory.setPool(plan, backing, x.stride);
     if (backing === "mapped") memory.addMapped("experts.bin", expertsBytes);
-    if (pool.buffers.length !== 1) throw new Error(`expert pool: ${pool.buffers.length} buffers, the expert kernels bind one`);
-    const kernelPool: KernelPool = { buffer: pool.buffers[0]!, slots: pool.slotCount, stride: x.stride, parts };
+    const kernelPool: KernelPool = { buffers: pool.buffers, slotsPerBuffer: pool.slotsPerBuffer, slots: pool.slotCount, stride: x.stride, parts };
+    if (pool.buffers.length > 1) notes.push(`expert pool in ${pool.buffers.length} buffers of at most ${pool.slotsPerBuffer} records (largest buffer ${device.limits.maxBufferLength} bytes)`);
 
-    const scratch = allocateScratch(device, c, { rows, maxContext });
+    const scratch = allocateScratch(device, c, { rows, maxContext, slotTableEntries: pool.slotTableStride });
     owned.push(scratch.buffer, scratch.hostBuffer);
     const snapshots = c.mtp ? new SnapshotSet(device, c) : null;
     const event = device.event();
@@ -314,6 +365,16 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
       async close() {
         if (closed) return;
         closed = true;
+        // Command buffers run in commit order: once an empty one completes, none still reads
+        // the pool, whose mapped backing is unmapped by close().
+        const idle = device.commandBuffer();
+        try {
+          idle.commit().waitUntilCompleted();
+        } catch {
+          // a failed step's buffer: nothing runs after it either
+        } finally {
+          idle.release();
+        }
         await pool.close();
         if (scheduler) await scheduler.close();
         event.release();

@@ -28,8 +28,8 @@
  * gives the same slots and counters. Only a failed read changes the state asynchronously (its
  * slot becomes empty).
  */
-import { ptr } from "bun:ffi";
-import { fstatSync } from "node:fs";
+import { ptr, toArrayBuffer, type Pointer } from "bun:ffi";
+import { closeSync, fstatSync, openSync, statSync } from "node:fs";
 import type { ExpertLayout } from "../model/format.ts";
 import type { Buffer, Device } from "../shim.ts";
 import { sharedHashWorkers, type HashWorkers } from "./hash-workers.ts";
@@ -144,7 +144,12 @@ export interface ExpertPool {
   readonly recordBytes: number;
   readonly layers: number;
   readonly perLayer: number;
-  /** Entries per layer of a slot table: perLayer slots, then the union size. */
+  /**
+   * Entries per layer of a slot table: perLayer slots, then the union size. A pool in B > 1
+   * buffers adds, per buffer b at E + 1 + b * (2E + 1) (E = perLayer), the slot table of the
+   * experts in that buffer (slot within the buffer, -1 elsewhere) and its active list (count,
+   * then expert ids): the expert kernels run once per buffer over those (lib/gpu/experts.ts).
+   */
   readonly slotTableStride: number;
 
   /**
@@ -369,15 +374,44 @@ function wiredMemory(capacity: number, stride: number, maxBufferBytes: number, d
   };
 }
 
+/**
+ * experts.bin mapped read-only and shared (PROT_READ, MAP_SHARED) through the shim's helper:
+ * the page cache's own pages. A private writable mapping (what Bun.mmap makes) wrapped by Metal
+ * as a read-write buffer may be given copy-on-write copies; a read-only one cannot, and a stray
+ * write faults instead of changing the model.
+ */
+function mapReadOnly(device: Device, path: string, bytes: number): { view: Uint8Array; unmap(): void } {
+  const s = device.shim.symbols;
+  const fd = openSync(path, "r");
+  const out = new BigUint64Array(1);
+  let rc: number;
+  try {
+    rc = s.ck_map_readonly(fd, bytes, out);
+  } finally {
+    closeSync(fd); // the mapping keeps the file
+  }
+  if (rc !== 0) throw new Error(`${path}: cannot map ${bytes} bytes read-only: ${s.ck_io_error_text(rc)}`);
+  const address = Number(out[0]) as Pointer;
+  return {
+    view: new Uint8Array(toArrayBuffer(address, 0, bytes)),
+    unmap: () => void s.ck_unmap(address, bytes),
+  };
+}
+
 function mappedMemory(path: string, records: number, stride: number, maxBufferBytes: number, device?: Device): SlotMemory {
   let map: Uint8Array | null = null;
+  let unmap = () => {};
   const mapped = (): Uint8Array => {
     if (map) return map;
-    // MAP_PRIVATE, never written: the pages are the page cache's.
-    const m = Bun.mmap(path, { shared: false });
-    if (m.byteLength < records * stride)
-      throw new Error(`${path}: ${m.byteLength} bytes mapped, the experts need ${records * stride} (${records} records of ${stride})`);
-    return (map = m);
+    const size = fstatSizeOf(path);
+    if (size < records * stride) throw new Error(`${path}: ${size} bytes, the experts need ${records * stride} (${records} records of ${stride})`);
+    if (device) {
+      const m = mapReadOnly(device, path, records * stride);
+      unmap = m.unmap;
+      return (map = m.view);
+    }
+    // No device (simulations): a host view only, never wrapped or written.
+    return (map = Bun.mmap(path, { shared: false }));
   };
   const perBuffer = Math.max(1, Math.floor(maxBufferBytes / stride));
   const buffers: Buffer[] = [];
@@ -395,9 +429,17 @@ function mappedMemory(path: string, records: number, stride: number, maxBufferBy
     locate: (slot) => ({ buffer: Math.floor(slot / perBuffer), offset: (slot % perBuffer) * stride }),
     view: (slot) => mapped().subarray(slot * stride, (slot + 1) * stride),
     publish: () => {},
-    release: () => buffers.forEach((b) => b.release()),
+    release: () => {
+      buffers.forEach((b) => b.release());
+      buffers.length = 0;
+      map = null;
+      unmap();
+      unmap = () => {};
+    },
   };
 }
+
+const fstatSizeOf = (path: string) => statSync(path).size;
 
 /** Both backings and every policy: `capacity` slots managed here; the backing decides what a slot number means. */
 class SlotExpertPool implements ExpertPool {
@@ -521,7 +563,6 @@ class SlotExpertPool implements ExpertPool {
     this.recordBytes = stride;
     this.layers = layers;
     this.perLayer = perLayer;
-    this.slotTableStride = perLayer + 1;
     const maxBufferBytes = opts.maxBufferBytes ?? DEFAULT_MAX_BUFFER_BYTES;
     const path = opts.model.paths.experts;
     if (this.backing === "wired") {
@@ -548,6 +589,7 @@ class SlotExpertPool implements ExpertPool {
     this.slotCount = this.memory.slotCount;
     this.buffers = this.memory.buffers;
     this.slotsPerBuffer = this.memory.slotsPerBuffer;
+    this.slotTableStride = perLayer + 1 + (this.buffers.length > 1 ? this.buffers.length * (2 * perLayer + 1) : 0);
 
     const n = this.capacity;
     this.slotKey = new Int32Array(n).fill(-1);
@@ -1101,7 +1143,22 @@ class SlotExpertPool implements ExpertPool {
     if (!p) throw new Error(`writeSlotTable: layer ${layer} is not acquired`);
     if (dst.length < this.slotTableStride) throw new Error(`writeSlotTable: dst has ${dst.length} entries, needs ${this.slotTableStride}`);
     dst.set(p.table);
-    dst[this.perLayer] = p.union;
+    const E = this.perLayer;
+    dst[E] = p.union;
+    const B = this.buffers.length;
+    if (B < 2) return;
+    const per = this.slotsPerBuffer;
+    dst.fill(-1, E + 1, E + 1 + B * (2 * E + 1));
+    for (let b = 0; b < B; b++) dst[E + 1 + b * (2 * E + 1) + E] = 0;
+    for (let e = 0; e < E; e++) {
+      const slot = p.table[e]!;
+      if (slot < 0) continue;
+      const base = E + 1 + Math.floor(slot / per) * (2 * E + 1);
+      dst[base + e] = slot % per;
+      const n = dst[base + E]!;
+      dst[base + E + 1 + n] = e;
+      dst[base + E] = n + 1;
+    }
   }
 
   private checkSlot(slot: number): void {

@@ -6,7 +6,7 @@ import { hasPenalties, type SamplingParams } from "../reference/sampling.ts";
 import type { Binding, Buffer, Device } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { encodeHcCoefficientsRead, type HcConfig, type HcScratch, type HcSiteRefs } from "./hyperconnection.ts";
-import { SIMD_WIDTH } from "./limits.ts";
+import { SIMD_WIDTH, threadsWithin } from "./limits.ts";
 import { encodeRmsNorm } from "./norms.ts";
 import { Params } from "./params.ts";
 import { checkRows, encodeMatvec } from "./projections.ts";
@@ -44,8 +44,8 @@ export function encodeLogits(ctx: EncodeContext, lmHead: TensorRef, x: RowsRef, 
 export function encodeArgmax(ctx: EncodeContext, logits: RowsRef, ids: Binding, margin: Binding, nb: number, vocab: number): void {
   checkRows(nb, "argmax");
   if (!Number.isInteger(vocab) || vocab < 1) throw new Error(`argmax: vocab ${vocab} must be a positive integer`);
-  // A simdgroup per row for small vocabularies, 8 of them for large ones.
-  const threads = vocab <= 4096 ? SIMD_WIDTH : 8 * SIMD_WIDTH;
+  // A simdgroup per row for small vocabularies, 8 of them for large ones (fewer if the pipeline allows fewer).
+  const threads = vocab <= 4096 ? SIMD_WIDTH : threadsWithin(ctx.device.pipeline("argmax_f32"), 8 * SIMD_WIDTH);
   dispatch(
     ctx,
     "argmax_f32",
@@ -135,7 +135,8 @@ export function encodeSample(ctx: EncodeContext, logits: RowsRef, scratch: Sampl
   const pen = a.counts !== null && hasPenalties(p);
   const flags = (pen ? 1 : 0) | (a.verify ? 2 : 0) | (a.qRow !== null ? 4 : 0);
   // Small vocabularies (tests, tiny models): fewer threads, fewer emulated fibers per barrier.
-  const threads = vocab <= 1024 ? SIMD_WIDTH : vocab <= 4096 ? 2 * SIMD_WIDTH : 32 * SIMD_WIDTH;
+  // Large ones: 1024, or what the pipeline allows (Metal lowers it for register-heavy kernels).
+  const threads = vocab <= 1024 ? SIMD_WIDTH : vocab <= 4096 ? 2 * SIMD_WIDTH : threadsWithin(ctx.device.pipeline("sample_f32"), 32 * SIMD_WIDTH);
   dispatch(
     ctx,
     "sample_f32",

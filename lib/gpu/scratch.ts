@@ -97,6 +97,8 @@ export interface Scratch {
 export interface ScratchSize {
   rows: number;
   maxContext: number;
+  /** Entries of the slot table (the pool's slotTableStride; default experts + 1, a one-buffer pool). */
+  slotTableEntries?: number;
 }
 
 /** Allocates the scratch of `config` for `size.rows` rows and contexts up to `size.maxContext`. */
@@ -207,7 +209,7 @@ function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number;
   rows("moe.sh", SI);
   rows("moe.s", d);
   rows("moe.sg", 1);
-  rows("moe.slotTable", E + 1, 1);
+  rows("moe.slotTable", size.slotTableEntries ?? E + 1, 1);
 
   rows("head.hidden", d);
   rows("head.logits", c.vocab_size, Math.min(R, LOGIT_ROWS));

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -76,3 +77,16 @@ CK_IO_API int32_t ck_fd_io_alignment(int32_t fd) {
 }
 
 CK_IO_API const char *ck_io_error_text(int32_t err) { return strerror(err < 0 ? -err : err); }
+
+CK_IO_API int32_t ck_map_readonly(int32_t fd, double length, void **out) {
+  if (!out || !(length > 0) || length > 9007199254740992.0 || (double)(size_t)length != length) return -EINVAL;
+  void *p = mmap(NULL, (size_t)length, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return -errno;
+  *out = p;
+  return 0;
+}
+
+CK_IO_API int32_t ck_unmap(void *addr, double length) {
+  if (!addr || !(length > 0)) return -EINVAL;
+  return munmap(addr, (size_t)length) == 0 ? 0 : -errno;
+}

@@ -50,7 +50,12 @@ static bool checked_length(ck_device *dev, double length, const char *fn, size_t
   if (!ck::to_u64(length, n) || n == 0)
     return set_error("%s: length %.17g is not a positive integer below 2^53", fn, length), false;
   uint64_t page = dev->page_size;
-  out = size_t((n + page - 1) / page * page);
+  uint64_t rounded = (n + page - 1) / page * page;
+  // Metal's wording (metal-shim/metal/device.m), so messages match across backends.
+  if (double(rounded) > dev->max_buffer_length)
+    return set_error("%s: %llu bytes is more than this device's largest buffer (%.0f bytes)", fn,
+                     static_cast<unsigned long long>(rounded), dev->max_buffer_length), false;
+  out = size_t(rounded);
   return true;
 }
 
@@ -92,6 +97,29 @@ CK_API ck_device *ck_device_open(void) {
     }
     dev->pipeline_max_threads = uint32_t(v);
   }
+  // CHERENKOV_CPU_MAX_BUFFER_LENGTH=N refuses buffers over N bytes, as Metal does past
+  // maxBufferLength, so a pool or mapping that must span several buffers is tested here.
+  if (const char *env = std::getenv("CHERENKOV_CPU_MAX_BUFFER_LENGTH")) {
+    char *end = nullptr;
+    unsigned long long v = std::strtoull(env, &end, 10);
+    if (!*env || *end || v < dev->page_size || v % dev->page_size || v > (1ull << 53)) {
+      set_error("CHERENKOV_CPU_MAX_BUFFER_LENGTH=%s: expected a multiple of the page size (%u) up to 2^53", env,
+                dev->page_size);
+      delete dev;
+      return nullptr;
+    }
+    dev->max_buffer_length = double(v);
+  }
+  if (const char *env = std::getenv("CHERENKOV_CPU_GPU_WAIT_LIMIT_MS")) {
+    char *end = nullptr;
+    unsigned long v = std::strtoul(env, &end, 10);
+    if (!*env || *end || v < 1 || v > 3600000) {
+      set_error("CHERENKOV_CPU_GPU_WAIT_LIMIT_MS=%s: expected milliseconds from 1 to 3600000", env);
+      delete dev;
+      return nullptr;
+    }
+    dev->gpu_wait_limit_ms = uint32_t(v);
+  }
   if (const char *env = std::getenv("CHERENKOV_CPU_DEVICE_MIRROR")) dev->device_mirror = std::strcmp(env, "1") == 0;
   unsigned n = std::thread::hardware_concurrency();
   if (const char *env = std::getenv("CHERENKOV_CPU_THREADS")) {
@@ -130,6 +158,20 @@ CK_API uint32_t ck_device_max_threadgroup_memory(ck_device *) { return 32768; }
 CK_API uint32_t ck_device_max_threads_per_threadgroup(ck_device *) { return ck::kMaxThreads; }
 CK_API uint32_t ck_device_simd_width(ck_device *) { return ck::kSimdWidth; }
 CK_API uint32_t ck_device_page_size(ck_device *dev) { return dev ? dev->page_size : 0; }
+CK_API double ck_device_limit(ck_device *dev, int32_t limit) {
+  if (!dev) return set_error("ck_device_limit: device is NULL"), -1;
+  switch (limit) {
+    case CK_LIMIT_MAX_BUFFER_LENGTH: return dev->max_buffer_length;
+    case CK_LIMIT_MAX_WORKING_SET: return dev->working_set;
+    case CK_LIMIT_PAGE_SIZE: return dev->page_size;
+    case CK_LIMIT_EXECUTION_WIDTH: return ck::kSimdWidth;
+    case CK_LIMIT_GPU_CORES: return dev->threads;  // the worker threads that run threadgroups
+    case CK_LIMIT_MAX_THREADS_PER_THREADGROUP: return ck::kMaxThreads;
+    case CK_LIMIT_MAX_THREADGROUP_MEMORY: return 32768;
+    case CK_LIMIT_GPU_WAIT_LIMIT_MS: return dev->gpu_wait_limit_ms;
+    default: return set_error("ck_device_limit: unknown limit %d (0 to %d)", limit, CK_LIMIT_COUNT - 1), -1;
+  }
+}
 CK_API void ck_device_set_wait_timeout(ck_device *dev, uint32_t timeout_ms) {
   if (dev) dev->wait_timeout_ms.store(timeout_ms);
 }

@@ -83,6 +83,16 @@ static void run_cmdbuf(ck_device *dev, ck_cmdbuf *cb) {
       c.event->set(c.value);
     } else {
       uint32_t timeout = dev->wait_timeout_ms.load();
+      // An emulated OS limit shorter than the watchdog ends the command buffer first, with
+      // the error Metal reports (commands.m: "the GPU stopped it: ...").
+      uint32_t os_limit = c.kind == ck::Command::kWait ? dev->gpu_wait_limit_ms : 0;  // a host wait holds no GPU
+      if (os_limit && os_limit < timeout && !c.event->wait_at_least(c.value, os_limit)) {
+        std::snprintf(msg, sizeof msg,
+                      "command buffer %u: the GPU stopped it: Timeout (the system ended a wait for event %u >= %llu "
+                      "after its %u ms limit)", cb->id, c.event->id, static_cast<unsigned long long>(c.value), os_limit);
+        cb->error = msg;
+        return finish(cb, CK_CMDBUF_FAILED);
+      }
       if (!c.event->wait_at_least(c.value, timeout)) {
         std::snprintf(msg, sizeof msg, "command buffer %u: wait for event %u >= %llu timed out after %u ms",
                       cb->id, c.event->id, static_cast<unsigned long long>(c.value), timeout);
@@ -267,6 +277,10 @@ CK_API int32_t ck_encode_signal(ck_cmdbuf *cb, ck_event *ev, double value) {
 
 CK_API int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value) {
   return encode_event(cb, ev, value, ck::Command::kWait);
+}
+
+CK_API int32_t ck_encode_wait_host(ck_cmdbuf *cb, ck_event *ev, double value) {
+  return encode_event(cb, ev, value, ck::Command::kWaitHost);
 }
 
 CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *cb) {

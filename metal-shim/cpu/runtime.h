@@ -64,14 +64,14 @@ struct ck_library {
 namespace ck {
 // One recorded command, kept small: a command buffer may hold thousands.
 struct Command {
-  enum Kind { kDispatch, kSignal, kWait } kind;
+  enum Kind { kDispatch, kSignal, kWait, kWaitHost } kind;  // kWaitHost: ck_encode_wait_host
   const KernelInfo *kernel;   // kDispatch
   uint32_t groups[3], tg[3], threads[3];
   uint32_t first_binding;     // into ck_cmdbuf::bindings
   uint32_t binding_count;
   uint32_t params_offset;     // into ck_cmdbuf::params
   uint32_t params_len;
-  ck_event *event;            // kSignal, kWait (retained)
+  ck_event *event;            // kSignal, kWait, kWaitHost (retained)
   uint64_t value;
 };
 
@@ -103,6 +103,13 @@ struct ck_device {
   // emulates that so a threadgroup the GPU would refuse fails here too.
   uint32_t pipeline_max_threads = ck::kMaxThreads;
   bool device_mirror = false;  // CHERENKOV_CPU_DEVICE_MIRROR=1 (see ck_buffer::mirror)
+  // Largest single buffer (new or wrapped). Metal's maxBufferLength is well below the working
+  // set on Apple silicon; CHERENKOV_CPU_MAX_BUFFER_LENGTH emulates a small one. 2^53 = none.
+  double max_buffer_length = 9007199254740992.0;
+  // An OS limit on one GPU-side event wait (CHERENKOV_CPU_GPU_WAIT_LIMIT_MS, 0 = none): a wait
+  // that outlives it fails its command buffer as Metal's MTLCommandBufferErrorTimeout does,
+  // unless the device's own wait timeout (the engine's watchdog) fires first.
+  uint32_t gpu_wait_limit_ms = 0;
   double working_set = 0;
   unsigned threads = 1;
   std::atomic<uint32_t> wait_timeout_ms{10000};

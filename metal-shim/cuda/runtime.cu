@@ -1104,6 +1104,25 @@ CK_API uint32_t ck_device_max_threadgroup_memory(ck_device *) { return 32768; }
 CK_API uint32_t ck_device_max_threads_per_threadgroup(ck_device *) { return ck::kMaxThreads; }
 CK_API uint32_t ck_device_simd_width(ck_device *) { return ck::kSimdWidth; }
 CK_API uint32_t ck_device_page_size(ck_device *dev) { return dev ? dev->page_size : 0; }
+CK_API double ck_device_limit(ck_device *dev, int32_t limit) {
+  if (!dev) return set_error("ck_device_limit: device is NULL"), -1;
+  int value = 0;
+  size_t free_bytes = 0, total_bytes = 0;
+  switch (limit) {
+    case CK_LIMIT_MAX_BUFFER_LENGTH:  // one cudaMalloc may take all of the GPU's memory
+      cudaSetDevice(dev->ordinal);
+      return cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess ? double(total_bytes) : (cudaGetLastError(), 0.0);
+    case CK_LIMIT_MAX_WORKING_SET: return dev->working_set;
+    case CK_LIMIT_PAGE_SIZE: return dev->page_size;
+    case CK_LIMIT_EXECUTION_WIDTH: return ck::kSimdWidth;
+    case CK_LIMIT_GPU_CORES:  // streaming multiprocessors
+      return cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, dev->ordinal) == cudaSuccess ? value : (cudaGetLastError(), 0);
+    case CK_LIMIT_MAX_THREADS_PER_THREADGROUP: return ck::kMaxThreads;
+    case CK_LIMIT_MAX_THREADGROUP_MEMORY: return 32768;
+    case CK_LIMIT_GPU_WAIT_LIMIT_MS: return 0;  // the driver does not end a stream's spin-wait
+    default: return set_error("ck_device_limit: unknown limit %d (0 to %d)", limit, CK_LIMIT_COUNT - 1), -1;
+  }
+}
 CK_API void ck_device_set_wait_timeout(ck_device *dev, uint32_t timeout_ms) {
   if (dev) dev->wait_timeout_ms.store(timeout_ms);
 }
@@ -1222,6 +1241,8 @@ CK_API int32_t ck_encode_dispatch_threads(ck_cmdbuf *cb, ck_pipeline *pipe, uint
 
 CK_API int32_t ck_encode_signal(ck_cmdbuf *cb, ck_event *ev, double value) { return encode_event(cb, ev, value, ck::Command::kSignal); }
 CK_API int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value) { return encode_event(cb, ev, value, ck::Command::kWait); }
+// The driver ends no stream for waiting (CK_LIMIT_GPU_WAIT_LIMIT_MS is 0): a GPU-side wait is fine.
+CK_API int32_t ck_encode_wait_host(ck_cmdbuf *cb, ck_event *ev, double value) { return ck_encode_wait(cb, ev, value); }
 
 CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *cb) {
   if (check_encoding(cb, "commit") != CK_OK) return CK_ERROR;

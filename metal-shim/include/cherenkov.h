@@ -38,7 +38,7 @@ extern "C" {
 #define CK_API __attribute__((visibility("default")))
 #endif
 
-#define CK_ABI_VERSION 2
+#define CK_ABI_VERSION 3
 
 /* Status codes. */
 #define CK_OK 0
@@ -108,6 +108,21 @@ CK_API uint32_t ck_device_simd_width(ck_device *dev);
 /* Buffer alignment and length granule: the VM page size (16384 on Apple
  * silicon, usually 4096 elsewhere). */
 CK_API uint32_t ck_device_page_size(ck_device *dev);
+/* Device limits, read with ck_device_limit (one call, so new limits need no new symbol). */
+#define CK_LIMIT_MAX_BUFFER_LENGTH 0 /* bytes of the largest single buffer (Metal: maxBufferLength;
+                                        cpu: CHERENKOV_CPU_MAX_BUFFER_LENGTH, else 2^53) */
+#define CK_LIMIT_MAX_WORKING_SET 1   /* = ck_device_max_working_set */
+#define CK_LIMIT_PAGE_SIZE 2         /* = ck_device_page_size */
+#define CK_LIMIT_EXECUTION_WIDTH 3   /* threads per SIMD group (Metal: a pipeline's threadExecutionWidth) */
+#define CK_LIMIT_GPU_CORES 4         /* GPU cores (cuda: SMs; cpu: worker threads); 0 = unknown */
+#define CK_LIMIT_MAX_THREADS_PER_THREADGROUP 5 /* = ck_device_max_threads_per_threadgroup */
+#define CK_LIMIT_MAX_THREADGROUP_MEMORY 6      /* = ck_device_max_threadgroup_memory */
+#define CK_LIMIT_GPU_WAIT_LIMIT_MS 7 /* how long the OS lets a GPU-side event wait block before it
+                                        fails the command buffer itself; 0 = none known */
+#define CK_LIMIT_COUNT 8
+/* The limit numbered `limit` (CK_LIMIT_*), or -1 with ck_last_error() set for an unknown number
+ * or a NULL device. */
+CK_API double ck_device_limit(ck_device *dev, int32_t limit);
 /* How long a GPU-side event wait may block before its command buffer fails
  * (default 10000 ms). The Metal backend enforces it from the host: a wait that
  * outlives it fails the command buffer on completion. */
@@ -208,6 +223,14 @@ CK_API int32_t ck_encode_signal(ck_cmdbuf *cb, ck_event *ev, double value);
  * wait longer than the device's wait timeout fails the command buffer with
  * "command buffer C: wait for event E >= V timed out after T ms". */
 CK_API int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value);
+/* As ck_encode_wait, but the GPU never blocks on it: the commands recorded after it reach the
+ * GPU only once the event is >= value, submitted by the host (Metal: the command buffer is cut
+ * there and the next part, enqueued at commit to keep the queue's order, is committed when the
+ * event is reached). For waits that may outlast what the OS lets a GPU wait for an event
+ * (CK_LIMIT_GPU_WAIT_LIMIT_MS); it costs a submission per wait. The device's wait timeout and
+ * its message are the same. cpu: as ck_encode_wait, exempt from the emulated OS limit; cuda:
+ * ck_encode_wait (the driver has no such limit). */
+CK_API int32_t ck_encode_wait_host(ck_cmdbuf *cb, ck_event *ev, double value);
 /* Queues the command buffer; command buffers run in commit order. */
 CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *cb);
 /* Blocks until the command buffer completes or fails, at most timeout_ms

@@ -54,6 +54,15 @@ CK_IO_API int32_t ck_fd_is_direct(int32_t fd);
  * block size, usually 4096); otherwise 1. Or -errno. */
 CK_IO_API int32_t ck_fd_io_alignment(int32_t fd);
 
+/* Maps the first `length` bytes of the open file `fd` read-only and shared (PROT_READ,
+ * MAP_SHARED): the page cache's own pages, never copied (a private writable mapping may be
+ * given copy-on-write copies when Metal wraps it), and a stray write faults instead of
+ * changing the model. Stores the address in *out; returns 0 or -errno. */
+CK_IO_API int32_t ck_map_readonly(int32_t fd, double length, void **out);
+
+/* Unmaps what ck_map_readonly mapped. Returns 0 or -errno. */
+CK_IO_API int32_t ck_unmap(void *addr, double length);
+
 /* The message of an errno value given as returned (negative) or positive. */
 CK_IO_API const char *ck_io_error_text(int32_t err);
 

@@ -21,6 +21,11 @@
 // failed wait before letting the GPU go, so those dispatches run no threads.
 // (ck_encode_dispatch_threads has no indirect form in Metal 3: such a dispatch
 // after a failed wait still runs; so do event signals.)
+//
+// Host waits (ck_encode_wait_host) are not encoded at all: the ck_cmdbuf is cut into parts
+// (one MTLCommandBuffer each), all enqueued at commit to keep the queue's order, and each
+// part after a host wait is committed by the device's gates queue once the event is reached,
+// so the GPU never waits on it and no OS event-wait timeout applies (docs/metal.md).
 #import "shim.h"
 
 @implementation CherenkovEvent
@@ -50,7 +55,8 @@ void ck_cmdbuf_finish(CherenkovCmdbuf *cb, NSString *gpu_error) {
     __atomic_store_n(&cb->status, error ? CK_CMDBUF_FAILED : CK_CMDBUF_COMPLETED, __ATOMIC_RELEASE);
     d->inflight--;
   }
-  cb->mtl = nil;  // the completion handler holds cb; drop the command buffer that holds the handler
+  cb->mtl = nil;  // the completion handler holds cb; drop the command buffers that hold the handler
+  cb->parts = nil;
   [d->done broadcast];
   [d->done unlock];
 }
@@ -71,18 +77,24 @@ static void end_encoder(CherenkovCmdbuf *cb) {
 
 // ---- command buffers ------------------------------------------------------------------
 
+// One MTLCommandBuffer of the queue: the whole ck_cmdbuf, or one part of it after a host wait.
+static id<MTLCommandBuffer> new_part(CherenkovDevice *d) {
+  // Retained references: Metal keeps every buffer, pipeline and event it
+    // encodes alive until the command buffer completes (cherenkov.h promises it).
+    // Encoder execution status, only under CHERENKOV_METAL_DEBUG=1 (it costs GPU
+    // time): a GPU fault reports which encoder faulted, with the dispatches
+    // (signposts) it holds, so the error can name the kernel.
+    MTLCommandBufferDescriptor *desc = [MTLCommandBufferDescriptor new];
+    desc.retainedReferences = YES;
+    desc.errorOptions = ck_metal_debug() ? MTLCommandBufferErrorOptionEncoderExecutionStatus : MTLCommandBufferErrorOptionNone;
+    return [d->queue commandBufferWithDescriptor:desc];
+}
+
 CK_API ck_cmdbuf *ck_cmdbuf_begin(ck_device *dev) {
   @autoreleasepool {
     if (!dev) return ck_fail(@"ck_cmdbuf_begin: device is NULL"), NULL;
     CherenkovDevice *d = CK_OBJ(CherenkovDevice, dev);
-    // Retained references: Metal keeps every buffer, pipeline and event it
-    // encodes alive until the command buffer completes. Encoder execution
-    // status: a GPU fault reports which encoder faulted, with the dispatches
-    // (signposts) it holds, so the error can name the kernel.
-    MTLCommandBufferDescriptor *desc = [MTLCommandBufferDescriptor new];
-    desc.retainedReferences = YES;
-    desc.errorOptions = MTLCommandBufferErrorOptionEncoderExecutionStatus;
-    id<MTLCommandBuffer> mtl = [d->queue commandBufferWithDescriptor:desc];
+    id<MTLCommandBuffer> mtl = new_part(d);
     if (!mtl) return ck_fail(@"ck_cmdbuf_begin: Metal gave no command buffer"), NULL;
     CherenkovCmdbuf *cb = [CherenkovCmdbuf new];
     cb->dev = d;
@@ -90,6 +102,8 @@ CK_API ck_cmdbuf *ck_cmdbuf_begin(ck_device *dev) {
     cb->ident = __atomic_fetch_add(&d->next_cmdbuf_id, 1, __ATOMIC_RELAXED);
     cb->status = CK_CMDBUF_ENCODING;
     cb->waits = [NSMutableArray array];
+    cb->parts = [NSMutableArray arrayWithCapacity:1];
+    [cb->parts addObject:mtl];
     mtl.label = [NSString stringWithFormat:@"cherenkov command buffer %u", cb->ident];
     return CK_HANDLE(ck_cmdbuf, cb);
   }
@@ -188,7 +202,7 @@ static int32_t encode_dispatch(ck_cmdbuf *handle, ck_pipeline *pipe, const uint3
     cb->enc.label = [NSString stringWithFormat:@"command buffer %u, encoder %u", cb->ident, ++cb->encoders];
   }
   id<MTLComputeCommandEncoder> enc = cb->enc;
-  [enc insertDebugSignpost:p->signpost];
+  if (ck_metal_debug()) [enc insertDebugSignpost:p->signpost];
   if (cb->enc_pipeline != p->state) {
     [enc setComputePipelineState:p->state];
     cb->enc_pipeline = p->state;
@@ -202,7 +216,7 @@ static int32_t encode_dispatch(ck_cmdbuf *handle, ck_pipeline *pipe, const uint3
   MTLSize threads_per_group = MTLSizeMake(tg[0], tg[1], tg[2]);
   if (grid_counts_threads) {
     [enc dispatchThreads:MTLSizeMake(grid[0], grid[1], grid[2]) threadsPerThreadgroup:threads_per_group];
-  } else if (cb->waits.count > 0) {
+  } else if (cb->waits.count > 0 || cb->gates.count > 0) {
     // After a wait: an indirect dispatch, which the watchdog can cancel.
     id<MTLBuffer> buffer = nil;
     NSUInteger offset = 0;
@@ -278,6 +292,7 @@ CK_API int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value) {
   }
 }
 
+
 // Cancels every indirect dispatch recorded after `w`: zero threadgroups. The
 // GPU has not read them yet (it is blocked at `w`, or at an earlier wait).
 static void cancel_after(CherenkovCmdbuf *cb, CherenkovWait *w) {
@@ -327,6 +342,7 @@ static void watch_waits(CherenkovCmdbuf *cb) {
 // "; the fault is in <encoder label>, which dispatches <kernels>" from the
 // encoder execution status of a failed command buffer, or "" when Metal gave none.
 static NSString *fault_site(NSError *error) {
+  if (!ck_metal_debug()) return @" (CHERENKOV_METAL_DEBUG=1 names the kernel of a GPU fault)";
   id infos = error ? error.userInfo[MTLCommandBufferEncoderInfoErrorKey] : nil;
   if (![infos isKindOfClass:[NSArray class]]) return @"";
   for (id<MTLCommandBufferEncoderInfo> info in (NSArray *)infos) {
@@ -341,6 +357,76 @@ static NSString *fault_site(NSError *error) {
   return @"";
 }
 
+// Cuts the command buffer: what is recorded next goes into a new part, committed by the
+// gates queue once `ev` >= value, so the GPU never waits on the event (no OS timeout).
+CK_API int32_t ck_encode_wait_host(ck_cmdbuf *handle, ck_event *event, double value) {
+  @autoreleasepool {
+    if (check_encoding(handle, "wait") != CK_OK) return CK_ERROR;
+    CherenkovCmdbuf *cb = CK_OBJ(CherenkovCmdbuf, handle);
+    if (!event) return ck_fail(@"command buffer %u: wait: event is NULL", cb->ident);
+    uint64_t v;
+    if (!ck_to_u64(value, &v))
+      return ck_fail(@"command buffer %u: wait: event value %.17g is not an integer in [0, 2^53]", cb->ident, value);
+    id<MTLCommandBuffer> next = new_part(cb->dev);
+    if (!next) return ck_fail(@"command buffer %u: wait: Metal gave no command buffer", cb->ident);
+    end_encoder(cb);
+    CherenkovWait *g = [CherenkovWait new];
+    g->event = CK_OBJ(CherenkovEvent, event);
+    g->value = v;
+    g->first_grid = cb->grid_count;
+    if (!cb->gates) cb->gates = [NSMutableArray array];
+    [cb->gates addObject:g];
+    [cb->parts addObject:next];
+    next.label = [NSString stringWithFormat:@"cherenkov command buffer %u, part %lu", cb->ident, (unsigned long)cb->parts.count];
+    cb->mtl = next;
+    return CK_OK;
+  }
+}
+
+// Runs on the device's gates queue, one command buffer at a time in commit order: commits
+// each part once its gate's event is reached. The wait timeout counts from when the GPU
+// reaches the gate (the part before it completes), as for a GPU wait; after a timeout the
+// remaining parts are still committed (enqueued parts must be), their dispatches cancelled.
+static void release_gates(CherenkovCmdbuf *cb, NSArray<id<MTLCommandBuffer>> *parts) {
+  @autoreleasepool {
+    CherenkovDevice *d = cb->dev;
+    BOOL failed = NO;
+    for (NSUInteger k = 0; k < cb->gates.count; k++) {
+      CherenkovWait *g = cb->gates[k];
+      if (!failed && g->event->mtl.signaledValue < g->value) {
+        [parts[k] waitUntilCompleted];
+        uint32_t timeout = __atomic_load_n(&d->wait_timeout_ms, __ATOMIC_RELAXED);
+        if (![g->event->mtl waitUntilSignaledValue:g->value timeoutMS:timeout]) {
+          [d->done lock];
+          if (!cb->error)
+            cb->error = [NSString stringWithFormat:@"command buffer %u: wait for event %u >= %llu timed out after %u ms",
+                                                   cb->ident, g->event->ident, (unsigned long long)g->value, timeout];
+          [d->done unlock];
+          failed = YES;
+          cancel_after(cb, g);
+        }
+      }
+      [parts[k + 1] commit];
+    }
+  }
+}
+
+// One part finished; the command buffer finishes with its last part, with the first error.
+static void part_done(CherenkovCmdbuf *cb, id<MTLCommandBuffer> done) {
+  NSString *gpu_error = nil;
+  if (done.status == MTLCommandBufferStatusError) {
+    NSString *why = done.error ? done.error.localizedDescription : @"no reason given";
+    gpu_error = [NSString stringWithFormat:@"command buffer %u: the GPU stopped it: %@%@", cb->ident, why, fault_site(done.error)];
+  }
+  CherenkovDevice *d = cb->dev;
+  [d->done lock];
+  if (gpu_error && !cb->part_error) cb->part_error = gpu_error;
+  BOOL last = --cb->parts_left == 0;
+  NSString *error = cb->part_error;
+  [d->done unlock];
+  if (last) ck_cmdbuf_finish(cb, error);
+}
+
 CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *handle) {
   @autoreleasepool {
     if (check_encoding(handle, "commit") != CK_OK) return CK_ERROR;
@@ -348,22 +434,27 @@ CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *handle) {
     CherenkovDevice *d = cb->dev;
     end_encoder(cb);
     [d residencyCommit];
-    id<MTLCommandBuffer> mtl = cb->mtl;
-    // The handler keeps cb alive until the GPU is done with it, whatever the
+    NSArray<id<MTLCommandBuffer>> *parts = [cb->parts copy];
+    // The handlers keep cb alive until the GPU is done with it, whatever the
     // caller releases meanwhile.
-    [mtl addCompletedHandler:^(id<MTLCommandBuffer> done) {
-      NSString *gpu_error = nil;
-      if (done.status == MTLCommandBufferStatusError) {
-        NSString *why = done.error ? done.error.localizedDescription : @"no reason given";
-        gpu_error = [NSString stringWithFormat:@"command buffer %u: the GPU stopped it: %@%@", cb->ident, why, fault_site(done.error)];
-      }
-      ck_cmdbuf_finish(cb, gpu_error);
-    }];
+    for (id<MTLCommandBuffer> part in parts)
+      [part addCompletedHandler:^(id<MTLCommandBuffer> done) {
+        part_done(cb, done);
+      }];
     [d->done lock];
     __atomic_store_n(&cb->status, CK_CMDBUF_COMMITTED, __ATOMIC_RELEASE);
+    cb->parts_left = (uint32_t)parts.count;
     d->inflight++;
     [d->done unlock];
-    [mtl commit];
+    if (parts.count == 1) {
+      [parts[0] commit];
+    } else {
+      for (id<MTLCommandBuffer> part in parts) [part enqueue];  // reserves the queue's order
+      [parts[0] commit];
+      dispatch_async(d->gates, ^{
+        release_gates(cb, parts);
+      });
+    }
     if (cb->waits.count > 0) dispatch_async(d->watchdog, ^{
       watch_waits(cb);
     });

@@ -133,6 +133,7 @@ CK_API ck_device *ck_device_open(void) {
     d->next_event_id = 1;
     d->done = [NSCondition new];
     d->watchdog = dispatch_queue_create("cherenkov.metal.watchdog", DISPATCH_QUEUE_SERIAL);
+    d->gates = dispatch_queue_create("cherenkov.metal.gates", DISPATCH_QUEUE_SERIAL);
     d->residency_lock = [NSLock new];
     open_residency_set(d);
     return CK_HANDLE(ck_device, d);
@@ -187,6 +188,31 @@ CK_API uint32_t ck_device_simd_width(ck_device *dev) { return dev ? 32 : 0; }
 
 CK_API uint32_t ck_device_page_size(ck_device *dev) {
   return dev ? CK_OBJ(CherenkovDevice, dev)->page_size : 0;
+}
+
+// The OS's limit on one GPU-side event wait is not published (MTLCommandBufferErrorTimeout
+// names "waiting for another workload to signal an MTLEvent" as a cause, with no number):
+// CHERENKOV_METAL_GPU_WAIT_LIMIT_MS reports one measured on this Mac (docs/metal.md).
+static uint32_t gpu_wait_limit_ms(void) {
+  NSString *text = NSProcessInfo.processInfo.environment[@"CHERENKOV_METAL_GPU_WAIT_LIMIT_MS"];
+  long long v = text ? text.longLongValue : 0;
+  return v > 0 && v <= 3600000 ? (uint32_t)v : 0;
+}
+
+CK_API double ck_device_limit(ck_device *dev, int32_t limit) {
+  if (!dev) return ck_fail(@"ck_device_limit: device is NULL"), -1;
+  CherenkovDevice *d = CK_OBJ(CherenkovDevice, dev);
+  switch (limit) {
+    case CK_LIMIT_MAX_BUFFER_LENGTH: return (double)d->mtl.maxBufferLength;
+    case CK_LIMIT_MAX_WORKING_SET: return (double)d->mtl.recommendedMaxWorkingSetSize;
+    case CK_LIMIT_PAGE_SIZE: return d->page_size;
+    case CK_LIMIT_EXECUTION_WIDTH: return 32;  // every Apple-silicon GPU; pipelines report theirs too
+    case CK_LIMIT_GPU_CORES: return 0;         // not in Metal's API (`cherenkov doctor` reads IOKit's registry)
+    case CK_LIMIT_MAX_THREADS_PER_THREADGROUP: return (double)d->mtl.maxThreadsPerThreadgroup.width;
+    case CK_LIMIT_MAX_THREADGROUP_MEMORY: return (double)d->mtl.maxThreadgroupMemoryLength;
+    case CK_LIMIT_GPU_WAIT_LIMIT_MS: return gpu_wait_limit_ms();
+    default: return ck_fail(@"ck_device_limit: unknown limit %d (0 to %d)", limit, CK_LIMIT_COUNT - 1), -1;
+  }
 }
 
 CK_API void ck_device_set_wait_timeout(ck_device *dev, uint32_t timeout_ms) {

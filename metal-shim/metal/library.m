@@ -122,8 +122,12 @@ static NSString *line_suffix(NSString *text, NSString *name) {
   return @"";
 }
 
-// No fast math: fastMathEnabled = NO before macOS 15; mathMode = Safe and
-// mathFloatingPointFunctions = Precise from macOS 15 (when built with its SDK).
+// No fast math, whatever SDK built the library. fastMathEnabled = NO covers arithmetic on
+// every macOS. From macOS 15 the floating-point functions (exp, log, ...) are a second
+// setting whose default is Fast whatever fastMathEnabled says, so a library built with the
+// macOS 14 SDK (which does not declare it) and run on macOS 15 would get fast exp: there the
+// properties exist at run time and are set by name (KVC; the values are the macOS 15 SDK's
+// MTLMathModeSafe = 0 and MTLMathFloatingPointFunctionsPrecise = 1).
 static void set_precise_math(MTLCompileOptions *options) {
 #if CK_SDK_HAS_MACOS15
   if (@available(macOS 15.0, *)) {
@@ -136,6 +140,27 @@ static void set_precise_math(MTLCompileOptions *options) {
 #pragma clang diagnostic ignored "-Wdeprecated-declarations"  // deprecated only from the macOS 15 SDK
   options.fastMathEnabled = NO;
 #pragma clang diagnostic pop
+#if !CK_SDK_HAS_MACOS15
+  if (@available(macOS 15.0, *)) {
+    if ([options respondsToSelector:NSSelectorFromString(@"setMathFloatingPointFunctions:")]) {
+      [options setValue:[NSNumber numberWithInteger:0] forKey:@"mathMode"];
+      [options setValue:[NSNumber numberWithInteger:1] forKey:@"mathFloatingPointFunctions"];
+    }
+  }
+#endif
+}
+
+// CHERENKOV_METAL_DEBUG=1: build pipelines with reflection (the binding checks of
+// ck_encode_dispatch), record encoder execution status and a signpost per dispatch (a GPU
+// fault then names its kernel). Off by default: each costs start-up or encode time.
+BOOL ck_metal_debug(void) {
+  static BOOL on;
+  static dispatch_once_t once;
+  dispatch_once(&once, ^{
+    NSString *flag = NSProcessInfo.processInfo.environment[@"CHERENKOV_METAL_DEBUG"];
+    on = flag != nil && [flag isEqualToString:@"1"];
+  });
+  return on;
 }
 
 static NSLock *cache_lock;
@@ -151,35 +176,103 @@ static void init_caches(void) {
   });
 }
 
-// The compiled library of `source`, from the process's cache or compiled now.
-static id<MTLLibrary> library_for(CherenkovDevice *d, NSString *source, NSString **problem) {
-  init_caches();
-  [cache_lock lock];
-  id<MTLLibrary> lib = cached_libraries[source];
-  [cache_lock unlock];
-  if (lib && lib.device == d->mtl) return lib;
-  BOOL cache = lib == nil;  // another GPU's copy stays; this one is compiled but not kept (multi-GPU Macs only)
+static MTLCompileOptions *compile_options(void) {
   MTLCompileOptions *options = [MTLCompileOptions new];
-  // MSL 3.1 (macOS 14) is the first with bfloat. Fast math is off: kernels
-  // use infinities (softmax and top-k initial values), which fast math may
-  // assume away, and the CPU backend is precise too. On macOS 15 that takes
-  // two settings: mathMode (arithmetic rewrites) and mathFloatingPointFunctions,
-  // whose default there is Fast (exp, log, ... as fast variants) whatever
-  // mathMode says; the kernel tests hold exp/log to 1e-6 relative.
+  // MSL 3.1 (macOS 14) is the first with bfloat. Fast math is off: kernels use infinities
+  // (softmax and top-k initial values), which fast math may assume away, the CPU backend is
+  // precise too, and the kernel tests hold exp/log to 1e-6 relative.
   options.languageVersion = MTLLanguageVersion3_1;
   set_precise_math(options);
-  NSError *error = nil;
-  lib = [d->mtl newLibraryWithSource:source options:options error:&error];
-  if (!lib) {
-    *problem = error ? error.localizedDescription : @"the compiler gave no reason";
-    return nil;
-  }
-  if (cache) {
+  return options;
+}
+
+// The compiled library of each source, from the process's cache or compiled now: every
+// source not cached is handed to Metal's asynchronous compiler at once, so the files compile
+// in parallel (one after another they made the first load wait for the sum). On failure
+// returns nil with *problem naming the first file (in `files` order) that did not compile.
+static NSArray<id<MTLLibrary>> *libraries_for(CherenkovDevice *d, NSArray<NSString *> *sources, NSArray<NSString *> *files,
+                                              NSString **problem) {
+  init_caches();
+  NSUInteger n = sources.count;
+  NSMutableArray *out = [NSMutableArray arrayWithCapacity:n];
+  NSMutableArray *errors = [NSMutableArray arrayWithCapacity:n];
+  NSCondition *done = [NSCondition new];
+  __block NSUInteger pending = 0;
+  MTLCompileOptions *options = compile_options();
+  // Every slot is filled before any compile starts: the handlers only replace slots, under `done`.
+  for (NSUInteger i = 0; i < n; i++) {
     [cache_lock lock];
-    cached_libraries[source] = lib;  // kept for the process's life: pipeline keys hold its address
+    id<MTLLibrary> lib = cached_libraries[sources[i]];
+    [cache_lock unlock];
+    [errors addObject:[NSNull null]];
+    if (lib && lib.device == d->mtl) [out addObject:lib];
+    else {
+      [out addObject:[NSNull null]];
+      pending++;
+    }
+  }
+  for (NSUInteger i = 0; i < n; i++) {
+    if (![out[i] isKindOfClass:[NSNull class]]) continue;
+    [d->mtl newLibraryWithSource:sources[i]
+                         options:options
+               completionHandler:^(id<MTLLibrary> compiled, NSError *error) {
+                 [done lock];
+                 if (compiled) out[i] = compiled;
+                 else errors[i] = error ? error.localizedDescription : @"the compiler gave no reason";
+                 pending--;
+                 [done broadcast];
+                 [done unlock];
+               }];
+  }
+  [done lock];
+  while (pending > 0) [done wait];
+  [done unlock];
+  for (NSUInteger i = 0; i < n; i++) {
+    if ([out[i] isKindOfClass:[NSNull class]]) {
+      *problem = [NSString stringWithFormat:@"%@ does not compile:\n%@", files[i], errors[i]];
+      return nil;
+    }
+    [cache_lock lock];
+    // Kept for the process's life (pipeline keys hold its address); another GPU's copy stays.
+    if (!cached_libraries[sources[i]]) cached_libraries[sources[i]] = out[i];
     [cache_lock unlock];
   }
-  return lib;
+  return out;
+}
+
+// FNV-1a, 64 bits: names an archive after the exact sources it was built from (a changed
+// kernel gets a new file; the archive only saves compile time, Metal checks what it loads).
+static uint64_t fnv1a(uint64_t h, NSString *text) {
+  const char *bytes = text.UTF8String;
+  for (const char *c = bytes ? bytes : ""; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
+  return h;
+}
+
+// The pipeline archive of these sources on this device: opened from the cache directory
+// ($CHERENKOV_METAL_CACHE, else ~/Library/Caches/cherenkov) when a previous run wrote it,
+// else empty. A file Metal cannot read is replaced at the next write.
+static void open_archive(CherenkovLibrary *l, NSArray<NSString *> *sources) {
+  NSDictionary<NSString *, NSString *> *env = NSProcessInfo.processInfo.environment;
+  NSString *flag = env[@"CHERENKOV_METAL_ARCHIVE"];
+  if (flag && [flag isEqualToString:@"0"]) return;
+  uint64_t h = fnv1a(14695981039346656037ull, l->dev->mtl.name);
+  h = fnv1a(h, @"msl3.1 precise");  // the compile options
+  for (NSString *source in sources) h = fnv1a(h, source);
+  NSString *dir = env[@"CHERENKOV_METAL_CACHE"];
+  if (!dir) dir = [NSHomeDirectory() stringByAppendingPathComponent:@"Library/Caches/cherenkov"];
+  NSString *path = [dir stringByAppendingPathComponent:[NSString stringWithFormat:@"pipelines-%016llx.metallib", (unsigned long long)h]];
+  MTLBinaryArchiveDescriptor *desc = [MTLBinaryArchiveDescriptor new];
+  NSError *error = nil;
+  if ([NSFileManager.defaultManager fileExistsAtPath:path]) {
+    desc.url = [NSURL fileURLWithPath:path];
+    l->archive = [l->dev->mtl newBinaryArchiveWithDescriptor:desc error:&error];
+  }
+  if (!l->archive) {
+    desc.url = nil;
+    l->archive = [l->dev->mtl newBinaryArchiveWithDescriptor:desc error:&error];
+  }
+  l->archive_url = [NSURL fileURLWithPath:path];
+  l->archive_dir = dir;
 }
 
 static NSArray<NSString *> *sorted_bytewise(NSArray<NSString *> *names) {
@@ -208,13 +301,25 @@ CK_API ck_library *ck_library_load(ck_device *dev, const char *dir) {
     NSMutableDictionary<NSString *, NSString *> *where = [NSMutableDictionary dictionary];
     NSMutableDictionary<NSString *, NSString *> *file_of = [NSMutableDictionary dictionary];
     NSMutableDictionary<NSString *, id<MTLLibrary>> *library_of = [NSMutableDictionary dictionary];
-    for (NSString *file in sorted_bytewise(files)) {
+    NSArray<NSString *> *ordered = sorted_bytewise(files);
+    NSMutableArray<NSString *> *sources = [NSMutableArray arrayWithCapacity:ordered.count];
+    NSMutableArray<NSString *> *originals = [NSMutableArray arrayWithCapacity:ordered.count];
+    NSMutableArray<NSString *> *shown_files = [NSMutableArray arrayWithCapacity:ordered.count];
+    for (NSString *file in ordered) {
       NSMutableString *source = [NSMutableString string];
       NSString *original = nil, *problem = nil;
       if (!expand_file(path, file, 0, source, &original, &problem))
         return ck_fail(@"ck_library_load: %@", problem), NULL;
-      id<MTLLibrary> lib = library_for(d, source, &problem);
-      if (!lib) return ck_fail(@"ck_library_load: %@/%@ does not compile:\n%@", shown, file, problem), NULL;
+      [sources addObject:source];
+      [originals addObject:original];
+      [shown_files addObject:[NSString stringWithFormat:@"%@/%@", shown, file]];
+    }
+    NSString *problem = nil;
+    NSArray<id<MTLLibrary>> *libraries = libraries_for(d, sources, shown_files, &problem);
+    if (!libraries) return ck_fail(@"ck_library_load: %@", problem), NULL;
+    for (NSUInteger f = 0; f < ordered.count; f++) {
+      NSString *file = ordered[f], *original = originals[f];
+      id<MTLLibrary> lib = libraries[f];
       for (NSString *name in lib.functionNames) {
         id<MTLFunction> fn = [lib newFunctionWithName:name];
         if (!fn || fn.functionType != MTLFunctionTypeKernel) continue;
@@ -240,12 +345,24 @@ CK_API ck_library *ck_library_load(ck_device *dev, const char *dir) {
     l->library_of = library_of;
     l->pipelines = [NSMutableDictionary dictionary];
     l->lock = [NSLock new];
+    open_archive(l, sources);
     return CK_HANDLE(ck_library, l);
   }
 }
 
 CK_API void ck_library_release(ck_library *lib) {
   @autoreleasepool {
+    CherenkovLibrary *l = lib ? CK_OBJ(CherenkovLibrary, lib) : nil;
+    if (l) {
+      [l->lock lock];
+      if (l->archive && l->archive_dirty) {
+        // Best effort: a cache that cannot be written costs the next run its compile time only.
+        [NSFileManager.defaultManager createDirectoryAtPath:l->archive_dir withIntermediateDirectories:YES attributes:nil error:nil];
+        [l->archive serializeToURL:l->archive_url error:nil];
+        l->archive_dirty = NO;
+      }
+      [l->lock unlock];
+    }
     ck_drop_handle(lib);
   }
 }
@@ -271,11 +388,20 @@ static CherenkovPipeline *build_pipeline(CherenkovLibrary *l, NSString *name, co
   NSString *where = l->where[name];
   MTLAutoreleasedComputePipelineReflection reflection = nil;
   NSError *error = nil;
+  // Reflection (the binding checks) only under CHERENKOV_METAL_DEBUG=1: it slows every
+  // pipeline's creation, and Metal's validation layer checks bindings when asked anyway.
+  // Through the library's archive: a pipeline a previous run built is loaded, not compiled.
+  MTLComputePipelineDescriptor *desc = [MTLComputePipelineDescriptor new];
+  desc.computeFunction = fn;
+  desc.label = name;
+  if (l->archive) desc.binaryArchives = [NSArray arrayWithObject:l->archive];
   id<MTLComputePipelineState> state =
-      [l->dev->mtl newComputePipelineStateWithFunction:fn
-                                               options:MTLPipelineOptionBindingInfo | MTLPipelineOptionBufferTypeInfo
-                                            reflection:&reflection
-                                                 error:&error];
+      ck_metal_debug() ? [l->dev->mtl newComputePipelineStateWithDescriptor:desc
+                                                                    options:MTLPipelineOptionBindingInfo | MTLPipelineOptionBufferTypeInfo
+                                                                 reflection:&reflection
+                                                                      error:&error]
+                       : [l->dev->mtl newComputePipelineStateWithDescriptor:desc options:MTLPipelineOptionNone reflection:nil error:&error];
+  if (state && l->archive && [l->archive addComputePipelineFunctionsWithDescriptor:desc error:nil]) l->archive_dirty = YES;
   if (!state) {
     ck_fail(@"ck_pipeline_get: %@ (%@): Metal could not build its pipeline: %@", name, where,
             error ? error.localizedDescription : @"no reason given");

@@ -44,6 +44,8 @@ CK_INTERNAL BOOL ck_to_u64(double v, uint64_t *out);
 CK_INTERNAL NSData *ck_cstring(NSString *s);
 // Drops the caller's reference taken by CK_HANDLE (NULL is ignored).
 CK_INTERNAL void ck_drop_handle(void *handle);
+// CHERENKOV_METAL_DEBUG=1 (library.m): reflection, encoder execution status, signposts.
+CK_INTERNAL BOOL ck_metal_debug(void);
 
 // ---- objects ----------------------------------------------------------------------
 
@@ -62,6 +64,8 @@ CK_INTERNAL @interface CherenkovDevice : NSObject {
   uint32_t inflight;  // committed, not yet finished
   // Serial queue that enforces GPU event-wait timeouts, in commit order.
   dispatch_queue_t watchdog;
+  // Serial queue that commits the parts after host waits (ck_encode_wait_host), in commit order.
+  dispatch_queue_t gates;
   // id<MTLResidencySet> on macOS 15 and later, built with the macOS 15 SDK
   // (nil otherwise, or when disabled).
   id residency;
@@ -111,6 +115,13 @@ CK_INTERNAL @interface CherenkovLibrary : NSObject {
   NSDictionary<NSString *, id<MTLLibrary>> *library_of;  // the compiled file each kernel is in
   NSMutableDictionary<NSString *, CherenkovPipeline *> *pipelines;
   NSLock *lock;
+  // Pipelines compiled before, on disk (MTLBinaryArchive) keyed by a hash of every source and
+  // the device; nil when off (CHERENKOV_METAL_ARCHIVE=0). Written back at release when a
+  // pipeline was built. Under `lock`.
+  id<MTLBinaryArchive> archive;
+  NSURL *archive_url;
+  NSString *archive_dir;
+  BOOL archive_dirty;
 }
 @end
 
@@ -133,7 +144,14 @@ CK_INTERNAL @interface CherenkovWait : NSObject {
 CK_INTERNAL @interface CherenkovCmdbuf : NSObject {
  @public
   CherenkovDevice *dev;
-  id<MTLCommandBuffer> mtl;  // nil once finished (breaks the handler's cycle)
+  id<MTLCommandBuffer> mtl;  // the part being encoded; nil once finished (breaks the handler's cycle)
+  // Host waits (ck_encode_wait_host) cut the command buffer into parts: parts[k + 1] follows
+  // gates[k]. All are enqueued at commit (the queue keeps their order); parts after the first
+  // are committed by the device's gates queue once their gate's event is reached.
+  NSMutableArray<id<MTLCommandBuffer>> *parts;
+  NSMutableArray<CherenkovWait *> *gates;
+  uint32_t parts_left;     // not yet completed; under dev->done
+  NSString *part_error;    // the first part's GPU error; under dev->done
   id<MTLComputeCommandEncoder> enc;  // the open encoder, or nil
   id<MTLComputePipelineState> enc_pipeline;
   uint32_t encoders;  // encoders opened so far (their labels count them)

@@ -323,7 +323,8 @@ function cases(f: Fixture): BenchCase[] {
           parts.forEach((p, i) => pool.bytes.set(p.buffer.bytes.subarray(256, 256 + tensorBytes(p.shape, q4)), s * stride + offsets[i]!));
         pool.upload();
         const expertPool: ExpertPool = {
-          buffer: pool,
+          buffers: [pool],
+          slotsPerBuffer: E,
           slots: E,
           stride,
           parts: ["gate", "up", "down"].map((name, i) => ({ name, dtype: q4, shape: parts[i]!.shape, offset: offsets[i]! })),

@@ -116,7 +116,7 @@ function buildPool(dims: MoeDims, dtype: DType, seed: number, slotOf: number[], 
     if (s < 0) return;
     for (const p of parts) buffer.bytes.set(experts[e]![p.name].bytes, s * stride + p.offset);
   });
-  const pool: ExpertPool = { buffer, slots, stride, parts };
+  const pool: ExpertPool = { buffers: [buffer], slotsPerBuffer: slots, slots, stride, parts };
   return { pool, experts };
 }
 

@@ -59,7 +59,7 @@ extern "C" int foreign_entry(void) { return 7; }
 });
 
 test("the metal backend off macOS says it needs macOS, in one line", () => {
-  if (process.platform === "darwin") return void expect(loadShim("metal").symbols.ck_abi_version()).toBe(1);
+  if (process.platform === "darwin") return void expect(loadShim("metal").symbols.ck_abi_version()).toBe(3);
   expect(() => loadShim("metal")).toThrow(/^cherenkov: the metal backend needs macOS \(.*libcherenkov_metal\.dylib cannot be built on linux\)$/);
 });
 
@@ -80,7 +80,7 @@ test("setShimPath loads exactly that file", () => {
   setShimPath(local);
   const shim = loadShim("cpu");
   expect(shim.path).toBe(local);
-  expect(shim.symbols.ck_abi_version()).toBe(2);
+  expect(shim.symbols.ck_abi_version()).toBe(3);
 });
 
 test("CHERENKOV_DEBUG_FFI=1 logs each native call with its arguments and result", () => {

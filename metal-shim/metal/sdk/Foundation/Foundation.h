@@ -108,6 +108,7 @@ typedef NS_OPTIONS(NSUInteger, NSStringCompareOptions) {
 - (NSString *)substringWithRange:(NSRange)range;
 - (NSArray<NSString *> *)componentsSeparatedByString:(NSString *)separator;
 - (NSString *)stringByTrimmingCharactersInSet:(NSCharacterSet *)set;
+@property (readonly) long long longLongValue;  /* NSString.h (NSStringExtensionMethods) */
 - (NSString *)stringByReplacingOccurrencesOfString:(NSString *)target withString:(NSString *)replacement;
 /* NSPathUtilities.h */
 @property (readonly, copy) NSString *lastPathComponent;
@@ -148,6 +149,7 @@ typedef NSString *NSErrorUserInfoKey;
 /* ---- collections ----------------------------------------------------------- */
 
 @interface NSArray<__covariant ObjectType> : NSObject <NSCopying, NSMutableCopying, NSFastEnumeration>
++ (instancetype)arrayWithObject:(ObjectType)anObject;
 @property (readonly) NSUInteger count;
 - (ObjectType)objectAtIndex:(NSUInteger)index;
 - (ObjectType)objectAtIndexedSubscript:(NSUInteger)idx;
@@ -164,7 +166,36 @@ typedef NSString *NSErrorUserInfoKey;
 - (void)addObject:(ObjectType)anObject;
 - (void)removeObjectAtIndex:(NSUInteger)index;
 - (void)removeAllObjects;
+- (void)replaceObjectAtIndex:(NSUInteger)index withObject:(ObjectType)anObject;
+- (void)setObject:(ObjectType)obj atIndexedSubscript:(NSUInteger)idx;
 @end
+
+/* NSValue.h */
+@interface NSNumber : NSObject <NSCopying>
++ (NSNumber *)numberWithInteger:(NSInteger)value;
+@property (readonly) NSInteger integerValue;
+@end
+
+/* NSNull.h: the object that stands for nil in collections. */
+@interface NSNull : NSObject <NSCopying>
++ (NSNull *)null;
+@end
+
+/* NSKeyValueCoding.h: sets a property by name (what a newer SDK declares, an older one can still set). */
+@interface NSObject (NSKeyValueCoding)
+- (void)setValue:(nullable id)value forKey:(NSString *)key;
+@end
+
+/* NSURL.h */
+@interface NSURL : NSObject <NSCopying>
++ (NSURL *)fileURLWithPath:(NSString *)path;
+@end
+
+/* NSPathUtilities.h */
+extern NSString *NSHomeDirectory(void);
+
+/* NSObjCRuntime.h */
+extern SEL NSSelectorFromString(NSString *aSelectorName);
 
 @interface NSDictionary<__covariant KeyType, __covariant ObjectType> : NSObject <NSCopying, NSMutableCopying, NSFastEnumeration>
 @property (readonly) NSUInteger count;
@@ -194,6 +225,10 @@ typedef NSString *NSErrorUserInfoKey;
 @property (class, readonly, strong) NSFileManager *defaultManager;
 - (nullable NSArray<NSString *> *)contentsOfDirectoryAtPath:(NSString *)path error:(NSError **)error;
 - (BOOL)fileExistsAtPath:(NSString *)path;
+- (BOOL)createDirectoryAtPath:(NSString *)path
+    withIntermediateDirectories:(BOOL)createIntermediates
+                     attributes:(nullable NSDictionary<NSString *, id> *)attributes
+                          error:(NSError **)error;
 @end
 
 @interface NSProcessInfo : NSObject

@@ -213,6 +213,30 @@ typedef __autoreleasing MTLComputePipelineReflection *_Nullable MTLAutoreleasedC
 @property (readonly) NSUInteger staticThreadgroupMemoryLength;
 @end
 
+/* ---- MTLComputePipeline.h (descriptor) / MTLBinaryArchive.h (macOS 11) ------ */
+
+@protocol MTLBinaryArchive;
+
+@interface MTLComputePipelineDescriptor : NSObject <NSCopying>
+@property (nullable, copy, nonatomic) NSString *label;
+@property (nullable, readwrite, nonatomic, strong) id<MTLFunction> computeFunction;
+@property (readwrite, nullable, nonatomic, copy) NSArray<id<MTLBinaryArchive>> *binaryArchives CK_SDK_MACOS(11.0);
+@end
+
+CK_SDK_MACOS(11.0)
+@interface MTLBinaryArchiveDescriptor : NSObject <NSCopying>
+/* The file to open, or nil for an empty archive. */
+@property (readwrite, nullable, nonatomic, copy) NSURL *url;
+@end
+
+CK_SDK_MACOS(11.0)
+@protocol MTLBinaryArchive <NSObject>
+@property (nullable, copy, atomic) NSString *label;
+@property (readonly) id<MTLDevice> device;
+- (BOOL)addComputePipelineFunctionsWithDescriptor:(MTLComputePipelineDescriptor *)descriptor error:(NSError **)error;
+- (BOOL)serializeToURL:(NSURL *)url error:(NSError **)error;
+@end
+
 /* ---- MTLEvent.h -------------------------------------------------------------- */
 
 @protocol MTLEvent <NSObject>
@@ -367,6 +391,8 @@ typedef void (^MTLCommandBufferHandler)(id<MTLCommandBuffer>);
 
 /* ---- MTLDevice.h ---------------------------------------------------------------- */
 
+typedef void (^MTLNewLibraryCompletionHandler)(id<MTLLibrary> _Nullable library, NSError *_Nullable error);
+
 @protocol MTLDevice <NSObject>
 @property (readonly) NSString *name;
 @property (readonly) MTLSize maxThreadsPerThreadgroup;
@@ -385,12 +411,22 @@ typedef void (^MTLCommandBufferHandler)(id<MTLCommandBuffer>);
 - (nullable id<MTLLibrary>)newLibraryWithSource:(NSString *)source
                                         options:(nullable MTLCompileOptions *)options
                                           error:(__autoreleasing NSError **)error;
+/* Compiles asynchronously: the handler runs on a thread of Metal's when the library is ready. */
+- (void)newLibraryWithSource:(NSString *)source
+                     options:(nullable MTLCompileOptions *)options
+           completionHandler:(MTLNewLibraryCompletionHandler)completionHandler;
 - (nullable id<MTLComputePipelineState>)newComputePipelineStateWithFunction:(id<MTLFunction>)computeFunction
                                                                       error:(__autoreleasing NSError **)error;
 - (nullable id<MTLComputePipelineState>)newComputePipelineStateWithFunction:(id<MTLFunction>)computeFunction
                                                                     options:(MTLPipelineOption)options
                                                                  reflection:(MTLAutoreleasedComputePipelineReflection *_Nullable)reflection
                                                                       error:(__autoreleasing NSError **)error;
+- (nullable id<MTLComputePipelineState>)newComputePipelineStateWithDescriptor:(MTLComputePipelineDescriptor *)descriptor
+                                                                      options:(MTLPipelineOption)options
+                                                                   reflection:(MTLAutoreleasedComputePipelineReflection *_Nullable)reflection
+                                                                        error:(__autoreleasing NSError **)error;
+- (nullable id<MTLBinaryArchive>)newBinaryArchiveWithDescriptor:(MTLBinaryArchiveDescriptor *)descriptor
+                                                          error:(NSError **)error CK_SDK_MACOS(11.0);
 - (nullable id<MTLSharedEvent>)newSharedEvent;
 #if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
 - (nullable id<MTLResidencySet>)newResidencySetWithDescriptor:(MTLResidencySetDescriptor *)desc
