@@ -56,6 +56,11 @@ export interface ServerOptions {
   maxQueue?: number;
   /** Largest request body in bytes (default 8 MiB); larger ones get 413. */
   maxBodyBytes?: number;
+  /** Time for a request's whole body to arrive (ms, default 30 s); later gets 408 and the connection closes. */
+  bodyTimeoutMs?: number;
+  /** Longest a request may wait for the device before it starts (ms, default 300 s); then 503 queue_timeout. */
+  queueTimeoutMs?: number;
+
   /** Answer browsers' cross-origin requests (Access-Control-Allow-Origin: *). */
   cors?: boolean;
   /** One line per request (method, path, status, time, tokens); silent when absent. */
@@ -89,11 +94,11 @@ export function createServer(opts: ServerOptions): RunningServer {
   const defaultMaxTokens = opts.defaultMaxTokens ?? DEFAULT_MAX_TOKENS;
   const drafts = opts.drafts ?? 0;
   if (drafts !== "auto" && drafts > 0 && model.maxDrafts === 0) throw new Error(`drafts: ${model.dir} has no MTP head (speculative decoding is unavailable)`);
-  const maxBodyBytes = opts.maxBodyBytes ?? 8 << 20;
+  const bodyLimits = { maxBytes: opts.maxBodyBytes ?? 8 << 20, timeoutMs: opts.bodyTimeoutMs };
   const log = opts.log ?? (() => {});
   const startedAt = Date.now();
   const created = Math.floor(startedAt / 1000);
-  const queue = new GenerationQueue(opts.maxQueue ?? 64);
+  const queue = new GenerationQueue(opts.maxQueue ?? 64, opts.queueTimeoutMs ?? 300_000);
   const counters: Counters = { requests: 0, completed: 0, aborted: 0, failed: 0, rejected: 0 };
   /** Generations in flight or waiting, so that stop() can abort them and wait for them to unwind. */
   const inFlight = new Map<AbortController, Promise<unknown>>();
@@ -115,7 +120,7 @@ export function createServer(opts: ServerOptions): RunningServer {
   /** Output items of recent /v1/responses answers, for item_reference. */
   const items = new ItemStore(opts.storedItems ?? 1024);
   const fingerprint = systemFingerprint(model, { contextLength, drafts });
-  const encoder = model.tokenizer ? new PromptEncoder(model.dir) : null;
+  const encoder = model.tokenizer ? new PromptEncoder(model.tokenizer, { contextLength }) : null;
   const limits: RequestLimits = { model, modelId, contextLength, defaultMaxTokens, encoder };
 
   /** Starts a generation in the queue; `abort` cancels it whether it waits or runs. */
@@ -218,7 +223,7 @@ export function createServer(opts: ServerOptions): RunningServer {
   }
 
   async function chatCompletions(req: Request, tag: string, t0: number): Promise<Response> {
-    const job = await prepareChat(limits, await readJsonBody(req, maxBodyBytes));
+    const job = await prepareChat(limits, await readJsonBody(req, bodyLimits));
     const head = openai.responseHead("chatcmpl", modelId, fingerprint);
     if (!job.stream) return complete(req, job, (r) => openai.chatCompletion(head, r, job.tools), tag, t0);
     // with tools, text that may be a call waits for the end, where it is parsed
@@ -248,7 +253,7 @@ export function createServer(opts: ServerOptions): RunningServer {
   }
 
   async function completions(req: Request, tag: string, t0: number): Promise<Response> {
-    const job = await prepareCompletion(limits, await readJsonBody(req, maxBodyBytes));
+    const job = await prepareCompletion(limits, await readJsonBody(req, bodyLimits));
     const head = openai.responseHead("cmpl", modelId, fingerprint);
     if (!job.stream) return complete(req, job, (r) => openai.textCompletion(head, job.echo, r), tag, t0);
     let offset = job.echo.length;
@@ -271,7 +276,7 @@ export function createServer(opts: ServerOptions): RunningServer {
   }
 
   async function responses(req: Request, tag: string, t0: number): Promise<Response> {
-    const job = await prepareResponse(limits, await readJsonBody(req, maxBodyBytes), items);
+    const job = await prepareResponse(limits, await readJsonBody(req, bodyLimits), items);
     const head = responseHeadOf(modelId);
     const messageId = responseItemId("msg");
     const finished = (r: GenerationResult) => {
@@ -394,7 +399,8 @@ export function createServer(opts: ServerOptions): RunningServer {
         const allow = Object.keys(route).join(", ");
         throw new ApiError(405, `${req.method} is not allowed on ${path} (use ${allow})`, null, "method_not_allowed", undefined, { allow });
       }
-      // Generations may wait in the queue or think for long: no idle timeout for them.
+      // Generations may wait in the queue or think for long: no idle timeout for them. The body
+      // has its own deadline (readJsonBody) and the queue wait its own (GenerationQueue).
       if (req.method === "POST") server.timeout(req, 0);
       const res = await handler(req, tag, t0);
       if (req.method === "GET") log(`${tag} ${res.status} ${ms(t0)}`);
