@@ -37,6 +37,12 @@ export interface LoadOptions {
   engine?: EngineOptions;
   /** Progress of long loads, in bytes. */
   onProgress?: (done: number, total: number) => void;
+  /**
+   * Where load warnings go (default: console.warn), e.g. files of the directory that no
+   * checksum covers (a cherenkov/1 index, an unrecorded tokenizer file; `cherenkov seal`
+   * records them).
+   */
+  onWarning?: (message: string) => void;
 }
 
 /** What to generate from: text, token ids, or chat messages (rendered with the model's chat template). */
@@ -187,9 +193,14 @@ export class Model {
   static async load(dir?: string, opts: LoadOptions = {}): Promise<Model> {
     const path = dir ?? (await defaultModelDir());
     const files = await openModel(path, { verify: opts.verify });
+    if (files.unverified.length > 0)
+      (opts.onWarning ?? ((m: string) => console.warn(`cherenkov: ${m}`)))(
+        `${path}: not covered by any checksum, so damage to it would go unnoticed: ${files.unverified.join("; ")}. After checking the files, \`cherenkov seal ${path}\` records their checksums`,
+      );
     let tokenizer: TextTokenizer | null = null;
     try {
-      tokenizer = await loadTokenizer(path);
+      // the index openModel validated: the checksums checked are the ones the model was loaded with
+      tokenizer = await loadTokenizer(path, files.manifest);
     } catch (e) {
       // No tokenizer.json: token-id prompts only. A broken tokenizer is an error, never silence.
       if (!(e instanceof MissingTokenizerError)) {

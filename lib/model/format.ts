@@ -18,11 +18,13 @@ import {
   FORMATS,
   manifestChecksum,
   PART_ALIGN,
+  TOKENIZER_CONFIG_FILE,
+  TOKENIZER_FILE,
   type ExpertPart,
   type PleTableEntry,
   type TensorEntry,
 } from "./manifest.ts";
-import { errnoOf, FILE_LIMITS, readTextFile } from "./safe-read.ts";
+import { errnoOf, FILE_LIMITS, readRegularFile, readTextFile } from "./safe-read.ts";
 import { denseTensorSpecs, expertPartSpecs, tensorBytes } from "./tensors.ts";
 import { expertName, pleTableName, type ExpertWeights, type Weights } from "./weights.ts";
 import { planPle } from "./writer.ts";
@@ -67,7 +69,16 @@ export interface ModelFiles extends Weights {
   expertOffset(layer: number, e: number): number;
   /** The stored bytes of record (l, e), read from experts.bin (stride bytes) and checked against its checksum. */
   readExpertRecord(layer: number, e: number, into?: Uint8Array): Uint8Array;
-  /** Checks every checksum; throws a ModelFormatError naming the first tensor, record or table that fails. */
+  /**
+   * What no checksum covers in this directory, each naming the file and why (an unsealed
+   * cherenkov/1 index, a tokenizer file the index records no checksum for); empty when
+   * every file is sealed. Loading warns with it; `cherenkov seal` records what is missing.
+   */
+  readonly unverified: string[];
+  /**
+   * Checks every checksum (the tokenizer files' included, where recorded); throws a
+   * ModelFormatError naming the first tensor, record, table or file that fails.
+   */
   verify(onProgress?: VerifyProgress): Promise<void>;
   close(): void;
 }
@@ -408,6 +419,7 @@ class ModelDirectory implements ModelFiles {
   private held: { dense: HeldFile; experts: HeldFile; ple: HeldFile | null } | null;
   private readonly cache = new Map<string, Float32Array>();
   private readonly experts: ExpertCache;
+  readonly unverified: string[];
 
   constructor(readonly dir: string, readonly manifest: ValidManifest, expertCacheBytes: number) {
     this.config = manifest.config;
@@ -433,6 +445,7 @@ class ModelDirectory implements ModelFiles {
       throw e;
     }
     this.experts = new ExpertCache(expertCacheBytes);
+    this.unverified = unverifiedFiles(dir, manifest);
   }
 
   private files() {
@@ -587,6 +600,17 @@ class ModelDirectory implements ModelFiles {
       this.pleTable(t.layer, t.order_index, t.head);
       step(t.bytes);
     }
+    for (const [file, expected] of Object.entries(m.files ?? {})) {
+      const cap = file === TOKENIZER_FILE ? FILE_LIMITS.tokenizer : FILE_LIMITS.tokenizerConfig;
+      let bytes: Uint8Array;
+      try {
+        bytes = readRegularFile(join(this.dir, file), file, cap);
+      } catch (e) {
+        if (errnoOf(e) === "ENOENT") fail(`${file} is missing in ${this.dir} (${MANIFEST_FILE} records its checksum)`, file);
+        throw e;
+      }
+      verifyBytes(bytes, expected, file, "the file");
+    }
   }
 
   close(): void {
@@ -595,6 +619,25 @@ class ModelDirectory implements ModelFiles {
     this.cache.clear();
     this.experts.clear();
   }
+}
+
+/**
+ * The files of `dir` that no checksum covers, each with the reason: a cherenkov/1 index is
+ * not sealed, and a tokenizer file present without a recorded checksum can change unnoticed.
+ */
+export function unverifiedFiles(dir: string, m: Manifest): string[] {
+  const out: string[] = [];
+  if (m.format === "cherenkov/1") out.push(`${MANIFEST_FILE} (format cherenkov/1: the index and config are not sealed)`);
+  for (const f of [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE]) {
+    if (m.files?.[f] !== undefined) continue;
+    try {
+      statSync(join(dir, f));
+    } catch {
+      continue; // absent: nothing to verify
+    }
+    out.push(`${f} (no checksum recorded in ${MANIFEST_FILE})`);
+  }
+  return out;
 }
 
 /** Checks the held files are long enough for the index (they may differ from the paths' stat). */

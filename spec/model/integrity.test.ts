@@ -75,6 +75,42 @@ describe("cherenkov.json is sealed (manifest checksum)", () => {
     expect((await errorOf(() => openModel(dir))).message).toContain('format "cherenkov/9" is not supported');
   });
 
+  test("a cherenkov/1 directory loads with a warning naming what is unverified; inspect --verify does not say all match; seal upgrades it", async () => {
+    const dir = copy();
+    editManifest(dir, (m) => {
+      m.format = "cherenkov/1";
+      delete m.manifest_checksum;
+      delete m.files;
+    }, false);
+    const warnings: string[] = [];
+    const model = await Model.load(dir, { backend: "reference", onWarning: (w) => void warnings.push(w) });
+    await model.close();
+    expect(warnings.length).toBe(1);
+    for (const f of ["cherenkov.json (format cherenkov/1", "tokenizer.json (no checksum recorded", "tokenizer_config.json (no checksum recorded"]) expect(warnings[0]).toContain(f);
+    expect(warnings[0]).toContain(`cherenkov seal ${dir}`);
+    const out: string[] = [];
+    const io = { stdout: (t: string) => void out.push(t), stderr: (t: string) => void out.push(t), stderrIsTTY: false };
+    expect(await main(["inspect", dir, "--verify"], io)).toBe(0);
+    expect(out.join("")).not.toContain("all match");
+    expect(out.join("")).toContain("NOT verified (no checksum): cherenkov.json");
+    out.length = 0;
+    expect(await main(["inspect", dir, "--verify", "--json"], io)).toBe(0);
+    expect(JSON.parse(out.join("")).verified).toBe(false);
+    // sealed, nothing is left unverified and a changed template byte is named
+    expect(await main(["seal", dir], io)).toBe(0);
+    warnings.length = 0;
+    await (await Model.load(dir, { backend: "reference", onWarning: (w) => void warnings.push(w) })).close();
+    expect(warnings).toEqual([]);
+    out.length = 0;
+    expect(await main(["inspect", dir, "--verify"], io)).toBe(0);
+    expect(out.join("")).toContain("checksums: all match");
+    const cfgPath = join(dir, "tokenizer_config.json");
+    writeFileSync(cfgPath, readFileSync(cfgPath, "utf8").replace("im_start", "im_starT"));
+    out.length = 0;
+    expect(await main(["inspect", dir, "--verify"], io)).toBe(1);
+    expect(out.join("")).toContain("tokenizer_config.json: the file: checksum mismatch");
+  });
+
   test("overlapping or out-of-order expert parts, and aliasing tensors, are refused", async () => {
     const a = copy();
     editManifest(a, (m) => (m.experts.parts[1].offset = m.experts.parts[0].offset));
