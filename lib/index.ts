@@ -2,6 +2,7 @@
 // only error classes and option types are public.
 export { DEFAULT_MAX_TOKENS, Model, Session } from "./api/model.ts";
 export { SessionBusyError, SessionClosedError } from "./api/session-errors.ts";
+export { InvalidArgumentError } from "./api/validate.ts";
 export type {
   BackendName, FinishReason, GenerateOptions, GenerationResult, LoadOptions, ModelStats, Prompt, StreamChunk,
 } from "./api/model.ts";
