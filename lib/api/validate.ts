@@ -58,18 +58,19 @@ export function checkVocab(ids: readonly number[], vocabSize: number, what = "pr
 
 const num = z.number({ error: "must be a number" });
 const GenerateOptionsSchema = z.strictObject({
-  maxTokens: z.number().int("must be an integer").nonnegative().optional(),
+  // ranges are checked where the values are used, with messages naming the value
+  maxTokens: num.optional(),
   stopAtEos: z.boolean().optional(),
   stop: z
     .array(z.string({ error: "must be a string" }).min(1, "must not be empty (an empty stop string would end every generation at once)"), {
       error: (i) => (typeof i.input === "string" ? `must be an array of strings: write [${JSON.stringify(i.input)}] for one stop string` : "must be an array of strings"),
     })
     .optional(),
-  drafts: z.union([z.number().int().nonnegative(), z.literal("auto")], { error: 'must be an integer >= 0 or "auto"' }).optional(),
+  drafts: z.union([num, z.literal("auto")], { error: 'must be an integer >= 0 or "auto"' }).optional(),
   signal: z.instanceof(AbortSignal, { error: "must be an AbortSignal" }).optional(),
   seed: num.optional(),
   logprobs: z.boolean().optional(),
-  topLogprobs: z.number().int().min(0).max(20).optional(),
+  topLogprobs: num.optional(),
   temperature: num.optional(),
   topK: num.optional(),
   topP: num.optional(),
