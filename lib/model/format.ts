@@ -308,7 +308,7 @@ function fileSize(dir: string, file: string): number {
   try {
     st = statSync(join(dir, file));
   } catch (e) {
-    return fail(`${file} is missing in ${dir} (${(e as NodeJS.ErrnoException).code ?? String(e)})`, file);
+    return fail(openFailure(file, dir, e), file);
   }
   if (!st.isFile()) fail(`${file}: ${join(dir, file)} is not a regular file (a device, FIFO or directory)`, file);
   return st.size;
@@ -389,7 +389,7 @@ function holdFile(dir: string, file: string): HeldFile {
   try {
     fd = openSync(path, "r");
   } catch (e) {
-    return fail(`${file} is missing in ${dir} (${(e as NodeJS.ErrnoException).code ?? String(e)})`, file);
+    return fail(openFailure(file, dir, e), file);
   }
   const st = fstatSync(fd);
   if (!st.isFile()) {
@@ -397,6 +397,18 @@ function holdFile(dir: string, file: string): HeldFile {
     return fail(`${file}: ${path} is not a regular file`, file);
   }
   return { fd, size: st.size, dev: st.dev, ino: st.ino };
+}
+
+/**
+ * Why `file` of `dir` did not open, by errno: only ENOENT is "missing"; a file that is there but
+ * not readable (mode 000, another owner) is named as unreadable, so nobody goes looking for a
+ * file that exists.
+ */
+export function openFailure(file: string, dir: string, e: unknown): string {
+  const code = (e as NodeJS.ErrnoException).code;
+  if (code === "ENOENT") return `${file} is missing in ${dir} (ENOENT)`;
+  if (code === "EACCES" || code === "EPERM") return `${file} in ${dir} exists but cannot be read (${code}: permission denied; check its mode and owner)`;
+  return `${file} in ${dir} cannot be opened (${code ?? String(e)})`;
 }
 
 /** Reads exactly `into.length` bytes at `position`; a short read (the file shrank) is an error naming `what`. */

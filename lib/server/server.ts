@@ -87,6 +87,12 @@ interface Counters {
   rejected: number;
 }
 
+/** The abort reason of generations the server stops (distinct from a client that disconnects). */
+const STOPPING = new DOMException("the server is stopping", "AbortError");
+const stoppingError = () => new ApiError(503, "the server is stopping", null, "server_stopping");
+/** Longest stop() waits for answers being written before it closes connections (ms). */
+const STOP_GRACE_MS = 2000;
+
 export function createServer(opts: ServerOptions): RunningServer {
   const model = opts.model;
   const modelId = opts.modelId ?? basename(model.dir);
@@ -102,6 +108,8 @@ export function createServer(opts: ServerOptions): RunningServer {
   const counters: Counters = { requests: 0, completed: 0, aborted: 0, failed: 0, rejected: 0 };
   /** Generations in flight or waiting, so that stop() can abort them and wait for them to unwind. */
   const inFlight = new Map<AbortController, Promise<unknown>>();
+  /** Streams whose last event is not yet written, so that stop() lets them end before closing connections. */
+  const openStreams = new Set<Promise<void>>();
   const keyDigest = opts.apiKey === undefined ? null : digest(opts.apiKey);
 
   const corsHeaders: Record<string, string> = opts.cors
@@ -180,6 +188,14 @@ export function createServer(opts: ServerOptions): RunningServer {
     queue.checkRoom();
     const abort = abortOnDisconnect(req);
     let open = true;
+    let endStream = () => {};
+    const ended: Promise<void> = new Promise((resolve) => {
+      endStream = () => {
+        openStreams.delete(ended);
+        resolve();
+      };
+    });
+    openStreams.add(ended);
     const body = new ReadableStream<Uint8Array>({
       start(controller) {
         const encode = shape.encode ?? sseData;
@@ -201,17 +217,20 @@ export function createServer(opts: ServerOptions): RunningServer {
             log(`${tag} 200 ${ms(t0)} stream prompt=${r.usage.promptTokens} completion=${r.usage.completionTokens} finish=${r.finishReason}`);
           })
           .catch((e) => {
-            if (abort.signal.aborted) {
+            if (abort.signal.aborted && abort.signal.reason !== STOPPING) {
               log(`${tag} aborted ${ms(t0)} stream (client disconnected)`);
               return;
             }
-            const err = toApiError(e);
+            // a failure, or the server stopping: the client reads why, then the end of the stream
+            const err = abort.signal.reason === STOPPING ? stoppingError() : toApiError(e);
             log(`${tag} ${err.status} ${ms(t0)} stream ${err.message}`);
             send(encode(shape.error ? shape.error(err) : err.toBody()));
+            if (abort.signal.reason === STOPPING && shape.done !== false) send(SSE_DONE);
           })
           .finally(() => {
             if (open) controller.close();
             open = false;
+            endStream();
           });
       },
       cancel() {
@@ -390,7 +409,7 @@ export function createServer(opts: ServerOptions): RunningServer {
         throw new ApiError(401, "missing or wrong API key: send Authorization: Bearer <key>", null, "invalid_api_key");
       let route = routes[path];
       if (!route && path.startsWith("/v1/models/")) {
-        const id = decodeURIComponent(path.slice("/v1/models/".length));
+        const id = decodePathPart(path.slice("/v1/models/".length));
         route = { GET: () => (checkModel(limits, id), json(openai.modelObject(modelId, created))) };
       }
       if (!route) throw new ApiError(404, `no route ${path} (see /v1/models, /v1/chat/completions, /v1/completions, /v1/responses, /v1/stats, /health)`, null, "not_found");
@@ -406,8 +425,8 @@ export function createServer(opts: ServerOptions): RunningServer {
       if (req.method === "GET") log(`${tag} ${res.status} ${ms(t0)}`);
       return res;
     } catch (e) {
-      const err = toApiError(e);
-      if (isAbortError(e) || req.signal.aborted) {
+      const err = e === STOPPING ? stoppingError() : toApiError(e);
+      if ((isAbortError(e) && e !== STOPPING) || req.signal.aborted) {
         log(`${tag} aborted ${ms(t0)} (client disconnected)`);
         return new Response(null, { status: 499 });
       }
@@ -437,13 +456,26 @@ export function createServer(opts: ServerOptions): RunningServer {
     contextLength,
     systemFingerprint: fingerprint,
     async stop() {
-      queue.rejectWaiting(new ApiError(503, "the server is stopping", null, "server_stopping"));
-      for (const abort of inFlight.keys()) abort.abort(new DOMException("the server is stopping", "AbortError"));
+      queue.rejectWaiting(stoppingError());
+      for (const abort of inFlight.keys()) abort.abort(STOPPING);
       await Promise.allSettled(inFlight.values());
       encoder?.close();
+      // open streams end with an error event (and [DONE]); the answers are written before the
+      // connections close: a graceful stop, bounded so a stalled client cannot hold it
+      await Promise.allSettled(openStreams);
+      await Promise.race([server.stop(false), Bun.sleep(STOP_GRACE_MS)]);
       await server.stop(true);
     },
   };
+}
+
+/** A percent-encoded path segment; a malformed escape (%E0%A4%A) is the client's error, 400. */
+function decodePathPart(part: string): string {
+  try {
+    return decodeURIComponent(part);
+  } catch {
+    throw new ApiError(400, `the path segment ${JSON.stringify(part)} is not valid percent-encoded UTF-8`, null, "invalid_path");
+  }
 }
 
 function digest(s: string): Buffer {

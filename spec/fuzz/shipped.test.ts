@@ -20,7 +20,7 @@ const dir = join(work, "model");
 cpSync(DEFAULT_MODEL_DIR, dir, { recursive: true });
 
 /** Flips bit `bit` of byte `at` of `file` in `dir`, runs `check`, and restores the file. */
-function withFlip(file: string, at: number, bit: number, check: () => void | Promise<void>) {
+function withFlip<T>(file: string, at: number, bit: number, check: () => T): T {
   const path = join(dir, file);
   const clean = readFileSync(path);
   const bad = Buffer.from(clean);

@@ -3,7 +3,7 @@
 // bounded chat templates, writers that never write through symlinks or truncate in place, and
 // a loaded model that holds its files.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, truncateSync, writeFileSync } from "node:fs";
+import { chmodSync, cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Model } from "../../lib/api/model.ts";
@@ -124,6 +124,31 @@ describe("cherenkov.json is sealed (manifest checksum)", () => {
     const c = copy();
     editManifest(c, (m) => (m.tensors[3].offset = m.tensors[2].offset));
     expect((await errorOf(() => openModel(c))).message).toMatch(/tensor .* overlaps/);
+  });
+});
+
+describe("unreadable files (issue 22, item 10)", () => {
+  /** openModel(dir)'s error message in a process without root's right to read any file. */
+  function openUnprivileged(dir: string): string {
+    const format = join(import.meta.dir, "../../lib/model/format.ts");
+    const script = `import { openModel } from ${JSON.stringify(format)}; try { (await openModel(${JSON.stringify(dir)})).close(); console.log("opened"); } catch (e) { console.log(e.message); }`;
+    const asNobody = process.getuid?.() === 0 ? ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] : [];
+    const r = Bun.spawnSync([...asNobody, process.execPath, "-e", script], { cwd: tmpdir(), env: { ...process.env, HOME: tmpdir() } });
+    return r.stdout.toString().trim() || r.stderr.toString();
+  }
+
+  test("a file with mode 000 is reported as unreadable, not as missing", () => {
+    const dir = copy();
+    chmodSync(root, 0o755);
+    chmodSync(dir, 0o755);
+    for (const f of readdirSync(dir)) chmodSync(join(dir, f), 0o644);
+    expect(openUnprivileged(dir)).toBe("opened");
+    chmodSync(join(dir, "experts.bin"), 0o000);
+    const message = openUnprivileged(dir);
+    expect(message).toContain(`experts.bin in ${dir} exists but cannot be read (EACCES: permission denied`);
+    expect(message).not.toContain("missing");
+    rmSync(join(dir, "experts.bin"));
+    expect(openUnprivileged(dir)).toContain("experts.bin is missing in");
   });
 });
 

@@ -3,7 +3,7 @@
 // short so that the tests wait little; what they assert is the outcome, never a duration.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import type { Model } from "../../lib/index.ts";
-import { expectError, loadModel, startServer, type TestServer } from "./harness.ts";
+import { expectError, loadModel, sseEvents, startServer, type TestServer } from "./harness.ts";
 
 let model: Model;
 let server: TestServer;
@@ -108,5 +108,30 @@ describe("the queue deadline", () => {
     } finally {
       await own.stop();
     }
+  });
+});
+
+describe("stopping (SIGTERM)", () => {
+  test("an open stream ends with an error event and [DONE]; a request waiting for the device gets 503", async () => {
+    const own = startServer(model);
+    const res = await own.post("/v1/chat/completions", { messages: [{ role: "user", content: "Write a function" }], max_tokens: 2000, stream: true });
+    const reader = res.body!.getReader();
+    let text = new TextDecoder().decode((await reader.read()).value);
+    const waiting = own.post("/v1/completions", { prompt: "x", max_tokens: 1 });
+    await Bun.sleep(50); // let the second request reach the queue (either way it must not hang)
+    await own.stop();
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      text += new TextDecoder().decode(value);
+    }
+    const events = sseEvents(text);
+    expect(events[events.length - 1]).toBe("[DONE]");
+    const error = JSON.parse(events[events.length - 2]!) as { error: { code: string } };
+    expect(error.error.code).toBe("server_stopping");
+    const w = await waiting.catch((e) => e);
+    // refused while waiting (503), or its connection closed as the server stopped: never a hang or a 200
+    if (w instanceof Response) expect((await expectError(w, 503)).code).toBe("server_stopping");
+    else expect(w).toBeInstanceOf(Error);
   });
 });
