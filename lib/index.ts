@@ -33,7 +33,7 @@ export { ContextFullError } from "./gpu/state.ts";
 export { BudgetError } from "./gpu/budget.ts";
 export { PoolTooSmallError } from "./gpu/residency.ts";
 export { GpuStepError } from "./gpu/handshake.ts";
-export { IoCancelledError, IoReadError } from "./gpu/streaming.ts";
+export { IoCancelledError, IoReadError, IoTimeoutError } from "./gpu/streaming.ts";
 export type { ReadLabel } from "./gpu/streaming.ts";
 export { ShimError } from "./shim.ts";
 export { createServer } from "./server/server.ts";

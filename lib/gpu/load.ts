@@ -267,6 +267,8 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
       mtp: x.layers === c.num_layers + 1,
       device,
       scheduler: scheduler ?? undefined,
+      // A late read is named (file, layer, expert) before the GPU's wait for it times out.
+      ioDeadlineMs: ioDeadline(waitTimeoutMs),
       // One buffer: the expert kernels bind the pool as a single buffer.
       maxBufferBytes: Math.max(x.stride * (backing === "wired" ? plan.slots : x.layers * x.perLayer), x.stride),
     });
@@ -327,4 +329,13 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
     device.close();
     throw e;
   }
+}
+
+/**
+ * The expert reads' deadline for a GPU wait timeout: three quarters of it. The GPU starts its
+ * wait before the host starts the reads, so the reads' deadline must end sooner for the late
+ * read, not the GPU's time-out, to be what a step reports.
+ */
+export function ioDeadline(waitTimeoutMs: number): number {
+  return Math.max(1, Math.floor(waitTimeoutMs * 0.75));
 }
