@@ -33,6 +33,8 @@ type Message = EncoderRequest extends infer R ? (R extends { id: number } ? Omit
 export interface EncoderLimits {
   /** Longest a job may run in the worker, from when it starts (ms; default 60 s). */
   timeoutMs?: number;
+  /** Longest building the tokenizer in a fresh worker may take (ms; default 60 s). */
+  loadTimeoutMs?: number;
   /** Jobs that may wait for the worker; more get 503 (default 256). */
   maxWaiting?: number;
   /** Longest a job may wait for the worker before it starts (ms; default 120 s); then 503. */
@@ -71,6 +73,7 @@ export class PromptEncoder {
   private closed = false;
   private readonly source: TokenizerSource;
   private readonly timeoutMs: number;
+  private readonly loadTimeoutMs: number;
   private readonly maxWaiting: number;
   private readonly maxWaitMs: number;
   /** UTF-16 units a prompt may have before it is tokenized (Infinity: no bound). */
@@ -79,6 +82,7 @@ export class PromptEncoder {
   constructor(tokenizer: Pick<TextTokenizer, "source" | "longestPiece">, limits: EncoderLimits = {}) {
     this.source = tokenizer.source;
     this.timeoutMs = limits.timeoutMs ?? 60_000;
+    this.loadTimeoutMs = limits.loadTimeoutMs ?? 60_000;
     this.maxWaiting = limits.maxWaiting ?? 256;
     this.maxWaitMs = limits.maxWaitMs ?? 120_000;
     this.maxPromptUnits = limits.contextLength === undefined ? Infinity : limits.contextLength * tokenizer.longestPiece * NORMALIZATION_SLACK;
@@ -183,8 +187,9 @@ export class PromptEncoder {
       w.onerror = (e) => this.stopWorker(new ApiError(500, `the prompt encoder failed: ${e.message}`));
       w.unref();
       this.worker = w;
-      // Building a tokenizer is bounded by the file caps; the job limit bounds it too.
-      return this.exchange({ kind: "load", source: this.source }, this.timeoutMs, () => new ApiError(500, `building the tokenizer of ${this.source.dir} took longer than ${this.timeoutMs / 1000} s`)).then(
+      // Building a tokenizer is bounded by the file caps, and by its own limit (not a job's).
+      const ms = this.loadTimeoutMs;
+      return this.exchange({ kind: "load", source: this.source }, ms, () => new ApiError(500, `building the tokenizer of ${this.source.dir} took longer than ${ms / 1000} s`)).then(
         (r) => {
           if ("error" in r) throw new ApiError(500, `the tokenizer of ${this.source.dir} does not build: ${r.error.message}`);
           return (r as { info: EncoderInfo }).info;
