@@ -9,6 +9,12 @@ export interface BodyLimits {
   maxBytes: number;
   /** Time for the whole body to arrive, from when the handler starts reading it (ms; default 30 s). */
   timeoutMs?: number;
+  /**
+   * Bodies being received at once, shared by a server's requests: past `max`, a request is
+   * refused at once (503, connection closed) instead of holding a connection (and a file
+   * descriptor) until its deadline, so a crowd of idle uploads cannot starve other clients.
+   */
+  receiving?: { count: number; max: number };
 }
 
 /** The body deadline when none is given (ms). */
@@ -20,7 +26,7 @@ export const DEFAULT_BODY_TIMEOUT_MS = 30_000;
  * typeless body cross-origin without a CORS preflight, so there the header stays required.
  */
 export async function readJsonBody(req: Request, limits: number | BodyLimits): Promise<unknown> {
-  const { maxBytes, timeoutMs = DEFAULT_BODY_TIMEOUT_MS } = typeof limits === "number" ? { maxBytes: limits } : limits;
+  const { maxBytes, timeoutMs = DEFAULT_BODY_TIMEOUT_MS, receiving } = typeof limits === "number" ? ({ maxBytes: limits } as BodyLimits) : limits;
   const type = req.headers.get("content-type");
   const mediaType = (type ?? "").split(";")[0]!.trim().toLowerCase();
   const typeless = type === null && !req.headers.has("origin");
@@ -34,9 +40,12 @@ export async function readJsonBody(req: Request, limits: number | BodyLimits): P
   const declared = Number(req.headers.get("content-length") ?? NaN);
   if (declared > maxBytes) throw tooLarge(maxBytes);
   if (!req.body) throw new ApiError(400, "the request body is empty: send a JSON object", null, "invalid_body");
+  if (receiving && receiving.count >= receiving.max)
+    throw new ApiError(503, `the server is busy: ${receiving.count} request bodies are being received`, null, "too_many_uploads", undefined, { connection: "close" });
   const chunks: Uint8Array[] = [];
   let size = 0;
   const reader = req.body.getReader();
+  if (receiving) receiving.count++;
   let timer: ReturnType<typeof setTimeout> | undefined;
   const expired = new Promise<never>((_, reject) => {
     timer = setTimeout(() => reject(tooSlow(timeoutMs, size, declared)), timeoutMs);
@@ -55,6 +64,7 @@ export async function readJsonBody(req: Request, limits: number | BodyLimits): P
     throw e;
   } finally {
     clearTimeout(timer);
+    if (receiving) receiving.count--;
   }
   const text = new TextDecoder().decode(Buffer.concat(chunks));
   if (text.trim() === "") throw new ApiError(400, "the request body is empty: send a JSON object", null, "invalid_body");

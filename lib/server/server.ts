@@ -58,6 +58,8 @@ export interface ServerOptions {
   maxBodyBytes?: number;
   /** Time for a request's whole body to arrive (ms, default 30 s); later gets 408 and the connection closes. */
   bodyTimeoutMs?: number;
+  /** Request bodies received at once (default 256); more are refused with 503 too_many_uploads. */
+  maxReceivingBodies?: number;
   /** Longest a request may wait for the device before it starts (ms, default 300 s); then 503 queue_timeout. */
   queueTimeoutMs?: number;
 
@@ -100,7 +102,8 @@ export function createServer(opts: ServerOptions): RunningServer {
   const defaultMaxTokens = opts.defaultMaxTokens ?? DEFAULT_MAX_TOKENS;
   const drafts = opts.drafts ?? 0;
   if (drafts !== "auto" && drafts > 0 && model.maxDrafts === 0) throw new Error(`drafts: ${model.dir} has no MTP head (speculative decoding is unavailable)`);
-  const bodyLimits = { maxBytes: opts.maxBodyBytes ?? 8 << 20, timeoutMs: opts.bodyTimeoutMs };
+  const maxBodyBytes = opts.maxBodyBytes ?? 8 << 20;
+  const bodyLimits = { maxBytes: maxBodyBytes, timeoutMs: opts.bodyTimeoutMs, receiving: { count: 0, max: opts.maxReceivingBodies ?? 256 } };
   const log = opts.log ?? (() => {});
   const startedAt = Date.now();
   const created = Math.floor(startedAt / 1000);

@@ -95,6 +95,27 @@ describe("the body deadline", () => {
   });
 });
 
+describe("bodies received at once", () => {
+  test("past maxReceivingBodies, a new upload is refused at once with 503 and /health still answers", async () => {
+    const own = startServer(model, { bodyTimeoutMs: 10_000, maxReceivingBodies: 5 });
+    const clients = await Promise.all(Array.from({ length: 10 }, () => rawClient(own.port)));
+    try {
+      const refused: string[] = [];
+      for (const c of clients) {
+        c.write(head(100));
+        void c.closed().then((t) => refused.push(t));
+      }
+      // five are held until their deadline; the other five are answered and closed at once
+      while (refused.length < 5) await Bun.sleep(10);
+      expect(refused.every((t) => t.startsWith("HTTP/1.1 503") && t.includes('"code":"too_many_uploads"'))).toBe(true);
+      expect((await own.get("/health")).status).toBe(200);
+    } finally {
+      for (const c of clients) c.end();
+      await own.stop();
+    }
+  });
+});
+
 describe("the queue deadline", () => {
   test("a request that waits longer than queueTimeoutMs for the device gets 503 queue_timeout", async () => {
     const own = startServer(model, { queueTimeoutMs: 200 });
