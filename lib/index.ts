@@ -2,6 +2,7 @@
 // only error classes and option types are public.
 export { DEFAULT_MAX_TOKENS, Model, Session } from "./api/model.ts";
 export { SessionBusyError, SessionClosedError } from "./api/session-errors.ts";
+export { InvalidArgumentError } from "./api/validate.ts";
 export type {
   BackendName, FinishReason, GenerateOptions, GenerationResult, LoadOptions, ModelStats, Prompt, StreamChunk,
 } from "./api/model.ts";
@@ -32,7 +33,7 @@ export { ContextFullError } from "./gpu/state.ts";
 export { BudgetError } from "./gpu/budget.ts";
 export { PoolTooSmallError } from "./gpu/residency.ts";
 export { GpuStepError } from "./gpu/handshake.ts";
-export { IoCancelledError, IoReadError } from "./gpu/streaming.ts";
+export { IoCancelledError, IoReadError, IoTimeoutError } from "./gpu/streaming.ts";
 export type { ReadLabel } from "./gpu/streaming.ts";
 export { ShimError } from "./shim.ts";
 export { createServer } from "./server/server.ts";

@@ -10,15 +10,20 @@ export class Checkpoint {
     readonly owner: object,
     /** @internal Where it was made, for error messages. */
     readonly origin: string,
-    /** Every token of the session when it was made. */
-    readonly tokens: readonly number[],
+    /** Every token of the session when it was made (a frozen copy: the checkpoint cannot be changed through it). */
+    tokens: readonly number[],
     /** @internal The greedy next token after the last row, when the session knew it. */
     readonly prediction: number | null,
     /** @internal The backend's copy of the sequence state. */
     readonly state: BackendCheckpoint,
     /** @internal Where the assistant turn still open begins (the session's), or -1. */
     readonly openTurn: number = -1,
-  ) {}
+  ) {
+    this.tokens = Object.freeze(tokens.slice());
+  }
+
+  /** Every token of the session when it was made (frozen). */
+  readonly tokens: readonly number[];
 
   /** Tokens the checkpoint covers. */
   get length(): number {

@@ -11,6 +11,7 @@ import { EngineBackend, type EngineOptions } from "./engine-backend.ts";
 import { DraftController } from "./draft-controller.ts";
 import { Checkpoint } from "./checkpoint.ts";
 import { StopHoldback } from "./stop-holdback.ts";
+import { checkGenerateOptions, parsePrompt } from "./validate.ts";
 import { SessionBusyError, SessionClosedError } from "./session-errors.ts";
 import { loadShim } from "../shim.ts";
 import { autoBackend } from "./auto-backend.ts";
@@ -37,6 +38,12 @@ export interface LoadOptions {
   engine?: EngineOptions;
   /** Progress of long loads, in bytes. */
   onProgress?: (done: number, total: number) => void;
+  /**
+   * Where load warnings go (default: console.warn), e.g. files of the directory that no
+   * checksum covers (a cherenkov/1 index, an unrecorded tokenizer file; `cherenkov seal`
+   * records them).
+   */
+  onWarning?: (message: string) => void;
 }
 
 /** What to generate from: text, token ids, or chat messages (rendered with the model's chat template). */
@@ -187,9 +194,14 @@ export class Model {
   static async load(dir?: string, opts: LoadOptions = {}): Promise<Model> {
     const path = dir ?? (await defaultModelDir());
     const files = await openModel(path, { verify: opts.verify });
+    if (files.unverified.length > 0)
+      (opts.onWarning ?? ((m: string) => console.warn(`cherenkov: ${m}`)))(
+        `${path}: not covered by any checksum, so damage to it would go unnoticed: ${files.unverified.join("; ")}. After checking the files, \`cherenkov seal ${path}\` records their checksums`,
+      );
     let tokenizer: TextTokenizer | null = null;
     try {
-      tokenizer = await loadTokenizer(path);
+      // the index openModel validated: the checksums checked are the ones the model was loaded with
+      tokenizer = await loadTokenizer(path, files.manifest);
     } catch (e) {
       // No tokenizer.json: token-id prompts only. A broken tokenizer is an error, never silence.
       if (!(e instanceof MissingTokenizerError)) {
@@ -208,11 +220,13 @@ export class Model {
 
   /** Token ids of a prompt. */
   encode(prompt: Prompt): number[] {
-    if (Array.isArray(prompt) && prompt.every((t) => typeof t === "number")) return prompt as number[];
+    // the shape is checked (InvalidArgumentError naming what is wrong), ids against the vocabulary
+    const p = parsePrompt(prompt, this.config.vocab_size);
+    if (p.kind === "ids") return p.ids.slice();
     const tok = this.requireTokenizer();
-    if (typeof prompt === "string") return tok.encode(prompt);
+    if (p.kind === "text") return tok.encode(p.text);
     // message contents are text: a special token's string typed in them is not a control token
-    return encodeChat(tok, prompt as ChatMessage[]);
+    return encodeChat(tok, p.messages);
   }
 
   decode(tokens: number[]): string {
@@ -261,6 +275,7 @@ export class Model {
 
   /** Generates a continuation of `prompt` in a fresh sequence. */
   async generate(prompt: Prompt, opts: GenerateOptions = {}): Promise<GenerationResult> {
+    checkGenerateOptions(opts);
     const s = this.session();
     try {
       await s.appendFor(prompt, opts);
@@ -272,6 +287,7 @@ export class Model {
 
   /** Streams the continuation of `prompt` token by token. Breaking out of the loop stops generation. */
   async *stream(prompt: Prompt, opts: GenerateOptions = {}): AsyncGenerator<StreamChunk, GenerationResult> {
+    checkGenerateOptions(opts);
     const s = this.session();
     try {
       await s.appendFor(prompt, opts);
@@ -576,6 +592,7 @@ export class Session {
 
   /** Streams tokens from the current end of the session. */
   async *stream(opts: GenerateOptions = {}): AsyncGenerator<StreamChunk, GenerationResult> {
+    checkGenerateOptions(opts);
     const signal = this.begin("generate", opts.signal);
     try {
       return yield* this.run(opts, signal);

@@ -2,9 +2,10 @@
 // a cherenkov model directory out. It plans every tensor first (so a bad checkpoint fails
 // before anything is written), then streams tensor by tensor and expert by expert: memory
 // stays at about one source tensor, never the model.
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync } from "node:fs";
 import { basename, join } from "node:path";
 import { encode } from "../model/codec.ts";
+import { readTextFile } from "../model/safe-read.ts";
 import type { DType, ModelConfig } from "../model/config.ts";
 import type { Manifest } from "../model/manifest.ts";
 import { denseTensorSpecs, numel, storageDType, type TensorSpec } from "../model/tensors.ts";
@@ -61,9 +62,13 @@ export interface ConvertResult {
   seconds: number;
 }
 
+/** Size cap of a checkpoint's JSON and template files (real ones are at most tens of MB). */
+const JSON_CAP = 256 << 20;
+
 function readJson(path: string, what: string): Record<string, unknown> {
   try {
-    const v = JSON.parse(readFileSync(path, "utf8"));
+    // a regular file of bounded size: a FIFO or /dev/zero in the checkpoint is refused, never waited on
+    const v = JSON.parse(readTextFile(path, what, JSON_CAP));
     if (typeof v !== "object" || v === null || Array.isArray(v)) throw new Error("not a JSON object");
     return v;
   } catch (e) {
@@ -247,6 +252,6 @@ function copyTokenizer(src: string, w: ModelWriter, log: (line: string) => void)
   const tokenizerConfig = existsSync(cfgPath) ? readJson(cfgPath, "tokenizer_config.json") : {};
   const templatePath = join(src, "chat_template.jinja");
   if (tokenizerConfig.chat_template === undefined && existsSync(templatePath))
-    tokenizerConfig.chat_template = readFileSync(templatePath, "utf8");
+    tokenizerConfig.chat_template = readTextFile(templatePath, "chat_template.jinja", JSON_CAP);
   w.setTokenizer(tokenizer, tokenizerConfig);
 }

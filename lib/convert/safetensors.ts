@@ -1,9 +1,10 @@
 // Reads safetensors checkpoints tensor by tensor with positional reads: one file, or a
 // directory of shards listed by model.safetensors.index.json. Only the JSON headers are held
 // in memory; a tensor's bytes are read when asked for. Every error names the file and tensor.
-import { closeSync, existsSync, fstatSync, openSync, readdirSync, readFileSync, readSync, writeSync } from "node:fs";
-import { basename, join } from "node:path";
+import { closeSync, constants, existsSync, fstatSync, openSync, readdirSync, readSync, writeSync } from "node:fs";
+import { basename, isAbsolute, join, relative, resolve, sep } from "node:path";
 import { bf16ToF32, f16ToF32 } from "../model/dtype.ts";
+import { readTextFile } from "../model/safe-read.ts";
 
 /** safetensors dtype names and their element sizes. */
 export const ST_DTYPE_BYTES: Record<string, number> = {
@@ -52,11 +53,13 @@ export class SafetensorsFile {
   constructor(readonly path: string) {
     const file = basename(path);
     try {
-      this.fd = openSync(path, "r");
+      // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below)
+      this.fd = openSync(path, constants.O_RDONLY | (constants.O_NONBLOCK ?? 0));
     } catch (e) {
       throw new CheckpointError(`cannot open ${path}: ${(e as NodeJS.ErrnoException).code ?? e}`, file);
     }
     try {
+      if (!fstatSync(this.fd).isFile()) throw new CheckpointError(`${file}: ${path} is not a regular file (a FIFO, device or directory); refusing to read it`, file);
       this.parseHeader(file);
     } catch (e) {
       closeSync(this.fd);
@@ -119,6 +122,17 @@ export class SafetensorsFile {
 export const INDEX_FILE = "model.safetensors.index.json";
 
 /**
+ * Refuses a file name from the checkpoint's index that leaves the checkpoint directory (an
+ * absolute path, a `..` step). Names are checked, not where symlinks lead: Hugging Face caches
+ * link shards to blobs elsewhere, and that is the caller's own directory layout.
+ */
+export function checkConfined(dir: string, name: string, tensor: string): void {
+  const inside = relative(resolve(dir), resolve(dir, name));
+  if (isAbsolute(name) || name.split(/[\\/]/).includes("..") || inside === "" || inside === ".." || inside.startsWith(".." + sep) || isAbsolute(inside))
+    throw new CheckpointError(`${INDEX_FILE}: weight_map names ${JSON.stringify(name)} for ${tensor}, outside the checkpoint directory ${dir}; refusing to open it`, INDEX_FILE, tensor);
+}
+
+/**
  * The tensors of a checkpoint directory: the shards named by model.safetensors.index.json,
  * or else every *.safetensors file in it. Names must be unique across files.
  */
@@ -148,16 +162,26 @@ export class Checkpoint {
     const indexPath = join(this.dir, INDEX_FILE);
     if (existsSync(indexPath)) {
       let index: { weight_map?: Record<string, string> };
+      let text: string;
       try {
-        index = JSON.parse(readFileSync(indexPath, "utf8"));
+        text = readTextFile(indexPath, INDEX_FILE, MAX_HEADER);
+      } catch (e) {
+        throw new CheckpointError((e as Error).message, INDEX_FILE);
+      }
+      try {
+        index = JSON.parse(text);
       } catch (e) {
         throw new CheckpointError(`${INDEX_FILE}: not valid JSON: ${(e as Error).message}`, INDEX_FILE);
       }
       if (!index.weight_map || typeof index.weight_map !== "object")
         throw new CheckpointError(`${INDEX_FILE}: has no weight_map`, INDEX_FILE);
+      for (const [tensor, s] of Object.entries(index.weight_map)) {
+        if (typeof s !== "string" || s === "") throw new CheckpointError(`${INDEX_FILE}: weight_map entry of ${tensor} is not a file name`, INDEX_FILE, tensor);
+        checkConfined(this.dir, s, tensor);
+      }
       const shards = [...new Set(Object.values(index.weight_map))];
       for (const s of shards)
-        if (typeof s !== "string" || !existsSync(join(this.dir, s)))
+        if (!existsSync(join(this.dir, s)))
           throw new CheckpointError(`${INDEX_FILE} lists shard ${s}, which is missing in ${this.dir}`, String(s));
       return shards.sort();
     }

@@ -317,6 +317,8 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
       mtp: x.layers === c.num_layers + 1,
       device,
       scheduler: scheduler ?? undefined,
+      // A late read is named (file, layer, expert) before the GPU's wait for it times out.
+      ioDeadlineMs: ioDeadline(watchdogMs),
       // As few buffers as the device's largest buffer allows (Metal: maxBufferLength, well
       // below the working set on Apple silicon); the expert kernels run once per buffer.
       maxBufferBytes: poolBufferBytes(x.stride, backing === "wired" ? plan.slots : x.layers * x.perLayer, device.limits.maxBufferLength),
@@ -388,4 +390,13 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
     device.close();
     throw e;
   }
+}
+
+/**
+ * The expert reads' deadline for a GPU wait timeout: three quarters of it. The GPU starts its
+ * wait before the host starts the reads, so the reads' deadline must end sooner for the late
+ * read, not the GPU's time-out, to be what a step reports.
+ */
+export function ioDeadline(waitTimeoutMs: number): number {
+  return Math.max(1, Math.floor(waitTimeoutMs * 0.75));
 }

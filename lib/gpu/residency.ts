@@ -33,7 +33,7 @@ import { closeSync, fstatSync, openSync, statSync } from "node:fs";
 import type { ExpertLayout } from "../model/format.ts";
 import type { Buffer, Device } from "../shim.ts";
 import { sharedHashWorkers, type HashWorkers } from "./hash-workers.ts";
-import { IoScheduler, type IoFile, type Priority, type ReadTicket } from "./streaming.ts";
+import { IoScheduler, IoTimeoutError, type IoFile, type Priority, type ReadTicket } from "./streaming.ts";
 import type { LookaheadStats, PoolStats } from "./telemetry.ts";
 
 export type Backing = "wired" | "mapped";
@@ -272,6 +272,12 @@ export interface ExpertPoolOptions {
    * false rescans every layer for every victim (tests compare the two).
    */
   victimCache?: boolean;
+  /**
+   * Longest an acquire's reads may take before its `ready` rejects with IoTimeoutError naming
+   * the file, layer and late experts (default: no deadline). The engine sets it below the GPU's
+   * wait timeout, so a late read is reported as such.
+   */
+  ioDeadlineMs?: number;
   /**
    * The last expert layer is the MTP head (layer-cyclic and reuse: see {@link layerCycleOrder}).
    * Default false: every layer is a trunk layer of the cycle (e.g. trunk-only traces).
@@ -545,6 +551,9 @@ class SlotExpertPool implements ExpertPool {
     offThread: 0,
   };
 
+  /** See ExpertPoolOptions.ioDeadlineMs (Infinity: none). */
+  private readonly ioDeadlineMs: number;
+
   constructor(opts: ExpertPoolOptions) {
     const { stride, layers, perLayer } = opts.model.expertLayout;
     const records = layers * perLayer;
@@ -560,6 +569,8 @@ class SlotExpertPool implements ExpertPool {
     this.policy = policy;
     this.backing = opts.backing;
     this.capacity = opts.capacity;
+    if (opts.ioDeadlineMs !== undefined && !(opts.ioDeadlineMs > 0)) throw new Error(`expert pool: ioDeadlineMs ${opts.ioDeadlineMs} must be > 0`);
+    this.ioDeadlineMs = opts.ioDeadlineMs ?? Infinity;
     this.recordBytes = stride;
     this.layers = layers;
     this.perLayer = perLayer;
@@ -983,6 +994,34 @@ class SlotExpertPool implements ExpertPool {
     if (free && !this.pinned[s]) this.free.push(s);
   }
 
+  /** `ready` that rejects with IoTimeoutError when the reads take longer than the IO deadline. */
+  private withDeadline(ready: Promise<void>, layer: number, waits: Promise<void>[], experts: number[]): Promise<void> {
+    const ms = this.ioDeadlineMs;
+    const settled = waits.map(() => false);
+    waits.forEach((w, i) => {
+      const mark = () => void (settled[i] = true);
+      w.then(mark, mark);
+    });
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const late = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        const pending = experts.filter((_, i) => !settled[i]);
+        const path = this.file?.path ?? "experts.bin";
+        const where = pending.map((e) => `expert ${e} (offset ${(layer * this.perLayer + e) * this.recordBytes})`).join(", ");
+        reject(
+          new IoTimeoutError(
+            `${path}: the read of layer ${layer} ${where} did not finish within ${ms} ms (the IO deadline, set below the GPU's wait for the layer's experts): the disk is stalled or far slower than expected`,
+            path,
+            layer,
+            pending,
+            ms,
+          ),
+        );
+      }, ms);
+    });
+    return Promise.race([ready, late]).finally(() => clearTimeout(timer));
+  }
+
   /** Checksum work so far: records hashed, milliseconds spent hashing, mismatches. */
   verifyStats(): { records: number; ms: number; failures: number; offThread: number } {
     return { records: this.c.verifiedRecords, ms: this.c.verifyMs, failures: this.c.checksumFailures, offThread: this.c.offThread };
@@ -1011,6 +1050,8 @@ class SlotExpertPool implements ExpertPool {
     const table = new Int32Array(this.perLayer).fill(-1);
     const slots = new Array<number>(union.length);
     const waits: Promise<void>[] = [];
+    /** The expert each wait is for (for a late read's message). */
+    const waitExperts: number[] = [];
     const missIds: number[] = [];
     // Hits first, pinned at once so that the misses cannot take their slots.
     for (let i = 0; i < union.length; i++) {
@@ -1028,6 +1069,7 @@ class SlotExpertPool implements ExpertPool {
         this.c.hitsWhileLoading++;
         this.tickets[s]?.promote(priority);
         waits.push(this.readies[s]!);
+        waitExperts.push(union[i]!);
       }
     }
     this.batch = ++this.batches;
@@ -1043,7 +1085,10 @@ class SlotExpertPool implements ExpertPool {
       missIds.push(union[i]!);
       this.c.misses++;
       this.c.layerMisses[layer]!++;
-      if (this.readies[s] && (this.state[s] === LOADING || this.slotKey[s] === -1)) waits.push(this.readies[s]!);
+      if (this.readies[s] && (this.state[s] === LOADING || this.slotKey[s] === -1)) {
+        waits.push(this.readies[s]!);
+        waitExperts.push(union[i]!);
+      }
     }
     this.batch = 0;
     for (let i = 0; i < union.length; i++) {
@@ -1052,7 +1097,8 @@ class SlotExpertPool implements ExpertPool {
     }
     this.pinnedCount += union.length;
     this.pins.set(layer, { slots, table, union: union.length });
-    const ready = waits.length === 0 ? RESOLVED : waits.length === 1 ? waits[0]! : Promise.all(waits).then(() => {});
+    let ready = waits.length === 0 ? RESOLVED : waits.length === 1 ? waits[0]! : Promise.all(waits).then(() => {});
+    if (ready !== RESOLVED && Number.isFinite(this.ioDeadlineMs)) ready = this.withDeadline(ready, layer, waits, waitExperts);
     // Marked handled: a step aborted before it awaits `ready` must not crash the process.
     if (ready !== RESOLVED) ready.catch(() => {});
     return { slotOf: table.slice(), union, misses: missIds.length, missIds, ready };

@@ -147,6 +147,30 @@ export class IoReadError extends Error {
   }
 }
 
+/**
+ * Expert reads a step waits for did not finish within the IO deadline (a stalled or far too
+ * slow disk). Names the file, the layer and the experts still being read; the deadline is
+ * shorter than the GPU's wait for the layer's slot table, so this, not the GPU's time-out, is
+ * what the step reports.
+ */
+export class IoTimeoutError extends Error {
+  override name = "IoTimeoutError";
+  constructor(
+    message: string,
+    readonly file: string,
+    readonly layer: number,
+    /** The experts of `layer` whose records had not arrived. */
+    readonly experts: number[],
+    readonly deadlineMs: number,
+  ) {
+    super(message);
+  }
+  /** The first late expert. */
+  get expert(): number {
+    return this.experts[0]!;
+  }
+}
+
 /** A read was cancelled before it started (its slot was reused, or the scheduler closed). */
 export class IoCancelledError extends Error {
   override name = "IoCancelledError";

@@ -18,11 +18,13 @@ import {
   FORMATS,
   manifestChecksum,
   PART_ALIGN,
+  TOKENIZER_CONFIG_FILE,
+  TOKENIZER_FILE,
   type ExpertPart,
   type PleTableEntry,
   type TensorEntry,
 } from "./manifest.ts";
-import { errnoOf, FILE_LIMITS, readTextFile } from "./safe-read.ts";
+import { errnoOf, FILE_LIMITS, readRegularFile, readTextFile } from "./safe-read.ts";
 import { denseTensorSpecs, expertPartSpecs, tensorBytes } from "./tensors.ts";
 import { expertName, pleTableName, type ExpertWeights, type Weights } from "./weights.ts";
 import { planPle } from "./writer.ts";
@@ -67,7 +69,16 @@ export interface ModelFiles extends Weights {
   expertOffset(layer: number, e: number): number;
   /** The stored bytes of record (l, e), read from experts.bin (stride bytes) and checked against its checksum. */
   readExpertRecord(layer: number, e: number, into?: Uint8Array): Uint8Array;
-  /** Checks every checksum; throws a ModelFormatError naming the first tensor, record or table that fails. */
+  /**
+   * What no checksum covers in this directory, each naming the file and why (an unsealed
+   * cherenkov/1 index, a tokenizer file the index records no checksum for); empty when
+   * every file is sealed. Loading warns with it; `cherenkov seal` records what is missing.
+   */
+  readonly unverified: string[];
+  /**
+   * Checks every checksum (the tokenizer files' included, where recorded); throws a
+   * ModelFormatError naming the first tensor, record, table or file that fails.
+   */
   verify(onProgress?: VerifyProgress): Promise<void>;
   close(): void;
 }
@@ -297,7 +308,7 @@ function fileSize(dir: string, file: string): number {
   try {
     st = statSync(join(dir, file));
   } catch (e) {
-    return fail(`${file} is missing in ${dir} (${(e as NodeJS.ErrnoException).code ?? String(e)})`, file);
+    return fail(openFailure(file, dir, e), file);
   }
   if (!st.isFile()) fail(`${file}: ${join(dir, file)} is not a regular file (a device, FIFO or directory)`, file);
   return st.size;
@@ -378,7 +389,7 @@ function holdFile(dir: string, file: string): HeldFile {
   try {
     fd = openSync(path, "r");
   } catch (e) {
-    return fail(`${file} is missing in ${dir} (${(e as NodeJS.ErrnoException).code ?? String(e)})`, file);
+    return fail(openFailure(file, dir, e), file);
   }
   const st = fstatSync(fd);
   if (!st.isFile()) {
@@ -386,6 +397,18 @@ function holdFile(dir: string, file: string): HeldFile {
     return fail(`${file}: ${path} is not a regular file`, file);
   }
   return { fd, size: st.size, dev: st.dev, ino: st.ino };
+}
+
+/**
+ * Why `file` of `dir` did not open, by errno: only ENOENT is "missing"; a file that is there but
+ * not readable (mode 000, another owner) is named as unreadable, so nobody goes looking for a
+ * file that exists.
+ */
+export function openFailure(file: string, dir: string, e: unknown): string {
+  const code = (e as NodeJS.ErrnoException).code;
+  if (code === "ENOENT") return `${file} is missing in ${dir} (ENOENT)`;
+  if (code === "EACCES" || code === "EPERM") return `${file} in ${dir} exists but cannot be read (${code}: permission denied; check its mode and owner)`;
+  return `${file} in ${dir} cannot be opened (${code ?? String(e)})`;
 }
 
 /** Reads exactly `into.length` bytes at `position`; a short read (the file shrank) is an error naming `what`. */
@@ -408,6 +431,7 @@ class ModelDirectory implements ModelFiles {
   private held: { dense: HeldFile; experts: HeldFile; ple: HeldFile | null } | null;
   private readonly cache = new Map<string, Float32Array>();
   private readonly experts: ExpertCache;
+  readonly unverified: string[];
 
   constructor(readonly dir: string, readonly manifest: ValidManifest, expertCacheBytes: number) {
     this.config = manifest.config;
@@ -433,6 +457,7 @@ class ModelDirectory implements ModelFiles {
       throw e;
     }
     this.experts = new ExpertCache(expertCacheBytes);
+    this.unverified = unverifiedFiles(dir, manifest);
   }
 
   private files() {
@@ -587,6 +612,17 @@ class ModelDirectory implements ModelFiles {
       this.pleTable(t.layer, t.order_index, t.head);
       step(t.bytes);
     }
+    for (const [file, expected] of Object.entries(m.files ?? {})) {
+      const cap = file === TOKENIZER_FILE ? FILE_LIMITS.tokenizer : FILE_LIMITS.tokenizerConfig;
+      let bytes: Uint8Array;
+      try {
+        bytes = readRegularFile(join(this.dir, file), file, cap);
+      } catch (e) {
+        if (errnoOf(e) === "ENOENT") fail(`${file} is missing in ${this.dir} (${MANIFEST_FILE} records its checksum)`, file);
+        throw e;
+      }
+      verifyBytes(bytes, expected, file, "the file");
+    }
   }
 
   close(): void {
@@ -595,6 +631,25 @@ class ModelDirectory implements ModelFiles {
     this.cache.clear();
     this.experts.clear();
   }
+}
+
+/**
+ * The files of `dir` that no checksum covers, each with the reason: a cherenkov/1 index is
+ * not sealed, and a tokenizer file present without a recorded checksum can change unnoticed.
+ */
+export function unverifiedFiles(dir: string, m: Manifest): string[] {
+  const out: string[] = [];
+  if (m.format === "cherenkov/1") out.push(`${MANIFEST_FILE} (format cherenkov/1: the index and config are not sealed)`);
+  for (const f of [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE]) {
+    if (m.files?.[f] !== undefined) continue;
+    try {
+      statSync(join(dir, f));
+    } catch {
+      continue; // absent: nothing to verify
+    }
+    out.push(`${f} (no checksum recorded in ${MANIFEST_FILE})`);
+  }
+  return out;
 }
 
 /** Checks the held files are long enough for the index (they may differ from the paths' stat). */

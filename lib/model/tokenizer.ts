@@ -48,6 +48,13 @@ export interface TextTokenizer {
   /** One more than the largest id the tokenizer knows. */
   readonly vocabSize: number;
   readonly hasChatTemplate: boolean;
+  /** The files' text it was built from (the server's encoder worker builds the same tokenizer from it). */
+  readonly source: TokenizerSource;
+  /**
+   * Characters (UTF-16 units) of the longest vocabulary piece: a text of n units has at least
+   * about n / longestPiece tokens, which bounds a prompt's length before tokenizing it.
+   */
+  readonly longestPiece: number;
 }
 
 /** tokenizer.json is absent from `dir` (a model without a tokenizer takes token ids only). */
@@ -55,8 +62,11 @@ export class MissingTokenizerError extends ModelFormatError {
   override name = "MissingTokenizerError";
 }
 
-function readJson(dir: string, file: string, required: boolean, maxBytes: number, expected?: string): Record<string, unknown> | null {
-  let text: string;
+/**
+ * The text of a tokenizer file, checked against the checksum cherenkov.json recorded for it
+ * (cherenkov/2); null when absent and not required.
+ */
+function readVerified(dir: string, file: string, required: boolean, maxBytes: number, expected?: string): string | null {
   try {
     const bytes = readRegularFile(join(dir, file), file, maxBytes);
     // cherenkov.json (cherenkov/2) records the tokenizer files' checksums: a changed byte is named.
@@ -64,13 +74,16 @@ function readJson(dir: string, file: string, required: boolean, maxBytes: number
       const got = checksum(bytes);
       if (got !== expected) throw new ModelFormatError(`${file}: checksum mismatch (expected ${expected}, got ${got}): the file changed after the model was written`, { file });
     }
-    text = new TextDecoder().decode(bytes);
+    return new TextDecoder().decode(bytes);
   } catch (e) {
     const code = errnoOf(e);
     if (code === "ENOENT" && !required) return null;
     if (code === "ENOENT") throw new MissingTokenizerError(`${file} is missing in ${dir} (the model has no tokenizer)`, { file });
     throw e;
   }
+}
+
+function parseObject(text: string, file: string): Record<string, unknown> {
   try {
     const v = JSON.parse(text);
     if (typeof v !== "object" || v === null || Array.isArray(v)) throw new Error("not a JSON object");
@@ -118,23 +131,55 @@ function checkTokenizerIds(json: Record<string, unknown>): void {
   }
 }
 
-export async function loadTokenizer(dir: string): Promise<TextTokenizer> {
-  let manifestText: string | null = null;
-  try {
-    manifestText = readTextFile(join(dir, MANIFEST_FILE), MANIFEST_FILE, FILE_LIMITS.manifest);
-  } catch (e) {
-    // a tokenizer without a model directory around it is fine; a bad one is openModel's to report
-    if (errnoOf(e) !== "ENOENT" && !(e instanceof ModelFormatError)) throw e;
-  }
-  let m: { config?: { eos_token_id?: unknown }; files?: Record<string, unknown> } | null = null;
-  try {
-    m = manifestText === null ? null : JSON.parse(manifestText);
-  } catch {
-    // not JSON: openModel names that error
-  }
+/**
+ * The bytes a tokenizer was built from, as text: enough to build the same tokenizer again in
+ * another thread (the server's encoder worker) without reading the directory a second time.
+ */
+export interface TokenizerSource {
+  /** The model directory (for messages). */
+  dir: string;
+  tokenizer: string;
+  /** tokenizer_config.json, or null when the directory has none. */
+  config: string | null;
+  /** The index's eos_token_id, when cherenkov.json sits next to the tokenizer. */
+  indexEosId: number | null;
+}
+
+/** What loadTokenizer needs of an index already read (openModel's): the recorded checksums and the end token. */
+export interface TokenizerIndex {
+  config?: { eos_token_id?: unknown };
+  files?: Record<string, unknown>;
+}
+
+/**
+ * Loads the tokenizer of `dir`. With `index` (the manifest openModel validated), its recorded
+ * checksums are the ones checked; without, cherenkov.json is read here when present.
+ */
+export async function loadTokenizer(dir: string, index?: TokenizerIndex | null): Promise<TextTokenizer> {
+  const m = index === undefined ? readIndexLoosely(dir) : index;
   const sum = (f: string) => (typeof m?.files?.[f] === "string" ? (m.files[f] as string) : undefined);
-  const json = readJson(dir, TOKENIZER_FILE, true, FILE_LIMITS.tokenizer, sum(TOKENIZER_FILE))!;
-  const config = readJson(dir, TOKENIZER_CONFIG_FILE, false, FILE_LIMITS.tokenizerConfig, sum(TOKENIZER_CONFIG_FILE)) ?? {};
+  const tokenizer = readVerified(dir, TOKENIZER_FILE, true, FILE_LIMITS.tokenizer, sum(TOKENIZER_FILE))!;
+  const config = readVerified(dir, TOKENIZER_CONFIG_FILE, false, FILE_LIMITS.tokenizerConfig, sum(TOKENIZER_CONFIG_FILE));
+  const id = m?.config?.eos_token_id;
+  const indexEosId = typeof id === "number" && Number.isInteger(id) && id >= 0 && id < CONFIG_LIMITS.vocab_size ? id : null;
+  return tokenizerFromSource({ dir, tokenizer, config, indexEosId });
+}
+
+/** cherenkov.json next to a tokenizer, when it reads as JSON (a bad one is openModel's to report). */
+function readIndexLoosely(dir: string): TokenizerIndex | null {
+  try {
+    return JSON.parse(readTextFile(join(dir, MANIFEST_FILE), MANIFEST_FILE, FILE_LIMITS.manifest));
+  } catch (e) {
+    if (errnoOf(e) !== "ENOENT" && !(e instanceof ModelFormatError) && !(e instanceof SyntaxError)) throw e;
+    return null;
+  }
+}
+
+/** Builds a tokenizer from the files' text (the same one every time for the same source). */
+export function tokenizerFromSource(source: TokenizerSource): TextTokenizer {
+  const { dir } = source;
+  const json = parseObject(source.tokenizer, TOKENIZER_FILE);
+  const config = source.config === null ? {} : parseObject(source.config, TOKENIZER_CONFIG_FILE);
   checkTokenizerIds(json);
   let tokenizer: Tokenizer;
   try {
@@ -160,10 +205,13 @@ export async function loadTokenizer(dir: string): Promise<TextTokenizer> {
   const eosId = eosText === null ? undefined : tokenizer.token_to_id(eosText);
   if (eosId !== undefined) eos.add(eosId);
   // The model's own end token (cherenkov.json) counts too, when it sits next to the tokenizer.
-  const id = m?.config?.eos_token_id;
-  if (typeof id === "number" && Number.isInteger(id) && id >= 0 && id < CONFIG_LIMITS.vocab_size) eos.add(id);
+  if (source.indexEosId !== null) eos.add(source.indexEosId);
   let maxId = -1;
-  for (const id of tokenizer.get_vocab(true).values()) if (id > maxId) maxId = id;
+  let longest = 1;
+  for (const [piece, id] of tokenizer.get_vocab(true)) {
+    if (id > maxId) maxId = id;
+    if (piece.length > longest) longest = piece.length;
+  }
 
   const specialText = (key: string) => tokenText(config[key]) ?? undefined;
   const specialTokens = [...tokenizer.get_added_tokens_decoder().values()].filter((t) => t.special).map((t) => t.content);
@@ -185,6 +233,8 @@ export async function loadTokenizer(dir: string): Promise<TextTokenizer> {
     eos_token: specialText("eos_token") ?? "",
   });
   return {
+    source,
+    longestPiece: longest,
     specialTokens,
     // The library's own pipeline minus its added-token splitter: normalize, pre-tokenize, model.
     encodeText(text) {

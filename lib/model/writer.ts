@@ -1,7 +1,7 @@
 // Writes a model directory tensor by tensor, so that memory stays at one tensor or one expert
 // record however large the model is. cherenkov.json is written last: a directory without it
 // is an unfinished write, never a model.
-import { closeSync, ftruncateSync, rmSync, writeSync } from "node:fs";
+import { closeSync, fsyncSync, ftruncateSync, rmSync, writeSync } from "node:fs";
 import pkg from "../../package.json";
 import { checksum } from "./checksum.ts";
 import { encode, encodeInto } from "./codec.ts";
@@ -25,7 +25,7 @@ import {
   type TensorEntry,
   manifestChecksum,
 } from "./manifest.ts";
-import { openTemp, prepareOutputDir, publish, removeEntry, writeFileAtomic } from "./safe-write.ts";
+import { openTemp, prepareOutputDir, publish, removeEntry, syncDir, writeFileAtomic } from "./safe-write.ts";
 import { denseTensorSpecs, expertPartSpecs, numel, storageDType, tensorBytes, type TensorSpec } from "./tensors.ts";
 import type { ExpertWeights } from "./weights.ts";
 
@@ -297,7 +297,7 @@ export class ModelWriter {
       const last = this.pleTables[this.pleTables.length - 1]!;
       ftruncateSync(this.fds.ple, alignUp(last.offset + last.bytes, PAGE));
     }
-    this.close();
+    this.close(true);
     const body = {
       format: FORMAT,
       weights: this.options.weights,
@@ -312,13 +312,20 @@ export class ModelWriter {
     const manifest = { format, manifest_checksum: manifestChecksum(body), ...rest } as Manifest;
     // The old index goes first: between the renames below the directory is an unfinished write.
     removeEntry(this.dir, MANIFEST_FILE);
+    syncDir(this.dir);
     for (const [name, temp] of this.temps) publish(temp, this.dir, name);
     this.temps.clear();
     if (!this.config.ple) removeEntry(this.dir, PLE_FILE);
     if (this.tokenizer) {
-      writeFileAtomic(this.dir, TOKENIZER_FILE, this.tokenizer.json);
-      writeFileAtomic(this.dir, TOKENIZER_CONFIG_FILE, this.tokenizer.config);
+      writeFileAtomic(this.dir, TOKENIZER_FILE, this.tokenizer.json, false);
+      writeFileAtomic(this.dir, TOKENIZER_CONFIG_FILE, this.tokenizer.config, false);
+    } else {
+      // a model without a tokenizer must not inherit the one a replaced model left (--force)
+      removeEntry(this.dir, TOKENIZER_FILE);
+      removeEntry(this.dir, TOKENIZER_CONFIG_FILE);
     }
+    // every file is on disk and in the directory before the index that makes it a model
+    syncDir(this.dir);
     writeFileAtomic(this.dir, MANIFEST_FILE, JSON.stringify(manifest, null, 1) + "\n");
     return manifest;
   }
@@ -330,8 +337,10 @@ export class ModelWriter {
     this.temps.clear();
   }
 
-  private close() {
+  private close(sync = false) {
     this.finished = true;
+    // the bytes reach the disk before the files are renamed into place
+    if (sync) for (const fd of [this.fds.dense, this.fds.experts, this.fds.ple]) if (fd !== null) fsyncSync(fd);
     closeSync(this.fds.dense);
     closeSync(this.fds.experts);
     if (this.fds.ple !== null) closeSync(this.fds.ple);

@@ -1,8 +1,9 @@
-// The server's prompt encoder, off the event loop: loads the model's tokenizer and turns text
-// and chat messages into token ids (chat-template rendering included), so that a huge prompt
-// or a slow template never delays /health or other requests. Messages: see encoder.ts.
+// The server's prompt encoder, off the event loop: builds the model's tokenizer from the text
+// the model loaded (never from the directory, which may have changed since) and turns text and
+// chat messages into token ids (chat-template rendering included), so that a huge prompt or a
+// slow template never delays /health or other requests. Messages: see encoder.ts.
 import { encodeChat } from "../model/chat-encode.ts";
-import { loadTokenizer, type TextTokenizer } from "../model/tokenizer.ts";
+import { tokenizerFromSource, type TextTokenizer } from "../model/tokenizer.ts";
 import type { EncoderReply, EncoderRequest } from "./encoder.ts";
 
 declare const self: Worker;
@@ -14,11 +15,11 @@ let tok: TextTokenizer | null = null;
 
 const reply = (m: EncoderReply) => self.postMessage(m);
 
-self.onmessage = async (event: MessageEvent<EncoderRequest>) => {
+self.onmessage = (event: MessageEvent<EncoderRequest>) => {
   const m = event.data;
   try {
     if (m.kind === "load") {
-      tok = await loadTokenizer(m.dir);
+      tok = tokenizerFromSource(m.source);
       let tools = false;
       if (tok.hasChatTemplate) {
         try {

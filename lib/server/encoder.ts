@@ -1,12 +1,18 @@
 // Prompt encoding for the server in a worker (encoder-worker.ts): tokenizing megabytes of text
 // or rendering a chat template takes seconds of CPU, which on the event loop would stall
-// /health, streams and every other request. One job at a time runs in the worker; a job that
-// passes the time limit restarts the worker and fails with 400.
-import type { TemplateMessage } from "../model/tokenizer.ts";
+// /health, streams and every other request. The worker builds the tokenizer from the text the
+// model loaded at start-up (TextTokenizer.source), so every restart encodes exactly as the
+// model was loaded, whatever happened to the directory since.
+//
+// Jobs wait here, in this thread, and go to the worker one at a time. A job's time limit starts
+// when the worker starts it; a job past it restarts the worker and fails alone (400), and the
+// jobs behind it go on in the fresh worker. Prompts longer than the context could hold are
+// refused before they are queued, and the queue has a length and a wait limit.
+import type { TemplateMessage, TextTokenizer, TokenizerSource } from "../model/tokenizer.ts";
 import { ApiError } from "./errors.ts";
 
 export type EncoderRequest =
-  | { id: number; kind: "load"; dir: string }
+  | { id: number; kind: "load"; source: TokenizerSource }
   | { id: number; kind: "text"; text: string }
   | { id: number; kind: "chat"; messages: TemplateMessage[]; tools?: unknown[] };
 
@@ -21,50 +27,198 @@ export type EncoderReply =
   | { id: number; ids: Int32Array }
   | { id: number; error: { name: string; message: string; template: boolean } };
 
-interface Pending {
-  resolve: (v: EncoderReply) => void;
-  reject: (e: unknown) => void;
-  timer: ReturnType<typeof setTimeout> | null;
+/** A request before it gets its id. */
+type Message = EncoderRequest extends infer R ? (R extends { id: number } ? Omit<R, "id"> : never) : never;
+
+export interface EncoderLimits {
+  /** Longest a job may run in the worker, from when it starts (ms; default 60 s). */
+  timeoutMs?: number;
+  /** Longest building the tokenizer in a fresh worker may take (ms; default 60 s). */
+  loadTimeoutMs?: number;
+  /** Jobs that may wait for the worker; more get 503 (default 256). */
+  maxWaiting?: number;
+  /** Longest a job may wait for the worker before it starts (ms; default 120 s); then 503. */
+  maxWaitMs?: number;
+  /**
+   * Prompt + completion tokens of a request: a text longer than this many tokens' worth of the
+   * longest vocabulary piece is refused before it is tokenized (default: no bound).
+   */
+  contextLength?: number;
 }
 
-/** A request before it gets its id. */
-type Job = EncoderRequest extends infer R ? (R extends { id: number } ? Omit<R, "id"> : never) : never;
+interface Job {
+  message: Message;
+  param: string;
+  resolve: (r: EncoderReply) => void;
+  reject: (e: unknown) => void;
+  /** The wait deadline, cleared when the job starts. */
+  waitTimer: ReturnType<typeof setTimeout> | null;
+}
+
+interface Exchange {
+  resolve: (r: EncoderReply) => void;
+  reject: (e: unknown) => void;
+}
+
+/** Slack for normalizers that shorten text (NFC composing, whitespace folding) before it is split. */
+const NORMALIZATION_SLACK = 2;
 
 export class PromptEncoder {
   private worker: Worker | null = null;
+  private ready: Promise<EncoderInfo> | null = null;
   private next = 1;
-  private pending = new Map<number, Pending>();
-  private loaded: Promise<EncoderInfo> | null = null;
+  private exchanges = new Map<number, Exchange>();
+  private waiting: Job[] = [];
+  private running = false;
   private closed = false;
+  private readonly source: TokenizerSource;
+  private readonly timeoutMs: number;
+  private readonly loadTimeoutMs: number;
+  private readonly maxWaiting: number;
+  private readonly maxWaitMs: number;
+  /** UTF-16 units a prompt may have before it is tokenized (Infinity: no bound). */
+  readonly maxPromptUnits: number;
 
-  constructor(
-    private readonly dir: string,
-    /** Longest a job may run before the worker is restarted (ms). */
-    private readonly timeoutMs = 60_000,
-  ) {}
+  constructor(tokenizer: Pick<TextTokenizer, "source" | "longestPiece">, limits: EncoderLimits = {}) {
+    this.source = tokenizer.source;
+    this.timeoutMs = limits.timeoutMs ?? 60_000;
+    this.loadTimeoutMs = limits.loadTimeoutMs ?? 60_000;
+    this.maxWaiting = limits.maxWaiting ?? 256;
+    this.maxWaitMs = limits.maxWaitMs ?? 120_000;
+    this.maxPromptUnits = limits.contextLength === undefined ? Infinity : limits.contextLength * tokenizer.longestPiece * NORMALIZATION_SLACK;
+  }
 
-  /** What the model's tokenizer offers (loads it in the worker on first use). */
+  /** What the model's tokenizer offers (builds it in the worker on first use). */
   info(): Promise<EncoderInfo> {
-    this.loaded ??= this.send({ kind: "load", dir: this.dir }, null).then((r) => {
-      if ("error" in r) throw new Error(`the tokenizer of ${this.dir} does not load: ${r.error.message}`);
-      return (r as { info: EncoderInfo }).info;
-    });
-    return this.loaded;
+    if (this.closed) return Promise.reject(stopping());
+    return this.start();
   }
 
-  async text(text: string, param: string): Promise<number[]> {
-    await this.info();
-    return this.ids(await this.send({ kind: "text", text }, this.timeoutMs), param);
+  /** Jobs waiting for the worker (the running one not counted). */
+  get queued(): number {
+    return this.waiting.length;
   }
 
-  async chat(messages: TemplateMessage[], tools: unknown[] | undefined, param: string): Promise<number[]> {
-    await this.info();
-    return this.ids(await this.send({ kind: "chat", messages, tools }, this.timeoutMs), param);
+  text(text: string, param: string): Promise<number[]> {
+    this.checkLength(text.length, param);
+    return this.enqueue({ kind: "text", text }, param);
+  }
+
+  /**
+   * Chat messages through the template. The length bound counts what templates render whole
+   * (every role but the assistant's, whose earlier reasoning some templates drop).
+   */
+  chat(messages: TemplateMessage[], tools: unknown[] | undefined, param: string): Promise<number[]> {
+    let units = 0;
+    for (const m of messages) if (m.role !== "assistant" && typeof m.content === "string") units += m.content.length;
+    this.checkLength(units, param);
+    return this.enqueue({ kind: "chat", messages, tools }, param);
   }
 
   close(): void {
     this.closed = true;
-    this.stopWorker(new ApiError(503, "the server is stopping", null, "server_stopping"));
+    for (const job of this.waiting.splice(0)) {
+      if (job.waitTimer) clearTimeout(job.waitTimer);
+      job.reject(stopping());
+    }
+    this.stopWorker(stopping());
+  }
+
+  private checkLength(units: number, param: string) {
+    if (units > this.maxPromptUnits)
+      throw new ApiError(
+        400,
+        `${param}: ${units} characters cannot fit this server's context (at most ${this.maxPromptUnits} characters: the context's tokens times the longest vocabulary piece, ${this.source.dir})`,
+        param,
+        "context_length_exceeded",
+      );
+  }
+
+  private enqueue(message: Message, param: string): Promise<number[]> {
+    if (this.closed) return Promise.reject(stopping());
+    if (this.waiting.length >= this.maxWaiting)
+      return Promise.reject(new ApiError(503, `the server is busy: ${this.waiting.length} prompts are waiting to be tokenized`, null, "queue_full"));
+    return new Promise<EncoderReply>((resolve, reject) => {
+      const job: Job = { message, param, resolve, reject, waitTimer: null };
+      job.waitTimer = setTimeout(() => {
+        const i = this.waiting.indexOf(job);
+        if (i < 0) return;
+        this.waiting.splice(i, 1);
+        reject(new ApiError(503, `the server is busy: the prompt waited ${this.maxWaitMs / 1000} s to be tokenized`, null, "queue_timeout"));
+      }, this.maxWaitMs);
+      this.waiting.push(job);
+      this.pump();
+    }).then((r) => this.ids(r, param));
+  }
+
+  /** Starts the next waiting job when none runs. */
+  private pump(): void {
+    if (this.running || this.closed) return;
+    const job = this.waiting.shift();
+    if (!job) return;
+    if (job.waitTimer) clearTimeout(job.waitTimer);
+    this.running = true;
+    this.run(job)
+      .then(job.resolve, job.reject)
+      .finally(() => {
+        this.running = false;
+        this.pump();
+      });
+  }
+
+  private async run(job: Job): Promise<EncoderReply> {
+    await this.start();
+    const timeoutMs = this.timeoutMs;
+    return this.exchange(job.message, timeoutMs, () =>
+      new ApiError(400, `${job.param}: the prompt took longer than ${timeoutMs / 1000} s to tokenize and render (the model's chat template or a huge prompt)`, job.param, "prompt_too_slow"),
+    );
+  }
+
+  /** A worker with the tokenizer built (a fresh one after a restart). */
+  private start(): Promise<EncoderInfo> {
+    this.ready ??= (() => {
+      const w = new Worker(new URL("./encoder-worker.ts", import.meta.url).href);
+      w.onmessage = (e: MessageEvent<EncoderReply>) => {
+        const x = this.exchanges.get(e.data.id);
+        if (!x) return;
+        this.exchanges.delete(e.data.id);
+        x.resolve(e.data);
+      };
+      w.onerror = (e) => this.stopWorker(new ApiError(500, `the prompt encoder failed: ${e.message}`));
+      w.unref();
+      this.worker = w;
+      // Building a tokenizer is bounded by the file caps, and by its own limit (not a job's).
+      const ms = this.loadTimeoutMs;
+      return this.exchange({ kind: "load", source: this.source }, ms, () => new ApiError(500, `building the tokenizer of ${this.source.dir} took longer than ${ms / 1000} s`)).then(
+        (r) => {
+          if ("error" in r) throw new ApiError(500, `the tokenizer of ${this.source.dir} does not build: ${r.error.message}`);
+          return (r as { info: EncoderInfo }).info;
+        },
+      );
+    })();
+    // a failed start is not kept: the next job tries a fresh worker
+    this.ready.catch(() => {});
+    return this.ready;
+  }
+
+  /** Sends one message to the current worker; past `timeoutMs`, the worker is restarted and only this message fails. */
+  private exchange(m: Message, timeoutMs: number, late: () => ApiError): Promise<EncoderReply> {
+    const w = this.worker;
+    if (!w) return Promise.reject(stopping());
+    const id = this.next++;
+    return new Promise<EncoderReply>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.exchanges.delete(id);
+        reject(late());
+        this.stopWorker(late());
+      }, timeoutMs);
+      const done = <T>(f: (v: T) => void) => (v: T) => {
+        clearTimeout(timer);
+        f(v);
+      };
+      this.exchanges.set(id, { resolve: done(resolve), reject: done(reject) });
+      w.postMessage({ ...m, id });
+    });
   }
 
   private ids(r: EncoderReply, param: string): number[] {
@@ -77,45 +231,16 @@ export class PromptEncoder {
     throw new Error("the encoder answered out of turn");
   }
 
-  private start(): Worker {
-    const w = new Worker(new URL("./encoder-worker.ts", import.meta.url).href);
-    w.onmessage = (e: MessageEvent<EncoderReply>) => {
-      const p = this.pending.get(e.data.id);
-      if (!p) return;
-      this.pending.delete(e.data.id);
-      if (p.timer) clearTimeout(p.timer);
-      p.resolve(e.data);
-    };
-    w.onerror = (e) => this.stopWorker(new ApiError(500, `the prompt encoder failed: ${e.message}`));
-    w.unref();
-    return w;
-  }
-
-  private send(m: Job, timeoutMs: number | null): Promise<EncoderReply> {
-    if (this.closed) return Promise.reject(new ApiError(503, "the server is stopping", null, "server_stopping"));
-    this.worker ??= this.start();
-    const id = this.next++;
-    return new Promise<EncoderReply>((resolve, reject) => {
-      const timer =
-        timeoutMs === null
-          ? null
-          : setTimeout(() => {
-              this.stopWorker(new ApiError(400, `the prompt took longer than ${timeoutMs / 1000} s to tokenize and render (the model's chat template or a huge prompt)`, null, "prompt_too_slow"));
-            }, timeoutMs);
-      this.pending.set(id, { resolve, reject, timer });
-      this.worker!.postMessage({ ...m, id });
-    });
-  }
-
-  /** Ends the worker; every job in it fails with `why`; the next job starts a fresh worker (and reloads). */
+  /** Ends the worker; what is in it fails with `why`; the next job starts a fresh worker. Waiting jobs are untouched. */
   private stopWorker(why: ApiError): void {
     this.worker?.terminate();
     this.worker = null;
-    this.loaded = null;
-    for (const p of this.pending.values()) {
-      if (p.timer) clearTimeout(p.timer);
-      p.reject(why);
-    }
-    this.pending.clear();
+    this.ready = null;
+    for (const x of this.exchanges.values()) x.reject(why);
+    this.exchanges.clear();
   }
+}
+
+function stopping(): ApiError {
+  return new ApiError(503, "the server is stopping", null, "server_stopping");
 }

@@ -1,5 +1,6 @@
 // One generation at a time (the model has one device), first come first served. A request
-// whose client goes away while it waits leaves the queue without ever running.
+// whose client goes away while it waits leaves the queue without ever running; one that waits
+// longer than the wait limit leaves it with 503 (a flood cannot keep requests parked forever).
 import { ApiError } from "./errors.ts";
 
 interface Waiter {
@@ -11,7 +12,11 @@ export class GenerationQueue {
   private busy = false;
   private waiters: Waiter[] = [];
 
-  constructor(private maxWaiting: number) {}
+  constructor(
+    private maxWaiting: number,
+    /** Longest a request may wait before it starts (ms). */
+    private maxWaitMs = Infinity,
+  ) {}
 
   get running(): number {
     return this.busy ? 1 : 0;
@@ -54,17 +59,26 @@ export class GenerationQueue {
       return Promise.reject(e);
     }
     return new Promise((resolve, reject) => {
-      const onAbort = () => {
+      const leave = (e: unknown) => {
         const i = this.waiters.indexOf(waiter);
         if (i >= 0) this.waiters.splice(i, 1);
-        reject(signal.reason);
+        waiter.fail(e);
       };
+      const onAbort = () => leave(signal.reason);
+      const timer = Number.isFinite(this.maxWaitMs)
+        ? setTimeout(
+            () => leave(new ApiError(503, `the server is busy: the request waited ${this.maxWaitMs / 1000} s for the device`, null, "queue_timeout")),
+            this.maxWaitMs,
+          )
+        : undefined;
       const waiter: Waiter = {
         start: () => {
+          clearTimeout(timer);
           signal.removeEventListener("abort", onAbort);
           resolve();
         },
         fail: (e) => {
+          clearTimeout(timer);
           signal.removeEventListener("abort", onAbort);
           reject(e);
         },

@@ -56,6 +56,13 @@ export interface ServerOptions {
   maxQueue?: number;
   /** Largest request body in bytes (default 8 MiB); larger ones get 413. */
   maxBodyBytes?: number;
+  /** Time for a request's whole body to arrive (ms, default 30 s); later gets 408 and the connection closes. */
+  bodyTimeoutMs?: number;
+  /** Request bodies received at once (default 256); more are refused with 503 too_many_uploads. */
+  maxReceivingBodies?: number;
+  /** Longest a request may wait for the device before it starts (ms, default 300 s); then 503 queue_timeout. */
+  queueTimeoutMs?: number;
+
   /** Answer browsers' cross-origin requests (Access-Control-Allow-Origin: *). */
   cors?: boolean;
   /** One line per request (method, path, status, time, tokens); silent when absent. */
@@ -82,6 +89,12 @@ interface Counters {
   rejected: number;
 }
 
+/** The abort reason of generations the server stops (distinct from a client that disconnects). */
+const STOPPING = new DOMException("the server is stopping", "AbortError");
+const stoppingError = () => new ApiError(503, "the server is stopping", null, "server_stopping");
+/** Longest stop() waits for answers being written before it closes connections (ms). */
+const STOP_GRACE_MS = 2000;
+
 export function createServer(opts: ServerOptions): RunningServer {
   const model = opts.model;
   const modelId = opts.modelId ?? basename(model.dir);
@@ -90,13 +103,16 @@ export function createServer(opts: ServerOptions): RunningServer {
   const drafts = opts.drafts ?? 0;
   if (drafts !== "auto" && drafts > 0 && model.maxDrafts === 0) throw new Error(`drafts: ${model.dir} has no MTP head (speculative decoding is unavailable)`);
   const maxBodyBytes = opts.maxBodyBytes ?? 8 << 20;
+  const bodyLimits = { maxBytes: maxBodyBytes, timeoutMs: opts.bodyTimeoutMs, receiving: { count: 0, max: opts.maxReceivingBodies ?? 256 } };
   const log = opts.log ?? (() => {});
   const startedAt = Date.now();
   const created = Math.floor(startedAt / 1000);
-  const queue = new GenerationQueue(opts.maxQueue ?? 64);
+  const queue = new GenerationQueue(opts.maxQueue ?? 64, opts.queueTimeoutMs ?? 300_000);
   const counters: Counters = { requests: 0, completed: 0, aborted: 0, failed: 0, rejected: 0 };
   /** Generations in flight or waiting, so that stop() can abort them and wait for them to unwind. */
   const inFlight = new Map<AbortController, Promise<unknown>>();
+  /** Streams whose last event is not yet written, so that stop() lets them end before closing connections. */
+  const openStreams = new Set<Promise<void>>();
   const keyDigest = opts.apiKey === undefined ? null : digest(opts.apiKey);
 
   const corsHeaders: Record<string, string> = opts.cors
@@ -115,7 +131,7 @@ export function createServer(opts: ServerOptions): RunningServer {
   /** Output items of recent /v1/responses answers, for item_reference. */
   const items = new ItemStore(opts.storedItems ?? 1024);
   const fingerprint = systemFingerprint(model, { contextLength, drafts });
-  const encoder = model.tokenizer ? new PromptEncoder(model.dir) : null;
+  const encoder = model.tokenizer ? new PromptEncoder(model.tokenizer, { contextLength }) : null;
   const limits: RequestLimits = { model, modelId, contextLength, defaultMaxTokens, encoder };
 
   /** Starts a generation in the queue; `abort` cancels it whether it waits or runs. */
@@ -175,6 +191,14 @@ export function createServer(opts: ServerOptions): RunningServer {
     queue.checkRoom();
     const abort = abortOnDisconnect(req);
     let open = true;
+    let endStream = () => {};
+    const ended: Promise<void> = new Promise((resolve) => {
+      endStream = () => {
+        openStreams.delete(ended);
+        resolve();
+      };
+    });
+    openStreams.add(ended);
     const body = new ReadableStream<Uint8Array>({
       start(controller) {
         const encode = shape.encode ?? sseData;
@@ -196,17 +220,20 @@ export function createServer(opts: ServerOptions): RunningServer {
             log(`${tag} 200 ${ms(t0)} stream prompt=${r.usage.promptTokens} completion=${r.usage.completionTokens} finish=${r.finishReason}`);
           })
           .catch((e) => {
-            if (abort.signal.aborted) {
+            if (abort.signal.aborted && abort.signal.reason !== STOPPING) {
               log(`${tag} aborted ${ms(t0)} stream (client disconnected)`);
               return;
             }
-            const err = toApiError(e);
+            // a failure, or the server stopping: the client reads why, then the end of the stream
+            const err = abort.signal.reason === STOPPING ? stoppingError() : toApiError(e);
             log(`${tag} ${err.status} ${ms(t0)} stream ${err.message}`);
             send(encode(shape.error ? shape.error(err) : err.toBody()));
+            if (abort.signal.reason === STOPPING && shape.done !== false) send(SSE_DONE);
           })
           .finally(() => {
             if (open) controller.close();
             open = false;
+            endStream();
           });
       },
       cancel() {
@@ -218,7 +245,7 @@ export function createServer(opts: ServerOptions): RunningServer {
   }
 
   async function chatCompletions(req: Request, tag: string, t0: number): Promise<Response> {
-    const job = await prepareChat(limits, await readJsonBody(req, maxBodyBytes));
+    const job = await prepareChat(limits, await readJsonBody(req, bodyLimits));
     const head = openai.responseHead("chatcmpl", modelId, fingerprint);
     if (!job.stream) return complete(req, job, (r) => openai.chatCompletion(head, r, job.tools), tag, t0);
     // with tools, text that may be a call waits for the end, where it is parsed
@@ -248,7 +275,7 @@ export function createServer(opts: ServerOptions): RunningServer {
   }
 
   async function completions(req: Request, tag: string, t0: number): Promise<Response> {
-    const job = await prepareCompletion(limits, await readJsonBody(req, maxBodyBytes));
+    const job = await prepareCompletion(limits, await readJsonBody(req, bodyLimits));
     const head = openai.responseHead("cmpl", modelId, fingerprint);
     if (!job.stream) return complete(req, job, (r) => openai.textCompletion(head, job.echo, r), tag, t0);
     let offset = job.echo.length;
@@ -271,7 +298,7 @@ export function createServer(opts: ServerOptions): RunningServer {
   }
 
   async function responses(req: Request, tag: string, t0: number): Promise<Response> {
-    const job = await prepareResponse(limits, await readJsonBody(req, maxBodyBytes), items);
+    const job = await prepareResponse(limits, await readJsonBody(req, bodyLimits), items);
     const head = responseHeadOf(modelId);
     const messageId = responseItemId("msg");
     const finished = (r: GenerationResult) => {
@@ -385,7 +412,7 @@ export function createServer(opts: ServerOptions): RunningServer {
         throw new ApiError(401, "missing or wrong API key: send Authorization: Bearer <key>", null, "invalid_api_key");
       let route = routes[path];
       if (!route && path.startsWith("/v1/models/")) {
-        const id = decodeURIComponent(path.slice("/v1/models/".length));
+        const id = decodePathPart(path.slice("/v1/models/".length));
         route = { GET: () => (checkModel(limits, id), json(openai.modelObject(modelId, created))) };
       }
       if (!route) throw new ApiError(404, `no route ${path} (see /v1/models, /v1/chat/completions, /v1/completions, /v1/responses, /v1/stats, /health)`, null, "not_found");
@@ -394,14 +421,15 @@ export function createServer(opts: ServerOptions): RunningServer {
         const allow = Object.keys(route).join(", ");
         throw new ApiError(405, `${req.method} is not allowed on ${path} (use ${allow})`, null, "method_not_allowed", undefined, { allow });
       }
-      // Generations may wait in the queue or think for long: no idle timeout for them.
+      // Generations may wait in the queue or think for long: no idle timeout for them. The body
+      // has its own deadline (readJsonBody) and the queue wait its own (GenerationQueue).
       if (req.method === "POST") server.timeout(req, 0);
       const res = await handler(req, tag, t0);
       if (req.method === "GET") log(`${tag} ${res.status} ${ms(t0)}`);
       return res;
     } catch (e) {
-      const err = toApiError(e);
-      if (isAbortError(e) || req.signal.aborted) {
+      const err = e === STOPPING ? stoppingError() : toApiError(e);
+      if ((isAbortError(e) && e !== STOPPING) || req.signal.aborted) {
         log(`${tag} aborted ${ms(t0)} (client disconnected)`);
         return new Response(null, { status: 499 });
       }
@@ -431,13 +459,26 @@ export function createServer(opts: ServerOptions): RunningServer {
     contextLength,
     systemFingerprint: fingerprint,
     async stop() {
-      queue.rejectWaiting(new ApiError(503, "the server is stopping", null, "server_stopping"));
-      for (const abort of inFlight.keys()) abort.abort(new DOMException("the server is stopping", "AbortError"));
+      queue.rejectWaiting(stoppingError());
+      for (const abort of inFlight.keys()) abort.abort(STOPPING);
       await Promise.allSettled(inFlight.values());
       encoder?.close();
+      // open streams end with an error event (and [DONE]); the answers are written before the
+      // connections close: a graceful stop, bounded so a stalled client cannot hold it
+      await Promise.allSettled(openStreams);
+      await Promise.race([server.stop(false), Bun.sleep(STOP_GRACE_MS)]);
       await server.stop(true);
     },
   };
+}
+
+/** A percent-encoded path segment; a malformed escape (%E0%A4%A) is the client's error, 400. */
+function decodePathPart(part: string): string {
+  try {
+    return decodeURIComponent(part);
+  } catch {
+    throw new ApiError(400, `the path segment ${JSON.stringify(part)} is not valid percent-encoded UTF-8`, null, "invalid_path");
+  }
 }
 
 function digest(s: string): Buffer {

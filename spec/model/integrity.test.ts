@@ -3,7 +3,7 @@
 // bounded chat templates, writers that never write through symlinks or truncate in place, and
 // a loaded model that holds its files.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, truncateSync, writeFileSync } from "node:fs";
+import { chmodSync, cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Model } from "../../lib/api/model.ts";
@@ -75,6 +75,42 @@ describe("cherenkov.json is sealed (manifest checksum)", () => {
     expect((await errorOf(() => openModel(dir))).message).toContain('format "cherenkov/9" is not supported');
   });
 
+  test("a cherenkov/1 directory loads with a warning naming what is unverified; inspect --verify does not say all match; seal upgrades it", async () => {
+    const dir = copy();
+    editManifest(dir, (m) => {
+      m.format = "cherenkov/1";
+      delete m.manifest_checksum;
+      delete m.files;
+    }, false);
+    const warnings: string[] = [];
+    const model = await Model.load(dir, { backend: "reference", onWarning: (w) => void warnings.push(w) });
+    await model.close();
+    expect(warnings.length).toBe(1);
+    for (const f of ["cherenkov.json (format cherenkov/1", "tokenizer.json (no checksum recorded", "tokenizer_config.json (no checksum recorded"]) expect(warnings[0]).toContain(f);
+    expect(warnings[0]).toContain(`cherenkov seal ${dir}`);
+    const out: string[] = [];
+    const io = { stdout: (t: string) => void out.push(t), stderr: (t: string) => void out.push(t), stderrIsTTY: false };
+    expect(await main(["inspect", dir, "--verify"], io)).toBe(0);
+    expect(out.join("")).not.toContain("all match");
+    expect(out.join("")).toContain("NOT verified (no checksum): cherenkov.json");
+    out.length = 0;
+    expect(await main(["inspect", dir, "--verify", "--json"], io)).toBe(0);
+    expect(JSON.parse(out.join("")).verified).toBe(false);
+    // sealed, nothing is left unverified and a changed template byte is named
+    expect(await main(["seal", dir], io)).toBe(0);
+    warnings.length = 0;
+    await (await Model.load(dir, { backend: "reference", onWarning: (w) => void warnings.push(w) })).close();
+    expect(warnings).toEqual([]);
+    out.length = 0;
+    expect(await main(["inspect", dir, "--verify"], io)).toBe(0);
+    expect(out.join("")).toContain("checksums: all match");
+    const cfgPath = join(dir, "tokenizer_config.json");
+    writeFileSync(cfgPath, readFileSync(cfgPath, "utf8").replace("im_start", "im_starT"));
+    out.length = 0;
+    expect(await main(["inspect", dir, "--verify"], io)).toBe(1);
+    expect(out.join("")).toContain("tokenizer_config.json: the file: checksum mismatch");
+  });
+
   test("overlapping or out-of-order expert parts, and aliasing tensors, are refused", async () => {
     const a = copy();
     editManifest(a, (m) => (m.experts.parts[1].offset = m.experts.parts[0].offset));
@@ -88,6 +124,31 @@ describe("cherenkov.json is sealed (manifest checksum)", () => {
     const c = copy();
     editManifest(c, (m) => (m.tensors[3].offset = m.tensors[2].offset));
     expect((await errorOf(() => openModel(c))).message).toMatch(/tensor .* overlaps/);
+  });
+});
+
+describe("unreadable files (issue 22, item 10)", () => {
+  /** openModel(dir)'s error message in a process without root's right to read any file. */
+  function openUnprivileged(dir: string): string {
+    const format = join(import.meta.dir, "../../lib/model/format.ts");
+    const script = `import { openModel } from ${JSON.stringify(format)}; try { (await openModel(${JSON.stringify(dir)})).close(); console.log("opened"); } catch (e) { console.log(e.message); }`;
+    const asNobody = process.getuid?.() === 0 ? ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] : [];
+    const r = Bun.spawnSync([...asNobody, process.execPath, "-e", script], { cwd: tmpdir(), env: { ...process.env, HOME: tmpdir() } });
+    return r.stdout.toString().trim() || r.stderr.toString();
+  }
+
+  test("a file with mode 000 is reported as unreadable, not as missing", () => {
+    const dir = copy();
+    chmodSync(root, 0o755);
+    chmodSync(dir, 0o755);
+    for (const f of readdirSync(dir)) chmodSync(join(dir, f), 0o644);
+    expect(openUnprivileged(dir)).toBe("opened");
+    chmodSync(join(dir, "experts.bin"), 0o000);
+    const message = openUnprivileged(dir);
+    expect(message).toContain(`experts.bin in ${dir} exists but cannot be read (EACCES: permission denied`);
+    expect(message).not.toContain("missing");
+    rmSync(join(dir, "experts.bin"));
+    expect(openUnprivileged(dir)).toContain("experts.bin is missing in");
   });
 });
 

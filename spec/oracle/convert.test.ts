@@ -2,13 +2,15 @@
 // and tokenizer files come along, and bad checkpoints fail before anything is written, with
 // a message naming the tensor or field.
 import { afterAll, describe, expect, test } from "bun:test";
-import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { convertCommand } from "../../lib/cli/commands/convert.ts";
 import type { CliIO } from "../../lib/cli/io.ts";
 import { byteTokenizer, CHATML_TEMPLATE } from "../../lib/convert/byte-tokenizer.ts";
+import { Model } from "../../lib/api/model.ts";
 import { convertCheckpoint, openCheckpoint } from "../../lib/convert/convert.ts";
+import { synthesize } from "../../lib/convert/synth.ts";
 import { canonicalName } from "../../lib/convert/hf.ts";
 import { dequantizeAffine, unpackMlx } from "../../lib/convert/mlx.ts";
 import { Checkpoint, writeSafetensors, type StWriteTensor } from "../../lib/convert/safetensors.ts";
@@ -158,6 +160,38 @@ describe("what comes along", () => {
     const t = await loadTokenizer(dest);
     expect(t.decode(t.encode("héllo"))).toBe("héllo");
     expect(t.hasChatTemplate).toBe(true);
+  });
+});
+
+describe("writing over another model (issue 22, items 5 and 6)", () => {
+  test("convert --force from a checkpoint without tokenizer files removes the replaced model's tokenizer", async () => {
+    const dest = out();
+    await synthesize({ preset: "tiny", seed: 1, out: dest, weights: "q4" });
+    expect(existsSync(join(dest, "tokenizer.json"))).toBe(true);
+    await convertCheckpoint({ src: join(FIXTURES, "qwen3_next_r1"), out: dest, weights: "bf16", force: true, workers: 0 });
+    expect(existsSync(join(dest, "tokenizer.json"))).toBe(false);
+    expect(existsSync(join(dest, "tokenizer_config.json"))).toBe(false);
+    const model = await Model.load(dest, { backend: "reference" });
+    expect(model.tokenizer).toBeNull();
+    await model.close();
+  });
+
+  test("temporary files a killed writer left are removed by the next run; a live writer's are kept", async () => {
+    const dest = out();
+    mkdirSync(dest);
+    const dead = Bun.spawnSync(["true"]).pid; // a process that has exited
+    const stale = [`.dense.bin.${dead}.1.abc123.tmp`, `.experts.bin.${dead}.2.zz9.tmp`, `.cherenkov.json.${dead}.7.q1.tmp`];
+    for (const f of stale) writeFileSync(join(dest, f), "half a model");
+    // only stale temps: the directory counts as empty (no --force needed)
+    await convertCheckpoint({ src: join(FIXTURES, "qwen3_next_r1"), out: dest, weights: "bf16", workers: 0 });
+    for (const f of stale) expect(existsSync(join(dest, f))).toBe(false);
+    const live = `.dense.bin.${process.pid}.999.live1.tmp`;
+    writeFileSync(join(dest, live), "another writer of this process");
+    for (const f of stale) writeFileSync(join(dest, f), "half a model");
+    await convertCheckpoint({ src: join(FIXTURES, "qwen3_next_r1"), out: dest, weights: "bf16", force: true, workers: 0 });
+    for (const f of stale) expect(existsSync(join(dest, f))).toBe(false);
+    expect(existsSync(join(dest, live))).toBe(true);
+    expect(readdirSync(dest).filter((f) => f.endsWith(".tmp"))).toEqual([live]);
   });
 });
 

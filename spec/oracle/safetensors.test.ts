@@ -113,4 +113,29 @@ describe("safetensors reader", () => {
     expect(() => new Checkpoint(b)).toThrow(/tensor x is in both one.safetensors and two.safetensors/);
     expect(() => new Checkpoint(fresh())).toThrow(/no .safetensors files in/);
   });
+
+  test("a shard that is a FIFO is refused at once, not waited on (issue 22, item 8)", () => {
+    const dir = fresh();
+    const fifo = join(dir, "model.safetensors");
+    if (Bun.spawnSync(["mkfifo", fifo]).exitCode !== 0) throw new Error("mkfifo failed");
+    expect(() => new Checkpoint(dir)).toThrow(/model\.safetensors: .* is not a regular file \(a FIFO, device or directory\)/);
+    const indexed = fresh();
+    Bun.spawnSync(["mkfifo", join(indexed, "model.safetensors.index.json")]);
+    expect(() => new Checkpoint(indexed)).toThrow(/model\.safetensors\.index\.json: .* is not a regular file/);
+  });
+
+  test("a weight_map entry outside the checkpoint directory is refused before it is opened (issue 22, item 8)", () => {
+    const outside = fresh();
+    writeSafetensors(join(outside, "secret.safetensors"), { x: f32([1], values.subarray(0, 1)) });
+    const dir = fresh();
+    for (const name of [`../${outside.split("/").pop()}/secret.safetensors`, join(outside, "secret.safetensors"), "../../../../etc/passwd", "sub/../../x.safetensors"]) {
+      writeFileSync(join(dir, "model.safetensors.index.json"), JSON.stringify({ weight_map: { x: name } }));
+      expect(() => new Checkpoint(dir)).toThrow(/weight_map names .* for x, outside the checkpoint directory/);
+    }
+    // a shard in a subdirectory of the checkpoint is fine
+    mkdirSync(join(dir, "sub"));
+    writeSafetensors(join(dir, "sub", "a.safetensors"), { x: f32([1], values.subarray(0, 1)) });
+    writeFileSync(join(dir, "model.safetensors.index.json"), JSON.stringify({ weight_map: { x: "sub/a.safetensors" } }));
+    new Checkpoint(dir).close();
+  });
 });

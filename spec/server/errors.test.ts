@@ -142,6 +142,12 @@ describe("routes", () => {
     expect(res2.headers.get("allow")).toBe("GET");
     await expectError(res2, 405);
   });
+
+  test("a malformed percent escape in a model id is 400, not 500 (issue 22, item 10)", async () => {
+    const e = await expectError(await server.get("/v1/models/%E0%A4%A"), 400);
+    expect(e.code).toBe("invalid_path");
+    expect(e.message).toContain("%E0%A4%A");
+  });
 });
 
 describe("an API key", () => {

@@ -37,17 +37,24 @@ describe("role injection", () => {
 describe("heavy prompts", () => {
   test("/health answers while a 1 MB prompt is being tokenized", async () => {
     const order: string[] = [];
-    const big = "def f(x):\n    return x * 2  # words here\n".repeat(26_000);
-    const slow = server.post(chat, { messages: [{ role: "user", content: big }] }).then(async (res) => {
-      order.push("chat");
-      return res;
-    });
-    await Bun.sleep(300); // the body is uploaded and tokenizing (seconds of CPU)
-    const health = await server.get("/health");
-    order.push("health");
-    expect(health.status).toBe(200);
-    const e = await expectError(await slow, 400);
-    expect(e.code).toBe("context_length_exceeded");
-    expect(order).toEqual(["health", "chat"]);
+    // A prompt longer than context x longest piece x 2 characters is refused before it is
+    // tokenized: this one fits a 4096-token server's bound and takes seconds of CPU.
+    const own = startServer(model, { contextLength: 4096, maxBodyBytes: 4 << 20 });
+    const big = "def f(x):\n    return x * 2  # words here\n".repeat(8_000);
+    try {
+      const slow = own.post(chat, { messages: [{ role: "user", content: big }] }).then(async (res) => {
+        order.push("chat");
+        return res;
+      });
+      await Bun.sleep(300); // the body is uploaded and tokenizing (seconds of CPU)
+      const health = await own.get("/health");
+      order.push("health");
+      expect(health.status).toBe(200);
+      const e = await expectError(await slow, 400);
+      expect(e.code).toBe("context_length_exceeded");
+      expect(order).toEqual(["health", "chat"]);
+    } finally {
+      await own.stop();
+    }
   });
 });

@@ -7,6 +7,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
 import { Model, type GenerationResult, type GenerateOptions, type Prompt, type StreamChunk } from "../../lib/index.ts";
+import { main } from "../../lib/cli/main.ts";
 import { encodeChat } from "../../lib/model/chat-encode.ts";
 import { DEFAULT_MODEL_DIR } from "../../lib/model/default-model.ts";
 import { parseToolCalls, ToolCallSplitter } from "../../lib/server/tool-calls.ts";
@@ -81,6 +82,8 @@ describe("a model with a tool-rendering (Qwen-style) chat template", () => {
     dir = mkdtempSync(join(tmpdir(), "cherenkov-tools-"));
     for (const f of ["cherenkov.json", "dense.bin", "experts.bin", "ple.bin", "tokenizer.json"]) copyFileSync(join(DEFAULT_MODEL_DIR, f), join(dir, f));
     copyFileSync(join(import.meta.dir, "fixtures/tools-tokenizer_config.json"), join(dir, "tokenizer_config.json"));
+    // a deliberate edit of the sealed model's template: recorded as docs/format.md says
+    expect(await main(["seal", dir], { stdout: () => {}, stderr: () => {}, stderrIsTTY: false })).toBe(0);
     model = await Model.load(dir, { backend: "reference" });
     // The tiny model never learned to call tools: a scripted answer stands in for its output
     // (the tokens of the script, streamed as the library streams), the rest is the real path.

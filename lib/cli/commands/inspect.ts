@@ -33,8 +33,15 @@ export async function inspectCommand(argv: string[], io: CliIO): Promise<number>
       verified = true;
     }
     const summary = summarize(model);
-    if (flags.json) io.stdout(JSON.stringify({ ...summary, ...(verified ? { verified } : {}) }) + "\n");
-    else io.stdout(render(summary) + (verified ? "checksums: all match\n" : ""));
+    // "all match" only when every file has a checksum: an unsealed index or tokenizer is named
+    const unverified = model.unverified;
+    const verdict = !verified
+      ? ""
+      : unverified.length === 0
+        ? "checksums: all match\n"
+        : `checksums: the weights match; NOT verified (no checksum): ${unverified.join("; ")}\n  run \`cherenkov seal ${dir}\` after checking them\n`;
+    if (flags.json) io.stdout(JSON.stringify({ ...summary, ...(verified ? { verified: unverified.length === 0, unverified } : {}) }) + "\n");
+    else io.stdout(render(summary) + verdict);
   } finally {
     model.close();
   }
