@@ -50,6 +50,9 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
   if (step.verify && !snaps) throw new Error("verify step: this engine has no rollback planes (the model has no MTP head)");
   if (nb > s.rows) throw new RangeError(`step of ${nb} rows: the scratch holds ${s.rows}`);
 
+  // With the whole model resident no trunk read can miss: the lookahead's routes would only
+  // cost dispatches (four a layer) and host work.
+  const lookahead = gpu.lookahead && !gpu.pool.fullyResident(gpu.layersRun);
   encodeEmbed(ctx, gpu.refs.embed, bind(seq.tokens, pos0 * 4), s.X, nb, c.hc.streams);
   for (let l = 0; l < gpu.layersRun; l++) {
     const w = gpu.refs.layers[l]!;
@@ -93,7 +96,7 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
     const site = trunkMoeSite(gpu, w, nb);
     encodeMoeRoute(ctx, site);
     let predicts: number | null = null;
-    if (gpu.lookahead && l + 1 < gpu.layersRun) {
+    if (lookahead && l + 1 < gpu.layersRun) {
       encodeLookaheadRoute(ctx, trunkMoeSite(gpu, gpu.refs.layers[l + 1]!, nb));
       predicts = l + 1;
     }

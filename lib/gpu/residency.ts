@@ -207,6 +207,12 @@ export interface ExpertPool {
   slotView(slot: number): Uint8Array;
   /** Whether (layer, e) is resident (or being read). */
   isResident(layer: number, e: number): boolean;
+  /**
+   * Whether every record of layers 0..layers-1 (default: all, the MTP layer too) sits in a
+   * slot, read and checked, in a pool that holds the whole model: no acquire of those layers
+   * can miss and no prefetch can help (a step then skips its lookahead routes).
+   */
+  fullyResident(layers?: number): boolean;
   poolStats(): PoolStats;
   /** Checksum work so far: records verified, milliseconds spent hashing on the main thread, mismatches, records hashed on worker threads. */
   verifyStats(): { records: number; ms: number; failures: number; offThread: number };
@@ -524,6 +530,8 @@ class SlotExpertPool implements ExpertPool {
   private readonly free: number[] = []; // stack, lowest slot on top
   // Per record.
   private readonly keySlot: Int32Array;
+  /** Layers 0..fullLayers-1 were found fully resident and no slot has emptied since (fullyResident skips them). */
+  private fullLayers = 0;
   // Per acquired layer.
   private readonly pins = new Map<number, { slots: number[]; table: Int32Array; union: number }>();
   private pinnedCount = 0;
@@ -891,6 +899,7 @@ class SlotExpertPool implements ExpertPool {
     this.keySlot[key] = -1;
     this.slotKey[s] = -1;
     this.state[s] = EMPTY;
+    this.fullLayers = 0;
     this.unlink(s);
   }
 
@@ -990,6 +999,7 @@ class SlotExpertPool implements ExpertPool {
     this.keySlot[key] = -1;
     this.slotKey[s] = -1;
     this.state[s] = EMPTY;
+    this.fullLayers = 0;
     this.unlink(s);
     if (free && !this.pinned[s]) this.free.push(s);
   }
@@ -1135,6 +1145,7 @@ class SlotExpertPool implements ExpertPool {
       this.keySlot[key] = -1;
       this.slotKey[s] = -1;
       this.state[s] = EMPTY;
+      this.fullLayers = 0;
       this.predicted[s] = 0;
       this.unlink(s);
     }
@@ -1235,6 +1246,17 @@ class SlotExpertPool implements ExpertPool {
 
   isResident(layer: number, e: number): boolean {
     return this.keySlot[layer * this.perLayer + e]! >= 0;
+  }
+
+  fullyResident(layers = this.layers): boolean {
+    if (layers <= this.fullLayers) return true;
+    if (this.capacity < this.keySlot.length) return false;
+    for (let key = this.fullLayers * this.perLayer; key < layers * this.perLayer; key++) {
+      const s = this.keySlot[key]!;
+      if (s < 0 || this.state[s] !== READY) return false;
+    }
+    this.fullLayers = layers;
+    return true;
   }
 
   poolStats(): PoolStats {

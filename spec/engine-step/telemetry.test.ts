@@ -93,6 +93,34 @@ describe("stats()", () => {
     for (let l = 0; l < L; l++) expect(s.handshake.perLayer[l]!.count).toBe(N);
   });
 
+  test("with every trunk record resident (pool 100%, all experts routed once) steps route no lookahead, and the tokens stay those without it", async () => {
+    const run = async (lookahead: boolean) => {
+      const backend = await openEngine(dir, { pool: "100%", lookahead });
+      const seq = backend.newSequence();
+      const tokens: number[] = [];
+      let covered = -1; // the step after which every expert of every trunk layer had been routed
+      const predictionsAt: number[] = [];
+      let r = await seq.forward(c.prompt);
+      for (let step = 0; step < 48; step++) {
+        tokens.push(r.next[r.next.length - 1]!);
+        const s = backend.stats() as unknown as Stats;
+        predictionsAt.push(s.lookahead.predictions);
+        if (covered < 0 && s.activity.counts.slice(0, 4).every((counts) => counts.every((n) => n > 0))) covered = step;
+        r = await seq.forward([tokens[tokens.length - 1]!]);
+      }
+      await backend.close();
+      return { tokens, covered, predictionsAt };
+    };
+    const on = await run(true);
+    const off = await run(false);
+    expect(on.tokens).toEqual(off.tokens);
+    expect(on.covered).toBeGreaterThanOrEqual(0); // the test needs full coverage to say anything
+    expect(on.covered).toBeLessThan(40);
+    // Before coverage the lookahead predicted; from the step after it, never again.
+    expect(on.predictionsAt[on.covered]!).toBeGreaterThan(0);
+    expect(new Set(on.predictionsAt.slice(on.covered + 1))).toEqual(new Set([on.predictionsAt[on.covered + 1]!]));
+  });
+
   test("without the lookahead nothing is predicted; the mapped backing reads nothing itself", async () => {
     const backend = await openEngine(dir, { pool: "50%", lookahead: false, backing: "mapped" });
     await greedy(backend, c.prompt, 4);

@@ -587,3 +587,38 @@ test("reuse: the per-batch victim cache makes exactly the choices of a full resc
     expect(runs[0]).toEqual(runs[1]!);
   }
 });
+
+test("fullyResident: true only once every record of every layer is in place and read; an eviction ends it", async () => {
+  const records = layers * perLayer;
+  const small = lruPool(records - 1);
+  const full = lruPool(records);
+  expect(full.fullyResident()).toBe(false);
+  for (let l = 0; l < layers; l++) {
+    for (const pool of [small, full]) {
+      pool.acquire(l, Array.from({ length: perLayer }, (_, e) => e));
+      pool.release(l);
+    }
+    expect(full.fullyResident()).toBe(l === layers - 1);
+    expect(full.fullyResident(l + 1)).toBe(true); // the first l + 1 layers (trunk layers a step runs)
+    if (l + 1 < layers) expect(full.fullyResident(l + 2)).toBe(false);
+  }
+  expect(small.fullyResident()).toBe(false); // one record short: some acquire can still miss
+  full.evictAll();
+  expect(full.fullyResident()).toBe(false);
+  await Promise.all([small.close(), full.close()]);
+
+  // Wired: a record still being read does not count.
+  const io = new IoScheduler({ reader: faultyReader().reader });
+  const wired = createExpertPool({ backing: "wired", model: tiny.model, capacity: records, scheduler: io });
+  const pending: Promise<void>[] = [];
+  for (let l = 0; l < layers; l++) {
+    const a = wired.acquire(l, Array.from({ length: perLayer }, (_, e) => e));
+    pending.push(a.ready);
+    wired.release(l);
+  }
+  expect(wired.fullyResident()).toBe(false);
+  await Promise.all(pending);
+  expect(wired.fullyResident()).toBe(true);
+  await wired.close();
+  await io.close();
+});
