@@ -230,6 +230,84 @@ template [[host_name("moe_down_q4_f32")]] kernel decltype(moe_down<uchar, MV_NR>
 template [[host_name("moe_gate_up_q4_r1_f32")]] kernel decltype(moe_gate_up<uchar, 1>) moe_gate_up<uchar, 1>;
 template [[host_name("moe_down_q4_r1_f32")]] kernel decltype(moe_down<uchar, 1>) moe_down<uchar, 1>;
 
+// The routed experts' down projections and the combine in one pass, for a decode step (one
+// pair per expert): threadgroup (x, r) computes MV_SG * MV_R outputs of row r, and each
+// simdgroup walks the row's top_k experts in k order, adding w[r][k] * (down_e h[r*k + k])
+// to its outputs, then (SHARED) sigmoid(sg[r]) s[r]. The same passes, reductions and sums in
+// the same order as moe_down_q4_r1 + moe_combine, so the same bits, without the per-pair
+// outputs in memory or a second dispatch. A missing slot reads nothing and makes the row NaN.
+template <typename T, bool SHARED>
+inline void moe_down_combine_at(constant MoeDownCombineParams& p, device const int* ids, device const float* w,
+                                device const int* slot_of, device const uchar* pool, device const uchar* h,
+                                device const uchar* s, device const uchar* sgate, device uchar* y,
+                                uint2 tg, ushort sg, ushort lane) {
+  int o0 = (int(tg.x) * MV_SG + int(sg)) * MV_R;
+  int r = int(tg.y);
+  if (o0 >= p.out_dim || r >= p.rows) {
+    return;  // uniform per simdgroup
+  }
+  float4 v = float4(0.0f);
+  bool missing = false;
+  for (int k = 0; k < p.top_k; k++) {
+    int q = r * p.top_k + k;
+    int e = ids[q];
+    int slot = e >= 0 && e < p.experts ? slot_of[e] : -1;
+    if (slot < 0 || slot >= p.slots) {
+      missing = true;  // uniform: every lane reads the same ids and table
+      continue;
+    }
+    ulong xoff[1] = {ulong(q) * p.h_stride};
+    float4 acc[1] = {float4(0.0f)};
+    MvPass<T, 1>::run(pool + ulong(slot) * p.record_stride + p.w_offset, p.in_dim, o0, p.out_dim, h, xoff, 1, acc, lane);
+    mv_reduce<1>(acc, 1);
+    v += w[q] * acc[0];
+  }
+  if (SHARED) {
+    float gate = *((device const float*)(sgate + ulong(r) * p.sg_stride));
+    device const float* sr = (device const float*)(s + ulong(r) * p.s_stride);
+    float4 sv = float4(sr[min(o0, p.out_dim - 1)], sr[min(o0 + 1, p.out_dim - 1)], sr[min(o0 + 2, p.out_dim - 1)], sr[min(o0 + 3, p.out_dim - 1)]);
+    v += sv / (1.0f + exp(-gate));
+  }
+  if (lane == 0) {
+    mv_store(y, p.y_stride, r, o0, p.out_dim, missing ? float4(NAN) : v, false);
+  }
+}
+
+template <typename T>
+[[max_total_threads_per_threadgroup(128)]] kernel void moe_down_combine(
+    constant MoeDownCombineParams& p [[buffer(0)]],
+    device const int* ids        [[buffer(1)]],
+    device const float* w        [[buffer(2)]],
+    device const int* slot_of    [[buffer(3)]],
+    device const uchar* pool     [[buffer(4)]],
+    device const uchar* h        [[buffer(5)]],
+    device uchar* y              [[buffer(6)]],
+    uint2 tg                     [[threadgroup_position_in_grid]],
+    ushort sg                    [[simdgroup_index_in_threadgroup]],
+    ushort lane                  [[thread_index_in_simdgroup]]) {
+  moe_down_combine_at<T, false>(p, ids, w, slot_of, pool, h, h, h, y, tg, sg, lane);
+}
+
+template <typename T>
+[[max_total_threads_per_threadgroup(128)]] kernel void moe_down_combine_shared(
+    constant MoeDownCombineParams& p [[buffer(0)]],
+    device const int* ids        [[buffer(1)]],
+    device const float* w        [[buffer(2)]],
+    device const int* slot_of    [[buffer(3)]],
+    device const uchar* pool     [[buffer(4)]],
+    device const uchar* h        [[buffer(5)]],
+    device uchar* y              [[buffer(6)]],
+    device const uchar* s        [[buffer(7)]],
+    device const uchar* sgate    [[buffer(8)]],
+    uint2 tg                     [[threadgroup_position_in_grid]],
+    ushort sg                    [[simdgroup_index_in_threadgroup]],
+    ushort lane                  [[thread_index_in_simdgroup]]) {
+  moe_down_combine_at<T, true>(p, ids, w, slot_of, pool, h, s, sgate, y, tg, sg, lane);
+}
+
+template [[host_name("moe_down_combine_q4_f32")]] kernel decltype(moe_down_combine<uchar>) moe_down_combine<uchar>;
+template [[host_name("moe_down_combine_shared_q4_f32")]] kernel decltype(moe_down_combine_shared<uchar>) moe_down_combine_shared<uchar>;
+
 // Dense gated MLP input half (the shared expert): y[r] = SiLU(W_gate x[r]) * (W_up x[r]),
 // tiled as matvec (rows_per_group batch rows per threadgroup).
 template <typename T>

@@ -282,6 +282,37 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, x_stride) == 48, "MoeExper
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, y_stride) == 56, "MoeExpertsParams.y_stride: offset");
 #endif
 
+// Decode MoE output in one pass: y[r] = sum_k w[r][k] down_{e_k} h[r*k + k] (+ sigmoid(sg[r]) s[r]), experts through the slot table.
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t top_k;                 // offset 4
+  int32_t in_dim;                // offset 8: I (the expert's intermediate width)
+  int32_t out_dim;               // offset 12: d
+  int32_t experts;               // offset 16: E
+  int32_t slots;                 // offset 20: slots in the pool; a slot outside [0, slots) counts as missing
+  uint64_t record_stride;        // offset 24: bytes between pool slots
+  uint64_t w_offset;             // offset 32: down part inside a record
+  uint64_t h_stride;             // offset 40: bytes between per-pair inputs h
+  uint64_t s_stride;             // offset 48: bytes between shared expert output rows
+  uint64_t sg_stride;            // offset 56: bytes between shared gate logits
+  uint64_t y_stride;             // offset 64: bytes between output rows
+} MoeDownCombineParams;
+CK_PARAMS_ASSERT(sizeof(MoeDownCombineParams) == 72, "MoeDownCombineParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineParams, rows) == 0, "MoeDownCombineParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineParams, top_k) == 4, "MoeDownCombineParams.top_k: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineParams, in_dim) == 8, "MoeDownCombineParams.in_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineParams, out_dim) == 12, "MoeDownCombineParams.out_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineParams, experts) == 16, "MoeDownCombineParams.experts: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineParams, slots) == 20, "MoeDownCombineParams.slots: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineParams, record_stride) == 24, "MoeDownCombineParams.record_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineParams, w_offset) == 32, "MoeDownCombineParams.w_offset: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineParams, h_stride) == 40, "MoeDownCombineParams.h_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineParams, s_stride) == 48, "MoeDownCombineParams.s_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineParams, sg_stride) == 56, "MoeDownCombineParams.sg_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineParams, y_stride) == 64, "MoeDownCombineParams.y_stride: offset");
+#endif
+
 // MoE output y[r] = sum_k w[r][k] o[r*k + k'] (+ sigmoid(sg[r]) s[r] with the shared expert).
 typedef struct {
   int32_t rows;                  // offset 0: rows in the batch (nb)

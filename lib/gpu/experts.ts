@@ -122,6 +122,23 @@ export interface RoutedScratch {
 }
 
 /**
+ * Whether a layer's routed experts can end in moe_down_combine (the down projections and the
+ * combine in one dispatch): a decode step (one row) over q4 records in a one-buffer pool. The
+ * caller then skips encodeMoeCombine; the results are the same bits.
+ */
+export function fusesDownCombine(pool: ExpertPool, nb: number): boolean {
+  return nb === 1 && pool.buffers.length === 1 && pool.parts.every((p) => p.dtype === "q4");
+}
+
+/** What moe_down_combine needs besides the pool: the routing and where the layer's output goes. */
+export interface DownCombine {
+  ids: Binding;
+  weights: Binding;
+  y: RowsRef;
+  shared?: { s: RowsRef; sg: RowsRef };
+}
+
+/**
  * Routed experts of one layer: for every pair q = r * k + j (expert e = ids[q]),
  * h[q] = SiLU(gate_e x[r]) * up_e x[r], then o[q] = down_e h[q]. With one row (a decode
  * step: one pair per expert) q4 records take the kernels' one-row forms.
@@ -136,6 +153,7 @@ export function encodeRoutedExperts(
   nb: number,
   topK: number,
   experts: number,
+  combine?: DownCombine,
 ): void {
   checkRows(nb, "moe_experts");
   const gate = part(pool, "gate");
@@ -176,7 +194,36 @@ export function encodeRoutedExperts(
       );
   };
   run(oneRowForm(`moe_gate_up_${dtype}_f32`, dtype, pairsPerPass), { in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: x.stride, y_stride: scratch.h.stride }, x, scratch.h, I);
-  run(oneRowForm(`moe_down_${dtype}_f32`, dtype, pairsPerPass), { in_dim: I, out_dim: d, w0_offset: down.offset, w1_offset: 0, x_stride: scratch.h.stride, y_stride: scratch.o.stride }, scratch.h, scratch.o, d);
+  if (!combine) {
+    run(oneRowForm(`moe_down_${dtype}_f32`, dtype, pairsPerPass), { in_dim: I, out_dim: d, w0_offset: down.offset, w1_offset: 0, x_stride: scratch.h.stride, y_stride: scratch.o.stride }, scratch.h, scratch.o, d);
+    return;
+  }
+  if (!fusesDownCombine(pool, nb)) throw new Error("moe_down_combine: needs one row, q4 records and a one-buffer pool (fusesDownCombine)");
+  const { y, shared } = combine;
+  const buffers: Binding[] = [combine.ids, combine.weights, slotOf, pool.buffers[0]!, bind(scratch.h.buffer, scratch.h.offset), bind(y.buffer, y.offset)];
+  if (shared) buffers.push(bind(shared.s.buffer, shared.s.offset), bind(shared.sg.buffer, shared.sg.offset));
+  dispatch(
+    ctx,
+    shared ? "moe_down_combine_shared_q4_f32" : "moe_down_combine_q4_f32",
+    Params.MoeDownCombine,
+    {
+      rows: nb,
+      top_k: topK,
+      in_dim: I,
+      out_dim: d,
+      experts,
+      slots: pool.slots,
+      record_stride: pool.stride,
+      w_offset: down.offset,
+      h_stride: scratch.h.stride,
+      s_stride: shared?.s.stride ?? 0,
+      sg_stride: shared?.sg.stride ?? 0,
+      y_stride: y.stride,
+    },
+    buffers,
+    [Math.ceil(d / (T.rows * T.simdgroups)), nb],
+    SIMD_WIDTH * T.simdgroups,
+  );
 }
 
 /** The shared expert's tensors (`moe.shared_*`). */

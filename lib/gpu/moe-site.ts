@@ -12,6 +12,7 @@ import {
   encodeRoutedExperts,
   encodeRouter,
   encodeSharedExpert,
+  fusesDownCombine,
   type ExpertPool as KernelPool,
 } from "./experts.ts";
 import { encodeSiteRead, encodeSiteWrite, type HcConfig, type HcSiteRefs } from "./hyperconnection.ts";
@@ -60,6 +61,14 @@ export function encodeMoeCompute(ctx: EncodeContext, a: MoeSiteArgs, pool: Kerne
   const m = s.moe;
   const L = m.lists;
   const x = s.xn;
+  // The shared expert first: a decode step's fused down + combine adds its output.
+  let shared: { s: RowsRef; sg: RowsRef } | undefined;
+  if (a.moe.shared) {
+    encodeSharedExpert(ctx, a.moe.shared, x, { h: m.sh, s: m.s, sg: m.sg }, nb);
+    shared = { s: m.s, sg: m.sg };
+  }
+  const weights = bind(m.weights.buffer, m.weights.offset);
+  const fused = fusesDownCombine(pool, nb);
   encodeRoutedExperts(
     ctx,
     pool,
@@ -70,13 +79,9 @@ export function encodeMoeCompute(ctx: EncodeContext, a: MoeSiteArgs, pool: Kerne
     nb,
     k,
     c.moe.experts,
+    fused ? { ids: bind(m.ids.buffer, m.ids.offset), weights, y: s.y, shared } : undefined,
   );
-  let shared: { s: RowsRef; sg: RowsRef } | undefined;
-  if (a.moe.shared) {
-    encodeSharedExpert(ctx, a.moe.shared, x, { h: m.sh, s: m.s, sg: m.sg }, nb);
-    shared = { s: m.s, sg: m.sg };
-  }
-  encodeMoeCombine(ctx, bind(m.weights.buffer, m.weights.offset), m.o, s.y, nb, k, d, shared);
+  if (!fused) encodeMoeCombine(ctx, weights, m.o, s.y, nb, k, d, shared);
   encodeSiteWrite(ctx, a.X, a.site, s.hc, s.y, nb, a.hc, d);
 }
 

@@ -145,6 +145,23 @@ export const denseParams = {
       { name: "y_stride", type: "u64", doc: "bytes between output rows (per pair)" },
     ],
   },
+  MoeDownCombine: {
+    doc: "Decode MoE output in one pass: y[r] = sum_k w[r][k] down_{e_k} h[r*k + k] (+ sigmoid(sg[r]) s[r]), experts through the slot table.",
+    fields: [
+      { name: "rows", type: "i32", doc: "rows in the batch (nb)" },
+      { name: "top_k", type: "i32" },
+      { name: "in_dim", type: "i32", doc: "I (the expert's intermediate width)" },
+      { name: "out_dim", type: "i32", doc: "d" },
+      { name: "experts", type: "i32", doc: "E" },
+      { name: "slots", type: "i32", doc: "slots in the pool; a slot outside [0, slots) counts as missing" },
+      { name: "record_stride", type: "u64", doc: "bytes between pool slots" },
+      { name: "w_offset", type: "u64", doc: "down part inside a record" },
+      { name: "h_stride", type: "u64", doc: "bytes between per-pair inputs h" },
+      { name: "s_stride", type: "u64", doc: "bytes between shared expert output rows" },
+      { name: "sg_stride", type: "u64", doc: "bytes between shared gate logits" },
+      { name: "y_stride", type: "u64", doc: "bytes between output rows" },
+    ],
+  },
   MoeCombine: {
     doc: "MoE output y[r] = sum_k w[r][k] o[r*k + k'] (+ sigmoid(sg[r]) s[r] with the shared expert).",
     fields: [

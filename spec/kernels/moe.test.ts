@@ -4,7 +4,7 @@
 // the on-disk layout, shared expert, combine) for every record dtype, plus a missing slot.
 import { afterAll, describe, expect, test } from "bun:test";
 
-import { encodeExpertLists, encodeMoeCombine, encodeRouter, encodeRouterTopK, encodeRoutedExperts, encodeSharedExpert, type ExpertPool } from "../../lib/gpu/experts.ts";
+import { encodeExpertLists, encodeMoeCombine, encodeRouter, encodeRouterTopK, encodeRoutedExperts, encodeSharedExpert, fusesDownCombine, type ExpertPool } from "../../lib/gpu/experts.ts";
 import type { DType } from "../../lib/model/config.ts";
 import { PART_ALIGN } from "../../lib/model/manifest.ts";
 import { moeRow, routerTopK, type MoeWeights } from "../../lib/reference/moe.ts";
@@ -121,7 +121,7 @@ function buildPool(dims: MoeDims, dtype: DType, seed: number, slotOf: number[], 
 }
 
 /** Runs a whole MoE on nb rows of x and returns y with the reference's y per row. */
-function runMoe(nb: number, dims: MoeDims, dtype: DType, opts: { missing?: number } = {}) {
+function runMoe(nb: number, dims: MoeDims, dtype: DType, opts: { missing?: number; fused?: boolean; shared?: boolean } = {}) {
   const { d, E, k, I, SI } = dims;
   const slots = E + 3;
   const perm = [...Array(E).keys()].map((e) => (e * 7 + 3) % slots); // slots are not expert ids
@@ -158,9 +158,11 @@ function runMoe(nb: number, dims: MoeDims, dtype: DType, opts: { missing?: numbe
     encodeRouter(ctx, refs.router, input, rows(logits, E), { ids, weights }, nb, cfg);
     encodeExpertLists(ctx, ids, lists, nb, k, E);
     // (the engine waits here for the host to publish slotOf)
-    encodeRoutedExperts(ctx, pool, uploadI32(dev, slotOf), lists, input, routed, nb, k, E);
-    encodeSharedExpert(ctx, refs, input, shared, nb);
-    encodeMoeCombine(ctx, weights, routed.o, rows(y, d), nb, k, d, shared);
+    const withShared = opts.shared === false ? undefined : shared;
+    if (withShared) encodeSharedExpert(ctx, refs, input, shared, nb);
+    const combine = opts.fused ? { ids, weights, y: rows(y, d), shared: withShared } : undefined;
+    encodeRoutedExperts(ctx, pool, uploadI32(dev, slotOf), lists, input, routed, nb, k, E, combine);
+    if (!opts.fused) encodeMoeCombine(ctx, weights, routed.o, rows(y, d), nb, k, d, withShared);
   });
   const mw: MoeWeights = {
     router: dense.router.values,
@@ -185,6 +187,30 @@ describe("whole MoE: router, lists, routed experts through slots, shared expert,
     const want = new Float32Array(nb * dims.d);
     ref.forEach((r, i) => want.set(r.y, i * dims.d));
     expectClose(y, want, MOE_TOL, `moe_${dtype} nb=${nb}`, dims.d);
+  });
+
+  // A decode step (nb = 1) over q4 records ends in moe_down_combine: the same bits as the
+  // separate down projections and combine, with and without a shared expert.
+  test.each([true, false])("moe_down_combine (decode), shared expert %p: the same bits as moe_down + moe_combine", (withShared) => {
+    const dims: MoeDims = { d: 64, E: 16, k: 4, I: 96, SI: 64 };
+    const split = runMoe(1, dims, "q4", { shared: withShared });
+    const fused = runMoe(1, dims, "q4", { fused: true, shared: withShared });
+    expect(fusesDownCombine(buildPool(dims, "q4", 100, [0], 1).pool, 1)).toBe(true);
+    expect([...fused.ids]).toEqual([...split.ids]);
+    expect([...new Uint32Array(fused.y.buffer, fused.y.byteOffset, fused.y.length)]).toEqual([...new Uint32Array(split.y.buffer, split.y.byteOffset, split.y.length)]);
+    if (withShared) expectClose(fused.y, fused.ref[0]!.y, MOE_TOL, "moe_down_combine vs reference");
+    const missing = fused.ids[1]!;
+    const m = runMoe(1, dims, "q4", { fused: true, missing, shared: withShared });
+    expect(m.y.every(Number.isNaN)).toBe(true); // a missing expert makes its row NaN, as the combine does
+  });
+
+  test("fusesDownCombine: one row, q4 records, one pool buffer", () => {
+    const dims: MoeDims = { d: 64, E: 4, k: 2, I: 32, SI: 32 };
+    const { pool } = buildPool(dims, "q4", 100, [0, 1, 2, 3], 4);
+    expect(fusesDownCombine(pool, 1)).toBe(true);
+    expect(fusesDownCombine(pool, 2)).toBe(false);
+    expect(fusesDownCombine({ ...pool, buffers: [pool.buffers[0]!, pool.buffers[0]!] }, 1)).toBe(false);
+    expect(fusesDownCombine(buildPool(dims, "bf16", 100, [0, 1, 2, 3], 4).pool, 1)).toBe(false);
   });
 
   test("a missing slot (-1) writes NaN for exactly the rows routed to it, reading nothing", () => {
