@@ -88,6 +88,57 @@ template <typename T, int NR>
   }
 }
 
+// Several projections of one input in one dispatch (DeltaNet's qkv and z, attention's q,
+// gate, k and v): the simdgroups are laid out weight after weight, each weight's rows in
+// MV_R tiles, and a simdgroup finds its weight by the tile counts; then it is `matvec`'s
+// simdgroup for that weight (same pass, same sums: the same bits as separate matvecs).
+template <typename T, int NR>
+[[max_total_threads_per_threadgroup(128)]] kernel void matvec_multi(
+    constant MatvecMultiParams& p [[buffer(0)]],
+    device const uchar* w0   [[buffer(1)]],
+    device const uchar* w1   [[buffer(2)]],
+    device const uchar* w2   [[buffer(3)]],
+    device const uchar* w3   [[buffer(4)]],
+    device const uchar* x    [[buffer(5)]],
+    device uchar* y0         [[buffer(6)]],
+    device uchar* y1         [[buffer(7)]],
+    device uchar* y2         [[buffer(8)]],
+    device uchar* y3         [[buffer(9)]],
+    uint2 tg                 [[threadgroup_position_in_grid]],
+    ushort sg                [[simdgroup_index_in_threadgroup]],
+    ushort lane              [[thread_index_in_simdgroup]]) {
+  int tile = int(tg.x) * MV_SG + int(sg);
+  int i = 0;
+  while (i < p.count - 1 && tile >= (p.out_dim[i] + MV_R - 1) / MV_R) {
+    tile -= (p.out_dim[i] + MV_R - 1) / MV_R;
+    i++;
+  }
+  const int out_dim = p.out_dim[i];
+  device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
+  device uchar* y = i == 0 ? y0 : i == 1 ? y1 : i == 2 ? y2 : y3;
+  const ulong y_stride = p.y_stride[i];
+  int o0 = tile * MV_R;
+  int r_begin = int(tg.y) * p.rows_per_group;
+  int r_end = min(p.rows, r_begin + p.rows_per_group);
+  if (o0 >= out_dim || r_begin >= r_end) {
+    return;  // uniform per simdgroup
+  }
+  for (int r0 = r_begin; r0 < r_end; r0 += NR) {
+    ulong xoff[NR];
+    mv_row_offsets<NR>(xoff, r0, r_end, p.x_stride);
+    int nx = min(NR, r_end - r0);
+    float4 acc[NR];
+    mv_clear<NR>(acc);
+    MvPass<T, NR>::run(w, p.in_dim, o0, out_dim, x, xoff, nx, acc, lane);
+    mv_reduce<NR>(acc, nx);
+    if (lane == 0) {
+      for (int j = 0; j < NR; j++) if (j < nx) {
+        mv_store(y, y_stride, r0 + j, o0, out_dim, acc[j], false);
+      }
+    }
+  }
+}
+
 template [[host_name("matvec_f32_f32")]] kernel decltype(matvec<float, MV_NR>) matvec<float, MV_NR>;
 template [[host_name("matvec_bf16_f32")]] kernel decltype(matvec<bfloat, MV_NR>) matvec<bfloat, MV_NR>;
 template [[host_name("matvec_f16_f32")]] kernel decltype(matvec<half, MV_NR>) matvec<half, MV_NR>;
@@ -100,3 +151,8 @@ template [[host_name("matvec_split_q4_f32")]] kernel decltype(matvec_split<uchar
 // core hide the memory latency); the host picks them when a dispatch has one row.
 template [[host_name("matvec_q4_r1_f32")]] kernel decltype(matvec<uchar, 1>) matvec<uchar, 1>;
 template [[host_name("matvec_split_q4_r1_f32")]] kernel decltype(matvec_split<uchar, 1>) matvec_split<uchar, 1>;
+template [[host_name("matvec_multi_f32_f32")]] kernel decltype(matvec_multi<float, MV_NR>) matvec_multi<float, MV_NR>;
+template [[host_name("matvec_multi_bf16_f32")]] kernel decltype(matvec_multi<bfloat, MV_NR>) matvec_multi<bfloat, MV_NR>;
+template [[host_name("matvec_multi_f16_f32")]] kernel decltype(matvec_multi<half, MV_NR>) matvec_multi<half, MV_NR>;
+template [[host_name("matvec_multi_q4_f32")]] kernel decltype(matvec_multi<uchar, MV_NR>) matvec_multi<uchar, MV_NR>;
+template [[host_name("matvec_multi_q4_r1_f32")]] kernel decltype(matvec_multi<uchar, 1>) matvec_multi<uchar, 1>;

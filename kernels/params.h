@@ -102,6 +102,27 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MatvecParams, x_stride) == 24, "MatvecParams
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecParams, y_stride) == 32, "MatvecParams.y_stride: offset");
 #endif
 
+// Up to 4 projections of one input in one dispatch: y_i[r] = W_i x[r], W_i [out_dim[i], in_dim] bound at buffer 1 + i, y_i at 5 + i.
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t in_dim;                // offset 4
+  int32_t count;                 // offset 8: weights used (1..4); unused bindings repeat the last
+  int32_t rows_per_group;        // offset 12: batch rows one threadgroup serves
+  int32_t out_dim[4];            // offset 16: output rows of each weight
+  uint64_t x_stride;             // offset 32: bytes between input rows
+  uint64_t y_stride[4];          // offset 40: bytes between output rows of each y
+} MatvecMultiParams;
+CK_PARAMS_ASSERT(sizeof(MatvecMultiParams) == 72, "MatvecMultiParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, rows) == 0, "MatvecMultiParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, in_dim) == 4, "MatvecMultiParams.in_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, count) == 8, "MatvecMultiParams.count: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, rows_per_group) == 12, "MatvecMultiParams.rows_per_group: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, out_dim) == 16, "MatvecMultiParams.out_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, x_stride) == 32, "MatvecMultiParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, y_stride) == 40, "MatvecMultiParams.y_stride: offset");
+#endif
+
 // Hyper-connection coefficients per row from the raw fn . flat products: pre, post and Sinkhorn comb (site) or pre only (head).
 typedef struct {
   int32_t rows;                  // offset 0: rows in the batch (nb)

@@ -8,7 +8,7 @@ import { encodeConvSilu, encodeDeltaNet } from "./deltanet.ts";
 import { bind, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import { encodeElementwise } from "./elementwise.ts";
 import { encodeRmsNorm, encodeRmsNormGated } from "./norms.ts";
-import { encodeMatvec } from "./projections.ts";
+import { encodeMatvec, encodeMatvecs } from "./projections.ts";
 import type { AttentionRefs, DeltaNetRefs } from "./refs.ts";
 import type { Scratch } from "./scratch.ts";
 import type { AttentionLayerState, DeltaNetLayerState } from "./state.ts";
@@ -31,10 +31,7 @@ export function encodeDeltaNetMixer(ctx: EncodeContext, a: DeltaNetMixerArgs): v
   const { config: c, w, nb } = a;
   const dn = c.deltanet;
   const s = a.scratch.dn;
-  encodeMatvec(ctx, w.qkv, a.x, s.qkv, nb);
-  encodeMatvec(ctx, w.z, a.x, s.z, nb);
-  encodeMatvec(ctx, w.b, a.x, s.b, nb);
-  encodeMatvec(ctx, w.a, a.x, s.a, nb);
+  encodeMatvecs(ctx, [{ w: w.qkv, y: s.qkv }, { w: w.z, y: s.z }, { w: w.b, y: s.b }, { w: w.a, y: s.a }], a.x, nb);
   const C = w.qkv.shape[0]!;
   const convSnap = a.snapshots && dn.conv_kernel > 1 ? { planes: a.snapshots.conv, rows: a.snapshots.rows } : undefined;
   encodeConvSilu(ctx, { rows: nb, channels: C, x: s.qkv, weight: w.conv, state: a.state.conv, y: s.conv, snapshots: convSnap });
@@ -74,10 +71,7 @@ export function encodeAttentionMixer(ctx: EncodeContext, a: AttentionMixerArgs):
   const at = c.attention;
   const s = a.scratch.attn;
   const eps = c.rms_norm_eps;
-  encodeMatvec(ctx, w.q, a.x, s.q, nb);
-  encodeMatvec(ctx, w.gate, a.x, s.gate, nb);
-  encodeMatvec(ctx, w.k, a.x, s.k, nb);
-  encodeMatvec(ctx, w.v, a.x, s.v, nb);
+  encodeMatvecs(ctx, [{ w: w.q, y: s.q }, { w: w.gate, y: s.gate }, { w: w.k, y: s.k }, { w: w.v, y: s.v }], a.x, nb);
   encodeRmsNorm(ctx, s.q, w.qNorm, s.q, nb, eps, { heads: at.heads });
   encodeRmsNorm(ctx, s.k, w.kNorm, s.k, nb, eps, { heads: at.kv_heads });
   const rotDim = Math.round(at.head_dim * at.partial_rotary_factor);
@@ -88,9 +82,7 @@ export function encodeAttentionMixer(ctx: EncodeContext, a: AttentionMixerArgs):
   const qsa = w.qsa && at.qsa;
   if (w.qsa && at.qsa && a.state.ik) {
     const q = at.qsa;
-    encodeMatvec(ctx, w.qsa.iq, a.x, s.iq, nb);
-    encodeMatvec(ctx, w.qsa.ik, a.x, s.ikRaw, nb);
-    encodeMatvec(ctx, w.qsa.iw, a.x, s.iw, nb);
+    encodeMatvecs(ctx, [{ w: w.qsa.iq, y: s.iq }, { w: w.qsa.ik, y: s.ikRaw }, { w: w.qsa.iw, y: s.iw }], a.x, nb);
     encodeRmsNorm(ctx, s.ikRaw, w.qsa.ikNorm, s.ik, nb, eps);
     encodeKvAppend(ctx, { rows: nb, pos0, x: s.ik, cache: a.state.ik });
     const scoreStride = Math.ceil(((pos0 + nb) * 4) / 16) * 16;

@@ -43,6 +43,18 @@ export const denseParams = {
       { name: "y_stride", type: "u64", doc: "bytes between output rows" },
     ],
   },
+  MatvecMulti: {
+    doc: "Up to 4 projections of one input in one dispatch: y_i[r] = W_i x[r], W_i [out_dim[i], in_dim] bound at buffer 1 + i, y_i at 5 + i.",
+    fields: [
+      { name: "rows", type: "i32", doc: "rows in the batch (nb)" },
+      { name: "in_dim", type: "i32" },
+      { name: "count", type: "i32", doc: "weights used (1..4); unused bindings repeat the last" },
+      { name: "rows_per_group", type: "i32", doc: "batch rows one threadgroup serves" },
+      { name: "out_dim", type: "i32", count: 4, doc: "output rows of each weight" },
+      { name: "x_stride", type: "u64", doc: "bytes between input rows" },
+      { name: "y_stride", type: "u64", count: 4, doc: "bytes between output rows of each y" },
+    ],
+  },
   HcCoeffs: {
     doc: "Hyper-connection coefficients per row from the raw fn . flat products: pre, post and Sinkhorn comb (site) or pre only (head).",
     fields: [

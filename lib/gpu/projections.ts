@@ -120,3 +120,69 @@ export function encodeMatvec(
     [SIMD_WIDTH * (split ? T.splitSimdgroups : T.simdgroups), 1],
   );
 }
+
+/** Weights one matvec_multi dispatch serves (kernels/matvec.metal). */
+export const MATVEC_MULTI = 4;
+
+/** One projection of a shared input: y = W x. */
+export interface Projection {
+  w: TensorRef;
+  y: RowsRef;
+}
+
+/**
+ * Several projections of one input: those of the same dtype and input width go in one
+ * matvec_multi dispatch (up to MATVEC_MULTI each), the rest as single matvecs. The same
+ * results as a matvec each in the rows form (a lone projection keeps its split heuristic).
+ */
+export function encodeMatvecs(ctx: EncodeContext, items: readonly Projection[], x: RowsRef, nb: number): void {
+  const groups = new Map<string, Projection[]>();
+  for (const it of items) {
+    const [, inDim] = matrixShape(it.w, "matvecs");
+    const key = `${it.w.dtype}/${inDim}`;
+    const g = groups.get(key);
+    if (g) g.push(it);
+    else groups.set(key, [it]);
+  }
+  for (const g of groups.values()) {
+    for (let i = 0; i < g.length; i += MATVEC_MULTI) {
+      const chunk = g.slice(i, i + MATVEC_MULTI);
+      if (chunk.length === 1) encodeMatvec(ctx, chunk[0]!.w, x, chunk[0]!.y, nb);
+      else encodeMatvecMulti(ctx, chunk, x, nb);
+    }
+  }
+}
+
+function encodeMatvecMulti(ctx: EncodeContext, items: readonly Projection[], x: RowsRef, nb: number): void {
+  checkRows(nb, "matvec_multi");
+  const w0 = items[0]!.w;
+  const [, inDim] = matrixShape(w0, "matvec_multi");
+  const outs = items.map((it) => matrixShape(it.w, "matvec_multi")[0]);
+  if (w0.dtype === "q4" ? inDim % 32 !== 0 : inDim % 4 !== 0) throw new Error(`matvec_multi: input width ${inDim} does not suit ${w0.dtype} weights`);
+  if (x.offset % 16 !== 0 || x.stride % 16 !== 0) throw new Error(`matvec_multi: input offset ${x.offset} and row stride ${x.stride} must be multiples of 16 bytes`);
+  for (const it of items) if (it.w.offset % 16 !== 0) throw new Error(`matvec_multi: weight offset ${it.w.offset} must be a multiple of 16 bytes`);
+  const pad = <T>(a: T[]): T[] => [...a, ...Array<T>(MATVEC_MULTI - a.length).fill(a[a.length - 1]!)];
+  const T = MATVEC_TILE;
+  const tiles = outs.reduce((n, o) => n + Math.ceil(o / T.rows), 0);
+  dispatch(
+    ctx,
+    oneRowForm(`matvec_multi_${w0.dtype}_f32`, w0.dtype, nb),
+    Params.MatvecMulti,
+    {
+      rows: nb,
+      in_dim: inDim,
+      count: items.length,
+      rows_per_group: nb,
+      out_dim: pad(outs),
+      x_stride: x.stride,
+      y_stride: pad(items.map((it) => it.y.stride)),
+    },
+    [
+      ...pad(items.map((it) => bind(it.w.buffer, it.w.offset))),
+      bind(x.buffer, x.offset),
+      ...pad(items.map((it) => bind(it.y.buffer, it.y.offset))),
+    ],
+    [Math.ceil(tiles / T.simdgroups), 1],
+    [SIMD_WIDTH * T.simdgroups, 1],
+  );
+}

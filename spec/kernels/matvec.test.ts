@@ -3,7 +3,8 @@
 // dequantized), so the only difference left is f32 accumulation order.
 import { afterAll, describe, expect, test } from "bun:test";
 
-import { encodeMatvec, oneRowForm } from "../../lib/gpu/projections.ts";
+import { encodeMatvec, encodeMatvecs, oneRowForm } from "../../lib/gpu/projections.ts";
+import type { Pipeline } from "../../lib/shim.ts";
 import type { DType } from "../../lib/model/config.ts";
 import { matmulRows } from "../../lib/reference/ops.ts";
 import { expectClose, expectGuard, NB_CASES, openDevice, outputF32, randomF32, readF32, rows, run, uploadF32, uploadWeight } from "./harness.ts";
@@ -91,5 +92,44 @@ describe("matvec strides and errors", () => {
       "needs an input width that is a multiple of 32",
     );
     expect(() => run(dev, (ctx) => encodeMatvec(ctx, ref, rows(x, 32), rows(x, 4), 0))).toThrow("nb 0 must be");
+  });
+});
+
+describe("encodeMatvecs (matvec_multi: several projections of one input)", () => {
+  // Same pass and sums as one matvec each (rows form): the same bits, whatever weight a simdgroup lands on.
+  test.each(DTYPES.flatMap((d) => [1, 3].map((nb) => [d, nb] as const)))("%s weights, nb = %i: the same bits as separate matvecs", (dtype, nb) => {
+    const inDim = dtype === "q4" ? 96 : 52;
+    const outs = [37, 8, 1, 21];
+    const ws = outs.map((o, i) => uploadWeight(dev, dtype, [o, inDim], 40 + i).ref);
+    const x = uploadF32(dev, randomF32(nb * inDim, 7 + nb, 1, "multi-x"));
+    const ys = outs.map((o) => outputF32(dev, nb * o));
+    const sep = outs.map((o) => outputF32(dev, nb * o));
+    run(dev, (ctx) => {
+      encodeMatvecs(ctx, ws.map((w, i) => ({ w, y: rows(ys[i]!, outs[i]!) })), rows(x, inDim), nb);
+      ws.forEach((w, i) => encodeMatvec(ctx, w, rows(x, inDim), rows(sep[i]!, outs[i]!), nb, { form: "rows" }));
+    });
+    outs.forEach((o, i) => {
+      expect([...new Uint32Array(ys[i]!.f32.buffer, ys[i]!.f32.byteOffset, nb * o)]).toEqual([...new Uint32Array(sep[i]!.f32.buffer, sep[i]!.f32.byteOffset, nb * o)]);
+      expectGuard(ys[i]!, nb * o);
+    });
+  });
+
+  test("groups by dtype and input width: a lone projection stays a matvec, five of one kind take two dispatches", () => {
+    const inDim = 64;
+    const q = [5, 9, 4, 12, 7].map((o, i) => uploadWeight(dev, "q4", [o, inDim], 60 + i).ref);
+    const b = uploadWeight(dev, "bf16", [6, inDim], 70).ref;
+    const x = uploadF32(dev, randomF32(2 * inDim, 3, 1, "group-x"));
+    const all = [...q, b];
+    const ys = all.map((w) => outputF32(dev, 2 * w.shape[0]!));
+    const names: string[] = [];
+    const cb = dev.commandBuffer();
+    // Records the pipeline of every dispatch, then passes it on.
+    const counting = { dispatch: (...a: Parameters<typeof cb.dispatch>) => (names.push((a[0] as Pipeline).name), cb.dispatch(...a)) };
+    encodeMatvecs({ device: dev, cb: counting as unknown as typeof cb }, all.map((w, i) => ({ w, y: rows(ys[i]!, w.shape[0]!) })), rows(x, inDim), 2);
+    cb.commit();
+    cb.waitUntilCompleted();
+    cb.release();
+    // A lone projection keeps encodeMatvec's form (split for narrow weights on a GPU).
+    expect(names.map((n) => n.replace("_split", ""))).toEqual(["matvec_multi_q4_f32", "matvec_q4_f32", "matvec_bf16_f32"]);
   });
 });
