@@ -426,7 +426,7 @@ class ModelDirectory implements ModelFiles {
   private readonly cache = new Map<string, Float32Array>();
   private readonly experts: ExpertCache;
   /** One record's bytes, reused by every expert() read. */
-  private recordScratch: Uint8Array | null = null;
+  private recordScratch: Uint8Array<ArrayBuffer> | null = null;
 
   constructor(readonly dir: string, readonly manifest: ValidManifest, expertCacheBytes: number) {
     this.config = manifest.config;
