@@ -16,6 +16,11 @@ import type { WorkerReply, WorkerRequest } from "./synth-worker.ts";
 export interface SynthOptions {
   preset: PresetName;
   features?: Features;
+  /**
+   * A config of your own, derived from `preset` (tests at shapes between the presets, such as
+   * the 80b trunk at a small hidden size); replaces preset and features, recorded as custom.
+   */
+  config?: ModelConfig;
   seed: number;
   out: string;
   weights: DType;
@@ -50,7 +55,7 @@ export async function synthesize(opts: SynthOptions): Promise<SynthResult> {
   const { preset, seed, out, weights } = opts;
   if (!Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) throw new Error(`seed must be an integer in 0..2^32-1, got ${seed}`);
   const features = opts.features ?? {};
-  const config = presetConfig(preset, features);
+  const config = opts.config ?? presetConfig(preset, features);
   const started = performance.now();
   const total = plannedBytes(config, weights);
   let done = 0;
@@ -59,7 +64,7 @@ export async function synthesize(opts: SynthOptions): Promise<SynthResult> {
     opts.onProgress?.(done, total);
   };
 
-  const w = await ModelWriter.create(out, config, { weights, force: opts.force, source: { synth: { preset, seed, features } } });
+  const w = await ModelWriter.create(out, config, { weights, force: opts.force, source: { synth: opts.config ? { preset, seed, custom: true } : { preset, seed, features } } });
   try {
     for (const spec of denseTensorSpecs(config)) {
       w.addDense(spec.name, initTensor(spec, seed));
