@@ -12,6 +12,8 @@ import type { GenerationResult } from "../../lib/api/model.ts";
 import { BACKEND } from "../selected-backend.ts";
 import { tempDir } from "../engine-step/helpers.ts";
 import { trunk80bSmall } from "./trunk-80b.ts";
+import { compareLayers, suspectLayer } from "../../lib/gpu/layer-compare.ts";
+import { openModel } from "../../lib/model/format.ts";
 
 // Measured 2.5e-4 at most here (8 tokens, CPU backend): f32 sums in another order, 48 layers deep.
 const LOGPROB_TOL = 1e-3;
@@ -50,4 +52,16 @@ test("48 layers, f32 KV: the engine's tokens equal the reference's, logprobs wit
 test("every step's margin (top-1 minus top-2 logprob) is at least 10x the tolerance: equal tokens are meaningful", () => {
   const margins = reference.logprobs!.map((l) => l.top[0]!.logprob - l.top[1]!.logprob);
   expect(Math.min(...margins)).toBeGreaterThan(10 * LOGPROB_TOL);
+});
+
+test("48 layers: every layer's own update agrees with the reference's to 1e-5 (bun run compare)", async () => {
+  const files = await openModel(tmp.dir);
+  try {
+    const cmp = await compareLayers(files, BACKEND, PROMPT, { steps: 2 });
+    expect(cmp.layers).toHaveLength(48);
+    for (const a of cmp.layers) expect(a.updateRel).toBeLessThan(1e-5);
+    expect(suspectLayer(cmp)).toBeNull();
+  } finally {
+    files.close();
+  }
 });

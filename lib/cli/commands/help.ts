@@ -2,6 +2,7 @@
 import type { FlagSpec } from "../args.ts";
 import { BUILD_FLAGS, buildUsage } from "./build.ts";
 import { CHAT_FLAGS, chatUsage } from "./chat.ts";
+import { COMPARE_FLAGS, compareUsage } from "./compare.ts";
 import { CONVERT_FLAGS, convertUsage } from "./convert.ts";
 import { INSPECT_FLAGS } from "./inspect.ts";
 import { RUN_FLAGS, runUsage } from "./run.ts";
@@ -34,6 +35,7 @@ export const usage: Record<string, string> = {
   run: runUsage,
   chat: chatUsage,
   build: buildUsage,
+  compare: compareUsage,
 };
 
 /** Every command's option table (what its parser accepts), for the test that each is described. */
@@ -46,6 +48,7 @@ export const optionTables: Record<string, FlagSpec> = {
   run: RUN_FLAGS,
   chat: CHAT_FLAGS,
   build: BUILD_FLAGS,
+  compare: COMPARE_FLAGS,
 };
 
 export function helpText(command?: string): string {
