@@ -157,7 +157,7 @@ async function openBackend(files: ModelFiles, opts: LoadOptions): Promise<{ back
   const engine: EngineOptions = { ...opts.engine, prefillChunk: opts.engine?.prefillChunk ?? opts.prefillChunk };
   if (name === "cpu" || name === "metal" || name === "cuda") {
     const why = shimUnavailable(name);
-    if (why) throw new BackendUnavailableError(`backend "${name}" is not available here: ${why}`);
+    if (why) throw new BackendUnavailableError(`backend "${name}" is not available here${reason ? ` (auto: ${reason})` : ""}: ${why}`);
     // The cpu device is host memory; Metal and CUDA plan against their device's limit once it is open (lib/gpu/budget.ts).
     if (name === "cpu")
       checkFits("cpu", files.dir, engineMinimumFootprint(files.manifest, { maxContext: engine.maxContext }), budget, "Even the smallest expert pool does not fit: use a machine with more memory, or a smaller --context.");
