@@ -262,7 +262,7 @@ function runMoe(s: ShapeName, nb: number) {
 const MOE_TOL = { abs: 1e-5, relMax: 2e-5 };
 
 describe("whole q4 MoE at the real expert shapes", () => {
-  test.each([["80b", 2], ["30b", 2]] as const)("%s, nb %i", (s, nb) => {
+  test.each([["80b", 2], ["30b", 1]] as const)("%s, nb %i", (s, nb) => {
     const { y, ids, ref, d, k } = runMoe(s, nb);
     expectExact(ids, ref.flatMap((r) => r.routing.experts), `router ids ${s}`, k);
     const want = new Float32Array(nb * d);
