@@ -6,7 +6,7 @@ import { totalmem } from "node:os";
 import { dims, type ModelConfig } from "../model/config.ts";
 import { DEFAULT_EXPERT_CACHE_BYTES, type ValidManifest } from "../model/format.ts";
 import { numel } from "../model/tensors.ts";
-import { defaultHostReserveBytes, formatBytes, minPoolSlots } from "../gpu/budget.ts";
+import { BudgetError, defaultHostReserveBytes, formatBytes, minPoolSlots } from "../gpu/budget.ts";
 import { DEFAULT_MAX_CONTEXT } from "../gpu/load.ts";
 import { scratchBytes } from "../gpu/scratch.ts";
 import { sequenceStateBytes, SnapshotSet } from "../gpu/state.ts";
@@ -31,15 +31,10 @@ export interface MemoryBudget {
 const WORKING_SET_SHARE = 0.75;
 
 /**
- * Bun, the code and the JS heap around the weights. Measured: 113 MB of RSS for the tiny
- * model after a generation; rounded up, since a server or a long session holds more.
- */
-const RUNTIME_BYTES = 256 << 20;
-
-/**
  * The budget: the working-set share of RAM less the host reserve (2 GiB + 10% of RAM, what
- * the engine's pool plan leaves to the OS and the page cache). The room to spare is thus the
- * reserve plus the quarter of RAM outside the working set.
+ * the engine's pool plan leaves to the OS, the page cache and the JS runtime: footprints
+ * therefore count only what a backend holds for the model). The room to spare is the reserve
+ * plus the quarter of RAM outside the working set.
  */
 export function memoryBudget(totalRam: number = totalmem(), hostReserveBytes: number = defaultHostReserveBytes(totalRam)): MemoryBudget {
   const bytes = Math.max(0, Math.floor(WORKING_SET_SHARE * totalRam - hostReserveBytes));
@@ -85,8 +80,8 @@ export interface ReferenceFootprintOptions {
 
 /**
  * What the reference holds: every dense tensor and PLE table dequantized to f32 (read once,
- * kept), the expert cache at its bound, one sequence's caches, the stored bytes of the largest
- * tensor while it is decoded, and the runtime.
+ * kept), the expert cache at its bound, one sequence's caches, and the stored bytes of the
+ * largest tensor while it is decoded.
  */
 export function referenceFootprint(m: ValidManifest, opts: ReferenceFootprintOptions = {}): Footprint {
   const c = m.config;
@@ -101,7 +96,6 @@ export function referenceFootprint(m: ValidManifest, opts: ReferenceFootprintOpt
     "expert cache": Math.min(allExperts, Math.max(cache, expertF32)),
     [`caches of one sequence at ${tokens} tokens`]: referenceCacheBytes(c, tokens),
     "largest stored tensor while decoded": Math.max(0, ...m.tensors.map((t) => t.bytes)),
-    runtime: RUNTIME_BYTES,
   };
   return { bytes: sum(parts), parts };
 }
@@ -126,13 +120,15 @@ export function engineMinimumFootprint(m: ValidManifest, opts: EngineFootprintOp
     [`one sequence at ${maxContext} tokens`]: sequenceStateBytes(c, maxContext),
     "rollback planes": c.mtp ? SnapshotSet.bytes(c) : 0,
     "smallest expert pool": minPoolSlots(c.moe.top_k, m.experts.per_layer, 1) * m.experts.stride,
-    runtime: RUNTIME_BYTES,
   };
   return { bytes: sum(parts), parts };
 }
 
-/** A backend cannot hold the model in the memory budget. Carries both numbers. */
-export class FootprintError extends Error {
+/**
+ * A backend cannot hold the model in the memory budget. Carries both numbers. A BudgetError
+ * (the engine's own pool plan fails the same way, later), so one catch serves both.
+ */
+export class FootprintError extends BudgetError {
   override name = "FootprintError";
   constructor(
     message: string,
@@ -140,7 +136,7 @@ export class FootprintError extends Error {
     readonly footprintBytes: number,
     readonly budgetBytes: number,
   ) {
-    super(message);
+    super(message, 0, 0, 0);
   }
 }
 

@@ -157,9 +157,12 @@ async function openBackend(files: ModelFiles, opts: LoadOptions): Promise<{ back
   const engine: EngineOptions = { ...opts.engine, prefillChunk: opts.engine?.prefillChunk ?? opts.prefillChunk };
   if (name === "cpu" || name === "metal" || name === "cuda") {
     const why = shimUnavailable(name);
-    if (why) throw new BackendUnavailableError(`backend "${name}" is not available here${reason ? ` (auto: ${reason})` : ""}: ${why}`);
-    // The cpu device is host memory; Metal and CUDA plan against their device's limit once it is open (lib/gpu/budget.ts).
-    if (name === "cpu")
+    if (why) throw new BackendUnavailableError(`backend "${name}" is not available here: ${why}`);
+    // The cpu device is host memory: with the pool sized by the budget, what the engine cannot
+    // run without is checked before the device allocates anything (an explicit pool size is the
+    // caller's override, as in planPool). Metal and CUDA plan against their device once it is open.
+    const explicitPool = engine.pool !== undefined || engine.poolSlots !== undefined || engine.poolBytes !== undefined;
+    if (name === "cpu" && !explicitPool)
       checkFits("cpu", files.dir, engineMinimumFootprint(files.manifest, { maxContext: engine.maxContext }), budget, "Even the smallest expert pool does not fit: use a machine with more memory, or a smaller --context.");
     return { backend: await openEngine(files, name, engine, opts), reason };
   }
