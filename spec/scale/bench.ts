@@ -14,7 +14,10 @@
  *
  * Default --dir: $CHERENKOV_SCALE_DIR, else <tmpdir>/cherenkov-scale-<preset> (kept for the
  * next run: the 80b preset is 51 GB and takes minutes to write). Refuses to synthesize when
- * the disk has less free space than the model needs.
+ * the disk has less free space than the model needs. --distinct-layers N generates only the
+ * first N expert layers' random records and repeats them in the rest (synthesize's
+ * distinctExpertLayers): 79 billion random weights take 7 minutes of two idle cores, hours of a
+ * loaded machine; each layer still routes with its own router, so the streaming is the same.
  */
 import { existsSync, readFileSync, statfsSync } from "node:fs";
 import { tmpdir, totalmem } from "node:os";
@@ -28,6 +31,7 @@ import { IoScheduler } from "../../lib/gpu/streaming.ts";
 import type { EngineBackendStats } from "../../lib/api/backend.ts";
 import { readManifest } from "../../lib/model/format.ts";
 import { plannedBytes } from "../../lib/model/writer.ts";
+import { synthesize } from "../../lib/convert/synth.ts";
 import { Rng } from "../../lib/model/rng.ts";
 import { defaultBackend, Device, type Backend } from "../../lib/shim.ts";
 
@@ -42,6 +46,7 @@ const { values: o } = parseArgs({
     backend: { type: "string" },
     disk: { type: "string" },
     seed: { type: "string", default: "1" },
+    "distinct-layers": { type: "string" },
     json: { type: "boolean", default: false },
     /** @internal The child's mode: load, decode, print one JSON line. */
     measure: { type: "boolean", default: false },
@@ -168,17 +173,30 @@ function hasPresetModel(): boolean {
   return JSON.stringify(readManifest(dir).config) === JSON.stringify(presetConfig(preset));
 }
 
-function ensureModel(): number | null {
+async function ensureModel(): Promise<number | null> {
   if (hasPresetModel()) return null;
   const need = plannedBytes(presetConfig(preset), "q4");
   const parent = existsSync(dir) ? dir : dirname(dir);
   const fs = statfsSync(parent);
   const free = fs.bavail * fs.bsize;
   if (free < need * 1.02) throw new Error(`bench:scale: ${preset} needs ${formatBytes(need)} in ${dir}, the disk has ${formatBytes(free)} free (--dir elsewhere)`);
-  process.stderr.write(`bench:scale: synthesizing ${preset} (${formatBytes(need)}) into ${dir}\n`);
+  const distinct = o["distinct-layers"] === undefined ? undefined : Number(o["distinct-layers"]);
+  process.stderr.write(`bench:scale: synthesizing ${preset} (${formatBytes(need)}) into ${dir}${distinct ? `, the first ${distinct} expert layer(s) repeated in the rest` : ""}\n`);
   const t0 = performance.now();
-  const r = Bun.spawnSync([process.execPath, join(ROOT, "lib/cli/main.ts"), "synth", "--preset", preset, "--seed", o.seed!, "--out", dir, "--force"], { stdio: ["inherit", "inherit", "inherit"] });
-  if (r.exitCode !== 0) throw new Error(`bench:scale: synth exited ${r.exitCode}`);
+  let shown = 0;
+  await synthesize({
+    preset,
+    seed: Number(o.seed),
+    out: dir,
+    weights: "q4",
+    force: true,
+    distinctExpertLayers: distinct,
+    onProgress: (done, total) => {
+      if (done - shown < total / 20 && done < total) return;
+      shown = done;
+      process.stderr.write(`  ${((done / total) * 100).toFixed(0)}% (${((performance.now() - t0) / 1000).toFixed(0)} s)\n`);
+    },
+  });
   return (performance.now() - t0) / 1000;
 }
 
@@ -187,7 +205,8 @@ if (o.measure) {
   process.exit(0);
 }
 
-const synthSeconds = ensureModel();
+const synthSeconds = await ensureModel();
+const source = readManifest(dir).writer.source?.synth as { distinctExpertLayers?: number } | undefined;
 const m = readManifest(dir);
 const modelBytes = ["dense.bin", "experts.bin", "ple.bin"].reduce((s, f) => s + (existsSync(join(dir, f)) ? Bun.file(join(dir, f)).size : 0), 0);
 const disk = o.disk ? Number(o.disk) : await diskBandwidth(dir);
@@ -203,6 +222,7 @@ const result = {
   preset,
   dir,
   synthSeconds,
+  distinctExpertLayers: source?.distinctExpertLayers ?? null,
   modelBytes,
   ram,
   records: m.experts.layers * m.experts.per_layer,
@@ -216,7 +236,7 @@ const result = {
 if (o.json) console.log(JSON.stringify(result));
 else {
   const line = (k: string, v: string) => console.log(`${k.padEnd(22)}${v}`);
-  line("model", `${preset}: ${formatBytes(modelBytes)} on disk (${(modelBytes / ram).toFixed(2)}x RAM)${synthSeconds !== null ? `, synthesized in ${synthSeconds.toFixed(0)} s` : ", reused"}`);
+  line("model", `${preset}: ${formatBytes(modelBytes)} on disk (${(modelBytes / ram).toFixed(2)}x RAM)${synthSeconds !== null ? `, synthesized in ${synthSeconds.toFixed(0)} s` : ", reused"}${source?.distinctExpertLayers ? ` (expert layers repeat the first ${source.distinctExpertLayers})` : ""}`);
   line("RAM", formatBytes(ram));
   line("planned budget", `${formatBytes(planned)} = fixed ${formatBytes(r.fixedBytes)} + pool ${formatBytes(r.poolBytes)} (limit ${formatBytes(budgetLimit)} = working set ${formatBytes(r.workingSetLimit)} - host reserve ${formatBytes(r.hostReserveBytes)})`);
   line("pool", r.poolReason);
