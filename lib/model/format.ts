@@ -427,6 +427,8 @@ class ModelDirectory implements ModelFiles {
   private readonly experts: ExpertCache;
   /** One record's bytes, reused by every expert() read. */
   private recordScratch: Uint8Array<ArrayBuffer> | null = null;
+  /** The stored bytes of the tensor get() decodes, reused (as large as the largest so far). */
+  private denseScratch: Uint8Array<ArrayBuffer> | null = null;
 
   constructor(readonly dir: string, readonly manifest: ValidManifest, expertCacheBytes: number) {
     this.config = manifest.config;
@@ -506,7 +508,12 @@ class ModelDirectory implements ModelFiles {
     let v = this.cache.get(name);
     if (!v) {
       const t = this.tensorInfo(name);
-      this.cache.set(name, (v = decode(this.denseBytes(name), t.shape, t.dtype)));
+      // The stored bytes go through one reused buffer: a fresh array per tensor left the whole
+      // stored dense.bin (1.7 GB on the 80b-a3b shape) as garbage behind the reference's load.
+      if (!this.denseScratch || this.denseScratch.length < t.bytes) this.denseScratch = new Uint8Array(t.bytes);
+      const bytes = preadExactly(this.files().dense, this.denseScratch.subarray(0, t.bytes), t.offset, DENSE_FILE, `tensor ${name}`, name);
+      verifyBytes(bytes, t.checksum, DENSE_FILE, `tensor ${name}`, { tensor: name });
+      this.cache.set(name, (v = decode(bytes, t.shape, t.dtype)));
     }
     return v;
   }
@@ -617,6 +624,7 @@ class ModelDirectory implements ModelFiles {
     this.held = null;
     this.cache.clear();
     this.experts.clear();
+    this.recordScratch = this.denseScratch = null;
   }
 }
 
