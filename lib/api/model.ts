@@ -15,6 +15,7 @@ import { checkGenerateOptions, parsePrompt } from "./validate.ts";
 import { SessionBusyError, SessionClosedError } from "./session-errors.ts";
 import { loadShim } from "../shim.ts";
 import { autoBackend } from "./auto-backend.ts";
+import { checkFits, engineMinimumFootprint, memoryBudget, referenceFootprint } from "./footprint.ts";
 import { ModelClosedError } from "./errors.ts";
 import { ContextFullError } from "../gpu/state.ts";
 
@@ -150,15 +151,27 @@ function shimUnavailable(backend: "cpu" | "metal" | "cuda"): string | null {
  * "auto": autoBackend() (lib/api/auto-backend.ts). A backend that cannot load is an error
  * naming what to run, never a fallback to another backend.
  */
-async function openBackend(files: ModelFiles, opts: LoadOptions): Promise<Backend> {
+async function openBackend(files: ModelFiles, opts: LoadOptions): Promise<{ backend: Backend; reason: string | null }> {
   let name = opts.backend ?? "auto";
-  if (name === "auto") name = autoBackend().backend;
-  if (name === "reference") return new ReferenceBackend(files, { prefillChunk: opts.prefillChunk });
+  // The footprints are checked against the budget before anything is allocated (footprint.ts).
+  const budget = memoryBudget(undefined, opts.engine?.hostReserveBytes);
+  let reason: string | null = null;
+  if (name === "auto") ({ backend: name, reason } = autoBackend(process.env, process.platform, undefined, { manifest: files.manifest, budget }));
+  if (name === "reference") {
+    checkFits("reference", files.dir, referenceFootprint(files.manifest), budget, "Use --backend cpu (Model.load backend \"cpu\"): the engine streams the experts from disk.");
+    return { backend: new ReferenceBackend(files, { prefillChunk: opts.prefillChunk }), reason };
+  }
   const engine: EngineOptions = { ...opts.engine, prefillChunk: opts.engine?.prefillChunk ?? opts.prefillChunk };
   if (name === "cpu" || name === "metal" || name === "cuda") {
     const why = shimUnavailable(name);
     if (why) throw new BackendUnavailableError(`backend "${name}" is not available here: ${why}`);
-    return openEngine(files, name, engine, opts);
+    // The cpu device is host memory: with the pool sized by the budget, what the engine cannot
+    // run without is checked before the device allocates anything (an explicit pool size is the
+    // caller's override, as in planPool). Metal and CUDA plan against their device once it is open.
+    const explicitPool = engine.pool !== undefined || engine.poolSlots !== undefined || engine.poolBytes !== undefined;
+    if (name === "cpu" && !explicitPool)
+      checkFits("cpu", files.dir, engineMinimumFootprint(files.manifest, { maxContext: engine.maxContext }), budget, "Even the smallest expert pool does not fit: use a machine with more memory, or a smaller --context.");
+    return { backend: await openEngine(files, name, engine, opts), reason };
   }
   throw new BackendUnavailableError(`backend "${name}" is unknown (available: auto, reference, cpu, metal, cuda)`);
 }
@@ -185,6 +198,8 @@ export class Model {
     /** The tokenizer, or null when the directory has none (token-id prompts only). */
     readonly tokenizer: TextTokenizer | null,
     private backend: Backend,
+    /** Why "auto" chose this backend (null when the backend was named). */
+    readonly backendReason: string | null = null,
   ) {}
 
   /**
@@ -209,8 +224,14 @@ export class Model {
         throw e;
       }
     }
-    const backend = await openBackend(files, opts);
-    return new Model(path, files.config, tokenizer, backend);
+    let opened: { backend: Backend; reason: string | null };
+    try {
+      opened = await openBackend(files, opts);
+    } catch (e) {
+      files.close();
+      throw e;
+    }
+    return new Model(path, files.config, tokenizer, opened.backend, opened.reason);
   }
 
   /** "reference", "cpu" or "metal". */

@@ -8,6 +8,7 @@ import { UsageError } from "./args.ts";
 import { OutputDirError } from "../model/safe-write.ts";
 import { buildCommand } from "./commands/build.ts";
 import { chatCommand } from "./commands/chat.ts";
+import { compareCommand } from "./commands/compare.ts";
 import { convertCommand } from "./commands/convert.ts";
 import { doctorCommand } from "./commands/doctor.ts";
 import { helpText, usage } from "./commands/help.ts";
@@ -29,6 +30,7 @@ const commands: Record<string, (argv: string[], io: CliIO) => Promise<number>> =
   build: buildCommand,
   chat: chatCommand,
   doctor: doctorCommand,
+  compare: compareCommand,
 };
 
 export async function main(argv: string[], io: CliIO = processIO()): Promise<number> {

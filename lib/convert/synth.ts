@@ -16,6 +16,18 @@ import type { WorkerReply, WorkerRequest } from "./synth-worker.ts";
 export interface SynthOptions {
   preset: PresetName;
   features?: Features;
+  /**
+   * A config of your own, derived from `preset` (tests at shapes between the presets, such as
+   * the 80b trunk at a small hidden size); replaces preset and features, recorded as custom.
+   */
+  config?: ModelConfig;
+  /**
+   * Generate only the first N expert layers; later layers repeat them (layer l gets layer
+   * l mod N's records). For benchmarks of models too large to fill with random weights in
+   * reasonable time (bench:scale): streaming and routing behave as in a full model, since each
+   * layer's router is its own. Recorded in the source. Default: every layer distinct.
+   */
+  distinctExpertLayers?: number;
   seed: number;
   out: string;
   weights: DType;
@@ -50,7 +62,7 @@ export async function synthesize(opts: SynthOptions): Promise<SynthResult> {
   const { preset, seed, out, weights } = opts;
   if (!Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) throw new Error(`seed must be an integer in 0..2^32-1, got ${seed}`);
   const features = opts.features ?? {};
-  const config = presetConfig(preset, features);
+  const config = opts.config ?? presetConfig(preset, features);
   const started = performance.now();
   const total = plannedBytes(config, weights);
   let done = 0;
@@ -59,7 +71,15 @@ export async function synthesize(opts: SynthOptions): Promise<SynthResult> {
     opts.onProgress?.(done, total);
   };
 
-  const w = await ModelWriter.create(out, config, { weights, force: opts.force, source: { synth: { preset, seed, features } } });
+  const expertLayers = config.num_layers + (config.mtp ? 1 : 0);
+  const distinct = Math.min(expertLayers, opts.distinctExpertLayers ?? expertLayers);
+  if (!Number.isInteger(distinct) || distinct < 1) throw new Error(`distinctExpertLayers ${opts.distinctExpertLayers}: expected an integer >= 1`);
+  const repeats = distinct < expertLayers;
+  const w = await ModelWriter.create(out, config, {
+    weights,
+    force: opts.force,
+    source: { synth: { preset, seed, ...(opts.config ? { custom: true } : { features }), ...(repeats ? { distinctExpertLayers: distinct } : {}) } },
+  });
   try {
     for (const spec of denseTensorSpecs(config)) {
       w.addDense(spec.name, initTensor(spec, seed));
@@ -67,16 +87,25 @@ export async function synthesize(opts: SynthOptions): Promise<SynthResult> {
     }
     const layout = w.expertLayout;
     const records = layout.layers * layout.per_layer;
-    const workers = opts.workers ?? (records * layout.stride > 64e6 ? availableParallelism() : 0);
+    const generated = distinct * layout.per_layer;
+    const kept: Uint8Array[] | null = repeats ? [] : null;
+    const written = (i: number, record: Uint8Array) => {
+      kept?.push(record);
+      progress(layout.stride);
+    };
+    const workers = opts.workers ?? (generated * layout.stride > 64e6 ? availableParallelism() : 0);
     if (workers > 0) {
-      await writeExpertsInWorkers(w, config, seed, workers, () => progress(layout.stride));
+      await writeExpertsInWorkers(w, config, seed, workers, generated, written);
     } else {
-      for (let i = 0; i < records; i++) {
-        const l = Math.floor(i / layout.per_layer);
-        const e = i % layout.per_layer;
-        w.addExpertRecord(l, e, synthRecord(config, seed, layout, i));
-        progress(layout.stride);
+      for (let i = 0; i < generated; i++) {
+        const record = synthRecord(config, seed, layout, i);
+        w.addExpertRecord(Math.floor(i / layout.per_layer), i % layout.per_layer, record);
+        written(i, record);
       }
+    }
+    for (let i = generated; i < records; i++) {
+      w.addExpertRecord(Math.floor(i / layout.per_layer), i % layout.per_layer, kept![i % generated]!);
+      progress(layout.stride);
     }
     const ple = config.ple;
     if (ple)
@@ -103,9 +132,8 @@ export async function synthesize(opts: SynthOptions): Promise<SynthResult> {
  * Builds expert records in `count` workers and writes them in order. At most a few records
  * per worker are in flight, so memory stays at a handful of records whatever the model size.
  */
-async function writeExpertsInWorkers(w: ModelWriter, config: ModelConfig, seed: number, count: number, onRecord: () => void) {
+async function writeExpertsInWorkers(w: ModelWriter, config: ModelConfig, seed: number, count: number, total: number, onRecord: (index: number, record: Uint8Array) => void) {
   const layout = w.expertLayout;
-  const total = layout.layers * layout.per_layer;
   const window = count * 3;
   const pool = Array.from({ length: count }, () => new Worker(new URL("./synth-worker.ts", import.meta.url).href));
   try {
@@ -126,8 +154,8 @@ async function writeExpertsInWorkers(w: ModelWriter, config: ModelConfig, seed: 
             for (let r = ready.get(written); r; r = ready.get(written)) {
               ready.delete(written);
               w.addExpertRecord(Math.floor(written / layout.per_layer), written % layout.per_layer, r);
+              onRecord(written, r);
               written++;
-              onRecord();
             }
             if (written === total) return resolve();
             feed(worker);

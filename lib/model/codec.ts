@@ -32,20 +32,25 @@ export function encode(values: Float32Array, shape: readonly number[], dtype: DT
   return out;
 }
 
-/** The f32 values of a tensor stored as `dtype` in `bytes`. */
-export function decode(bytes: Uint8Array, shape: readonly number[], dtype: DType): Float32Array {
+/**
+ * The f32 values of a tensor stored as `dtype` in `bytes`, written into `out` when given (it
+ * must hold numel(shape) values: the reference's expert cache recycles evicted storage).
+ */
+export function decode(bytes: Uint8Array, shape: readonly number[], dtype: DType, out?: Float32Array): Float32Array {
   const n = numel(shape);
+  if (out && out.length !== n) throw new Error(`decode: output holds ${out.length} values, shape [${shape.join(", ")}] has ${n}`);
   switch (dtype) {
-    case "f32":
-      return bytes.byteOffset % 4 === 0
-        ? new Float32Array(bytes.buffer, bytes.byteOffset, n).slice()
-        : new Float32Array(bytes.slice(0, n * 4).buffer);
+    case "f32": {
+      const src = bytes.byteOffset % 4 === 0 ? new Float32Array(bytes.buffer, bytes.byteOffset, n) : new Float32Array(bytes.slice(0, n * 4).buffer);
+      if (out) return (out.set(src), out);
+      return src.buffer === bytes.buffer ? src.slice() : src;
+    }
     case "bf16":
-      return bf16ToF32(u16View(bytes, n));
+      return bf16ToF32(u16View(bytes, n), out);
     case "f16":
-      return f16ToF32(u16View(bytes, n));
+      return f16ToF32(u16View(bytes, n), out);
     case "q4":
-      return dequantizeQ4(bytes, n);
+      return dequantizeQ4(bytes, n, out);
   }
 }
 

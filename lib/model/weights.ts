@@ -18,7 +18,10 @@ export interface Weights {
   /** A dense tensor by name (see tensors.ts), dequantized, row-major. Throws naming the tensor if absent. */
   get(name: string): Float32Array;
   has(name: string): boolean;
-  /** Routed expert e of expert layer l (l = num_layers is the MTP layer). */
+  /**
+   * Routed expert e of expert layer l (l = num_layers is the MTP layer). Use it before the
+   * next expert() call: a model directory recycles evicted experts' storage.
+   */
   expert(layer: number, e: number): ExpertWeights;
   /** PLE table of (layer, order index o, head j): rows x head_dim. */
   pleTable(layer: number, o: number, j: number): Float32Array;

@@ -7,6 +7,9 @@ import { join } from "node:path";
 import { autoBackend } from "../../lib/api/auto-backend.ts";
 import { BackendUnavailableError } from "../../lib/api/backend.ts";
 import { Model } from "../../lib/index.ts";
+import { memoryBudget } from "../../lib/api/footprint.ts";
+import { defaultModelDir } from "../../lib/model/default-model.ts";
+import { readManifest } from "../../lib/model/format.ts";
 
 test("auto: metal on macOS, cuda with an NVIDIA GPU, the reference elsewhere; CHERENKOV_BACKEND wins", () => {
   expect(autoBackend({}, "darwin").backend).toBe("metal");
@@ -18,17 +21,18 @@ test("auto: metal on macOS, cuda with an NVIDIA GPU, the reference elsewhere; CH
 });
 
 test.skipIf(process.platform === "darwin")("Model.load() with no backend runs auto's choice here", async () => {
-  const expected = autoBackend().backend;
+  const expected = autoBackend().backend; // the tiny model fits any budget: the same choice as without a model
   await using model = await Model.load();
   expect(model.backendName).toBe(expected);
 });
 
-test("cherenkov run --verbose names the backend and why auto chose it", () => {
+test("cherenkov run --verbose names the backend and why auto chose it", async () => {
   const proc = Bun.spawnSync([process.execPath, join(import.meta.dir, "../../lib/cli/main.ts"), "run", "--prompt", "x", "--max-tokens", "1", "--verbose"], {
     stdout: "pipe",
     stderr: "pipe",
   });
-  const choice = autoBackend();
+  const manifest = readManifest(await defaultModelDir());
+  const choice = autoBackend(process.env, process.platform, undefined, { manifest, budget: memoryBudget() });
   expect(proc.stderr.toString()).toBe(`cherenkov: ${choice.backend} backend (auto: ${choice.reason})\n`);
   expect(proc.exitCode).toBe(0);
 });

@@ -3,7 +3,6 @@
 // Ctrl-C stops the answer being written; at the prompt it (or Ctrl-D, or /exit) quits.
 import { createInterface } from "node:readline";
 
-import { autoBackend } from "../../api/auto-backend.ts";
 import { BackendUnavailableError } from "../../api/backend.ts";
 import { DEFAULT_MAX_TOKENS, Model, type GenerateOptions } from "../../api/model.ts";
 import { BudgetError } from "../../gpu/budget.ts";
@@ -43,7 +42,7 @@ export async function chatCommand(argv: string[], io: CliIO): Promise<number> {
     throw e;
   });
   if (!model.tokenizer) throw new UsageError(`${dir} has no tokenizer.json: chat needs text`);
-  if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${autoBackend().reason})` : ""}\n`);
+  if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${model.backendReason})` : ""}\n`);
 
   const start: ChatMessage[] = system ? [{ role: "system", content: system }] : [];
   let history = [...start];

@@ -2,6 +2,7 @@
 import type { FlagSpec } from "../args.ts";
 import { BUILD_FLAGS, buildUsage } from "./build.ts";
 import { CHAT_FLAGS, chatUsage } from "./chat.ts";
+import { COMPARE_FLAGS, compareUsage } from "./compare.ts";
 import { CONVERT_FLAGS, convertUsage } from "./convert.ts";
 import { DOCTOR_FLAGS, doctorUsage } from "./doctor.ts";
 import { INSPECT_FLAGS } from "./inspect.ts";
@@ -36,6 +37,7 @@ export const usage: Record<string, string> = {
   chat: chatUsage,
   build: buildUsage,
   doctor: doctorUsage,
+  compare: compareUsage,
 };
 
 /** Every command's option table (what its parser accepts), for the test that each is described. */
@@ -49,6 +51,7 @@ export const optionTables: Record<string, FlagSpec> = {
   chat: CHAT_FLAGS,
   build: BUILD_FLAGS,
   doctor: DOCTOR_FLAGS,
+  compare: COMPARE_FLAGS,
 };
 
 export function helpText(command?: string): string {

@@ -1,6 +1,5 @@
 // `cherenkov run`: generation from a prompt through Model (streamed to stdout). Flags follow
 // llama.cpp / mlx-lm where they have one (-m, -p, -n, -c, -s, --temp, --top-k, ...).
-import { autoBackend } from "../../api/auto-backend.ts";
 import { BackendUnavailableError } from "../../api/backend.ts";
 import { DEFAULT_MAX_TOKENS, Model, type GenerateOptions, type GenerationResult } from "../../api/model.ts";
 import { defaultModelDir } from "../../model/default-model.ts";
@@ -97,7 +96,7 @@ export async function runCommand(argv: string[], io: CliIO): Promise<number> {
     if (e instanceof BudgetError) throw new UsageError(`--pool: ${e.message}`);
     throw e;
   });
-  if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${autoBackend().reason})` : ""}\n`);
+  if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${model.backendReason})` : ""}\n`);
   const vocab = model.config.vocab_size;
   let tokens: number[];
   if (promptTokens !== undefined) {

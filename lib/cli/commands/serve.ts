@@ -1,7 +1,6 @@
 // `cherenkov serve`: the OpenAI-compatible HTTP server (lib/server) over one loaded model,
 // until SIGINT or SIGTERM.
 import { BackendUnavailableError } from "../../api/backend.ts";
-import { autoBackend } from "../../api/auto-backend.ts";
 import { DEFAULT_MAX_TOKENS, Model } from "../../api/model.ts";
 import { BudgetError } from "../../gpu/budget.ts";
 import { defaultModelDir } from "../../model/default-model.ts";
@@ -64,7 +63,7 @@ export async function startServe(argv: string[], io: CliIO): Promise<{ server: R
     if (e instanceof BudgetError) throw new UsageError(`--pool: ${e.message}`);
     throw e;
   });
-  if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${autoBackend().reason})` : ""}\n`);
+  if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${model.backendReason})` : ""}\n`);
   try {
     if (drafts !== "auto" && drafts > 0 && model.maxDrafts === 0) throw new UsageError(`--drafts: ${dir} has no MTP head`);
     let server: RunningServer;
