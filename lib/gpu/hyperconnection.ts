@@ -61,8 +61,15 @@ function checkSite(site: HcSiteRefs, n: number, d: number, head: boolean): numbe
   return M;
 }
 
-/** The coefficient kernels' common params and bindings (X, raw, scale, base, coeffs). */
-function coeffArgs(X: RowsRef, site: HcSiteRefs, scratch: HcScratch, nb: number, cfg: HcConfig, d: number, head: boolean) {
+/**
+ * What both coefficient kernels start with: the checks, the raw products fn . flat (a matvec),
+ * then their common params and bindings (X, raw, scale, base, coeffs).
+ */
+function encodeRawProducts(ctx: EncodeContext, what: string, X: RowsRef, site: HcSiteRefs, scratch: HcScratch, nb: number, cfg: HcConfig, d: number, head: boolean) {
+  checkStreams(cfg.streams, what);
+  checkRows(nb, what);
+  checkSite(site, cfg.streams, d, head);
+  encodeMatvec(ctx, site.fn, X, scratch.raw, nb);
   return {
     values: {
       rows: nb,
@@ -99,11 +106,7 @@ export function encodeHcCoefficients(
   d: number,
   head = false,
 ): void {
-  checkStreams(cfg.streams, "hc_coeffs");
-  checkRows(nb, "hc_coeffs");
-  checkSite(site, cfg.streams, d, head);
-  encodeMatvec(ctx, site.fn, X, scratch.raw, nb);
-  const a = coeffArgs(X, site, scratch, nb, cfg, d, head);
+  const a = encodeRawProducts(ctx, "hc_coeffs", X, site, scratch, nb, cfg, d, head);
   dispatch(ctx, "hc_coeffs_f32", Params.HcCoeffs, a.values, a.buffers, nb, SIMD_WIDTH * HC_TG_SG);
 }
 
@@ -123,12 +126,8 @@ export function encodeHcCoefficientsRead(
   norm: ReadNorm,
   head = false,
 ): void {
-  checkStreams(cfg.streams, "hc_coeffs_read_norm");
-  checkRows(nb, "hc_coeffs_read_norm");
-  checkSite(site, cfg.streams, d, head);
   checkVector(norm.w, d, "hc read norm");
-  encodeMatvec(ctx, site.fn, X, scratch.raw, nb);
-  const a = coeffArgs(X, site, scratch, nb, cfg, d, head);
+  const a = encodeRawProducts(ctx, "hc_coeffs_read_norm", X, site, scratch, nb, cfg, d, head);
   dispatch(
     ctx,
     "hc_coeffs_read_norm_f32",

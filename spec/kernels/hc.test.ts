@@ -41,6 +41,20 @@ function scratch(nb: number, M: number): HcScratch {
   return { raw: rows(outputF32(dev, nb * M), M), coeffs: rows(outputF32(dev, nb * M), M) };
 }
 
+/** [pre | post | comb] per row of X [nb][n][d], by the reference. */
+function referenceCoefficients(host: ReturnType<typeof siteWeights>["host"], X: Float32Array, nb: number, d: number, c: HcConfig): Float32Array {
+  const n = c.streams;
+  const M = hcMixCount(n);
+  const want = new Float32Array(nb * M);
+  for (let r = 0; r < nb; r++) {
+    const k = hcCoefficients(hcMixes(host.fn, X.subarray(r * n * d, (r + 1) * n * d), M, c.eps), host, c);
+    want.set(k.pre, r * M);
+    want.set(k.post, r * M + n);
+    want.set(k.comb, r * M + 2 * n);
+  }
+  return want;
+}
+
 describe("hc_coeffs_f32 (site)", () => {
   test.each(NB_CASES)("nb = %i", (nb) => {
     const n = cfg.streams;
@@ -51,13 +65,7 @@ describe("hc_coeffs_f32 (site)", () => {
     const Xb = uploadF32(dev, X);
     const s = scratch(nb, M);
     run(dev, (ctx) => encodeHcCoefficients(ctx, rows(Xb, n * d), refs, s, nb, cfg, d));
-    const want = new Float32Array(nb * M);
-    for (let r = 0; r < nb; r++) {
-      const c = hcCoefficients(hcMixes(host.fn, X.subarray(r * n * d, (r + 1) * n * d), M, cfg.eps), host, cfg);
-      want.set(c.pre, r * M);
-      want.set(c.post, r * M + n);
-      want.set(c.comb, r * M + 2 * n);
-    }
+    const want = referenceCoefficients(host, X, nb, d, cfg);
     expectClose(readF32(s.coeffs.buffer, nb * M), want, COEFF_TOL, `hc_coeffs_f32 nb=${nb}`, M);
   });
 
@@ -71,13 +79,7 @@ describe("hc_coeffs_f32 (site)", () => {
     const X = randomF32(nb * n * d, 40 + n, 2, "X");
     const s = scratch(nb, M);
     run(dev, (ctx) => encodeHcCoefficients(ctx, rows(uploadF32(dev, X), n * d), refs, s, nb, c, d));
-    const want = new Float32Array(nb * M);
-    for (let r = 0; r < nb; r++) {
-      const k = hcCoefficients(hcMixes(host.fn, X.subarray(r * n * d, (r + 1) * n * d), M, c.eps), host, c);
-      want.set(k.pre, r * M);
-      want.set(k.post, r * M + n);
-      want.set(k.comb, r * M + 2 * n);
-    }
+    const want = referenceCoefficients(host, X, nb, d, c);
     expectClose(readF32(s.coeffs.buffer, nb * M), want, COEFF_TOL, `hc_coeffs_f32 n=${n}`, M);
   });
 });
