@@ -12,6 +12,9 @@ import { encodeExpertRecord, ModelWriter, plannedBytes } from "../model/writer.t
 import { byteTokenizer } from "./byte-tokenizer.ts";
 import { presetConfig, type Features, type PresetName } from "./presets.ts";
 import type { WorkerReply, WorkerRequest } from "./synth-worker.ts";
+import { workerFile } from "../worker-file.ts";
+
+const SYNTH_WORKER = workerFile("./synth-worker.ts", import.meta.url);
 
 export interface SynthOptions {
   preset: PresetName;
@@ -67,7 +70,8 @@ export async function synthesize(opts: SynthOptions): Promise<SynthResult> {
     }
     const layout = w.expertLayout;
     const records = layout.layers * layout.per_layer;
-    const workers = opts.workers ?? (records * layout.stride > 64e6 ? availableParallelism() : 0);
+    // A bundled app carries no worker file: it builds the records on this thread.
+    const workers = SYNTH_WORKER === null ? 0 : opts.workers ?? (records * layout.stride > 64e6 ? availableParallelism() : 0);
     if (workers > 0) {
       await writeExpertsInWorkers(w, config, seed, workers, () => progress(layout.stride));
     } else {
@@ -107,7 +111,7 @@ async function writeExpertsInWorkers(w: ModelWriter, config: ModelConfig, seed: 
   const layout = w.expertLayout;
   const total = layout.layers * layout.per_layer;
   const window = count * 3;
-  const pool = Array.from({ length: count }, () => new Worker(new URL("./synth-worker.ts", import.meta.url).href));
+  const pool = Array.from({ length: count }, () => new Worker(SYNTH_WORKER!));
   try {
     await new Promise<void>((resolve, reject) => {
       const ready = new Map<number, Uint8Array>();

@@ -1,9 +1,16 @@
 // Prompt encoding for the server in a worker (encoder-worker.ts): tokenizing megabytes of text
 // or rendering a chat template takes seconds of CPU, which on the event loop would stall
 // /health, streams and every other request. One job at a time runs in the worker; a job that
-// passes the time limit restarts the worker and fails with 400.
+// passes the time limit restarts the worker and fails with 400. A bundled app carries no
+// worker file (lib/worker-file.ts): there the jobs run on the server's thread, so a huge
+// prompt delays other requests while it is encoded, and only the chat template's own time
+// limit applies.
 import type { TemplateMessage } from "../model/tokenizer.ts";
+import { workerFile } from "../worker-file.ts";
+import { EncoderJobs } from "./encoder-jobs.ts";
 import { ApiError } from "./errors.ts";
+
+const WORKER_URL = workerFile("./encoder-worker.ts", import.meta.url);
 
 export type EncoderRequest =
   | { id: number; kind: "load"; dir: string }
@@ -36,11 +43,15 @@ export class PromptEncoder {
   private pending = new Map<number, Pending>();
   private loaded: Promise<EncoderInfo> | null = null;
   private closed = false;
+  /** The jobs on this thread, when there is no worker file. */
+  private here: EncoderJobs | null = null;
 
   constructor(
     private readonly dir: string,
     /** Longest a job may run before the worker is restarted (ms). */
     private readonly timeoutMs = 60_000,
+    /** The worker file; null runs the jobs on this thread. */
+    private readonly url: string | null = WORKER_URL,
   ) {}
 
   /** What the model's tokenizer offers (loads it in the worker on first use). */
@@ -77,8 +88,8 @@ export class PromptEncoder {
     throw new Error("the encoder answered out of turn");
   }
 
-  private start(): Worker {
-    const w = new Worker(new URL("./encoder-worker.ts", import.meta.url).href);
+  private start(url: string): Worker {
+    const w = new Worker(url);
     w.onmessage = (e: MessageEvent<EncoderReply>) => {
       const p = this.pending.get(e.data.id);
       if (!p) return;
@@ -93,7 +104,9 @@ export class PromptEncoder {
 
   private send(m: Job, timeoutMs: number | null): Promise<EncoderReply> {
     if (this.closed) return Promise.reject(new ApiError(503, "the server is stopping", null, "server_stopping"));
-    this.worker ??= this.start();
+    const url = this.url;
+    if (url === null) return (this.here ??= new EncoderJobs()).run({ ...m, id: this.next++ } as EncoderRequest);
+    this.worker ??= this.start(url);
     const id = this.next++;
     return new Promise<EncoderReply>((resolve, reject) => {
       const timer =

@@ -181,7 +181,7 @@ async function expectStatus(res: Response, status: number) {
 }
 
 /** Reads a stream to its end (true when it ended). */
-async function drain(reader: ReadableStreamDefaultReader<Uint8Array>): Promise<boolean> {
+async function drain(reader: { read(): Promise<{ done?: boolean }> }): Promise<boolean> {
   for (;;) {
     const r = await reader.read().catch(() => ({ done: true }));
     if (r.done) return true;
