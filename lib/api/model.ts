@@ -13,7 +13,7 @@ import { Checkpoint } from "./checkpoint.ts";
 import { StopHoldback } from "./stop-holdback.ts";
 import { SessionBusyError, SessionClosedError } from "./session-errors.ts";
 import { loadShim } from "../shim.ts";
-import { autoBackend } from "./auto-backend.ts";
+import { autoBackend, gpuProblem } from "./auto-backend.ts";
 import { ModelClosedError } from "./errors.ts";
 import { ContextFullError } from "../gpu/state.ts";
 
@@ -149,7 +149,9 @@ async function openBackend(files: ModelFiles, opts: LoadOptions): Promise<Backen
   if (name === "reference") return new ReferenceBackend(files, { prefillChunk: opts.prefillChunk });
   const engine: EngineOptions = { ...opts.engine, prefillChunk: opts.engine?.prefillChunk ?? opts.prefillChunk };
   if (name === "cpu" || name === "metal" || name === "cuda") {
-    const why = shimUnavailable(name);
+    // A GPU backend must also open a device (and run a kernel): otherwise a driver's error
+    // would surface mid-load as if the model were at fault.
+    const why = name === "cpu" ? shimUnavailable(name) : gpuProblem(name);
     if (why) throw new BackendUnavailableError(`backend "${name}" is not available here: ${why}`);
     return openEngine(files, name, engine, opts);
   }
