@@ -48,7 +48,8 @@ export async function chatCommand(argv: string[], io: CliIO): Promise<number> {
   const start: ChatMessage[] = system ? [{ role: "system", content: system }] : [];
   let history = [...start];
   const interactive = Boolean(process.stdin.isTTY);
-  const lines = createInterface({ input: process.stdin, terminal: interactive });
+  // At a terminal readline reads raw keys, so it must echo them itself: it needs the output.
+  const lines = createInterface({ input: process.stdin, output: interactive ? process.stdout : undefined, terminal: interactive, prompt: "> " });
   let answering: AbortController | null = null;
   let quit = false;
   // Ctrl-C: stop the answer being written; at the prompt, quit.
@@ -62,7 +63,7 @@ export async function chatCommand(argv: string[], io: CliIO): Promise<number> {
   lines.on("SIGINT", onInterrupt);
   process.on("SIGINT", onInterrupt);
   try {
-    if (interactive) io.stdout("> ");
+    if (interactive) lines.prompt();
     for await (const line of lines) {
       const text = line.trim();
       if (text === "/exit" || quit) break;
@@ -88,7 +89,7 @@ export async function chatCommand(argv: string[], io: CliIO): Promise<number> {
         history.push({ role: "assistant", content: answer });
         io.stdout("\n");
       }
-      if (interactive) io.stdout("> ");
+      if (interactive) lines.prompt();
     }
   } finally {
     process.off("SIGINT", onInterrupt);
