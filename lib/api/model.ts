@@ -30,9 +30,10 @@ export interface LoadOptions {
   /** Rows per prefill chunk. */
   prefillChunk?: number;
   /**
-   * Engine options (ignored by the reference backend): pool size (`pool: "50%"`, `poolSlots`,
-   * `poolBytes`), `backing` ("wired" | "mapped"), `ioMode` ("direct" | "cached"), `lookahead`, `maxContext`, `trace` (a file
-   * for routing traces) and more; see docs/engine.md.
+   * Engine options: pool size (`pool: "50%"`, `poolSlots`, `poolBytes`), `backing` ("wired" |
+   * "mapped"), `ioMode` ("direct" | "cached"), `lookahead`, `maxContext`, `trace` (a file for
+   * routing traces) and more; see docs/engine.md. The reference backend takes `maxContext`
+   * only (its sequences then hold as many positions); it has no pool to set.
    */
   engine?: EngineOptions;
   /** Progress of long loads, in bytes. */
@@ -146,7 +147,7 @@ function shimUnavailable(backend: "cpu" | "metal" | "cuda"): string | null {
 async function openBackend(files: ModelFiles, opts: LoadOptions): Promise<Backend> {
   let name = opts.backend ?? "auto";
   if (name === "auto") name = autoBackend().backend;
-  if (name === "reference") return new ReferenceBackend(files, { prefillChunk: opts.prefillChunk });
+  if (name === "reference") return new ReferenceBackend(files, { prefillChunk: opts.prefillChunk, maxContext: opts.engine?.maxContext });
   const engine: EngineOptions = { ...opts.engine, prefillChunk: opts.engine?.prefillChunk ?? opts.prefillChunk };
   if (name === "cpu" || name === "metal" || name === "cuda") {
     // A GPU backend must also open a device (and run a kernel): otherwise a driver's error
@@ -343,8 +344,8 @@ export class Model {
   }
 
   /**
-   * The most tokens one session holds (prompt and generated), or null when only memory limits
-   * it (the reference). The engine's is `engine.maxContext` at load.
+   * The most tokens one session holds (prompt and generated): `engine.maxContext` at load; null
+   * on the reference without it, where only memory limits it.
    */
   get maxContext(): number | null {
     return this.backend.maxContext;

@@ -1,12 +1,15 @@
 // The options every command that loads a model takes, with one name each (run and serve
 // share them): model directory, backend, context size, prefill chunk, drafts, and the
 // engine's pool, backing, IO and lookahead settings.
+import { autoBackend } from "../api/auto-backend.ts";
+import { BackendUnavailableError } from "../api/backend.ts";
 import type { EngineOptions } from "../api/engine-backend.ts";
-import type { BackendName } from "../api/model.ts";
-import { parsePoolSize } from "../gpu/budget.ts";
+import { Model, type BackendName } from "../api/model.ts";
+import { BudgetError, parsePoolSize } from "../gpu/budget.ts";
 import { IO_MODES, type IoMode } from "../gpu/load.ts";
 import { DEFAULT_POOL_POLICY, POOL_POLICIES } from "../gpu/residency.ts";
 import { choiceFlag, intFlag, stringFlag, type FlagSpec, type Flags, UsageError } from "./args.ts";
+import type { CliIO } from "./io.ts";
 
 export const BACKENDS = ["auto", "reference", "cpu", "metal", "cuda"] as const;
 
@@ -73,6 +76,20 @@ export function ioFlag(flags: Flags): IoMode {
   return choiceFlag(flags, "io", IO_MODES, "direct");
 }
 
+/** Flags that set the engine's pool, reads or traces: the reference backend has none of these. */
+const ENGINE_ONLY = ["pool", "pool-slots", "backing", "io", "pool-policy", "no-lookahead", "trace"] as const;
+
+/**
+ * Refuses engine-only flags when the model runs on the reference backend (named, or auto's
+ * choice here), rather than ignoring them; -c applies to every backend.
+ */
+export function checkEngineFlagsApply(flags: Flags, backend: string, why: string): void {
+  if (backend !== "reference") return;
+  const given = ENGINE_ONLY.filter((f) => flags[f] !== undefined).map((f) => `--${f}`);
+  if (given.length)
+    throw new UsageError(`${given.join(", ")}: ${given.length > 1 ? "these apply" : "applies"} to the engine (--backend cpu, metal or cuda), and this run uses the reference backend (${why}), which has no expert pool`);
+}
+
 /** The engine's options from --pool, --pool-slots, --backing, --io, --pool-policy, --no-lookahead, --trace, --ctx-size. */
 export function engineFlags(flags: Flags): EngineOptions {
   const engine: EngineOptions = {};
@@ -97,4 +114,23 @@ export function engineFlags(flags: Flags): EngineOptions {
   const trace = stringFlag(flags, "trace");
   if (trace !== undefined) engine.trace = trace;
   return engine;
+}
+
+/**
+ * Loads the model as run, chat and serve do: --backend (auto resolved first, so engine-only
+ * flags on the reference are refused before loading), --prefill-chunk, the engine flags;
+ * load errors the user can fix become usage errors; --verbose says which backend and why.
+ */
+export async function loadModelFromFlags(flags: Flags, dir: string, io: CliIO): Promise<Model> {
+  const backend = backendFlag(flags);
+  const chosen = backend === "auto" ? autoBackend() : null;
+  checkEngineFlagsApply(flags, chosen?.backend ?? backend, chosen ? `auto's choice here: ${chosen.reason}` : "--backend reference");
+  const prefillChunk = intFlag(flags, "prefill-chunk", 512, 1, 1 << 20);
+  const model = await Model.load(dir, { backend, prefillChunk, engine: engineFlags(flags) }).catch((e: unknown) => {
+    if (e instanceof BackendUnavailableError) throw new UsageError(`--backend: ${e.message}`);
+    if (e instanceof BudgetError) throw new UsageError(`--pool: ${e.message}`);
+    throw e;
+  });
+  if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${chosen ? ` (auto: ${chosen.reason})` : ""}\n`);
+  return model;
 }

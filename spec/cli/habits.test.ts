@@ -120,6 +120,39 @@ describe("run and serve share their options, and every option is described", () 
   }, 60_000);
 });
 
+// Issue 21 item 5: no flag is silently ignored, and a full context is said in the CLI's terms.
+describe("engine flags and the context size on every backend", () => {
+  test("engine-only flags on the reference backend are a usage error naming them (explicit or auto's choice)", async () => {
+    const r = await cli("run", "--backend", "reference", "-p", "x", "-n", "1", "--pool", "1%", "--trace", "/nonexistent/t.jsonl");
+    expect(r.code).toBe(2);
+    expect(r.stderr).toStartWith(
+      "cherenkov run: --pool, --trace: these apply to the engine (--backend cpu, metal or cuda), and this run uses the reference backend (--backend reference), which has no expert pool\n",
+    );
+    const auto = await cli("run", "-p", "x", "-n", "1", "--no-lookahead", "--backend", "auto");
+    if (auto.code === 2) expect(auto.stderr).toContain("--no-lookahead: applies to the engine (--backend cpu, metal or cuda), and this run uses the reference backend (auto's choice here: ");
+    else expect(auto.code).toBe(0); // auto chose a GPU engine here
+    const serve = await cli("serve", "--backend", "reference", "--port", "0", "--pool-slots", "4");
+    expect(serve.code).toBe(2);
+    expect(serve.stderr).toContain("--pool-slots: applies to the engine");
+  });
+
+  test("-c limits the reference as it limits the engine: the same tokens, then a one-line error and the --json object", async () => {
+    const runs = await Promise.all(["reference", "cpu"].map((b) => cli("run", "--backend", b, "-c", "6", "-p", "def f(x):", "-n", "8", "--json")));
+    for (const r of runs) {
+      expect(r.code).toBe(1);
+      const out = JSON.parse(r.stdout) as { tokens: number[]; text: string; finishReason: string };
+      expect(out.finishReason).toBe("context_full");
+      expect(out.tokens.length).toBeGreaterThan(0);
+      expect(r.stderr).toMatch(/^cherenkov run: the context \(-c 6\) is full: the prompt has \d+ tokens and \d+ tokens were generated; give a larger -c\/--ctx-size\n$/);
+      expect(r.stderr).not.toContain("Model.load");
+    }
+    expect(runs[0]!.stdout).toBe(runs[1]!.stdout);
+    const tooLong = await cli("run", "--backend", "reference", "-c", "2", "-p", "def f(x):", "-n", "8");
+    expect(tooLong.code).toBe(1);
+    expect(tooLong.stderr).toContain("the prompt alone does not fit");
+  }, 60_000);
+});
+
 describe("cherenkov chat", () => {
   test("answers line by line; /reset forgets the conversation (the same first answer again)", () => {
     const r = spawnCli(["chat", "-n", "5", "--system", "You write Python."], "def add(a, b):\n/reset\ndef add(a, b):\n");

@@ -3,14 +3,12 @@
 // Ctrl-C stops the answer being written; at the prompt it (or Ctrl-D, or /exit) quits.
 import { createInterface } from "node:readline";
 
-import { autoBackend } from "../../api/auto-backend.ts";
-import { BackendUnavailableError } from "../../api/backend.ts";
-import { DEFAULT_MAX_TOKENS, Model, type GenerateOptions } from "../../api/model.ts";
-import { BudgetError } from "../../gpu/budget.ts";
+import { DEFAULT_MAX_TOKENS, type GenerateOptions } from "../../api/model.ts";
+import { ContextFullError } from "../../gpu/state.ts";
 import { defaultModelDir } from "../../model/default-model.ts";
 import type { ChatMessage } from "../../model/tokenizer.ts";
 import { draftsFlag, intFlag, parseFlags, stringFlag, UsageError, type FlagSpec } from "../args.ts";
-import { backendFlag, engineFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
+import { loadModelFromFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
 import type { CliIO } from "../io.ts";
 import { samplingFlags, SAMPLING_FLAGS, SAMPLING_FLAGS_USAGE } from "../sampling-flags.ts";
 
@@ -34,16 +32,10 @@ export async function chatCommand(argv: string[], io: CliIO): Promise<number> {
   );
   const maxTokens = intFlag(flags, "max-tokens", DEFAULT_MAX_TOKENS, 1, 1 << 20);
   const options: GenerateOptions = { maxTokens, drafts: draftsFlag(flags), ...samplingFlags(flags) };
-  const backend = backendFlag(flags);
   const system = stringFlag(flags, "system");
   const dir = modelDir(flags, positionals) ?? (await defaultModelDir());
-  await using model = await Model.load(dir, { backend, prefillChunk: intFlag(flags, "prefill-chunk", 512, 1, 1 << 20), engine: engineFlags(flags) }).catch((e: unknown) => {
-    if (e instanceof BackendUnavailableError) throw new UsageError(`--backend: ${e.message}`);
-    if (e instanceof BudgetError) throw new UsageError(`--pool: ${e.message}`);
-    throw e;
-  });
+  await using model = await loadModelFromFlags(flags, dir, io);
   if (!model.tokenizer) throw new UsageError(`${dir} has no tokenizer.json: chat needs text`);
-  if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${autoBackend().reason})` : ""}\n`);
 
   const start: ChatMessage[] = system ? [{ role: "system", content: system }] : [];
   let history = [...start];
@@ -81,8 +73,9 @@ export async function chatCommand(argv: string[], io: CliIO): Promise<number> {
             io.stdout(r.value.text);
           }
         } catch (e) {
-          if (!answering.signal.aborted) throw e;
-          io.stdout(" [stopped]");
+          if (e instanceof ContextFullError) io.stdout(` [the context (-c ${model.maxContext}) is full: /reset, or start with a larger -c]`);
+          else if (!answering.signal.aborted) throw e;
+          else io.stdout(" [stopped]");
         } finally {
           answering = null;
         }

@@ -1,13 +1,11 @@
 // `cherenkov run`: generation from a prompt through Model (streamed to stdout). Flags follow
 // llama.cpp / mlx-lm where they have one (-m, -p, -n, -c, -s, --temp, --top-k, ...).
-import { autoBackend } from "../../api/auto-backend.ts";
-import { BackendUnavailableError } from "../../api/backend.ts";
-import { DEFAULT_MAX_TOKENS, Model, type GenerateOptions, type GenerationResult } from "../../api/model.ts";
+import { DEFAULT_MAX_TOKENS, type GenerateOptions, type GenerationResult } from "../../api/model.ts";
+import { ContextFullError } from "../../gpu/state.ts";
 import { defaultModelDir } from "../../model/default-model.ts";
 import { MANIFEST_FILE } from "../../model/manifest.ts";
-import { BudgetError } from "../../gpu/budget.ts";
 import { draftsFlag, intFlag, parseFlags, stringFlag, type Flags, UsageError, type FlagSpec } from "../args.ts";
-import { backendFlag, engineFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
+import { loadModelFromFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
 import { samplingFlags, SAMPLING_FLAGS, SAMPLING_FLAGS_USAGE } from "../sampling-flags.ts";
 import { statsLine } from "../stats-line.ts";
 import type { CliIO } from "../io.ts";
@@ -85,19 +83,11 @@ export async function runCommand(argv: string[], io: CliIO): Promise<number> {
   const maxTokens = intFlag(flags, "max-tokens", DEFAULT_MAX_TOKENS, 1, 1 << 20);
   const drafts = draftsFlag(flags);
   const sampling = samplingFlags(flags);
-  const prefillChunk = intFlag(flags, "prefill-chunk", 512, 1, 1 << 20);
-  const backend = backendFlag(flags);
-  const engine = engineFlags(flags);
   // With --json the stats go inside the object, whole (a summary line is for people).
   const stats = flags.json && statsMode(flags) ? "json" : statsMode(flags);
 
   const dir = modelDir(flags, positionals) ?? (await defaultModelDir());
-  await using model = await Model.load(dir, { backend, prefillChunk, engine }).catch((e: unknown) => {
-    if (e instanceof BackendUnavailableError) throw new UsageError(`--backend: ${e.message}`);
-    if (e instanceof BudgetError) throw new UsageError(`--pool: ${e.message}`);
-    throw e;
-  });
-  if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${autoBackend().reason})` : ""}\n`);
+  await using model = await loadModelFromFlags(flags, dir, io);
   const vocab = model.config.vocab_size;
   let tokens: number[];
   if (promptTokens !== undefined) {
@@ -112,12 +102,24 @@ export async function runCommand(argv: string[], io: CliIO): Promise<number> {
   if (drafts !== "auto" && drafts > 0 && model.maxDrafts === 0) throw new UsageError(`--drafts: ${dir} has no MTP head`);
   const options: GenerateOptions = { maxTokens, drafts, ...sampling };
   const stream = model.stream(tokens, options);
-  let r = await stream.next();
-  while (!r.done) {
-    if (!flags.json) io.stdout(r.value.text);
-    r = await stream.next();
+  let result: GenerationResult;
+  try {
+    let r = await stream.next();
+    while (!r.done) {
+      if (!flags.json) io.stdout(r.value.text);
+      r = await stream.next();
+    }
+    result = r.value;
+  } catch (e) {
+    if (!(e instanceof ContextFullError)) throw e;
+    // What was generated is kept (printed already, or in the --json object); the advice is the flag's.
+    if (flags.json) io.stdout(JSON.stringify({ tokens: e.tokens, text: e.text, finishReason: "context_full" }) + "\n");
+    else io.stdout("\n");
+    const c = model.maxContext;
+    const what = e.tokens.length === 0 ? "the prompt alone does not fit" : `${e.tokens.length} tokens were generated`;
+    io.stderr(`cherenkov run: the context (-c ${c}) is full: the prompt has ${tokens.length} tokens and ${what}; give a larger -c/--ctx-size\n`);
+    return 1;
   }
-  const result: GenerationResult = r.value;
   const all = stats === "json" ? { ...model.stats(), timings: result.timings, drafts: result.drafts } : undefined;
   if (flags.json) io.stdout(JSON.stringify({ tokens: result.tokens, text: result.text, ...(all ? { stats: all } : {}) }) + "\n");
   else io.stdout("\n");

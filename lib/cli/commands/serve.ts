@@ -1,13 +1,10 @@
 // `cherenkov serve`: the OpenAI-compatible HTTP server (lib/server) over one loaded model,
 // until SIGINT or SIGTERM.
-import { BackendUnavailableError } from "../../api/backend.ts";
-import { autoBackend } from "../../api/auto-backend.ts";
-import { DEFAULT_MAX_TOKENS, Model } from "../../api/model.ts";
-import { BudgetError } from "../../gpu/budget.ts";
+import { DEFAULT_MAX_TOKENS, type Model } from "../../api/model.ts";
 import { defaultModelDir } from "../../model/default-model.ts";
 import { createServer, type RunningServer } from "../../server/server.ts";
 import { draftsFlag, intFlag, parseFlags, stringFlag, UsageError, type FlagSpec } from "../args.ts";
-import { backendFlag, ctxSizeFlag, engineFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
+import { ctxSizeFlag, loadModelFromFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
 import type { CliIO } from "../io.ts";
 
 export const serveUsage = `cherenkov serve [DIR] [options]
@@ -46,11 +43,9 @@ export async function startServe(argv: string[], io: CliIO): Promise<{ server: R
   const port = intFlag(flags, "port", 8080, 0, 65535);
   const hostname = stringFlag(flags, "host") ?? "127.0.0.1";
   if (hostname === "") throw new UsageError("--host: give an interface address or name");
-  const backend = backendFlag(flags);
   const contextFlag = ctxSizeFlag(flags);
   const defaultMaxTokens = intFlag(flags, "max-tokens", DEFAULT_MAX_TOKENS, 1, 1 << 30);
   const drafts = draftsFlag(flags);
-  const prefillChunk = intFlag(flags, "prefill-chunk", 512, 1, 1 << 20);
   const maxQueue = intFlag(flags, "max-queue", 64, 0, 1 << 20);
   const apiKey = stringFlag(flags, "api-key") ?? (process.env.CHERENKOV_API_KEY || undefined);
   const modelId = stringFlag(flags, "model-id");
@@ -58,13 +53,7 @@ export async function startServe(argv: string[], io: CliIO): Promise<{ server: R
 
   const dir = modelDir(flags, positionals) ?? (await defaultModelDir());
   // the engine sizes its KV caches for the context asked for (--ctx-size)
-  const engine = engineFlags(flags);
-  const model = await Model.load(dir, { backend, prefillChunk, engine }).catch((e: unknown) => {
-    if (e instanceof BackendUnavailableError) throw new UsageError(`--backend: ${e.message}`);
-    if (e instanceof BudgetError) throw new UsageError(`--pool: ${e.message}`);
-    throw e;
-  });
-  if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${autoBackend().reason})` : ""}\n`);
+  const model = await loadModelFromFlags(flags, dir, io);
   try {
     if (drafts !== "auto" && drafts > 0 && model.maxDrafts === 0) throw new UsageError(`--drafts: ${dir} has no MTP head`);
     let server: RunningServer;
