@@ -13,6 +13,21 @@ import type { CliIO } from "./io.ts";
 
 export const BACKENDS = ["auto", "reference", "cpu", "metal", "cuda"] as const;
 
+/**
+ * llama.cpp's offload and threading flags: accepted so that a llama.cpp command line runs,
+ * with a note that they do not apply (every layer runs on the loaded backend's device).
+ */
+export const OFFLOAD_FLAGS: FlagSpec = {
+  "n-gpu-layers": { type: "string" },
+  "flash-attn": { type: "boolean" },
+  threads: { type: "string", short: "t" },
+  "main-gpu": { type: "string" },
+  "split-mode": { type: "string" },
+  "tensor-split": { type: "string" },
+  mlock: { type: "boolean" },
+  "no-mmap": { type: "boolean" },
+};
+
 export const MODEL_FLAGS: FlagSpec = {
   model: { type: "string", short: "m" },
   backend: { type: "string" },
@@ -27,6 +42,7 @@ export const MODEL_FLAGS: FlagSpec = {
   "pool-policy": { type: "string" },
   "no-lookahead": { type: "boolean" },
   trace: { type: "string" },
+  ...OFFLOAD_FLAGS,
 };
 
 export const MODEL_FLAGS_USAGE = `  Model options (run and serve):
@@ -51,7 +67,16 @@ export const MODEL_FLAGS_USAGE = `  Model options (run and serve):
                          (default; its layer's distance and its recent use rate), the layer
                          visited farthest away next, or the least recently used record
     --no-lookahead       do not run the next layer's router early to prefetch its experts
-    --trace FILE         append every step's routing (tokens, experts, weights, misses) as JSON lines`;
+    --trace FILE         append every step's routing (tokens, experts, weights, misses) as JSON lines
+  llama.cpp's offload and threading flags, accepted and ignored with a note (every layer
+  runs on the backend's device):
+    -ngl, --n-gpu-layers N  layers on the GPU
+    -fa, --flash-attn    flash attention (on|off|auto may follow)
+    -t, --threads N      CPU threads
+    -mg, --main-gpu N    the GPU to use
+    -sm, --split-mode X  how to split the model across GPUs
+    -ts, --tensor-split X  shares of the model per GPU
+    --mlock, --no-mmap   locking and mapping of the model's memory`;
 
 /** The model directory: -m/--model or the one positional argument (not both). */
 export function modelDir(flags: Flags, positionals: string[]): string | undefined {
@@ -122,6 +147,8 @@ export function engineFlags(flags: Flags): EngineOptions {
  * load errors the user can fix become usage errors; --verbose says which backend and why.
  */
 export async function loadModelFromFlags(flags: Flags, dir: string, io: CliIO): Promise<Model> {
+  const offload = Object.keys(OFFLOAD_FLAGS).filter((f) => flags[f] !== undefined);
+  if (offload.length) io.stderr(`cherenkov: ${offload.map((f) => `--${f}`).join(", ")}: llama.cpp's offload and threading flags do not apply here (every layer runs on the backend's device); ignored\n`);
   const backend = backendFlag(flags);
   const chosen = backend === "auto" ? autoBackend() : null;
   checkEngineFlagsApply(flags, chosen?.backend ?? backend, chosen ? `auto's choice here: ${chosen.reason}` : "--backend reference");

@@ -7,7 +7,7 @@ import { DEFAULT_MAX_TOKENS, type GenerateOptions } from "../../api/model.ts";
 import { ContextFullError } from "../../gpu/state.ts";
 import { defaultModelDir } from "../../model/default-model.ts";
 import type { ChatMessage } from "../../model/tokenizer.ts";
-import { draftsFlag, intFlag, parseFlags, stringFlag, UsageError, type FlagSpec } from "../args.ts";
+import { draftsFlag, maxTokensFlag, parseFlags, stringFlag, UsageError, type FlagSpec } from "../args.ts";
 import { loadModelFromFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
 import type { CliIO } from "../io.ts";
 import { samplingFlags, SAMPLING_FLAGS, SAMPLING_FLAGS_USAGE } from "../sampling-flags.ts";
@@ -16,13 +16,21 @@ export const chatUsage = `cherenkov chat [DIR] [options]
   An interactive chat with the model's chat template, one line per message. /reset forgets
   the conversation (the system prompt stays), /exit or Ctrl-D quits; Ctrl-C stops the
   answer being written (at the prompt it quits).
-    --system TEXT        a system prompt for the whole conversation
-    -n, --max-tokens N   tokens per answer at most (default ${DEFAULT_MAX_TOKENS})
+    --system TEXT        a system prompt for the whole conversation (-sys, --system-prompt)
+    -n, --max-tokens N   tokens per answer at most (default ${DEFAULT_MAX_TOKENS}; -1: until the end
+                         token or a full context; --n-predict)
+    --ignore-eos         go on past the end token
 ${SAMPLING_FLAGS_USAGE}
 ${MODEL_FLAGS_USAGE}`;
 
 /** chat's options (each shown with a description by `cherenkov help chat`). */
-export const CHAT_FLAGS: FlagSpec = { system: { type: "string" }, "max-tokens": { type: "string", short: "n" }, ...SAMPLING_FLAGS, ...MODEL_FLAGS };
+export const CHAT_FLAGS: FlagSpec = {
+  system: { type: "string" },
+  "max-tokens": { type: "string", short: "n" },
+  "ignore-eos": { type: "boolean" },
+  ...SAMPLING_FLAGS,
+  ...MODEL_FLAGS,
+};
 
 export async function chatCommand(argv: string[], io: CliIO): Promise<number> {
   const { flags, positionals } = parseFlags(
@@ -30,8 +38,8 @@ export async function chatCommand(argv: string[], io: CliIO): Promise<number> {
     CHAT_FLAGS,
     1,
   );
-  const maxTokens = intFlag(flags, "max-tokens", DEFAULT_MAX_TOKENS, 1, 1 << 20);
-  const options: GenerateOptions = { maxTokens, drafts: draftsFlag(flags), ...samplingFlags(flags) };
+  const limit = maxTokensFlag(flags, DEFAULT_MAX_TOKENS, 1 << 20);
+  const options: GenerateOptions = { maxTokens: limit ?? 1 << 20, drafts: draftsFlag(flags), stopAtEos: !flags["ignore-eos"], ...samplingFlags(flags) };
   const system = stringFlag(flags, "system");
   const dir = modelDir(flags, positionals) ?? (await defaultModelDir());
   await using model = await loadModelFromFlags(flags, dir, io);

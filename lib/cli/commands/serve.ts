@@ -3,18 +3,19 @@
 import { DEFAULT_MAX_TOKENS, type Model } from "../../api/model.ts";
 import { defaultModelDir } from "../../model/default-model.ts";
 import { createServer, type RunningServer } from "../../server/server.ts";
-import { draftsFlag, intFlag, parseFlags, stringFlag, UsageError, type FlagSpec } from "../args.ts";
+import { draftsFlag, intFlag, maxTokensFlag, parseFlags, stringFlag, UsageError, type FlagSpec } from "../args.ts";
 import { ctxSizeFlag, loadModelFromFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
 import type { CliIO } from "../io.ts";
 
 export const serveUsage = `cherenkov serve [DIR] [options]
   OpenAI-compatible HTTP server (one request at a time, queued). DIR defaults to the
-  embedded tiny model. Endpoints: /v1/chat/completions, /v1/completions, /v1/models,
-  /v1/stats, /health (docs/server.md).
+  embedded tiny model. Endpoints: /v1/chat/completions, /v1/completions, /v1/responses,
+  /v1/models, /v1/stats, /health (docs/server.md).
     --port N            TCP port (default 8080; 0 picks a free one)
     --host H            interface to listen on (default 127.0.0.1; 0.0.0.0 = every interface)
     --model-id NAME     the name clients pass as "model" (default: DIR's name)
-    -n, --max-tokens N  completion tokens when a request sets none (default ${DEFAULT_MAX_TOKENS})
+    -n, --max-tokens N  completion tokens when a request sets none (default ${DEFAULT_MAX_TOKENS}), or
+                        -1: up to the context (--n-predict)
     --max-queue N       requests that may wait; more get 503 (default 64)
     --api-key KEY       require "Authorization: Bearer KEY" on /v1/* (or set CHERENKOV_API_KEY)
     --cors              allow cross-origin requests from browsers
@@ -44,7 +45,8 @@ export async function startServe(argv: string[], io: CliIO): Promise<{ server: R
   const hostname = stringFlag(flags, "host") ?? "127.0.0.1";
   if (hostname === "") throw new UsageError("--host: give an interface address or name");
   const contextFlag = ctxSizeFlag(flags);
-  const defaultMaxTokens = intFlag(flags, "max-tokens", DEFAULT_MAX_TOKENS, 1, 1 << 30);
+  // -1: up to the context (the server never lets a request past it)
+  const defaultMaxTokens = maxTokensFlag(flags, DEFAULT_MAX_TOKENS, 1 << 30) ?? 1 << 30;
   const drafts = draftsFlag(flags);
   const maxQueue = intFlag(flags, "max-queue", 64, 0, 1 << 20);
   const apiKey = stringFlag(flags, "api-key") ?? (process.env.CHERENKOV_API_KEY || undefined);
