@@ -117,15 +117,19 @@ export interface StreamChunk {
 }
 
 /** Cumulative generation counters; the backend adds its own telemetry under `backend`. */
+/** What model.stats() returns: counters since load, and the backend's telemetry under `engine`. */
 export interface ModelStats {
+  /** The backend's name: "reference", "cpu", "metal" or "cuda" (its telemetry is `engine`). */
   backend: string;
+  /** Finished generations (aborted ones are not counted). */
   generations: number;
   promptTokens: number;
   completionTokens: number;
   prefillMs: number;
   decodeMs: number;
+  /** MTP draft tokens proposed and accepted. */
   drafts: { proposed: number; accepted: number };
-  /** The backend's own telemetry (pool, IO, lookahead, phases ... on the engine). */
+  /** The backend's own telemetry, whatever the backend: pool, IO, lookahead, phases ... on the engine; only `backend` on the reference. */
   engine: BackendStats;
 }
 
