@@ -8,6 +8,7 @@ import { readJsonBody } from "./body.ts";
 import { resolveContextLength } from "./context.ts";
 import { ApiError, isAbortError, toApiError } from "./errors.ts";
 import { runGeneration } from "./generation.ts";
+import { PromptCache } from "./prompt-cache.ts";
 import * as openai from "./openai.ts";
 import { systemFingerprint } from "./fingerprint.ts";
 import { PromptEncoder } from "./encoder.ts";
@@ -60,6 +61,11 @@ export interface ServerOptions {
   cors?: boolean;
   /** One line per request (method, path, status, time, tokens); silent when absent. */
   log?: (line: string) => void;
+  /**
+   * Start each request from the last one's checkpoints when they begin its prompt (a chat's
+   * next turn prefills only what is new; the output is the same). Default true.
+   */
+  cachePrompt?: boolean;
 }
 
 export interface RunningServer {
@@ -116,12 +122,13 @@ export function createServer(opts: ServerOptions): RunningServer {
   const items = new ItemStore(opts.storedItems ?? 1024);
   const fingerprint = systemFingerprint(model, { contextLength, drafts });
   const encoder = model.tokenizer ? new PromptEncoder(model.dir) : null;
+  const promptCache = opts.cachePrompt === false ? undefined : new PromptCache(model);
   const limits: RequestLimits = { model, modelId, contextLength, defaultMaxTokens, encoder };
 
   /** Starts a generation in the queue; `abort` cancels it whether it waits or runs. */
   function startGeneration(job: Prepared, abort: AbortController, onText?: (t: string, lps: TokenLogprob[]) => void): Promise<GenerationResult> {
     const done = queue.run(abort.signal, () =>
-      runGeneration(model, { prompt: job.prompt, maxTokens: job.maxTokens, stop: job.stop, drafts, signal: abort.signal, sampling: job.sampling, onText }),
+      runGeneration(model, { prompt: job.prompt, maxTokens: job.maxTokens, stop: job.stop, drafts, signal: abort.signal, sampling: job.sampling, onText }, promptCache),
     );
     const settled = done.then(
       () => void counters.completed++,

@@ -97,7 +97,7 @@ describe("a model with a tool-rendering (Qwen-style) chat template", () => {
       }
       return { text, tokens, finishReason: "eos", usage: { promptTokens: model.encode(prompt).length, completionTokens: tokens.length }, timings: { prefillMs: 1, decodeMs: 1, tokensPerSecond: 1 } };
     };
-    server = startServer(scripted);
+    server = startServer(scripted, { cachePrompt: false }); // the prompt cache runs sessions, not the scripted stream()
     client = clientFor(server);
   });
   afterAll(async () => {
