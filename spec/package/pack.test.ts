@@ -60,7 +60,7 @@ describe("npm pack", () => {
     expect(pkg.repository?.url).toMatch(/^git\+https:\/\//);
     expect(pkg.homepage).toMatch(/^https:\/\//);
     expect(pkg.keywords).toEqual(expect.arrayContaining(["llm", "mixture-of-experts", "metal", "bun"]));
-    expect(Object.keys(pkg.devDependencies).sort()).toEqual(["@types/bun", "bun-types", "esbuild", "openai", "typedoc", "typescript"]);
+    expect(Object.keys(pkg.devDependencies).sort()).toEqual(["@types/bun", "bun-types", "esbuild", "ollama", "openai", "typedoc", "typescript"]);
   });
 });
 

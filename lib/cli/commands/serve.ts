@@ -10,7 +10,8 @@ import type { CliIO } from "../io.ts";
 export const serveUsage = `cherenkov serve [DIR] [options]
   OpenAI-compatible HTTP server (one request at a time, queued). DIR defaults to the
   embedded tiny model. Endpoints: /v1/chat/completions, /v1/completions, /v1/responses,
-  /v1/models, /v1/stats, /health (docs/server.md).
+  /v1/models, /v1/stats, /health, and Ollama's /api/chat, /api/generate, /api/tags, /api/show
+  (docs/server.md).
     --port N            TCP port (default 8080; 0 picks a free one)
     --host H            interface to listen on (default 127.0.0.1; 0.0.0.0 = every interface)
     --model-id NAME     the name clients pass as "model" (default: DIR's name)
