@@ -169,7 +169,7 @@ describe("run", () => {
       [["--prompt-tokens", "1,x"], /--prompt-tokens: "x" is not a token id/],
       [["--prompt-tokens", ""], /--prompt-tokens: no token ids given/],
       [["--prompt", "a", "--prompt-tokens", "1"], /give one of --prompt TEXT, --file FILE or --prompt-tokens IDS/],
-      [[], /give a prompt: -p TEXT, --prompt-tokens IDS, or text on stdin/],
+      [[], /give a prompt: -p TEXT, -f FILE, --prompt-tokens IDS, or text on stdin/],
       [["--prompt-tokens", "1", "--chat"], /--chat needs a text prompt/],
       [["--prompt", "a", "--backend", "bogus"], /--backend: "bogus" is not one of auto/],
       ...(process.platform === "darwin" ? [] : ([[["--prompt", "a", "--backend", "metal"], /--backend: backend "metal" is not available/]] as [string[], RegExp][])),

@@ -65,7 +65,7 @@ async function promptText(flags: Flags, stdin: () => Promise<string | null>): Pr
   }
   if (prompt !== undefined && prompt !== "-") return prompt;
   const piped = await stdin();
-  if (piped === null) throw new UsageError("give a prompt: -p TEXT, --prompt-tokens IDS, or text on stdin");
+  if (piped === null) throw new UsageError("give a prompt: -p TEXT, -f FILE, --prompt-tokens IDS, or text on stdin");
   return piped.replace(/\r?\n$/, "");
 }
 
