@@ -9,7 +9,8 @@ export type {
 export type { SamplingOptions } from "./reference/sampling.ts";
 export { ConfigError, parseConfig } from "./model/config.ts";
 export type { ModelConfig } from "./model/config.ts";
-export { ModelFormatError } from "./model/errors.ts";
+export { ModelFormatError, NonFiniteError } from "./model/errors.ts";
+export { ChatTemplateError } from "./model/chat-template.ts";
 export type { ModelFormatErrorInfo } from "./model/errors.ts";
 export type { ExpertWeights, Weights } from "./model/weights.ts";
 export { openModel } from "./model/format.ts";

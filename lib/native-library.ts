@@ -19,6 +19,11 @@ export function localLibraryPath(backend: Backend, outDir: string = BUILD_DIR): 
   return join(outDir, `libcherenkov_${backend}.${backend === "metal" || isMac ? "dylib" : "so"}`);
 }
 
+/** An NVIDIA GPU with its driver loaded (the device nodes the driver creates). */
+export function hasNvidiaGpu(): boolean {
+  return existsSync("/dev/nvidia0") || existsSync("/dev/nvidiactl");
+}
+
 /** True when this machine can build the Metal backend (macOS with its sources present). */
 export function canBuildMetal(): boolean {
   return isMac && existsSync(METAL_DIR) && readdirSync(METAL_DIR).some((f) => f.endsWith(".m"));

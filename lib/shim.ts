@@ -14,10 +14,12 @@
  * CHERENKOV_DEBUG_FFI=1 logs every native call to stderr.
  */
 import { dlopen, FFIType, ptr as addressOf, toArrayBuffer, type Pointer } from "bun:ffi";
-import { closeSync, existsSync, openSync, readFileSync, readSync, statSync } from "node:fs";
+import { closeSync, openSync, readFileSync, readSync, statSync } from "node:fs";
 import { join, resolve } from "node:path";
 
-import { libraryProblem, localLibraryPath, type Backend } from "./native-library.ts";
+import { hasNvidiaGpu, libraryProblem, localLibraryPath, type Backend } from "./native-library.ts";
+
+export { hasNvidiaGpu };
 
 export type { Backend };
 
@@ -199,10 +201,6 @@ export function defaultBackend(): Backend {
   return hasNvidiaGpu() ? "cuda" : "cpu";
 }
 
-/** An NVIDIA GPU with its driver loaded (the device nodes the driver creates). */
-export function hasNvidiaGpu(): boolean {
-  return existsSync("/dev/nvidia0") || existsSync("/dev/nvidiactl");
-}
 
 /** The first bytes of a shared library of this platform: ELF, or Mach-O (thin 64-bit or universal). */
 function isLibraryFormat(head: Uint8Array): boolean {

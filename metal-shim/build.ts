@@ -3,9 +3,10 @@
  *  - libcherenkov_cpu.(so|dylib): the CPU backend (metal-shim/cpu/*.cpp) together with
  *    kernels/*.metal compiled as C++ through metal-shim/gen-bindings.ts.
  *  - on macOS also libcherenkov_metal.dylib from metal-shim/metal/*.m, when present.
- *  - on Linux with nvcc also libcherenkov_cuda.so (metal-shim/cuda/build.ts); without nvcc it
- *    is skipped, and a failing CUDA build only warns unless CHERENKOV_REQUIRE_CUDA=1 (no GPU
- *    is needed to build it; the CPU library is what CI runs).
+ *  - on Linux with nvcc and an NVIDIA GPU also libcherenkov_cuda.so (metal-shim/cuda/build.ts),
+ *    for that GPU's architecture; without a GPU only when CHERENKOV_BUILD_CUDA=1 (no GPU is
+ *    needed to build it, but it is a minute or more of nvcc for a library nothing here could
+ *    run) or `--backend cuda`. A failing CUDA build only warns unless CHERENKOV_REQUIRE_CUDA=1.
  * Each backend builds on its own: one failing is reported (exit 1) but does not stop the
  * other. Incremental: an object is recompiled when a file it depends on (from the
  * compiler's -MMD output) or the flags changed; the library is relinked when an object changed.
@@ -22,7 +23,7 @@ import { basename, join, relative, resolve } from "node:path";
 import { paramsHeaderIsStale } from "../lib/gpu/params-gen.ts";
 import { generate } from "./gen-bindings.ts";
 import { buildCuda, findNvcc } from "./cuda/build.ts";
-import { BUILD_DIR, canBuildMetal, libraryInputs, localLibraryPath, type Backend } from "../lib/native-library.ts";
+import { BUILD_DIR, canBuildMetal, hasNvidiaGpu, libraryInputs, localLibraryPath, type Backend } from "../lib/native-library.ts";
 
 // Where libraries go and when they are stale is the runtime's knowledge (lib/native-library.ts).
 export { BUILD_DIR, buildIsStale, canBuildMetal, localLibraryPath, type Backend } from "../lib/native-library.ts";
@@ -35,6 +36,16 @@ const isMac = process.platform === "darwin";
 /** True when this machine can build the CUDA backend (Linux with nvcc; no GPU needed). */
 export function canBuildCuda(): boolean {
   return findNvcc() !== null;
+}
+
+/**
+ * Whether a default build includes CUDA: where an NVIDIA GPU is present, or when
+ * CHERENKOV_BUILD_CUDA=1 asks for it (=0 never). nvcc is still needed (else it is skipped).
+ */
+export function cudaWanted(env: Record<string, string | undefined> = process.env, gpu: boolean = hasNvidiaGpu()): boolean {
+  if (env.CHERENKOV_BUILD_CUDA === "1") return true;
+  if (env.CHERENKOV_BUILD_CUDA === "0") return false;
+  return gpu;
 }
 
 /** The CUDA build: its line; "" without nvcc; a warning, not a failure, when it breaks (unless CHERENKOV_REQUIRE_CUDA=1). */
@@ -258,7 +269,7 @@ export async function buildNative(opts: BuildOptions = {}): Promise<string[]> {
   const outDir = opts.outDir ?? BUILD_DIR;
   mkdirSync(outDir, { recursive: true });
   const builders: Record<Backend, (o: BuildOptions, dir: string) => Promise<string>> = { cpu: buildCpu, metal: buildMetal, cuda: buildCudaOptional };
-  const wanted = opts.backends ?? (["cpu", "metal", "cuda"] as Backend[]);
+  const wanted = opts.backends ?? (["cpu", "metal", ...(cudaWanted() ? ["cuda"] : [])] as Backend[]);
   return withBuildLock(outDir, () => buildEach(wanted.map((backend) => ({ backend, build: () => builders[backend](opts, outDir) }))));
 }
 

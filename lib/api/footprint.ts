@@ -167,7 +167,7 @@ export function checkFits(backend: string, model: string, footprint: Footprint, 
 }
 
 /** What `auto` runs on a machine without a GPU backend: the reference when it fits, else the cpu engine. */
-export function referenceOrStreaming(m: ValidManifest, budget: MemoryBudget, platform: string): BackendChoice {
+export function referenceOrStreaming(m: ValidManifest, budget: MemoryBudget, platform: string): Omit<BackendChoice, "passedOver"> {
   const f = referenceFootprint(m);
   if (f.bytes <= budget.bytes)
     return {

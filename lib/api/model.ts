@@ -14,7 +14,7 @@ import { StopHoldback } from "./stop-holdback.ts";
 import { checkGenerateOptions, parsePrompt } from "./validate.ts";
 import { SessionBusyError, SessionClosedError } from "./session-errors.ts";
 import { loadShim } from "../shim.ts";
-import { autoBackend } from "./auto-backend.ts";
+import { autoBackend, gpuProblem } from "./auto-backend.ts";
 import { checkFits, engineMinimumFootprint, memoryBudget, referenceFootprint } from "./footprint.ts";
 import { ModelClosedError } from "./errors.ts";
 import { ContextFullError } from "../gpu/state.ts";
@@ -32,9 +32,10 @@ export interface LoadOptions {
   /** Rows per prefill chunk. */
   prefillChunk?: number;
   /**
-   * Engine options (ignored by the reference backend): pool size (`pool: "50%"`, `poolSlots`,
-   * `poolBytes`), `backing` ("wired" | "mapped"), `ioMode` ("direct" | "cached"), `lookahead`, `maxContext`, `trace` (a file
-   * for routing traces) and more; see docs/engine.md.
+   * Engine options: pool size (`pool: "50%"`, `poolSlots`, `poolBytes`), `backing` ("wired" |
+   * "mapped"), `ioMode` ("direct" | "cached"), `lookahead`, `maxContext`, `trace` (a file for
+   * routing traces) and more; see docs/engine.md. The reference backend takes `maxContext`
+   * only (its sequences then hold as many positions); it has no pool to set.
    */
   engine?: EngineOptions;
   /** Progress of long loads, in bytes. */
@@ -124,15 +125,19 @@ export interface StreamChunk {
 }
 
 /** Cumulative generation counters; the backend adds its own telemetry under `backend`. */
+/** What model.stats() returns: counters since load, and the backend's telemetry under `engine`. */
 export interface ModelStats {
+  /** The backend's name: "reference", "cpu", "metal" or "cuda" (its telemetry is `engine`). */
   backend: string;
+  /** Finished generations (aborted ones are not counted). */
   generations: number;
   promptTokens: number;
   completionTokens: number;
   prefillMs: number;
   decodeMs: number;
+  /** MTP draft tokens proposed and accepted. */
   drafts: { proposed: number; accepted: number };
-  /** The backend's own telemetry (pool, IO, lookahead, phases ... on the engine). */
+  /** The backend's own telemetry, whatever the backend: pool, IO, lookahead, phases ... on the engine; only `backend` on the reference. */
   engine: BackendStats;
 }
 
@@ -156,14 +161,16 @@ async function openBackend(files: ModelFiles, opts: LoadOptions): Promise<{ back
   // The footprints are checked against the budget before anything is allocated (footprint.ts).
   const budget = memoryBudget(undefined, opts.engine?.hostReserveBytes);
   let reason: string | null = null;
-  if (name === "auto") ({ backend: name, reason } = autoBackend(process.env, process.platform, undefined, { manifest: files.manifest, budget }));
+  if (name === "auto") ({ backend: name, reason } = autoBackend({ model: { manifest: files.manifest, budget } }));
   if (name === "reference") {
     checkFits("reference", files.dir, referenceFootprint(files.manifest), budget, "Use --backend cpu (Model.load backend \"cpu\"): the engine streams the experts from disk.");
-    return { backend: new ReferenceBackend(files, { prefillChunk: opts.prefillChunk }), reason };
+    return { backend: new ReferenceBackend(files, { prefillChunk: opts.prefillChunk, maxContext: opts.engine?.maxContext }), reason };
   }
   const engine: EngineOptions = { ...opts.engine, prefillChunk: opts.engine?.prefillChunk ?? opts.prefillChunk };
   if (name === "cpu" || name === "metal" || name === "cuda") {
-    const why = shimUnavailable(name);
+    // A GPU backend must also open a device (and run a kernel): otherwise a driver's error
+    // would surface mid-load as if the model were at fault.
+    const why = name === "cpu" ? shimUnavailable(name) : gpuProblem(name);
     if (why) throw new BackendUnavailableError(`backend "${name}" is not available here: ${why}`);
     // The cpu device is host memory: with the pool sized by the budget, what the engine cannot
     // run without is checked before the device allocates anything (an explicit pool size is the
@@ -378,8 +385,8 @@ export class Model {
   }
 
   /**
-   * The most tokens one session holds (prompt and generated), or null when only memory limits
-   * it (the reference). The engine's is `engine.maxContext` at load.
+   * The most tokens one session holds (prompt and generated): `engine.maxContext` at load; null
+   * on the reference without it, where only memory limits it.
    */
   get maxContext(): number | null {
     return this.backend.maxContext;

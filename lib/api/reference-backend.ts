@@ -1,5 +1,6 @@
 // The reference as a backend: exact, slow, pure TypeScript. Used as the oracle in tests and
 // as the backend of last resort (`--backend reference`).
+import { ContextFullError } from "../gpu/state.ts";
 import type { Weights } from "../model/weights.ts";
 import { MtpProposer, ReferenceModel, type SequenceState } from "../reference/index.ts";
 import { argmax, topTwoMargin } from "../reference/ops.ts";
@@ -57,6 +58,8 @@ class ReferenceCheckpoint implements BackendCheckpoint {
 export interface ReferenceBackendOptions {
   /** Rows per prefill batch (default 512). */
   prefillChunk?: number;
+  /** Positions a sequence may hold, as the engine's maxContext (default: unbounded, the caches grow). */
+  maxContext?: number;
 }
 
 class ReferenceSequence implements BackendSequence {
@@ -67,7 +70,12 @@ class ReferenceSequence implements BackendSequence {
   /** What has been committed to the proposer and not yet consumed by a proposal (for checkpoints). */
   private mtpPending: { hidden: Float32Array[]; next: number[] } = { hidden: [], next: [] };
 
-  constructor(private model: ReferenceModel, private chunk: number, from?: ReferenceCheckpoint) {
+  constructor(
+    private model: ReferenceModel,
+    private chunk: number,
+    private maxContext: number | null,
+    from?: ReferenceCheckpoint,
+  ) {
     this.state = model.newState();
     this.proposer = model.hasMtp ? new MtpProposer(model) : null;
     if (from) this.resume(from);
@@ -153,9 +161,19 @@ class ReferenceSequence implements BackendSequence {
     return { next, ...(sample.logprobs !== null ? { logprobs: tokenLogprobs(z, next, sample.logprobs) } : {}) };
   }
 
+  /** Throws a ContextFullError unless `rows` more positions fit (the engine's rule and words). */
+  private checkRoom(rows: number): void {
+    if (this.maxContext !== null && this.state.length + rows > this.maxContext)
+      throw new ContextFullError(
+        `context full: the sequence holds ${this.state.length} tokens and ${rows} more would exceed maxContext ${this.maxContext} ` +
+          "(raise it with Model.load(dir, { engine: { maxContext } }))",
+      );
+  }
+
   async forward(tokens: number[], signal?: AbortSignal, sample?: SampleRequest): Promise<RowsResult> {
     this.check();
     checkTokens(tokens, this.model.config.vocab_size, "token");
+    this.checkRoom(tokens.length);
     const out: RowsResult = { next: [], margins: [] };
     let last: Float32Array | null = null;
     for (let i = 0; i < tokens.length; i += this.chunk) {
@@ -185,6 +203,9 @@ class ReferenceSequence implements BackendSequence {
     throwIfAborted(signal);
     this.check();
     if (!this.proposer) throw new Error("this model has no MTP head: speculative decoding is unavailable");
+    this.checkRoom(1);
+    // Drafts only into room the context has (they are rows of the verifying step).
+    if (this.maxContext !== null) drafts = Math.min(drafts, this.maxContext - this.state.length - 1);
     // The proposer drafts for the position after the newest committed token: run `next`'s
     // pairing first by committing (pending hidden, next).
     if (this.pendingHidden) {
@@ -256,22 +277,22 @@ export class ReferenceBackend implements Backend {
   readonly name = "reference";
   readonly model: ReferenceModel;
   private chunk: number;
+  readonly maxContext: number | null;
   constructor(private weights: Weights & { close?: () => void }, opts: ReferenceBackendOptions = {}) {
     this.model = new ReferenceModel(weights);
     this.chunk = opts.prefillChunk ?? 512;
+    this.maxContext = opts.maxContext ?? null;
   }
   get config() {
     return this.model.config;
   }
-  /** The reference's caches grow as needed. */
-  readonly maxContext = null;
   get maxDrafts() {
     return this.model.config.mtp?.max_drafts ?? 0;
   }
   newSequence(from?: BackendCheckpoint): BackendSequence {
     if (from && !(from instanceof ReferenceCheckpoint && from.model === this.model))
       throw new Error("the checkpoint was made by another model or backend: it resumes only where it was made");
-    return new ReferenceSequence(this.model, this.chunk, from);
+    return new ReferenceSequence(this.model, this.chunk, this.maxContext, from);
   }
   penaltyCounts(): PenaltyCounts {
     return new PenaltyCounts(this.model.config.vocab_size);

@@ -24,11 +24,62 @@ export interface Parsed {
   positionals: string[];
 }
 
+/**
+ * llama.cpp's spellings that parseArgs cannot read as they are: multi-letter single-dash
+ * names ("-sys" would be -s "ys", "-ngl" -n "gl") and long names cherenkov spells otherwise.
+ * Each applies when the command has the option it maps to.
+ */
+const LLAMA_SPELLINGS: Record<string, string> = {
+  "-sys": "--system",
+  "--system-prompt": "--system",
+  "--n-predict": "--max-tokens",
+  "-ngl": "--n-gpu-layers",
+  "--gpu-layers": "--n-gpu-layers",
+  "-fa": "--flash-attn",
+  "-mg": "--main-gpu",
+  "-sm": "--split-mode",
+  "-ts": "--tensor-split",
+};
+
+/** A value that parseArgs would take for an option: "-1", "-0.5". */
+const NEGATIVE_NUMBER = /^-\d+(\.\d+)?$/;
+
+/**
+ * argv as parseArgs can read it: llama.cpp's spellings renamed, a negative number after an
+ * option that takes a value joined to it (`-n -1` -> `--max-tokens=-1`; parseArgs refuses it
+ * as "ambiguous"), and `--flash-attn on|off|auto` (a value in newer llama.cpp) reduced to the flag.
+ */
+export function llamaArgv(argv: string[], spec: FlagSpec): string[] {
+  const valued = new Map<string, string>();
+  for (const [name, o] of Object.entries(spec)) {
+    if (o.type !== "string") continue;
+    valued.set(`--${name}`, name);
+    if (o.short) valued.set(`-${o.short}`, name);
+  }
+  const out: string[] = [];
+  for (let i = 0; i < argv.length; i++) {
+    let arg = argv[i]!;
+    if (arg === "--") {
+      out.push(...argv.slice(i));
+      break;
+    }
+    const renamed = LLAMA_SPELLINGS[arg];
+    if (renamed && spec[renamed.slice(2)]) arg = renamed;
+    const name = valued.get(arg);
+    if (name && NEGATIVE_NUMBER.test(argv[i + 1] ?? "")) out.push(`--${name}=${argv[++i]}`);
+    else if (arg === "--flash-attn" && spec["flash-attn"]?.type === "boolean" && /^(on|off|auto)$/.test(argv[i + 1] ?? "")) {
+      out.push(arg);
+      i++;
+    } else out.push(arg);
+  }
+  return out;
+}
+
 /** Parses argv against `spec`, allowing at most `maxPositionals` positional arguments. */
 export function parseFlags(argv: string[], spec: FlagSpec, maxPositionals: number): Parsed {
   let parsed;
   try {
-    parsed = parseArgs({ args: argv, options: spec, allowPositionals: true, strict: true });
+    parsed = parseArgs({ args: llamaArgv(argv, spec), options: spec, allowPositionals: true, strict: true });
   } catch (e) {
     // parseArgs messages already name the flag ("Unknown option '--x'. To specify a positional
     // argument starting with a '-' ...", "Option '--seed <value>' argument missing"); keep the first sentence.
@@ -78,6 +129,17 @@ export function choiceFlag<T extends string>(flags: Flags, name: string, choices
   if (v === undefined) return fallback;
   if (!choices.includes(v as T)) throw new UsageError(`--${name}: "${v}" is not one of ${choices.join(", ")}`);
   return v as T;
+}
+
+/**
+ * -n/--max-tokens: a count in 1..max, `fallback` when absent, or -1 (llama.cpp's "no limit":
+ * until the end token or a full context), which is null.
+ */
+export function maxTokensFlag(flags: Flags, fallback: number, max: number): number | null {
+  if (stringFlag(flags, "max-tokens")?.trim() === "-1") return null;
+  const v = stringFlag(flags, "max-tokens");
+  if (v !== undefined && !/^\d+$/.test(v.trim())) throw new UsageError(`--max-tokens: "${v}" is not an integer in 1..${max}, or -1 (no limit)`);
+  return intFlag(flags, "max-tokens", fallback, 1, max);
 }
 
 /** `--drafts auto|N`: "auto" (the adaptive count) or a fixed count in 0..16; 0 when absent. */

@@ -1,14 +1,32 @@
 // The options every command that loads a model takes, with one name each (run and serve
 // share them): model directory, backend, context size, prefill chunk, drafts, and the
 // engine's pool, backing, IO and lookahead settings.
+import { autoBackend } from "../api/auto-backend.ts";
+import { BackendUnavailableError } from "../api/backend.ts";
 import type { EngineOptions } from "../api/engine-backend.ts";
-import type { BackendName } from "../api/model.ts";
-import { parsePoolSize } from "../gpu/budget.ts";
+import { Model, type BackendName } from "../api/model.ts";
+import { BudgetError, parsePoolSize } from "../gpu/budget.ts";
 import { IO_MODES, type IoMode } from "../gpu/load.ts";
 import { DEFAULT_POOL_POLICY, POOL_POLICIES } from "../gpu/residency.ts";
 import { choiceFlag, intFlag, stringFlag, type FlagSpec, type Flags, UsageError } from "./args.ts";
+import type { CliIO } from "./io.ts";
 
 export const BACKENDS = ["auto", "reference", "cpu", "metal", "cuda"] as const;
+
+/**
+ * llama.cpp's offload and threading flags: accepted so that a llama.cpp command line runs,
+ * with a note that they do not apply (every layer runs on the loaded backend's device).
+ */
+export const OFFLOAD_FLAGS: FlagSpec = {
+  "n-gpu-layers": { type: "string" },
+  "flash-attn": { type: "boolean" },
+  threads: { type: "string", short: "t" },
+  "main-gpu": { type: "string" },
+  "split-mode": { type: "string" },
+  "tensor-split": { type: "string" },
+  mlock: { type: "boolean" },
+  "no-mmap": { type: "boolean" },
+};
 
 export const MODEL_FLAGS: FlagSpec = {
   model: { type: "string", short: "m" },
@@ -24,6 +42,7 @@ export const MODEL_FLAGS: FlagSpec = {
   "pool-policy": { type: "string" },
   "no-lookahead": { type: "boolean" },
   trace: { type: "string" },
+  ...OFFLOAD_FLAGS,
 };
 
 export const MODEL_FLAGS_USAGE = `  Model options (run and serve):
@@ -48,7 +67,16 @@ export const MODEL_FLAGS_USAGE = `  Model options (run and serve):
                          (default; its layer's distance and its recent use rate), the layer
                          visited farthest away next, or the least recently used record
     --no-lookahead       do not run the next layer's router early to prefetch its experts
-    --trace FILE         append every step's routing (tokens, experts, weights, misses) as JSON lines`;
+    --trace FILE         append every step's routing (tokens, experts, weights, misses) as JSON lines
+  llama.cpp's offload and threading flags, accepted and ignored with a note (every layer
+  runs on the backend's device):
+    -ngl, --n-gpu-layers N  layers on the GPU
+    -fa, --flash-attn    flash attention (on|off|auto may follow)
+    -t, --threads N      CPU threads
+    -mg, --main-gpu N    the GPU to use
+    -sm, --split-mode X  how to split the model across GPUs
+    -ts, --tensor-split X  shares of the model per GPU
+    --mlock, --no-mmap   locking and mapping of the model's memory`;
 
 /** The model directory: -m/--model or the one positional argument (not both). */
 export function modelDir(flags: Flags, positionals: string[]): string | undefined {
@@ -71,6 +99,20 @@ export function ctxSizeFlag(flags: Flags): number | undefined {
 export function ioFlag(flags: Flags): IoMode {
   if (flags.io !== undefined && flags.backing === "mapped") throw new UsageError("--io applies to --backing wired (the mapped backing does no reads)");
   return choiceFlag(flags, "io", IO_MODES, "direct");
+}
+
+/** Flags that set the engine's pool, reads or traces: the reference backend has none of these. */
+const ENGINE_ONLY = ["pool", "pool-slots", "backing", "io", "pool-policy", "no-lookahead", "trace"] as const;
+
+/**
+ * Refuses engine-only flags when the model runs on the reference backend (named, or auto's
+ * choice here), rather than ignoring them; -c applies to every backend.
+ */
+export function checkEngineFlagsApply(flags: Flags, backend: string, why: string): void {
+  if (backend !== "reference") return;
+  const given = ENGINE_ONLY.filter((f) => flags[f] !== undefined).map((f) => `--${f}`);
+  if (given.length)
+    throw new UsageError(`${given.join(", ")}: ${given.length > 1 ? "these apply" : "applies"} to the engine (--backend cpu, metal or cuda), and this run uses the reference backend (${why}), which has no expert pool`);
 }
 
 /** The engine's options from --pool, --pool-slots, --backing, --io, --pool-policy, --no-lookahead, --trace, --ctx-size. */
@@ -97,4 +139,25 @@ export function engineFlags(flags: Flags): EngineOptions {
   const trace = stringFlag(flags, "trace");
   if (trace !== undefined) engine.trace = trace;
   return engine;
+}
+
+/**
+ * Loads the model as run, chat and serve do: --backend (auto resolved first, so engine-only
+ * flags on the reference are refused before loading), --prefill-chunk, the engine flags;
+ * load errors the user can fix become usage errors; --verbose says which backend and why.
+ */
+export async function loadModelFromFlags(flags: Flags, dir: string, io: CliIO): Promise<Model> {
+  const offload = Object.keys(OFFLOAD_FLAGS).filter((f) => flags[f] !== undefined);
+  if (offload.length) io.stderr(`cherenkov: ${offload.map((f) => `--${f}`).join(", ")}: llama.cpp's offload and threading flags do not apply here (every layer runs on the backend's device); ignored\n`);
+  const backend = backendFlag(flags);
+  const chosen = backend === "auto" ? autoBackend() : null;
+  checkEngineFlagsApply(flags, chosen?.backend ?? backend, chosen ? `auto's choice here: ${chosen.reason}` : "--backend reference");
+  const prefillChunk = intFlag(flags, "prefill-chunk", 512, 1, 1 << 20);
+  const model = await Model.load(dir, { backend, prefillChunk, engine: engineFlags(flags) }).catch((e: unknown) => {
+    if (e instanceof BackendUnavailableError) throw new UsageError(`--backend: ${e.message}`);
+    if (e instanceof BudgetError) throw new UsageError(`--pool: ${e.message}`);
+    throw e;
+  });
+  if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${model.backendReason ?? chosen?.reason})` : ""}\n`);
+  return model;
 }

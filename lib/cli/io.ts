@@ -25,5 +25,5 @@ export function processIO(): CliIO {
 
 /** A sink for ProgressBar when progress is wanted, else null. */
 export function progressSink(io: CliIO, forced: boolean) {
-  return io.stderrIsTTY || forced ? { write: io.stderr } : null;
+  return io.stderrIsTTY || forced ? { write: io.stderr, terminal: io.stderrIsTTY } : null;
 }

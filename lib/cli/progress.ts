@@ -1,8 +1,12 @@
 // A one-line progress bar on stderr: bytes done, rate and time left. Redrawn at most ten
-// times a second; silent unless enabled (stderr is a terminal, or --progress).
+// times a second; silent unless enabled (stderr is a terminal, or --progress). Where stderr
+// is no terminal (--progress into a log or a pipe) it writes plain lines instead, at most one
+// a second: no carriage returns or escape codes.
 
 export interface ProgressSink {
   write(text: string): void;
+  /** The sink is a terminal, which redraws one line in place (default true). */
+  terminal?: boolean;
 }
 
 export function formatBytes(n: number): string {
@@ -38,16 +42,18 @@ export class ProgressBar {
   /** Reports `done` of `total` bytes; draws when enabled and at least 100 ms have passed. */
   update(done: number, total: number): void {
     if (!this.sink) return;
+    const terminal = this.sink.terminal ?? true;
     const now = performance.now();
-    if (done < total && now - this.lastDraw < 100) return;
+    if (done < total && now - this.lastDraw < (terminal ? 100 : 1000)) return;
     this.lastDraw = now;
-    this.sink.write(`\r${this.line(done, total, (now - this.started) / 1000)}\x1b[K`);
+    const line = this.line(done, total, (now - this.started) / 1000);
+    this.sink.write(terminal ? `\r${line}\x1b[K` : `${line}\n`);
     this.drawn = true;
   }
 
   /** Ends the line (so later output starts on a fresh one). */
   finish(): void {
-    if (this.sink && this.drawn) this.sink.write("\n");
+    if (this.sink && this.drawn && (this.sink.terminal ?? true)) this.sink.write("\n");
   }
 
   line(done: number, total: number, seconds: number): string {

@@ -28,13 +28,14 @@ export const SAMPLING_FLAGS_USAGE = `  Sampling (default greedy; docs/sampling.m
     --repeat-penalty R   divide the logits of tokens already in the context by R (1 = off)
     --presence-penalty X  subtract X from tokens already generated (0 = off)
     --frequency-penalty X  subtract X per time a token was generated (0 = off)
-    -s, --seed N         the same seed and inputs give the same tokens (default: random)`;
+    -s, --seed N         the same seed and inputs give the same tokens (default, or -1: random)`;
 
 export function samplingFlags(flags: Flags): Partial<GenerateOptions> {
   const out: Record<string, number> = {};
   for (const [flag, field] of Object.entries(NAMES)) {
     const text = stringFlag(flags, flag);
     if (text === undefined) continue;
+    if (flag === "seed" && text.trim() === "-1") continue; // llama.cpp's "a random seed", the default
     const v = Number(text);
     if (text.trim() === "" || !Number.isFinite(v)) throw new UsageError(`--${flag}: "${text}" is not a number`);
     out[field] = v;

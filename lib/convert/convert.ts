@@ -25,6 +25,9 @@ import {
 import { isMlxCheckpoint, MlxSource } from "./mlx.ts";
 import type { RowMatrix } from "./rows.ts";
 import { Checkpoint } from "./safetensors.ts";
+import { workerFile } from "../worker-file.ts";
+
+const EXPERT_WORKER = workerFile("./expert-worker.ts", import.meta.url);
 
 export interface ConvertOptions {
   /** Checkpoint directory: config.json and *.safetensors (+ tokenizer files). */
@@ -159,7 +162,8 @@ export async function convertCheckpoint(opts: ConvertOptions): Promise<ConvertRe
         progress(w.lastDenseBytes);
       }
       const { layers, per_layer, stride } = w.expertLayout;
-      const workers = opts.workers ?? (layers * per_layer * stride >= 256 << 20 ? Math.min(8, navigator.hardwareConcurrency) : 0);
+      // A bundled app carries no worker file: it encodes the records on this thread.
+      const workers = EXPERT_WORKER === null ? 0 : opts.workers ?? (layers * per_layer * stride >= 256 << 20 ? Math.min(8, navigator.hardwareConcurrency) : 0);
       if (workers > 1) await writeExpertsInWorkers(w, opts, workers, () => progress(stride));
       else
         for (let l = 0; l < layers; l++)
@@ -200,7 +204,7 @@ export function expertRecord(plan: ConversionPlan, reader: PieceReader, parts: R
 async function writeExpertsInWorkers(w: ModelWriter, opts: ConvertOptions, count: number, progress: () => void): Promise<void> {
   const { layers, per_layer, parts } = w.expertLayout;
   const jobs = layers * per_layer;
-  const pool = Array.from({ length: count }, () => new Worker(new URL("./expert-worker.ts", import.meta.url).href));
+  const pool = Array.from({ length: count }, () => new Worker(EXPERT_WORKER!));
   try {
     await new Promise<void>((resolve, reject) => {
       let next = 0;

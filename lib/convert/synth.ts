@@ -12,6 +12,9 @@ import { encodeExpertRecord, ModelWriter, plannedBytes } from "../model/writer.t
 import { byteTokenizer } from "./byte-tokenizer.ts";
 import { presetConfig, type Features, type PresetName } from "./presets.ts";
 import type { WorkerReply, WorkerRequest } from "./synth-worker.ts";
+import { workerFile } from "../worker-file.ts";
+
+const SYNTH_WORKER = workerFile("./synth-worker.ts", import.meta.url);
 
 export interface SynthOptions {
   preset: PresetName;
@@ -93,7 +96,8 @@ export async function synthesize(opts: SynthOptions): Promise<SynthResult> {
       kept?.push(record);
       progress(layout.stride);
     };
-    const workers = opts.workers ?? (generated * layout.stride > 64e6 ? availableParallelism() : 0);
+    // A bundled app carries no worker file: it builds the records on this thread.
+    const workers = SYNTH_WORKER === null ? 0 : opts.workers ?? (generated * layout.stride > 64e6 ? availableParallelism() : 0);
     if (workers > 0) {
       await writeExpertsInWorkers(w, config, seed, workers, generated, written);
     } else {
@@ -135,7 +139,7 @@ export async function synthesize(opts: SynthOptions): Promise<SynthResult> {
 async function writeExpertsInWorkers(w: ModelWriter, config: ModelConfig, seed: number, count: number, total: number, onRecord: (index: number, record: Uint8Array) => void) {
   const layout = w.expertLayout;
   const window = count * 3;
-  const pool = Array.from({ length: count }, () => new Worker(new URL("./synth-worker.ts", import.meta.url).href));
+  const pool = Array.from({ length: count }, () => new Worker(SYNTH_WORKER!));
   try {
     await new Promise<void>((resolve, reject) => {
       const ready = new Map<number, Uint8Array>();

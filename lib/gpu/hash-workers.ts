@@ -5,8 +5,11 @@
 // overlaps the reads instead. The caller keeps the memory alive until the promise settles.
 import { ptr } from "bun:ffi";
 import { availableParallelism } from "node:os";
+import { checksum } from "../model/checksum.ts";
+import { workerFile } from "../worker-file.ts";
 
-const WORKER_URL = new URL("./hash-worker.ts", import.meta.url).href;
+/** null in a bundled app: records are then hashed on this thread (slower reads, same sums). */
+const WORKER_URL = workerFile("./hash-worker.ts", import.meta.url);
 
 export class HashWorkers {
   private readonly workers: Worker[] = [];
@@ -14,11 +17,15 @@ export class HashWorkers {
   private nextId = 1;
   private turn = 0;
 
-  constructor(readonly size = Math.max(1, Math.min(4, availableParallelism() - 1))) {}
+  constructor(
+    readonly size = Math.max(1, Math.min(4, availableParallelism() - 1)),
+    /** The worker file; null hashes on this thread. */
+    private readonly url: string | null = WORKER_URL,
+  ) {}
 
-  private worker(): Worker {
+  private worker(url: string): Worker {
     if (this.workers.length < this.size) {
-      const w = new Worker(WORKER_URL);
+      const w = new Worker(url);
       w.unref();
       w.onmessage = (ev: MessageEvent<{ id: number; sum: string }>) => {
         const p = this.pending.get(ev.data.id);
@@ -26,7 +33,10 @@ export class HashWorkers {
         p?.resolve(ev.data.sum);
       };
       w.onerror = (ev) => {
-        const e = new Error(`checksum worker failed: ${(ev as ErrorEvent).message ?? "unknown error"}`);
+        // A dead worker is dropped (the next hash starts another): jobs sent to it would wait forever.
+        w.terminate();
+        this.workers.splice(this.workers.indexOf(w), 1);
+        const e = new Error(`checksum worker ${url} failed: ${(ev as ErrorEvent).message ?? "unknown error"}`);
         for (const p of this.pending.values()) p.reject(e);
         this.pending.clear();
       };
@@ -38,10 +48,12 @@ export class HashWorkers {
 
   /** xxhash64 of `bytes` (16 hex digits, as lib/model/checksum.ts writes it), computed on a worker. */
   hash(bytes: Uint8Array): Promise<string> {
+    const url = this.url;
+    if (url === null) return Promise.resolve(checksum(bytes));
     return new Promise((resolve, reject) => {
       const id = this.nextId++;
       this.pending.set(id, { resolve, reject });
-      this.worker().postMessage({ id, addr: Number(ptr(bytes)), len: bytes.byteLength });
+      this.worker(url).postMessage({ id, addr: Number(ptr(bytes)), len: bytes.byteLength });
     });
   }
 

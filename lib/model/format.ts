@@ -1,7 +1,7 @@
 // Reads a model directory (docs/format.md): checks cherenkov.json against the config's tensor
 // inventory and the files' sizes up front, so that every later read is in bounds, then serves
 // tensors as the reference's Weights (dequantized to f32 on first use, cached).
-import { closeSync, fstatSync, openSync, read, readSync, statSync } from "node:fs";
+import { closeSync, existsSync, fstatSync, openSync, read, readdirSync, readSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { checksum } from "./checksum.ts";
 import { decode } from "./codec.ts";
@@ -107,6 +107,15 @@ export async function openModel(dir: string, opts: OpenOptions = {}): Promise<Mo
   return model;
 }
 
+/** A checkpoint as `cherenkov convert` takes it: config.json beside safetensors files. */
+function isCheckpoint(dir: string): boolean {
+  try {
+    return existsSync(join(dir, "config.json")) && readdirSync(dir).some((f) => f.endsWith(".safetensors") || f === "model.safetensors.index.json");
+  } catch {
+    return false;
+  }
+}
+
 /** Reads and validates cherenkov.json, and checks the binary files are large enough for it. */
 export function readManifest(dir: string): ValidManifest {
   let st;
@@ -121,7 +130,11 @@ export function readManifest(dir: string): ValidManifest {
   try {
     text = readTextFile(path, MANIFEST_FILE, FILE_LIMITS.manifest);
   } catch (e) {
-    if (errnoOf(e) === "ENOENT") return fail(`${MANIFEST_FILE} is missing in ${dir} (not a model directory, or an unfinished write)`, MANIFEST_FILE);
+    if (errnoOf(e) === "ENOENT") {
+      if (isCheckpoint(dir))
+        return fail(`${MANIFEST_FILE} is missing in ${dir}: it holds a Hugging Face or MLX checkpoint (config.json, *.safetensors); convert it first: cherenkov convert ${dir} OUT_DIR`, MANIFEST_FILE);
+      return fail(`${MANIFEST_FILE} is missing in ${dir} (not a model directory, or an unfinished write)`, MANIFEST_FILE);
+    }
     throw e;
   }
   let raw: unknown;

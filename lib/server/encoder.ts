@@ -8,8 +8,15 @@
 // when the worker starts it; a job past it restarts the worker and fails alone (400), and the
 // jobs behind it go on in the fresh worker. Prompts longer than the context could hold are
 // refused before they are queued, and the queue has a length and a wait limit.
+// A bundled app carries no worker file (lib/worker-file.ts): there the jobs run on the
+// server's thread, so a huge prompt delays other requests while it is encoded, and only the
+// chat template's own time limit applies.
 import type { TemplateMessage, TextTokenizer, TokenizerSource } from "../model/tokenizer.ts";
+import { workerFile } from "../worker-file.ts";
+import { EncoderJobs } from "./encoder-jobs.ts";
 import { ApiError } from "./errors.ts";
+
+const WORKER_URL = workerFile("./encoder-worker.ts", import.meta.url);
 
 export type EncoderRequest =
   | { id: number; kind: "load"; source: TokenizerSource }
@@ -44,6 +51,8 @@ export interface EncoderLimits {
    * longest vocabulary piece is refused before it is tokenized (default: no bound).
    */
   contextLength?: number;
+  /** The worker file (default: encoder-worker.ts beside this one); null runs the jobs on this thread. */
+  workerUrl?: string | null;
 }
 
 interface Job {
@@ -78,6 +87,10 @@ export class PromptEncoder {
   private readonly maxWaitMs: number;
   /** UTF-16 units a prompt may have before it is tokenized (Infinity: no bound). */
   readonly maxPromptUnits: number;
+  /** The worker file; null runs the jobs on this thread (a bundled app). */
+  private readonly url: string | null;
+  /** The jobs on this thread, when there is no worker file. */
+  private here: EncoderJobs | null = null;
 
   constructor(tokenizer: Pick<TextTokenizer, "source" | "longestPiece">, limits: EncoderLimits = {}) {
     this.source = tokenizer.source;
@@ -86,6 +99,7 @@ export class PromptEncoder {
     this.maxWaiting = limits.maxWaiting ?? 256;
     this.maxWaitMs = limits.maxWaitMs ?? 120_000;
     this.maxPromptUnits = limits.contextLength === undefined ? Infinity : limits.contextLength * tokenizer.longestPiece * NORMALIZATION_SLACK;
+    this.url = limits.workerUrl === undefined ? WORKER_URL : limits.workerUrl;
   }
 
   /** What the model's tokenizer offers (builds it in the worker on first use). */
@@ -167,6 +181,10 @@ export class PromptEncoder {
   }
 
   private async run(job: Job): Promise<EncoderReply> {
+    if (this.url === null) {
+      await this.start();
+      return this.here!.run({ ...job.message, id: this.next++ } as EncoderRequest);
+    }
     await this.start();
     const timeoutMs = this.timeoutMs;
     return this.exchange(job.message, timeoutMs, () =>
@@ -177,7 +195,15 @@ export class PromptEncoder {
   /** A worker with the tokenizer built (a fresh one after a restart). */
   private start(): Promise<EncoderInfo> {
     this.ready ??= (() => {
-      const w = new Worker(new URL("./encoder-worker.ts", import.meta.url).href);
+      if (this.url === null) {
+        // No worker file: the jobs run here (built once, never restarted).
+        this.here ??= new EncoderJobs();
+        return this.here.run({ id: this.next++, kind: "load", source: this.source }).then((r) => {
+          if ("error" in r) throw new ApiError(500, `the tokenizer of ${this.source.dir} does not build: ${r.error.message}`);
+          return (r as { info: EncoderInfo }).info;
+        });
+      }
+      const w = new Worker(this.url);
       w.onmessage = (e: MessageEvent<EncoderReply>) => {
         const x = this.exchanges.get(e.data.id);
         if (!x) return;

@@ -54,15 +54,18 @@ export function usage(r: GenerationResult): Usage {
 
 /**
  * Extension: where the time went, under the names llama.cpp's server uses (`timings`), so
- * tools written for it read ours. cache_n is 0: every request runs its whole prompt.
+ * tools written for it read ours. cache_n: prompt tokens a saved checkpoint already held
+ * (lib/server/prompt-cache.ts); prompt_n: the ones prefilled.
  */
-export function timings(r: GenerationResult) {
+export function timings(r: GenerationResult & { cachedTokens?: number }) {
   const { prefillMs, decodeMs } = r.timings;
-  const { promptTokens, completionTokens } = r.usage;
+  const { completionTokens } = r.usage;
+  const cached = r.cachedTokens ?? 0;
+  const promptTokens = r.usage.promptTokens - cached;
   const perToken = (ms: number, n: number) => (n > 0 ? ms / n : 0);
   const perSecond = (ms: number, n: number) => (ms > 0 ? (1000 * n) / ms : 0);
   return {
-    cache_n: 0,
+    cache_n: cached,
     prompt_n: promptTokens,
     prompt_ms: prefillMs,
     prompt_per_token_ms: perToken(prefillMs, promptTokens),

@@ -28,9 +28,14 @@ export const samplingFields = {
   seed: z.number().int("must be an integer").min(0, "must be >= 0").max(2 ** 53 - 1, "must be below 2^53").nullish(),
 };
 
+/** OpenAI's limit is 4; llama.cpp's is none. */
+const MAX_STOP_STRINGS = 16;
+
 const stopField = z
-  .union([z.string(), z.array(z.string()).max(16, "at most 16 stop strings")], { error: unlessMissing("must be a string or an array of strings") })
+  .union([z.string(), z.array(z.string())], { error: unlessMissing("must be a string or an array of strings") })
   .nullish()
+  // after the union, whose one message would otherwise hide this one
+  .refine((v) => !Array.isArray(v) || v.length <= MAX_STOP_STRINGS, `must hold at most ${MAX_STOP_STRINGS} stop strings`)
   .refine((v) => v == null || (typeof v === "string" ? v !== "" : v.every((s) => s !== "")), "stop strings must not be empty");
 
 const maxTokensField = z.number().int("must be an integer").min(1, "must be at least 1").nullish();

@@ -8,6 +8,9 @@ import { readJsonBody } from "./body.ts";
 import { resolveContextLength } from "./context.ts";
 import { ApiError, isAbortError, toApiError } from "./errors.ts";
 import { runGeneration } from "./generation.ts";
+import { PromptCache } from "./prompt-cache.ts";
+import pkg from "../../package.json";
+import { loadedAnswer, ollamaAnswer, ollamaShow, ollamaStream, ollamaTags, prepareOllamaChat, prepareOllamaGenerate, type OllamaModelFacts } from "./ollama.ts";
 import * as openai from "./openai.ts";
 import { systemFingerprint } from "./fingerprint.ts";
 import { PromptEncoder } from "./encoder.ts";
@@ -67,6 +70,11 @@ export interface ServerOptions {
   cors?: boolean;
   /** One line per request (method, path, status, time, tokens); silent when absent. */
   log?: (line: string) => void;
+  /**
+   * Start each request from the last one's checkpoints when they begin its prompt (a chat's
+   * next turn prefills only what is new; the output is the same). Default true.
+   */
+  cachePrompt?: boolean;
 }
 
 export interface RunningServer {
@@ -132,12 +140,13 @@ export function createServer(opts: ServerOptions): RunningServer {
   const items = new ItemStore(opts.storedItems ?? 1024);
   const fingerprint = systemFingerprint(model, { contextLength, drafts });
   const encoder = model.tokenizer ? new PromptEncoder(model.tokenizer, { contextLength }) : null;
+  const promptCache = opts.cachePrompt === false ? undefined : new PromptCache(model);
   const limits: RequestLimits = { model, modelId, contextLength, defaultMaxTokens, encoder };
 
   /** Starts a generation in the queue; `abort` cancels it whether it waits or runs. */
   function startGeneration(job: Prepared, abort: AbortController, onText?: (t: string, lps: TokenLogprob[]) => void): Promise<GenerationResult> {
     const done = queue.run(abort.signal, () =>
-      runGeneration(model, { prompt: job.prompt, maxTokens: job.maxTokens, stop: job.stop, drafts, signal: abort.signal, sampling: job.sampling, onText }),
+      runGeneration(model, { prompt: job.prompt, maxTokens: job.maxTokens, stop: job.stop, drafts, signal: abort.signal, sampling: job.sampling, onText }, promptCache),
     );
     const settled = done.then(
       () => void counters.completed++,
@@ -183,6 +192,8 @@ export function createServer(opts: ServerOptions): RunningServer {
       /** Event encoding (default `data: {json}`) and whether `data: [DONE]` ends the stream (default yes). */
       encode?: (event: unknown) => Uint8Array;
       done?: boolean;
+      /** Response headers (default: server-sent events'). */
+      headers?: Record<string, string>;
     },
     tag: string,
     t0: number,
@@ -241,7 +252,7 @@ export function createServer(opts: ServerOptions): RunningServer {
         abort.abort(new DOMException("the client disconnected", "AbortError"));
       },
     });
-    return new Response(body, { headers: { ...corsHeaders, ...SSE_HEADERS } });
+    return new Response(body, { headers: { ...corsHeaders, ...(shape.headers ?? SSE_HEADERS) } });
   }
 
   async function chatCompletions(req: Request, tag: string, t0: number): Promise<Response> {
@@ -385,6 +396,25 @@ export function createServer(opts: ServerOptions): RunningServer {
     };
   }
 
+  /** Ollama's /api/chat and /api/generate: one answer, or NDJSON lines with stream (its default). */
+  async function ollamaGeneration(req: Request, tag: string, t0: number, prepare: typeof prepareOllamaChat | typeof prepareOllamaGenerate): Promise<Response> {
+    const o = await prepare(limits, await readJsonBody(req, maxBodyBytes));
+    if ("load" in o) return json(loadedAnswer(o.model));
+    if (!o.stream) return complete(req, o.job, (r) => ollamaAnswer(o, r, performance.now() - t0), tag, t0);
+    return streamGeneration(req, { ...o.job, includeUsage: false }, ollamaStream(o, t0), tag, t0);
+  }
+
+  const ollamaFacts = (): OllamaModelFacts => ({
+    modelId,
+    dir: model.dir,
+    architecture: model.config.architecture,
+    contextLength,
+    hiddenSize: model.config.hidden_size,
+    layers: model.config.num_layers,
+    digest: createHash("sha256").update(fingerprint).digest("hex"),
+    tools: false,
+  });
+
   type Handler = (req: Request, tag: string, t0: number) => Response | Promise<Response>;
   const routes: Record<string, Partial<Record<string, Handler>>> = {
     "/health": { GET: () => json({ status: "ok", model: modelId, backend: model.backendName, queue: { running: queue.running, waiting: queue.waiting } }) },
@@ -393,6 +423,16 @@ export function createServer(opts: ServerOptions): RunningServer {
     "/v1/completions": { POST: completions },
     "/v1/responses": { POST: responses },
     "/v1/stats": { GET: () => json(stats()) },
+    "/api/chat": { POST: (req, tag, t0) => ollamaGeneration(req, tag, t0, prepareOllamaChat) },
+    "/api/generate": { POST: (req, tag, t0) => ollamaGeneration(req, tag, t0, prepareOllamaGenerate) },
+    "/api/tags": { GET: () => json(ollamaTags(ollamaFacts())) },
+    "/api/show": {
+      POST: async (req) => {
+        const facts = { ...ollamaFacts(), tools: encoder ? (await encoder.info()).tools : false };
+        return json(ollamaShow(facts, await readJsonBody(req, maxBodyBytes)));
+      },
+    },
+    "/api/version": { GET: () => json({ version: pkg.version }) },
   };
 
   function authorized(req: Request): boolean {
@@ -408,14 +448,15 @@ export function createServer(opts: ServerOptions): RunningServer {
     counters.requests++;
     try {
       if (req.method === "OPTIONS" && opts.cors) return new Response(null, { status: 204, headers: corsHeaders });
-      if (path.startsWith("/v1/") && !authorized(req))
+      if ((path.startsWith("/v1/") || path.startsWith("/api/")) && !authorized(req))
         throw new ApiError(401, "missing or wrong API key: send Authorization: Bearer <key>", null, "invalid_api_key");
       let route = routes[path];
       if (!route && path.startsWith("/v1/models/")) {
         const id = decodePathPart(path.slice("/v1/models/".length));
         route = { GET: () => (checkModel(limits, id), json(openai.modelObject(modelId, created))) };
       }
-      if (!route) throw new ApiError(404, `no route ${path} (see /v1/models, /v1/chat/completions, /v1/completions, /v1/responses, /v1/stats, /health)`, null, "not_found");
+      if (!route)
+        throw new ApiError(404, `no route ${path} (see /v1/models, /v1/chat/completions, /v1/completions, /v1/responses, /v1/stats, /health; Ollama's /api/chat, /api/generate, /api/tags, /api/show)`, null, "not_found");
       const handler = route[req.method];
       if (!handler) {
         const allow = Object.keys(route).join(", ");
@@ -435,6 +476,8 @@ export function createServer(opts: ServerOptions): RunningServer {
       }
       if (err.status !== 500) counters.rejected++; // refused, as opposed to failed while generating
       log(`${tag} ${err.status} ${ms(t0)} ${err.message}`);
+      // Ollama's clients read {"error": "..."}
+      if (path.startsWith("/api/")) return json({ error: err.message }, err.status, err.headers);
       return errorResponse(err);
     }
   }

@@ -15,12 +15,27 @@ import { generateCuda } from "./gen.ts";
 const ROOT = join(import.meta.dir, "..", "..");
 const CUDA_DIR = import.meta.dir;
 const libraryIn = (outDir: string) => join(outDir, "libcherenkov_cuda.so");
-/** Hopper (the H200) natively, plus PTX for anything newer. */
-const ARCH = process.env.CHERENKOV_CUDA_ARCH ?? "sm_90";
+/**
+ * One architecture (nvcc's -arch=sm_XY: that GPU generation's code plus PTX for newer ones):
+ * CHERENKOV_CUDA_ARCH, else this machine's GPU's compute capability, else Hopper (sm_90, the
+ * H200). One, not a list: each architecture is another full compile (minutes on 2 cores).
+ */
+export function cudaArch(env: Record<string, string | undefined> = process.env, detected: string | null = detectedComputeCapability()): string {
+  if (env.CHERENKOV_CUDA_ARCH) return env.CHERENKOV_CUDA_ARCH;
+  return detected ? `sm_${detected.replace(".", "")}` : "sm_90";
+}
+
+/** The first GPU's compute capability ("8.6") per nvidia-smi; null without one. */
+function detectedComputeCapability(): string | null {
+  if (!Bun.which("nvidia-smi")) return null;
+  const r = Bun.spawnSync(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], { stdout: "pipe", stderr: "ignore" });
+  const first = r.exitCode === 0 ? r.stdout.toString().trim().split("\n")[0]!.trim() : "";
+  return /^\d+\.\d+$/.test(first) ? first : null;
+}
 
 /** The device-code flags every kernel object is compiled with (spec/native/cuda-spills.test.ts uses them too). */
-export function cudaCompileFlags(): string[] {
-  return ["-std=c++17", "-O3", `-arch=${ARCH}`];
+export function cudaCompileFlags(arch: string = cudaArch()): string[] {
+  return ["-std=c++17", "-O3", `-arch=${arch}`];
 }
 
 /** The nvcc to use: $NVCC, else nvcc on PATH, else /usr/local/cuda/bin/nvcc; null when none. */
@@ -67,13 +82,14 @@ export async function buildCuda(opts: { force?: boolean; outDir: string }): Prom
   if (!nvcc) return "";
   const CUDA_LIBRARY = libraryIn(opts.outDir);
   if (!opts.force && !cudaBuildIsStale(CUDA_LIBRARY)) return "";
+  const ARCH = cudaArch();
   const GEN_DIR = join(opts.outDir, "gen-cuda");
   const OBJ_DIR = join(opts.outDir, "obj-cuda");
   mkdirSync(OBJ_DIR, { recursive: true });
   const generated = generateCuda(ROOT, GEN_DIR);
   const newestInput = Math.max(...cudaInputs().map(mtime));
   const include = ["-I", join(CUDA_DIR, "include"), "-I", CUDA_DIR, "-I", GEN_DIR];
-  const flags = [...cudaCompileFlags(), "-Xcompiler", "-fPIC,-fvisibility=hidden", "-Xptxas", "-warn-spills"];
+  const flags = [...cudaCompileFlags(ARCH), "-Xcompiler", "-fPIC,-fvisibility=hidden", "-Xptxas", "-warn-spills"];
   const jobs = [
     ...generated.sources.map((s) => ({ source: s, object: join(OBJ_DIR, `${basename(s, ".cu")}.o`), extra: include })),
     { source: join(CUDA_DIR, "runtime.cu"), object: join(OBJ_DIR, "runtime.o"), extra: [] as string[] },

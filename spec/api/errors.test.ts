@@ -5,7 +5,7 @@ import * as cherenkov from "../../lib/index.ts";
 import { Model, ModelClosedError, SessionClosedError } from "../../lib/index.ts";
 
 test("the error classes are exported, each an Error subclass named as exported", () => {
-  for (const name of ["BackendUnavailableError", "BudgetError", "ConfigError", "ContextFullError", "FootprintError", "GpuStepError", "InvalidArgumentError", "IoCancelledError", "IoReadError", "IoTimeoutError", "ModelClosedError", "ModelFormatError", "PoolTooSmallError", "SessionBusyError", "SessionClosedError", "ShimError"] as const) {
+  for (const name of ["BackendUnavailableError", "BudgetError", "ChatTemplateError", "ConfigError", "ContextFullError", "FootprintError", "GpuStepError", "InvalidArgumentError", "IoCancelledError", "IoReadError", "IoTimeoutError", "ModelClosedError", "ModelFormatError", "NonFiniteError", "PoolTooSmallError", "SessionBusyError", "SessionClosedError", "ShimError"] as const) {
     const Cls = cherenkov[name] as unknown as new (...a: never[]) => Error;
     expect(typeof Cls).toBe("function");
     expect(Cls.prototype).toBeInstanceOf(Error);

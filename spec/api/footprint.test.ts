@@ -63,14 +63,16 @@ test("the expert cache reuses evicted storage and still serves every expert exac
 
 test("auto: the reference when its footprint fits the budget, else the cpu engine, saying both numbers", () => {
   const f = referenceFootprint(manifest);
-  const fits = autoBackend({}, "linux", false, { manifest, budget: { bytes: f.bytes, text: "" } });
+  const probes = { env: {}, platform: "linux", nvidia: () => false };
+  const fits = autoBackend({ ...probes, model: { manifest, budget: { bytes: f.bytes, text: "" } } });
   expect(fits.backend).toBe("reference");
-  const over = autoBackend({}, "linux", false, { manifest, budget: { bytes: f.bytes - 1, text: "" } });
+  const over = autoBackend({ ...probes, model: { manifest, budget: { bytes: f.bytes - 1, text: "" } } });
   expect(over.backend).toBe("cpu");
   expect(over.reason).toMatch(/the reference would need [\d.]+ MiB, more than the budget of [\d.]+ MiB; the cpu engine streams the experts/);
   // A GPU backend or CHERENKOV_BACKEND still wins.
-  expect(autoBackend({}, "linux", true, { manifest, budget: { bytes: 0, text: "" } }).backend).toBe("cuda");
-  expect(autoBackend({ CHERENKOV_BACKEND: "reference" }, "linux", false, { manifest, budget: { bytes: 0, text: "" } }).backend).toBe("reference");
+  const none = { manifest, budget: { bytes: 0, text: "" } };
+  expect(autoBackend({ ...probes, nvidia: () => true, gpuProblem: () => null, model: none }).backend).toBe("cuda");
+  expect(autoBackend({ ...probes, env: { CHERENKOV_BACKEND: "reference" }, model: none }).backend).toBe("reference");
 });
 
 test("an explicit backend that cannot fit is a FootprintError naming the footprint and the budget", async () => {

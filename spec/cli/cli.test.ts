@@ -168,8 +168,8 @@ describe("run", () => {
       [["--prompt-tokens", "1,320"], /--prompt-tokens: token 320 is outside the vocabulary \(vocab_size 320 in .*cherenkov\.json\)/],
       [["--prompt-tokens", "1,x"], /--prompt-tokens: "x" is not a token id/],
       [["--prompt-tokens", ""], /--prompt-tokens: no token ids given/],
-      [["--prompt", "a", "--prompt-tokens", "1"], /give one of --prompt TEXT or --prompt-tokens IDS, not both/],
-      [[], /give a prompt: -p TEXT, --prompt-tokens IDS, or text on stdin/],
+      [["--prompt", "a", "--prompt-tokens", "1"], /give one of --prompt TEXT, --file FILE or --prompt-tokens IDS/],
+      [[], /give a prompt: -p TEXT, -f FILE, --prompt-tokens IDS, or text on stdin/],
       [["--prompt-tokens", "1", "--chat"], /--chat needs a text prompt/],
       [["--prompt", "a", "--backend", "bogus"], /--backend: "bogus" is not one of auto/],
       ...(process.platform === "darwin" ? [] : ([[["--prompt", "a", "--backend", "metal"], /--backend: backend "metal" is not available/]] as [string[], RegExp][])),
@@ -178,7 +178,7 @@ describe("run", () => {
       [["--prompt", "a", "--temperature", "1"], /unknown option --temperature \(did you mean --temp\?\)/],
       [["--prompt", "a", "--temp", "hot"], /--temp: "hot" is not a number/],
       [["--prompt", "a", "--top-p", "0"], /--top-p 0 must be a number in \(0, 1\]/],
-      [["--prompt", "a", "--seed=-1"], /--seed -1 must be an integer in \[0, 2\^53\)/],
+      [["--prompt", "a", "--seed=-2"], /--seed -2 must be an integer in \[0, 2\^53\)/], // -1 is llama.cpp's random seed
       [["--prompt", "a", "--stats=yaml"], /--stats: "yaml" is not json/],
     ];
     for (const [argv, message] of cases) {

@@ -2,7 +2,11 @@
 // flags, sampling flags, prompt from stdin, --stats as one line, one-line errors without a
 // stack trace, "did you mean", and run and serve sharing every model and engine option.
 import { describe, expect, test } from "bun:test";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
+
+import { Model } from "../../lib/index.ts";
 
 import { DEFAULT_MAX_TOKENS } from "../../lib/api/model.ts";
 import { chatUsage } from "../../lib/cli/commands/chat.ts";
@@ -118,6 +122,84 @@ describe("run and serve share their options, and every option is described", () 
       await model.close();
     }
   }, 60_000);
+});
+
+// Issue 21 item 5: no flag is silently ignored, and a full context is said in the CLI's terms.
+describe("engine flags and the context size on every backend", () => {
+  test("engine-only flags on the reference backend are a usage error naming them (explicit or auto's choice)", async () => {
+    const r = await cli("run", "--backend", "reference", "-p", "x", "-n", "1", "--pool", "1%", "--trace", "/nonexistent/t.jsonl");
+    expect(r.code).toBe(2);
+    expect(r.stderr).toStartWith(
+      "cherenkov run: --pool, --trace: these apply to the engine (--backend cpu, metal or cuda), and this run uses the reference backend (--backend reference), which has no expert pool\n",
+    );
+    const auto = await cli("run", "-p", "x", "-n", "1", "--no-lookahead", "--backend", "auto");
+    if (auto.code === 2) expect(auto.stderr).toContain("--no-lookahead: applies to the engine (--backend cpu, metal or cuda), and this run uses the reference backend (auto's choice here: ");
+    else expect(auto.code).toBe(0); // auto chose a GPU engine here
+    const serve = await cli("serve", "--backend", "reference", "--port", "0", "--pool-slots", "4");
+    expect(serve.code).toBe(2);
+    expect(serve.stderr).toContain("--pool-slots: applies to the engine");
+  });
+
+  test("-c limits the reference as it limits the engine: the same tokens, then a one-line error and the --json object", async () => {
+    const runs = await Promise.all(["reference", "cpu"].map((b) => cli("run", "--backend", b, "-c", "6", "-p", "def f(x):", "-n", "8", "--json")));
+    for (const r of runs) {
+      expect(r.code).toBe(1);
+      const out = JSON.parse(r.stdout) as { tokens: number[]; text: string; finishReason: string };
+      expect(out.finishReason).toBe("context_full");
+      expect(out.tokens.length).toBeGreaterThan(0);
+      expect(r.stderr).toMatch(/^cherenkov run: the context \(-c 6\) is full: the prompt has \d+ tokens and \d+ tokens were generated; give a larger -c\/--ctx-size\n$/);
+      expect(r.stderr).not.toContain("Model.load");
+    }
+    expect(runs[0]!.stdout).toBe(runs[1]!.stdout);
+    const tooLong = await cli("run", "--backend", "reference", "-c", "2", "-p", "def f(x):", "-n", "8");
+    expect(tooLong.code).toBe(1);
+    expect(tooLong.stderr).toContain("the prompt alone does not fit");
+  }, 60_000);
+});
+
+// Issue 21 item 7: llama.cpp's spellings run as they do there.
+describe("llama.cpp's spellings", () => {
+  const json = (r: { code: number | null; stdout: string; stderr: string }) => {
+    expect({ code: r.code, stderr: r.stderr }).toEqual({ code: 0, stderr: "" });
+    return JSON.parse(r.stdout) as { tokens: number[]; text: string };
+  };
+
+  test("-n -1 runs to the end token or a full context; --n-predict is -n; --seed -1 is a random seed", async () => {
+    const unlimited = json(await cli("run", "-p", "def f(x):", "-n", "-1", "-c", "16", "--json"));
+    expect(unlimited.tokens.length).toBeGreaterThan(0);
+    expect(unlimited.tokens.length).toBeLessThanOrEqual(16);
+    expect(json(await cli("run", "-p", "def f(x):", "--n-predict", "3", "--json")).tokens).toEqual(json(await cli("run", "-p", "def f(x):", "-n", "3", "--json")).tokens);
+    expect(json(await cli("run", "-p", "x", "--seed", "-1", "--temp", "0.8", "-n", "2", "--json")).tokens).toHaveLength(2);
+    const bad = await cli("run", "-p", "x", "-n", "-2");
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain('--max-tokens: "-2" is not an integer in 1..1048576, or -1 (no limit)');
+  });
+
+  test("-f FILE reads the prompt; -sys/--system-prompt is a system message (not --seed ys); --ignore-eos", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "cherenkov-cli-"));
+    try {
+      writeFileSync(join(dir, "prompt.txt"), "def add(a, b):");
+      expect(json(await cli("run", "-f", join(dir, "prompt.txt"), "-n", "4", "--json"))).toEqual(json(await cli("run", "-p", "def add(a, b):", "-n", "4", "--json")));
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+    const model = await Model.load(undefined, { backend: "reference" });
+    try {
+      const want = await model.generate([{ role: "system", content: "Be brief." }, { role: "user", content: "hi" }], { maxTokens: 4 });
+      for (const flag of ["-sys", "--system-prompt", "--system"]) expect(json(await cli("run", flag, "Be brief.", "-p", "hi", "-n", "4", "--json")).tokens).toEqual(want.tokens);
+      const noEos = await model.generate("x", { maxTokens: 3, stopAtEos: false });
+      expect(json(await cli("run", "-p", "x", "-n", "3", "--ignore-eos", "--json")).tokens).toEqual(noEos.tokens);
+    } finally {
+      await model.close();
+    }
+  });
+
+  test("GPU offload flags (-ngl 99, -fa, -t) are accepted with one line saying they do not apply", async () => {
+    const r = await cli("run", "-ngl", "99", "-fa", "on", "-t", "4", "--mlock", "-p", "x", "-n", "2", "--json");
+    expect(r.code).toBe(0);
+    expect(r.stderr).toBe("cherenkov: --n-gpu-layers, --flash-attn, --threads, --mlock: llama.cpp's offload and threading flags do not apply here (every layer runs on the backend's device); ignored\n");
+    expect(JSON.parse(r.stdout).tokens).toHaveLength(2);
+  });
 });
 
 describe("cherenkov chat", () => {

@@ -3,7 +3,7 @@
 // reads in flight. Fault injection goes through the `reader` and `opener` hooks.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { constants, openSync } from "node:fs";
-import { IoCancelledError, IoReadError, IoScheduler, DIRECT_ALIGNMENT, type IoFile } from "../../lib/gpu/streaming.ts";
+import { IoCancelledError, IoReadError, IoScheduler, DIRECT_ALIGNMENT } from "../../lib/gpu/streaming.ts";
 import { alignedViews, errnoError, faultyReader, gate, settledWithin, tinyModel, type TinyModel } from "./fixture.ts";
 
 let tiny: TinyModel;
@@ -166,22 +166,20 @@ test("a short read fails with the bytes it got, naming file, offset, layer and e
 });
 
 test("close() with reads in flight waits for them, cancels the queued ones, and nothing hangs", async () => {
+  // Every read waits at a gate, opened only after close(): the two in flight cannot finish
+  // early whatever the machine's load.
   const slow = faultyReader();
-  const io = new IoScheduler({
-    maxInFlight: 2,
-    demandReserve: 0,
-    reader: async (file: IoFile, into, pos) => {
-      await Bun.sleep(60);
-      return slow.reader(file, into, pos);
-    },
-  });
+  const hold = gate();
+  for (let e = 0; e < 6; e++) slow.hold.set(offsetOf(4, e), hold.promise);
+  const io = new IoScheduler({ maxInFlight: 2, demandReserve: 0, reader: slow.reader });
   const file = io.open(tiny.model.paths.experts);
   const v = slots(6);
   const tickets = v.map((into, e) => io.submit({ file, position: offsetOf(4, e), into, priority: "lookahead", label: { layer: 4, expert: e } }));
-  await Bun.sleep(5);
   expect(tickets.filter((t) => t.state === "reading").length).toBe(2);
   const closing = io.close();
-  expect(await settledWithin(closing, 5000)).toBe("resolved");
+  expect(await settledWithin(closing, 1)).toBe("pending"); // it waits for the reads in flight
+  hold.open();
+  expect(await settledWithin(closing, 60_000)).toBe("resolved");
   const states = await Promise.all(tickets.map((t) => settledWithin(t.done, 100)));
   expect(states).toEqual(["resolved", "resolved", "rejected", "rejected", "rejected", "rejected"]);
   const err = await tickets[5]!.done.catch((e) => e);

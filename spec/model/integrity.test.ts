@@ -8,7 +8,6 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Model } from "../../lib/api/model.ts";
 import { synthesize } from "../../lib/convert/synth.ts";
-import { TEMPLATE_LIMITS } from "../../lib/model/chat-template.ts";
 import { CONFIG_LIMITS, parseConfig } from "../../lib/model/config.ts";
 import { ChecksumMismatchError, ModelFormatError } from "../../lib/model/errors.ts";
 import { openModel } from "../../lib/model/format.ts";
@@ -278,13 +277,12 @@ describe("tokenizer", () => {
       const tok = await loadTokenizer(dir);
       let ticks = 0;
       const tick = setInterval(() => ticks++, 20);
-      const t0 = performance.now();
       const e = await errorOf(() => tok.applyChatTemplateAsync(msgs));
       clearInterval(tick);
       expect(e.message).toMatch(why);
-      expect(performance.now() - t0).toBeLessThan(TEMPLATE_LIMITS.timeMs + 3000);
-      // Rendering ran off this thread: timers fired meanwhile (a /health request would be served).
-      if (performance.now() - t0 > 500) expect(ticks).toBeGreaterThan(5);
+      // Stopped by the time limit, a timer of this thread: the 20 ms interval, due earlier, fired
+      // first, which it could not while this thread rendered (a /health request would be served).
+      if (why.source.startsWith("took longer")) expect(ticks).toBeGreaterThan(0);
       expect(() => tok.applyChatTemplate(msgs)).toThrow(why);
     }
     // After a stopped render the worker is replaced: a normal template works again.

@@ -2,11 +2,13 @@
 // backend failing used to stop the Metal one from being built at all), and the options
 // that let a second build (say, clang++) live beside the default one.
 import { expect, test } from "bun:test";
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-import { BUILD_DIR, NativeBuildError, buildEach, cpuLinkFlags, localLibraryPath, metalBuildCommand, parseBuildArgs } from "../../metal-shim/build.ts";
+import { BUILD_DIR, NativeBuildError, buildEach, cpuLinkFlags, cudaWanted, localLibraryPath, metalBuildCommand, parseBuildArgs } from "../../metal-shim/build.ts";
+import { cudaArch } from "../../metal-shim/cuda/build.ts";
+import { hasNvidiaGpu } from "../../lib/native-library.ts";
 
 test("a failing backend does not stop the next one; the failure is still reported", async () => {
   const ran: string[] = [];
@@ -43,6 +45,37 @@ test("a compiler that fails makes the build exit 1 naming the backend", () => {
     });
     expect(proc.exitCode).toBe(1);
     expect(proc.stderr.toString()).toContain("the cpu backend failed to build");
+  } finally {
+    rmSync(out, { recursive: true, force: true });
+  }
+});
+
+// Issue 21 item 3: nvcc alone (CI, a laptop with the toolkit) is no reason to spend minutes
+// compiling a library nothing here could run.
+test("a default build includes CUDA only with an NVIDIA GPU, or when CHERENKOV_BUILD_CUDA=1 asks", () => {
+  expect(cudaWanted({}, false)).toBe(false);
+  expect(cudaWanted({}, true)).toBe(true);
+  expect(cudaWanted({ CHERENKOV_BUILD_CUDA: "1" }, false)).toBe(true);
+  expect(cudaWanted({ CHERENKOV_BUILD_CUDA: "0" }, true)).toBe(false);
+});
+
+test("the CUDA architecture: CHERENKOV_CUDA_ARCH, else the GPU's compute capability, else sm_90", () => {
+  expect(cudaArch({ CHERENKOV_CUDA_ARCH: "sm_80" }, "8.6")).toBe("sm_80");
+  expect(cudaArch({}, "8.6")).toBe("sm_86");
+  expect(cudaArch({}, "12.0")).toBe("sm_120");
+  expect(cudaArch({}, null)).toBe("sm_90");
+});
+
+test.skipIf(hasNvidiaGpu())("without a GPU the default build does not start the CUDA build, nvcc or not", () => {
+  const out = mkdtempSync(join(tmpdir(), "cherenkov-build-"));
+  try {
+    const env: Record<string, string | undefined> = { ...process.env, CXX: "false", CC: "false" };
+    delete env.CHERENKOV_BUILD_CUDA;
+    const proc = Bun.spawnSync([process.execPath, join(import.meta.dir, "..", "..", "metal-shim", "build.ts"), "--out", out], { env, stdout: "pipe", stderr: "pipe" });
+    expect(proc.exitCode).toBe(1); // the cpu backend's compiler is `false`
+    expect((proc.stdout.toString() + proc.stderr.toString()).toLowerCase()).not.toContain("cuda");
+    expect(existsSync(join(out, "gen-cuda"))).toBe(false);
+    expect(existsSync(join(out, "libcherenkov_cuda.so"))).toBe(false);
   } finally {
     rmSync(out, { recursive: true, force: true });
   }

@@ -6,7 +6,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-import { buildIsStale, localLibraryPath } from "../../metal-shim/build.ts";
+import { buildIsStale, cudaWanted, localLibraryPath } from "../../metal-shim/build.ts";
 import { findNvcc } from "../../metal-shim/cuda/build.ts";
 import { toolsRequired } from "../optional-tool.ts";
 import { generateCuda, rewriteForCuda } from "../../metal-shim/cuda/gen.ts";
@@ -66,8 +66,11 @@ test("every pipeline of kernels/ gets one __global__ entry point and one table r
 // under CI=true (build:native ran first) it must be fresh. Without nvcc nothing is built, and
 // these checks say so plainly: no machine is required to have the CUDA toolkit.
 const nvcc = findNvcc() !== null;
-const fresh = nvcc && (toolsRequired() || !buildIsStale("cuda"));
+// A default build makes it only where it is wanted (a GPU, or CHERENKOV_BUILD_CUDA=1: CI sets it).
+const wanted = cudaWanted();
+const fresh = nvcc && wanted && (toolsRequired() || !buildIsStale("cuda"));
 if (!nvcc) console.warn("CUDA library checks: skipped, nvcc not found (install the CUDA toolkit, then bun run build:native)");
+else if (!wanted) console.warn("CUDA library checks: skipped, no NVIDIA GPU here (CHERENKOV_BUILD_CUDA=1 builds the library anyway)");
 else if (!fresh) console.warn("CUDA library checks: skipped, libcherenkov_cuda.so is older than its sources (run bun run build:native; required when CI=true)");
 test.skipIf(!fresh)("build:native built libcherenkov_cuda.so, exporting every cherenkov.h function", () => {
   const lib = localLibraryPath("cuda");

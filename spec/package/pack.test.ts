@@ -9,6 +9,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { localLibraryPath } from "../../lib/native-library.ts";
 
 const ROOT = join(import.meta.dir, "..", "..");
 const pkg = JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8"));
@@ -59,7 +60,7 @@ describe("npm pack", () => {
     expect(pkg.repository?.url).toMatch(/^git\+https:\/\//);
     expect(pkg.homepage).toMatch(/^https:\/\//);
     expect(pkg.keywords).toEqual(expect.arrayContaining(["llm", "mixture-of-experts", "metal", "bun"]));
-    expect(Object.keys(pkg.devDependencies).sort()).toEqual(["@types/bun", "bun-types", "esbuild", "openai", "typedoc", "typescript"]);
+    expect(Object.keys(pkg.devDependencies).sort()).toEqual(["@types/bun", "bun-types", "esbuild", "ollama", "openai", "typedoc", "typescript"]);
   });
 });
 
@@ -90,6 +91,26 @@ const again = await model.generate(prompt, sampled);
 console.log(JSON.stringify({ backend: model.backendName, tokens: first.tokens, same: again.text === first.text }));
 `;
 
+// What a bundle must still do although it carries no worker files (issue 21 item 1): chat
+// prompts (the template), the server (its prompt encoder) and the engine (record hashing).
+const FEATURES = `import { createServer, Model } from "cherenkov";
+
+const dir: string | undefined = process.argv[2];
+const backend = process.argv[3] === "cpu" ? "cpu" : "reference";
+await using model = await Model.load(dir, { backend });
+const messages = [{ role: "user" as const, content: "Write a function" }];
+const chat = await model.generate(messages, { maxTokens: 6 });
+const server = createServer({ model, port: 0 });
+const res = await fetch(server.url + "/v1/chat/completions", {
+  method: "POST",
+  headers: { "content-type": "application/json" },
+  body: JSON.stringify({ messages, max_tokens: 6 }),
+});
+const body = (await res.json()) as { choices?: { message: { content: string } }[] };
+await server.stop();
+console.log(JSON.stringify({ backend: model.backendName, chat: chat.tokens, status: res.status, served: body.choices?.[0]?.message.content ?? body }));
+`;
+
 describe("installed into a fresh app", () => {
   let app = "";
   let modelDir = "";
@@ -110,6 +131,7 @@ describe("installed into a fresh app", () => {
     }, null, 2));
     writeFileSync(join(app, "tsconfig.json"), JSON.stringify(BUN_INIT_TSCONFIG, null, 2));
     writeFileSync(join(app, "index.ts"), APP);
+    writeFileSync(join(app, "features.ts"), FEATURES);
     // From bun's cache (the checkout's own install filled it); only missing metadata is fetched.
     const r = sh([process.execPath, "install", "--prefer-offline"], app);
     if (r.code !== 0) throw new Error(`bun install in the app failed:\n${r.out}${r.err}`);
@@ -154,6 +176,39 @@ describe("installed into a fresh app", () => {
     expect(r.err).toBe("");
     expect(r.out.trim()).toBe(expected);
   }, 120_000);
+
+  // The checkout's CPU library, as an app that ships one would name it.
+  const cpuLibrary = { CHERENKOV_SHIM_PATH: localLibraryPath("cpu") };
+  const features: Record<string, string> = {};
+  test("chat prompts, the server and the CPU engine work from the installed package", () => {
+    for (const backend of ["reference", "cpu"]) {
+      const r = sh([process.execPath, "features.ts", modelDir, backend], app, cpuLibrary);
+      expect(r.err).toBe("");
+      const out = JSON.parse(r.out);
+      expect(out).toMatchObject({ backend, status: 200 });
+      expect(out.chat).toHaveLength(6);
+      expect(typeof out.served).toBe("string");
+      features[backend] = r.out.trim();
+    }
+  }, 120_000);
+
+  for (const kind of ["bun build", "bun build --compile"] as const) {
+    test(`${kind}: chat prompts, the server and the CPU engine give the same results as the package (no worker files)`, () => {
+      const exe = kind === "bun build" ? [process.execPath, join("features-out", "features.js")] : [join(app, "features-bin")];
+      const args = kind === "bun build" ? ["--target", "bun", "--outdir", "features-out"] : ["--compile", "--outfile", "features-bin"];
+      const b = sh([process.execPath, "build", "features.ts", ...args], app);
+      expect({ code: b.code, err: b.err }).toEqual({ code: 0, err: "" });
+      for (const backend of ["reference", "cpu"]) {
+        const r = sh([...exe, modelDir, backend], app, cpuLibrary);
+        expect(r.err).toBe("");
+        expect(r.out.trim()).toBe(features[backend]!);
+      }
+      // Without a model directory: what to pass, not a path that exists only in the package.
+      const bare = sh([...exe], app);
+      expect(bare.out + bare.err).toContain("no model directory was given, and the default model is not at");
+      expect(bare.out + bare.err).toContain("pass a model directory");
+    }, 120_000);
+  }
 
   test("the engine without its native library: one line saying what to run; the planted package is not loaded", () => {
     const script = `import { Model } from "cherenkov";

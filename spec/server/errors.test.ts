@@ -72,6 +72,8 @@ describe("fields", () => {
     ["top_logprobs without logprobs", chat, { messages, top_logprobs: 2 }, "top_logprobs", "needs logprobs: true"],
     ["completions logprobs 6", "/v1/completions", { prompt: "x", logprobs: 6 }, "logprobs", "[0, 5]"],
     ["an empty stop string", chat, { messages, stop: [""] }, "stop", "must not be empty"],
+    ["17 stop strings", chat, { messages, stop: Array.from({ length: 17 }, (_, i) => `s${i}`) }, "stop", "stop: must hold at most 16 stop strings"],
+    ["a stop number", chat, { messages, stop: 5 }, "stop", "stop: must be a string or an array of strings"],
     ["stream as text", chat, { messages, stream: "yes" }, "stream", "expected boolean"],
     ["missing prompt", "/v1/completions", {}, "prompt", "prompt: is required"],
     ["an empty prompt", "/v1/completions", { prompt: "" }, "prompt", "must not be empty"],

@@ -73,7 +73,11 @@ export function sseEvents(text: string): string[] {
     .map((e) => e.slice("data: ".length));
 }
 
-export async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs = 5000): Promise<void> {
+/**
+ * Polls `check` until it holds. The limit only turns a hang into a failure: it is far above
+ * what any awaited state takes on a loaded machine, and no test may rely on it to pass.
+ */
+export async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs = 60_000): Promise<void> {
   const end = performance.now() + timeoutMs;
   while (!(await check())) {
     if (performance.now() > end) throw new Error(`timed out waiting for ${what}`);

@@ -35,25 +35,49 @@ describe("role injection", () => {
 });
 
 describe("heavy prompts", () => {
-  test("/health answers while a 1 MB prompt is being tokenized", async () => {
-    const order: string[] = [];
-    // A prompt longer than context x longest piece x 2 characters is refused before it is
-    // tokenized: this one fits a 4096-token server's bound and takes seconds of CPU.
+  // Deterministic, whatever the machine's load: the encoder worker's answers are held until
+  // /health has answered, so the chat request cannot finish first; and the model's own
+  // tokenizer (this thread's) must not be used, so the long prompt is encoded in the worker.
+  // Its ~330 KB fit a 4096-token server's length bound (tokens x longest piece x 2), so it is
+  // tokenized, then refused for the context.
+  test("/health answers while a long prompt is in the prompt encoder, which is not this thread", async () => {
+    const held: (() => void)[] = [];
+    let holding = true;
+    const RealWorker = globalThis.Worker;
+    class HeldWorker extends RealWorker {
+      override set onmessage(handler: ((e: MessageEvent) => void) | null) {
+        super.onmessage = handler && ((e: MessageEvent) => (holding ? held.push(() => handler(e)) : handler(e)));
+      }
+      override get onmessage() {
+        return super.onmessage;
+      }
+    }
+    const tok = model.tokenizer!;
+    const used: string[] = [];
+    const spied = { encode: tok.encode, applyChatTemplate: tok.applyChatTemplate };
+    tok.encode = (...a) => (used.push("encode"), spied.encode.apply(tok, a));
+    tok.applyChatTemplate = (...a) => (used.push("applyChatTemplate"), spied.applyChatTemplate.apply(tok, a));
+    globalThis.Worker = HeldWorker;
     const own = startServer(model, { contextLength: 4096, maxBodyBytes: 4 << 20 });
-    const big = "def f(x):\n    return x * 2  # words here\n".repeat(8_000);
     try {
-      const slow = own.post(chat, { messages: [{ role: "user", content: big }] }).then(async (res) => {
+      const order: string[] = [];
+      const big = "def f(x):\n    return x * 2  # words here\n".repeat(8_000);
+      const slow = own.post(chat, { messages: [{ role: "user", content: big }] }).then((res) => {
         order.push("chat");
         return res;
       });
-      await Bun.sleep(300); // the body is uploaded and tokenizing (seconds of CPU)
       const health = await own.get("/health");
       order.push("health");
       expect(health.status).toBe(200);
+      holding = false;
+      for (const answer of held.splice(0)) answer();
       const e = await expectError(await slow, 400);
       expect(e.code).toBe("context_length_exceeded");
       expect(order).toEqual(["health", "chat"]);
+      expect(used).toEqual([]);
     } finally {
+      globalThis.Worker = RealWorker;
+      Object.assign(tok, spied);
       await own.stop();
     }
   });

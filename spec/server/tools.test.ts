@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { copyFileSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { Ollama } from "ollama";
 import OpenAI from "openai";
 import { Model, type GenerationResult, type GenerateOptions, type Prompt, type StreamChunk } from "../../lib/index.ts";
 import { main } from "../../lib/cli/main.ts";
@@ -100,7 +101,7 @@ describe("a model with a tool-rendering (Qwen-style) chat template", () => {
       }
       return { text, tokens, finishReason: "eos", usage: { promptTokens: model.encode(prompt).length, completionTokens: tokens.length }, timings: { prefillMs: 1, decodeMs: 1, tokensPerSecond: 1 } };
     };
-    server = startServer(scripted);
+    server = startServer(scripted, { cachePrompt: false }); // the prompt cache runs sessions, not the scripted stream()
     client = clientFor(server);
   });
   afterAll(async () => {
@@ -216,5 +217,23 @@ describe("a model with a tool-rendering (Qwen-style) chat template", () => {
       ],
     });
     expect(next.usage!.input_tokens).toBe(chat.usage!.prompt_tokens);
+  });
+
+  // Issue 21 item 10: Ollama's /api/chat answers a call as message.tool_calls, arguments an object.
+  test("Ollama's /api/chat: tools in, message.tool_calls out, streamed and not", async () => {
+    const ollama = new Ollama({ host: server.url });
+    script = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>';
+    const tools = [{ type: "function", function: { name: "get_weather", description: "Current weather", parameters: { type: "object", properties: { city: { type: "string" } } } } }];
+    const r = await ollama.chat({ model: server.modelId, messages: [{ role: "user", content: "Weather in Paris?" }], tools });
+    expect(r.message.content).toBe("Checking.\n");
+    expect(r.message.tool_calls).toEqual([{ function: { name: "get_weather", arguments: { city: "Paris" } } }]);
+    let content = "";
+    const calls: unknown[] = [];
+    for await (const part of await ollama.chat({ model: server.modelId, messages: [{ role: "user", content: "Weather in Paris?" }], tools, stream: true })) {
+      content += part.message.content;
+      calls.push(...(part.message.tool_calls ?? []));
+    }
+    expect(content).toBe("Checking.\n");
+    expect(calls).toEqual([{ function: { name: "get_weather", arguments: { city: "Paris" } } }]);
   });
 });

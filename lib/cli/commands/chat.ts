@@ -3,13 +3,12 @@
 // Ctrl-C stops the answer being written; at the prompt it (or Ctrl-D, or /exit) quits.
 import { createInterface } from "node:readline";
 
-import { BackendUnavailableError } from "../../api/backend.ts";
-import { DEFAULT_MAX_TOKENS, Model, type GenerateOptions } from "../../api/model.ts";
-import { BudgetError } from "../../gpu/budget.ts";
+import { DEFAULT_MAX_TOKENS, type GenerateOptions } from "../../api/model.ts";
+import { ContextFullError } from "../../gpu/state.ts";
 import { defaultModelDir } from "../../model/default-model.ts";
 import type { ChatMessage } from "../../model/tokenizer.ts";
-import { draftsFlag, intFlag, parseFlags, stringFlag, UsageError, type FlagSpec } from "../args.ts";
-import { backendFlag, engineFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
+import { draftsFlag, maxTokensFlag, parseFlags, stringFlag, UsageError, type FlagSpec } from "../args.ts";
+import { loadModelFromFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
 import type { CliIO } from "../io.ts";
 import { samplingFlags, SAMPLING_FLAGS, SAMPLING_FLAGS_USAGE } from "../sampling-flags.ts";
 
@@ -17,13 +16,21 @@ export const chatUsage = `cherenkov chat [DIR] [options]
   An interactive chat with the model's chat template, one line per message. /reset forgets
   the conversation (the system prompt stays), /exit or Ctrl-D quits; Ctrl-C stops the
   answer being written (at the prompt it quits).
-    --system TEXT        a system prompt for the whole conversation
-    -n, --max-tokens N   tokens per answer at most (default ${DEFAULT_MAX_TOKENS})
+    --system TEXT        a system prompt for the whole conversation (-sys, --system-prompt)
+    -n, --max-tokens N   tokens per answer at most (default ${DEFAULT_MAX_TOKENS}; -1: until the end
+                         token or a full context; --n-predict)
+    --ignore-eos         go on past the end token
 ${SAMPLING_FLAGS_USAGE}
 ${MODEL_FLAGS_USAGE}`;
 
 /** chat's options (each shown with a description by `cherenkov help chat`). */
-export const CHAT_FLAGS: FlagSpec = { system: { type: "string" }, "max-tokens": { type: "string", short: "n" }, ...SAMPLING_FLAGS, ...MODEL_FLAGS };
+export const CHAT_FLAGS: FlagSpec = {
+  system: { type: "string" },
+  "max-tokens": { type: "string", short: "n" },
+  "ignore-eos": { type: "boolean" },
+  ...SAMPLING_FLAGS,
+  ...MODEL_FLAGS,
+};
 
 export async function chatCommand(argv: string[], io: CliIO): Promise<number> {
   const { flags, positionals } = parseFlags(
@@ -31,23 +38,18 @@ export async function chatCommand(argv: string[], io: CliIO): Promise<number> {
     CHAT_FLAGS,
     1,
   );
-  const maxTokens = intFlag(flags, "max-tokens", DEFAULT_MAX_TOKENS, 1, 1 << 20);
-  const options: GenerateOptions = { maxTokens, drafts: draftsFlag(flags), ...samplingFlags(flags) };
-  const backend = backendFlag(flags);
+  const limit = maxTokensFlag(flags, DEFAULT_MAX_TOKENS, 1 << 20);
+  const options: GenerateOptions = { maxTokens: limit ?? 1 << 20, drafts: draftsFlag(flags), stopAtEos: !flags["ignore-eos"], ...samplingFlags(flags) };
   const system = stringFlag(flags, "system");
   const dir = modelDir(flags, positionals) ?? (await defaultModelDir());
-  await using model = await Model.load(dir, { backend, prefillChunk: intFlag(flags, "prefill-chunk", 512, 1, 1 << 20), engine: engineFlags(flags) }).catch((e: unknown) => {
-    if (e instanceof BackendUnavailableError) throw new UsageError(`--backend: ${e.message}`);
-    if (e instanceof BudgetError) throw new UsageError(`--pool: ${e.message}`);
-    throw e;
-  });
+  await using model = await loadModelFromFlags(flags, dir, io);
   if (!model.tokenizer) throw new UsageError(`${dir} has no tokenizer.json: chat needs text`);
-  if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${model.backendReason})` : ""}\n`);
 
   const start: ChatMessage[] = system ? [{ role: "system", content: system }] : [];
   let history = [...start];
   const interactive = Boolean(process.stdin.isTTY);
-  const lines = createInterface({ input: process.stdin, terminal: interactive });
+  // At a terminal readline reads raw keys, so it must echo them itself: it needs the output.
+  const lines = createInterface({ input: process.stdin, output: interactive ? process.stdout : undefined, terminal: interactive, prompt: "> " });
   let answering: AbortController | null = null;
   let quit = false;
   // Ctrl-C: stop the answer being written; at the prompt, quit.
@@ -61,7 +63,7 @@ export async function chatCommand(argv: string[], io: CliIO): Promise<number> {
   lines.on("SIGINT", onInterrupt);
   process.on("SIGINT", onInterrupt);
   try {
-    if (interactive) io.stdout("> ");
+    if (interactive) lines.prompt();
     for await (const line of lines) {
       const text = line.trim();
       if (text === "/exit" || quit) break;
@@ -79,15 +81,16 @@ export async function chatCommand(argv: string[], io: CliIO): Promise<number> {
             io.stdout(r.value.text);
           }
         } catch (e) {
-          if (!answering.signal.aborted) throw e;
-          io.stdout(" [stopped]");
+          if (e instanceof ContextFullError) io.stdout(` [the context (-c ${model.maxContext}) is full: /reset, or start with a larger -c]`);
+          else if (!answering.signal.aborted) throw e;
+          else io.stdout(" [stopped]");
         } finally {
           answering = null;
         }
         history.push({ role: "assistant", content: answer });
         io.stdout("\n");
       }
-      if (interactive) io.stdout("> ");
+      if (interactive) lines.prompt();
     }
   } finally {
     process.off("SIGINT", onInterrupt);

@@ -61,7 +61,26 @@ export function helpText(command?: string): string {
     "",
     "usage: cherenkov <command> [options]      (cherenkov help <command> for details)",
     "",
-    ...Object.values(usage).map((u) => u.split("\n").slice(0, 2).join("\n")),
+    ...Object.values(usage).map(summary),
     "",
   ].join("\n");
+}
+
+/** A command's usage line and the first sentence of its description, whole (wrapped to 92 columns). */
+export function summary(text: string): string {
+  const [head, ...rest] = text.split("\n");
+  const description: string[] = [];
+  for (const line of rest) {
+    if (line.trim() === "" || /^\s+-/.test(line)) break; // the options start
+    description.push(line.trim());
+  }
+  const joined = description.join(" ");
+  const sentence = /^.*?(?<!\be\.g|\bi\.e)\.(?=\s|$)/.exec(joined)?.[0] ?? joined;
+  const lines: string[] = [];
+  for (const word of sentence.split(" ")) {
+    const last = lines.length - 1;
+    if (last >= 0 && lines[last]!.length + 1 + word.length <= 90) lines[last] += ` ${word}`;
+    else lines.push(word);
+  }
+  return [head!, ...lines.map((l) => `  ${l}`)].join("\n");
 }

@@ -1,12 +1,11 @@
 // `cherenkov run`: generation from a prompt through Model (streamed to stdout). Flags follow
 // llama.cpp / mlx-lm where they have one (-m, -p, -n, -c, -s, --temp, --top-k, ...).
-import { BackendUnavailableError } from "../../api/backend.ts";
-import { DEFAULT_MAX_TOKENS, Model, type GenerateOptions, type GenerationResult } from "../../api/model.ts";
+import { DEFAULT_MAX_TOKENS, type GenerateOptions, type GenerationResult } from "../../api/model.ts";
+import { ContextFullError } from "../../gpu/state.ts";
 import { defaultModelDir } from "../../model/default-model.ts";
 import { MANIFEST_FILE } from "../../model/manifest.ts";
-import { BudgetError } from "../../gpu/budget.ts";
-import { draftsFlag, intFlag, parseFlags, stringFlag, type Flags, UsageError, type FlagSpec } from "../args.ts";
-import { backendFlag, engineFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
+import { draftsFlag, maxTokensFlag, parseFlags, stringFlag, type Flags, UsageError, type FlagSpec } from "../args.ts";
+import { loadModelFromFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
 import { samplingFlags, SAMPLING_FLAGS, SAMPLING_FLAGS_USAGE } from "../sampling-flags.ts";
 import { statsLine } from "../stats-line.ts";
 import type { CliIO } from "../io.ts";
@@ -16,9 +15,13 @@ export const runUsage = `cherenkov run [DIR] (-p TEXT | --prompt-tokens 1,2,3) [
   (examples/models/qwen4-exp-tiny). Without -p and with stdin not a terminal, the prompt is
   read from stdin (-p - reads it too).
     -p, --prompt TEXT    text prompt, tokenized with the model's tokenizer
+    -f, --file FILE      the prompt is the text of FILE
     --prompt-tokens IDS  comma-separated token ids instead of text
     --chat               wrap the prompt as a user message with the chat template
-    -n, --max-tokens N   tokens to generate at most (default ${DEFAULT_MAX_TOKENS}; stops after the end token)
+    --system TEXT        a system message before it (implies --chat; -sys, --system-prompt)
+    -n, --max-tokens N   tokens to generate at most (default ${DEFAULT_MAX_TOKENS}; stops after the end token;
+                         -1: until the end token or a full context; --n-predict)
+    --ignore-eos         go on past the end token
     --json               print {"tokens": [...], "text": "..."} on one line
     --stats[=json]       after the text, one line on stderr: tokens/s, pool hit rate, IO MB/s;
                          --stats=json (or --stats with --json): the model's whole stats object,
@@ -50,21 +53,32 @@ function statsMode(flags: Flags): "line" | "json" | null {
 async function promptText(flags: Flags, stdin: () => Promise<string | null>): Promise<string | undefined> {
   const prompt = stringFlag(flags, "prompt");
   const tokens = stringFlag(flags, "prompt-tokens");
-  if (prompt !== undefined && tokens !== undefined) throw new UsageError("give one of --prompt TEXT or --prompt-tokens IDS, not both");
+  const file = stringFlag(flags, "file");
+  if ([prompt, tokens, file].filter((v) => v !== undefined).length > 1) throw new UsageError("give one of --prompt TEXT, --file FILE or --prompt-tokens IDS");
   if (tokens !== undefined) return undefined;
+  if (file !== undefined) {
+    try {
+      return await Bun.file(file).text();
+    } catch (e) {
+      throw new UsageError(`--file: cannot read ${file}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+    }
+  }
   if (prompt !== undefined && prompt !== "-") return prompt;
   const piped = await stdin();
-  if (piped === null) throw new UsageError("give a prompt: -p TEXT, --prompt-tokens IDS, or text on stdin");
+  if (piped === null) throw new UsageError("give a prompt: -p TEXT, -f FILE, --prompt-tokens IDS, or text on stdin");
   return piped.replace(/\r?\n$/, "");
 }
 
 /** run's options (each shown with a description by `cherenkov help run`). */
 export const RUN_FLAGS: FlagSpec = {
   prompt: { type: "string", short: "p" },
+  file: { type: "string", short: "f" },
   "prompt-tokens": { type: "string" },
   "max-tokens": { type: "string", short: "n" },
+  "ignore-eos": { type: "boolean" },
   json: { type: "boolean" },
   chat: { type: "boolean" },
+  system: { type: "string" },
   stats: { type: "string" },
   ...SAMPLING_FLAGS,
   ...MODEL_FLAGS,
@@ -80,43 +94,53 @@ export async function runCommand(argv: string[], io: CliIO): Promise<number> {
   );
   const promptTokens = stringFlag(flags, "prompt-tokens");
   const prompt = await promptText(flags, io.stdin ?? (async () => null));
-  if (flags.chat && prompt === undefined) throw new UsageError("--chat needs a text prompt");
-  const maxTokens = intFlag(flags, "max-tokens", DEFAULT_MAX_TOKENS, 1, 1 << 20);
+  const system = stringFlag(flags, "system");
+  const chat = Boolean(flags.chat) || system !== undefined;
+  if (chat && prompt === undefined) throw new UsageError(`${flags.chat ? "--chat" : "--system"} needs a text prompt`);
+  // -n -1: no limit but the end token and the context.
+  const limit = maxTokensFlag(flags, DEFAULT_MAX_TOKENS, 1 << 20);
   const drafts = draftsFlag(flags);
   const sampling = samplingFlags(flags);
-  const prefillChunk = intFlag(flags, "prefill-chunk", 512, 1, 1 << 20);
-  const backend = backendFlag(flags);
-  const engine = engineFlags(flags);
   // With --json the stats go inside the object, whole (a summary line is for people).
   const stats = flags.json && statsMode(flags) ? "json" : statsMode(flags);
 
   const dir = modelDir(flags, positionals) ?? (await defaultModelDir());
-  await using model = await Model.load(dir, { backend, prefillChunk, engine }).catch((e: unknown) => {
-    if (e instanceof BackendUnavailableError) throw new UsageError(`--backend: ${e.message}`);
-    if (e instanceof BudgetError) throw new UsageError(`--pool: ${e.message}`);
-    throw e;
-  });
-  if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${model.backendReason})` : ""}\n`);
+  await using model = await loadModelFromFlags(flags, dir, io);
   const vocab = model.config.vocab_size;
   let tokens: number[];
   if (promptTokens !== undefined) {
     tokens = parsePromptTokens(promptTokens, vocab, `${dir}/${MANIFEST_FILE}`);
   } else {
     if (!model.tokenizer) throw new UsageError(`--prompt: ${dir} has no tokenizer.json; use --prompt-tokens`);
-    tokens = flags.chat ? model.encode([{ role: "user", content: prompt! }]) : model.encode(prompt!);
+    const messages = [...(system !== undefined ? [{ role: "system" as const, content: system }] : []), { role: "user" as const, content: prompt! }];
+    tokens = chat ? model.encode(messages) : model.encode(prompt!);
     if (tokens.length === 0) throw new UsageError("--prompt: the prompt has no tokens");
     const bad = tokens.find((t) => t >= vocab);
     if (bad !== undefined) throw new UsageError(`--prompt: the tokenizer gave id ${bad}, outside the model's vocabulary (${vocab})`);
   }
   if (drafts !== "auto" && drafts > 0 && model.maxDrafts === 0) throw new UsageError(`--drafts: ${dir} has no MTP head`);
-  const options: GenerateOptions = { maxTokens, drafts, ...sampling };
+  const maxTokens = limit ?? model.maxContext ?? 1 << 20;
+  const options: GenerateOptions = { maxTokens, drafts, stopAtEos: !flags["ignore-eos"], ...sampling };
   const stream = model.stream(tokens, options);
-  let r = await stream.next();
-  while (!r.done) {
-    if (!flags.json) io.stdout(r.value.text);
-    r = await stream.next();
+  let result: GenerationResult;
+  try {
+    let r = await stream.next();
+    while (!r.done) {
+      if (!flags.json) io.stdout(r.value.text);
+      r = await stream.next();
+    }
+    result = r.value;
+  } catch (e) {
+    if (!(e instanceof ContextFullError)) throw e;
+    // What was generated is kept (printed already, or in the --json object); the advice is the flag's.
+    if (flags.json) io.stdout(JSON.stringify({ tokens: e.tokens, text: e.text, finishReason: "context_full" }) + "\n");
+    else io.stdout("\n");
+    if (limit === null && e.tokens.length > 0) return 0; // -n -1 ends at a full context, as llama.cpp's does
+    const c = model.maxContext;
+    const what = e.tokens.length === 0 ? "the prompt alone does not fit" : `${e.tokens.length} tokens were generated`;
+    io.stderr(`cherenkov run: the context (-c ${c}) is full: the prompt has ${tokens.length} tokens and ${what}; give a larger -c/--ctx-size\n`);
+    return 1;
   }
-  const result: GenerationResult = r.value;
   const all = stats === "json" ? { ...model.stats(), timings: result.timings, drafts: result.drafts } : undefined;
   if (flags.json) io.stdout(JSON.stringify({ tokens: result.tokens, text: result.text, ...(all ? { stats: all } : {}) }) + "\n");
   else io.stdout("\n");

@@ -1,22 +1,22 @@
 // `cherenkov serve`: the OpenAI-compatible HTTP server (lib/server) over one loaded model,
 // until SIGINT or SIGTERM.
-import { BackendUnavailableError } from "../../api/backend.ts";
-import { DEFAULT_MAX_TOKENS, Model } from "../../api/model.ts";
-import { BudgetError } from "../../gpu/budget.ts";
+import { DEFAULT_MAX_TOKENS, type Model } from "../../api/model.ts";
 import { defaultModelDir } from "../../model/default-model.ts";
 import { createServer, type RunningServer } from "../../server/server.ts";
-import { draftsFlag, intFlag, parseFlags, stringFlag, UsageError, type FlagSpec } from "../args.ts";
-import { backendFlag, ctxSizeFlag, engineFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
+import { draftsFlag, intFlag, maxTokensFlag, parseFlags, stringFlag, UsageError, type FlagSpec } from "../args.ts";
+import { ctxSizeFlag, loadModelFromFlags, MODEL_FLAGS, MODEL_FLAGS_USAGE, modelDir } from "../engine-flags.ts";
 import type { CliIO } from "../io.ts";
 
 export const serveUsage = `cherenkov serve [DIR] [options]
   OpenAI-compatible HTTP server (one request at a time, queued). DIR defaults to the
-  embedded tiny model. Endpoints: /v1/chat/completions, /v1/completions, /v1/models,
-  /v1/stats, /health (docs/server.md).
+  embedded tiny model. Endpoints: /v1/chat/completions, /v1/completions, /v1/responses,
+  /v1/models, /v1/stats, /health, and Ollama's /api/chat, /api/generate, /api/tags, /api/show
+  (docs/server.md).
     --port N            TCP port (default 8080; 0 picks a free one)
     --host H            interface to listen on (default 127.0.0.1; 0.0.0.0 = every interface)
     --model-id NAME     the name clients pass as "model" (default: DIR's name)
-    -n, --max-tokens N  completion tokens when a request sets none (default ${DEFAULT_MAX_TOKENS})
+    -n, --max-tokens N  completion tokens when a request sets none (default ${DEFAULT_MAX_TOKENS}), or
+                        -1: up to the context (--n-predict)
     --max-queue N       requests that may wait; more get 503 (default 64)
     --api-key KEY       require "Authorization: Bearer KEY" on /v1/* (or set CHERENKOV_API_KEY)
     --cors              allow cross-origin requests from browsers
@@ -45,11 +45,10 @@ export async function startServe(argv: string[], io: CliIO): Promise<{ server: R
   const port = intFlag(flags, "port", 8080, 0, 65535);
   const hostname = stringFlag(flags, "host") ?? "127.0.0.1";
   if (hostname === "") throw new UsageError("--host: give an interface address or name");
-  const backend = backendFlag(flags);
   const contextFlag = ctxSizeFlag(flags);
-  const defaultMaxTokens = intFlag(flags, "max-tokens", DEFAULT_MAX_TOKENS, 1, 1 << 30);
+  // -1: up to the context (the server never lets a request past it)
+  const defaultMaxTokens = maxTokensFlag(flags, DEFAULT_MAX_TOKENS, 1 << 30) ?? 1 << 30;
   const drafts = draftsFlag(flags);
-  const prefillChunk = intFlag(flags, "prefill-chunk", 512, 1, 1 << 20);
   const maxQueue = intFlag(flags, "max-queue", 64, 0, 1 << 20);
   const apiKey = stringFlag(flags, "api-key") ?? (process.env.CHERENKOV_API_KEY || undefined);
   const modelId = stringFlag(flags, "model-id");
@@ -57,13 +56,7 @@ export async function startServe(argv: string[], io: CliIO): Promise<{ server: R
 
   const dir = modelDir(flags, positionals) ?? (await defaultModelDir());
   // the engine sizes its KV caches for the context asked for (--ctx-size)
-  const engine = engineFlags(flags);
-  const model = await Model.load(dir, { backend, prefillChunk, engine }).catch((e: unknown) => {
-    if (e instanceof BackendUnavailableError) throw new UsageError(`--backend: ${e.message}`);
-    if (e instanceof BudgetError) throw new UsageError(`--pool: ${e.message}`);
-    throw e;
-  });
-  if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${model.backendReason})` : ""}\n`);
+  const model = await loadModelFromFlags(flags, dir, io);
   try {
     if (drafts !== "auto" && drafts > 0 && model.maxDrafts === 0) throw new UsageError(`--drafts: ${dir} has no MTP head`);
     let server: RunningServer;
