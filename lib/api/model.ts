@@ -192,6 +192,13 @@ async function openEngine(files: ModelFiles, backend: "cpu" | "metal" | "cuda", 
   }
 }
 
+/**
+ * A loaded model: `Model.load()` opens a model directory (the shipped qwen4-exp-tiny by
+ * default) on a backend (`auto`: Metal on macOS, CUDA with an NVIDIA GPU, else the reference
+ * or the cpu engine), then `generate()`, `stream()` and `session()` run it; `stats()` reports
+ * the pool, IO and timings; `close()` (or `await using`) frees it. docs/engine.md and
+ * docs/sampling.md describe the options.
+ */
 export class Model {
   private closed = false;
   private counters: Omit<ModelStats, "backend" | "engine"> = {
