@@ -19,7 +19,7 @@ export type { Manifest } from "./model/manifest.ts";
 export type { Architecture } from "./convert/hf.ts";
 export type { Backing, PoolPolicy } from "./gpu/residency.ts";
 export type { IoMode } from "./gpu/load.ts";
-export type { ChatMessage, TemplateMessage, TextTokenizer } from "./model/tokenizer.ts";
+export type { ChatMessage, TemplateMessage, TextTokenizer, TokenizerSource } from "./model/tokenizer.ts";
 export { defaultModelDir } from "./model/default-model.ts";
 export { synthesize } from "./convert/synth.ts";
 export type { SynthOptions, SynthResult } from "./convert/synth.ts";
