@@ -327,6 +327,8 @@ export class Device {
   readonly backend: string;
   readonly name: string;
   readonly limits: DeviceLimits;
+  /** Commands (dispatches, signals, waits) encoded into this device's command buffers so far: benchmarks count commands per token with it. */
+  commandsEncoded = 0;
   #library: Library | null = null;
   #closed = false;
 
@@ -590,12 +592,14 @@ export class CommandBuffer {
         ? encode(this.handle, pipe.handle, grid, 1, 1, tg, 1, 1, b, bindings.length, params ?? null, params ? params.byteLength : 0)
         : encode(this.handle, pipe.handle, ...dims(grid), ...dims(tg), b, bindings.length, params ?? null, params ? params.byteLength : 0);
     check(this.#shim, status);
+    this.device.commandsEncoded++;
     return this;
   }
 
   /** After everything before it: set `event` to `value`. */
   signal(event: Event, value: number): this {
     check(this.#shim, this.#shim.symbols.ck_encode_signal(this.handle, event.handle, value));
+    this.device.commandsEncoded++;
     return this;
   }
 
@@ -603,6 +607,7 @@ export class CommandBuffer {
   wait(event: Event, value: number): this {
     const s = this.#shim.symbols;
     check(this.#shim, (this.device.waitMode === "host" ? s.ck_encode_wait_host : s.ck_encode_wait)(this.handle, event.handle, value));
+    this.device.commandsEncoded++;
     return this;
   }
 

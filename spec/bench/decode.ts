@@ -76,6 +76,9 @@ interface ModelResult {
   hitRate: number;
   lookahead_: { predictions: number; used: number; wasted: number };
   handshakeUs: { all: LatencySummary; perLayer: LatencySummary[] };
+  /** Commands (dispatches, signals, waits) encoded per decode token, and host/GPU handshakes per token. */
+  commandsPerToken: number;
+  handshakesPerToken: number;
   /** Expert bytes read from disk during the timed decode (for the disk bound). */
   decodeIoBytes: number;
   speculative?: { drafts: number; tokensPerSecond: number; proposed: number; accepted: number };
@@ -98,9 +101,11 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
     let next = r.next[r.next.length - 1]!;
     const ioBytes = () => ((engine.stats() as { io: { completedBytes: number } | null }).io?.completedBytes ?? 0);
     const ioBefore = ioBytes();
+    const commandsBefore = engine.gpu.device.commandsEncoded;
     t0 = performance.now();
     for (let i = 0; i < tokens; i++) next = (await seq.forward([next])).next[0]!;
     const decodeMs = performance.now() - t0;
+    const commandsPerToken = (engine.gpu.device.commandsEncoded - commandsBefore) / tokens;
     const decodeIoBytes = ioBytes() - ioBefore;
     const s = engine.stats() as {
       phases: PhaseStats;
@@ -128,6 +133,8 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
       hitRate: s.pool.hitRate,
       lookahead_: s.lookahead,
       handshakeUs: s.handshake,
+      commandsPerToken,
+      handshakesPerToken: s.handshake.all.count / tokens,
       decodeIoBytes,
     };
     seq.dispose();
@@ -197,6 +204,7 @@ function printModel(r: ModelResult): void {
   log(`prefill ${r.promptTokens} tokens: ${fmt(r.prefillMs, 0)} ms (${fmt(r.prefillTokensPerSecond)} tok/s)`);
   log(`decode ${r.decodeTokens} tokens: ${fmt(r.decodeMs, 0)} ms, **${fmt(r.tokensPerSecond, 2)} tok/s**, ${fmt(r.decodeMs / r.decodeTokens, 1)} ms/token; pool hit rate ${fmt(100 * r.hitRate)}%` +
     `; lookahead predictions ${r.lookahead_.predictions} (used ${r.lookahead_.used}, wasted ${r.lookahead_.wasted})`);
+  log(`per decode token: ${fmt(r.commandsPerToken, 0)} commands encoded, ${fmt(r.handshakesPerToken, 1)} host/GPU handshakes`);
   if (r.speculative) log(`speculative, ${r.speculative.drafts} drafts: ${fmt(r.speculative.tokensPerSecond, 2)} tok/s, accepted ${r.speculative.accepted}/${r.speculative.proposed}`);
   log("\n| phase (per decode token) | ms |");
   log("|---|---|");

@@ -117,3 +117,15 @@ test("more structures than the graph cache holds, interleaved, stay correct", ()
   }
   for (const y of outs) y.release();
 });
+
+test("each dispatch, signal and wait counts as one encoded command on its device (bench:decode's commands per token)", () => {
+  const ev = dev.event();
+  const y = dev.buffer(n * 4);
+  const before = dev.commandsEncoded;
+  const cb = dev.commandBuffer().dispatch(...scale(x, y, 2)).signal(ev, 1).dispatch(...scale(y, y, 3)).commit();
+  cb.waitUntilCompleted(5000);
+  expect(dev.commandsEncoded - before).toBe(3);
+  cb.release();
+  ev.release();
+  y.release();
+});
