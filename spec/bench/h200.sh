@@ -6,6 +6,7 @@
 #  3. bench:decode on it: pool 100% after a 256-token prompt (warm: every record read once), then
 #     pool 100/50/25% after a 16-token prompt with lookahead on and off (cold: records read as
 #     routed), each with CHERENKOV_BACKEND=cuda;
+#     then bench:kernels (bytes, GB/s, % of a streaming kernel) and a per-kernel profile of decode steps;
 #  4. the same-weights peer: transformers' Qwen3-Next at the preset's dimensions with LAYERS
 #     (default 8) layers, timed on the GPU and saved (peer-same-weights.py), converted with
 #     `cherenkov convert`, and bench:decode on the conversion with the same prompt.
@@ -30,6 +31,11 @@ for i in 0 1 2 3; do dd if=$M/experts.bin of=/dev/null bs=16M count=64 skip=$(( 
 echo "{\"disk_parallel_4x1GiB_bytes_per_s\": $(python3 -c "print(round(4 * 2**30 / ($(date +%s.%N) - $start)))")}" | tee -a $J
 run() { timeout 150 bun spec/bench/decode.ts --json --only-model --model "$@" > $OUT/one.json 2>> $OUT/bench.err && cat $OUT/one.json >> $J && echo "ok $*" || echo "failed $*"; }
 run $M --tokens 32 --prompt 256 --pool 100%
+# Per-kernel times with bytes and GB/s beside a streaming kernel's (bench:kernels), and the
+# per-kernel GPU profile of decode steps, each in a file of its own (the profile is written at
+# exit: never name it like the bench's JSON).
+timeout 300 bun spec/bench/kernels.ts --preset 30b-a3b-shape --storage device > $OUT/kernels.txt 2>&1 || echo "failed bench:kernels"
+CHERENKOV_CUDA_PROFILE=$OUT/profile-decode.json timeout 150 bun spec/bench/decode.ts --json --only-model --model $M --tokens 32 --prompt 1 --pool 100% > $OUT/profile-run.json 2>> $OUT/bench.err || echo "failed profile"
 for P in 100% 50% 25%; do
   run $M --tokens 16 --prompt 16 --pool $P
   run $M --tokens 16 --prompt 16 --pool $P --no-lookahead
