@@ -5,6 +5,28 @@
 
 using namespace metal;
 
+// One `matvec` simdgroup: its MV_R rows of W from o0 for batch rows [r_begin, r_end), NR
+// rows per pass (y = W x, or y += W x when accumulating). matvec and matvec_multi share it, so
+// a projection gives the same bits in either.
+template <typename T, int NR>
+inline void matvec_simdgroup(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x, ulong x_stride,
+                             int r_begin, int r_end, device uchar* y, ulong y_stride, bool accumulate, ushort lane) {
+  for (int r0 = r_begin; r0 < r_end; r0 += NR) {
+    ulong xoff[NR];
+    mv_row_offsets<NR>(xoff, r0, r_end, x_stride);
+    int nx = min(NR, r_end - r0);
+    float4 acc[NR];
+    mv_clear<NR>(acc);
+    MvPass<T, NR>::run(w, in_dim, o0, out_dim, x, xoff, nx, acc, lane);
+    mv_reduce<NR>(acc, nx);
+    if (lane == 0) {
+      for (int j = 0; j < NR; j++) if (j < nx) {
+        mv_store(y, y_stride, r0 + j, o0, out_dim, acc[j], accumulate);
+      }
+    }
+  }
+}
+
 // y[r] = W x[r] (+ y[r]). Threadgroup (x, y) covers MV_SG * MV_R output rows for batch rows
 // [y * rows_per_group, ...); each simdgroup walks those rows NR at a time with its
 // MV_R weight rows, so a weight is read once per threadgroup row range.
@@ -23,20 +45,7 @@ template <typename T, int NR>
   if (o0 >= p.out_dim || r_begin >= r_end) {
     return;  // uniform per simdgroup
   }
-  for (int r0 = r_begin; r0 < r_end; r0 += NR) {
-    ulong xoff[NR];
-    mv_row_offsets<NR>(xoff, r0, r_end, p.x_stride);
-    int nx = min(NR, r_end - r0);
-    float4 acc[NR];
-    mv_clear<NR>(acc);
-    MvPass<T, NR>::run(w, p.in_dim, o0, p.out_dim, x, xoff, nx, acc, lane);
-    mv_reduce<NR>(acc, nx);
-    if (lane == 0) {
-      for (int j = 0; j < NR; j++) if (j < nx) {
-        mv_store(y, p.y_stride, r0 + j, o0, p.out_dim, acc[j], p.accumulate != 0);
-      }
-    }
-  }
+  matvec_simdgroup<T, NR>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride, p.accumulate != 0, lane);
 }
 
 // y[r] = W x[r] (+ y[r]) for narrow W: threadgroup (x, y) holds MV_R output rows for batch
@@ -91,7 +100,7 @@ template <typename T, int NR>
 // Several projections of one input in one dispatch (DeltaNet's qkv and z, attention's q,
 // gate, k and v): the simdgroups are laid out weight after weight, each weight's rows in
 // MV_R tiles, and a simdgroup finds its weight by the tile counts; then it is `matvec`'s
-// simdgroup for that weight (same pass, same sums: the same bits as separate matvecs).
+// simdgroup for that weight (matvec_simdgroup: the same bits as separate matvecs).
 template <typename T, int NR>
 [[max_total_threads_per_threadgroup(128)]] kernel void matvec_multi(
     constant MatvecMultiParams& p [[buffer(0)]],
@@ -123,20 +132,7 @@ template <typename T, int NR>
   if (o0 >= out_dim || r_begin >= r_end) {
     return;  // uniform per simdgroup
   }
-  for (int r0 = r_begin; r0 < r_end; r0 += NR) {
-    ulong xoff[NR];
-    mv_row_offsets<NR>(xoff, r0, r_end, p.x_stride);
-    int nx = min(NR, r_end - r0);
-    float4 acc[NR];
-    mv_clear<NR>(acc);
-    MvPass<T, NR>::run(w, p.in_dim, o0, out_dim, x, xoff, nx, acc, lane);
-    mv_reduce<NR>(acc, nx);
-    if (lane == 0) {
-      for (int j = 0; j < NR; j++) if (j < nx) {
-        mv_store(y, y_stride, r0 + j, o0, out_dim, acc[j], false);
-      }
-    }
-  }
+  matvec_simdgroup<T, NR>(w, p.in_dim, o0, out_dim, x, p.x_stride, r_begin, r_end, y, y_stride, false, lane);
 }
 
 template [[host_name("matvec_f32_f32")]] kernel decltype(matvec<float, MV_NR>) matvec<float, MV_NR>;
