@@ -77,6 +77,23 @@ export function oneRowForm(kernel: string, dtype: DType, rowsPerPass: number): s
   return dtype === "q4" && rowsPerPass === 1 ? kernel.replace(/_q4_f32$/, "_q4_r1_f32") : kernel;
 }
 
+/** Checks a projection's weight, input and row count; returns [out, in]. */
+function checkProjection(w: TensorRef, x: RowsRef, nb: number, what: string): [number, number] {
+  const [out, inDim] = matrixShape(w, what);
+  checkRows(nb, what);
+  if (w.dtype === "q4") {
+    if (inDim % 32 !== 0) throw new Error(`${what}: a q4 weight [${out}, ${inDim}] needs an input width that is a multiple of 32`);
+  } else if (inDim % 4 !== 0) {
+    throw new Error(`${what}: input width ${inDim} must be a multiple of 4`);
+  }
+  // The kernels read x (and f32/f16/bf16 weights) four elements at a time: Metal wants
+  // those vector loads aligned.
+  if (x.offset % 16 !== 0 || x.stride % 16 !== 0)
+    throw new Error(`${what}: input offset ${x.offset} and row stride ${x.stride} must be multiples of 16 bytes`);
+  if (w.offset % 16 !== 0) throw new Error(`${what}: weight offset ${w.offset} must be a multiple of 16 bytes`);
+  return [out, inDim];
+}
+
 /** y[r] = W x[r] for r < nb. The input width must be a multiple of 4 (32 for q4). */
 export function encodeMatvec(
   ctx: EncodeContext,
@@ -86,18 +103,7 @@ export function encodeMatvec(
   nb: number,
   opts: MatvecOptions = {},
 ): void {
-  const [out, inDim] = matrixShape(w, "matvec");
-  checkRows(nb, "matvec");
-  if (w.dtype === "q4") {
-    if (inDim % 32 !== 0) throw new Error(`matvec: a q4 weight [${out}, ${inDim}] needs an input width that is a multiple of 32`);
-  } else if (inDim % 4 !== 0) {
-    throw new Error(`matvec: input width ${inDim} must be a multiple of 4`);
-  }
-  // The kernels read x (and f32/f16/bf16 weights) four elements at a time: Metal wants
-  // those vector loads aligned.
-  if (x.offset % 16 !== 0 || x.stride % 16 !== 0)
-    throw new Error(`matvec: input offset ${x.offset} and row stride ${x.stride} must be multiples of 16 bytes`);
-  if (w.offset % 16 !== 0) throw new Error(`matvec: weight offset ${w.offset} must be a multiple of 16 bytes`);
+  const [out, inDim] = checkProjection(w, x, nb, "matvec");
   const rowsPerGroup = Math.min(nb, opts.rowsPerGroup ?? nb);
   if (!Number.isInteger(rowsPerGroup) || rowsPerGroup < 1) throw new Error(`matvec: rowsPerGroup ${rowsPerGroup} must be a positive integer`);
   const T = MATVEC_TILE;
@@ -154,13 +160,9 @@ export function encodeMatvecs(ctx: EncodeContext, items: readonly Projection[], 
 }
 
 function encodeMatvecMulti(ctx: EncodeContext, items: readonly Projection[], x: RowsRef, nb: number): void {
-  checkRows(nb, "matvec_multi");
   const w0 = items[0]!.w;
-  const [, inDim] = matrixShape(w0, "matvec_multi");
-  const outs = items.map((it) => matrixShape(it.w, "matvec_multi")[0]);
-  if (w0.dtype === "q4" ? inDim % 32 !== 0 : inDim % 4 !== 0) throw new Error(`matvec_multi: input width ${inDim} does not suit ${w0.dtype} weights`);
-  if (x.offset % 16 !== 0 || x.stride % 16 !== 0) throw new Error(`matvec_multi: input offset ${x.offset} and row stride ${x.stride} must be multiples of 16 bytes`);
-  for (const it of items) if (it.w.offset % 16 !== 0) throw new Error(`matvec_multi: weight offset ${it.w.offset} must be a multiple of 16 bytes`);
+  const inDim = checkProjection(w0, x, nb, "matvec_multi")[1];
+  const outs = items.map((it) => checkProjection(it.w, x, nb, "matvec_multi")[0]);
   const pad = <T>(a: T[]): T[] => [...a, ...Array<T>(MATVEC_MULTI - a.length).fill(a[a.length - 1]!)];
   const T = MATVEC_TILE;
   const tiles = outs.reduce((n, o) => n + Math.ceil(o / T.rows), 0);
