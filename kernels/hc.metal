@@ -3,17 +3,27 @@
 // and the write X'_j = post_j y + sum_i comb[i][j] X_i. Coefficient rows are
 // [pre (n) | post (n) | comb (n * n, [i][j])] for a site and [pre (n)] for the final read.
 #include <metal_stdlib>
+#include "matvec.h"
 #include "params.h"
 
 using namespace metal;
 
 #define HC_MAX_STREAMS 8
-// A row per threadgroup of HC_TG_SG simdgroups: the sums over n * d stream values are split
-// across all its threads (one simdgroup per row was latency-bound on the H200: 85 us for
-// the coefficients and 69 us for a read at d = 2048, n = 4), partial sums meet in
-// threadgroup memory in simdgroup order.
+#define HC_MAX_MIXES (2 * HC_MAX_STREAMS + HC_MAX_STREAMS * HC_MAX_STREAMS)
+// A row per threadgroup of HC_TG_SG simdgroups for the reads: a thread holds one float4
+// column of every stream at a time (two turns at d = 2048), partial sums meet in threadgroup
+// memory in simdgroup order. One simdgroup per row was latency-bound on the H200 (85 us for
+// the coefficients and 69 us for a read at d = 2048, n = 4), and so were 256 threads that
+// each walked eight columns one load at a time (19 us a site). 512 threads would cover
+// d = 2048 in one turn, but nvcc then caps registers at 64 and spills the columns.
 #define HC_TG_SG 8
-static_assert(HC_TG_SG * 32 == 256, "update the hc kernels' [[max_total_threads_per_threadgroup]]");
+static_assert(HC_TG_SG * 32 == 256, "update the hc read kernels' [[max_total_threads_per_threadgroup]]");
+// The raw products fn . flat are summed in chunks of HC_CHUNK flat values, one simdgroup per
+// (mix, chunk): a lane takes 8 consecutive values. The partials spread the 24 x 8192 weights
+// of a site over ~100 threadgroups instead of the few a matvec of 24 rows gets.
+#define HC_CHUNK 256
+#define HC_MIX_SG 8
+static_assert(HC_MIX_SG * 32 == 256, "update hc_mix_partials' [[max_total_threads_per_threadgroup]]");
 
 inline float hc_sigmoid(float v) {
   return 1.0f / (1.0f + exp(-v));
@@ -40,7 +50,7 @@ inline float hc_tg_sum(float v, threadgroup float* partial, ushort sg, ushort la
 // threadgroup memory (a thread-local array indexed by a runtime n went to the stack and
 // spilled on the H200). Writes [pre | post | comb] to `out` and pre to `pre`.
 inline void hc_coeffs_serial(int n, bool head, int iters, float eps, float rs, device const float* scale,
-                             device const float* base, device const float* mix, device float* out,
+                             device const float* base, threadgroup const float* mix, device float* out,
                              threadgroup float* pre, threadgroup float* comb) {
   for (int i = 0; i < n; i++) {
     out[i] = hc_sigmoid(mix[i] * rs * scale[0] + base[i]) + eps;
@@ -100,7 +110,7 @@ inline void hc_coeffs_serial(int n, bool head, int iters, float eps, float rs, d
 // them in the serial form's order, so the results are the serial form's to the bit. Sinkhorn's
 // 20 rounds were ~24 us on one thread of the H200 (144 sites a token).
 inline void hc_coeffs_lanes(int n, bool head, int iters, float eps, float rs, device const float* scale,
-                            device const float* base, device const float* mix, device float* out,
+                            device const float* base, threadgroup const float* mix, device float* out,
                             threadgroup float* pre, ushort lane) {
   const int l = int(lane);
   if (l < n) {
@@ -151,7 +161,7 @@ inline void hc_coeffs_lanes(int n, bool head, int iters, float eps, float rs, de
 // threadgroup (lane-parallel for n * n <= 32, else its thread 0 serially). pre also lands in
 // threadgroup memory for a read in the same threadgroup.
 inline void hc_coeffs_row(int n, bool head, int iters, float eps, float rs, device const float* scale,
-                          device const float* base, device const float* mix, device float* out,
+                          device const float* base, threadgroup const float* mix, device float* out,
                           threadgroup float* pre, threadgroup float* comb, ushort sg, ushort lane) {
   if (sg != 0) {
     return;
@@ -163,44 +173,125 @@ inline void hc_coeffs_row(int n, bool head, int iters, float eps, float rs, devi
   }
 }
 
-// rsqrt(mean(flat^2) + eps) of a row's n * d stream values, summed by the whole threadgroup.
-inline float hc_stream_rms(device const float* flat, int len, float eps, threadgroup float* partial, ushort sg, ushort lane) {
-  float ss = 0.0f;
-  for (int c = int(sg) * 32 + int(lane); c < len; c += 32 * HC_TG_SG) {
-    float v = flat[c];
-    ss += v * v;
+// The raw products of a site, split for parallelism: simdgroup (tg.x * HC_MIX_SG + sg) of row
+// tg.y takes item = m * chunks + c and writes partials[row][item] = fn[m] . flat over chunk c
+// (m < mixes) or the chunk's sum of squares (m = mixes, for the streams' rms). Every lane
+// issues its loads at once (8 flat values and 8 weights), so the pass costs about one trip
+// to memory. fn is [mixes][n * d] in the storage dtype T; n * d is a multiple of 4.
+template <typename T>
+[[max_total_threads_per_threadgroup(256)]] kernel void hc_mix_partials(
+    constant HcMixParams& p   [[buffer(0)]],
+    device const uchar* x     [[buffer(1)]],
+    device const uchar* fn    [[buffer(2)]],
+    device uchar* partials    [[buffer(3)]],
+    uint2 tg                  [[threadgroup_position_in_grid]],
+    ushort sg                 [[simdgroup_index_in_threadgroup]],
+    ushort lane               [[thread_index_in_simdgroup]]) {
+  const int item = int(tg.x) * HC_MIX_SG + int(sg);
+  const int row = int(tg.y);
+  if (item >= (p.mixes + 1) * p.chunks || row >= p.rows) {
+    return;  // uniform per simdgroup
   }
-  ss = hc_tg_sum(ss, partial, sg, lane);
-  return rsqrt(ss / float(len) + eps);
+  const int m = item / p.chunks;
+  const int len = p.streams * p.cols;
+  const int c = (item - m * p.chunks) * HC_CHUNK + int(lane) * 8;
+  device const float* flat = (device const float*)(x + ulong(row) * p.x_stride);
+  const float4 zero = float4(0.0f);
+  float4 a = c < len ? *((device const float4*)(flat + c)) : zero;
+  float4 b = c + 4 < len ? *((device const float4*)(flat + c + 4)) : zero;
+  float v;
+  if (m < p.mixes) {
+    const uint w0 = uint(m) * uint(len) + uint(c);
+    float4 wa = c < len ? Weights<T>::load4(fn, w0) : zero;
+    float4 wb = c + 4 < len ? Weights<T>::load4(fn, w0 + 4u) : zero;
+    v = dot(wa, a) + dot(wb, b);
+  } else {
+    v = dot(a, a) + dot(b, b);
+  }
+  v = simd_sum(v);
+  if (lane == 0) {
+    ((device float*)(partials + ulong(row) * p.p_stride))[item] = v;
+  }
 }
 
-// x = sum_i pre_i X_i for one row, then (NORM) x * rsqrt(mean(x^2) + eps) * w; the norm
-// rescales, in a second pass, the elements the same thread wrote. PRE is where pre lives
-// (device or threadgroup memory).
+template [[host_name("hc_mix_partials_f32_f32")]] kernel decltype(hc_mix_partials<float>) hc_mix_partials<float>;
+template [[host_name("hc_mix_partials_bf16_f32")]] kernel decltype(hc_mix_partials<bfloat>) hc_mix_partials<bfloat>;
+template [[host_name("hc_mix_partials_f16_f32")]] kernel decltype(hc_mix_partials<half>) hc_mix_partials<half>;
+
+// A row's mixes from its partials into threadgroup memory: simdgroups take mixes in turn and
+// sum each one's chunks in chunk order; mix[mixes] is the row's sum of squares. Ends with a
+// barrier (every thread may read mix after it).
+inline void hc_gather_mixes(device const float* part, int mixes, int chunks, threadgroup float* mix, ushort sg, ushort lane) {
+  for (int m = int(sg); m <= mixes; m += HC_TG_SG) {
+    float s = 0.0f;
+    for (int c = int(lane); c < chunks; c += 32) {
+      s += part[m * chunks + c];
+    }
+    s = simd_sum(s);
+    if (lane == 0) {
+      mix[m] = s;
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+}
+
+// This thread's first float4 column (c4 = thread index) of each of the n streams, loaded
+// early so the loads overlap what the threadgroup does before its read (the coefficients).
+inline void hc_prefetch(int n, int cols, device const float* X, int t, thread float4* xs) {
+  const int c4s = cols / 4;
+  device const float4* X4 = (device const float4*)X;
+  MV_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+    xs[i] = (i < n && t < c4s) ? X4[i * c4s + t] : float4(0.0f);
+  }
+}
+
+// x = sum_i pre_i X_i for one row, four columns per thread (cols % 4 == 0), then (NORM)
+// x * rsqrt(mean(x^2) + eps) * w. xs holds the thread's first columns (hc_prefetch); later
+// ones (cols > 4 * threads) are loaded in the loop. The norm rescales what the same thread
+// wrote, its first four columns from registers. PRE is where pre lives (device or
+// threadgroup memory).
 template <bool NORM, typename PRE>
-inline void hc_read_row(int n, int cols, float eps, bool centred, device const float* X, PRE pre,
+inline void hc_read_row(int n, int cols, float eps, bool centred, device const float* X, PRE pre, thread float4* xs,
                         device const float* w, device float* out, threadgroup float* partial, ushort sg, ushort lane) {
   const int t = int(sg) * 32 + int(lane);
+  const int c4s = cols / 4;
+  device const float4* X4 = (device const float4*)X;
+  device float4* out4 = (device float4*)out;
   float ss = 0.0f;
-  for (int c = t; c < cols; c += 32 * HC_TG_SG) {
-    float v = 0.0f;
-    for (int i = 0; i < n; i++) {
-      v += pre[i] * X[i * cols + c];
+  float4 first = float4(0.0f);
+  for (int c4 = t; c4 < c4s; c4 += 32 * HC_TG_SG) {
+    if (c4 != t) {
+      MV_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+        if (i < n) {
+          xs[i] = X4[i * c4s + c4];
+        }
+      }
     }
-    out[c] = v;
-    ss += v * v;
+    float4 v = float4(0.0f);
+    MV_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+      if (i < n) {
+        v += pre[i] * xs[i];
+      }
+    }
+    if (c4 == t) {
+      first = v;
+    }
+    out4[c4] = v;
+    ss += dot(v, v);
   }
   if (NORM) {
     ss = hc_tg_sum(ss, partial, sg, lane);
     float r = rsqrt(ss / float(cols) + eps);
     float offset = centred ? 1.0f : 0.0f;
-    for (int c = t; c < cols; c += 32 * HC_TG_SG) {
-      out[c] = out[c] * r * (offset + w[c]);
+    for (int c4 = t; c4 < c4s; c4 += 32 * HC_TG_SG) {
+      float4 v = c4 == t ? first : out4[c4];
+      float4 wv = float4(w[4 * c4], w[4 * c4 + 1], w[4 * c4 + 2], w[4 * c4 + 3]);
+      out4[c4] = v * r * (offset + wv);
     }
   }
 }
 
-// A threadgroup per row: its threads sum flat^2, simdgroup 0 turns the row's mixes into
+// A threadgroup per row: the mixes from hc_mix_partials, then simdgroup 0 turns them into
 // coefficients.
 [[max_total_threads_per_threadgroup(256)]] kernel void hc_coeffs_f32(
     constant HcCoeffsParams& p [[buffer(0)]],
@@ -212,23 +303,24 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
     uint tg                    [[threadgroup_position_in_grid]],
     ushort sg                  [[simdgroup_index_in_threadgroup]],
     ushort lane                [[thread_index_in_simdgroup]]) {
-  threadgroup float partial[HC_TG_SG];
+  threadgroup float mix[HC_MAX_MIXES + 1];
   threadgroup float pre[HC_MAX_STREAMS];
   threadgroup float comb[HC_MAX_STREAMS * HC_MAX_STREAMS];
   int row = int(tg);
   if (row >= p.rows) {
     return;  // uniform per threadgroup
   }
-  device const float* flat = (device const float*)(x + ulong(row) * p.x_stride);
-  float rs = hc_stream_rms(flat, p.streams * p.cols, p.eps, partial, sg, lane);
-  device const float* mix = (device const float*)(raw + ulong(row) * p.raw_stride);
+  const int mixes = p.head != 0 ? p.streams : 2 * p.streams + p.streams * p.streams;
+  hc_gather_mixes((device const float*)(raw + ulong(row) * p.raw_stride), mixes, p.chunks, mix, sg, lane);
+  float rs = rsqrt(mix[mixes] / float(p.streams * p.cols) + p.eps);
   device float* out = (device float*)(coeffs + ulong(row) * p.c_stride);
   hc_coeffs_row(p.streams, p.head != 0, p.iters, p.eps, rs, scale, base, mix, out, pre, comb, sg, lane);
 }
 
 // A residual site's read (or the final read) in one threadgroup per row: the coefficients as
 // hc_coeffs_f32 (written out for the site's write), then, after a barrier, x = sum_i pre_i X_i
-// and its RMSNorm, pre taken from threadgroup memory. One dispatch instead of two.
+// and its RMSNorm, pre taken from threadgroup memory. Each thread's stream values are loaded
+// before the coefficients are formed.
 [[max_total_threads_per_threadgroup(256)]] kernel void hc_coeffs_read_norm_f32(
     constant HcCoeffsReadParams& p [[buffer(0)]],
     device const uchar* x      [[buffer(1)]],
@@ -242,6 +334,7 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
     ushort sg                  [[simdgroup_index_in_threadgroup]],
     ushort lane                [[thread_index_in_simdgroup]]) {
   threadgroup float partial[HC_TG_SG];
+  threadgroup float mix[HC_MAX_MIXES + 1];
   threadgroup float pre[HC_MAX_STREAMS];
   threadgroup float comb[HC_MAX_STREAMS * HC_MAX_STREAMS];
   int row = int(tg);
@@ -249,12 +342,15 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
     return;  // uniform per threadgroup
   }
   device const float* flat = (device const float*)(x + ulong(row) * p.x_stride);
-  float rs = hc_stream_rms(flat, p.streams * p.cols, p.eps, partial, sg, lane);
-  device const float* mix = (device const float*)(raw + ulong(row) * p.raw_stride);
+  float4 xs[HC_MAX_STREAMS];
+  hc_prefetch(p.streams, p.cols, flat, int(sg) * 32 + int(lane), xs);
+  const int mixes = p.head != 0 ? p.streams : 2 * p.streams + p.streams * p.streams;
+  hc_gather_mixes((device const float*)(raw + ulong(row) * p.raw_stride), mixes, p.chunks, mix, sg, lane);
+  float rs = rsqrt(mix[mixes] / float(p.streams * p.cols) + p.eps);
   device float* out = (device float*)(coeffs + ulong(row) * p.c_stride);
   hc_coeffs_row(p.streams, p.head != 0, p.iters, p.eps, rs, scale, base, mix, out, pre, comb, sg, lane);
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  hc_read_row<true>(p.streams, p.cols, p.norm_eps, p.centred != 0, flat, (threadgroup const float*)pre, w,
+  hc_read_row<true>(p.streams, p.cols, p.norm_eps, p.centred != 0, flat, (threadgroup const float*)pre, xs, w,
                     (device float*)(y + ulong(row) * p.y_stride), partial, sg, lane);
 }
 
@@ -269,9 +365,11 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
   threadgroup float partial[HC_TG_SG];
   int row = int(tg);
   if (row < p.rows) {  // uniform per threadgroup
-    hc_read_row<false>(p.streams, p.cols, p.eps, p.centred != 0, (device const float*)(x + ulong(row) * p.x_stride),
-                       (device const float*)(coeffs + ulong(row) * p.c_stride), (device const float*)coeffs /* unused */,
-                       (device float*)(y + ulong(row) * p.y_stride), partial, sg, lane);
+    device const float* X = (device const float*)(x + ulong(row) * p.x_stride);
+    float4 xs[HC_MAX_STREAMS];
+    hc_prefetch(p.streams, p.cols, X, int(sg) * 32 + int(lane), xs);
+    hc_read_row<false>(p.streams, p.cols, p.eps, p.centred != 0, X, (device const float*)(coeffs + ulong(row) * p.c_stride), xs,
+                       (device const float*)coeffs /* unused */, (device float*)(y + ulong(row) * p.y_stride), partial, sg, lane);
   }
 }
 
@@ -287,38 +385,47 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
   threadgroup float partial[HC_TG_SG];
   int row = int(tg);
   if (row < p.rows) {  // uniform per threadgroup
-    hc_read_row<true>(p.streams, p.cols, p.eps, p.centred != 0, (device const float*)(x + ulong(row) * p.x_stride),
-                      (device const float*)(coeffs + ulong(row) * p.c_stride), w,
+    device const float* X = (device const float*)(x + ulong(row) * p.x_stride);
+    float4 xs[HC_MAX_STREAMS];
+    hc_prefetch(p.streams, p.cols, X, int(sg) * 32 + int(lane), xs);
+    hc_read_row<true>(p.streams, p.cols, p.eps, p.centred != 0, X, (device const float*)(coeffs + ulong(row) * p.c_stride), xs, w,
                       (device float*)(y + ulong(row) * p.y_stride), partial, sg, lane);
   }
 }
 
-// X'_j = post_j y + sum_i comb[i][j] X_i, in place: each thread owns one column of one row
-// and reads all its old stream values before writing any.
-kernel void hc_write_f32(
+// X'_j = post_j y + sum_i comb[i][j] X_i, in place: each thread owns four columns of one row
+// (cols % 4 == 0) and reads all their old stream values, at once, before writing any.
+[[max_total_threads_per_threadgroup(64)]] kernel void hc_write_f32(
     constant HcWriteParams& p  [[buffer(0)]],
     device uchar* x            [[buffer(1)]],
     device const uchar* coeffs [[buffer(2)]],
     device const uchar* y      [[buffer(3)]],
     uint2 gid                  [[thread_position_in_grid]]) {
-  int c = int(gid.x);
-  int r = int(gid.y);
-  if (c >= p.cols || r >= p.rows) {
+  const int c4 = int(gid.x);
+  const int r = int(gid.y);
+  const int c4s = p.cols / 4;
+  if (c4 >= c4s || r >= p.rows) {
     return;
   }
-  int n = p.streams;
-  device float* X = (device float*)(x + ulong(r) * p.x_stride);
+  const int n = p.streams;
+  device float4* X = (device float4*)(x + ulong(r) * p.x_stride);
   device const float* k = (device const float*)(coeffs + ulong(r) * p.c_stride);
-  float yv = ((device const float*)(y + ulong(r) * p.y_stride))[c];
-  float old[HC_MAX_STREAMS];
-  for (int i = 0; i < n; i++) {
-    old[i] = X[i * p.cols + c];
-  }
-  for (int j = 0; j < n; j++) {
-    float v = k[n + j] * yv;
-    for (int i = 0; i < n; i++) {
-      v += k[2 * n + i * n + j] * old[i];
+  float4 yv = ((device const float4*)(y + ulong(r) * p.y_stride))[c4];
+  float4 old[HC_MAX_STREAMS];
+  MV_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+    if (i < n) {
+      old[i] = X[i * c4s + c4];
     }
-    X[j * p.cols + c] = v;
+  }
+  MV_UNROLL for (int j = 0; j < HC_MAX_STREAMS; j++) {
+    if (j < n) {
+      float4 v = k[n + j] * yv;
+      MV_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+        if (i < n) {
+          v += k[2 * n + i * n + j] * old[i];
+        }
+      }
+      X[j * c4s + c4] = v;
+    }
   }
 }

@@ -48,11 +48,45 @@ template <typename T, int NR>
   matvec_simdgroup<T, NR>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride, p.accumulate != 0, lane);
 }
 
+// One `matvec_split` threadgroup: MV_R output rows of W from o0 for batch rows
+// [r_begin, r_end), its MV_SPLIT_SG simdgroups splitting the input dimension (lane l of
+// simdgroup s takes columns (s * 32 + l) * 4, then every 4 * 32 * MV_SPLIT_SG); the partial
+// sums meet in threadgroup memory (`part`, [MV_SPLIT_SG][NR]), added in simdgroup order. matvec_split and
+// matvec_multi_split share it, so a projection gives the same bits in either.
+template <typename T, int NR>
+inline void matvec_split_tg(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x, ulong x_stride,
+                            int r_begin, int r_end, device uchar* y, ulong y_stride, bool accumulate,
+                            threadgroup float4* part, ushort sg, ushort lane) {
+  for (int r0 = r_begin; r0 < r_end; r0 += NR) {
+    ulong xoff[NR];
+    mv_row_offsets<NR>(xoff, r0, r_end, x_stride);
+    int nx = min(NR, r_end - r0);
+    float4 acc[NR];
+    mv_clear<NR>(acc);
+    MvPass<T, NR>::run_split(w, in_dim, o0, out_dim, x, xoff, nx, acc, int(sg) * 32 + int(lane), 32 * MV_SPLIT_SG);
+    mv_reduce<NR>(acc, nx);
+    if (lane == 0) {
+      for (int j = 0; j < NR; j++) if (j < nx) {
+        part[int(sg) * NR + j] = acc[j];
+      }
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (sg == 0 && lane == 0) {
+      for (int j = 0; j < NR; j++) if (j < nx) {
+        float4 v = part[j];
+        for (int s = 1; s < MV_SPLIT_SG; s++) {
+          v += part[s * NR + j];
+        }
+        mv_store(y, y_stride, r0 + j, o0, out_dim, v, accumulate);
+      }
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // part is reused by the next pass
+  }
+}
+
 // y[r] = W x[r] (+ y[r]) for narrow W: threadgroup (x, y) holds MV_R output rows for batch
-// rows [y * rows_per_group, ...), its MV_SPLIT_SG simdgroups split the input dimension (lane
-// l of simdgroup s takes columns (s * 32 + l) * 4, then every 4 * 32 * MV_SPLIT_SG), and the
-// partial sums meet in threadgroup memory, added in simdgroup order. A matvec with few output
-// rows gets MV_SPLIT_SG times the simdgroups of `matvec` and each a shorter walk: on the H200 a
+// rows [y * rows_per_group, ...) (matvec_split_tg). A matvec with few output rows gets
+// MV_SPLIT_SG times the simdgroups of `matvec` and each a shorter walk: on the H200 a
 // [24, 8192] projection took 149 us as `matvec` (two threadgroups, latency-bound).
 template <typename T, int NR>
 [[max_total_threads_per_threadgroup(256)]] kernel void matvec_split(
@@ -70,37 +104,24 @@ template <typename T, int NR>
   if (o0 >= p.out_dim || r_begin >= r_end) {
     return;  // uniform per threadgroup: no barrier is left waiting
   }
-  for (int r0 = r_begin; r0 < r_end; r0 += NR) {
-    ulong xoff[NR];
-    mv_row_offsets<NR>(xoff, r0, r_end, p.x_stride);
-    int nx = min(NR, r_end - r0);
-    float4 acc[NR];
-    mv_clear<NR>(acc);
-    MvPass<T, NR>::run_split(w, p.in_dim, o0, p.out_dim, x, xoff, nx, acc, int(sg) * 32 + int(lane), 32 * MV_SPLIT_SG);
-    mv_reduce<NR>(acc, nx);
-    if (lane == 0) {
-      for (int j = 0; j < NR; j++) if (j < nx) {
-        part[sg][j] = acc[j];
-      }
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    if (sg == 0 && lane == 0) {
-      for (int j = 0; j < NR; j++) if (j < nx) {
-        float4 v = part[0][j];
-        for (int s = 1; s < MV_SPLIT_SG; s++) {
-          v += part[s][j];
-        }
-        mv_store(y, p.y_stride, r0 + j, o0, p.out_dim, v, p.accumulate != 0);
-      }
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);  // part is reused by the next pass
-  }
+  matvec_split_tg<T, NR>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride, p.accumulate != 0, &part[0][0], sg, lane);
 }
 
 // Several projections of one input in one dispatch (DeltaNet's qkv and z, attention's q,
 // gate, k and v): the simdgroups are laid out weight after weight, each weight's rows in
 // MV_R tiles, and a simdgroup finds its weight by the tile counts; then it is `matvec`'s
 // simdgroup for that weight (matvec_simdgroup: the same bits as separate matvecs).
+// The weight of matvec_multi's `tile` (MV_R rows, counted weight after weight): its index,
+// and the tile's index within it.
+inline int mv_multi_weight(constant MatvecMultiParams& p, thread int& tile) {
+  int i = 0;
+  while (i < p.count - 1 && tile >= (p.out_dim[i] + MV_R - 1) / MV_R) {
+    tile -= (p.out_dim[i] + MV_R - 1) / MV_R;
+    i++;
+  }
+  return i;
+}
+
 template <typename T, int NR>
 [[max_total_threads_per_threadgroup(128)]] kernel void matvec_multi(
     constant MatvecMultiParams& p [[buffer(0)]],
@@ -117,11 +138,7 @@ template <typename T, int NR>
     ushort sg                [[simdgroup_index_in_threadgroup]],
     ushort lane              [[thread_index_in_simdgroup]]) {
   int tile = int(tg.x) * MV_SG + int(sg);
-  int i = 0;
-  while (i < p.count - 1 && tile >= (p.out_dim[i] + MV_R - 1) / MV_R) {
-    tile -= (p.out_dim[i] + MV_R - 1) / MV_R;
-    i++;
-  }
+  const int i = mv_multi_weight(p, tile);
   const int out_dim = p.out_dim[i];
   device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
   device uchar* y = i == 0 ? y0 : i == 1 ? y1 : i == 2 ? y2 : y3;
@@ -133,6 +150,39 @@ template <typename T, int NR>
     return;  // uniform per simdgroup
   }
   matvec_simdgroup<T, NR>(w, p.in_dim, o0, out_dim, x, p.x_stride, r_begin, r_end, y, y_stride, false, lane);
+}
+
+// matvec_multi for narrow weights (DeltaNet's b and a: 32 rows each): a threadgroup per MV_R
+// tile, its simdgroups splitting the input dimension (matvec_split_tg: the same bits as
+// separate split matvecs). The rows form gave those two 4 threadgroups (21 us on the H200).
+template <typename T, int NR>
+[[max_total_threads_per_threadgroup(256)]] kernel void matvec_multi_split(
+    constant MatvecMultiParams& p [[buffer(0)]],
+    device const uchar* w0   [[buffer(1)]],
+    device const uchar* w1   [[buffer(2)]],
+    device const uchar* w2   [[buffer(3)]],
+    device const uchar* w3   [[buffer(4)]],
+    device const uchar* x    [[buffer(5)]],
+    device uchar* y0         [[buffer(6)]],
+    device uchar* y1         [[buffer(7)]],
+    device uchar* y2         [[buffer(8)]],
+    device uchar* y3         [[buffer(9)]],
+    uint2 tg                 [[threadgroup_position_in_grid]],
+    ushort sg                [[simdgroup_index_in_threadgroup]],
+    ushort lane              [[thread_index_in_simdgroup]]) {
+  threadgroup float4 part[MV_SPLIT_SG][NR];
+  int tile = int(tg.x);
+  const int i = mv_multi_weight(p, tile);
+  const int out_dim = p.out_dim[i];
+  device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
+  device uchar* y = i == 0 ? y0 : i == 1 ? y1 : i == 2 ? y2 : y3;
+  int o0 = tile * MV_R;
+  int r_begin = int(tg.y) * p.rows_per_group;
+  int r_end = min(p.rows, r_begin + p.rows_per_group);
+  if (o0 >= out_dim || r_begin >= r_end) {
+    return;  // uniform per threadgroup
+  }
+  matvec_split_tg<T, NR>(w, p.in_dim, o0, out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride[i], false, &part[0][0], sg, lane);
 }
 
 template [[host_name("matvec_f32_f32")]] kernel decltype(matvec<float, MV_NR>) matvec<float, MV_NR>;
@@ -152,3 +202,7 @@ template [[host_name("matvec_multi_bf16_f32")]] kernel decltype(matvec_multi<bfl
 template [[host_name("matvec_multi_f16_f32")]] kernel decltype(matvec_multi<half, MV_NR>) matvec_multi<half, MV_NR>;
 template [[host_name("matvec_multi_q4_f32")]] kernel decltype(matvec_multi<uchar, MV_NR>) matvec_multi<uchar, MV_NR>;
 template [[host_name("matvec_multi_q4_r1_f32")]] kernel decltype(matvec_multi<uchar, 1>) matvec_multi<uchar, 1>;
+template [[host_name("matvec_multi_split_f32_f32")]] kernel decltype(matvec_multi_split<float, MV_NR>) matvec_multi_split<float, MV_NR>;
+template [[host_name("matvec_multi_split_bf16_f32")]] kernel decltype(matvec_multi_split<bfloat, MV_NR>) matvec_multi_split<bfloat, MV_NR>;
+template [[host_name("matvec_multi_split_f16_f32")]] kernel decltype(matvec_multi_split<half, MV_NR>) matvec_multi_split<half, MV_NR>;
+template [[host_name("matvec_multi_split_q4_f32")]] kernel decltype(matvec_multi_split<uchar, MV_NR>) matvec_multi_split<uchar, MV_NR>;

@@ -230,37 +230,105 @@ template [[host_name("moe_down_q4_f32")]] kernel decltype(moe_down<uchar, MV_NR>
 template [[host_name("moe_gate_up_q4_r1_f32")]] kernel decltype(moe_gate_up<uchar, 1>) moe_gate_up<uchar, 1>;
 template [[host_name("moe_down_q4_r1_f32")]] kernel decltype(moe_down<uchar, 1>) moe_down<uchar, 1>;
 
+// The routed experts' gate and up for a decode step, one threadgroup row per routed pair
+// (q = tg.y < rows * top_k) straight from the router's ids, without the pair lists: a decode
+// row routes to top_k distinct experts, so each expert's weights are still read once, and the
+// grouping kernel and its dependent reads (active -> offsets -> pairs) leave the critical
+// path. The same pass and reductions as moe_gate_up_q4_r1, so the same bits.
+template <typename T>
+[[max_total_threads_per_threadgroup(128)]] kernel void moe_gate_up_pairs(
+    constant MoeExpertsParams& p [[buffer(0)]],
+    device const int* ids        [[buffer(1)]],
+    device const int* slot_of    [[buffer(2)]],
+    device const uchar* pool     [[buffer(3)]],
+    device const uchar* x        [[buffer(4)]],
+    device uchar* y              [[buffer(5)]],
+    uint2 tg                     [[threadgroup_position_in_grid]],
+    ushort sg                    [[simdgroup_index_in_threadgroup]],
+    ushort lane                  [[thread_index_in_simdgroup]]) {
+  const int q = int(tg.y);
+  const int o0 = (int(tg.x) * MV_SG + int(sg)) * MV_R;
+  if (q >= p.rows * p.top_k || o0 >= p.out_dim) {
+    return;  // uniform per simdgroup
+  }
+  const int e = ids[q];
+  const int slot = e >= 0 && e < p.experts ? slot_of[e] : -1;
+  const bool missing = slot < 0 || slot >= p.slots;
+  device const uchar* record = pool + (missing ? 0ul : ulong(slot) * p.record_stride);
+  ulong xoff[1] = {ulong(q / p.top_k) * p.x_stride};
+  float4 acc[1] = {float4(0.0f)};
+  float4 up[1] = {float4(0.0f)};
+  if (!missing) {
+    MvPass<T, 1>::run2(record + p.w0_offset, record + p.w1_offset, p.in_dim, o0, p.out_dim, x, xoff, 1, acc, up, lane);
+    mv_reduce<1>(up, 1);
+    mv_reduce<1>(acc, 1);
+  }
+  if (lane == 0) {
+    device float* yr = (device float*)(y + ulong(q) * p.y_stride);
+    for (int i = 0; i < MV_R && o0 + i < p.out_dim; i++) {
+      float g = acc[0][i];
+      yr[o0 + i] = missing ? NAN : g / (1.0f + exp(-g)) * up[0][i];
+    }
+  }
+}
+
+template [[host_name("moe_gate_up_pairs_q4_f32")]] kernel decltype(moe_gate_up_pairs<uchar>) moe_gate_up_pairs<uchar>;
+
 // The routed experts' down projections and the combine in one pass, for a decode step (one
-// pair per expert): threadgroup (x, r) computes MV_SG * MV_R outputs of row r, and each
-// simdgroup walks the row's top_k experts in k order, adding w[r][k] * (down_e h[r*k + k])
-// to its outputs, then (SHARED) sigmoid(sg[r]) s[r]. The same passes, reductions and sums in
-// the same order as moe_down_q4_r1 + moe_combine, so the same bits, without the per-pair
-// outputs in memory or a second dispatch. A missing slot reads nothing and makes the row NaN.
+// pair per expert): threadgroup (x, r) computes MV_R outputs of row r. Its MOE_DC_SG
+// simdgroups take the row's top_k experts in turn (expert k on simdgroup k % MOE_DC_SG), so
+// the experts' weights are read in parallel, not one after another; each leaves its reduced
+// outputs and routing weight in threadgroup memory, and the first lane adds
+// w[r][k] * (down_e h[r*k + k]) in k order, then (SHARED) sigmoid(sg[r]) s[r]. The same
+// passes, reductions and sums in the same order as moe_down_q4_r1 + moe_combine, so the same
+// bits, without the per-pair outputs in memory or a second dispatch. A missing slot reads
+// nothing and makes the row NaN.
+#define MOE_DC_SG 8
+#define MOE_MAX_TOP_K 64
+static_assert(MOE_DC_SG * 32 == 256, "update moe_down_combine's [[max_total_threads_per_threadgroup]]");
+
 template <typename T, bool SHARED>
 inline void moe_down_combine_at(constant MoeDownCombineParams& p, device const int* ids, device const float* w,
                                 device const int* slot_of, device const uchar* pool, device const uchar* h,
                                 device const uchar* s, device const uchar* sgate, device uchar* y,
                                 uint2 tg, ushort sg, ushort lane) {
-  int o0 = (int(tg.x) * MV_SG + int(sg)) * MV_R;
-  int r = int(tg.y);
+  threadgroup float4 part[MOE_MAX_TOP_K];
+  threadgroup float wk[MOE_MAX_TOP_K];
+  threadgroup int miss[MOE_MAX_TOP_K];
+  const int o0 = int(tg.x) * MV_R;
+  const int r = int(tg.y);
   if (o0 >= p.out_dim || r >= p.rows) {
-    return;  // uniform per simdgroup
+    return;  // uniform per threadgroup
+  }
+  for (int k = int(sg); k < p.top_k; k += MOE_DC_SG) {
+    const int q = r * p.top_k + k;
+    const int e = ids[q];
+    const int slot = e >= 0 && e < p.experts ? slot_of[e] : -1;
+    const bool missing = slot < 0 || slot >= p.slots;  // uniform: every lane reads the same ids and table
+    float4 acc[1] = {float4(0.0f)};
+    if (!missing) {
+      ulong xoff[1] = {ulong(q) * p.h_stride};
+      MvPass<T, 1>::run(pool + ulong(slot) * p.record_stride + p.w_offset, p.in_dim, o0, p.out_dim, h, xoff, 1, acc, lane);
+      mv_reduce<1>(acc, 1);
+    }
+    if (lane == 0) {
+      part[k] = acc[0];
+      wk[k] = w[q];
+      miss[k] = missing ? 1 : 0;
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (sg != 0 || lane != 0) {
+    return;
   }
   float4 v = float4(0.0f);
   bool missing = false;
   for (int k = 0; k < p.top_k; k++) {
-    int q = r * p.top_k + k;
-    int e = ids[q];
-    int slot = e >= 0 && e < p.experts ? slot_of[e] : -1;
-    if (slot < 0 || slot >= p.slots) {
-      missing = true;  // uniform: every lane reads the same ids and table
+    if (miss[k] != 0) {
+      missing = true;
       continue;
     }
-    ulong xoff[1] = {ulong(q) * p.h_stride};
-    float4 acc[1] = {float4(0.0f)};
-    MvPass<T, 1>::run(pool + ulong(slot) * p.record_stride + p.w_offset, p.in_dim, o0, p.out_dim, h, xoff, 1, acc, lane);
-    mv_reduce<1>(acc, 1);
-    v += w[q] * acc[0];
+    v += wk[k] * part[k];
   }
   if (SHARED) {
     float gate = *((device const float*)(sgate + ulong(r) * p.sg_stride));
@@ -268,13 +336,11 @@ inline void moe_down_combine_at(constant MoeDownCombineParams& p, device const i
     float4 sv = float4(sr[min(o0, p.out_dim - 1)], sr[min(o0 + 1, p.out_dim - 1)], sr[min(o0 + 2, p.out_dim - 1)], sr[min(o0 + 3, p.out_dim - 1)]);
     v += sv / (1.0f + exp(-gate));
   }
-  if (lane == 0) {
-    mv_store(y, p.y_stride, r, o0, p.out_dim, missing ? float4(NAN) : v, false);
-  }
+  mv_store(y, p.y_stride, r, o0, p.out_dim, missing ? float4(NAN) : v, false);
 }
 
 template <typename T>
-[[max_total_threads_per_threadgroup(128)]] kernel void moe_down_combine(
+[[max_total_threads_per_threadgroup(256)]] kernel void moe_down_combine(
     constant MoeDownCombineParams& p [[buffer(0)]],
     device const int* ids        [[buffer(1)]],
     device const float* w        [[buffer(2)]],
@@ -289,7 +355,7 @@ template <typename T>
 }
 
 template <typename T>
-[[max_total_threads_per_threadgroup(128)]] kernel void moe_down_combine_shared(
+[[max_total_threads_per_threadgroup(256)]] kernel void moe_down_combine_shared(
     constant MoeDownCombineParams& p [[buffer(0)]],
     device const int* ids        [[buffer(1)]],
     device const float* w        [[buffer(2)]],

@@ -123,6 +123,29 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, x_stride) == 32, "MatvecM
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, y_stride) == 40, "MatvecMultiParams.y_stride: offset");
 #endif
 
+// Hyper-connection mix partials: per (mix m, chunk c) of the flat streams, fn[m] . flat over the chunk (m < mixes) or the chunk's sum of squares (m = mixes).
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t streams;               // offset 4: n
+  int32_t cols;                  // offset 8: hidden size d
+  int32_t mixes;                 // offset 12: fn rows: 2n + n*n (site) or n (head)
+  int32_t chunks;                // offset 16: ceil(n * d / HC_CHUNK)
+  uint32_t _pad0;                // offset 20
+  uint64_t x_stride;             // offset 24: bytes between rows of the streams X [nb][n][d]
+  uint64_t p_stride;             // offset 32: bytes between rows of the partials [mixes + 1][chunks]
+} HcMixParams;
+CK_PARAMS_ASSERT(sizeof(HcMixParams) == 40, "HcMixParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(HcMixParams, rows) == 0, "HcMixParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcMixParams, streams) == 4, "HcMixParams.streams: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcMixParams, cols) == 8, "HcMixParams.cols: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcMixParams, mixes) == 12, "HcMixParams.mixes: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcMixParams, chunks) == 16, "HcMixParams.chunks: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcMixParams, _pad0) == 20, "HcMixParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcMixParams, x_stride) == 24, "HcMixParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcMixParams, p_stride) == 32, "HcMixParams.p_stride: offset");
+#endif
+
 // Hyper-connection coefficients per row from the raw fn . flat products: pre, post and Sinkhorn comb (site) or pre only (head).
 typedef struct {
   int32_t rows;                  // offset 0: rows in the batch (nb)
@@ -131,11 +154,13 @@ typedef struct {
   uint32_t head;                 // offset 12: 1: final read (n mixes, pre only), 0: a site (2n + n*n mixes)
   int32_t iters;                 // offset 16: hc.sinkhorn_iters
   float eps;                     // offset 20: hc.eps
-  uint64_t x_stride;             // offset 24: bytes between rows of the streams X [nb][n][d]
-  uint64_t raw_stride;           // offset 32: bytes between rows of the raw products
-  uint64_t c_stride;             // offset 40: bytes between coefficient rows (pre | post | comb)
+  int32_t chunks;                // offset 24: chunks of the flat streams the partials were summed over (HcMix)
+  uint32_t _pad0;                // offset 28
+  uint64_t x_stride;             // offset 32: bytes between rows of the streams X [nb][n][d]
+  uint64_t raw_stride;           // offset 40: bytes between rows of the partials [mixes + 1][chunks]
+  uint64_t c_stride;             // offset 48: bytes between coefficient rows (pre | post | comb)
 } HcCoeffsParams;
-CK_PARAMS_ASSERT(sizeof(HcCoeffsParams) == 48, "HcCoeffsParams: size");
+CK_PARAMS_ASSERT(sizeof(HcCoeffsParams) == 56, "HcCoeffsParams: size");
 #ifndef __METAL_VERSION__
 CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, rows) == 0, "HcCoeffsParams.rows: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, streams) == 4, "HcCoeffsParams.streams: offset");
@@ -143,9 +168,11 @@ CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, cols) == 8, "HcCoeffsParams.
 CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, head) == 12, "HcCoeffsParams.head: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, iters) == 16, "HcCoeffsParams.iters: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, eps) == 20, "HcCoeffsParams.eps: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, x_stride) == 24, "HcCoeffsParams.x_stride: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, raw_stride) == 32, "HcCoeffsParams.raw_stride: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, c_stride) == 40, "HcCoeffsParams.c_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, chunks) == 24, "HcCoeffsParams.chunks: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, _pad0) == 28, "HcCoeffsParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, x_stride) == 32, "HcCoeffsParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, raw_stride) == 40, "HcCoeffsParams.raw_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsParams, c_stride) == 48, "HcCoeffsParams.c_stride: offset");
 #endif
 
 // A residual site's read in one pass: the coefficients of HcCoeffs, then x[r] = sum_i pre_i X[r][i] and RMSNorm(x, w).
@@ -158,12 +185,14 @@ typedef struct {
   float eps;                     // offset 20: hc.eps
   uint32_t centred;              // offset 24: norm weight: 1 zero-centred, 0 plain
   float norm_eps;                // offset 28: rms_norm_eps of the read's norm
-  uint64_t x_stride;             // offset 32: bytes between rows of the streams X [nb][n][d]
-  uint64_t raw_stride;           // offset 40: bytes between rows of the raw products
-  uint64_t c_stride;             // offset 48: bytes between coefficient rows (pre | post | comb)
-  uint64_t y_stride;             // offset 56: bytes between output rows
+  int32_t chunks;                // offset 32: chunks of the flat streams the partials were summed over (HcMix)
+  uint32_t _pad0;                // offset 36
+  uint64_t x_stride;             // offset 40: bytes between rows of the streams X [nb][n][d]
+  uint64_t raw_stride;           // offset 48: bytes between rows of the partials [mixes + 1][chunks]
+  uint64_t c_stride;             // offset 56: bytes between coefficient rows (pre | post | comb)
+  uint64_t y_stride;             // offset 64: bytes between output rows
 } HcCoeffsReadParams;
-CK_PARAMS_ASSERT(sizeof(HcCoeffsReadParams) == 64, "HcCoeffsReadParams: size");
+CK_PARAMS_ASSERT(sizeof(HcCoeffsReadParams) == 72, "HcCoeffsReadParams: size");
 #ifndef __METAL_VERSION__
 CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, rows) == 0, "HcCoeffsReadParams.rows: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, streams) == 4, "HcCoeffsReadParams.streams: offset");
@@ -173,10 +202,12 @@ CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, iters) == 16, "HcCoeffsR
 CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, eps) == 20, "HcCoeffsReadParams.eps: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, centred) == 24, "HcCoeffsReadParams.centred: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, norm_eps) == 28, "HcCoeffsReadParams.norm_eps: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, x_stride) == 32, "HcCoeffsReadParams.x_stride: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, raw_stride) == 40, "HcCoeffsReadParams.raw_stride: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, c_stride) == 48, "HcCoeffsReadParams.c_stride: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, y_stride) == 56, "HcCoeffsReadParams.y_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, chunks) == 32, "HcCoeffsReadParams.chunks: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, _pad0) == 36, "HcCoeffsReadParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, x_stride) == 40, "HcCoeffsReadParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, raw_stride) == 48, "HcCoeffsReadParams.raw_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, c_stride) == 56, "HcCoeffsReadParams.c_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcCoeffsReadParams, y_stride) == 64, "HcCoeffsReadParams.y_stride: offset");
 #endif
 
 // Hyper-connection read x[r] = sum_i pre_i X[r][i], optionally followed by RMSNorm(x, w).

@@ -94,7 +94,7 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
     encodeSiteWrite(ctx, s.X, w.hcMixer, s.hc, s.y, nb, gpu.hc, d);
 
     const site = trunkMoeSite(gpu, w, nb);
-    encodeMoeRoute(ctx, site);
+    encodeMoeRoute(ctx, site, gpu.kernelPool);
     let predicts: number | null = null;
     if (lookahead && l + 1 < gpu.layersRun) {
       encodeLookaheadRoute(ctx, trunkMoeSite(gpu, gpu.refs.layers[l + 1]!, nb));

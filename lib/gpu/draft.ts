@@ -64,7 +64,7 @@ function encodeMtpRows(
     nb,
     expertDType: gpu.expertDType,
   };
-  encodeMoeRoute(ctx, site);
+  encodeMoeRoute(ctx, site, gpu.kernelPool);
   plan.encode(ctx, { layer: c.num_layers, rows: nb, predicts: null, trunkLayer: null });
   encodeMoeCompute(ctx, site, gpu.kernelPool);
 

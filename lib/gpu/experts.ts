@@ -130,6 +130,11 @@ export function fusesDownCombine(pool: ExpertPool, nb: number): boolean {
   return nb === 1 && pool.buffers.length === 1 && pool.parts.every((p) => p.dtype === "q4");
 }
 
+/** Simdgroups of a moe_down_combine threadgroup, each on its own experts of the row (MOE_DC_SG). */
+const DOWN_COMBINE_SIMDGROUPS = 8;
+/** The largest top_k moe_down_combine holds in threadgroup memory (MOE_MAX_TOP_K). */
+const DOWN_COMBINE_MAX_TOP_K = 64;
+
 /** What moe_down_combine needs besides the pool: the routing and where the layer's output goes. */
 export interface DownCombine {
   ids: Binding;
@@ -147,7 +152,7 @@ export function encodeRoutedExperts(
   ctx: EncodeContext,
   pool: ExpertPool,
   slotOf: Binding,
-  lists: ExpertLists,
+  lists: ExpertLists | null,
   x: RowsRef,
   scratch: RoutedScratch,
   nb: number,
@@ -166,9 +171,26 @@ export function encodeRoutedExperts(
     throw new Error(`expert parts: mixed dtypes ${gate.dtype}/${up.dtype}/${down.dtype} (one kernel reads all three)`);
   const dtype = gate.dtype;
   if (dtype === "q4" && (d % 32 !== 0 || I % 32 !== 0)) throw new Error(`expert parts: q4 needs widths that are multiples of 32 (d ${d}, I ${I})`);
+  const T = MATVEC_TILE;
+  // A decode step that ends in moe_down_combine: gate and up per routed pair straight from
+  // the router's ids (no pair lists), then the fused down + combine.
+  if (combine) {
+    if (!fusesDownCombine(pool, nb)) throw new Error("moe_down_combine: needs one row, q4 records and a one-buffer pool (fusesDownCombine)");
+    dispatch(
+      ctx,
+      "moe_gate_up_pairs_q4_f32",
+      Params.MoeExperts,
+      { rows: nb, top_k: topK, experts, slots: pool.slots, record_stride: pool.stride, in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: x.stride, y_stride: scratch.h.stride },
+      [combine.ids, slotOf, pool.buffers[0]!, bind(x.buffer, x.offset), bind(scratch.h.buffer, scratch.h.offset)],
+      [Math.ceil(I / (T.rows * T.simdgroups)), nb * topK],
+      SIMD_WIDTH * T.simdgroups,
+    );
+    encodeDownCombine(ctx, pool, slotOf, scratch, nb, topK, experts, I, d, down.offset, combine);
+    return;
+  }
+  if (!lists) throw new Error("moe_experts: the pair lists are required unless the step ends in moe_down_combine");
   // A decode step routes one row: every active expert has exactly one pair.
   const pairsPerPass = nb === 1 ? 1 : MATVEC_TILE.batchRows;
-  const T = MATVEC_TILE;
   // One threadgroup row per expert that can be active: at most E, at most one per pair.
   const expertRows = Math.min(experts, nb * topK);
   // Per pool buffer: its pool, slot table, active list and slot count. One buffer: the
@@ -194,11 +216,25 @@ export function encodeRoutedExperts(
       );
   };
   run(oneRowForm(`moe_gate_up_${dtype}_f32`, dtype, pairsPerPass), { in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: x.stride, y_stride: scratch.h.stride }, x, scratch.h, I);
-  if (!combine) {
-    run(oneRowForm(`moe_down_${dtype}_f32`, dtype, pairsPerPass), { in_dim: I, out_dim: d, w0_offset: down.offset, w1_offset: 0, x_stride: scratch.h.stride, y_stride: scratch.o.stride }, scratch.h, scratch.o, d);
-    return;
-  }
-  if (!fusesDownCombine(pool, nb)) throw new Error("moe_down_combine: needs one row, q4 records and a one-buffer pool (fusesDownCombine)");
+  run(oneRowForm(`moe_down_${dtype}_f32`, dtype, pairsPerPass), { in_dim: I, out_dim: d, w0_offset: down.offset, w1_offset: 0, x_stride: scratch.h.stride, y_stride: scratch.o.stride }, scratch.h, scratch.o, d);
+}
+
+/** The fused down projections + combine of a decode step (moe_down_combine) into combine.y. */
+function encodeDownCombine(
+  ctx: EncodeContext,
+  pool: ExpertPool,
+  slotOf: Binding,
+  scratch: RoutedScratch,
+  nb: number,
+  topK: number,
+  experts: number,
+  I: number,
+  d: number,
+  downOffset: number,
+  combine: DownCombine,
+): void {
+  if (topK > DOWN_COMBINE_MAX_TOP_K) throw new Error(`moe_down_combine: top_k ${topK} exceeds ${DOWN_COMBINE_MAX_TOP_K}`);
+  const T = MATVEC_TILE;
   const { y, shared } = combine;
   const buffers: Binding[] = [combine.ids, combine.weights, slotOf, pool.buffers[0]!, bind(scratch.h.buffer, scratch.h.offset), bind(y.buffer, y.offset)];
   if (shared) buffers.push(bind(shared.s.buffer, shared.s.offset), bind(shared.sg.buffer, shared.sg.offset));
@@ -214,15 +250,15 @@ export function encodeRoutedExperts(
       experts,
       slots: pool.slots,
       record_stride: pool.stride,
-      w_offset: down.offset,
+      w_offset: downOffset,
       h_stride: scratch.h.stride,
       s_stride: shared?.s.stride ?? 0,
       sg_stride: shared?.sg.stride ?? 0,
       y_stride: y.stride,
     },
     buffers,
-    [Math.ceil(d / (T.rows * T.simdgroups)), nb],
-    SIMD_WIDTH * T.simdgroups,
+    [Math.ceil(d / T.rows), nb],
+    SIMD_WIDTH * DOWN_COMBINE_SIMDGROUPS,
   );
 }
 

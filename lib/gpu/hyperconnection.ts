@@ -9,10 +9,13 @@ import { encodeResidualAdd } from "./elementwise.ts";
 import { SIMD_WIDTH } from "./limits.ts";
 import { encodeRmsNorm } from "./norms.ts";
 import { Params } from "./params.ts";
-import { checkRows, checkVector, encodeMatvec, matrixShape } from "./projections.ts";
+import { checkRows, checkVector, matrixShape } from "./projections.ts";
 
-/** Simdgroups of the threadgroup that handles one row (HC_TG_SG in kernels/hc.metal). */
+/** Simdgroups of the threadgroup that reads one row (HC_TG_SG in kernels/hc.metal). */
 const HC_TG_SG = 8;
+/** Flat stream values per partial of the raw products, and simdgroups per hc_mix_partials threadgroup (HC_CHUNK, HC_MIX_SG). */
+const HC_CHUNK = 256;
+const HC_MIX_SG = 8;
 /** The largest n the kernels hold. */
 export const HC_MAX_STREAMS = 8;
 const WRITE_THREADS = 64;
@@ -33,7 +36,15 @@ export interface HcSiteRefs {
 /** Mixes per row: 2n + n*n for a site, n for the final read. */
 export const hcMixCount = (n: number, head = false) => (head ? n : 2 * n + n * n);
 
-/** Scratch of one site's coefficients: raw products and coefficients, nb rows of hcMixCount floats each. */
+/** Chunks of the n*d flat stream values the raw products are summed over (hc_mix_partials). */
+export const hcChunks = (n: number, d: number) => Math.ceil((n * d) / HC_CHUNK);
+
+/** Floats per row of a site's partials: [mixes + 1][chunks] (the last mix is the sum of squares). */
+export const hcPartialCount = (n: number, d: number, head = false) => (hcMixCount(n, head) + 1) * hcChunks(n, d);
+
+const HC_MIX_KERNELS: Record<string, string> = { f32: "hc_mix_partials_f32_f32", bf16: "hc_mix_partials_bf16_f32", f16: "hc_mix_partials_f16_f32" };
+
+/** Scratch of one site's coefficients: raw partials (hcPartialCount floats a row) and coefficients (hcMixCount). */
 export interface HcScratch {
   raw: RowsRef;
   coeffs: RowsRef;
@@ -68,10 +79,26 @@ function checkSite(site: HcSiteRefs, n: number, d: number, head: boolean): numbe
 function encodeRawProducts(ctx: EncodeContext, what: string, X: RowsRef, site: HcSiteRefs, scratch: HcScratch, nb: number, cfg: HcConfig, d: number, head: boolean) {
   checkStreams(cfg.streams, what);
   checkRows(nb, what);
-  checkSite(site, cfg.streams, d, head);
-  encodeMatvec(ctx, site.fn, X, scratch.raw, nb);
+  const M = checkSite(site, cfg.streams, d, head);
+  const n = cfg.streams;
+  // The float4 loads of the hc kernels: whole float4 columns, rows and streams 16-byte aligned.
+  if (d % 4 !== 0) throw new Error(`${what}: hidden size ${d} is not a multiple of 4 (the hc kernels read float4 columns)`);
+  if (X.stride % 16 !== 0 || X.offset % 16 !== 0) throw new Error(`${what}: streams rows at offset ${X.offset}, stride ${X.stride}: expected 16-byte aligned rows`);
+  const chunks = hcChunks(n, d);
+  const kernel = HC_MIX_KERNELS[site.fn.dtype];
+  if (!kernel) throw new Error(`${what}: hc fn dtype ${site.fn.dtype} has no kernel (expected bf16, f16 or f32)`);
+  dispatch(
+    ctx,
+    kernel,
+    Params.HcMix,
+    { rows: nb, streams: n, cols: d, mixes: M, chunks, x_stride: X.stride, p_stride: scratch.raw.stride },
+    [bind(X.buffer, X.offset), bind(site.fn.buffer, site.fn.offset), bind(scratch.raw.buffer, scratch.raw.offset)],
+    [Math.ceil(((M + 1) * chunks) / HC_MIX_SG), nb],
+    SIMD_WIDTH * HC_MIX_SG,
+  );
   return {
     values: {
+      chunks,
       rows: nb,
       streams: cfg.streams,
       cols: d,
@@ -152,6 +179,7 @@ export function encodeHcRead(
 ): void {
   checkStreams(n, "hc_read");
   checkRows(nb, "hc_read");
+  if (d % 4 !== 0) throw new Error(`hc_read: hidden size ${d} is not a multiple of 4 (the kernel reads float4 columns)`);
   if (norm) checkVector(norm.w, d, "hc_read norm");
   const buffers: Binding[] = [bind(X.buffer, X.offset), bind(coeffs.buffer, coeffs.offset), bind(y.buffer, y.offset)];
   if (norm) buffers.push(bind(norm.w.buffer, norm.w.offset));
@@ -179,13 +207,14 @@ export function encodeHcRead(
 export function encodeHcWrite(ctx: EncodeContext, X: RowsRef, coeffs: RowsRef, y: RowsRef, nb: number, n: number, d: number): void {
   checkStreams(n, "hc_write");
   checkRows(nb, "hc_write");
+  if (d % 4 !== 0) throw new Error(`hc_write: hidden size ${d} is not a multiple of 4 (the kernel writes float4 columns)`);
   dispatch(
     ctx,
     "hc_write_f32",
     Params.HcWrite,
     { rows: nb, streams: n, cols: d, x_stride: X.stride, c_stride: coeffs.stride, y_stride: y.stride },
     [bind(X.buffer, X.offset), bind(coeffs.buffer, coeffs.offset), bind(y.buffer, y.offset)],
-    [Math.ceil(d / WRITE_THREADS), nb],
+    [Math.ceil(d / 4 / WRITE_THREADS), nb],
     [WRITE_THREADS, 1],
   );
 }

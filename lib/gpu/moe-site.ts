@@ -35,13 +35,18 @@ export interface MoeSiteArgs {
 
 const routerConfig = (c: ModelConfig) => ({ experts: c.moe.experts, top_k: c.moe.top_k, norm_topk_prob: c.moe.norm_topk_prob });
 
-/** The site's read + norm into scratch.xn, the router (scratch.moe.ids/weights) and the pair lists. */
-export function encodeMoeRoute(ctx: EncodeContext, a: MoeSiteArgs): void {
+/**
+ * The site's read + norm into scratch.xn, the router (scratch.moe.ids/weights) and the pair
+ * lists, which a step that ends in moe_down_combine on `pool` does not need (its gate and up
+ * run per routed pair from the ids).
+ */
+export function encodeMoeRoute(ctx: EncodeContext, a: MoeSiteArgs, pool: KernelPool): void {
   const { config: c, nb, scratch: s } = a;
   const d = c.hidden_size;
   encodeSiteRead(ctx, a.X, a.site, s.hc, s.xn, nb, a.hc, d, { w: a.norm, eps: c.rms_norm_eps });
   const m = s.moe;
   encodeRouter(ctx, a.moe.router, s.xn, m.logits, { ids: bind(m.ids.buffer, m.ids.offset), weights: bind(m.weights.buffer, m.weights.offset) }, nb, routerConfig(c));
+  if (fusesDownCombine(pool, nb)) return;
   const L = m.lists;
   encodeExpertLists(
     ctx,
@@ -73,7 +78,7 @@ export function encodeMoeCompute(ctx: EncodeContext, a: MoeSiteArgs, pool: Kerne
     ctx,
     pool,
     bind(m.slotTable.buffer, m.slotTable.offset),
-    { offsets: bind(L.offsets.buffer, L.offsets.offset), pairs: bind(L.pairs.buffer, L.pairs.offset), active: bind(L.active.buffer, L.active.offset) },
+    fused ? null : { offsets: bind(L.offsets.buffer, L.offsets.offset), pairs: bind(L.pairs.buffer, L.pairs.offset), active: bind(L.active.buffer, L.active.offset) },
     x,
     { h: m.h, o: m.o },
     nb,

@@ -139,9 +139,10 @@ export interface Projection {
 /**
  * Several projections of one input: those of the same dtype and input width go in one
  * matvec_multi dispatch (up to MATVEC_MULTI each), the rest as single matvecs. The same
- * results as a matvec each in the rows form (a lone projection keeps its split heuristic).
+ * results as a matvec each in the same form: narrow groups (few rows together) take the split
+ * form on a GPU, as a lone narrow projection does; `form` forces one.
  */
-export function encodeMatvecs(ctx: EncodeContext, items: readonly Projection[], x: RowsRef, nb: number): void {
+export function encodeMatvecs(ctx: EncodeContext, items: readonly Projection[], x: RowsRef, nb: number, opts: { form?: "rows" | "split" } = {}): void {
   const groups = new Map<string, Projection[]>();
   for (const it of items) {
     const [, inDim] = matrixShape(it.w, "matvecs");
@@ -153,22 +154,24 @@ export function encodeMatvecs(ctx: EncodeContext, items: readonly Projection[], 
   for (const g of groups.values()) {
     for (let i = 0; i < g.length; i += MATVEC_MULTI) {
       const chunk = g.slice(i, i + MATVEC_MULTI);
-      if (chunk.length === 1) encodeMatvec(ctx, chunk[0]!.w, x, chunk[0]!.y, nb);
-      else encodeMatvecMulti(ctx, chunk, x, nb);
+      if (chunk.length === 1) encodeMatvec(ctx, chunk[0]!.w, x, chunk[0]!.y, nb, opts);
+      else encodeMatvecMulti(ctx, chunk, x, nb, opts.form);
     }
   }
 }
 
-function encodeMatvecMulti(ctx: EncodeContext, items: readonly Projection[], x: RowsRef, nb: number): void {
+function encodeMatvecMulti(ctx: EncodeContext, items: readonly Projection[], x: RowsRef, nb: number, form?: "rows" | "split"): void {
   const w0 = items[0]!.w;
   const inDim = checkProjection(w0, x, nb, "matvec_multi")[1];
   const outs = items.map((it) => checkProjection(it.w, x, nb, "matvec_multi")[0]);
   const pad = <T>(a: T[]): T[] => [...a, ...Array<T>(MATVEC_MULTI - a.length).fill(a[a.length - 1]!)];
   const T = MATVEC_TILE;
   const tiles = outs.reduce((n, o) => n + Math.ceil(o / T.rows), 0);
+  // Narrow weights together (DeltaNet's b and a) take the split form, as a lone one would.
+  const split = form === undefined ? prefersSplit(ctx.device.backend, outs.reduce((a, b) => a + b, 0)) : form === "split";
   dispatch(
     ctx,
-    oneRowForm(`matvec_multi_${w0.dtype}_f32`, w0.dtype, nb),
+    split ? `matvec_multi_split_${w0.dtype}_f32` : oneRowForm(`matvec_multi_${w0.dtype}_f32`, w0.dtype, nb),
     Params.MatvecMulti,
     {
       rows: nb,
@@ -184,7 +187,7 @@ function encodeMatvecMulti(ctx: EncodeContext, items: readonly Projection[], x: 
       bind(x.buffer, x.offset),
       ...pad(items.map((it) => bind(it.y.buffer, it.y.offset))),
     ],
-    [Math.ceil(tiles / T.simdgroups), 1],
-    [SIMD_WIDTH * T.simdgroups, 1],
+    [split ? tiles : Math.ceil(tiles / T.simdgroups), 1],
+    [SIMD_WIDTH * (split ? T.splitSimdgroups : T.simdgroups), 1],
   );
 }

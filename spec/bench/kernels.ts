@@ -136,8 +136,9 @@ class Fixture {
     return { fn: this.weight([M, n * d], "bf16", 0.05), base: this.weight([M], "f32"), scale: this.weight([head ? 1 : 3], "f32") };
   }
 
-  scratch(nb: number, M: number) {
-    return { raw: this.rows(nb, M), coeffs: this.rows(nb, M) };
+  /** Coefficients [nb][M] and the raw partials of `flat` = n*d stream values ([M + 1][chunks] a row). */
+  scratch(nb: number, M: number, flat: number) {
+    return { raw: this.rows(nb, (M + 1) * Math.ceil(flat / 256)), coeffs: this.rows(nb, M) };
   }
 }
 
@@ -190,23 +191,23 @@ function cases(f: Fixture): BenchCase[] {
     },
     {
       name: "hc coefficients",
-      kernels: ["matvec_bf16_f32", "hc_coeffs_f32"],
+      kernels: ["hc_mix_partials_bf16_f32", "hc_coeffs_f32"],
       shape: `fn [${D.hcMix}, ${n * d}] bf16, Sinkhorn ${cfg.hc.sinkhorn_iters}`,
       setup(nb) {
         const X = f.rows(nb, n * d);
         const site = f.site();
-        const s = f.scratch(nb, D.hcMix);
+        const s = f.scratch(nb, D.hcMix, n * d);
         return (ctx) => encodeHcCoefficients(ctx, X, site, s, nb, cfg.hc, d);
       },
     },
     {
       name: "hc site read (coefficients + read + norm)",
-      kernels: ["matvec_bf16_f32", "hc_coeffs_read_norm_f32"],
+      kernels: ["hc_mix_partials_bf16_f32", "hc_coeffs_read_norm_f32"],
       shape: `fn [${D.hcMix}, ${n * d}] bf16, ${n} x ${d}`,
       setup(nb) {
         const X = f.rows(nb, n * d);
         const site = f.site();
-        const s = f.scratch(nb, D.hcMix);
+        const s = f.scratch(nb, D.hcMix, n * d);
         const y = f.rows(nb, d);
         const w = f.weight([d], "f32");
         return (ctx) => encodeHcCoefficientsRead(ctx, X, site, s, y, nb, cfg.hc, d, { w, eps: cfg.rms_norm_eps });
@@ -303,7 +304,7 @@ function cases(f: Fixture): BenchCase[] {
     },
     {
       name: "routed experts",
-      kernels: ["moe_gate_up_q4(_r1)_f32", "moe_down_q4(_r1)_f32"],
+      kernels: ["moe_gate_up_pairs_q4 + moe_down_combine_q4 (nb 1)", "moe_gate_up_q4 + moe_down_q4 (nb > 1)"],
       shape: `k ${k}, [${I}, ${d}] q4 records`,
       setup(nb) {
         const gate = f.weight([I, d], q4);
@@ -335,6 +336,12 @@ function cases(f: Fixture): BenchCase[] {
         runOnce(f.dev, (ctx) => encodeExpertLists(ctx, ids, lists, nb, k, E));
         const x = f.rows(nb, d);
         const scratch = { h: f.rows(nb * k, I), o: f.rows(nb * k, d) };
+        // One row takes the decode path (gate + up per pair, then down + combine in one);
+        // more rows the grouped kernels (the combine is a row of its own, "moe combine").
+        if (nb === 1) {
+          const combine = { ids, weights: f.rows(1, k).buffer, y: f.rows(1, d) };
+          return (ctx) => encodeRoutedExperts(ctx, expertPool, slotOf, null, x, scratch, nb, k, E, combine);
+        }
         return (ctx) => encodeRoutedExperts(ctx, expertPool, slotOf, lists, x, scratch, nb, k, E);
       },
       // Each active expert's three projections once, the rows in and out (h written and read).
@@ -369,12 +376,12 @@ function cases(f: Fixture): BenchCase[] {
     },
     {
       name: "final read + norm",
-      kernels: ["matvec_bf16_f32", "hc_coeffs_read_norm_f32"],
+      kernels: ["hc_mix_partials_bf16_f32", "hc_coeffs_read_norm_f32"],
       shape: `${n} x ${d}`,
       setup(nb) {
         const X = f.rows(nb, n * d);
         const head = f.site(true);
-        const s = f.scratch(nb, n);
+        const s = f.scratch(nb, n, n * d);
         const hidden = f.rows(nb, d);
         const norm = f.weight([d], "f32");
         return (ctx) => encodeFinalRead(ctx, X, head, s, hidden, nb, cfg.hc, d, norm, cfg.rms_norm_eps);

@@ -37,8 +37,10 @@ function siteWeights(dev: Device, n: number, d: number, seed: number, head = fal
   return { refs, host };
 }
 
-function scratch(nb: number, M: number): HcScratch {
-  return { raw: rows(outputF32(dev, nb * M), M), coeffs: rows(outputF32(dev, nb * M), M) };
+/** Coefficients [nb][M] and the raw partials of n*d = `flat` stream values ([M + 1][chunks] a row). */
+function scratch(nb: number, M: number, flat: number): HcScratch {
+  const P = (M + 1) * Math.ceil(flat / 256);
+  return { raw: rows(outputF32(dev, nb * P), P), coeffs: rows(outputF32(dev, nb * M), M) };
 }
 
 /** [pre | post | comb] per row of X [nb][n][d], by the reference. */
@@ -63,7 +65,7 @@ describe("hc_coeffs_f32 (site)", () => {
     const { refs, host } = siteWeights(dev, n, d, 5);
     const X = randomF32(nb * n * d, nb, 2, "X");
     const Xb = uploadF32(dev, X);
-    const s = scratch(nb, M);
+    const s = scratch(nb, M, n * d);
     run(dev, (ctx) => encodeHcCoefficients(ctx, rows(Xb, n * d), refs, s, nb, cfg, d));
     const want = referenceCoefficients(host, X, nb, d, cfg);
     expectClose(readF32(s.coeffs.buffer, nb * M), want, COEFF_TOL, `hc_coeffs_f32 nb=${nb}`, M);
@@ -77,7 +79,7 @@ describe("hc_coeffs_f32 (site)", () => {
     const M = hcMixCount(n);
     const { refs, host } = siteWeights(dev, n, d, 11 + n);
     const X = randomF32(nb * n * d, 40 + n, 2, "X");
-    const s = scratch(nb, M);
+    const s = scratch(nb, M, n * d);
     run(dev, (ctx) => encodeHcCoefficients(ctx, rows(uploadF32(dev, X), n * d), refs, s, nb, c, d));
     const want = referenceCoefficients(host, X, nb, d, c);
     expectClose(readF32(s.coeffs.buffer, nb * M), want, COEFF_TOL, `hc_coeffs_f32 n=${n}`, M);
@@ -96,7 +98,7 @@ describe("residual site: read (hc_coeffs_read_norm_f32), write (hc_write_f32)", 
     const Xb = uploadF32(dev, X);
     const Yb = uploadF32(dev, Y);
     const xn = outputF32(dev, nb * d);
-    const s = scratch(nb, M);
+    const s = scratch(nb, M, n * d);
     const site = n === 1 ? null : refs;
     run(dev, (ctx) => {
       encodeSiteRead(ctx, rows(Xb, n * d), site, s, rows(xn, d), nb, c, d, { w: refs.norm, eps: normEps });
@@ -109,10 +111,36 @@ describe("residual site: read (hc_coeffs_read_norm_f32), write (hc_write_f32)", 
     expectClose(readF32(Xb, nb * n * d), want, STREAM_TOL, `hc_write_f32 nb=${nb} n=${n}`, n * d);
   });
 
+  // d = 2112: more float4 columns (528) than a read threadgroup has threads (512), and more
+  // chunks of the flat streams (33) than a simdgroup has lanes, so both loops take a second turn.
+  test("wide rows: d = 2112, n = 4", () => {
+    const n = 4;
+    const d = 2112;
+    const nb = 2;
+    const c = { ...cfg, streams: n };
+    const M = hcMixCount(n);
+    const { refs, host } = siteWeights(dev, n, d, 21);
+    const X = randomF32(nb * n * d, 77, 2, "X");
+    const Y = randomF32(nb * d, 78, 1, "Y");
+    const Xb = uploadF32(dev, X);
+    const xn = outputF32(dev, nb * d);
+    const s = scratch(nb, M, n * d);
+    run(dev, (ctx) => {
+      encodeSiteRead(ctx, rows(Xb, n * d), refs, s, rows(xn, d), nb, c, d, { w: refs.norm, eps: normEps });
+      encodeSiteWrite(ctx, rows(Xb, n * d), refs, s, rows(uploadF32(dev, Y), d), nb, c, d);
+    });
+    const want = X.slice();
+    let read = new Float32Array(0);
+    residualSite(want, nb, d, c, host, host.norm, normEps, (xs) => ((read = xs.slice()), Y));
+    expectClose(readF32(s.coeffs.buffer, nb * M), referenceCoefficients(host, X, nb, d, c), COEFF_TOL, "coefficients d=2112", M);
+    expectClose(readF32(xn, nb * d), read, STREAM_TOL, "read d=2112", d);
+    expectClose(readF32(Xb, nb * n * d), want, STREAM_TOL, "write d=2112", n * d);
+  });
+
   test("needs site weights with n > 1", () => {
     const b: RowsRef = rows(dev.buffer(4096), 64);
     const { refs } = siteWeights(dev, 1, 16, 1);
-    expect(() => run(dev, (ctx) => encodeSiteRead(ctx, b, null, scratch(1, 24), b, 1, cfg, 16, { w: refs.norm, eps: normEps }))).toThrow(
+    expect(() => run(dev, (ctx) => encodeSiteRead(ctx, b, null, scratch(1, 24, 64), b, 1, cfg, 16, { w: refs.norm, eps: normEps }))).toThrow(
       "hc site weights are required with 4 streams",
     );
   });
@@ -127,7 +155,7 @@ describe("final read (hc_coeffs_read_norm_f32, head)", () => {
     const Xb = uploadF32(dev, X);
     const hidden = outputF32(dev, nb * d);
     run(dev, (ctx) =>
-      encodeFinalRead(ctx, rows(Xb, n * d), n === 1 ? null : refs, scratch(nb, n), rows(hidden, d), nb, c, d, refs.norm, normEps),
+      encodeFinalRead(ctx, rows(Xb, n * d), n === 1 ? null : refs, scratch(nb, n, n * d), rows(hidden, d), nb, c, d, refs.norm, normEps),
     );
     const want = new Float32Array(nb * d);
     for (let r = 0; r < nb; r++) {

@@ -96,8 +96,9 @@ describe("matvec strides and errors", () => {
 });
 
 describe("encodeMatvecs (matvec_multi: several projections of one input)", () => {
-  // Same pass and sums as one matvec each (rows form): the same bits, whatever weight a simdgroup lands on.
-  test.each(DTYPES.flatMap((d) => [1, 3].map((nb) => [d, nb] as const)))("%s weights, nb = %i: the same bits as separate matvecs", (dtype, nb) => {
+  // Same pass and sums as one matvec each in the same form (rows: matvec_multi, split:
+  // matvec_multi_split): the same bits, whatever weight a simdgroup or threadgroup lands on.
+  test.each(DTYPES.flatMap((d) => [1, 3].flatMap((nb) => (["rows", "split"] as const).map((form) => [d, nb, form] as const))))("%s weights, nb = %i, %s form: the same bits as separate matvecs", (dtype, nb, form) => {
     const inDim = dtype === "q4" ? 96 : 52;
     const outs = [37, 8, 1, 21];
     const ws = outs.map((o, i) => uploadWeight(dev, dtype, [o, inDim], 40 + i).ref);
@@ -105,8 +106,8 @@ describe("encodeMatvecs (matvec_multi: several projections of one input)", () =>
     const ys = outs.map((o) => outputF32(dev, nb * o));
     const sep = outs.map((o) => outputF32(dev, nb * o));
     run(dev, (ctx) => {
-      encodeMatvecs(ctx, ws.map((w, i) => ({ w, y: rows(ys[i]!, outs[i]!) })), rows(x, inDim), nb);
-      ws.forEach((w, i) => encodeMatvec(ctx, w, rows(x, inDim), rows(sep[i]!, outs[i]!), nb, { form: "rows" }));
+      encodeMatvecs(ctx, ws.map((w, i) => ({ w, y: rows(ys[i]!, outs[i]!) })), rows(x, inDim), nb, { form });
+      ws.forEach((w, i) => encodeMatvec(ctx, w, rows(x, inDim), rows(sep[i]!, outs[i]!), nb, { form }));
     });
     outs.forEach((o, i) => {
       expect([...new Uint32Array(ys[i]!.f32.buffer, ys[i]!.f32.byteOffset, nb * o)]).toEqual([...new Uint32Array(sep[i]!.f32.buffer, sep[i]!.f32.byteOffset, nb * o)]);
