@@ -16,17 +16,21 @@
 
 using namespace metal;
 
-// Per-lane loops over head dims run to the constant SEQ_MAX_PER_LANE with a guard (m < per),
-// so acc[] stays in registers (a runtime bound spilled it to local memory on the H200).
+// Loops over head dims run to constants with a guard, so acc[] stays in registers (a runtime
+// bound spilled it to local memory on the H200). For the V sum a lane owns four consecutive
+// dims per 128 (hd % 4 == 0): one 4-byte (q8) or 16-byte (f32) load per position instead of
+// one byte per dim, and ATTN_V_UNROLL positions' loads in flight at once.
 #define ATTN_MAX_SIMDGROUPS 8
 #define ATTN_MAX_HEAD_DIM 256
+#define ATTN_V4 (ATTN_MAX_HEAD_DIM / 128)
+#define ATTN_V_UNROLL 4
 
 // Grid: (ceil(H / simdgroups), nb, splits) threadgroups of 32 x simdgroups threads.
 // K/V: q8 codes [positions][Hkv][hd] with scales [positions][Hkv], or f32 values (the
 // scale bindings unused). list [nb][list_stride] and counts [nb] when use_list.
 // Partials [nb][H][splits][hd + 2] when splits > 1.
 template <bool Q8>
-kernel void attn_rows(
+[[max_total_threads_per_threadgroup(256)]] kernel void attn_rows(
     constant AttentionParams& p [[buffer(0)]],
     device const float* q       [[buffer(1)]],
     device const char* kc       [[buffer(2)]],
@@ -68,10 +72,10 @@ kernel void attn_rows(
   }
   simdgroup_barrier(mem_flags::mem_threadgroup);
 
-  const uint per = (hd + 31u) / 32u;
-  float acc[SEQ_MAX_PER_LANE];
-  for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) if (m < per) {
-    acc[m] = 0.0f;
+  // Lane dims d = 4 * lane + 128 * m (.. + 3) for m < ATTN_V4 while d < hd.
+  float4 acc[ATTN_V4];
+  CK_UNROLL for (uint m = 0; m < ATTN_V4; m++) {
+    acc[m] = float4(0.0f);
   }
   float mx = -INFINITY;
   float sum = 0.0f;
@@ -87,8 +91,12 @@ kernel void attn_rows(
         // 16 codes per load (a lane reads a whole K row: scalar char4 loads left it waiting
         // on 32 round trips per position); the dot product adds in the same order.
         device const int4* k16 = (device const int4*)(kc + slot * hd);
-        for (uint i = 0; i < hd / 16u; i++) {
-          const int4 w = k16[i];
+        int4 kw[ATTN_MAX_HEAD_DIM / 16];
+        CK_UNROLL for (uint i = 0; i < ATTN_MAX_HEAD_DIM / 16u; i++) {
+          kw[i] = i < hd / 16u ? k16[i] : int4(0);  // every load of the row goes out at once
+        }
+        CK_UNROLL for (uint i = 0; i < ATTN_MAX_HEAD_DIM / 16u; i++) if (i < hd / 16u) {
+          const int4 w = kw[i];
           for (uint c = 0; c < 4u; c++) {
             const float4 kv = float4(as_type<char4>(w[c]));
             const uint e = 16u * i + 4u * c;
@@ -118,18 +126,28 @@ kernel void attn_rows(
     ws[lane] = Q8 && valid ? w * vs[slot] : w;
     ss[lane] = int(s);
     simdgroup_barrier(mem_flags::mem_threadgroup);
-    for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) if (m < per) {
+    CK_UNROLL for (uint m = 0; m < ATTN_V4; m++) {
       acc[m] *= corr;
     }
     const uint n = min(32u, end - b);
-    for (uint jj = 0; jj < n; jj++) {
-      const float wj = ws[jj];
-      const ulong base = (ulong(ss[jj]) * Hkv + kvh) * hd;
-      for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) if (m < per) {
-        const uint d = uint(lane) + 32u * m;
-        if (d < hd) {
-          const float v = Q8 ? float(vc[base + d]) : ((device const float*)vc)[base + d];
-          acc[m] = fma(wj, v, acc[m]);
+    for (uint j0 = 0; j0 < n; j0 += ATTN_V_UNROLL) {
+      float wj[ATTN_V_UNROLL];
+      float4 v[ATTN_V_UNROLL][ATTN_V4];
+      CK_UNROLL for (uint u = 0; u < ATTN_V_UNROLL; u++) {
+        const uint jj = min(j0 + u, n - 1u);
+        wj[u] = ws[jj];
+        const ulong base = (ulong(ss[jj]) * Hkv + kvh) * hd;
+        CK_UNROLL for (uint m = 0; m < ATTN_V4; m++) {
+          const uint d = 4u * uint(lane) + 128u * m;
+          v[u][m] = d >= hd ? float4(0.0f)
+                  : Q8 ? float4(*((device const char4*)(vc + base + d)))
+                       : *((device const float4*)((device const float*)vc + base + d));
+        }
+      }
+      // Positions in order, each dim's sum as one fma per position.
+      CK_UNROLL for (uint u = 0; u < ATTN_V_UNROLL; u++) if (j0 + u < n) {
+        CK_UNROLL for (uint m = 0; m < ATTN_V4; m++) {
+          acc[m] = fma(float4(wj[u]), v[u][m], acc[m]);
         }
       }
     }
@@ -140,10 +158,12 @@ kernel void attn_rows(
   if (p.splits == 1) {
     device float* out = seq_row(o, p.o_stride, t) + h * hd;
     const float inv = 1.0f / sum;
-    for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) if (m < per) {
-      const uint d = uint(lane) + 32u * m;
+    CK_UNROLL for (uint m = 0; m < ATTN_V4; m++) {
+      const uint d = 4u * uint(lane) + 128u * m;
       if (d < hd) {
-        out[d] = acc[m] * inv;
+        for (uint c = 0; c < 4u; c++) {
+          out[d + c] = acc[m][c] * inv;
+        }
       }
     }
   } else {
@@ -152,10 +172,12 @@ kernel void attn_rows(
       pr[0] = mx;
       pr[1] = sum;
     }
-    for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) if (m < per) {
-      const uint d = uint(lane) + 32u * m;
+    CK_UNROLL for (uint m = 0; m < ATTN_V4; m++) {
+      const uint d = 4u * uint(lane) + 128u * m;
       if (d < hd) {
-        pr[2u + d] = acc[m];
+        for (uint c = 0; c < 4u; c++) {
+          pr[2u + d + c] = acc[m][c];
+        }
       }
     }
   }

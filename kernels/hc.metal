@@ -218,63 +218,91 @@ template [[host_name("hc_mix_partials_f32_f32")]] kernel decltype(hc_mix_partial
 template [[host_name("hc_mix_partials_bf16_f32")]] kernel decltype(hc_mix_partials<bfloat>) hc_mix_partials<bfloat>;
 template [[host_name("hc_mix_partials_f16_f32")]] kernel decltype(hc_mix_partials<half>) hc_mix_partials<half>;
 
-// A row's mixes from its partials into threadgroup memory: simdgroups take mixes in turn and
-// sum each one's chunks in chunk order; mix[mixes] is the row's sum of squares. Ends with a
-// barrier (every thread may read mix after it).
+// A row's mixes from its partials into threadgroup memory: simdgroup s takes mixes s,
+// s + HC_TG_SG, ... and sums each one's chunks in chunk order; mix[mixes] is the row's sum of
+// squares. The turns are unrolled so a lane's loads for all its mixes go out at once (one
+// trip to memory, not one per mix). Ends with a barrier (every thread may read mix after it).
+#define HC_GATHER_TURNS ((HC_MAX_MIXES + 1 + HC_TG_SG - 1) / HC_TG_SG)
 inline void hc_gather_mixes(device const float* part, int mixes, int chunks, threadgroup float* mix, ushort sg, ushort lane) {
-  for (int m = int(sg); m <= mixes; m += HC_TG_SG) {
-    float s = 0.0f;
-    for (int c = int(lane); c < chunks; c += 32) {
-      s += part[m * chunks + c];
+  float s[HC_GATHER_TURNS];
+  MV_UNROLL for (int j = 0; j < HC_GATHER_TURNS; j++) {
+    const int m = int(sg) + j * HC_TG_SG;
+    s[j] = 0.0f;
+    if (m <= mixes) {
+      for (int c = int(lane); c < chunks; c += 32) {
+        s[j] += part[m * chunks + c];
+      }
     }
-    s = simd_sum(s);
-    if (lane == 0) {
-      mix[m] = s;
+  }
+  MV_UNROLL for (int j = 0; j < HC_GATHER_TURNS; j++) {
+    const int m = int(sg) + j * HC_TG_SG;
+    if (m <= mixes) {  // uniform per simdgroup
+      const float t = simd_sum(s[j]);
+      if (lane == 0) {
+        mix[m] = t;
+      }
     }
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
 }
 
-// This thread's first float4 column (c4 = thread index) of each of the n streams, loaded
-// early so the loads overlap what the threadgroup does before its read (the coefficients).
+// This thread's float4 columns (c4 = thread index, and one threadgroup width on) of each of
+// the n streams, loaded early so the loads overlap what the threadgroup does before its read
+// (the coefficients). Two turns cover d = 2048 with 256 threads; wider rows load the rest in
+// the read.
+#define HC_READ_AHEAD 2
 inline void hc_prefetch(int n, int cols, device const float* X, int t, thread float4* xs) {
   const int c4s = cols / 4;
   device const float4* X4 = (device const float4*)X;
-  MV_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
-    xs[i] = (i < n && t < c4s) ? X4[i * c4s + t] : float4(0.0f);
+  MV_UNROLL for (int a = 0; a < HC_READ_AHEAD; a++) {
+    const int c4 = t + a * 32 * HC_TG_SG;
+    MV_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+      xs[a * HC_MAX_STREAMS + i] = (i < n && c4 < c4s) ? X4[i * c4s + c4] : float4(0.0f);
+    }
   }
 }
 
 // x = sum_i pre_i X_i for one row, four columns per thread (cols % 4 == 0), then (NORM)
-// x * rsqrt(mean(x^2) + eps) * w. xs holds the thread's first columns (hc_prefetch); later
-// ones (cols > 4 * threads) are loaded in the loop. The norm rescales what the same thread
-// wrote, its first four columns from registers. PRE is where pre lives (device or
-// threadgroup memory).
+// x * rsqrt(mean(x^2) + eps) * w. xs holds the thread's first HC_READ_AHEAD turns of columns
+// (hc_prefetch); later ones (cols > 4 * HC_READ_AHEAD * threads) are loaded in the loop. The
+// norm rescales what the same thread wrote, the prefetched turns from registers. PRE is where
+// pre lives (device or threadgroup memory).
 template <bool NORM, typename PRE>
 inline void hc_read_row(int n, int cols, float eps, bool centred, device const float* X, PRE pre, thread float4* xs,
                         device const float* w, device float* out, threadgroup float* partial, ushort sg, ushort lane) {
   const int t = int(sg) * 32 + int(lane);
   const int c4s = cols / 4;
+  const int step = 32 * HC_TG_SG;
   device const float4* X4 = (device const float4*)X;
   device float4* out4 = (device float4*)out;
+  // The norm weights of the prefetched turns, loaded now: they arrive during the sum.
+  float4 wk[HC_READ_AHEAD];
+  MV_UNROLL for (int a = 0; a < HC_READ_AHEAD; a++) {
+    const int c4 = t + a * step;
+    wk[a] = NORM && c4 < c4s ? float4(w[4 * c4], w[4 * c4 + 1], w[4 * c4 + 2], w[4 * c4 + 3]) : float4(0.0f);
+  }
   float ss = 0.0f;
-  float4 first = float4(0.0f);
-  for (int c4 = t; c4 < c4s; c4 += 32 * HC_TG_SG) {
-    if (c4 != t) {
-      MV_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
-        if (i < n) {
-          xs[i] = X4[i * c4s + c4];
-        }
-      }
-    }
+  float4 kept[HC_READ_AHEAD];
+  MV_UNROLL for (int a = 0; a < HC_READ_AHEAD; a++) {
+    const int c4 = t + a * step;
     float4 v = float4(0.0f);
     MV_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
       if (i < n) {
-        v += pre[i] * xs[i];
+        v += pre[i] * xs[a * HC_MAX_STREAMS + i];
       }
     }
-    if (c4 == t) {
-      first = v;
+    kept[a] = v;
+    if (c4 < c4s) {
+      out4[c4] = v;
+      ss += dot(v, v);
+    }
+  }
+  for (int c4 = t + HC_READ_AHEAD * step; c4 < c4s; c4 += step) {
+    float4 v = float4(0.0f);
+    MV_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+      if (i < n) {
+        v += pre[i] * X4[i * c4s + c4];
+      }
     }
     out4[c4] = v;
     ss += dot(v, v);
@@ -283,10 +311,15 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
     ss = hc_tg_sum(ss, partial, sg, lane);
     float r = rsqrt(ss / float(cols) + eps);
     float offset = centred ? 1.0f : 0.0f;
-    for (int c4 = t; c4 < c4s; c4 += 32 * HC_TG_SG) {
-      float4 v = c4 == t ? first : out4[c4];
+    MV_UNROLL for (int a = 0; a < HC_READ_AHEAD; a++) {
+      const int c4 = t + a * step;
+      if (c4 < c4s) {
+        out4[c4] = kept[a] * r * (offset + wk[a]);
+      }
+    }
+    for (int c4 = t + HC_READ_AHEAD * step; c4 < c4s; c4 += step) {
       float4 wv = float4(w[4 * c4], w[4 * c4 + 1], w[4 * c4 + 2], w[4 * c4 + 3]);
-      out4[c4] = v * r * (offset + wv);
+      out4[c4] = out4[c4] * r * (offset + wv);
     }
   }
 }
@@ -342,7 +375,7 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
     return;  // uniform per threadgroup
   }
   device const float* flat = (device const float*)(x + ulong(row) * p.x_stride);
-  float4 xs[HC_MAX_STREAMS];
+  float4 xs[HC_READ_AHEAD * HC_MAX_STREAMS];
   hc_prefetch(p.streams, p.cols, flat, int(sg) * 32 + int(lane), xs);
   const int mixes = p.head != 0 ? p.streams : 2 * p.streams + p.streams * p.streams;
   hc_gather_mixes((device const float*)(raw + ulong(row) * p.raw_stride), mixes, p.chunks, mix, sg, lane);
@@ -366,7 +399,7 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
   int row = int(tg);
   if (row < p.rows) {  // uniform per threadgroup
     device const float* X = (device const float*)(x + ulong(row) * p.x_stride);
-    float4 xs[HC_MAX_STREAMS];
+    float4 xs[HC_READ_AHEAD * HC_MAX_STREAMS];
     hc_prefetch(p.streams, p.cols, X, int(sg) * 32 + int(lane), xs);
     hc_read_row<false>(p.streams, p.cols, p.eps, p.centred != 0, X, (device const float*)(coeffs + ulong(row) * p.c_stride), xs,
                        (device const float*)coeffs /* unused */, (device float*)(y + ulong(row) * p.y_stride), partial, sg, lane);
@@ -386,7 +419,7 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
   int row = int(tg);
   if (row < p.rows) {  // uniform per threadgroup
     device const float* X = (device const float*)(x + ulong(row) * p.x_stride);
-    float4 xs[HC_MAX_STREAMS];
+    float4 xs[HC_READ_AHEAD * HC_MAX_STREAMS];
     hc_prefetch(p.streams, p.cols, X, int(sg) * 32 + int(lane), xs);
     hc_read_row<true>(p.streams, p.cols, p.eps, p.centred != 0, X, (device const float*)(coeffs + ulong(row) * p.c_stride), xs, w,
                       (device float*)(y + ulong(row) * p.y_stride), partial, sg, lane);

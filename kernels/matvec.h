@@ -12,6 +12,7 @@
 #define CHERENKOV_MATVEC_H
 
 #include <metal_stdlib>
+#include "unroll.h"
 
 using namespace metal;
 
@@ -33,14 +34,8 @@ static_assert(MV_R == 4, "an accumulator is one float4 of MV_R output rows");
 // reads them) are these threadgroup sizes.
 static_assert(MV_SG * 32 == 128 && MV_SPLIT_SG * 32 == 256, "update the matvec/moe kernels' thread bounds");
 
-// Unrolls the next loop (constant trip count) on every compiler: arrays it indexes by the loop
-// variable then stay in registers. nvcc leaves a large body rolled, and a rolled loop over
-// acc[j] put the accumulators in local memory.
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
-#define MV_UNROLL _Pragma("GCC unroll 8")
-#else
-#define MV_UNROLL _Pragma("unroll")
-#endif
+// Unrolls the next loop (constant trip count): kernels/unroll.h.
+#define MV_UNROLL CK_UNROLL
 
 // ---- element conversions ----------------------------------------------------------
 

@@ -3,6 +3,7 @@
 // reference defines them, and the q8 rounding rule. Compiles as MSL and as C++.
 #pragma once
 #include <metal_stdlib>
+#include "unroll.h"
 
 using namespace metal;
 

@@ -276,6 +276,8 @@ export function encodeAttention(ctx: EncodeContext, a: AttentionArgs): void {
   if (k.kind !== v.kind || k.heads !== v.heads || k.dim !== v.dim) throw new Error("attention: K and V caches differ in kind or shape");
   const hd = k.dim;
   const Hkv = k.heads;
+  // The kernel's lanes own four consecutive dims of V (kernels/attention.metal).
+  if (hd % 4 !== 0 || hd > 256) throw new Error(`attention: head_dim ${hd} must be a multiple of 4 and at most 256`);
   if (a.heads % Hkv !== 0) throw new Error(`attention: ${a.heads} heads not a multiple of ${Hkv} kv heads`);
   if (a.pos0 + a.rows > k.capacity) throw new RangeError(`attention: positions up to ${a.pos0 + a.rows - 1} exceed the cache capacity ${k.capacity}`);
   const { splitLen, splits } = attentionSplits(a);
