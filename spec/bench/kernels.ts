@@ -4,8 +4,9 @@
  * (nb = 1) and a 32-row batch. Weights are random, stored as a q4 model stores them
  * (matrices q4, small tensors bf16, norms f32); all experts are resident.
  *
- *   bun spec/bench/kernels.ts [--json] [--iters N] [--nb 1,32] [--filter text]
+ *   bun spec/bench/kernels.ts [--json] [--iters N] [--reps N] [--nb 1,32] [--filter text]
  *                             [--preset small|30b-a3b-shape|...] [--storage shared|device]
+ * (--reps: dispatches per timed command buffer, 10; 1 with --iters 1 suits a profiler such as ncu)
  *
  * --preset picks the shapes (default small); --storage device puts every buffer in device
  * storage (HBM on cuda, uploaded after the host fills it), as the engine does; the default,
@@ -629,7 +630,9 @@ if (import.meta.main) {
   const nbs = (value("--nb") ?? "1,32").split(",").map(Number);
   if (nbs.some((x) => !Number.isInteger(x) || x < 1)) throw new Error(`--nb: expected row counts like 1,32`);
   const iters = Number(value("--iters") ?? 5);
-  const results = runBench({ nbs, iters, reps: 10, filter: value("--filter") });
+  const reps = Number(value("--reps") ?? 10);
+  if (!Number.isInteger(iters) || iters < 1 || !Number.isInteger(reps) || reps < 1) throw new Error("--iters and --reps: expected positive integers");
+  const results = runBench({ nbs, iters, reps, filter: value("--filter") });
   if (args.includes("--json")) {
     console.log(JSON.stringify({ preset: PRESET, storage: STORAGE, backend: process.env.CHERENKOV_BACKEND ?? "default", results }, null, 2));
   } else {
