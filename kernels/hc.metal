@@ -105,10 +105,41 @@ inline void hc_coeffs_serial(int n, bool head, int iters, float eps, float rs, d
   }
 }
 
+// The largest n of the lane form (n * n <= 32).
+#define HC_LANES_N 5
+
+// v from lanes first, first + stride, ... (n <= HC_LANES_N of them), added (or maxed) in that
+// order. The shuffles are issued together and the sum follows: a shuffle's latency is paid
+// once per sum, not once per term (Sinkhorn's 20 rounds of dependent shuffles were ~20 us
+// of a single simdgroup on the H200).
+inline float hc_lanes_sum(float v, int first, int stride, int n) {
+  float t[HC_LANES_N];
+  CK_UNROLL for (int k = 0; k < HC_LANES_N; k++) {
+    t[k] = k < n ? simd_shuffle(v, ushort(first + k * stride)) : 0.0f;
+  }
+  float s = 0.0f;
+  CK_UNROLL for (int k = 0; k < HC_LANES_N; k++) {
+    if (k < n) {
+      s += t[k];
+    }
+  }
+  return s;
+}
+inline float hc_lanes_max(float v, int first, int stride, int n) {
+  float t[HC_LANES_N];
+  CK_UNROLL for (int k = 0; k < HC_LANES_N; k++) {
+    t[k] = k < n ? simd_shuffle(v, ushort(first + k * stride)) : -INFINITY;
+  }
+  float m = -INFINITY;
+  CK_UNROLL for (int k = 0; k < HC_LANES_N; k++) {
+    m = max(m, t[k]);
+  }
+  return m;
+}
+
 // The same coefficients computed by one simdgroup (every lane calls it; n * n <= 32): lane
 // i * n + j holds comb[i][j]; each row or column sum gathers its n values by shuffles and adds
-// them in the serial form's order, so the results are the serial form's to the bit. Sinkhorn's
-// 20 rounds were ~24 us on one thread of the H200 (144 sites a token).
+// them in the serial form's order, so the results are the serial form's to the bit.
 inline void hc_coeffs_lanes(int n, bool head, int iters, float eps, float rs, device const float* scale,
                             device const float* base, threadgroup const float* mix, device float* out,
                             threadgroup float* pre, ushort lane) {
@@ -128,29 +159,14 @@ inline void hc_coeffs_lanes(int n, bool head, int iters, float eps, float rs, de
   const int i = live ? l / n : 0;  // lanes past n * n shadow entry (0, 0): every shuffle stays in range
   const int j = live ? l % n : 0;
   float c = mix[2 * n + i * n + j] * rs * scale[2] + base[2 * n + i * n + j];
-  float m = -INFINITY;
-  for (int k = 0; k < n; k++) {
-    m = max(m, simd_shuffle(c, ushort(i * n + k)));
-  }
-  float e = exp(c - m);
-  float s = 0.0f;
-  for (int k = 0; k < n; k++) {
-    s += simd_shuffle(e, ushort(i * n + k));
-  }
-  c = e / s + eps;
+  const float m = hc_lanes_max(c, i * n, 1, n);
+  const float e = exp(c - m);
+  c = e / hc_lanes_sum(e, i * n, 1, n) + eps;
   for (int it = 0; it < iters; it++) {
     if (it > 0) {
-      float rsum = 0.0f;
-      for (int k = 0; k < n; k++) {
-        rsum += simd_shuffle(c, ushort(i * n + k));
-      }
-      c /= rsum + eps;
+      c /= hc_lanes_sum(c, i * n, 1, n) + eps;
     }
-    float csum = 0.0f;
-    for (int k = 0; k < n; k++) {
-      csum += simd_shuffle(c, ushort(k * n + j));
-    }
-    c /= csum + eps;
+    c /= hc_lanes_sum(c, j, n, n) + eps;
   }
   if (live) {
     out[2 * n + l] = c;

@@ -14,7 +14,10 @@ using namespace metal;
 
 // Per row: p = softmax(logits); the top_k experts by logit (equal logits: lower id first),
 // weights p_k (or p_k / sum of the chosen p). One simdgroup per row; expert e lives in
-// lane e % 32, slot e / 32.
+// lane e % 32, slot e / 32. A lane's slots are unrolled to the constant bound with a guard so
+// they stay in registers, and each pick is one butterfly over (logit, id) pairs: five steps of
+// two shuffles, where a max then a min of the ids took ten dependent steps.
+#define MOE_SLOTS (MOE_MAX_EXPERTS / 32)
 [[max_total_threads_per_threadgroup(128)]] kernel void router_topk_f32(
     constant RouterParams& p  [[buffer(0)]],
     device const uchar* logits [[buffer(1)]],
@@ -28,50 +31,58 @@ using namespace metal;
     return;  // uniform per simdgroup
   }
   device const float* l = (device const float*)(logits + ulong(row) * p.logits_stride);
-  int per = (p.experts + 31) / 32;
-  float v[MOE_MAX_EXPERTS / 32];
+  const int per = (p.experts + 31) / 32;
+  float v[MOE_SLOTS];
   float m = -INFINITY;
-  for (int s = 0; s < per; s++) {
-    int e = s * 32 + int(lane);
-    v[s] = e < p.experts ? l[e] : -INFINITY;
+  CK_UNROLL for (int s = 0; s < MOE_SLOTS; s++) {
+    const int e = s * 32 + int(lane);
+    v[s] = s < per && e < p.experts ? l[e] : -INFINITY;
     m = max(m, v[s]);
   }
   m = simd_max(m);
   float sum = 0.0f;
-  for (int s = 0; s < per; s++) {
-    if (s * 32 + int(lane) < p.experts) {
+  CK_UNROLL for (int s = 0; s < MOE_SLOTS; s++) {
+    if (s < per && s * 32 + int(lane) < p.experts) {
       sum += exp(v[s] - m);
     }
   }
   sum = simd_sum(sum);
   uint taken = 0;
-  float chosen[MOE_MAX_TOPK];
   float total = 0.0f;
+  float mine = 0.0f;  // lane k keeps pick k's p (top_k <= 32)
   for (int k = 0; k < p.top_k; k++) {
     float best = -INFINITY;
     int best_e = 0x7FFFFFFF;
-    for (int s = 0; s < per; s++) {
-      int e = s * 32 + int(lane);
-      if (e < p.experts && (taken & (1u << s)) == 0 && (v[s] > best || best_e == 0x7FFFFFFF)) {
+    CK_UNROLL for (int s = 0; s < MOE_SLOTS; s++) {
+      const int e = s * 32 + int(lane);
+      if (s < per && e < p.experts && (taken & (1u << s)) == 0 && (v[s] > best || best_e == 0x7FFFFFFF)) {
         best = v[s];
         best_e = e;
       }
     }
-    float top = simd_max(best);
-    int e = simd_min(best == top ? best_e : 0x7FFFFFFF);
+    for (ushort off = 16; off >= 1; off >>= 1) {
+      const float ob = simd_shuffle_xor(best, off);
+      const int oe = simd_shuffle_xor(best_e, off);
+      if (ob > best || (ob == best && oe < best_e)) {
+        best = ob;
+        best_e = oe;
+      }
+    }
+    const int e = best_e;
     if (e % 32 == int(lane)) {
       taken |= 1u << (e / 32);
     }
-    chosen[k] = exp(top - m) / sum;
-    total += chosen[k];
+    const float chosen = exp(best - m) / sum;
+    total += chosen;
+    if (int(lane) == k) {
+      mine = chosen;
+    }
     if (lane == 0) {
       ids[row * p.top_k + k] = e;
     }
   }
-  if (lane == 0) {
-    for (int k = 0; k < p.top_k; k++) {
-      weights[row * p.top_k + k] = p.norm_topk != 0 ? chosen[k] / total : chosen[k];
-    }
+  if (int(lane) < p.top_k) {
+    weights[row * p.top_k + int(lane)] = p.norm_topk != 0 ? mine / total : mine;
   }
 }
 
