@@ -14,9 +14,9 @@ using namespace metal;
 
 // Per row: p = softmax(logits); the top_k experts by logit (equal logits: lower id first),
 // weights p_k (or p_k / sum of the chosen p). One simdgroup per row; expert e lives in
-// lane e % 32, slot e / 32. A lane's slots are unrolled to the constant bound with a guard so
-// they stay in registers, and each pick is one butterfly over (logit, id) pairs: five steps of
-// two shuffles, where a max then a min of the ids took ten dependent steps.
+// lane e % 32, slot e / 32. Each pick is one butterfly over (logit, id) pairs: five steps of
+// two shuffles, where a max then a min of the ids took ten dependent steps. (Unrolling the
+// slots to their constant bound, 32, to keep them in registers made it slower at 128 experts.)
 #define MOE_SLOTS (MOE_MAX_EXPERTS / 32)
 [[max_total_threads_per_threadgroup(128)]] kernel void router_topk_f32(
     constant RouterParams& p  [[buffer(0)]],
@@ -34,15 +34,15 @@ using namespace metal;
   const int per = (p.experts + 31) / 32;
   float v[MOE_SLOTS];
   float m = -INFINITY;
-  CK_UNROLL for (int s = 0; s < MOE_SLOTS; s++) {
+  for (int s = 0; s < per; s++) {
     const int e = s * 32 + int(lane);
-    v[s] = s < per && e < p.experts ? l[e] : -INFINITY;
+    v[s] = e < p.experts ? l[e] : -INFINITY;
     m = max(m, v[s]);
   }
   m = simd_max(m);
   float sum = 0.0f;
-  CK_UNROLL for (int s = 0; s < MOE_SLOTS; s++) {
-    if (s < per && s * 32 + int(lane) < p.experts) {
+  for (int s = 0; s < per; s++) {
+    if (s * 32 + int(lane) < p.experts) {
       sum += exp(v[s] - m);
     }
   }
@@ -53,9 +53,9 @@ using namespace metal;
   for (int k = 0; k < p.top_k; k++) {
     float best = -INFINITY;
     int best_e = 0x7FFFFFFF;
-    CK_UNROLL for (int s = 0; s < MOE_SLOTS; s++) {
+    for (int s = 0; s < per; s++) {
       const int e = s * 32 + int(lane);
-      if (s < per && e < p.experts && (taken & (1u << s)) == 0 && (v[s] > best || best_e == 0x7FFFFFFF)) {
+      if (e < p.experts && (taken & (1u << s)) == 0 && (v[s] > best || best_e == 0x7FFFFFFF)) {
         best = v[s];
         best_e = e;
       }

@@ -862,7 +862,12 @@ static void complete_loop(ck_device *dev) {
     }
     // Wait for the stream to pass this command buffer. Spin briefly (the engine waits on
     // every step), then sleep in short steps; a GPU wait blocked past the timeout fails it.
-    auto started = std::chrono::steady_clock::now();
+    // The timeout runs from the moment a wait became the first unsatisfied one (the host set
+    // the previous event), as on the CPU and Metal backends: a long command buffer whose
+    // waits are each released in time (a prefill chunk streaming every layer's experts) is
+    // not a hang.
+    auto blocked_since = std::chrono::steady_clock::now();
+    ck::Command *blocked = nullptr;
     std::string timed_out;
     unsigned spins = 0;
     cudaError_t e;
@@ -874,10 +879,18 @@ static void complete_loop(ck_device *dev) {
         continue;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (!timed_out.empty()) continue;
+      auto now = std::chrono::steady_clock::now();
+      ck::Command *w = blocked_wait(cb);
+      if (w != blocked) {
+        blocked = w;
+        blocked_since = now;
+        continue;
+      }
       uint32_t timeout = dev->wait_timeout_ms.load();
-      auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count();
-      if (timed_out.empty() && uint64_t(waited) > timeout) {
-        if (ck::Command *w = blocked_wait(cb)) {
+      auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - blocked_since).count();
+      if (w && uint64_t(waited) > timeout) {
+        {
           char msg[256];
           std::snprintf(msg, sizeof msg, "command buffer %u: wait for event %u >= %llu timed out after %u ms", cb->id, w->event->id,
                         static_cast<unsigned long long>(w->value), timeout);
