@@ -49,4 +49,5 @@ export type {
   EngineSetup, EngineStats, HandshakeSummary, IoStats, LatencySummary, LoadedEngineStats, LookaheadStats, PhaseEntry, PhaseStats, PoolStats,
 } from "./gpu/telemetry.ts";
 export type { ActivitySnapshot } from "./gpu/activity.ts";
+export type { PreloadOption, ResidentStats } from "./gpu/resident.ts";
 export type { MemoryStats } from "./gpu/memory.ts";
