@@ -32,6 +32,7 @@ export { BackendUnavailableError } from "./api/backend.ts";
 export { ModelClosedError } from "./api/errors.ts";
 export { ContextFullError } from "./gpu/state.ts";
 export { BudgetError } from "./gpu/budget.ts";
+export { PreloadError } from "./gpu/resident.ts";
 export { FootprintError } from "./api/footprint.ts";
 export { PoolTooSmallError } from "./gpu/residency.ts";
 export { GpuStepError } from "./gpu/handshake.ts";

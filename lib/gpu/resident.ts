@@ -30,6 +30,11 @@ export interface ResidentStats {
   unavailable: string | null;
 }
 
+/** `preload: true` asked of a pool that cannot hold every record the layers run use. */
+export class PreloadError extends Error {
+  override name = "PreloadError";
+}
+
 /** Parses the option (the CLI passes booleans; Model.load may pass "auto"). */
 export function checkPreload(v: unknown): PreloadOption {
   if (v === undefined) return "auto";
@@ -68,7 +73,7 @@ export class ResidentLayers {
     else if (pool.buffers.length > 1) this.unavailable = `the pool spans ${pool.buffers.length} buffers (the expert kernels' per-buffer lists are built by the host)`;
     else this.unavailable = null;
     if (preload === true && pool.capacity < needed)
-      throw new Error(`engine option preload: the pool holds ${pool.capacity} of the ${needed} expert records the layers run use (raise --pool to 100%, or leave preload to "auto")`);
+      throw new PreloadError(`preload: the pool holds ${pool.capacity} of the ${needed} expert records the layers run use; a preload needs them all (a pool of 100%), or leave it to "auto"`);
     // Device storage: the tables are written between steps and uploaded (cuda), read by every held site.
     this.table = this.unavailable === null ? device.buffer(pool.layers * this.stride * 4, "device") : null;
   }
