@@ -94,7 +94,7 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
     encodeSiteWrite(ctx, s.X, w.hcMixer, s.hc, s.y, nb, gpu.hc, d);
 
     const site = trunkMoeSite(gpu, w, nb);
-    const route = plan.open(gpu, l);
+    const route = plan.open(gpu, l, nb);
     encodeMoeRoute(ctx, site, gpu.kernelPool, route);
     let predicts: number | null = null;
     // A resident site has no host step to prefetch at; a resident next layer cannot miss.

@@ -64,7 +64,7 @@ function encodeMtpRows(
     nb,
     expertDType: gpu.expertDType,
   };
-  const route = plan.open(gpu, c.num_layers);
+  const route = plan.open(gpu, c.num_layers, nb);
   encodeMoeRoute(ctx, site, gpu.kernelPool, route);
   plan.encode(ctx, { layer: c.num_layers, rows: nb, predicts: null, trunkLayer: null });
   encodeMoeCompute(ctx, site, gpu.kernelPool, route);

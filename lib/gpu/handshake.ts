@@ -8,7 +8,7 @@
 import type { Binding, CommandBuffer, Event } from "../shim.ts";
 import { bind, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import type { ResidentLayers } from "./resident.ts";
-import { siteRoutes, type Scratch } from "./scratch.ts";
+import type { Scratch } from "./scratch.ts";
 
 /** A handshake point: the MoE site of one expert layer over `rows` rows. */
 export interface SiteInfo {
@@ -50,6 +50,8 @@ export class SitePlan {
   readonly sites: PlannedSite[] = [];
   /** Sites served at a handshake. */
   handshakes = 0;
+  /** Bytes of scratch.moe.routes handed to resident sites so far (they are packed from its start). */
+  routeBytes = 0;
   private opened: SiteRoute | null = null;
   constructor(
     readonly event: Event,
@@ -60,16 +62,24 @@ export class SitePlan {
   ) {}
 
   /**
-   * The next site's route, for expert layer `layer`: resident when the layer is held and the
-   * site has routing regions of its own (read after the step), else served at a handshake.
+   * The next site's route, for expert layer `layer` over `rows` rows: resident when the layer
+   * is held and its router outputs fit in scratch.moe.routes beside the earlier resident
+   * sites' (they stay until the host reads them), else served at a handshake.
    */
-  open(src: SiteSources, layer: number): SiteRoute {
+  open(src: SiteSources, layer: number, rows: number): SiteRoute {
     if (this.opened) throw new Error("SitePlan.open: the previous site was opened but not encoded");
-    const i = this.sites.length;
-    const last = src.scratch.moe.routeSites - 1;
-    const table = this.handshakeAll || i >= last ? null : (src.resident?.binding(layer) ?? null);
     const m = src.scratch.moe;
-    this.opened = { ...siteRoutes(src.scratch, Math.min(i, last)), slotTable: table ?? bind(m.slotTable.buffer, m.slotTable.offset), resident: table !== null };
+    // ids [rows][k] i32, then the weights, each from a 16-byte boundary.
+    const bytes = Math.ceil((rows * m.ids.stride) / 16) * 16;
+    const table = this.handshakeAll || this.routeBytes + 2 * bytes > m.routes.bytes ? null : (src.resident?.binding(layer) ?? null);
+    if (table === null) {
+      this.opened = { ids: m.ids, weights: m.weights, slotTable: bind(m.slotTable.buffer, m.slotTable.offset), resident: false };
+      return this.opened;
+    }
+    const at = m.routes.offset + this.routeBytes;
+    const stride = m.ids.stride;
+    this.opened = { ids: { buffer: m.routes.buffer, offset: at, stride }, weights: { buffer: m.routes.buffer, offset: at + bytes, stride }, slotTable: table, resident: true };
+    this.routeBytes += 2 * bytes;
     return this.opened;
   }
 

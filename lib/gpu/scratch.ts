@@ -76,16 +76,17 @@ export interface Scratch {
   ple: { e: RowsRef; kRaw: RowsRef; k: RowsRef; q: RowsRef; vIn: RowsRef; v: RowsRef; u: RowsRef; rowIds: RowsRef };
   moe: {
     logits: RowsRef;
-    /**
-     * Router outputs, one region per MoE site of a command buffer ({@link siteRoutes}):
-     * ids [sites][rows][k] (i32) and weights alike. A site the host serves at its handshake
-     * could share one; a resident site (no handshake) is read after the step, so every site
-     * keeps its own until then.
-     */
+    /** Router output of a site the host serves at its handshake: ids [rows][k] (i32) and weights [rows][k]. */
     ids: RowsRef;
     weights: RowsRef;
-    /** Regions of ids/weights: the last one is shared by the sites past the others (always served at a handshake). */
-    routeSites: number;
+    /**
+     * Router outputs of the resident sites of a command buffer (no handshake: the host reads
+     * them once the GPU is past them), packed one after another as SitePlan.open hands them
+     * out (a site: ids [rows][k], then weights [rows][k]). Device storage: the kernels read
+     * them from GPU memory, the host downloads the used bytes once. Room for a site per
+     * layer (or per MTP row of a draft step) at the scratch's rows.
+     */
+    routes: { buffer: Buffer; offset: number; bytes: number };
     lists: { offsets: RowsRef; pairs: RowsRef; active: RowsRef };
     h: RowsRef;
     o: RowsRef;
@@ -205,11 +206,10 @@ function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number;
   packed("ple.rowIds", c.ple ? c.ple.orders.length * c.ple.heads : 1);
 
   rows("moe.logits", E);
+  packed("moe.ids", k);
+  packed("moe.weights", k);
   // A trunk step has a site per layer; a draft step one per MTP chunk and chained row.
-  const routeSites = Math.max(c.num_layers, MAX_SNAP + 1) + 1;
-  packed("moe.ids", k, R * routeSites);
-  packed("moe.weights", k, R * routeSites);
-  set("moe.routeSites", routeSites);
+  raw("moe.routes", Math.max(c.num_layers, MAX_SNAP + 1) * 2 * up(R * k * 4, 16));
   rows("moe.lists.offsets", E + 1, 1);
   rows("moe.lists.pairs", R * k, 1);
   rows("moe.lists.active", E + 1, 1);
@@ -249,12 +249,6 @@ function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number;
       return { ...(out as unknown as Omit<Scratch, "buffer" | "hostBuffer" | "bytes" | "rows">), buffer, hostBuffer, bytes, rows: R } as Scratch;
     },
   };
-}
-
-/** Site `i`'s router outputs (ids and weights, [rows][k] each); i < scratch.moe.routeSites. */
-export function siteRoutes(s: Scratch, i: number): { ids: RowsRef; weights: RowsRef } {
-  if (!(i >= 0 && i < s.moe.routeSites)) throw new RangeError(`site routes ${i}: the scratch holds ${s.moe.routeSites}`);
-  return { ids: rowAt(s.moe.ids, i * s.rows), weights: rowAt(s.moe.weights, i * s.rows) };
 }
 
 /** The rows of a region from row `first` on. */

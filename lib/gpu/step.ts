@@ -111,7 +111,19 @@ export async function runStep(
   let acquired: number | null = null;
   /** Resident sites before this index are accounted for. */
   let accounted = 0;
+  /** scratch.moe.routes is on the host up to this offset (device storage: downloaded). */
+  const routes = gpu.scratch.moe.routes;
+  let onHost = routes.offset;
   const accountUpTo = (end: number) => {
+    if (failure !== null) return;
+    // The resident sites' router outputs, in one download (the GPU is past them).
+    let until = onHost;
+    for (let i = accounted; i < end; i++) {
+      const r = plan.sites[i]!.route;
+      if (r.resident) until = Math.max(until, 2 * r.weights.offset - r.ids.offset);
+    }
+    if (until > onHost && routes.buffer.storage === "device") routes.buffer.download(onHost, until - onHost);
+    onHost = until;
     for (; accounted < end; accounted++) {
       const site = plan.sites[accounted]!;
       if (site.route.resident && failure === null) accountResidentSite(gpu, site, observe);
