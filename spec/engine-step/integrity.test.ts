@@ -150,6 +150,8 @@ describe("non-finite weights name the layer on both backends", () => {
         expect((e as NonFiniteError).layer).toBe(1);
         expect(e.message).toMatch(/^layer 1: non-finite/);
         expect(e.message).not.toContain("2147483647");
+        // The engine found it in the resident path: every layer preloaded and held, no site served at a handshake.
+        if (backend === "cpu") expect((model.stats().engine as { resident: { fullyResident: boolean } }).resident.fullyResident).toBe(true);
       } finally {
         await model.close();
       }
