@@ -32,6 +32,7 @@ export { BackendUnavailableError } from "./api/backend.ts";
 export { ModelClosedError } from "./api/errors.ts";
 export { ContextFullError } from "./gpu/state.ts";
 export { BudgetError } from "./gpu/budget.ts";
+export { PreloadError } from "./gpu/resident.ts";
 export { FootprintError } from "./api/footprint.ts";
 export { PoolTooSmallError } from "./gpu/residency.ts";
 export { GpuStepError } from "./gpu/handshake.ts";
@@ -49,4 +50,5 @@ export type {
   EngineSetup, EngineStats, HandshakeSummary, IoStats, LatencySummary, LoadedEngineStats, LookaheadStats, PhaseEntry, PhaseStats, PoolStats,
 } from "./gpu/telemetry.ts";
 export type { ActivitySnapshot } from "./gpu/activity.ts";
+export type { PreloadOption, ResidentStats } from "./gpu/resident.ts";
 export type { MemoryStats } from "./gpu/memory.ts";

@@ -33,8 +33,9 @@ export interface LoadOptions {
   prefillChunk?: number;
   /**
    * Engine options: pool size (`pool: "50%"`, `poolSlots`, `poolBytes`), `backing` ("wired" |
-   * "mapped"), `ioMode` ("direct" | "cached"), `lookahead`, `maxContext`, `trace` (a file for
-   * routing traces) and more; see docs/engine.md. The reference backend takes `maxContext`
+   * "mapped"), `ioMode` ("direct" | "cached"), `lookahead`, `preload` ("auto" | boolean: read
+   * every expert record at load), `maxContext`, `trace` (a file for routing traces) and more;
+   * see docs/engine.md. The reference backend takes `maxContext`
    * only (its sequences then hold as many positions); it has no pool to set.
    */
   engine?: EngineOptions;

@@ -8,6 +8,7 @@ import { Model, type BackendName } from "../api/model.ts";
 import { BudgetError, parsePoolSize } from "../gpu/budget.ts";
 import { IO_MODES, type IoMode } from "../gpu/load.ts";
 import { DEFAULT_POOL_POLICY, POOL_POLICIES } from "../gpu/residency.ts";
+import { PreloadError } from "../gpu/resident.ts";
 import { choiceFlag, intFlag, stringFlag, type FlagSpec, type Flags, UsageError } from "./args.ts";
 import type { CliIO } from "./io.ts";
 
@@ -41,6 +42,8 @@ export const MODEL_FLAGS: FlagSpec = {
   io: { type: "string" },
   "pool-policy": { type: "string" },
   "no-lookahead": { type: "boolean" },
+  preload: { type: "boolean" },
+  "no-preload": { type: "boolean" },
   trace: { type: "string" },
   ...OFFLOAD_FLAGS,
 };
@@ -67,6 +70,10 @@ export const MODEL_FLAGS_USAGE = `  Model options (run and serve):
                          (default; its layer's distance and its recent use rate), the layer
                          visited farthest away next, or the least recently used record
     --no-lookahead       do not run the next layer's router early to prefetch its experts
+    --preload            read every expert record at load (the pool must hold them all);
+                         by default this happens when it does: then no MoE layer waits for
+                         the host during a step
+    --no-preload         never read the experts at load (they are read as steps need them)
     --trace FILE         append every step's routing (tokens, experts, weights, misses) as JSON lines
   llama.cpp's offload and threading flags, accepted and ignored with a note (every layer
   runs on the backend's device):
@@ -102,7 +109,7 @@ export function ioFlag(flags: Flags): IoMode {
 }
 
 /** Flags that set the engine's pool, reads or traces: the reference backend has none of these. */
-const ENGINE_ONLY = ["pool", "pool-slots", "backing", "io", "pool-policy", "no-lookahead", "trace"] as const;
+const ENGINE_ONLY = ["pool", "pool-slots", "backing", "io", "pool-policy", "no-lookahead", "preload", "no-preload", "trace"] as const;
 
 /**
  * Refuses engine-only flags when the model runs on the reference backend (named, or auto's
@@ -115,7 +122,7 @@ export function checkEngineFlagsApply(flags: Flags, backend: string, why: string
     throw new UsageError(`${given.join(", ")}: ${given.length > 1 ? "these apply" : "applies"} to the engine (--backend cpu, metal or cuda), and this run uses the reference backend (${why}), which has no expert pool`);
 }
 
-/** The engine's options from --pool, --pool-slots, --backing, --io, --pool-policy, --no-lookahead, --trace, --ctx-size. */
+/** The engine's options from --pool, --pool-slots, --backing, --io, --pool-policy, --no-lookahead, --preload / --no-preload, --trace, --ctx-size. */
 export function engineFlags(flags: Flags): EngineOptions {
   const engine: EngineOptions = {};
   const pool = stringFlag(flags, "pool");
@@ -134,6 +141,9 @@ export function engineFlags(flags: Flags): EngineOptions {
   if (flags.io !== undefined) engine.ioMode = ioFlag(flags);
   if (flags["pool-policy"] !== undefined) engine.poolPolicy = choiceFlag(flags, "pool-policy", POOL_POLICIES, DEFAULT_POOL_POLICY);
   if (flags["no-lookahead"]) engine.lookahead = false;
+  if (flags.preload && flags["no-preload"]) throw new UsageError("give at most one of --preload and --no-preload");
+  if (flags.preload) engine.preload = true;
+  if (flags["no-preload"]) engine.preload = false;
   const ctx = ctxSizeFlag(flags);
   if (ctx !== undefined) engine.maxContext = ctx;
   const trace = stringFlag(flags, "trace");
@@ -156,6 +166,7 @@ export async function loadModelFromFlags(flags: Flags, dir: string, io: CliIO): 
   const model = await Model.load(dir, { backend, prefillChunk, engine: engineFlags(flags) }).catch((e: unknown) => {
     if (e instanceof BackendUnavailableError) throw new UsageError(`--backend: ${e.message}`);
     if (e instanceof BudgetError) throw new UsageError(`--pool: ${e.message}`);
+    if (e instanceof PreloadError) throw new UsageError(`--${e.message}`);
     throw e;
   });
   if (flags.verbose) io.stderr(`cherenkov: ${model.backendName} backend${backend === "auto" ? ` (auto: ${model.backendReason ?? chosen?.reason})` : ""}\n`);

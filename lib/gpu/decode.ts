@@ -94,14 +94,16 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
     encodeSiteWrite(ctx, s.X, w.hcMixer, s.hc, s.y, nb, gpu.hc, d);
 
     const site = trunkMoeSite(gpu, w, nb);
-    encodeMoeRoute(ctx, site, gpu.kernelPool);
+    const route = plan.open(gpu, l, nb);
+    encodeMoeRoute(ctx, site, gpu.kernelPool, route);
     let predicts: number | null = null;
-    if (lookahead && l + 1 < gpu.layersRun) {
+    // A resident site has no host step to prefetch at; a resident next layer cannot miss.
+    if (lookahead && !route.resident && l + 1 < gpu.layersRun && !plan.wouldBeResident(gpu, l + 1)) {
       encodeLookaheadRoute(ctx, trunkMoeSite(gpu, gpu.refs.layers[l + 1]!, nb));
       predicts = l + 1;
     }
     plan.encode(ctx, { layer: l, rows: nb, predicts, trunkLayer: l });
-    encodeMoeCompute(ctx, site, gpu.kernelPool);
+    encodeMoeCompute(ctx, site, gpu.kernelPool, route);
   }
 
   // The final hidden rows go where the MTP head will read them (by position), else to scratch.

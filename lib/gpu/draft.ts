@@ -64,9 +64,10 @@ function encodeMtpRows(
     nb,
     expertDType: gpu.expertDType,
   };
-  encodeMoeRoute(ctx, site, gpu.kernelPool);
+  const route = plan.open(gpu, c.num_layers, nb);
+  encodeMoeRoute(ctx, site, gpu.kernelPool, route);
   plan.encode(ctx, { layer: c.num_layers, rows: nb, predicts: null, trunkLayer: null });
-  encodeMoeCompute(ctx, site, gpu.kernelPool);
+  encodeMoeCompute(ctx, site, gpu.kernelPool, route);
 
   encodeRmsNorm(ctx, s.mtp.X, w.norm, s.mtp.out, nb, eps);
   if (draftTo) {

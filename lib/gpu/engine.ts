@@ -256,6 +256,7 @@ export class Engine {
     return {
       ...g.stats.stats(),
       handshake: g.handshakes.summary(),
+      resident: g.resident.stats(),
       setup: {
         device: g.device.name,
         rows: g.rows,

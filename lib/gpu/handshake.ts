@@ -1,10 +1,14 @@
 // The GPU/host handshake of a step (DESIGN.md "One command buffer per step"). Every MoE site
-// of a command buffer gets two event values: the GPU signals the first after the site's
-// router and waits for the second, which the host sets once the slot table is published.
-// Values increase monotonically across steps (one event per engine); the host only ever
-// sets a site's release value after seeing its signal, so the event never goes backwards.
-import type { CommandBuffer, Event } from "../shim.ts";
-import type { EncodeContext } from "./dispatch.ts";
+// of a command buffer that the host serves gets two event values: the GPU signals the first
+// after the site's router and waits for the second, which the host sets once the slot table
+// is published. A site of a resident layer (resident.ts) gets none: its experts read the
+// layer's own table and the host reads its routing after the step. Values increase
+// monotonically across steps (one event per engine); the host only ever sets a site's
+// release value after seeing its signal, so the event never goes backwards.
+import type { Binding, CommandBuffer, Event } from "../shim.ts";
+import { bind, type EncodeContext, type RowsRef } from "./dispatch.ts";
+import type { ResidentLayers } from "./resident.ts";
+import type { Scratch } from "./scratch.ts";
 
 /** A handshake point: the MoE site of one expert layer over `rows` rows. */
 export interface SiteInfo {
@@ -17,21 +21,86 @@ export interface SiteInfo {
   trunkLayer: number | null;
 }
 
+/** Where a site's router writes and which slot table its experts read. */
+export interface SiteRoute {
+  /** The site's router outputs ([rows][k] ids and weights). */
+  ids: RowsRef;
+  weights: RowsRef;
+  /** The held layer's own table (resident), or the shared one the host writes at the handshake. */
+  slotTable: Binding;
+  /** No handshake: the layer is held resident (its table cannot go stale within the step). */
+  resident: boolean;
+}
+
+/** A site of the command buffer, as recorded. */
+export interface PlannedSite extends SiteInfo {
+  route: SiteRoute;
+  /** Index among the handshake sites (their event values), or -1 for a resident site. */
+  handshake: number;
+}
+
+/** What the plan routes sites with: the scratch's regions and the resident layers. */
+export interface SiteSources {
+  scratch: Scratch;
+  resident: ResidentLayers | null;
+}
+
 /** The sites of one command buffer and their event values. */
 export class SitePlan {
-  readonly sites: SiteInfo[] = [];
+  readonly sites: PlannedSite[] = [];
+  /** Sites served at a handshake. */
+  handshakes = 0;
+  /** Bytes of scratch.moe.routes handed to resident sites so far (they are packed from its start). */
+  routeBytes = 0;
+  private opened: SiteRoute | null = null;
   constructor(
     readonly event: Event,
     /** The event's value before this command buffer: its values start above it. */
     readonly base: number,
+    /** Serve every site at a handshake, resident or not (a caller that reads state mid-step). */
+    readonly handshakeAll = false,
   ) {}
 
-  /** Records the handshake of `site` at this point of the command buffer. */
+  /**
+   * The next site's route, for expert layer `layer` over `rows` rows: resident when the layer
+   * is held and its router outputs fit in scratch.moe.routes beside the earlier resident
+   * sites' (they stay until the host reads them), else served at a handshake.
+   */
+  open(src: SiteSources, layer: number, rows: number): SiteRoute {
+    if (this.opened) throw new Error("SitePlan.open: the previous site was opened but not encoded");
+    const m = src.scratch.moe;
+    // ids [rows][k] i32, then the weights, each from a 16-byte boundary.
+    const bytes = Math.ceil((rows * m.ids.stride) / 16) * 16;
+    const table = this.handshakeAll || this.routeBytes + 2 * bytes > m.routes.bytes ? null : (src.resident?.binding(layer) ?? null);
+    if (table === null) {
+      this.opened = { ids: m.ids, weights: m.weights, slotTable: bind(m.slotTable.buffer, m.slotTable.offset), resident: false };
+      return this.opened;
+    }
+    const at = m.routes.offset + this.routeBytes;
+    const stride = m.ids.stride;
+    this.opened = { ids: { buffer: m.routes.buffer, offset: at, stride }, weights: { buffer: m.routes.buffer, offset: at + bytes, stride }, slotTable: table, resident: true };
+    this.routeBytes += 2 * bytes;
+    return this.opened;
+  }
+
+  /** Whether expert layer `layer` would be resident at the next site (the lookahead skips predicting it). */
+  wouldBeResident(src: SiteSources, layer: number): boolean {
+    return !this.handshakeAll && src.resident?.binding(layer) != null;
+  }
+
+  /** Records the opened site at this point of the command buffer: its handshake unless it is resident. */
   encode(ctx: EncodeContext, site: SiteInfo): void {
-    const i = this.sites.length;
-    this.sites.push(site);
-    ctx.cb.signal(this.event, this.signalValue(i));
-    ctx.cb.wait(this.event, this.releaseValue(i));
+    const route = this.opened;
+    if (!route) throw new Error("SitePlan.encode: open() the site first (its router writes where open() said)");
+    this.opened = null;
+    if (route.resident) {
+      this.sites.push({ ...site, predicts: null, route, handshake: -1 });
+      return;
+    }
+    const h = this.handshakes++;
+    this.sites.push({ ...site, route, handshake: h });
+    ctx.cb.signal(this.event, this.signalValue(h));
+    ctx.cb.wait(this.event, this.releaseValue(h));
   }
 
   signalValue(i: number): number {
@@ -44,7 +113,7 @@ export class SitePlan {
 
   /** The event's value once every site is released: the next command buffer's base. */
   get end(): number {
-    return this.base + 2 * this.sites.length;
+    return this.base + 2 * this.handshakes;
   }
 }
 

@@ -113,7 +113,8 @@ async function engineSide(files: ModelFiles, backend: Backend, prompt: number[],
         side.experts[o.site.layer] = Array.from({ length: nb }, (_, r) => Array.from(o.ids.subarray(r * k, (r + 1) * k)));
         side.weights[o.site.layer] = Array.from({ length: nb }, (_, r) => Array.from(o.weights.subarray(r * k, (r + 1) * k)));
       };
-      await runStep(gpu, counter, (ctx, plan) => encodeTrunkStep(ctx, gpu, seq, { nb, pos0, verify: false }, plan), observe);
+      // Every site served at a handshake, resident or not: the observer reads X mid-step.
+      await runStep(gpu, counter, (ctx, plan) => encodeTrunkStep(ctx, gpu, seq, { nb, pos0, verify: false }, plan), observe, { handshakeAll: true });
       seq.length = pos0 + nb;
       side.next = i32View(gpu.scratch.head.next, nb)[nb - 1]!;
       side.margin = f32View(gpu.scratch.head.margins, nb)[nb - 1]!;

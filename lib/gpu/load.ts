@@ -14,6 +14,7 @@ import { MAX_NB, MAX_SNAP, waitModeFor, watchdogTimeoutMs } from "./limits.ts";
 import { MemoryTracker } from "./memory.ts";
 import { HandshakeStats } from "./phases.ts";
 import { modelRefs, type ModelRefs } from "./refs.ts";
+import { checkPreload, ResidentLayers, type PreloadOption } from "./resident.ts";
 import { createExpertPool, DEFAULT_POOL_POLICY, POOL_POLICIES, type Backing, type ExpertPool, type PoolPolicy } from "./residency.ts";
 import { allocateScratch, scratchBytes, type Scratch } from "./scratch.ts";
 import { sequenceStateBytes, SnapshotSet } from "./state.ts";
@@ -48,6 +49,13 @@ export interface EngineOptions {
   poolPolicy?: PoolPolicy;
   /** Run the next layer's router early and prefetch its predicted experts (default true). */
   lookahead?: boolean;
+  /**
+   * Read every expert record of the layers run into the pool at load (--preload /
+   * --no-preload): "auto" (default) when the pool holds them all, true to require it (an
+   * error when the pool is smaller), false never. Held resident, their MoE sites then run
+   * without host handshakes (docs/engine.md "Resident layers").
+   */
+  preload?: PreloadOption;
   /** Tokens a sequence may hold (default 4096): KV caches and the QSA scratch are sized for it. */
   maxContext?: number;
   /** Rows per prefill step (default: Model.load's prefillChunk, else 512; at most MAX_NB). */
@@ -87,6 +95,8 @@ export interface EngineGpu {
   readonly scratch: Scratch;
   readonly hc: HcConfig;
   readonly pool: ExpertPool;
+  /** Layers held resident (no handshake at their sites) and the preload. */
+  readonly resident: ResidentLayers;
   /** The pool as the expert kernels bind it. */
   readonly kernelPool: KernelPool;
   readonly expertDType: DType;
@@ -231,6 +241,7 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
   const chunk = opts.prefillChunk === undefined ? DEFAULT_PREFILL_CHUNK : positiveInt(opts.prefillChunk, "prefillChunk");
   const waitTimeoutMs = opts.waitTimeoutMs === undefined ? DEFAULT_WAIT_TIMEOUT_MS : positiveInt(opts.waitTimeoutMs, "waitTimeoutMs");
   const layersRun = layersToRun(c, opts);
+  const preload = checkPreload(opts.preload);
   const notes: string[] = [];
   const parts = x.parts;
   const expertDType = parts[0]!.dtype;
@@ -238,6 +249,8 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
 
   const device = Device.open({ backend });
   const owned: { release(): void }[] = [];
+  /** A failed preload closes the whole EngineGpu (pool, scheduler, buffers, device) itself. */
+  let closedByGpu = false;
   try {
     const dense = fileBuffer(device, files, "dense")!;
     owned.push(dense.buffer);
@@ -323,7 +336,22 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
       // below the working set on Apple silicon); the expert kernels run once per buffer.
       maxBufferBytes: poolBufferBytes(x.stride, backing === "wired" ? plan.slots : x.layers * x.perLayer, device.limits.maxBufferLength),
     });
-    progress(plan.bytes);
+    // The expert layers steps can route to: the trunk layers run, and the MTP head's when it drafts.
+    const routed = Array.from({ length: layersRun }, (_, l) => l);
+    if (x.layers === c.num_layers + 1 && maxDrafts > 0) routed.push(c.num_layers);
+    let resident: ResidentLayers;
+    try {
+      resident = new ResidentLayers(device, pool, routed, preload);
+    } catch (e) {
+      await pool.close();
+      if (scheduler) await scheduler.close();
+      throw e;
+    }
+    owned.push(resident);
+    // With a preload the pool's share of the progress arrives record by record.
+    const preloading = resident.wantsPreload;
+    const preloadBytes = preloading ? routed.length * x.perLayer * x.stride : 0;
+    progress(plan.bytes - preloadBytes);
     memory.setPool(plan, backing, x.stride);
     if (backing === "mapped") memory.addMapped("experts.bin", expertsBytes);
     const kernelPool: KernelPool = { buffers: pool.buffers, slotsPerBuffer: pool.slotsPerBuffer, slots: pool.slotCount, stride: x.stride, parts };
@@ -337,7 +365,7 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
     const stats = new StatsCollector({ pool, io: scheduler, activity, memory });
     const handshakes = new HandshakeStats(D.expertLayers);
     let closed = false;
-    return {
+    const gpu: EngineGpu = {
       device,
       config: c,
       files,
@@ -347,6 +375,7 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
       scratch,
       hc: c.hc,
       pool,
+      resident,
       kernelPool,
       expertDType,
       scheduler,
@@ -385,7 +414,18 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
         device.close();
       },
     };
+    if (preloading) {
+      try {
+        await resident.preload(() => progress(x.stride));
+      } catch (e) {
+        closedByGpu = true;
+        await gpu.close();
+        throw e;
+      }
+    }
+    return gpu;
   } catch (e) {
+    if (closedByGpu) throw e;
     for (const b of owned) b.release();
     device.close();
     throw e;

@@ -1,9 +1,11 @@
 // The MoE sub-layer of a step, split where the host steps in (DESIGN.md "One command buffer
 // per step"): `encodeMoeRoute` is the site's read, norm and router (and the grouping of the
-// routed pairs); the caller then records the handshake (signal, wait for the slot table);
-// `encodeMoeCompute` runs the routed experts through the slot table, the shared expert, the
-// combine and the site's write. `encodeLookaheadRoute` is the next layer's read + norm +
-// router on the current streams: a prediction the host prefetches from, never used as a result.
+// routed pairs); the caller then records the handshake (signal, wait for the slot table) or,
+// for a resident layer, nothing; `encodeMoeCompute` runs the routed experts through the
+// route's slot table, the shared expert, the combine and the site's write. Both take the
+// site's route (SitePlan.open): where its router writes and which table its experts read.
+// `encodeLookaheadRoute` is the next layer's read + norm + router on the current streams: a
+// prediction the host prefetches from, never used as a result.
 import type { ModelConfig } from "../model/config.ts";
 import { bind, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import {
@@ -15,6 +17,7 @@ import {
   fusesDownCombine,
   type ExpertPool as KernelPool,
 } from "./experts.ts";
+import type { SiteRoute } from "./handshake.ts";
 import { encodeSiteRead, encodeSiteWrite, type HcConfig, type HcSiteRefs } from "./hyperconnection.ts";
 import type { MoeRefs } from "./refs.ts";
 import type { Scratch } from "./scratch.ts";
@@ -36,21 +39,22 @@ export interface MoeSiteArgs {
 const routerConfig = (c: ModelConfig) => ({ experts: c.moe.experts, top_k: c.moe.top_k, norm_topk_prob: c.moe.norm_topk_prob });
 
 /**
- * The site's read + norm into scratch.xn, the router (scratch.moe.ids/weights) and the pair
- * lists, which a step that ends in moe_down_combine on `pool` does not need (its gate and up
- * run per routed pair from the ids).
+ * The site's read + norm into scratch.xn, the router (into the route's ids/weights) and the
+ * pair lists, which a step that ends in moe_down_combine on `pool` does not need (its gate and
+ * up run per routed pair from the ids).
  */
-export function encodeMoeRoute(ctx: EncodeContext, a: MoeSiteArgs, pool: KernelPool): void {
+export function encodeMoeRoute(ctx: EncodeContext, a: MoeSiteArgs, pool: KernelPool, route: SiteRoute): void {
   const { config: c, nb, scratch: s } = a;
   const d = c.hidden_size;
   encodeSiteRead(ctx, a.X, a.site, s.hc, s.xn, nb, a.hc, d, { w: a.norm, eps: c.rms_norm_eps });
   const m = s.moe;
-  encodeRouter(ctx, a.moe.router, s.xn, m.logits, { ids: bind(m.ids.buffer, m.ids.offset), weights: bind(m.weights.buffer, m.weights.offset) }, nb, routerConfig(c));
+  const ids = bind(route.ids.buffer, route.ids.offset);
+  encodeRouter(ctx, a.moe.router, s.xn, m.logits, { ids, weights: bind(route.weights.buffer, route.weights.offset) }, nb, routerConfig(c));
   if (fusesDownCombine(pool, nb)) return;
   const L = m.lists;
   encodeExpertLists(
     ctx,
-    bind(m.ids.buffer, m.ids.offset),
+    ids,
     { offsets: bind(L.offsets.buffer, L.offsets.offset), pairs: bind(L.pairs.buffer, L.pairs.offset), active: bind(L.active.buffer, L.active.offset) },
     nb,
     c.moe.top_k,
@@ -58,8 +62,8 @@ export function encodeMoeRoute(ctx: EncodeContext, a: MoeSiteArgs, pool: KernelP
   );
 }
 
-/** Routed experts through scratch.moe.slotTable, the shared expert, the combine into scratch.y, and the site's write. */
-export function encodeMoeCompute(ctx: EncodeContext, a: MoeSiteArgs, pool: KernelPool): void {
+/** Routed experts through the route's slot table, the shared expert, the combine into scratch.y, and the site's write. */
+export function encodeMoeCompute(ctx: EncodeContext, a: MoeSiteArgs, pool: KernelPool, route: SiteRoute): void {
   const { config: c, nb, scratch: s } = a;
   const d = c.hidden_size;
   const k = c.moe.top_k;
@@ -72,19 +76,19 @@ export function encodeMoeCompute(ctx: EncodeContext, a: MoeSiteArgs, pool: Kerne
     encodeSharedExpert(ctx, a.moe.shared, x, { h: m.sh, s: m.s, sg: m.sg }, nb);
     shared = { s: m.s, sg: m.sg };
   }
-  const weights = bind(m.weights.buffer, m.weights.offset);
+  const weights = bind(route.weights.buffer, route.weights.offset);
   const fused = fusesDownCombine(pool, nb);
   encodeRoutedExperts(
     ctx,
     pool,
-    bind(m.slotTable.buffer, m.slotTable.offset),
+    route.slotTable,
     fused ? null : { offsets: bind(L.offsets.buffer, L.offsets.offset), pairs: bind(L.pairs.buffer, L.pairs.offset), active: bind(L.active.buffer, L.active.offset) },
     x,
     { h: m.h, o: m.o },
     nb,
     k,
     c.moe.experts,
-    fused ? { ids: bind(m.ids.buffer, m.ids.offset), weights, y: s.y, shared } : undefined,
+    fused ? { ids: bind(route.ids.buffer, route.ids.offset), weights, y: s.y, shared } : undefined,
   );
   if (!fused) encodeMoeCombine(ctx, weights, m.o, s.y, nb, k, d, shared);
   encodeSiteWrite(ctx, a.X, a.site, s.hc, s.y, nb, a.hc, d);

@@ -213,6 +213,34 @@ export interface ExpertPool {
    * can miss and no prefetch can help (a step then skips its lookahead routes).
    */
   fullyResident(layers?: number): boolean;
+  /**
+   * Reads every record of `layers` that is not resident into a free slot (demand priority,
+   * in file order: sequential reads), for a pool that holds them all. Resolves once every one
+   * is in place and checked; rejects with the first failure (IoReadError, a checksum
+   * mismatch, or IoTimeoutError when no read finished within the IO deadline), naming the
+   * file, layer and expert. Throws at once when there are not enough free slots.
+   * `onRecord` is called as each record lands.
+   */
+  preload(layers: readonly number[], onRecord?: () => void): Promise<void>;
+  /**
+   * Holds every record of `layer` in its slot until {@link evictAll}: no acquire or prefetch
+   * takes one of those slots as a victim, so a table of them written once stays true (the
+   * resident fast path, lib/gpu/resident.ts). Returns the layer's public slots by expert, or
+   * null when some record of the layer is not in place (absent, or its read not checked yet).
+   */
+  hold(layer: number): Int32Array | null;
+  /** Whether `layer` is held (see {@link hold}). */
+  isHeld(layer: number): boolean;
+  /**
+   * Changes whenever `layer` is held anew or loses its hold (evictAll): a slot table written
+   * for another generation may be stale.
+   */
+  holdGeneration(layer: number): number;
+  /**
+   * Counts a site of a held layer served without acquire (the resident fast path): every
+   * distinct id of `expertIds` is a hit.
+   */
+  countHits(layer: number, expertIds: ArrayLike<number>): void;
   poolStats(): PoolStats;
   /** Checksum work so far: records verified, milliseconds spent hashing on the main thread, mismatches, records hashed on worker threads. */
   verifyStats(): { records: number; ms: number; failures: number; offThread: number };
@@ -532,6 +560,10 @@ class SlotExpertPool implements ExpertPool {
   private readonly keySlot: Int32Array;
   /** Layers 0..fullLayers-1 were found fully resident and no slot has emptied since (fullyResident skips them). */
   private fullLayers = 0;
+  // Held layers (hold()): their slots are never victims; generations bump on every change.
+  private readonly held: Uint8Array; // per slot
+  private readonly heldLayer: Uint8Array;
+  private readonly holdGen: Uint32Array;
   // Per acquired layer.
   private readonly pins = new Map<number, { slots: number[]; table: Int32Array; union: number }>();
   private pinnedCount = 0;
@@ -658,6 +690,9 @@ class SlotExpertPool implements ExpertPool {
     };
     for (let s = n - 1; s >= 0; s--) this.free.push(s);
     this.keySlot = new Int32Array(records).fill(-1);
+    this.held = new Uint8Array(n);
+    this.heldLayer = new Uint8Array(layers);
+    this.holdGen = new Uint32Array(layers);
     this.unions = new UnionBuilder(perLayer);
     this.c.layerHits = new Array<number>(layers).fill(0);
     this.c.layerMisses = new Array<number>(layers).fill(0);
@@ -711,7 +746,7 @@ class SlotExpertPool implements ExpertPool {
 
   /** 0: a victim candidate; 1: its read is queued; 2: a read is writing into it; -1: not a candidate. */
   private victimKind(s: number, excludeStamp: number): number {
-    if (this.pinned[s] || (excludeStamp && this.stamp[s] === excludeStamp)) return -1;
+    if (this.pinned[s] || this.held[s] || (excludeStamp && this.stamp[s] === excludeStamp)) return -1;
     if (this.ops[s]!.length && this.writing(s).length) return 2;
     const t = this.tickets[s];
     return t && (t.state === "queued" || t.state === "waiting") ? 1 : 0;
@@ -885,6 +920,8 @@ class SlotExpertPool implements ExpertPool {
   private evict(s: number): void {
     const key = this.slotKey[s]!;
     if (key < 0) return;
+    // victimKind never offers a held slot: reaching this is a bug that would leave a stale table.
+    if (this.held[s]) throw new Error(`expert pool: slot ${s} of held layer ${Math.floor(key / this.perLayer)} cannot be evicted`);
     this.c.evictions++;
     const t = this.tickets[s] ?? null;
     const cancelled = t !== null && t.cancel();
@@ -994,6 +1031,7 @@ class SlotExpertPool implements ExpertPool {
 
   /** Empties slot `s` after its record failed to arrive intact (read error or checksum mismatch). */
   private dropFailed(s: number, key: number, free = true): void {
+    if (this.held[s]) this.unhold(Math.floor(key / this.perLayer));
     this.tickets[s] = null;
     this.predicted[s] = 0;
     this.keySlot[key] = -1;
@@ -1135,6 +1173,7 @@ class SlotExpertPool implements ExpertPool {
 
   evictAll(): void {
     if (this.pins.size) throw new Error(`evictAll: layers ${[...this.pins.keys()].join(", ")} are still acquired`);
+    this.dropHolds();
     for (let s = 0; s < this.capacity; s++) {
       const key = this.slotKey[s]!;
       if (key < 0) continue;
@@ -1193,6 +1232,101 @@ class SlotExpertPool implements ExpertPool {
     }
     this.batch = 0;
     return { issued, ready: waits.length ? Promise.all(waits).then(() => {}) : RESOLVED };
+  }
+
+  preload(layers: readonly number[], onRecord?: () => void): Promise<void> {
+    for (const l of layers) this.checkLayer(l, "preload");
+    const absent = layers.flatMap((l) => Array.from({ length: this.perLayer }, (_, e) => l * this.perLayer + e)).filter((key) => this.keySlot[key]! < 0);
+    if (absent.length > this.free.length)
+      throw new Error(`preload: ${absent.length} records of layers ${layers.join(", ")} are not resident and the pool has ${this.free.length} free slots (of ${this.capacity})`);
+    absent.sort((a, b) => a - b); // file order: the reads run sequentially through experts.bin
+    const waits: Promise<void>[] = [];
+    let landed = 0;
+    let pending: number[] = [];
+    for (const key of absent) {
+      const s = this.free.pop()!;
+      this.assign(s, key, "demand");
+      if (this.slotKey[s] === key) this.touch(s);
+      else this.free.push(s); // mapped: the record failed its check at once (readies[s] says why)
+      const ready = this.readies[s] ?? RESOLVED;
+      const done = ready.then(() => {
+        landed++;
+        onRecord?.();
+      });
+      done.catch(() => {});
+      waits.push(done);
+      pending.push(key);
+    }
+    const all = Promise.all(waits).then(() => {});
+    if (!Number.isFinite(this.ioDeadlineMs) || waits.length === 0) return all;
+    // A stalled disk must not hang the load: fail once no read has finished for the IO deadline.
+    const ms = this.ioDeadlineMs;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const stalled = new Promise<never>((_, reject) => {
+      let seen = -1;
+      const check = () => {
+        if (landed !== seen) {
+          seen = landed;
+          timer = setTimeout(check, ms);
+          return;
+        }
+        pending = pending.filter((key) => { const s = this.keySlot[key]!; return s < 0 || this.state[s] !== READY; });
+        const key = pending[0] ?? absent[absent.length - 1]!;
+        const layer = Math.floor(key / this.perLayer);
+        const late = pending.filter((k) => Math.floor(k / this.perLayer) === layer).map((k) => k % this.perLayer);
+        const path = this.file?.path ?? "experts.bin";
+        reject(new IoTimeoutError(`${path}: preload: no expert record arrived within ${ms} ms (the IO deadline); layer ${layer} expert ${key % this.perLayer} (offset ${key * this.recordBytes}) and ${pending.length - 1} more still pending: the disk is stalled or far slower than expected`, path, layer, late, ms));
+      };
+      check();
+    });
+    return Promise.race([all, stalled]).finally(() => clearTimeout(timer));
+  }
+
+  hold(layer: number): Int32Array | null {
+    this.checkLayer(layer, "hold");
+    const base = layer * this.perLayer;
+    const table = new Int32Array(this.perLayer);
+    for (let e = 0; e < this.perLayer; e++) {
+      const s = this.keySlot[base + e]!;
+      if (s < 0 || this.state[s] !== READY) return null;
+      table[e] = this.publicSlot(s, base + e);
+    }
+    if (!this.heldLayer[layer]) {
+      for (let e = 0; e < this.perLayer; e++) this.held[this.keySlot[base + e]!] = 1;
+      this.heldLayer[layer] = 1;
+      this.holdGen[layer]!++;
+    }
+    return table;
+  }
+
+  isHeld(layer: number): boolean {
+    return this.heldLayer[layer] === 1;
+  }
+
+  holdGeneration(layer: number): number {
+    return this.holdGen[layer]!;
+  }
+
+  private unhold(layer: number): void {
+    if (!this.heldLayer[layer]) return;
+    const base = layer * this.perLayer;
+    for (let e = 0; e < this.perLayer; e++) {
+      const s = this.keySlot[base + e]!;
+      if (s >= 0) this.held[s] = 0;
+    }
+    this.heldLayer[layer] = 0;
+    this.holdGen[layer]!++;
+  }
+
+  private dropHolds(): void {
+    for (let l = 0; l < this.layers; l++) this.unhold(l);
+  }
+
+  countHits(layer: number, expertIds: ArrayLike<number>): void {
+    this.checkLayer(layer, "countHits");
+    const n = this.unions.of(expertIds, layer, "countHits").length;
+    this.c.hits += n;
+    this.c.layerHits[layer]! += n;
   }
 
   writeSlotTable(layer: number, dst: Int32Array): void {

@@ -76,9 +76,17 @@ export interface Scratch {
   ple: { e: RowsRef; kRaw: RowsRef; k: RowsRef; q: RowsRef; vIn: RowsRef; v: RowsRef; u: RowsRef; rowIds: RowsRef };
   moe: {
     logits: RowsRef;
-    /** Router output of the current site: ids [rows][k] (i32) and weights [rows][k]. */
+    /** Router output of a site the host serves at its handshake: ids [rows][k] (i32) and weights [rows][k]. */
     ids: RowsRef;
     weights: RowsRef;
+    /**
+     * Router outputs of the resident sites of a command buffer (no handshake: the host reads
+     * them once the GPU is past them), packed one after another as SitePlan.open hands them
+     * out (a site: ids [rows][k], then weights [rows][k]). Device storage: the kernels read
+     * them from GPU memory, the host downloads the used bytes once. Room for a site per
+     * layer (or per MTP row of a draft step) at the scratch's rows.
+     */
+    routes: { buffer: Buffer; offset: number; bytes: number };
     lists: { offsets: RowsRef; pairs: RowsRef; active: RowsRef };
     h: RowsRef;
     o: RowsRef;
@@ -200,6 +208,8 @@ function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number;
   rows("moe.logits", E);
   packed("moe.ids", k);
   packed("moe.weights", k);
+  // A trunk step has a site per layer; a draft step one per MTP chunk and chained row.
+  raw("moe.routes", Math.max(c.num_layers, MAX_SNAP + 1) * 2 * up(R * k * 4, 16));
   rows("moe.lists.offsets", E + 1, 1);
   rows("moe.lists.pairs", R * k, 1);
   rows("moe.lists.active", E + 1, 1);

@@ -1,12 +1,14 @@
 // Runs one command buffer with MoE sites: encode, commit, then per site wait for the GPU's
 // signal, decide the layer's slots (hits, misses and their reads, the lookahead's prefetch),
 // publish the slot table, await the reads, release the GPU; finally wait for completion.
+// Sites of resident layers (resident.ts) have no handshake: the host checks and records their
+// routing once the GPU is past them (at the next handshake, or after completion).
 // A failure (a read error, a pool error, the GPU giving up waiting) fails the step with a
 // clear error after the command buffer has finished: the remaining sites are released with
 // empty slot tables (their experts write NaN, never read outside the pool), so nothing hangs.
 import { NonFiniteError } from "../model/errors.ts";
 import type { EncodeContext } from "./dispatch.ts";
-import { GpuStepError, SitePlan, waitForCompletion, waitForSignal, yieldToEventLoop, type SiteInfo } from "./handshake.ts";
+import { GpuStepError, SitePlan, waitForCompletion, waitForSignal, yieldToEventLoop, type PlannedSite, type SiteInfo } from "./handshake.ts";
 import type { EngineGpu } from "./load.ts";
 import { StepTimeline } from "./phases.ts";
 import type { Acquired } from "./residency.ts";
@@ -31,11 +33,11 @@ export interface EventCounter {
 }
 
 /** Decides, publishes and awaits one site's experts; returns the milliseconds spent awaiting reads. */
-async function serveSite(gpu: EngineGpu, site: SiteInfo, observe: SiteObserver | undefined): Promise<number> {
+async function serveSite(gpu: EngineGpu, site: PlannedSite, observe: SiteObserver | undefined): Promise<number> {
   const s = gpu.scratch;
   const count = site.rows * gpu.config.moe.top_k;
-  const ids = i32View(s.moe.ids, count);
-  const weights = f32View(s.moe.weights, count);
+  const ids = i32View(site.route.ids, count);
+  const weights = f32View(site.route.weights, count);
   checkRouting(gpu, site, weights);
   const acquired: Acquired = gpu.pool.acquire(site.layer, ids);
   let predicted: Int32Array | null = null;
@@ -49,6 +51,20 @@ async function serveSite(gpu: EngineGpu, site: SiteInfo, observe: SiteObserver |
   const t0 = performance.now();
   await acquired.ready;
   return performance.now() - t0;
+}
+
+/**
+ * The host's part of a resident site, after the GPU has run it: the same checks and records
+ * as a served site (non-finite router weights, hits, activity, observers), no decision.
+ */
+function accountResidentSite(gpu: EngineGpu, site: PlannedSite, observe: SiteObserver | undefined): void {
+  const count = site.rows * gpu.config.moe.top_k;
+  const ids = i32View(site.route.ids, count);
+  const weights = f32View(site.route.weights, count);
+  checkRouting(gpu, site, weights);
+  gpu.pool.countHits(site.layer, ids);
+  gpu.activity.record(site.layer, site.rows, ids, weights);
+  observe?.({ site, ids: ids.slice(), weights: weights.slice(), misses: [], predicted: null });
 }
 
 /**
@@ -83,12 +99,36 @@ export async function runStep(
   counter: EventCounter,
   encode: (ctx: EncodeContext, plan: SitePlan) => void,
   observe?: SiteObserver,
+  /** Serve every site at a handshake, resident layers too (a caller whose observer reads state mid-step). */
+  opts: { handshakeAll?: boolean } = {},
 ): Promise<StepTimeline> {
   const timeline = new StepTimeline();
-  const plan = new SitePlan(gpu.event, counter.value);
+  // Layers that became resident since the last step get their tables (the GPU is idle here).
+  gpu.resident.refresh();
+  const plan = new SitePlan(gpu.event, counter.value, opts.handshakeAll ?? false);
   const cb = gpu.device.commandBuffer();
   let failure: unknown = null;
   let acquired: number | null = null;
+  /** Resident sites before this index are accounted for. */
+  let accounted = 0;
+  /** scratch.moe.routes is on the host up to this offset (device storage: downloaded). */
+  const routes = gpu.scratch.moe.routes;
+  let onHost = routes.offset;
+  const accountUpTo = (end: number) => {
+    if (failure !== null) return;
+    // The resident sites' router outputs, in one download (the GPU is past them).
+    let until = onHost;
+    for (let i = accounted; i < end; i++) {
+      const r = plan.sites[i]!.route;
+      if (r.resident) until = Math.max(until, 2 * r.weights.offset - r.ids.offset);
+    }
+    if (until > onHost && routes.buffer.storage === "device") routes.buffer.download(onHost, until - onHost);
+    onHost = until;
+    for (; accounted < end; accounted++) {
+      const site = plan.sites[accounted]!;
+      if (site.route.resident && failure === null) accountResidentSite(gpu, site, observe);
+    }
+  };
   try {
     encode({ device: gpu.device, cb }, plan);
     counter.value = plan.end;
@@ -96,9 +136,10 @@ export async function runStep(
     timeline.markCommitted();
     for (let i = 0; i < plan.sites.length; i++) {
       const site = plan.sites[i]!;
+      if (site.handshake < 0) continue;
       const what = site.trunkLayer === null ? "the MTP head's router" : `layer ${site.layer}'s router`;
       const t0 = performance.now();
-      await waitForSignal(cb, gpu.event, plan.signalValue(i), what);
+      await waitForSignal(cb, gpu.event, plan.signalValue(site.handshake), what);
       const t1 = performance.now();
       let ioMs = 0;
       // The GPU is past the previous site's experts: its slots may move again.
@@ -106,6 +147,8 @@ export async function runStep(
       acquired = null;
       if (failure === null) {
         try {
+          // The GPU is past every earlier site: the resident ones are checked and recorded first.
+          accountUpTo(i);
           ioMs = await serveSite(gpu, site, observe);
           acquired = site.layer;
         } catch (e) {
@@ -116,10 +159,11 @@ export async function runStep(
       } else publishEmptyTable(gpu);
       if (failure === null && cb.status === "failed")
         failure = new GpuStepError(`the GPU gave up waiting for ${site.trunkLayer === null ? "the MTP head's" : `layer ${site.layer}'s`} slot table: ${cb.error}`);
-      gpu.event.set(plan.releaseValue(i));
+      gpu.event.set(plan.releaseValue(site.handshake));
       timeline.site({ layer: site.layer, waitMs: t1 - t0, handshakeMs: performance.now() - t1 - ioMs, ioMs });
     }
     await waitForCompletion(cb);
+    accountUpTo(plan.sites.length);
   } catch (e) {
     failure ??= e;
   } finally {

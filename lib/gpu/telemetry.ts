@@ -9,6 +9,7 @@
  * Everything returned by {@link StatsCollector.stats} is plain data (numbers, strings,
  * arrays, objects): `JSON.stringify` round-trips it exactly.
  */
+import type { ResidentStats } from "./resident.ts";
 import type { ActivitySnapshot, ExpertActivity } from "./activity.ts";
 import type { MemoryStats, MemoryTracker } from "./memory.ts";
 
@@ -243,9 +244,11 @@ export interface EngineSetup {
   trace: { path: string; steps: number } | null;
 }
 
-/** Everything a loaded engine reports: the collector's parts plus handshakes and setup. */
+/** Everything a loaded engine reports: the collector's parts plus handshakes, resident layers and setup. */
 export interface LoadedEngineStats extends EngineStats {
   handshake: HandshakeSummary;
+  /** The preload and the layers whose sites run without a handshake (lib/gpu/resident.ts). */
+  resident: ResidentStats;
   setup: EngineSetup;
 }
 

@@ -68,6 +68,10 @@ const engineShape: Shape<EngineBackendStats> = {
   },
   phases: { $recordOf: { count: "number", totalMs: "number", meanMs: "number", maxMs: "number" } },
   handshake: { all: latency, perLayer: { $arrayOf: latency } },
+  resident: {
+    preload: "string", preloaded: "boolean", preloadRecords: "number", preloadMs: "number", layers: "number",
+    residentLayers: "number", fullyResident: "boolean", unavailable: { $orNull: "string" },
+  },
   setup: {
     device: "string", rows: "number", prefillRows: "number", maxDrafts: "number", maxContext: "number",
     layersRun: "number", lookahead: "boolean", notes: { $arrayOf: "string" }, sequences: "number",

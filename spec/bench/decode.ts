@@ -10,7 +10,9 @@
  * engine uses, so the handshake's floor is seen apart from the host's pool work.
  *
  * Options: --tokens N (default 32), --prompt N (prompt tokens, default 32), --pool 50% |
- * --pool-slots N, --backing wired|mapped, --io direct|cached, --no-lookahead, --drafts N (also
+ * --pool-slots N, --backing wired|mapped, --io direct|cached, --no-lookahead, --preload |
+ * --no-preload (default: the engine's "auto", a preload when the pool holds every record, which
+ * makes every MoE layer resident: no handshakes), --drafts N (also
  * time speculative decoding), --model DIR, --only-model (skip the two built-in models; with
  * --model), --json (one JSON object on stdout).
  */
@@ -22,6 +24,7 @@ import { synthesize } from "../../lib/convert/synth.ts";
 import { Engine } from "../../lib/gpu/engine.ts";
 import { waitForSignal } from "../../lib/gpu/handshake.ts";
 import type { EngineOptions } from "../../lib/gpu/load.ts";
+import type { ResidentStats } from "../../lib/gpu/resident.ts";
 import type { LatencySummary, PhaseStats } from "../../lib/gpu/telemetry.ts";
 import { openModel } from "../../lib/model/format.ts";
 import { defaultBackend, Device } from "../../lib/shim.ts";
@@ -36,6 +39,8 @@ const { values: opts } = parseArgs({
     backing: { type: "string", default: "wired" },
     io: { type: "string", default: "direct" },
     "no-lookahead": { type: "boolean", default: false },
+    preload: { type: "boolean", default: false },
+    "no-preload": { type: "boolean", default: false },
     drafts: { type: "string", default: "0" },
     model: { type: "string" },
     "only-model": { type: "boolean", default: false },
@@ -54,6 +59,8 @@ function engineOptions(): EngineOptions {
   const o: EngineOptions = { backing: opts.backing as "wired" | "mapped", ioMode: opts.io as "direct" | "cached", lookahead: !opts["no-lookahead"] };
   if (opts.pool) o.pool = opts.pool;
   if (opts["pool-slots"]) o.poolSlots = Number(opts["pool-slots"]);
+  if (opts.preload) o.preload = true;
+  if (opts["no-preload"]) o.preload = false;
   return o;
 }
 
@@ -79,6 +86,8 @@ interface ModelResult {
   /** Commands (dispatches, signals, waits) encoded per decode token, and host/GPU handshakes per token. */
   commandsPerToken: number;
   handshakesPerToken: number;
+  /** The preload and the resident layers (no handshake at their sites) after the decode. */
+  resident: ResidentStats;
   /** Expert bytes read from disk during the timed decode (for the disk bound). */
   decodeIoBytes: number;
   speculative?: { drafts: number; tokensPerSecond: number; proposed: number; accepted: number };
@@ -112,6 +121,7 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
       pool: { capacity: number; records: number; hitRate: number; backing: string };
       lookahead: { predictions: number; used: number; wasted: number };
       handshake: { all: LatencySummary; perLayer: LatencySummary[] };
+      resident: ResidentStats;
     };
     const phasesPerToken: Record<string, number> = {};
     for (const [k, v] of Object.entries(s.phases)) phasesPerToken[k] = v.totalMs / tokens;
@@ -135,6 +145,7 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
       handshakeUs: s.handshake,
       commandsPerToken,
       handshakesPerToken: s.handshake.all.count / tokens,
+      resident: s.resident,
       decodeIoBytes,
     };
     seq.dispose();
@@ -204,6 +215,9 @@ function printModel(r: ModelResult): void {
   log(`prefill ${r.promptTokens} tokens: ${fmt(r.prefillMs, 0)} ms (${fmt(r.prefillTokensPerSecond)} tok/s)`);
   log(`decode ${r.decodeTokens} tokens: ${fmt(r.decodeMs, 0)} ms, **${fmt(r.tokensPerSecond, 2)} tok/s**, ${fmt(r.decodeMs / r.decodeTokens, 1)} ms/token; pool hit rate ${fmt(100 * r.hitRate)}%` +
     `; lookahead predictions ${r.lookahead_.predictions} (used ${r.lookahead_.used}, wasted ${r.lookahead_.wasted})`);
+  const res = r.resident;
+  log(`resident: ${res.fullyResident ? "fully resident" : "not fully resident"}, ${res.residentLayers}/${res.layers} expert layers without handshakes; preload ${res.preload}` +
+    (res.preloaded ? `: ${res.preloadRecords} records in ${fmt(res.preloadMs, 0)} ms` : ": none") + (res.unavailable ? ` (${res.unavailable})` : ""));
   log(`per decode token: ${fmt(r.commandsPerToken, 0)} commands encoded, ${fmt(r.handshakesPerToken, 1)} host/GPU handshakes`);
   if (r.speculative) log(`speculative, ${r.speculative.drafts} drafts: ${fmt(r.speculative.tokensPerSecond, 2)} tok/s, accepted ${r.speculative.accepted}/${r.speculative.proposed}`);
   log("\n| phase (per decode token) | ms |");

@@ -61,7 +61,7 @@ test("the prompt from stdin (piped, or -p -) is the same as -p", () => {
 
 test("--stats is one summary line; --stats=json the whole object", async () => {
   const line = await cli("run", "-p", "x", "-n", "3", "--stats");
-  expect(line.stderr).toMatch(/^3 tokens, [\d.]+ tokens\/s \(prefill \d+ tokens in [\d.]+ s\); (pool hit rate [\d.-]+%; IO [\d.]+ MB\/s; )?\w+ backend\n$/);
+  expect(line.stderr).toMatch(/^3 tokens, [\d.]+ tokens\/s \(prefill \d+ tokens in [\d.]+ s\); (pool hit rate [\d.-]+%(; all experts resident)?; IO [\d.]+ MB\/s; )?\w+ backend\n$/);
   const json = await cli("run", "-p", "x", "-n", "3", "--stats=json");
   const stats = JSON.parse(json.stderr);
   expect(stats.completionTokens).toBe(3);

@@ -100,7 +100,8 @@ describe("expert records are verified as they land in the pool", () => {
   test("mapped: a record corrupted on disk fails naming it; once repaired, the same model generates exactly", async () => {
     const dir = copyOf(q4Dir);
     const x = JSON.parse(readFileSync(join(dir, "cherenkov.json"), "utf8")).experts;
-    const model = await Model.load(dir, { backend: "cpu", engine: { backing: "mapped" } });
+    // No preload: it would check every record at load, before the corruption (resident.test.ts covers that).
+    const model = await Model.load(dir, { backend: "cpu", engine: { backing: "mapped", preload: false } });
     try {
       // Corrupt every record of layer 0 in place (any token routes there), then repair them.
       const path = join(dir, "experts.bin");
@@ -149,6 +150,8 @@ describe("non-finite weights name the layer on both backends", () => {
         expect((e as NonFiniteError).layer).toBe(1);
         expect(e.message).toMatch(/^layer 1: non-finite/);
         expect(e.message).not.toContain("2147483647");
+        // The engine found it in the resident path: every layer preloaded and held, no site served at a handshake.
+        if (backend === "cpu") expect((model.stats().engine as { resident: { fullyResident: boolean } }).resident.fullyResident).toBe(true);
       } finally {
         await model.close();
       }

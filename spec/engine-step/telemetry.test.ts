@@ -93,9 +93,9 @@ describe("stats()", () => {
     for (let l = 0; l < L; l++) expect(s.handshake.perLayer[l]!.count).toBe(N);
   });
 
-  test("with every trunk record resident (pool 100%, all experts routed once) steps route no lookahead, and the tokens stay those without it", async () => {
+  test("with every trunk record resident (pool 100% without preload, all experts routed once) steps route no lookahead, and the tokens stay those without it", async () => {
     const run = async (lookahead: boolean) => {
-      const backend = await openEngine(dir, { pool: "100%", lookahead });
+      const backend = await openEngine(dir, { pool: "100%", lookahead, preload: false });
       const seq = backend.newSequence();
       const tokens: number[] = [];
       let covered = -1; // the step after which every expert of every trunk layer had been routed

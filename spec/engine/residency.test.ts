@@ -3,7 +3,7 @@
 // accounting, cancellation of queued lookahead reads, IO failures, determinism, close().
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { createExpertPool, DEFAULT_POOL_POLICY, layerCycleOrder, PoolTooSmallError, type ExpertPool } from "../../lib/gpu/residency.ts";
-import { IoReadError, IoScheduler } from "../../lib/gpu/streaming.ts";
+import { IoReadError, IoScheduler, IoTimeoutError } from "../../lib/gpu/streaming.ts";
 import { Device } from "../../lib/shim.ts";
 import { faultyReader, gate, settledWithin, tinyModel, type TinyModel } from "./fixture.ts";
 
@@ -619,4 +619,119 @@ test("fullyResident: true only once every record of every layer is in place and 
   expect(wired.fullyResident()).toBe(true);
   await wired.close();
   await io.close();
+});
+
+test("hold: a layer whose records are all in place keeps its slots (never a victim) until evictAll, which bumps its generation", async () => {
+  const records = layers * perLayer;
+  const pool = lruPool(records - 2);
+  const all = Array.from({ length: perLayer }, (_, e) => e);
+  expect(pool.hold(0)).toBeNull(); // nothing resident yet
+  pool.acquire(0, all.slice(1));
+  pool.release(0);
+  expect(pool.hold(0)).toBeNull(); // expert 0 missing
+  pool.acquire(0, [0]);
+  pool.release(0);
+  const gen = pool.holdGeneration(0);
+  const table = pool.hold(0)!;
+  expect(pool.isHeld(0)).toBe(true);
+  expect(pool.holdGeneration(0)).toBe(gen + 1);
+  expect(pool.hold(0)).toEqual(table); // holding again changes nothing
+  expect(pool.holdGeneration(0)).toBe(gen + 1);
+  // Cycle every other record through the remaining slots: layer 0's stay where they are.
+  for (let round = 0; round < 2; round++)
+    for (let l = 1; l < layers; l++) {
+      pool.acquire(l, all);
+      pool.release(l);
+    }
+  for (let e = 0; e < perLayer; e++) expect(pool.isResident(0, e)).toBe(true);
+  expect(pool.hold(0)).toEqual(table);
+  expect(pool.poolStats().evictions).toBeGreaterThan(0); // the others did cycle
+  pool.evictAll();
+  expect(pool.isHeld(0)).toBe(false);
+  expect(pool.holdGeneration(0)).toBe(gen + 2);
+  // countHits: the distinct ids of a resident site count as hits of its layer.
+  const before = pool.poolStats();
+  pool.countHits(2, [3, 3, 1]);
+  const after = pool.poolStats();
+  expect(after.hits - before.hits).toBe(2);
+  expect(after.perLayer.hits[2]! - before.perLayer.hits[2]!).toBe(2);
+  await pool.close();
+});
+
+test("hold: a record whose read has not landed (or failed) is not in place; a held layer never loses a slot to a miss", async () => {
+  const fr = faultyReader();
+  const g = gate();
+  fr.hold.set(1 * stride, g.promise); // layer 0 expert 1
+  const io = new IoScheduler({ reader: fr.reader });
+  const pool = createExpertPool({ backing: "wired", model: tiny.model, capacity: perLayer + 2, scheduler: io });
+  const all = Array.from({ length: perLayer }, (_, e) => e);
+  const a = pool.acquire(0, all);
+  pool.release(0);
+  expect(pool.hold(0)).toBeNull(); // expert 1 still reading
+  g.open();
+  await a.ready;
+  const table = pool.hold(0)!;
+  expect(table).not.toBeNull();
+  // Two free slots serve every other layer; layer 0's stay put.
+  for (let l = 1; l < layers; l++) {
+    const b = pool.acquire(l, [0, 1]);
+    await b.ready;
+    pool.release(l);
+  }
+  expect(pool.hold(0)).toEqual(table);
+  // With only layer 0's slots left to take, a union of three does not fit (not a silent eviction).
+  expect(() => pool.acquire(1, [2, 3, 4])).toThrow(PoolTooSmallError);
+  await pool.close();
+  await io.close();
+});
+
+test("preload: every record of the layers asked, in file order, verified; too few free slots is an error before any read", async () => {
+  const fr = faultyReader();
+  const io = new IoScheduler({ reader: fr.reader, maxInFlight: 1 });
+  const pool = createExpertPool({ backing: "wired", model: tiny.model, capacity: 2 * perLayer, scheduler: io });
+  expect(() => pool.preload([0, 1, 2])).toThrow(/preload: .* records of layers 0, 1, 2 are not resident and the pool has .* free slots/);
+  expect(fr.started).toEqual([]);
+  let landed = 0;
+  await pool.preload([2, 0], () => landed++);
+  expect(landed).toBe(2 * perLayer);
+  // One read at a time: the reads ran through the file in order.
+  expect(fr.started).toEqual([...fr.started].sort((a, b) => a - b));
+  for (const l of [0, 2]) for (let e = 0; e < perLayer; e++) {
+    expect(pool.isResident(l, e)).toBe(true);
+    const slot = pool.hold(l)![e]!;
+    expect(sameBytes(pool.slotView(slot), tiny.model.readExpertRecord(l, e))).toBe(true);
+  }
+  expect(pool.poolStats().misses).toBe(0);
+  await pool.close();
+  await io.close();
+});
+
+test("preload fails naming the file, layer and expert: an IO error, a short read, and a read that stalls past the IO deadline", async () => {
+  const all = async (setup: (fr: ReturnType<typeof faultyReader>) => void, deadline?: number) => {
+    const fr = faultyReader();
+    setup(fr);
+    const io = new IoScheduler({ reader: fr.reader });
+    const pool = createExpertPool({ backing: "wired", model: tiny.model, capacity: layers * perLayer, scheduler: io, ...(deadline ? { ioDeadlineMs: deadline } : {}) });
+    const err = await pool.preload([0, 1]).then(() => null, (e: Error) => e);
+    return { err, pool, io };
+  };
+  const eio = await all((fr) => fr.fail.add((perLayer + 2) * stride)); // layer 1 expert 2
+  expect(eio.err).toBeInstanceOf(IoReadError);
+  expect(eio.err!.message).toContain(tiny.model.paths.experts);
+  expect(eio.err!.message).toMatch(/layer 1 expert 2/);
+  await eio.pool.close();
+  await eio.io.close();
+  const short = await all((fr) => fr.short.add(3 * stride));
+  expect(short.err).toBeInstanceOf(IoReadError);
+  expect(short.err!.message).toMatch(/layer 0 expert 3/);
+  await short.pool.close();
+  await short.io.close();
+  const g = gate();
+  const stall = await all((fr) => fr.hold.set((perLayer + 1) * stride, g.promise), 200);
+  expect(stall.err).toBeInstanceOf(IoTimeoutError);
+  expect(stall.err!.message).toContain(tiny.model.paths.experts);
+  expect(stall.err!.message).toMatch(/preload: no expert record arrived within 200 ms.*layer 1 expert 1 /);
+  g.open();
+  await stall.pool.close();
+  await stall.io.close();
 });

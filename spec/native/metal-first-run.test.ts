@@ -106,7 +106,8 @@ test("a pool that can miss waits on the host under an OS limit: a 4 s read outla
 
 test("with every record resident the step stays one command buffer, its watchdog below the OS limit: a slow read fails with the engine's message", () => {
   // The default 10 s watchdog would outlast the 1.6 s limit: the engine lowers it to 1.2 s.
-  const r = run(["-e", slowRead('pool: "100%"', true)], { CHERENKOV_CPU_GPU_WAIT_LIMIT_MS: "1600" });
+  // No preload: the records must still be read by the steps (the slow one among them).
+  const r = run(["-e", slowRead('pool: "100%", preload: false', true)], { CHERENKOV_CPU_GPU_WAIT_LIMIT_MS: "1600" });
   if (r.code !== 0) console.error(r.output.slice(-3000));
   expect(r.code).toBe(0);
   const out = lastJson(r.output);
