@@ -19,6 +19,7 @@ struct Launch {
   uint32_t threads[3];  // threads per grid (groups * tg unless dispatchThreads)
   // The command buffer's cancel word (device memory): set when one of its GPU waits timed
   // out, so that every later command of it does nothing, as the other backends skip them.
+  // Null for a dispatch before the command buffer's first wait (nothing can cancel it).
   const volatile uint32_t *cancel;
 };
 

@@ -355,7 +355,10 @@ static void kernel_call(const ck_cmdbuf *cb, const Command &c, const SliceLayout
       k.L.buf[bound.index] = bound.address;
     }
     if (c.params_len) k.L.buf[0] = base + kCancelBytes + c.params_offset;
-    k.L.cancel = k.cancel;
+    // Only a GPU wait times out, so only a dispatch after one can find its command buffer
+    // cancelled: the others skip the check (a dependent trip to memory before any work; a
+    // resident decode step has no wait at all).
+    k.L.cancel = size_t(&c - cb->commands.data()) > cb->first_wait ? k.cancel : nullptr;
     k.func = c.kernel->entry;
     k.grid = dim3(c.groups[0], c.groups[1], c.groups[2]);
     k.block = dim3(c.tg[0] * c.tg[1] * c.tg[2]);
@@ -1031,6 +1034,7 @@ static int32_t encode_event(ck_cmdbuf *cb, ck_event *ev, double value, ck::Comma
   c.event = ev;
   c.value = v;
   ev->retain();
+  if (kind == ck::Command::kWait && cb->first_wait == SIZE_MAX) cb->first_wait = cb->commands.size();
   cb->commands.push_back(c);
   cb->event_commands++;
   return CK_OK;

@@ -130,6 +130,7 @@ struct ck_cmdbuf : ck::Counted {
   std::string error;
   // Set by the submit thread.
   uint32_t event_commands = 0;  // signals and waits among `commands` (each has a value slot)
+  size_t first_wait = SIZE_MAX;  // index of its first wait command (dispatches after it check the cancel word)
   cudaEvent_t done = nullptr;
   size_t ring_start = 0;  // its slice of the param ring (cancel word first)
   unsigned char *cancel_word = nullptr;  // device address of its cancel word: its ring slice's or its graph's area
