@@ -2,7 +2,7 @@
 // `dispatch()` with ggml's fixed steps (params, pipeline, slot 0, buffers 1.., geometry).
 import type { DType } from "../model/config.ts";
 import type { Binding, Buffer, CommandBuffer, Device, Dims } from "../shim.ts";
-import { packParams, type ParamStruct, type ParamValues } from "./params.ts";
+import { writeParams, type ParamStruct, type ParamValues } from "./params.ts";
 
 /** What an encode function needs: the device and the command buffer being recorded. */
 export interface EncodeContext {
@@ -48,9 +48,23 @@ export function dispatch<S extends ParamStruct>(
   grid: Dims,
   threadgroup: Dims,
 ): void {
-  const params = packParams(struct, values);
+  // Every backend copies the params when the dispatch is encoded, so one buffer per struct
+  // size serves every dispatch (no allocation per command).
+  const scratch = paramScratch(struct.size);
+  writeParams(struct, values, scratch.bytes, scratch.view);
   const pipeline = ctx.device.pipeline(kernel);
-  ctx.cb.dispatch(pipeline, grid, threadgroup, [null, ...buffers], params);
+  ctx.cb.dispatch(pipeline, grid, threadgroup, [null, ...buffers], scratch.bytes);
+}
+
+const scratchBySize = new Map<number, { bytes: Uint8Array; view: DataView }>();
+function paramScratch(size: number): { bytes: Uint8Array; view: DataView } {
+  let s = scratchBySize.get(size);
+  if (!s) {
+    const buffer = new ArrayBuffer(size);
+    s = { bytes: new Uint8Array(buffer), view: new DataView(buffer) };
+    scratchBySize.set(size, s);
+  }
+  return s;
 }
 
 /** One encode-commit-wait round trip, for tests and one-off transfers. */

@@ -42,6 +42,9 @@ export interface ParamStruct<F extends readonly FieldSpec[] = readonly FieldSpec
   readonly specs: F;
   readonly fields: readonly FieldLayout[];
   readonly size: number;
+  /** The fields packParams writes (not padding), and the padding it zeroes: split once here. */
+  readonly named: readonly FieldLayout[];
+  readonly padding: readonly FieldLayout[];
 }
 
 type FieldValue<F extends FieldSpec> = F extends { count: number }
@@ -85,7 +88,7 @@ export function defineParams<const F extends readonly FieldSpec[]>(name: string,
   }
   if (offset % maxAlign !== 0)
     throw new Error(`${cName}: size ${offset} is not a multiple of ${maxAlign}: add a trailing u32 padding field (_padN)`);
-  return { name, cName, doc, specs, fields, size: offset };
+  return { name, cName, doc, specs, fields, size: offset, named: fields.filter((f) => !isPadding(f.name)), padding: fields.filter((f) => isPadding(f.name)) };
 }
 
 const I32_MIN = -(2 ** 31);
@@ -134,21 +137,24 @@ export function packParams<S extends ParamStruct>(s: S, values: ParamValues<S>, 
   const arrayBuffer = out ? null : new ArrayBuffer(s.size);
   const bytes = out ?? new Uint8Array(arrayBuffer!);
   const view = arrayBuffer ? new DataView(arrayBuffer) : new DataView(bytes.buffer, bytes.byteOffset, s.size);
+  writeParams(s, values, bytes, view);
+  return bytes;
+}
+
+/**
+ * packParams into a buffer the caller reuses: `view` covers `bytes`. This runs for every
+ * dispatch of every step (encoding a 48-layer decode step packs ~900 structs), so it walks the
+ * fields split at definition and counts the keys without allocating.
+ */
+export function writeParams<S extends ParamStruct>(s: S, values: ParamValues<S>, bytes: Uint8Array, view: DataView): void {
   const record = values as Record<string, unknown>;
   const unknownKeys = () => {
     for (const key of Object.keys(record)) {
-      if (!s.fields.some((f) => f.name === key && !isPadding(f.name))) throw new Error(`${s.cName}: unknown field ${key}`);
+      if (!s.named.some((f) => f.name === key)) throw new Error(`${s.cName}: unknown field ${key}`);
     }
   };
-  // Unknown keys are looked for only when a field is missing or the key count is off (every
-  // named field present and as many keys: none is unknown); they are reported first.
-  let named = 0;
-  for (const f of s.fields) {
-    if (isPadding(f.name)) {
-      bytes.fill(0, f.offset, f.offset + f.bytes);
-      continue;
-    }
-    named++;
+  for (const f of s.padding) bytes.fill(0, f.offset, f.offset + f.bytes);
+  for (const f of s.named) {
     const value = record[f.name];
     if (value === undefined) {
       unknownKeys();
@@ -161,10 +167,12 @@ export function packParams<S extends ParamStruct>(s: S, values: ParamValues<S>, 
     if (!Array.isArray(value) || value.length !== f.count)
       throw new Error(`${s.cName}.${f.name}: expected an array of ${f.count} values`);
     const step = FIELD_BYTES[f.type];
-    value.forEach((v, i) => writeScalar(view, f.offset + i * step, f.type, v, s.cName, f.name, i));
+    for (let i = 0; i < value.length; i++) writeScalar(view, f.offset + i * step, f.type, value[i], s.cName, f.name, i);
   }
-  if (Object.keys(record).length !== named) unknownKeys();
-  return bytes;
+  // Every named field is present; any more keys are unknown ones.
+  let keys = 0;
+  for (const _ in record) keys++;
+  if (keys !== s.named.length) unknownKeys();
 }
 
 /** A family of param structs declared as plain data in its own file (no import cycle). */
