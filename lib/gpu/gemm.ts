@@ -1,0 +1,77 @@
+// Row-batch projections as tiled matrix products (kernels/gemm.metal): each weight tile is
+// unpacked once per GEMM_TILE.rows batch rows and multiplied on the matrix units through the
+// tile API (kernels/tile.h), with bf16 operands and f32 sums (docs/model.md, rule R7). The
+// matvec kernels stay the path for few rows (decode, verify batches): which one a projection
+// takes is `usesGemm`'s choice, by the row count.
+import type { DType } from "../model/config.ts";
+import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
+import { SIMD_WIDTH } from "./limits.ts";
+import { Params } from "./params.ts";
+import { checkRows, matrixShape } from "./projections.ts";
+
+/** Batch rows and output rows of a threadgroup's block, its K step and simdgroups (kernels/gemm.metal). */
+export const GEMM_TILE = { rows: 64, cols: 64, k: 32, simdgroups: 4 } as const;
+
+/**
+ * Rows from which a q4 projection takes the GEMM instead of the matvec: a placeholder until it
+ * is measured on the H200 (spec/bench/kernels.ts prints both at the model's shapes). Below it,
+ * and always at decode (one row), the matvec keeps f32 activations and its decode forms.
+ * CHERENKOV_GEMM_MIN_ROWS overrides it (tuning runs; tests that send tiny prompts through it).
+ */
+export const GEMM_MIN_ROWS = 32;
+
+const GEMM_KERNELS: Record<DType, string> = {
+  f32: "gemm_f32_f32",
+  bf16: "gemm_bf16_f32",
+  f16: "gemm_f16_f32",
+  q4: "gemm_q4_f32",
+};
+
+/** The row threshold in force: CHERENKOV_GEMM_MIN_ROWS when set (a positive integer), else GEMM_MIN_ROWS. */
+export function gemmMinRows(): number {
+  const env = process.env.CHERENKOV_GEMM_MIN_ROWS;
+  if (env === undefined || env === "") return GEMM_MIN_ROWS;
+  const n = Number(env);
+  if (!Number.isInteger(n) || n < 1) throw new RangeError(`CHERENKOV_GEMM_MIN_ROWS=${env}: expected a positive integer`);
+  return n;
+}
+
+/**
+ * Whether a projection of `nb` rows over weights of `dtype` takes the GEMM. Only q4: f32
+ * weights are the router's and the hyper-connections' (routing decisions and stream mixing
+ * stay in f32), and the engine's matrices are q4 otherwise.
+ */
+export function usesGemm(dtype: DType, nb: number, minRows = gemmMinRows()): boolean {
+  return dtype === "q4" && nb >= minRows;
+}
+
+export interface GemmOptions {
+  /** y += W x instead of y = W x. */
+  accumulate?: boolean;
+}
+
+/** Checks a GEMM's weight, input and row count; returns [out, in]. Any input width but q4's (32 per group). */
+function checkGemm(w: TensorRef, x: RowsRef, nb: number): [number, number] {
+  const [out, inDim] = matrixShape(w, "gemm");
+  checkRows(nb, "gemm");
+  if (w.dtype === "q4" && inDim % 32 !== 0) throw new Error(`gemm: a q4 weight [${out}, ${inDim}] needs an input width that is a multiple of 32`);
+  // Whole 16-column spans of x load as float4 (Metal wants those aligned); q4 reads 8-byte nibble runs.
+  if (x.offset % 16 !== 0 || x.stride % 16 !== 0)
+    throw new Error(`gemm: input offset ${x.offset} and row stride ${x.stride} must be multiples of 16 bytes`);
+  if (w.offset % 16 !== 0) throw new Error(`gemm: weight offset ${w.offset} must be a multiple of 16 bytes`);
+  return [out, inDim];
+}
+
+/** y[r] = W x[r] for r < nb through the tile API, any weight dtype (q4: input width a multiple of 32). */
+export function encodeGemm(ctx: EncodeContext, w: TensorRef, x: RowsRef, y: RowsRef, nb: number, opts: GemmOptions = {}): void {
+  const [out, inDim] = checkGemm(w, x, nb);
+  dispatch(
+    ctx,
+    GEMM_KERNELS[w.dtype],
+    Params.Gemm,
+    { rows: nb, in_dim: inDim, out_dim: out, accumulate: opts.accumulate ? 1 : 0, x_stride: x.stride, y_stride: y.stride },
+    [bind(w.buffer, w.offset), bind(x.buffer, x.offset), bind(y.buffer, y.offset)],
+    [Math.ceil(out / GEMM_TILE.cols), Math.ceil(nb / GEMM_TILE.rows)],
+    [SIMD_WIDTH * GEMM_TILE.simdgroups, 1],
+  );
+}
