@@ -82,16 +82,28 @@ inline uint gemm_bf16x2(float a, float b) {
   return uint(as_type<ushort>(bfloat(a))) | (uint(as_type<ushort>(bfloat(b))) << 16);
 }
 
-// Sixteen floats rounded to bf16 at dst (16-byte aligned), as two 16-byte stores.
-inline void gemm_store16(threadgroup bfloat* dst, thread const float* v) {
-  threadgroup uint4* d = (threadgroup uint4*)dst;
-  d[0] = uint4(gemm_bf16x2(v[0], v[1]), gemm_bf16x2(v[2], v[3]), gemm_bf16x2(v[4], v[5]), gemm_bf16x2(v[6], v[7]));
-  d[1] = uint4(gemm_bf16x2(v[8], v[9]), gemm_bf16x2(v[10], v[11]), gemm_bf16x2(v[12], v[13]), gemm_bf16x2(v[14], v[15]));
+// Sixteen floats rounded to bf16 at hi (16-byte aligned), as two 16-byte stores; with SPLIT
+// also what the rounding left, rounded to bf16, at lo (v = hi + lo to about 2^-17 of v).
+template <bool SPLIT>
+inline void gemm_store16(threadgroup bfloat* hi, threadgroup bfloat* lo, thread float* v) {
+  threadgroup uint4* h = (threadgroup uint4*)hi;
+  h[0] = uint4(gemm_bf16x2(v[0], v[1]), gemm_bf16x2(v[2], v[3]), gemm_bf16x2(v[4], v[5]), gemm_bf16x2(v[6], v[7]));
+  h[1] = uint4(gemm_bf16x2(v[8], v[9]), gemm_bf16x2(v[10], v[11]), gemm_bf16x2(v[12], v[13]), gemm_bf16x2(v[14], v[15]));
+  if (SPLIT) {
+    MV_UNROLL for (int i = 0; i < 16; i++) {
+      v[i] -= float(bfloat(v[i]));
+    }
+    threadgroup uint4* l = (threadgroup uint4*)lo;
+    l[0] = uint4(gemm_bf16x2(v[0], v[1]), gemm_bf16x2(v[2], v[3]), gemm_bf16x2(v[4], v[5]), gemm_bf16x2(v[6], v[7]));
+    l[1] = uint4(gemm_bf16x2(v[8], v[9]), gemm_bf16x2(v[10], v[11]), gemm_bf16x2(v[12], v[13]), gemm_bf16x2(v[14], v[15]));
+  }
 }
 
 // y[r] = W x[r] (+ y[r]): threadgroup (x, y) computes output rows [x * GEMM_BN, ...) of batch
-// rows [y * GEMM_BM, ...).
-template <typename T>
+// rows [y * GEMM_BM, ...). SPLIT (numeric rule R7): both operands as bf16 pairs hi + lo and
+// three tile products (hi hi, lo hi, hi lo) per step, about 2^-16 of each |w x|, close to the
+// f32 matvec; without it one bf16 product, 2^-8 of |w x|.
+template <typename T, bool SPLIT>
 [[max_total_threads_per_threadgroup(128)]] kernel void gemm(
     constant GemmParams& p [[buffer(0)]],
     device const uchar* w  [[buffer(1)]],
@@ -101,12 +113,15 @@ template <typename T>
     ushort tid             [[thread_index_in_threadgroup]],
     ushort sg              [[simdgroup_index_in_threadgroup]],
     ushort lane            [[thread_index_in_simdgroup]]) {
-  // Operand tiles as uint4 storage (16-byte aligned for gemm_store16), used as bf16.
-  threadgroup uint4 xs4[GEMM_BM * GEMM_LD / 8];
-  threadgroup uint4 ws4[GEMM_BN * GEMM_LD / 8];
+  // Operand tiles (hi, then lo when SPLIT) as uint4 storage (16-byte aligned for
+  // gemm_store16), used as bf16.
+  threadgroup uint4 xs4[(SPLIT ? 2 : 1) * GEMM_BM * GEMM_LD / 8];
+  threadgroup uint4 ws4[(SPLIT ? 2 : 1) * GEMM_BN * GEMM_LD / 8];
   threadgroup float staged[GEMM_SG * TILE * TILE];
   threadgroup bfloat* xs = (threadgroup bfloat*)xs4;
   threadgroup bfloat* ws = (threadgroup bfloat*)ws4;
+  threadgroup bfloat* xs_lo = xs + (SPLIT ? GEMM_BM * GEMM_LD : 0);
+  threadgroup bfloat* ws_lo = ws + (SPLIT ? GEMM_BN * GEMM_LD : 0);
   const int n0 = int(tg.x) * GEMM_BN;
   const int m0 = int(tg.y) * GEMM_BM;
   const int lr = int(tid) / 2;          // the operand row this thread loads
@@ -123,9 +138,9 @@ template <typename T>
   for (int k0 = 0; k0 < p.in_dim; k0 += GEMM_BK) {
     float v[16];
     gemm_load_x16(x, p.x_stride, p.rows, p.in_dim, m0 + lr, k0 + lc, v);
-    gemm_store16(xs + lr * GEMM_LD + lc, v);
+    gemm_store16<SPLIT>(xs + lr * GEMM_LD + lc, xs_lo + lr * GEMM_LD + lc, v);
     GemmWeights<T>::load16(w, p.in_dim, p.out_dim, n0 + lr, k0 + lc, v);
-    gemm_store16(ws + lr * GEMM_LD + lc, v);
+    gemm_store16<SPLIT>(ws + lr * GEMM_LD + lc, ws_lo + lr * GEMM_LD + lc, v);
     threadgroup_barrier(mem_flags::mem_threadgroup);
     MV_UNROLL for (int kk = 0; kk < GEMM_BK; kk += TILE) {
       TileA a[2];
@@ -133,6 +148,21 @@ template <typename T>
       MV_UNROLL for (int i = 0; i < 2; i++) {
         tile_load_a(a[i], xs + (sm + i * TILE) * GEMM_LD + kk, GEMM_LD, lane);
         tile_load_bt(b[i], ws + (sn + i * TILE) * GEMM_LD + kk, GEMM_LD, lane);
+      }
+      if (SPLIT) {
+        // The small terms first: lo x hi_w, then hi x lo_w (each needs the other's hi).
+        TileA a_lo[2];
+        TileB b_lo[2];
+        MV_UNROLL for (int i = 0; i < 2; i++) {
+          tile_load_a(a_lo[i], xs_lo + (sm + i * TILE) * GEMM_LD + kk, GEMM_LD, lane);
+          tile_load_bt(b_lo[i], ws_lo + (sn + i * TILE) * GEMM_LD + kk, GEMM_LD, lane);
+        }
+        MV_UNROLL for (int i = 0; i < 2; i++) {
+          MV_UNROLL for (int j = 0; j < 2; j++) {
+            tile_mma(c[i][j], a_lo[i], b[j]);
+            tile_mma(c[i][j], a[i], b_lo[j]);
+          }
+        }
       }
       MV_UNROLL for (int i = 0; i < 2; i++) {
         MV_UNROLL for (int j = 0; j < 2; j++) {
@@ -165,7 +195,11 @@ template <typename T>
   }
 }
 
-template [[host_name("gemm_f32_f32")]] kernel decltype(gemm<float>) gemm<float>;
-template [[host_name("gemm_bf16_f32")]] kernel decltype(gemm<bfloat>) gemm<bfloat>;
-template [[host_name("gemm_f16_f32")]] kernel decltype(gemm<half>) gemm<half>;
-template [[host_name("gemm_q4_f32")]] kernel decltype(gemm<uchar>) gemm<uchar>;
+template [[host_name("gemm_f32_f32")]] kernel decltype(gemm<float, true>) gemm<float, true>;
+template [[host_name("gemm_bf16_f32")]] kernel decltype(gemm<bfloat, true>) gemm<bfloat, true>;
+template [[host_name("gemm_f16_f32")]] kernel decltype(gemm<half, true>) gemm<half, true>;
+template [[host_name("gemm_q4_f32")]] kernel decltype(gemm<uchar, true>) gemm<uchar, true>;
+// One bf16 product per step (2^-8 of |w x|): the tile API's own precision, for its tests and
+// for measuring what the split costs.
+template [[host_name("gemm_plain_f32_f32")]] kernel decltype(gemm<float, false>) gemm<float, false>;
+template [[host_name("gemm_plain_q4_f32")]] kernel decltype(gemm<uchar, false>) gemm<uchar, false>;

@@ -1,6 +1,7 @@
 // Row-batch projections as tiled matrix products (kernels/gemm.metal): each weight tile is
 // unpacked once per GEMM_TILE.rows batch rows and multiplied on the matrix units through the
-// tile API (kernels/tile.h), with bf16 operands and f32 sums (docs/model.md, rule R7). The
+// tile API (kernels/tile.h): bf16 operands split in hi + lo pairs, three products, f32 sums
+// (docs/model.md, rule R7: about 2^-16 of |w x|, close to the f32 matvec). The
 // matvec kernels stay the path for few rows (decode, verify batches): which one a projection
 // takes is `usesGemm`'s choice, by the row count.
 import type { DType } from "../model/config.ts";
@@ -27,6 +28,12 @@ const GEMM_KERNELS: Record<DType, string> = {
   q4: "gemm_q4_f32",
 };
 
+/** The one-product forms (plain bf16 operands, 2^-8 of |w x|): the tile API's own precision. */
+const GEMM_PLAIN_KERNELS: Partial<Record<DType, string>> = {
+  f32: "gemm_plain_f32_f32",
+  q4: "gemm_plain_q4_f32",
+};
+
 /** The row threshold in force: CHERENKOV_GEMM_MIN_ROWS when set (a positive integer), else GEMM_MIN_ROWS. */
 export function gemmMinRows(): number {
   const env = process.env.CHERENKOV_GEMM_MIN_ROWS;
@@ -48,6 +55,12 @@ export function usesGemm(dtype: DType, nb: number, minRows = gemmMinRows()): boo
 export interface GemmOptions {
   /** y += W x instead of y = W x. */
   accumulate?: boolean;
+  /**
+   * "split" (default): operands as bf16 hi + lo pairs, three tile products per step (rule R7).
+   * "plain": one bf16 product (f32 and q4 weights only): faster, 2^-8 of |w x|; too coarse for
+   * the engine (it moved the tiny goldens' logit margins by 1.6e-2), kept for tests and benches.
+   */
+  precision?: "split" | "plain";
 }
 
 /** Checks a GEMM's weight, input and row count; returns [out, in]. Any input width but q4's (32 per group). */
@@ -65,9 +78,12 @@ function checkGemm(w: TensorRef, x: RowsRef, nb: number): [number, number] {
 /** y[r] = W x[r] for r < nb through the tile API, any weight dtype (q4: input width a multiple of 32). */
 export function encodeGemm(ctx: EncodeContext, w: TensorRef, x: RowsRef, y: RowsRef, nb: number, opts: GemmOptions = {}): void {
   const [out, inDim] = checkGemm(w, x, nb);
+  const plain = opts.precision === "plain";
+  const kernel = plain ? GEMM_PLAIN_KERNELS[w.dtype] : GEMM_KERNELS[w.dtype];
+  if (!kernel) throw new Error(`gemm: no plain-precision kernel for ${w.dtype} weights (f32 and q4 have one)`);
   dispatch(
     ctx,
-    GEMM_KERNELS[w.dtype],
+    kernel,
     Params.Gemm,
     { rows: nb, in_dim: inDim, out_dim: out, accumulate: opts.accumulate ? 1 : 0, x_stride: x.stride, y_stride: y.stride },
     [bind(w.buffer, w.offset), bind(x.buffer, x.offset), bind(y.buffer, y.offset)],

@@ -1,11 +1,13 @@
 // The tile API (kernels/tile.h) and the tiled projections built on it (kernels/gemm.metal), on
 // whichever backend CHERENKOV_BACKEND selects (cpu by default; the same file runs on cuda).
-//  - gemm_f32_f32 at odd sizes (tails in every dimension) against a reference that rounds
-//    both operands to bf16 first: then only f32 summation order differs, so a misplaced
-//    element of a fragment fails by far more than the tolerance; and against the unrounded
-//    reference within the bf16 operand bound.
+//  - gemm_plain_f32_f32 (one bf16 tile product per step) at odd sizes (tails in every
+//    dimension) against a reference that rounds both operands to bf16 first: then only f32
+//    summation order differs, so a misplaced element of a fragment fails by far more than the
+//    tolerance; and against the unrounded reference within the bf16 operand bound.
+//  - gemm_f32_f32 (split operands, three products: numeric rule R7) at the same sizes against
+//    the f32 reference within the split bound, 64 times tighter than bf16's.
 //  - gemm_q4_f32 at nb = 1, 7, 32, 100 against lib/reference on the dequantized weights and
-//    against the matvec kernel, within the bf16 operand bound (numeric rule R7).
+//    against the matvec kernel, within the split bound; gemm_plain_q4_f32 within bf16's.
 import { afterAll, describe, expect, test } from "bun:test";
 
 import { encodeGemm, GEMM_MIN_ROWS, gemmMinRows, usesGemm } from "../../lib/gpu/gemm.ts";
@@ -71,6 +73,11 @@ function expectWithinScale(got: Float32Array, want: Float32Array, scale: Float64
 
 /** The bf16 operand bound of rule R7, with room for f32 summation of up to a few thousand terms. */
 const BF16_PRODUCT = 2 ** -8 + 1e-5;
+/**
+ * The split bound of rule R7: x = hi + lo to 2^-17 of x (each a bf16), the lo lo product left
+ * out (2^-18), so about 2^-16 of |w x| per product; plus f32 summation.
+ */
+const SPLIT_PRODUCT = 2 ** -15 + 1e-5;
 
 /** Reads an output of rows `pitch(out)` floats apart back as [nb][out]. */
 function readRows(y: Buffer, nb: number, out: number): Float32Array {
@@ -81,7 +88,7 @@ function readRows(y: Buffer, nb: number, out: number): Float32Array {
   return r;
 }
 
-function runGemm(dtype: DType, nb: number, out: number, inDim: number, seed: number, accumulateOnto?: Float32Array) {
+function runGemm(dtype: DType, nb: number, out: number, inDim: number, seed: number, accumulateOnto?: Float32Array, precision: "split" | "plain" = "split") {
   const { ref, host } = uploadWeight(dev, dtype, [out, inDim], seed);
   const x = randomF32(nb * inDim, seed + 1, 1, `gemm-x-${dtype}`);
   const xb = uploadRows(x, nb, inDim);
@@ -96,12 +103,13 @@ function runGemm(dtype: DType, nb: number, out: number, inDim: number, seed: num
   run(dev, (ctx) =>
     encodeGemm(ctx, ref, { buffer: xb, offset: 0, stride: pitch(inDim) * 4 }, { buffer: y, offset: 0, stride: pitch(out) * 4 }, nb, {
       accumulate: accumulateOnto !== undefined,
+      precision,
     }),
   );
   return { ref, host, x, xb, y, got: readRows(y, nb, out) };
 }
 
-describe("tile API: gemm_f32_f32 (f32 operands rounded to bf16, f32 sums)", () => {
+describe("tile API: gemm_plain_f32_f32 and gemm_f32_f32", () => {
   // [nb, out, in]: one element; under one tile; exact threadgroup blocks; tails everywhere.
   const SHAPES: [number, number, number][] = [
     [1, 1, 1],
@@ -112,15 +120,21 @@ describe("tile API: gemm_f32_f32 (f32 operands rounded to bf16, f32 sums)", () =
     [65, 129, 97],
     [100, 33, 200],
   ];
-  test.each(SHAPES)("nb %i, out %i, in %i", (nb, out, inDim) => {
-    const { host, x, y, got } = runGemm("f32", nb, out, inDim, 3 * nb + out);
+  test.each(SHAPES)("plain: nb %i, out %i, in %i", (nb, out, inDim) => {
+    const { host, x, y, got } = runGemm("f32", nb, out, inDim, 3 * nb + out, undefined, "plain");
     const wr = toBf16(host.values);
     const xr = toBf16(x);
     // Same bf16 operands: only the order of f32 sums differs (values in [-1, 1)).
-    expectClose(got, matmulRows(wr, xr, nb, out, inDim), { abs: 4e-7 * inDim }, `gemm_f32_f32 ${nb}x${out}x${inDim} (bf16 operands)`, out);
+    expectClose(got, matmulRows(wr, xr, nb, out, inDim), { abs: 4e-7 * inDim }, `gemm_plain_f32_f32 ${nb}x${out}x${inDim} (bf16 operands)`, out);
     // Against the f32 operands: the bf16 bound.
-    expectWithinScale(got, matmulRows(host.values, x, nb, out, inDim), absDots(host.values, x, nb, out, inDim), BF16_PRODUCT, `gemm_f32_f32 ${nb}x${out}x${inDim}`, out);
+    expectWithinScale(got, matmulRows(host.values, x, nb, out, inDim), absDots(host.values, x, nb, out, inDim), BF16_PRODUCT, `gemm_plain_f32_f32 ${nb}x${out}x${inDim}`, out);
     // Rows past nb untouched (the buffer has exactly nb rows plus a NaN guard).
+    expectGuard(y, nb * pitch(out));
+  });
+
+  test.each(SHAPES)("split: nb %i, out %i, in %i", (nb, out, inDim) => {
+    const { host, x, y, got } = runGemm("f32", nb, out, inDim, 3 * nb + out);
+    expectWithinScale(got, matmulRows(host.values, x, nb, out, inDim), absDots(host.values, x, nb, out, inDim), SPLIT_PRODUCT, `gemm_f32_f32 ${nb}x${out}x${inDim}`, out);
     expectGuard(y, nb * pitch(out));
   });
 
@@ -139,16 +153,16 @@ describe("tile API: gemm_f32_f32 (f32 operands rounded to bf16, f32 sums)", () =
   test("accumulates into y", () => {
     const [nb, out, inDim] = [9, 21, 40];
     const y0 = randomF32(nb * out, 4, 1, "gemm-acc-y");
-    const { host, x, got } = runGemm("f32", nb, out, inDim, 5, y0);
+    const { host, x, got } = runGemm("f32", nb, out, inDim, 5, y0, "plain");
     const want = matmulRows(toBf16(host.values), toBf16(x), nb, out, inDim).map((v, i) => v + y0[i]!);
-    expectClose(got, want, { abs: 4e-7 * inDim + 1e-6 }, "gemm_f32_f32 accumulate", out);
+    expectClose(got, want, { abs: 4e-7 * inDim + 1e-6 }, "gemm_plain_f32_f32 accumulate", out);
   });
 
   test("bf16 and f16 weights", () => {
     for (const dtype of ["bf16", "f16"] as const) {
       const [nb, out, inDim] = [33, 40, 72];
       const { host, x, got } = runGemm(dtype, nb, out, inDim, 8);
-      expectWithinScale(got, matmulRows(host.values, x, nb, out, inDim), absDots(host.values, x, nb, out, inDim), BF16_PRODUCT, `gemm_${dtype}_f32`, out);
+      expectWithinScale(got, matmulRows(host.values, x, nb, out, inDim), absDots(host.values, x, nb, out, inDim), SPLIT_PRODUCT, `gemm_${dtype}_f32`, out);
     }
   });
 });
@@ -159,10 +173,21 @@ describe("gemm_q4_f32 (q4 weight tiles dequantized in threadgroup memory)", () =
   test.each([1, 7, 32, 100])("nb = %i: the reference and the matvec kernel", (nb) => {
     const { ref, host, x, xb, got } = runGemm("q4", nb, out, inDim, 40 + nb);
     const scale = absDots(host.values, x, nb, out, inDim);
-    expectWithinScale(got, matmulRows(host.values, x, nb, out, inDim), scale, BF16_PRODUCT, `gemm_q4_f32 nb=${nb} vs reference`, out);
+    const want = matmulRows(host.values, x, nb, out, inDim);
+    expectWithinScale(got, want, scale, SPLIT_PRODUCT, `gemm_q4_f32 nb=${nb} vs reference`, out);
     const mv = outputF32(dev, nb * pitch(out));
     run(dev, (ctx) => encodeMatvec(ctx, ref, { buffer: xb, offset: 0, stride: pitch(inDim) * 4 }, { buffer: mv, offset: 0, stride: pitch(out) * 4 }, nb, { form: "rows" }));
-    expectWithinScale(got, readRows(mv, nb, out), scale, BF16_PRODUCT, `gemm_q4_f32 nb=${nb} vs matvec_q4_f32`, out);
+    expectWithinScale(got, readRows(mv, nb, out), scale, SPLIT_PRODUCT, `gemm_q4_f32 nb=${nb} vs matvec_q4_f32`, out);
+    const plain = runGemm("q4", nb, out, inDim, 40 + nb, undefined, "plain").got;
+    expectWithinScale(plain, want, scale, BF16_PRODUCT, `gemm_plain_q4_f32 nb=${nb} vs reference`, out);
+  });
+
+  test("the split bound is sharp: the plain (one bf16 product) form falls outside it", () => {
+    const nb = 32;
+    const { host, x, got } = runGemm("q4", nb, out, inDim, 72, undefined, "plain");
+    expect(() =>
+      expectWithinScale(got, matmulRows(host.values, x, nb, out, inDim), absDots(host.values, x, nb, out, inDim), SPLIT_PRODUCT, "plain vs split bound", out),
+    ).toThrow(/off by more than/);
   });
 
   test("reads and writes rows at offsets and strides inside larger buffers", () => {
