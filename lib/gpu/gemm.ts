@@ -14,10 +14,13 @@ import { checkRows, matrixShape } from "./projections.ts";
 export const GEMM_TILE = { rows: 64, cols: 64, k: 32, simdgroups: 4 } as const;
 
 /**
- * Rows from which a q4 projection takes the GEMM instead of the matvec: a placeholder until it
- * is measured on the H200 (spec/bench/kernels.ts prints both at the model's shapes). Below it,
- * and always at decode (one row), the matvec keeps f32 activations and its decode forms.
- * CHERENKOV_GEMM_MIN_ROWS overrides it (tuning runs; tests that send tiny prompts through it).
+ * Rows from which a q4 projection takes the GEMM instead of the matvec on a GPU: a placeholder
+ * until it is measured on the H200 (spec/bench/kernels.ts prints both at the model's shapes).
+ * Below it, and always at decode (one row), the matvec keeps f32 activations and its decode
+ * forms. The CPU backend keeps the matvec at every row count: it emulates a tile product with
+ * two lane exchanges (fiber switches), and measured 3-8x slower than its matvec at the small
+ * preset's shapes. CHERENKOV_GEMM_MIN_ROWS overrides both (tuning runs; tests that send tiny
+ * prompts through the GEMM).
  */
 export const GEMM_MIN_ROWS = 32;
 
@@ -34,21 +37,24 @@ const GEMM_PLAIN_KERNELS: Partial<Record<DType, string>> = {
   q4: "gemm_plain_q4_f32",
 };
 
-/** The row threshold in force: CHERENKOV_GEMM_MIN_ROWS when set (a positive integer), else GEMM_MIN_ROWS. */
-export function gemmMinRows(): number {
+/**
+ * The row threshold in force on `backend`: CHERENKOV_GEMM_MIN_ROWS when set (a positive
+ * integer), else GEMM_MIN_ROWS on a GPU and never (Infinity) on the CPU backend.
+ */
+export function gemmMinRows(backend: string): number {
   const env = process.env.CHERENKOV_GEMM_MIN_ROWS;
-  if (env === undefined || env === "") return GEMM_MIN_ROWS;
+  if (env === undefined || env === "") return backend === "cpu" ? Infinity : GEMM_MIN_ROWS;
   const n = Number(env);
   if (!Number.isInteger(n) || n < 1) throw new RangeError(`CHERENKOV_GEMM_MIN_ROWS=${env}: expected a positive integer`);
   return n;
 }
 
 /**
- * Whether a projection of `nb` rows over weights of `dtype` takes the GEMM. Only q4: f32
- * weights are the router's and the hyper-connections' (routing decisions and stream mixing
- * stay in f32), and the engine's matrices are q4 otherwise.
+ * Whether a projection of `nb` rows over weights of `dtype` takes the GEMM, at a threshold of
+ * `minRows` (gemmMinRows). Only q4: f32 weights are the router's and the hyper-connections'
+ * (routing decisions and stream mixing stay in f32), and the engine's matrices are q4 otherwise.
  */
-export function usesGemm(dtype: DType, nb: number, minRows = gemmMinRows()): boolean {
+export function usesGemm(dtype: DType, nb: number, minRows: number): boolean {
   return dtype === "q4" && nb >= minRows;
 }
 

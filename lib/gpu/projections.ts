@@ -5,7 +5,7 @@
 import type { DType } from "../model/config.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { MAX_NB, SIMD_WIDTH } from "./limits.ts";
-import { encodeGemm, usesGemm } from "./gemm.ts";
+import { encodeGemm, gemmMinRows, usesGemm } from "./gemm.ts";
 import { Params } from "./params.ts";
 
 /** Output rows per simdgroup, batch rows per pass and simdgroups per threadgroup (kernels/matvec.h). */
@@ -22,6 +22,8 @@ export interface MatvecOptions {
    * split for narrow weights on a GPU (see `prefersSplit`), rows otherwise.
    */
   form?: "rows" | "split";
+  /** false: the matvec whatever the row count (benches that measure it); default: usesGemm decides. */
+  gemm?: boolean;
 }
 
 /**
@@ -98,7 +100,7 @@ function checkProjection(w: TensorRef, x: RowsRef, nb: number, what: string): [n
 /**
  * y[r] = W x[r] for r < nb. The input width must be a multiple of 4 (32 for q4). A q4 weight
  * over enough rows (usesGemm: prefill chunks) goes to the tiled GEMM instead (lib/gpu/gemm.ts),
- * unless the caller picked a matvec form or row split.
+ * unless the caller picked a matvec form or row split, or gemm: false.
  */
 export function encodeMatvec(
   ctx: EncodeContext,
@@ -108,7 +110,7 @@ export function encodeMatvec(
   nb: number,
   opts: MatvecOptions = {},
 ): void {
-  if (opts.form === undefined && opts.rowsPerGroup === undefined && usesGemm(w.dtype, nb)) {
+  if (opts.gemm !== false && opts.form === undefined && opts.rowsPerGroup === undefined && usesGemm(w.dtype, nb, gemmMinRows(ctx.device.backend))) {
     encodeGemm(ctx, w, x, y, nb, { accumulate: opts.accumulate });
     return;
   }
@@ -152,7 +154,8 @@ export interface Projection {
  * Rows enough for the GEMM (usesGemm) send each q4 projection to it instead.
  */
 export function encodeMatvecs(ctx: EncodeContext, items: readonly Projection[], x: RowsRef, nb: number): void {
-  if (items.length > 0 && items.every((it) => usesGemm(it.w.dtype, nb))) {
+  const minRows = gemmMinRows(ctx.device.backend);
+  if (items.length > 0 && items.every((it) => usesGemm(it.w.dtype, nb, minRows))) {
     for (const it of items) encodeMatvec(ctx, it.w, x, it.y, nb);
     return;
   }

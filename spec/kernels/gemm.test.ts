@@ -230,44 +230,58 @@ describe("GEMM or matvec by row count", () => {
     expect(usesGemm("bf16", 1024, 1)).toBe(false);
   });
 
-  test("CHERENKOV_GEMM_MIN_ROWS overrides the threshold; a bad value is refused by name", () => {
+  test("GEMM_MIN_ROWS on a GPU, never on the CPU backend; CHERENKOV_GEMM_MIN_ROWS overrides both; a bad value is refused by name", () => {
     const saved = process.env.CHERENKOV_GEMM_MIN_ROWS;
     try {
       delete process.env.CHERENKOV_GEMM_MIN_ROWS;
-      expect(gemmMinRows()).toBe(GEMM_MIN_ROWS);
+      expect(gemmMinRows("cuda")).toBe(GEMM_MIN_ROWS);
+      expect(gemmMinRows("metal")).toBe(GEMM_MIN_ROWS);
+      expect(gemmMinRows("cpu")).toBe(Infinity);
       process.env.CHERENKOV_GEMM_MIN_ROWS = "7";
-      expect(gemmMinRows()).toBe(7);
+      expect(gemmMinRows("cuda")).toBe(7);
+      expect(gemmMinRows("cpu")).toBe(7);
       process.env.CHERENKOV_GEMM_MIN_ROWS = "0";
-      expect(() => gemmMinRows()).toThrow(/CHERENKOV_GEMM_MIN_ROWS=0/);
+      expect(() => gemmMinRows("cuda")).toThrow(/CHERENKOV_GEMM_MIN_ROWS=0/);
     } finally {
       if (saved === undefined) delete process.env.CHERENKOV_GEMM_MIN_ROWS;
       else process.env.CHERENKOV_GEMM_MIN_ROWS = saved;
     }
   });
 
-  test("encodeMatvec sends a q4 projection of enough rows to the GEMM: its results carry the bf16 rounding", () => {
-    // The GEMM's result differs from the f32 matvec's (forced with form: "rows") by the bf16
-    // operand rounding, far more than f32 summation order: which path ran is visible.
-    const nb = Math.max(GEMM_MIN_ROWS, 2);
+  test("encodeMatvec sends a q4 projection of at least the threshold's rows to the GEMM (and gemm: false keeps the matvec)", () => {
+    // The GEMM's result differs from the f32 matvec's in its last bits (split operands, another
+    // summation order): which path ran is visible.
+    const nb = 5;
     const [out, inDim] = [24, 96];
     const { ref } = uploadWeight(dev, "q4", [out, inDim], 12);
     const xb = uploadF32(dev, randomF32(nb * inDim, 13));
     const auto = outputF32(dev, nb * out);
     const viaGemm = outputF32(dev, nb * out);
     const viaMatvec = outputF32(dev, nb * out);
+    const below = outputF32(dev, nb * out);
+    const optedOut = outputF32(dev, nb * out);
     const saved = process.env.CHERENKOV_GEMM_MIN_ROWS;
-    delete process.env.CHERENKOV_GEMM_MIN_ROWS;
+    const x = { buffer: xb, offset: 0, stride: inDim * 4 };
+    const at = (b: Buffer) => ({ buffer: b, offset: 0, stride: out * 4 });
     try {
+      process.env.CHERENKOV_GEMM_MIN_ROWS = String(nb);
       run(dev, (ctx) => {
-        const x = { buffer: xb, offset: 0, stride: inDim * 4 };
-        encodeMatvec(ctx, ref, x, { buffer: auto, offset: 0, stride: out * 4 }, nb);
-        encodeGemm(ctx, ref, x, { buffer: viaGemm, offset: 0, stride: out * 4 }, nb);
-        encodeMatvec(ctx, ref, x, { buffer: viaMatvec, offset: 0, stride: out * 4 }, nb, { form: "rows" });
+        encodeMatvec(ctx, ref, x, at(auto), nb);
+        encodeGemm(ctx, ref, x, at(viaGemm), nb);
+        encodeMatvec(ctx, ref, x, at(viaMatvec), nb, { form: "rows" });
+        encodeMatvec(ctx, ref, x, at(optedOut), nb, { gemm: false });
       });
+      process.env.CHERENKOV_GEMM_MIN_ROWS = String(nb + 1);
+      run(dev, (ctx) => encodeMatvec(ctx, ref, x, at(below), nb));
     } finally {
-      if (saved !== undefined) process.env.CHERENKOV_GEMM_MIN_ROWS = saved;
+      if (saved === undefined) delete process.env.CHERENKOV_GEMM_MIN_ROWS;
+      else process.env.CHERENKOV_GEMM_MIN_ROWS = saved;
     }
-    expect(Array.from(readF32(auto, nb * out))).toEqual(Array.from(readF32(viaGemm, nb * out)));
-    expect(Array.from(readF32(auto, nb * out))).not.toEqual(Array.from(readF32(viaMatvec, nb * out)));
+    const values = (b: Buffer) => Array.from(readF32(b, nb * out));
+    expect(values(auto)).toEqual(values(viaGemm));
+    expect(values(auto)).not.toEqual(values(viaMatvec));
+    // Below the threshold, or opted out: the matvec in its default form (the same kernel both times).
+    expect(values(below)).toEqual(values(optedOut));
+    expect(values(below)).not.toEqual(values(viaGemm));
   });
 });
