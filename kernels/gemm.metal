@@ -60,11 +60,12 @@ struct GemmWeights<uchar> {
   }
 };
 
-// Sixteen floats of x row r from column k; rows past `rows` and columns past in_dim are 0.
-// Rows start 16-byte aligned (the host checks), so whole spans load as float4.
-inline void gemm_load_x16(device const uchar* x, ulong x_stride, int rows, int in_dim, int r, int k, thread float* v) {
-  device const float* xr = (device const float*)(x + ulong(min(r, rows - 1)) * x_stride) + k;
-  if (r < rows && k + 16 <= in_dim) {
+// Sixteen floats of an x row (xr: its first float) from column k; 0 past in_dim, or all 0
+// when the row does not exist (!valid: xr then points at a row that does, never read). Rows
+// start 16-byte aligned (the host checks), so whole spans load as float4.
+inline void gemm_load_x16(device const float* xr, bool valid, int in_dim, int k, thread float* v) {
+  xr += k;
+  if (valid && k + 16 <= in_dim) {
     MV_UNROLL for (int q = 0; q < 4; q++) {
       float4 f = ((device const float4*)xr)[q];
       MV_UNROLL for (int e = 0; e < 4; e++) {
@@ -73,7 +74,7 @@ inline void gemm_load_x16(device const uchar* x, ulong x_stride, int rows, int i
     }
   } else {
     MV_UNROLL for (int i = 0; i < 16; i++) {
-      v[i] = r < rows && k + i < in_dim ? xr[i] : 0.0f;
+      v[i] = valid && k + i < in_dim ? xr[i] : 0.0f;
     }
   }
 }
@@ -96,6 +97,41 @@ inline void gemm_store16(threadgroup bfloat* hi, threadgroup bfloat* lo, thread 
     threadgroup uint4* l = (threadgroup uint4*)lo;
     l[0] = uint4(gemm_bf16x2(v[0], v[1]), gemm_bf16x2(v[2], v[3]), gemm_bf16x2(v[4], v[5]), gemm_bf16x2(v[6], v[7]));
     l[1] = uint4(gemm_bf16x2(v[8], v[9]), gemm_bf16x2(v[10], v[11]), gemm_bf16x2(v[12], v[13]), gemm_bf16x2(v[14], v[15]));
+  }
+}
+
+// One K step's products for a simdgroup: its 2 x 2 tiles c[2 i + j] += A_i B_j, A_i the 16 x
+// rows from a_row0 + 16 i, B_j the 16 weight rows from b_row0 + b_step j (of the operand tiles,
+// GEMM_LD apart). SPLIT: hi hi + lo hi + hi lo, the small terms first.
+template <bool SPLIT>
+inline void gemm_step(threadgroup const bfloat* xs, threadgroup const bfloat* xs_lo, threadgroup const bfloat* ws,
+                      threadgroup const bfloat* ws_lo, int a_row0, int b_row0, int b_step, thread TileC* c, ushort lane) {
+  MV_UNROLL for (int kk = 0; kk < GEMM_BK; kk += TILE) {
+    TileA a[2];
+    TileB b[2];
+    MV_UNROLL for (int i = 0; i < 2; i++) {
+      tile_load_a(a[i], xs + (a_row0 + i * TILE) * GEMM_LD + kk, GEMM_LD, lane);
+      tile_load_bt(b[i], ws + (b_row0 + i * b_step) * GEMM_LD + kk, GEMM_LD, lane);
+    }
+    if (SPLIT) {
+      TileA a_lo[2];
+      TileB b_lo[2];
+      MV_UNROLL for (int i = 0; i < 2; i++) {
+        tile_load_a(a_lo[i], xs_lo + (a_row0 + i * TILE) * GEMM_LD + kk, GEMM_LD, lane);
+        tile_load_bt(b_lo[i], ws_lo + (b_row0 + i * b_step) * GEMM_LD + kk, GEMM_LD, lane);
+      }
+      MV_UNROLL for (int i = 0; i < 2; i++) {
+        MV_UNROLL for (int j = 0; j < 2; j++) {
+          tile_mma(c[2 * i + j], a_lo[i], b[j]);
+          tile_mma(c[2 * i + j], a[i], b_lo[j]);
+        }
+      }
+    }
+    MV_UNROLL for (int i = 0; i < 2; i++) {
+      MV_UNROLL for (int j = 0; j < 2; j++) {
+        tile_mma(c[2 * i + j], a[i], b[j]);
+      }
+    }
   }
 }
 
@@ -129,47 +165,20 @@ template <typename T, bool SPLIT>
   const int sm = (int(sg) / 2) * 32;    // this simdgroup's 32 x 32 of the block
   const int sn = (int(sg) % 2) * 32;
 
-  TileC c[2][2];
-  MV_UNROLL for (int i = 0; i < 2; i++) {
-    MV_UNROLL for (int j = 0; j < 2; j++) {
-      tile_clear(c[i][j]);
-    }
+  TileC c[4];
+  MV_UNROLL for (int t = 0; t < 4; t++) {
+    tile_clear(c[t]);
   }
+  const int xr = min(m0 + lr, p.rows - 1);
+  device const float* xrow = (device const float*)(x + ulong(xr) * p.x_stride);
   for (int k0 = 0; k0 < p.in_dim; k0 += GEMM_BK) {
     float v[16];
-    gemm_load_x16(x, p.x_stride, p.rows, p.in_dim, m0 + lr, k0 + lc, v);
+    gemm_load_x16(xrow, m0 + lr < p.rows, p.in_dim, k0 + lc, v);
     gemm_store16<SPLIT>(xs + lr * GEMM_LD + lc, xs_lo + lr * GEMM_LD + lc, v);
     GemmWeights<T>::load16(w, p.in_dim, p.out_dim, n0 + lr, k0 + lc, v);
     gemm_store16<SPLIT>(ws + lr * GEMM_LD + lc, ws_lo + lr * GEMM_LD + lc, v);
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    MV_UNROLL for (int kk = 0; kk < GEMM_BK; kk += TILE) {
-      TileA a[2];
-      TileB b[2];
-      MV_UNROLL for (int i = 0; i < 2; i++) {
-        tile_load_a(a[i], xs + (sm + i * TILE) * GEMM_LD + kk, GEMM_LD, lane);
-        tile_load_bt(b[i], ws + (sn + i * TILE) * GEMM_LD + kk, GEMM_LD, lane);
-      }
-      if (SPLIT) {
-        // The small terms first: lo x hi_w, then hi x lo_w (each needs the other's hi).
-        TileA a_lo[2];
-        TileB b_lo[2];
-        MV_UNROLL for (int i = 0; i < 2; i++) {
-          tile_load_a(a_lo[i], xs_lo + (sm + i * TILE) * GEMM_LD + kk, GEMM_LD, lane);
-          tile_load_bt(b_lo[i], ws_lo + (sn + i * TILE) * GEMM_LD + kk, GEMM_LD, lane);
-        }
-        MV_UNROLL for (int i = 0; i < 2; i++) {
-          MV_UNROLL for (int j = 0; j < 2; j++) {
-            tile_mma(c[i][j], a_lo[i], b[j]);
-            tile_mma(c[i][j], a[i], b_lo[j]);
-          }
-        }
-      }
-      MV_UNROLL for (int i = 0; i < 2; i++) {
-        MV_UNROLL for (int j = 0; j < 2; j++) {
-          tile_mma(c[i][j], a[i], b[j]);
-        }
-      }
-    }
+    gemm_step<SPLIT>(xs, xs_lo, ws, ws_lo, sm, sn, TILE, c, lane);
     threadgroup_barrier(mem_flags::mem_threadgroup);  // the tiles are refilled next step
   }
 
@@ -179,7 +188,7 @@ template <typename T, bool SPLIT>
   const int sc = (int(lane) % 2) * 8;
   MV_UNROLL for (int i = 0; i < 2; i++) {
     MV_UNROLL for (int j = 0; j < 2; j++) {
-      tile_store(c[i][j], mine, TILE, lane);
+      tile_store(c[2 * i + j], mine, TILE, lane);
       simdgroup_barrier(mem_flags::mem_threadgroup);
       const int r = m0 + sm + i * TILE + sr;
       const int o = n0 + sn + j * TILE + sc;
@@ -195,6 +204,136 @@ template <typename T, bool SPLIT>
   }
 }
 
+// ---- grouped GEMM for routed experts -------------------------------------------------------
+// The pairs (row r, choice k) routed to one expert, as moe_lists_i32 groups them, multiplied as
+// one row batch with that expert's weights: threadgroup (x, u) serves the u-th active expert
+// (active[1 + u]) and walks its pairs GEMM_BM at a time. The expert's record is pool slot
+// slot_of[e]; a missing slot (-1 or >= slots) reads nothing and writes NaN into its pairs'
+// outputs, as moe_gate_up / moe_down do (kernels/moe.metal: same params and bindings).
+//   gate_up: out[q] = SiLU(gate x[q / top_k]) * up x[q / top_k], GEMM_BN / 2 columns of each
+//            per threadgroup: the weight tile's rows are 32 of gate then the same 32 of up, and
+//            a simdgroup's two column tiles are one of gate and its match in up.
+//   down:    out[q] = down x[q], GEMM_BN columns per threadgroup.
+template <typename T, bool GATE_UP, bool SPLIT>
+inline void moe_gemm(constant MoeExpertsParams& p, device const int* offsets, device const int* pairs,
+                     device const int* active, device const int* slot_of, device const uchar* pool,
+                     device const uchar* x, device uchar* y, uint2 tg, ushort tid, ushort sg, ushort lane) {
+  threadgroup uint4 xs4[(SPLIT ? 2 : 1) * GEMM_BM * GEMM_LD / 8];
+  threadgroup uint4 ws4[(SPLIT ? 2 : 1) * GEMM_BN * GEMM_LD / 8];
+  threadgroup float staged[GEMM_SG * 2 * TILE * TILE];
+  if (int(tg.y) >= active[0]) {
+    return;  // uniform per threadgroup
+  }
+  const int e = active[1 + int(tg.y)];
+  const int begin = offsets[e];
+  const int end = offsets[e + 1];
+  const int cols = GATE_UP ? GEMM_BN / 2 : GEMM_BN;
+  const int n0 = int(tg.x) * cols;
+  if (begin >= end || n0 >= p.out_dim) {
+    return;  // uniform per threadgroup
+  }
+  const int slot = slot_of[e];
+  const bool missing = slot < 0 || slot >= p.slots;
+  device const uchar* record = pool + (missing ? 0ul : ulong(slot) * p.record_stride);
+  threadgroup bfloat* xs = (threadgroup bfloat*)xs4;
+  threadgroup bfloat* ws = (threadgroup bfloat*)ws4;
+  threadgroup bfloat* xs_lo = xs + (SPLIT ? GEMM_BM * GEMM_LD : 0);
+  threadgroup bfloat* ws_lo = ws + (SPLIT ? GEMM_BN * GEMM_LD : 0);
+  const int lr = int(tid) / 2;
+  const int lc = (int(tid) % 2) * 16;
+  const int sm = (int(sg) / 2) * 32;
+  // This thread's weight row: gate_up takes rows n0 + lr of gate (lr < 32), then of up.
+  device const uchar* wpart = record + (GATE_UP && lr >= GEMM_BN / 2 ? p.w1_offset : p.w0_offset);
+  const int wrow = n0 + (GATE_UP ? lr % (GEMM_BN / 2) : lr);
+  // The simdgroup's B tiles: dense, columns sn .. sn + 31; gate_up, columns of gate and up.
+  const int b_row0 = GATE_UP ? (int(sg) % 2) * TILE : (int(sg) % 2) * 32;
+  const int b_step = GATE_UP ? GEMM_BN / 2 : TILE;
+  const int out0 = n0 + (GATE_UP ? (int(sg) % 2) * TILE : (int(sg) % 2) * 32);
+  threadgroup float* mine = staged + int(sg) * 2 * TILE * TILE;
+  const int sr = int(lane) / 2;
+  const int sc = (int(lane) % 2) * 8;
+
+  for (int m0 = begin; m0 < end; m0 += GEMM_BM) {
+    TileC c[4];
+    MV_UNROLL for (int t = 0; t < 4; t++) {
+      tile_clear(c[t]);
+    }
+    const int m = min(m0 + lr, end - 1);
+    const int q = pairs[m];
+    device const float* xrow = (device const float*)(x + ulong(GATE_UP ? q / p.top_k : q) * p.x_stride);
+    if (!missing) {
+      for (int k0 = 0; k0 < p.in_dim; k0 += GEMM_BK) {
+        float v[16];
+        gemm_load_x16(xrow, m0 + lr < end, p.in_dim, k0 + lc, v);
+        gemm_store16<SPLIT>(xs + lr * GEMM_LD + lc, xs_lo + lr * GEMM_LD + lc, v);
+        GemmWeights<T>::load16(wpart, p.in_dim, p.out_dim, wrow, k0 + lc, v);
+        gemm_store16<SPLIT>(ws + lr * GEMM_LD + lc, ws_lo + lr * GEMM_LD + lc, v);
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        gemm_step<SPLIT>(xs, xs_lo, ws, ws_lo, sm, b_row0, b_step, c, lane);
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+      }
+    }
+    // Out: lane l writes pair row l / 2 of each 16-row tile, 8 columns from (l % 2) * 8.
+    MV_UNROLL for (int i = 0; i < 2; i++) {
+      MV_UNROLL for (int j = 0; j < (GATE_UP ? 1 : 2); j++) {
+        tile_store(c[2 * i + j], mine, TILE, lane);
+        if (GATE_UP) {
+          tile_store(c[2 * i + 1], mine + TILE * TILE, TILE, lane);
+        }
+        simdgroup_barrier(mem_flags::mem_threadgroup);
+        const int row = m0 + sm + i * TILE + sr;
+        const int o = out0 + j * TILE + sc;
+        if (row < end) {
+          device float* yr = (device float*)(y + ulong(pairs[row]) * p.y_stride);
+          for (int t = 0; t < 8 && o + t < p.out_dim; t++) {
+            float g = mine[sr * TILE + sc + t];
+            float val = g;
+            if (GATE_UP) {
+              val = g / (1.0f + exp(-g)) * mine[TILE * TILE + sr * TILE + sc + t];
+            }
+            yr[o + t] = missing ? NAN : val;
+          }
+        }
+        simdgroup_barrier(mem_flags::mem_threadgroup);
+      }
+    }
+  }
+}
+
+template <typename T>
+[[max_total_threads_per_threadgroup(128)]] kernel void moe_gemm_gate_up(
+    constant MoeExpertsParams& p [[buffer(0)]],
+    device const int* offsets    [[buffer(1)]],
+    device const int* pairs      [[buffer(2)]],
+    device const int* active     [[buffer(3)]],
+    device const int* slot_of    [[buffer(4)]],
+    device const uchar* pool     [[buffer(5)]],
+    device const uchar* x        [[buffer(6)]],
+    device uchar* y              [[buffer(7)]],
+    uint2 tg                     [[threadgroup_position_in_grid]],
+    ushort tid                   [[thread_index_in_threadgroup]],
+    ushort sg                    [[simdgroup_index_in_threadgroup]],
+    ushort lane                  [[thread_index_in_simdgroup]]) {
+  moe_gemm<T, true, true>(p, offsets, pairs, active, slot_of, pool, x, y, tg, tid, sg, lane);
+}
+
+template <typename T>
+[[max_total_threads_per_threadgroup(128)]] kernel void moe_gemm_down(
+    constant MoeExpertsParams& p [[buffer(0)]],
+    device const int* offsets    [[buffer(1)]],
+    device const int* pairs      [[buffer(2)]],
+    device const int* active     [[buffer(3)]],
+    device const int* slot_of    [[buffer(4)]],
+    device const uchar* pool     [[buffer(5)]],
+    device const uchar* x        [[buffer(6)]],
+    device uchar* y              [[buffer(7)]],
+    uint2 tg                     [[threadgroup_position_in_grid]],
+    ushort tid                   [[thread_index_in_threadgroup]],
+    ushort sg                    [[simdgroup_index_in_threadgroup]],
+    ushort lane                  [[thread_index_in_simdgroup]]) {
+  moe_gemm<T, false, true>(p, offsets, pairs, active, slot_of, pool, x, y, tg, tid, sg, lane);
+}
+
 template [[host_name("gemm_f32_f32")]] kernel decltype(gemm<float, true>) gemm<float, true>;
 template [[host_name("gemm_bf16_f32")]] kernel decltype(gemm<bfloat, true>) gemm<bfloat, true>;
 template [[host_name("gemm_f16_f32")]] kernel decltype(gemm<half, true>) gemm<half, true>;
@@ -203,3 +342,5 @@ template [[host_name("gemm_q4_f32")]] kernel decltype(gemm<uchar, true>) gemm<uc
 // for measuring what the split costs.
 template [[host_name("gemm_plain_f32_f32")]] kernel decltype(gemm<float, false>) gemm<float, false>;
 template [[host_name("gemm_plain_q4_f32")]] kernel decltype(gemm<uchar, false>) gemm<uchar, false>;
+template [[host_name("moe_gemm_gate_up_q4_f32")]] kernel decltype(moe_gemm_gate_up<uchar>) moe_gemm_gate_up<uchar>;
+template [[host_name("moe_gemm_down_q4_f32")]] kernel decltype(moe_gemm_down<uchar>) moe_gemm_down<uchar>;
