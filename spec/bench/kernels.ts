@@ -334,6 +334,7 @@ function cases(f: Fixture): BenchCase[] {
     },
     {
       name: "routed experts",
+      // From the GEMM row threshold on (lib/gpu/gemm.ts), moe_gemm_gate_up_q4_f32 + moe_gemm_down_q4_f32.
       kernels: ["moe_gate_up_q4(_r1)_f32", "moe_down_q4(_r1)_f32"],
       shape: `k ${k}, [${I}, ${d}] q4 records`,
       setup(nb) {
@@ -373,6 +374,7 @@ function cases(f: Fixture): BenchCase[] {
         const active = new Set(Array.from({ length: nb * k }, (_, i) => (i * 7 + Math.floor(i / k)) % E)).size;
         return active * 3 * tensorBytes([I, d], q4) + nb * d * 4 + nb * k * (2 * I + d) * 4;
       },
+      flops: (nb) => 3 * 2 * I * d * nb * k,
     },
     {
       name: "shared expert",
