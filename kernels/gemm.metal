@@ -135,10 +135,109 @@ inline void gemm_step(threadgroup const bfloat* xs, threadgroup const bfloat* xs
   }
 }
 
+// ---- one threadgroup's block -----------------------------------------------------------------
+// What a threadgroup multiplies: batch rows [begin, end) (GROUPED: positions in `pairs`, whose
+// entries are pair ids q: x row q / top_k for gate_up, q for down; y row q), output columns
+// from n0 of the weights w0 (and w1, gate_up). missing: read nothing, write NaN.
+struct GemmJob {
+  device const uchar* w0;
+  device const uchar* w1;
+  device const uchar* x;
+  device uchar* y;
+  device const int* pairs;
+  ulong x_stride;
+  ulong y_stride;
+  int in_dim;
+  int out_dim;
+  int top_k;
+  int begin;
+  int end;
+  int n0;
+  bool missing;
+  bool accumulate;
+};
+
+// y rows [begin, end) x GEMM_BN columns from n0 (gate_up: GEMM_BN / 2 columns of gate and the
+// same of up; the weight tile's rows are 32 of gate then 32 of up, and a simdgroup's two
+// column tiles are one of gate and its match in up), GEMM_BM rows at a time:
+//   plain:   y = W x (+ y when accumulating)
+//   gate_up: y = SiLU(gate x) * up x
+// SPLIT (numeric rule R7): both operands as bf16 pairs hi + lo and three tile products per
+// step, about 2^-16 of each |w x|, close to the f32 matvec; without it one bf16 product, 2^-8.
+template <typename T, bool GATE_UP, bool GROUPED, bool SPLIT>
+inline void gemm_block(thread const GemmJob& j, ushort tid, ushort sg, ushort lane) {
+  // Operand tiles (hi, then lo when SPLIT) as uint4 storage (16-byte aligned for
+  // gemm_store16), used as bf16; a staging tile per simdgroup (two for gate_up) for the output.
+  threadgroup uint4 xs4[(SPLIT ? 2 : 1) * GEMM_BM * GEMM_LD / 8];
+  threadgroup uint4 ws4[(SPLIT ? 2 : 1) * GEMM_BN * GEMM_LD / 8];
+  threadgroup float staged[GEMM_SG * (GATE_UP ? 2 : 1) * TILE * TILE];
+  threadgroup bfloat* xs = (threadgroup bfloat*)xs4;
+  threadgroup bfloat* ws = (threadgroup bfloat*)ws4;
+  threadgroup bfloat* xs_lo = xs + (SPLIT ? GEMM_BM * GEMM_LD : 0);
+  threadgroup bfloat* ws_lo = ws + (SPLIT ? GEMM_BN * GEMM_LD : 0);
+  const int lr = int(tid) / 2;         // the operand row this thread loads
+  const int lc = (int(tid) % 2) * 16;  // and its first column within the K step
+  const int sm = (int(sg) / 2) * 32;   // this simdgroup's 32 rows of the block
+  // This thread's weight row: gate_up takes rows n0 + lr of gate (lr < 32), then of up.
+  device const uchar* wpart = GATE_UP && lr >= GEMM_BN / 2 ? j.w1 : j.w0;
+  const int wrow = j.n0 + (GATE_UP ? lr % (GEMM_BN / 2) : lr);
+  // The simdgroup's B tiles and first output column.
+  const int b_row0 = GATE_UP ? (int(sg) % 2) * TILE : (int(sg) % 2) * 32;
+  const int b_step = GATE_UP ? GEMM_BN / 2 : TILE;
+  const int out0 = j.n0 + b_row0;
+  threadgroup float* mine = staged + int(sg) * (GATE_UP ? 2 : 1) * TILE * TILE;
+  const int sr = int(lane) / 2;
+  const int sc = (int(lane) % 2) * 8;
+
+  // Dense blocks are one GEMM_BM step (the host sizes the grid so): no loop to keep live.
+  for (int m0 = j.begin; m0 < j.end && (GROUPED || m0 == j.begin); m0 += GEMM_BM) {
+    TileC c[4];
+    MV_UNROLL for (int t = 0; t < 4; t++) {
+      tile_clear(c[t]);
+    }
+    if (!j.missing) {
+      const int m = min(m0 + lr, j.end - 1);
+      const int xr = GROUPED ? (GATE_UP ? j.pairs[m] / j.top_k : j.pairs[m]) : m;
+      device const float* xrow = (device const float*)(j.x + ulong(xr) * j.x_stride);
+      for (int k0 = 0; k0 < j.in_dim; k0 += GEMM_BK) {
+        float v[16];
+        gemm_load_x16(xrow, m0 + lr < j.end, j.in_dim, k0 + lc, v);
+        gemm_store16<SPLIT>(xs + lr * GEMM_LD + lc, xs_lo + lr * GEMM_LD + lc, v);
+        GemmWeights<T>::load16(wpart, j.in_dim, j.out_dim, wrow, k0 + lc, v);
+        gemm_store16<SPLIT>(ws + lr * GEMM_LD + lc, ws_lo + lr * GEMM_LD + lc, v);
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        gemm_step<SPLIT>(xs, xs_lo, ws, ws_lo, sm, b_row0, b_step, c, lane);
+        threadgroup_barrier(mem_flags::mem_threadgroup);  // the tiles are refilled next step
+      }
+    }
+    // Out through the staging tile: lane l writes row l / 2 of each 16-row tile, 8 columns from
+    // (l % 2) * 8.
+    MV_UNROLL for (int i = 0; i < 2; i++) {
+      MV_UNROLL for (int t = 0; t < (GATE_UP ? 1 : 2); t++) {
+        tile_store(c[2 * i + t], mine, TILE, lane);
+        if (GATE_UP) {
+          tile_store(c[2 * i + 1], mine + TILE * TILE, TILE, lane);
+        }
+        simdgroup_barrier(mem_flags::mem_threadgroup);
+        const int m = m0 + sm + i * TILE + sr;
+        const int o = out0 + t * TILE + sc;
+        if (m < j.end) {
+          device float* yr = (device float*)(j.y + ulong(GROUPED ? j.pairs[m] : m) * j.y_stride);
+          for (int e = 0; e < 8 && o + e < j.out_dim; e++) {
+            float g = mine[sr * TILE + sc + e];
+            float val = GATE_UP ? g / (1.0f + exp(-g)) * mine[TILE * TILE + sr * TILE + sc + e] : g;
+            yr[o + e] = j.missing ? NAN : j.accumulate ? yr[o + e] + val : val;
+          }
+        }
+        simdgroup_barrier(mem_flags::mem_threadgroup);  // mine is reused by the next tile
+      }
+    }
+  }
+}
+
+// ---- dense projections -----------------------------------------------------------------------
 // y[r] = W x[r] (+ y[r]): threadgroup (x, y) computes output rows [x * GEMM_BN, ...) of batch
-// rows [y * GEMM_BM, ...). SPLIT (numeric rule R7): both operands as bf16 pairs hi + lo and
-// three tile products (hi hi, lo hi, hi lo) per step, about 2^-16 of each |w x|, close to the
-// f32 matvec; without it one bf16 product, 2^-8 of |w x|.
+// rows [y * GEMM_BM, ...).
 template <typename T, bool SPLIT>
 [[max_total_threads_per_threadgroup(128)]] kernel void gemm(
     constant GemmParams& p [[buffer(0)]],
@@ -149,59 +248,30 @@ template <typename T, bool SPLIT>
     ushort tid             [[thread_index_in_threadgroup]],
     ushort sg              [[simdgroup_index_in_threadgroup]],
     ushort lane            [[thread_index_in_simdgroup]]) {
-  // Operand tiles (hi, then lo when SPLIT) as uint4 storage (16-byte aligned for
-  // gemm_store16), used as bf16.
-  threadgroup uint4 xs4[(SPLIT ? 2 : 1) * GEMM_BM * GEMM_LD / 8];
-  threadgroup uint4 ws4[(SPLIT ? 2 : 1) * GEMM_BN * GEMM_LD / 8];
-  threadgroup float staged[GEMM_SG * TILE * TILE];
-  threadgroup bfloat* xs = (threadgroup bfloat*)xs4;
-  threadgroup bfloat* ws = (threadgroup bfloat*)ws4;
-  threadgroup bfloat* xs_lo = xs + (SPLIT ? GEMM_BM * GEMM_LD : 0);
-  threadgroup bfloat* ws_lo = ws + (SPLIT ? GEMM_BN * GEMM_LD : 0);
-  const int n0 = int(tg.x) * GEMM_BN;
-  const int m0 = int(tg.y) * GEMM_BM;
-  const int lr = int(tid) / 2;          // the operand row this thread loads
-  const int lc = (int(tid) % 2) * 16;   // and its first column within the K step
-  const int sm = (int(sg) / 2) * 32;    // this simdgroup's 32 x 32 of the block
-  const int sn = (int(sg) % 2) * 32;
+  const int begin = int(tg.y) * GEMM_BM;
+  const GemmJob j = {w, w, x, y, (device const int*)x, p.x_stride, p.y_stride, p.in_dim, p.out_dim, 1,
+                     begin, min(p.rows, begin + GEMM_BM), int(tg.x) * GEMM_BN, false, p.accumulate != 0};
+  gemm_block<T, false, false, SPLIT>(j, tid, sg, lane);
+}
 
-  TileC c[4];
-  MV_UNROLL for (int t = 0; t < 4; t++) {
-    tile_clear(c[t]);
-  }
-  const int xr = min(m0 + lr, p.rows - 1);
-  device const float* xrow = (device const float*)(x + ulong(xr) * p.x_stride);
-  for (int k0 = 0; k0 < p.in_dim; k0 += GEMM_BK) {
-    float v[16];
-    gemm_load_x16(xrow, m0 + lr < p.rows, p.in_dim, k0 + lc, v);
-    gemm_store16<SPLIT>(xs + lr * GEMM_LD + lc, xs_lo + lr * GEMM_LD + lc, v);
-    GemmWeights<T>::load16(w, p.in_dim, p.out_dim, n0 + lr, k0 + lc, v);
-    gemm_store16<SPLIT>(ws + lr * GEMM_LD + lc, ws_lo + lr * GEMM_LD + lc, v);
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    gemm_step<SPLIT>(xs, xs_lo, ws, ws_lo, sm, sn, TILE, c, lane);
-    threadgroup_barrier(mem_flags::mem_threadgroup);  // the tiles are refilled next step
-  }
-
-  // Out through a per-simdgroup staging tile: lane l writes row l / 2, 8 columns from (l % 2) * 8.
-  threadgroup float* mine = staged + int(sg) * TILE * TILE;
-  const int sr = int(lane) / 2;
-  const int sc = (int(lane) % 2) * 8;
-  MV_UNROLL for (int i = 0; i < 2; i++) {
-    MV_UNROLL for (int j = 0; j < 2; j++) {
-      tile_store(c[2 * i + j], mine, TILE, lane);
-      simdgroup_barrier(mem_flags::mem_threadgroup);
-      const int r = m0 + sm + i * TILE + sr;
-      const int o = n0 + sn + j * TILE + sc;
-      if (r < p.rows) {
-        device float* yr = (device float*)(y + ulong(r) * p.y_stride);
-        for (int e = 0; e < 8 && o + e < p.out_dim; e++) {
-          float val = mine[sr * TILE + sc + e];
-          yr[o + e] = p.accumulate != 0 ? yr[o + e] + val : val;
-        }
-      }
-      simdgroup_barrier(mem_flags::mem_threadgroup);  // mine is reused by the next tile
-    }
-  }
+// The dense gated MLP's input half (the shared expert, as ffn_gate_up in moe.metal):
+// y[r] = SiLU(W_gate x[r]) * (W_up x[r]); threadgroup (x, y): GEMM_BN / 2 columns from
+// x * GEMM_BN / 2 of batch rows [y * GEMM_BM, ...). p.accumulate is ignored.
+template <typename T>
+[[max_total_threads_per_threadgroup(128)]] kernel void gemm_gate_up(
+    constant GemmParams& p [[buffer(0)]],
+    device const uchar* wg [[buffer(1)]],
+    device const uchar* wu [[buffer(2)]],
+    device const uchar* x  [[buffer(3)]],
+    device uchar* y        [[buffer(4)]],
+    uint2 tg               [[threadgroup_position_in_grid]],
+    ushort tid             [[thread_index_in_threadgroup]],
+    ushort sg              [[simdgroup_index_in_threadgroup]],
+    ushort lane            [[thread_index_in_simdgroup]]) {
+  const int begin = int(tg.y) * GEMM_BM;
+  const GemmJob j = {wg, wu, x, y, (device const int*)x, p.x_stride, p.y_stride, p.in_dim, p.out_dim, 1,
+                     begin, min(p.rows, begin + GEMM_BM), int(tg.x) * (GEMM_BN / 2), false, false};
+  gemm_block<T, true, false, true>(j, tid, sg, lane);
 }
 
 // ---- grouped GEMM for routed experts -------------------------------------------------------
@@ -210,94 +280,26 @@ template <typename T, bool SPLIT>
 // (active[1 + u]) and walks its pairs GEMM_BM at a time. The expert's record is pool slot
 // slot_of[e]; a missing slot (-1 or >= slots) reads nothing and writes NaN into its pairs'
 // outputs, as moe_gate_up / moe_down do (kernels/moe.metal: same params and bindings).
-//   gate_up: out[q] = SiLU(gate x[q / top_k]) * up x[q / top_k], GEMM_BN / 2 columns of each
-//            per threadgroup: the weight tile's rows are 32 of gate then the same 32 of up, and
-//            a simdgroup's two column tiles are one of gate and its match in up.
-//   down:    out[q] = down x[q], GEMM_BN columns per threadgroup.
-template <typename T, bool GATE_UP, bool SPLIT>
+//   gate_up: out[q] = SiLU(gate x[q / top_k]) * up x[q / top_k]
+//   down:    out[q] = down x[q]
+template <typename T, bool GATE_UP>
 inline void moe_gemm(constant MoeExpertsParams& p, device const int* offsets, device const int* pairs,
                      device const int* active, device const int* slot_of, device const uchar* pool,
                      device const uchar* x, device uchar* y, uint2 tg, ushort tid, ushort sg, ushort lane) {
-  threadgroup uint4 xs4[(SPLIT ? 2 : 1) * GEMM_BM * GEMM_LD / 8];
-  threadgroup uint4 ws4[(SPLIT ? 2 : 1) * GEMM_BN * GEMM_LD / 8];
-  threadgroup float staged[GEMM_SG * 2 * TILE * TILE];
   if (int(tg.y) >= active[0]) {
     return;  // uniform per threadgroup
   }
   const int e = active[1 + int(tg.y)];
-  const int begin = offsets[e];
-  const int end = offsets[e + 1];
-  const int cols = GATE_UP ? GEMM_BN / 2 : GEMM_BN;
-  const int n0 = int(tg.x) * cols;
-  if (begin >= end || n0 >= p.out_dim) {
+  const int n0 = int(tg.x) * (GATE_UP ? GEMM_BN / 2 : GEMM_BN);
+  if (offsets[e] >= offsets[e + 1] || n0 >= p.out_dim) {
     return;  // uniform per threadgroup
   }
   const int slot = slot_of[e];
   const bool missing = slot < 0 || slot >= p.slots;
   device const uchar* record = pool + (missing ? 0ul : ulong(slot) * p.record_stride);
-  threadgroup bfloat* xs = (threadgroup bfloat*)xs4;
-  threadgroup bfloat* ws = (threadgroup bfloat*)ws4;
-  threadgroup bfloat* xs_lo = xs + (SPLIT ? GEMM_BM * GEMM_LD : 0);
-  threadgroup bfloat* ws_lo = ws + (SPLIT ? GEMM_BN * GEMM_LD : 0);
-  const int lr = int(tid) / 2;
-  const int lc = (int(tid) % 2) * 16;
-  const int sm = (int(sg) / 2) * 32;
-  // This thread's weight row: gate_up takes rows n0 + lr of gate (lr < 32), then of up.
-  device const uchar* wpart = record + (GATE_UP && lr >= GEMM_BN / 2 ? p.w1_offset : p.w0_offset);
-  const int wrow = n0 + (GATE_UP ? lr % (GEMM_BN / 2) : lr);
-  // The simdgroup's B tiles: dense, columns sn .. sn + 31; gate_up, columns of gate and up.
-  const int b_row0 = GATE_UP ? (int(sg) % 2) * TILE : (int(sg) % 2) * 32;
-  const int b_step = GATE_UP ? GEMM_BN / 2 : TILE;
-  const int out0 = n0 + (GATE_UP ? (int(sg) % 2) * TILE : (int(sg) % 2) * 32);
-  threadgroup float* mine = staged + int(sg) * 2 * TILE * TILE;
-  const int sr = int(lane) / 2;
-  const int sc = (int(lane) % 2) * 8;
-
-  for (int m0 = begin; m0 < end; m0 += GEMM_BM) {
-    TileC c[4];
-    MV_UNROLL for (int t = 0; t < 4; t++) {
-      tile_clear(c[t]);
-    }
-    const int m = min(m0 + lr, end - 1);
-    const int q = pairs[m];
-    device const float* xrow = (device const float*)(x + ulong(GATE_UP ? q / p.top_k : q) * p.x_stride);
-    if (!missing) {
-      for (int k0 = 0; k0 < p.in_dim; k0 += GEMM_BK) {
-        float v[16];
-        gemm_load_x16(xrow, m0 + lr < end, p.in_dim, k0 + lc, v);
-        gemm_store16<SPLIT>(xs + lr * GEMM_LD + lc, xs_lo + lr * GEMM_LD + lc, v);
-        GemmWeights<T>::load16(wpart, p.in_dim, p.out_dim, wrow, k0 + lc, v);
-        gemm_store16<SPLIT>(ws + lr * GEMM_LD + lc, ws_lo + lr * GEMM_LD + lc, v);
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-        gemm_step<SPLIT>(xs, xs_lo, ws, ws_lo, sm, b_row0, b_step, c, lane);
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-      }
-    }
-    // Out: lane l writes pair row l / 2 of each 16-row tile, 8 columns from (l % 2) * 8.
-    MV_UNROLL for (int i = 0; i < 2; i++) {
-      MV_UNROLL for (int j = 0; j < (GATE_UP ? 1 : 2); j++) {
-        tile_store(c[2 * i + j], mine, TILE, lane);
-        if (GATE_UP) {
-          tile_store(c[2 * i + 1], mine + TILE * TILE, TILE, lane);
-        }
-        simdgroup_barrier(mem_flags::mem_threadgroup);
-        const int row = m0 + sm + i * TILE + sr;
-        const int o = out0 + j * TILE + sc;
-        if (row < end) {
-          device float* yr = (device float*)(y + ulong(pairs[row]) * p.y_stride);
-          for (int t = 0; t < 8 && o + t < p.out_dim; t++) {
-            float g = mine[sr * TILE + sc + t];
-            float val = g;
-            if (GATE_UP) {
-              val = g / (1.0f + exp(-g)) * mine[TILE * TILE + sr * TILE + sc + t];
-            }
-            yr[o + t] = missing ? NAN : val;
-          }
-        }
-        simdgroup_barrier(mem_flags::mem_threadgroup);
-      }
-    }
-  }
+  const GemmJob j = {record + p.w0_offset, record + p.w1_offset, x, y, pairs, p.x_stride, p.y_stride, p.in_dim, p.out_dim,
+                     p.top_k, offsets[e], offsets[e + 1], n0, missing, false};
+  gemm_block<T, GATE_UP, true, true>(j, tid, sg, lane);
 }
 
 template <typename T>
@@ -314,7 +316,7 @@ template <typename T>
     ushort tid                   [[thread_index_in_threadgroup]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
-  moe_gemm<T, true, true>(p, offsets, pairs, active, slot_of, pool, x, y, tg, tid, sg, lane);
+  moe_gemm<T, true>(p, offsets, pairs, active, slot_of, pool, x, y, tg, tid, sg, lane);
 }
 
 template <typename T>
@@ -331,7 +333,7 @@ template <typename T>
     ushort tid                   [[thread_index_in_threadgroup]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
-  moe_gemm<T, false, true>(p, offsets, pairs, active, slot_of, pool, x, y, tg, tid, sg, lane);
+  moe_gemm<T, false>(p, offsets, pairs, active, slot_of, pool, x, y, tg, tid, sg, lane);
 }
 
 template [[host_name("gemm_f32_f32")]] kernel decltype(gemm<float, true>) gemm<float, true>;
@@ -342,5 +344,6 @@ template [[host_name("gemm_q4_f32")]] kernel decltype(gemm<uchar, true>) gemm<uc
 // for measuring what the split costs.
 template [[host_name("gemm_plain_f32_f32")]] kernel decltype(gemm<float, false>) gemm<float, false>;
 template [[host_name("gemm_plain_q4_f32")]] kernel decltype(gemm<uchar, false>) gemm<uchar, false>;
+template [[host_name("gemm_gate_up_q4_f32")]] kernel decltype(gemm_gate_up<uchar>) gemm_gate_up<uchar>;
 template [[host_name("moe_gemm_gate_up_q4_f32")]] kernel decltype(moe_gemm_gate_up<uchar>) moe_gemm_gate_up<uchar>;
 template [[host_name("moe_gemm_down_q4_f32")]] kernel decltype(moe_gemm_down<uchar>) moe_gemm_down<uchar>;

@@ -10,7 +10,7 @@ import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from
 import { SIMD_WIDTH } from "./limits.ts";
 import { Params, type ParamValues } from "./params.ts";
 import { checkRows, encodeMatvec, MATVEC_TILE, matrixShape, oneRowForm } from "./projections.ts";
-import { GEMM_TILE, gemmMinRows, usesGemm } from "./gemm.ts";
+import { encodeGemmGateUp, GEMM_TILE, gemmMinRows, usesGemm } from "./gemm.ts";
 
 /** Largest expert count and top-k the router and list kernels hold. */
 export const MOE_MAX_EXPERTS = 1024;
@@ -267,15 +267,19 @@ export function encodeSharedExpert(ctx: EncodeContext, w: SharedExpertRefs, x: R
   const [SI, d] = matrixShape(w.gate, "shared_gate");
   if (w.gate.dtype !== w.up.dtype) throw new Error(`shared expert: gate ${w.gate.dtype} and up ${w.up.dtype} differ`);
   const T = MATVEC_TILE;
-  dispatch(
-    ctx,
-    `ffn_gate_up_${w.gate.dtype}_f32`,
-    Params.Matvec,
-    { rows: nb, in_dim: d, out_dim: SI, accumulate: 0, rows_per_group: nb, x_stride: x.stride, y_stride: scratch.h.stride },
-    [bind(w.gate.buffer, w.gate.offset), bind(w.up.buffer, w.up.offset), bind(x.buffer, x.offset), bind(scratch.h.buffer, scratch.h.offset)],
-    [Math.ceil(SI / (T.rows * T.simdgroups)), 1],
-    SIMD_WIDTH * T.simdgroups,
-  );
+  if (usesGemm(w.gate.dtype, nb, gemmMinRows(ctx.device.backend))) {
+    encodeGemmGateUp(ctx, w.gate, w.up, x, scratch.h, nb);
+  } else {
+    dispatch(
+      ctx,
+      `ffn_gate_up_${w.gate.dtype}_f32`,
+      Params.Matvec,
+      { rows: nb, in_dim: d, out_dim: SI, accumulate: 0, rows_per_group: nb, x_stride: x.stride, y_stride: scratch.h.stride },
+      [bind(w.gate.buffer, w.gate.offset), bind(w.up.buffer, w.up.offset), bind(x.buffer, x.offset), bind(scratch.h.buffer, scratch.h.offset)],
+      [Math.ceil(SI / (T.rows * T.simdgroups)), 1],
+      SIMD_WIDTH * T.simdgroups,
+    );
+  }
   encodeMatvec(ctx, w.down, scratch.h, scratch.s, nb);
   encodeMatvec(ctx, w.expertGate, x, scratch.sg, nb);
 }

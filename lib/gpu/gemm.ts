@@ -97,3 +97,24 @@ export function encodeGemm(ctx: EncodeContext, w: TensorRef, x: RowsRef, y: Rows
     [SIMD_WIDTH * GEMM_TILE.simdgroups, 1],
   );
 }
+
+/**
+ * y[r] = SiLU(W_gate x[r]) * (W_up x[r]) for r < nb through the tile API (the shared expert's
+ * input half, as ffn_gate_up): q4 weights of one shape [out, in], split operands.
+ */
+export function encodeGemmGateUp(ctx: EncodeContext, gate: TensorRef, up: TensorRef, x: RowsRef, y: RowsRef, nb: number): void {
+  const [out, inDim] = checkGemm(gate, x, nb);
+  const [upOut, upIn] = matrixShape(up, "gemm_gate_up");
+  if (gate.dtype !== "q4" || up.dtype !== "q4") throw new Error(`gemm_gate_up: q4 weights only (gate ${gate.dtype}, up ${up.dtype})`);
+  if (upOut !== out || upIn !== inDim) throw new Error(`gemm_gate_up: gate [${out}, ${inDim}] and up [${upOut}, ${upIn}] differ`);
+  if (up.offset % 16 !== 0) throw new Error(`gemm_gate_up: weight offset ${up.offset} must be a multiple of 16 bytes`);
+  dispatch(
+    ctx,
+    "gemm_gate_up_q4_f32",
+    Params.Gemm,
+    { rows: nb, in_dim: inDim, out_dim: out, accumulate: 0, x_stride: x.stride, y_stride: y.stride },
+    [bind(gate.buffer, gate.offset), bind(up.buffer, up.offset), bind(x.buffer, x.offset), bind(y.buffer, y.offset)],
+    [Math.ceil(out / (GEMM_TILE.cols / 2)), Math.ceil(nb / GEMM_TILE.rows)],
+    [SIMD_WIDTH * GEMM_TILE.simdgroups, 1],
+  );
+}

@@ -1,16 +1,17 @@
 // The grouped GEMM of routed experts (kernels/gemm.metal moe_gemm_gate_up_q4_f32 and
-// moe_gemm_down_q4_f32, picked by encodeRoutedExperts from the GEMM row threshold on): per
+// moe_gemm_down_q4_f32, picked by encodeRoutedExperts from the GEMM row threshold on), and the
+// shared expert's fused gate_up (gemm_gate_up_q4_f32, encodeSharedExpert): per
 // pair q = r * k + j, h[q] = SiLU(gate_e x[r]) * up_e x[r] and o[q] = down_e h[q] with e the
 // pair's expert, read through the slot table. Checked against a reference on the dequantized
 // weights and against the matvec kernels (moe_gate_up / moe_down) within the split bound of
 // numeric rule R7, with experts of 1 to over GEMM_TILE.rows pairs and a missing slot.
 import { afterAll, describe, expect, test } from "bun:test";
 
-import { encodeExpertLists, encodeRoutedExperts, type ExpertPool } from "../../lib/gpu/experts.ts";
+import { encodeExpertLists, encodeRoutedExperts, encodeSharedExpert, type ExpertPool } from "../../lib/gpu/experts.ts";
 import { GEMM_TILE } from "../../lib/gpu/gemm.ts";
 import { PART_ALIGN } from "../../lib/model/manifest.ts";
 import type { Buffer } from "../../lib/shim.ts";
-import { hostTensor, openDevice, outputF32, outputI32, randomF32, readF32, rows, run, uploadF32, uploadI32, type HostTensor } from "./harness.ts";
+import { hostTensor, openDevice, outputF32, outputI32, randomF32, readF32, rows, run, uploadF32, uploadI32, uploadWeights, type HostTensor } from "./harness.ts";
 
 const dev = openDevice();
 afterAll(() => dev.close());
@@ -158,5 +159,50 @@ describe("moe_gemm_gate_up_q4_f32 / moe_gemm_down_q4_f32 (grouped GEMM of routed
       }
     }
     expect(seen).toBeGreaterThan(0);
+  });
+});
+
+describe("gemm_gate_up_q4_f32 (the shared expert's gate and up, fused with SiLU)", () => {
+  // Three 32-column blocks (q4 keeps SI a multiple of 32: the down projection's input); rows past one 64-row block.
+  const [SI, dd] = [96, 64];
+  test.each([5, 70])("nb = %i: the reference and ffn_gate_up_q4_f32", (nb) => {
+    const w = {
+      gate: hostTensor(randomF32(SI * dd, 21, 0.3, "sh-gate"), "q4", [SI, dd]),
+      up: hostTensor(randomF32(SI * dd, 22, 0.3, "sh-up"), "q4", [SI, dd]),
+      down: hostTensor(randomF32(dd * SI, 23, 0.3, "sh-down"), "q4", [dd, SI]),
+      expertGate: hostTensor(randomF32(dd, 24, 0.5, "sh-eg"), "bf16", [1, dd]),
+    };
+    const { refs } = uploadWeights(dev, w);
+    const x = randomF32(nb * dd, 25 + nb, 1.5, "sh-x");
+    const xb = uploadF32(dev, x);
+    const runShared = (minRows: string) => {
+      const h = outputF32(dev, nb * SI);
+      const scratch = { h: rows(h, SI), s: rows(outputF32(dev, nb * dd), dd), sg: rows(outputF32(dev, nb), 1) };
+      const saved = process.env.CHERENKOV_GEMM_MIN_ROWS;
+      process.env.CHERENKOV_GEMM_MIN_ROWS = minRows;
+      try {
+        run(dev, (ctx) => encodeSharedExpert(ctx, refs, rows(xb, dd), scratch, nb));
+      } finally {
+        if (saved === undefined) delete process.env.CHERENKOV_GEMM_MIN_ROWS;
+        else process.env.CHERENKOV_GEMM_MIN_ROWS = saved;
+      }
+      return readF32(h, nb * SI);
+    };
+    const gemm = runShared("1");
+    const mv = runShared("100000");
+    const want = new Float64Array(nb * SI);
+    const bound = new Float64Array(nb * SI);
+    for (let r = 0; r < nb; r++) {
+      const xr = x.subarray(r * dd, (r + 1) * dd);
+      for (let i = 0; i < SI; i++) {
+        const [g, ga] = dot(w.gate.values, i, xr, dd);
+        const [u, ua] = dot(w.up.values, i, xr, dd);
+        want[r * SI + i] = silu(g) * u;
+        bound[r * SI + i] = SPLIT_PRODUCT * (1.1 * ga * Math.abs(u) + Math.abs(silu(g)) * ua) + 1e-6;
+      }
+    }
+    expectWithin(gemm, want, bound, SI, `gemm_gate_up_q4_f32 nb=${nb} vs reference`);
+    expectWithin(mv, want, bound, SI, `ffn_gate_up_q4_f32 nb=${nb} vs reference`);
+    expect(Array.from(gemm)).not.toEqual(Array.from(mv));
   });
 });
