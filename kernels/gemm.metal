@@ -79,24 +79,23 @@ inline void gemm_load_x16(device const float* xr, bool valid, int in_dim, int k,
   }
 }
 
-inline uint gemm_bf16x2(float a, float b) {
-  return uint(as_type<ushort>(bfloat(a))) | (uint(as_type<ushort>(bfloat(b))) << 16);
-}
-
 // Sixteen floats rounded to bf16 at hi (16-byte aligned), as two 16-byte stores; with SPLIT
 // also what the rounding left, rounded to bf16, at lo (v = hi + lo to about 2^-17 of v).
 template <bool SPLIT>
-inline void gemm_store16(threadgroup bfloat* hi, threadgroup bfloat* lo, thread float* v) {
-  threadgroup uint4* h = (threadgroup uint4*)hi;
-  h[0] = uint4(gemm_bf16x2(v[0], v[1]), gemm_bf16x2(v[2], v[3]), gemm_bf16x2(v[4], v[5]), gemm_bf16x2(v[6], v[7]));
-  h[1] = uint4(gemm_bf16x2(v[8], v[9]), gemm_bf16x2(v[10], v[11]), gemm_bf16x2(v[12], v[13]), gemm_bf16x2(v[14], v[15]));
-  if (SPLIT) {
-    MV_UNROLL for (int i = 0; i < 16; i++) {
-      v[i] -= float(bfloat(v[i]));
+inline void gemm_store16(threadgroup bfloat* hi, threadgroup bfloat* lo, thread const float* v) {
+  MV_UNROLL for (int q = 0; q < 2; q++) {
+    thread const float* u = v + 8 * q;
+    const uint4 h = uint4(tile_pack_bf16x2(u[0], u[1]), tile_pack_bf16x2(u[2], u[3]), tile_pack_bf16x2(u[4], u[5]),
+                          tile_pack_bf16x2(u[6], u[7]));
+    ((threadgroup uint4*)hi)[q] = h;
+    if (SPLIT) {
+      // The residuals are exact in f32 (v minus its 8-bit rounding).
+      uint l[4];
+      MV_UNROLL for (int i = 0; i < 4; i++) {
+        l[i] = tile_pack_bf16x2(u[2 * i] - as_type<float>(h[i] << 16), u[2 * i + 1] - as_type<float>(h[i] & 0xFFFF0000u));
+      }
+      ((threadgroup uint4*)lo)[q] = uint4(l[0], l[1], l[2], l[3]);
     }
-    threadgroup uint4* l = (threadgroup uint4*)lo;
-    l[0] = uint4(gemm_bf16x2(v[0], v[1]), gemm_bf16x2(v[2], v[3]), gemm_bf16x2(v[4], v[5]), gemm_bf16x2(v[6], v[7]));
-    l[1] = uint4(gemm_bf16x2(v[8], v[9]), gemm_bf16x2(v[10], v[11]), gemm_bf16x2(v[12], v[13]), gemm_bf16x2(v[14], v[15]));
   }
 }
 

@@ -6,6 +6,8 @@
 //   tile_load_bt(b, src, stride, lane);   // B[k][n] = src[n * stride + k]   (threadgroup bf16)
 //   tile_mma(c, a, b);                    // c += a b
 //   tile_store(c, dst, stride, lane);     // dst[m * stride + n] = C[m][n]   (threadgroup f32)
+//   uint w = tile_pack_bf16x2(a, b);      // two floats as bf16 (nearest even), a in the low half:
+//                                         // how operands are written into threadgroup memory
 //
 // Every lane of the simdgroup makes the same calls (they are SIMD functions: simdgroup-
 // uniform control flow only, as simd_sum). Operands are bf16, accumulators f32: bf16 keeps
@@ -48,6 +50,10 @@ inline void tile_clear(thread TileC& c) {
       c.m[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     }
   }
+}
+
+inline uint tile_pack_bf16x2(float a, float b) {
+  return uint(as_type<ushort>(bfloat(a))) | (uint(as_type<ushort>(bfloat(b))) << 16);
 }
 
 inline void tile_load_a(thread TileA& a, threadgroup const bfloat* src, uint stride, ushort lane) {

@@ -30,6 +30,11 @@ inline void tile_clear(TileC &c) {
   for (int i = 0; i < 8; i++) c.v[i] = 0.0f;
 }
 
+// Two floats as bf16 (round to nearest even) in one word, a in the low half.
+inline uint tile_pack_bf16x2(float a, float b) {
+  return uint(bfloat(a).bits) | (uint(bfloat(b).bits) << 16);
+}
+
 // A[m][k] = src[m * stride + k], m, k < 16.
 inline void tile_load_a(TileA &a, const bfloat *src, uint stride, ushort lane) {
   const bfloat *row = src + ulong(lane / 2u) * stride + (lane % 2u) * 8u;

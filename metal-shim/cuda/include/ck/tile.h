@@ -30,6 +30,18 @@ namespace ck_tile {
 __device__ __forceinline__ uint pair(const ckm::bfloat *p) { return *reinterpret_cast<const uint *>(p); }
 }  // namespace ck_tile
 
+// Two floats as bf16 (round to nearest even) in one word, a in the low half: one
+// cvt.rn.bf16x2.f32 on sm_80 and newer (it takes the high half first).
+__device__ __forceinline__ uint tile_pack_bf16x2(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+  return r;
+#else
+  return uint(ckm::bfloat(a).bits) | (uint(ckm::bfloat(b).bits) << 16);
+#endif
+}
+
 // A[m][k] = src[m * stride + k], m, k < 16.
 __device__ __forceinline__ void tile_load_a(TileA &a, const ckm::bfloat *src, uint stride, ushort lane) {
   const uint g = lane >> 2, t = (lane & 3u) * 2u;
