@@ -163,13 +163,15 @@ struct GemmJob {
 //   gate_up: y = SiLU(gate x) * up x
 // SPLIT (numeric rule R7): both operands as bf16 pairs hi + lo and three tile products per
 // step, about 2^-16 of each |w x|, close to the f32 matvec; without it one bf16 product, 2^-8.
+// Its threadgroup memory, declared by each kernel (MSL declares threadgroup variables at
+// kernel scope): x and weight operand tiles (hi, then lo when SPLIT) as uint4 storage (16-byte
+// aligned for gemm_store16), used as bf16; a staging tile per simdgroup (two for gate_up).
+#define GEMM_TILE_UINT4S(SPLIT) (((SPLIT) ? 2 : 1) * GEMM_BM * GEMM_LD / 8)
+#define GEMM_STAGED_FLOATS(GATE_UP) (GEMM_SG * ((GATE_UP) ? 2 : 1) * TILE * TILE)
+static_assert(GEMM_BM == GEMM_BN, "one operand tile size serves x and the weights");
 template <typename T, bool GATE_UP, bool GROUPED, bool SPLIT>
-inline void gemm_block(thread const GemmJob& j, ushort tid, ushort sg, ushort lane) {
-  // Operand tiles (hi, then lo when SPLIT) as uint4 storage (16-byte aligned for
-  // gemm_store16), used as bf16; a staging tile per simdgroup (two for gate_up) for the output.
-  threadgroup uint4 xs4[(SPLIT ? 2 : 1) * GEMM_BM * GEMM_LD / 8];
-  threadgroup uint4 ws4[(SPLIT ? 2 : 1) * GEMM_BN * GEMM_LD / 8];
-  threadgroup float staged[GEMM_SG * (GATE_UP ? 2 : 1) * TILE * TILE];
+inline void gemm_block(thread const GemmJob& j, threadgroup uint4* xs4, threadgroup uint4* ws4, threadgroup float* staged,
+                       ushort tid, ushort sg, ushort lane) {
   threadgroup bfloat* xs = (threadgroup bfloat*)xs4;
   threadgroup bfloat* ws = (threadgroup bfloat*)ws4;
   threadgroup bfloat* xs_lo = xs + (SPLIT ? GEMM_BM * GEMM_LD : 0);
@@ -247,10 +249,13 @@ template <typename T, bool SPLIT>
     ushort tid             [[thread_index_in_threadgroup]],
     ushort sg              [[simdgroup_index_in_threadgroup]],
     ushort lane            [[thread_index_in_simdgroup]]) {
+  threadgroup uint4 xs4[GEMM_TILE_UINT4S(SPLIT)];
+  threadgroup uint4 ws4[GEMM_TILE_UINT4S(SPLIT)];
+  threadgroup float staged[GEMM_STAGED_FLOATS(false)];
   const int begin = int(tg.y) * GEMM_BM;
   const GemmJob j = {w, w, x, y, (device const int*)x, p.x_stride, p.y_stride, p.in_dim, p.out_dim, 1,
                      begin, min(p.rows, begin + GEMM_BM), int(tg.x) * GEMM_BN, false, p.accumulate != 0};
-  gemm_block<T, false, false, SPLIT>(j, tid, sg, lane);
+  gemm_block<T, false, false, SPLIT>(j, xs4, ws4, staged, tid, sg, lane);
 }
 
 // The dense gated MLP's input half (the shared expert, as ffn_gate_up in moe.metal):
@@ -267,10 +272,13 @@ template <typename T>
     ushort tid             [[thread_index_in_threadgroup]],
     ushort sg              [[simdgroup_index_in_threadgroup]],
     ushort lane            [[thread_index_in_simdgroup]]) {
+  threadgroup uint4 xs4[GEMM_TILE_UINT4S(true)];
+  threadgroup uint4 ws4[GEMM_TILE_UINT4S(true)];
+  threadgroup float staged[GEMM_STAGED_FLOATS(true)];
   const int begin = int(tg.y) * GEMM_BM;
   const GemmJob j = {wg, wu, x, y, (device const int*)x, p.x_stride, p.y_stride, p.in_dim, p.out_dim, 1,
                      begin, min(p.rows, begin + GEMM_BM), int(tg.x) * (GEMM_BN / 2), false, false};
-  gemm_block<T, true, false, true>(j, tid, sg, lane);
+  gemm_block<T, true, false, true>(j, xs4, ws4, staged, tid, sg, lane);
 }
 
 // ---- grouped GEMM for routed experts -------------------------------------------------------
@@ -284,7 +292,8 @@ template <typename T>
 template <typename T, bool GATE_UP>
 inline void moe_gemm(constant MoeExpertsParams& p, device const int* offsets, device const int* pairs,
                      device const int* active, device const int* slot_of, device const uchar* pool,
-                     device const uchar* x, device uchar* y, uint2 tg, ushort tid, ushort sg, ushort lane) {
+                     device const uchar* x, device uchar* y, threadgroup uint4* xs4, threadgroup uint4* ws4,
+                     threadgroup float* staged, uint2 tg, ushort tid, ushort sg, ushort lane) {
   if (int(tg.y) >= active[0]) {
     return;  // uniform per threadgroup
   }
@@ -298,7 +307,7 @@ inline void moe_gemm(constant MoeExpertsParams& p, device const int* offsets, de
   device const uchar* record = pool + (missing ? 0ul : ulong(slot) * p.record_stride);
   const GemmJob j = {record + p.w0_offset, record + p.w1_offset, x, y, pairs, p.x_stride, p.y_stride, p.in_dim, p.out_dim,
                      p.top_k, offsets[e], offsets[e + 1], n0, missing, false};
-  gemm_block<T, GATE_UP, true, true>(j, tid, sg, lane);
+  gemm_block<T, GATE_UP, true, true>(j, xs4, ws4, staged, tid, sg, lane);
 }
 
 template <typename T>
@@ -315,7 +324,10 @@ template <typename T>
     ushort tid                   [[thread_index_in_threadgroup]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
-  moe_gemm<T, true>(p, offsets, pairs, active, slot_of, pool, x, y, tg, tid, sg, lane);
+  threadgroup uint4 xs4[GEMM_TILE_UINT4S(true)];
+  threadgroup uint4 ws4[GEMM_TILE_UINT4S(true)];
+  threadgroup float staged[GEMM_STAGED_FLOATS(true)];
+  moe_gemm<T, true>(p, offsets, pairs, active, slot_of, pool, x, y, xs4, ws4, staged, tg, tid, sg, lane);
 }
 
 template <typename T>
@@ -332,7 +344,10 @@ template <typename T>
     ushort tid                   [[thread_index_in_threadgroup]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
-  moe_gemm<T, false>(p, offsets, pairs, active, slot_of, pool, x, y, tg, tid, sg, lane);
+  threadgroup uint4 xs4[GEMM_TILE_UINT4S(true)];
+  threadgroup uint4 ws4[GEMM_TILE_UINT4S(true)];
+  threadgroup float staged[GEMM_STAGED_FLOATS(false)];
+  moe_gemm<T, false>(p, offsets, pairs, active, slot_of, pool, x, y, xs4, ws4, staged, tg, tid, sg, lane);
 }
 
 template [[host_name("gemm_f32_f32")]] kernel decltype(gemm<float, true>) gemm<float, true>;
