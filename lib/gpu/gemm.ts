@@ -20,7 +20,8 @@ export const GEMM_TILE = { rows: 64, cols: 64, k: 32, simdgroups: 4 } as const;
  * forms. The CPU backend keeps the matvec at every row count: it emulates a tile product with
  * two lane exchanges (fiber switches), and measured 3-8x slower than its matvec at the small
  * preset's shapes. CHERENKOV_GEMM_MIN_ROWS overrides both (tuning runs; tests that send tiny
- * prompts through the GEMM).
+ * prompts through the GEMM). Keep it above 1 + MAX_SNAP: a speculative verify batch then runs
+ * the same kernels as a decode step, so accepting drafts cannot change a greedy token.
  */
 export const GEMM_MIN_ROWS = 32;
 

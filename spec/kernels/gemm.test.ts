@@ -11,6 +11,7 @@
 import { afterAll, describe, expect, test } from "bun:test";
 
 import { encodeGemm, GEMM_MIN_ROWS, gemmMinRows, usesGemm } from "../../lib/gpu/gemm.ts";
+import { MAX_SNAP } from "../../lib/gpu/limits.ts";
 import { encodeMatvec } from "../../lib/gpu/projections.ts";
 import { bf16ToF32, f32ToBf16 } from "../../lib/model/dtype.ts";
 import { matmulRows } from "../../lib/reference/ops.ts";
@@ -222,6 +223,10 @@ describe("gemm_q4_f32 (q4 weight tiles dequantized in threadgroup memory)", () =
 });
 
 describe("GEMM or matvec by row count", () => {
+  test("the default threshold is above a verify batch (1 + MAX_SNAP rows): verify rows compute as decode does", () => {
+    expect(GEMM_MIN_ROWS).toBeGreaterThan(1 + MAX_SNAP);
+  });
+
   test("only q4 weights, from the row threshold on", () => {
     expect(usesGemm("q4", GEMM_MIN_ROWS, GEMM_MIN_ROWS)).toBe(true);
     expect(usesGemm("q4", GEMM_MIN_ROWS - 1, GEMM_MIN_ROWS)).toBe(false);
