@@ -102,6 +102,25 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MatvecParams, x_stride) == 24, "MatvecParams
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecParams, y_stride) == 32, "MatvecParams.y_stride: offset");
 #endif
 
+// Row-batch matrix product y[r] = W x[r] (+ y[r] when accumulating) through the tile API, in GEMM_BM x GEMM_BN threadgroup tiles (kernels/gemm.metal).
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t in_dim;                // offset 4
+  int32_t out_dim;               // offset 8
+  uint32_t accumulate;           // offset 12: 1: y += W x, 0: y = W x
+  uint64_t x_stride;             // offset 16: bytes between input rows
+  uint64_t y_stride;             // offset 24: bytes between output rows
+} GemmParams;
+CK_PARAMS_ASSERT(sizeof(GemmParams) == 32, "GemmParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(GemmParams, rows) == 0, "GemmParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(GemmParams, in_dim) == 4, "GemmParams.in_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(GemmParams, out_dim) == 8, "GemmParams.out_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(GemmParams, accumulate) == 12, "GemmParams.accumulate: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(GemmParams, x_stride) == 16, "GemmParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(GemmParams, y_stride) == 24, "GemmParams.y_stride: offset");
+#endif
+
 // Up to 4 projections of one input in one dispatch: y_i[r] = W_i x[r], W_i [out_dim[i], in_dim] bound at buffer 1 + i, y_i at 5 + i.
 typedef struct {
   int32_t rows;                  // offset 0: rows in the batch (nb)

@@ -10,6 +10,7 @@ import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from
 import { SIMD_WIDTH } from "./limits.ts";
 import { Params, type ParamValues } from "./params.ts";
 import { checkRows, encodeMatvec, MATVEC_TILE, matrixShape, oneRowForm } from "./projections.ts";
+import { encodeGemmGateUp, GEMM_TILE, gemmMinRows, usesGemm } from "./gemm.ts";
 
 /** Largest expert count and top-k the router and list kernels hold. */
 export const MOE_MAX_EXPERTS = 1024;
@@ -203,7 +204,11 @@ export function encodeRoutedExperts(
         const slots = Math.min(pool.slotsPerBuffer, pool.slots - b * pool.slotsPerBuffer);
         return { pool: buffer, slotOf: bind(table.buffer, base), active: bind(table.buffer, base + 4 * experts), slots };
       });
-  const run = (kernel: string, values: Omit<ParamValues<typeof Params.MoeExperts>, "rows" | "top_k" | "experts" | "slots" | "record_stride">, x: RowsRef, y: RowsRef, outDim: number) => {
+  // Prefill-sized batches take the grouped GEMM (kernels/gemm.metal: the same params,
+  // bindings and results, through the tile API): GEMM_TILE.cols outputs per threadgroup for
+  // down, half as many of gate and of up for gate_up. The fused decode form keeps the matvec.
+  const gemm = !combine && usesGemm(dtype, nb, gemmMinRows(ctx.device.backend));
+  const run = (kernel: string, values: Omit<ParamValues<typeof Params.MoeExperts>, "rows" | "top_k" | "experts" | "slots" | "record_stride">, x: RowsRef, y: RowsRef, outDim: number, perGroup: number) => {
     for (const p of parts)
       dispatch(
         ctx,
@@ -211,12 +216,26 @@ export function encodeRoutedExperts(
         Params.MoeExperts,
         { rows: nb, top_k: topK, experts, slots: p.slots, record_stride: pool.stride, ...values },
         [lists.offsets, lists.pairs, p.active, p.slotOf, p.pool, bind(x.buffer, x.offset), bind(y.buffer, y.offset)],
-        [Math.ceil(outDim / (T.rows * T.simdgroups)), expertRows],
-        SIMD_WIDTH * T.simdgroups,
+        [Math.ceil(outDim / perGroup), expertRows],
+        SIMD_WIDTH * (gemm ? GEMM_TILE.simdgroups : T.simdgroups),
       );
   };
-  run(oneRowForm(`moe_gate_up_${dtype}_f32`, dtype, pairsPerPass), { in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: x.stride, y_stride: scratch.h.stride }, x, scratch.h, I);
-  run(oneRowForm(`moe_down_${dtype}_f32`, dtype, pairsPerPass), { in_dim: I, out_dim: d, w0_offset: down.offset, w1_offset: 0, x_stride: scratch.h.stride, y_stride: scratch.o.stride }, scratch.h, scratch.o, d);
+  run(
+    gemm ? `moe_gemm_gate_up_${dtype}_f32` : oneRowForm(`moe_gate_up_${dtype}_f32`, dtype, pairsPerPass),
+    { in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: x.stride, y_stride: scratch.h.stride },
+    x,
+    scratch.h,
+    I,
+    gemm ? GEMM_TILE.cols / 2 : T.rows * T.simdgroups,
+  );
+  run(
+    gemm ? `moe_gemm_down_${dtype}_f32` : oneRowForm(`moe_down_${dtype}_f32`, dtype, pairsPerPass),
+    { in_dim: I, out_dim: d, w0_offset: down.offset, w1_offset: 0, x_stride: scratch.h.stride, y_stride: scratch.o.stride },
+    scratch.h,
+    scratch.o,
+    d,
+    gemm ? GEMM_TILE.cols : T.rows * T.simdgroups,
+  );
 }
 
 /** The fused down projections + combine of a decode step (moe_down_combine) into combine.y. */
@@ -284,15 +303,19 @@ export function encodeSharedExpert(ctx: EncodeContext, w: SharedExpertRefs, x: R
   const [SI, d] = matrixShape(w.gate, "shared_gate");
   if (w.gate.dtype !== w.up.dtype) throw new Error(`shared expert: gate ${w.gate.dtype} and up ${w.up.dtype} differ`);
   const T = MATVEC_TILE;
-  dispatch(
-    ctx,
-    `ffn_gate_up_${w.gate.dtype}_f32`,
-    Params.Matvec,
-    { rows: nb, in_dim: d, out_dim: SI, accumulate: 0, rows_per_group: nb, x_stride: x.stride, y_stride: scratch.h.stride },
-    [bind(w.gate.buffer, w.gate.offset), bind(w.up.buffer, w.up.offset), bind(x.buffer, x.offset), bind(scratch.h.buffer, scratch.h.offset)],
-    [Math.ceil(SI / (T.rows * T.simdgroups)), 1],
-    SIMD_WIDTH * T.simdgroups,
-  );
+  if (usesGemm(w.gate.dtype, nb, gemmMinRows(ctx.device.backend))) {
+    encodeGemmGateUp(ctx, w.gate, w.up, x, scratch.h, nb);
+  } else {
+    dispatch(
+      ctx,
+      `ffn_gate_up_${w.gate.dtype}_f32`,
+      Params.Matvec,
+      { rows: nb, in_dim: d, out_dim: SI, accumulate: 0, rows_per_group: nb, x_stride: x.stride, y_stride: scratch.h.stride },
+      [bind(w.gate.buffer, w.gate.offset), bind(w.up.buffer, w.up.offset), bind(x.buffer, x.offset), bind(scratch.h.buffer, scratch.h.offset)],
+      [Math.ceil(SI / (T.rows * T.simdgroups)), 1],
+      SIMD_WIDTH * T.simdgroups,
+    );
+  }
   encodeMatvec(ctx, w.down, scratch.h, scratch.s, nb);
   encodeMatvec(ctx, w.expertGate, x, scratch.sg, nb);
 }

@@ -43,6 +43,17 @@ export const denseParams = {
       { name: "y_stride", type: "u64", doc: "bytes between output rows" },
     ],
   },
+  Gemm: {
+    doc: "Row-batch matrix product y[r] = W x[r] (+ y[r] when accumulating) through the tile API, in GEMM_BM x GEMM_BN threadgroup tiles (kernels/gemm.metal).",
+    fields: [
+      { name: "rows", type: "i32", doc: "rows in the batch (nb)" },
+      { name: "in_dim", type: "i32" },
+      { name: "out_dim", type: "i32" },
+      { name: "accumulate", type: "u32", doc: "1: y += W x, 0: y = W x" },
+      { name: "x_stride", type: "u64", doc: "bytes between input rows" },
+      { name: "y_stride", type: "u64", doc: "bytes between output rows" },
+    ],
+  },
   MatvecMulti: {
     doc: "Up to 4 projections of one input in one dispatch: y_i[r] = W_i x[r], W_i [out_dim[i], in_dim] bound at buffer 1 + i, y_i at 5 + i.",
     fields: [

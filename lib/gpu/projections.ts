@@ -5,6 +5,7 @@
 import type { DType } from "../model/config.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { MAX_NB, SIMD_WIDTH } from "./limits.ts";
+import { encodeGemm, gemmMinRows, usesGemm } from "./gemm.ts";
 import { Params } from "./params.ts";
 
 /** Output rows per simdgroup, batch rows per pass and simdgroups per threadgroup (kernels/matvec.h). */
@@ -21,6 +22,8 @@ export interface MatvecOptions {
    * split for narrow weights on a GPU (see `prefersSplit`), rows otherwise.
    */
   form?: "rows" | "split";
+  /** false: the matvec whatever the row count (benches that measure it); default: usesGemm decides. */
+  gemm?: boolean;
 }
 
 /**
@@ -94,7 +97,11 @@ function checkProjection(w: TensorRef, x: RowsRef, nb: number, what: string): [n
   return [out, inDim];
 }
 
-/** y[r] = W x[r] for r < nb. The input width must be a multiple of 4 (32 for q4). */
+/**
+ * y[r] = W x[r] for r < nb. The input width must be a multiple of 4 (32 for q4). A q4 weight
+ * over enough rows (usesGemm: prefill chunks) goes to the tiled GEMM instead (lib/gpu/gemm.ts),
+ * unless the caller picked a matvec form or row split, or gemm: false.
+ */
 export function encodeMatvec(
   ctx: EncodeContext,
   w: TensorRef,
@@ -103,6 +110,10 @@ export function encodeMatvec(
   nb: number,
   opts: MatvecOptions = {},
 ): void {
+  if (opts.gemm !== false && opts.form === undefined && opts.rowsPerGroup === undefined && usesGemm(w.dtype, nb, gemmMinRows(ctx.device.backend))) {
+    encodeGemm(ctx, w, x, y, nb, { accumulate: opts.accumulate });
+    return;
+  }
   const [out, inDim] = checkProjection(w, x, nb, "matvec");
   const rowsPerGroup = Math.min(nb, opts.rowsPerGroup ?? nb);
   if (!Number.isInteger(rowsPerGroup) || rowsPerGroup < 1) throw new Error(`matvec: rowsPerGroup ${rowsPerGroup} must be a positive integer`);
@@ -140,9 +151,15 @@ export interface Projection {
  * Several projections of one input: those of the same dtype and input width go in one
  * matvec_multi dispatch (up to MATVEC_MULTI each), the rest as single matvecs. The same
  * results as a matvec each in the same form: narrow groups (few rows together) take the split
- * form on a GPU, as a lone narrow projection does; `form` forces one.
+ * form on a GPU, as a lone narrow projection does; `form` forces one. Rows enough for the
+ * GEMM (usesGemm) send each q4 projection to it instead.
  */
 export function encodeMatvecs(ctx: EncodeContext, items: readonly Projection[], x: RowsRef, nb: number, opts: { form?: "rows" | "split" } = {}): void {
+  const minRows = gemmMinRows(ctx.device.backend);
+  if (items.length > 0 && items.every((it) => usesGemm(it.w.dtype, nb, minRows))) {
+    for (const it of items) encodeMatvec(ctx, it.w, x, it.y, nb);
+    return;
+  }
   const groups = new Map<string, Projection[]>();
   for (const it of items) {
     const [, inDim] = matrixShape(it.w, "matvecs");

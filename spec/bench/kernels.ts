@@ -17,7 +17,12 @@
  * Each case records `reps` copies of its dispatches into one command buffer (so commit
  * latency is spread), runs it `iters` times after a warm-up, and reports the fastest run
  * per copy (the least disturbed by other processes on a shared machine) and the median.
- * A case may be several dispatches (named in `kernels`).
+ * A case may be several dispatches (named in `kernels`). Cases that declare their arithmetic
+ * (the GEMMs) also print TFLOP/s: 2 * out * in * nb per copy over the fastest run. The GEMM
+ * cases (filter "gemm") run the tiled q4 GEMM (gemm_q4_f32: split bf16 operands, the engine's;
+ * gemm_plain_q4_f32: one bf16 product) beside the matvec at the model's dense shapes and the LM
+ * head, e.g. `--preset 30b-a3b-shape --storage device --nb 32,256,512 --filter gemm`; the
+ * crossover row count is lib/gpu/gemm.ts's GEMM_MIN_ROWS.
  */
 import { presetConfig, type PresetName } from "../../lib/convert/presets.ts";
 import { dims, type DType } from "../../lib/model/config.ts";
@@ -33,6 +38,7 @@ import { encodeHcCoefficients, encodeHcCoefficientsRead, encodeHcWrite, hcMixCou
 import { encodeMtpInput } from "../../lib/gpu/mtp.ts";
 import { encodeRmsNorm, encodeRmsNormGated } from "../../lib/gpu/norms.ts";
 import { encodeMatvec } from "../../lib/gpu/projections.ts";
+import { encodeGemm } from "../../lib/gpu/gemm.ts";
 import { encodeArgmax, encodeFinalRead } from "../../lib/gpu/sampling.ts";
 import { Device, type Buffer, type Storage } from "../../lib/shim.ts";
 import { allocateKvCache, attentionPartialBytes, attentionSplits, encodeAttention, encodeKvAppend, encodeQsa, encodeRope, qsaScoreBytes } from "../../lib/gpu/attention.ts";
@@ -49,6 +55,8 @@ interface BenchCase {
   setup(nb: number): (ctx: EncodeContext) => void;
   /** The fewest bytes one copy must move through device memory (weights read once, inputs read, outputs written). */
   bytes?(nb: number): number;
+  /** Floating-point operations of one copy (multiply-adds count 2), for a TFLOP/s column. */
+  flops?(nb: number): number;
 }
 
 export interface BenchResult {
@@ -63,6 +71,9 @@ export interface BenchResult {
   /** The case's byte count (when it declares one) and the bandwidth that makes: bytes / fastest run. */
   bytes?: number;
   gbPerS?: number;
+  /** The case's operation count (when it declares one) and the rate: flops / fastest run. */
+  flops?: number;
+  tflops?: number;
 }
 
 const argv = process.argv.slice(2);
@@ -157,10 +168,30 @@ function cases(f: Fixture): BenchCase[] {
       const w = f.weight([out, inDim], dtype);
       const x = f.rows(nb, inDim);
       const y = f.rows(nb, out);
-      return (ctx) => encodeMatvec(ctx, w, x, y, nb);
+      return (ctx) => encodeMatvec(ctx, w, x, y, nb, { gemm: false });
     },
     bytes: (nb) => tensorBytes([out, inDim], dtype) + nb * (inDim + out) * 4,
+    flops: (nb) => 2 * out * inDim * nb,
   });
+  // The tiled GEMM (lib/gpu/gemm.ts) at a dense shape, split (the engine's) or plain operands.
+  const gemm = (name: string, out: number, inDim: number, precision: "split" | "plain"): BenchCase => ({
+    name: `gemm ${precision}: ${name}`,
+    kernels: [precision === "split" ? "gemm_q4_f32" : "gemm_plain_q4_f32"],
+    shape: `[${out}, ${inDim}] q4`,
+    setup(nb) {
+      const w = f.weight([out, inDim], q4);
+      const x = f.rows(nb, inDim);
+      const y = f.rows(nb, out);
+      return (ctx) => encodeGemm(ctx, w, x, y, nb, { precision });
+    },
+    bytes: (nb) => tensorBytes([out, inDim], q4) + nb * (inDim + out) * 4,
+    flops: (nb) => 2 * out * inDim * nb,
+  });
+  const gemmCases = (["split", "plain"] as const).flatMap((precision) => [
+    gemm("dn.qkv projection", D.dnConvChannels, d, precision),
+    gemm("dn.out / attn.o projection", d, D.dnValue, precision),
+    gemm("logits (lm head)", vocab, d, precision),
+  ]);
   // The streaming reference: y = a + b over STREAM_FLOATS floats (two reads and a write each),
   // what a memory-bound kernel of this backend can reach (the "copy bandwidth" of the table).
   const STREAM_FLOATS = f.dev.backend === "cpu" ? 1 << 20 : 1 << 25;
@@ -305,6 +336,7 @@ function cases(f: Fixture): BenchCase[] {
     },
     {
       name: "routed experts",
+      // From the GEMM row threshold on (lib/gpu/gemm.ts), moe_gemm_gate_up_q4_f32 + moe_gemm_down_q4_f32.
       kernels: ["moe_gate_up_pairs_q4 + moe_down_combine_q4 (nb 1)", "moe_gate_up_q4 + moe_down_q4 (nb > 1)"],
       shape: `k ${k}, [${I}, ${d}] q4 records`,
       setup(nb) {
@@ -350,6 +382,7 @@ function cases(f: Fixture): BenchCase[] {
         const active = new Set(Array.from({ length: nb * k }, (_, i) => (i * 7 + Math.floor(i / k)) % E)).size;
         return active * 3 * tensorBytes([I, d], q4) + nb * d * 4 + nb * k * (2 * I + d) * 4;
       },
+      flops: (nb) => 3 * 2 * I * d * nb * k,
     },
     {
       name: "shared expert",
@@ -389,6 +422,7 @@ function cases(f: Fixture): BenchCase[] {
       },
     },
     proj("logits (lm head)", vocab, d, q4),
+    ...gemmCases,
     {
       name: "argmax",
       kernels: ["argmax_f32"],
@@ -598,7 +632,19 @@ export function runBench(opts: { nbs: number[]; iters: number; reps: number; fil
         }
         const us = Math.min(...times);
         const bytes = c.bytes?.(nb);
-        out.push({ name: c.name, kernels: c.kernels, shape: c.shape, nb, us, medianUs: median(times), bytes, gbPerS: bytes === undefined ? undefined : bytes / us / 1000 });
+        const flops = c.flops?.(nb);
+        out.push({
+          name: c.name,
+          kernels: c.kernels,
+          shape: c.shape,
+          nb,
+          us,
+          medianUs: median(times),
+          bytes,
+          gbPerS: bytes === undefined ? undefined : bytes / us / 1000,
+          flops,
+          tflops: flops === undefined ? undefined : flops / us / 1e6,
+        });
       }
     }
   } finally {
@@ -611,13 +657,29 @@ function table(results: BenchResult[], nbs: number[]): string {
   const names = [...new Set(results.map((r) => r.name))];
   // Bandwidth columns are relative to the stream case's (this backend's memory-bound ceiling).
   const stream = results.find((r) => r.name.startsWith("stream") && r.gbPerS !== undefined)?.gbPerS;
-  const head = ["case", "kernels", "shape", ...nbs.map((nb) => `nb=${nb} (us)`), ...nbs.map((nb) => `nb=${nb} GB/s (% stream)`)];
+  const rates = results.some((r) => r.tflops !== undefined);
+  const head = [
+    "case",
+    "kernels",
+    "shape",
+    ...nbs.map((nb) => `nb=${nb} (us)`),
+    ...nbs.map((nb) => `nb=${nb} GB/s (% stream)`),
+    ...(rates ? nbs.map((nb) => `nb=${nb} TFLOP/s`) : []),
+  ];
   const bw = (r: BenchResult | undefined) =>
     r?.gbPerS === undefined ? "" : `${r.gbPerS.toFixed(r.gbPerS < 10 ? 2 : 0)}${stream ? ` (${((100 * r.gbPerS) / stream).toFixed(0)}%)` : ""}`;
+  const rate = (r: BenchResult | undefined) => (r?.tflops === undefined ? "" : r.tflops.toFixed(r.tflops < 1 ? 3 : 1));
   const body = names.map((name) => {
     const rs = results.filter((r) => r.name === name);
     const at = (nb: number) => rs.find((r) => r.nb === nb);
-    return [name, rs[0]!.kernels.join(" + "), rs[0]!.shape, ...nbs.map((nb) => at(nb)?.us.toFixed(1) ?? ""), ...nbs.map((nb) => bw(at(nb)))];
+    return [
+      name,
+      rs[0]!.kernels.join(" + "),
+      rs[0]!.shape,
+      ...nbs.map((nb) => at(nb)?.us.toFixed(1) ?? ""),
+      ...nbs.map((nb) => bw(at(nb))),
+      ...(rates ? nbs.map((nb) => rate(at(nb))) : []),
+    ];
   });
   const widths = head.map((h, i) => Math.max(h.length, ...body.map((row) => row[i]!.length)));
   const line = (row: string[]) => row.map((v, i) => (i >= 3 ? v.padStart(widths[i]!) : v.padEnd(widths[i]!))).join("  ");
