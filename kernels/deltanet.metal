@@ -1,11 +1,12 @@
 // Gated DeltaNet recurrence (docs/model.md, Mixer A) over nb rows, and the rollback copy
 // of snapshot planes.
 //
-// State S [Hv][dk][dv] per sequence (lib/reference's DeltaNetState.S layout). Column j of
-// a value head's S only ever meets column j: S = e^g S; m_j = S[:, j] . k;
-// delta_j = beta (v_j - m_j); S[:, j] += k delta_j; o_j = S[:, j] . q. So one simdgroup
-// owns one column (lane l holds rows l, l + 32, ...) and walks the rows in order without
-// threadgroup barriers. Per row it needs the reductions |q|^2, |k|^2, q.k, S.k and S.q over
+// State S per sequence, stored [Hv][dv][dk]: the transpose of each head of lib/reference's
+// DeltaNetState.S ([Hv][dk][dv]), so that a column is contiguous. Column j of a value head's S
+// only ever meets column j: S = e^g S; m_j = S[:, j] . k; delta_j = beta (v_j - m_j);
+// S[:, j] += k delta_j; o_j = S[:, j] . q. So one simdgroup owns one column (lane l holds rows
+// l, l + 32, ...: one coalesced load per 32 rows; the reference's layout put the lanes 4 * dv
+// bytes apart) and walks the rows in order without threadgroup barriers. Per row it needs the reductions |q|^2, |k|^2, q.k, S.k and S.q over
 // dk, all of the state before the update: with q^ = q rq, k^ = k rk,
 //   m_j = e^g rk (S.k),  o_j = e^g rq (S.q) + delta_j rq rk (q.k),
 // which is the reference's order of operations rewritten (equal up to f32 rounding), and
@@ -20,7 +21,7 @@ using namespace metal;
 // Inputs: the conv output qkv [nb][q: Hk*dk | k: Hk*dk | v: Hv*dv] (after SiLU, not yet
 // normalised), b and a [nb][Hv] (raw projections), A_log and dt_bias [Hv].
 // Output o [nb][Hv*dv]; snapshot plane r holds S after row r.
-kernel void deltanet_rows_f32(
+[[max_total_threads_per_threadgroup(128)]] kernel void deltanet_rows_f32(
     constant DeltaNetParams& p   [[buffer(0)]],
     device const float* qkv      [[buffer(1)]],
     device const float* b        [[buffer(2)]],
@@ -48,11 +49,14 @@ kernel void deltanet_rows_f32(
   const uint v_off = 2u * uint(p.key_heads) * dk + h * dv + j;
   const ulong head_off = ulong(h) * dk * dv;
 
+  const ulong col_off = head_off + ulong(j) * dk;
+  // Loops over a lane's rows run to the constant bound with a guard: s[] and kr[] stay in
+  // registers (to `per` they were local memory).
   float s[SEQ_MAX_PER_LANE];
   float kr[SEQ_MAX_PER_LANE];
-  for (uint m = 0; m < per; m++) {
+  CK_UNROLL for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) {
     const uint i = lane + 32u * m;
-    s[m] = i < dk ? S[head_off + ulong(i) * dv + j] : 0.0f;
+    s[m] = m < per && i < dk ? S[col_off + i] : 0.0f;
   }
   const float A = exp(A_log[h]);
   const float dtb = dt_bias[h];
@@ -61,13 +65,15 @@ kernel void deltanet_rows_f32(
     device const float* row = seq_row(qkv, p.qkv_stride, uint(t));
     float4 part = float4(0.0f);  // |q|^2, |k|^2, S.k, S.q
     float qk = 0.0f;
-    for (uint m = 0; m < per; m++) {
-      const uint i = lane + 32u * m;
-      const float qi = i < dk ? row[q_off + i] : 0.0f;
-      const float ki = i < dk ? row[k_off + i] : 0.0f;
-      kr[m] = ki;
-      part = part + float4(qi * qi, ki * ki, s[m] * ki, s[m] * qi);
-      qk = fma(qi, ki, qk);
+    CK_UNROLL for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) {
+      if (m < per) {
+        const uint i = lane + 32u * m;
+        const float qi = i < dk ? row[q_off + i] : 0.0f;
+        const float ki = i < dk ? row[k_off + i] : 0.0f;
+        kr[m] = ki;
+        part = part + float4(qi * qi, ki * ki, s[m] * ki, s[m] * qi);
+        qk = fma(qi, ki, qk);
+      }
     }
     part = simd_sum(part);
     qk = simd_sum(qk);
@@ -79,26 +85,28 @@ kernel void deltanet_rows_f32(
     const float delta = beta * (row[v_off] - mj);
     const float oj = decay * rq * part.w + delta * (rq * rk * qk);
     const float kd = rk * delta;
-    for (uint m = 0; m < per; m++) {
-      s[m] = fma(decay, s[m], kr[m] * kd);
+    CK_UNROLL for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) {
+      if (m < per) {
+        s[m] = fma(decay, s[m], kr[m] * kd);
+      }
     }
     if (lane == 0) {
       seq_row(o, p.o_stride, uint(t))[h * dv + j] = oj;
     }
     if (t < p.snap_rows) {
       device float* plane = seq_row(snap, p.plane_stride, uint(t));
-      for (uint m = 0; m < per; m++) {
+      CK_UNROLL for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) {
         const uint i = lane + 32u * m;
-        if (i < dk) {
-          plane[head_off + ulong(i) * dv + j] = s[m];
+        if (m < per && i < dk) {
+          plane[col_off + i] = s[m];
         }
       }
     }
   }
-  for (uint m = 0; m < per; m++) {
+  CK_UNROLL for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) {
     const uint i = lane + 32u * m;
-    if (i < dk) {
-      S[head_off + ulong(i) * dv + j] = s[m];
+    if (m < per && i < dk) {
+      S[col_off + i] = s[m];
     }
   }
 }

@@ -23,6 +23,9 @@ static_assert(HC_TG_SG * 32 == 256, "update the hc read kernels' [[max_total_thr
 // of a site over ~100 threadgroups instead of the few a matvec of 24 rows gets.
 #define HC_CHUNK 256
 #define HC_MIX_SG 8
+// The most chunks a row may have (n * d <= HC_MAX_CHUNKS * HC_CHUNK = 16384), so the gather of
+// the partials runs to constant bounds.
+#define HC_MAX_CHUNKS 64
 static_assert(HC_MIX_SG * 32 == 256, "update hc_mix_partials' [[max_total_threads_per_threadgroup]]");
 
 inline float hc_sigmoid(float v) {
@@ -137,19 +140,40 @@ inline float hc_lanes_max(float v, int first, int stride, int n) {
   return m;
 }
 
+// What lane l of the lane form reads of a site's scale and base: loaded at the kernel's start,
+// with the stream loads, so the coefficients wait for no memory after the barrier.
+struct HcLaneConsts {
+  float scale0, scale1, scale2;
+  float pre, post, comb;  // base[l], base[n + l], base[2n + i * n + j]
+};
+
+inline HcLaneConsts hc_lane_consts(int n, bool head, device const float* scale, device const float* base, ushort lane) {
+  const int l = int(lane);
+  const bool live = l < n * n;
+  const int i = live ? l / n : 0;
+  const int j = live ? l % n : 0;
+  HcLaneConsts k;
+  k.scale0 = scale[0];
+  k.scale1 = head ? 0.0f : scale[1];
+  k.scale2 = head ? 0.0f : scale[2];
+  k.pre = l < n ? base[l] : 0.0f;
+  k.post = !head && l < n ? base[n + l] : 0.0f;
+  k.comb = head ? 0.0f : base[2 * n + i * n + j];
+  return k;
+}
+
 // The same coefficients computed by one simdgroup (every lane calls it; n * n <= 32): lane
 // i * n + j holds comb[i][j]; each row or column sum gathers its n values by shuffles and adds
 // them in the serial form's order, so the results are the serial form's to the bit.
-inline void hc_coeffs_lanes(int n, bool head, int iters, float eps, float rs, device const float* scale,
-                            device const float* base, threadgroup const float* mix, device float* out,
-                            threadgroup float* pre, ushort lane) {
+inline void hc_coeffs_lanes(int n, bool head, int iters, float eps, float rs, HcLaneConsts k,
+                            threadgroup const float* mix, device float* out, threadgroup float* pre, ushort lane) {
   const int l = int(lane);
   if (l < n) {
-    float v = hc_sigmoid(mix[l] * rs * scale[0] + base[l]) + eps;
+    float v = hc_sigmoid(mix[l] * rs * k.scale0 + k.pre) + eps;
     out[l] = v;
     pre[l] = v;
     if (!head) {
-      out[n + l] = 2.0f * hc_sigmoid(mix[n + l] * rs * scale[1] + base[n + l]);
+      out[n + l] = 2.0f * hc_sigmoid(mix[n + l] * rs * k.scale1 + k.post);
     }
   }
   if (head) {
@@ -158,7 +182,7 @@ inline void hc_coeffs_lanes(int n, bool head, int iters, float eps, float rs, de
   const bool live = l < n * n;
   const int i = live ? l / n : 0;  // lanes past n * n shadow entry (0, 0): every shuffle stays in range
   const int j = live ? l % n : 0;
-  float c = mix[2 * n + i * n + j] * rs * scale[2] + base[2 * n + i * n + j];
+  float c = mix[2 * n + i * n + j] * rs * k.scale2 + k.comb;
   const float m = hc_lanes_max(c, i * n, 1, n);
   const float e = exp(c - m);
   c = e / hc_lanes_sum(e, i * n, 1, n) + eps;
@@ -174,16 +198,16 @@ inline void hc_coeffs_lanes(int n, bool head, int iters, float eps, float rs, de
 }
 
 // One row's coefficients from its raw mixes and the streams' rms: simdgroup 0 of the row's
-// threadgroup (lane-parallel for n * n <= 32, else its thread 0 serially). pre also lands in
-// threadgroup memory for a read in the same threadgroup.
+// threadgroup (lane-parallel for n * n <= 32, with the constants `k` it loaded early, else its
+// thread 0 serially). pre also lands in threadgroup memory for a read in the same threadgroup.
 inline void hc_coeffs_row(int n, bool head, int iters, float eps, float rs, device const float* scale,
-                          device const float* base, threadgroup const float* mix, device float* out,
+                          device const float* base, HcLaneConsts k, threadgroup const float* mix, device float* out,
                           threadgroup float* pre, threadgroup float* comb, ushort sg, ushort lane) {
   if (sg != 0) {
     return;
   }
   if (n * n <= 32) {
-    hc_coeffs_lanes(n, head, iters, eps, rs, scale, base, mix, out, pre, lane);
+    hc_coeffs_lanes(n, head, iters, eps, rs, k, mix, out, pre, lane);
   } else if (lane == 0) {
     hc_coeffs_serial(n, head, iters, eps, rs, scale, base, mix, out, pre, comb);
   }
@@ -241,16 +265,22 @@ template [[host_name("hc_mix_partials_f16_f32")]] kernel decltype(hc_mix_partial
 #define HC_GATHER_TURNS ((HC_MAX_MIXES + 1 + HC_TG_SG - 1) / HC_TG_SG)
 inline void hc_gather_mixes(device const float* part, int mixes, int chunks, threadgroup float* mix, ushort sg, ushort lane) {
   float s[HC_GATHER_TURNS];
-  MV_UNROLL for (int j = 0; j < HC_GATHER_TURNS; j++) {
+  // Every turn's first chunk (all of them when chunks <= 32) in one batch of loads, then the
+  // further ones (constant trip counts: a runtime loop here put s[] in local memory).
+  CK_UNROLL for (int j = 0; j < HC_GATHER_TURNS; j++) {
     const int m = int(sg) + j * HC_TG_SG;
-    s[j] = 0.0f;
-    if (m <= mixes) {
-      for (int c = int(lane); c < chunks; c += 32) {
-        s[j] += part[m * chunks + c];
+    s[j] = m <= mixes && int(lane) < chunks ? part[m * chunks + int(lane)] : 0.0f;
+  }
+  if (chunks > 32) {  // uniform
+    CK_UNROLL for (int j = 0; j < HC_GATHER_TURNS; j++) {
+      const int m = int(sg) + j * HC_TG_SG;
+      CK_UNROLL for (int q = 1; q < HC_MAX_CHUNKS / 32; q++) {
+        const int c = int(lane) + 32 * q;
+        s[j] += m <= mixes && c < chunks ? part[m * chunks + c] : 0.0f;
       }
     }
   }
-  MV_UNROLL for (int j = 0; j < HC_GATHER_TURNS; j++) {
+  CK_UNROLL for (int j = 0; j < HC_GATHER_TURNS; j++) {
     const int m = int(sg) + j * HC_TG_SG;
     if (m <= mixes) {  // uniform per simdgroup
       const float t = simd_sum(s[j]);
@@ -262,49 +292,55 @@ inline void hc_gather_mixes(device const float* part, int mixes, int chunks, thr
   threadgroup_barrier(mem_flags::mem_threadgroup);
 }
 
-// This thread's float4 columns (c4 = thread index, and one threadgroup width on) of each of
-// the n streams, loaded early so the loads overlap what the threadgroup does before its read
-// (the coefficients). Two turns cover d = 2048 with 256 threads; wider rows load the rest in
-// the read.
+// This thread's float4 columns (c4 = thread index, and one threadgroup width on) of the first
+// HC_PF_STREAMS streams, loaded early so the loads overlap what the threadgroup does before its
+// read (the coefficients). Two turns cover d = 2048 with 256 threads; wider rows, and streams
+// past HC_PF_STREAMS (n > 4: more registers than a thread has to spare), load in the read.
 #define HC_READ_AHEAD 2
+#define HC_PF_STREAMS 4
 inline void hc_prefetch(int n, int cols, device const float* X, int t, thread float4* xs) {
   const int c4s = cols / 4;
   device const float4* X4 = (device const float4*)X;
-  MV_UNROLL for (int a = 0; a < HC_READ_AHEAD; a++) {
+  CK_UNROLL for (int a = 0; a < HC_READ_AHEAD; a++) {
     const int c4 = t + a * 32 * HC_TG_SG;
-    MV_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
-      xs[a * HC_MAX_STREAMS + i] = (i < n && c4 < c4s) ? X4[i * c4s + c4] : float4(0.0f);
+    CK_UNROLL for (int i = 0; i < HC_PF_STREAMS; i++) {
+      xs[a * HC_PF_STREAMS + i] = (i < n && c4 < c4s) ? X4[i * c4s + c4] : float4(0.0f);
     }
+  }
+}
+
+// The norm weights of this thread's prefetched turns (hc_prefetch's columns).
+inline void hc_prefetch_norm(int cols, device const float* w, int t, thread float4* wk) {
+  const int c4s = cols / 4;
+  CK_UNROLL for (int a = 0; a < HC_READ_AHEAD; a++) {
+    const int c4 = t + a * 32 * HC_TG_SG;
+    wk[a] = c4 < c4s ? float4(w[4 * c4], w[4 * c4 + 1], w[4 * c4 + 2], w[4 * c4 + 3]) : float4(0.0f);
   }
 }
 
 // x = sum_i pre_i X_i for one row, four columns per thread (cols % 4 == 0), then (NORM)
 // x * rsqrt(mean(x^2) + eps) * w. xs holds the thread's first HC_READ_AHEAD turns of columns
-// (hc_prefetch); later ones (cols > 4 * HC_READ_AHEAD * threads) are loaded in the loop. The
-// norm rescales what the same thread wrote, the prefetched turns from registers. PRE is where
-// pre lives (device or threadgroup memory).
+// (hc_prefetch) and wk their norm weights (hc_prefetch_norm); later ones (cols > 4 *
+// HC_READ_AHEAD * threads) are loaded in the loop. The norm rescales what the same thread
+// wrote, the prefetched turns from registers. PRE is where pre lives (device or threadgroup
+// memory).
 template <bool NORM, typename PRE>
 inline void hc_read_row(int n, int cols, float eps, bool centred, device const float* X, PRE pre, thread float4* xs,
-                        device const float* w, device float* out, threadgroup float* partial, ushort sg, ushort lane) {
+                        device const float* w, thread const float4* wk, device float* out, threadgroup float* partial,
+                        ushort sg, ushort lane) {
   const int t = int(sg) * 32 + int(lane);
   const int c4s = cols / 4;
   const int step = 32 * HC_TG_SG;
   device const float4* X4 = (device const float4*)X;
   device float4* out4 = (device float4*)out;
-  // The norm weights of the prefetched turns, loaded now: they arrive during the sum.
-  float4 wk[HC_READ_AHEAD];
-  MV_UNROLL for (int a = 0; a < HC_READ_AHEAD; a++) {
-    const int c4 = t + a * step;
-    wk[a] = NORM && c4 < c4s ? float4(w[4 * c4], w[4 * c4 + 1], w[4 * c4 + 2], w[4 * c4 + 3]) : float4(0.0f);
-  }
   float ss = 0.0f;
   float4 kept[HC_READ_AHEAD];
   MV_UNROLL for (int a = 0; a < HC_READ_AHEAD; a++) {
     const int c4 = t + a * step;
     float4 v = float4(0.0f);
-    MV_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+    CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
       if (i < n) {
-        v += pre[i] * xs[a * HC_MAX_STREAMS + i];
+        v += pre[i] * (i < HC_PF_STREAMS ? xs[a * HC_PF_STREAMS + (i % HC_PF_STREAMS)] : (c4 < c4s ? X4[i * c4s + c4] : float4(0.0f)));
       }
     }
     kept[a] = v;
@@ -341,7 +377,8 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
 }
 
 // A threadgroup per row: the mixes from hc_mix_partials, then simdgroup 0 turns them into
-// coefficients.
+// coefficients. Params are read once into registers: a barrier makes the compiler read them
+// from memory again.
 [[max_total_threads_per_threadgroup(256)]] kernel void hc_coeffs_f32(
     constant HcCoeffsParams& p [[buffer(0)]],
     device const uchar* x      [[buffer(1)]],
@@ -355,21 +392,29 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
   threadgroup float mix[HC_MAX_MIXES + 1];
   threadgroup float pre[HC_MAX_STREAMS];
   threadgroup float comb[HC_MAX_STREAMS * HC_MAX_STREAMS];
-  int row = int(tg);
+  const int row = int(tg);
+  const int n = p.streams, cols = p.cols, iters = p.iters;
+  const bool head = p.head != 0;
+  const float eps = p.eps;
   if (row >= p.rows) {
     return;  // uniform per threadgroup
   }
-  const int mixes = p.head != 0 ? p.streams : 2 * p.streams + p.streams * p.streams;
-  hc_gather_mixes((device const float*)(raw + ulong(row) * p.raw_stride), mixes, p.chunks, mix, sg, lane);
-  float rs = rsqrt(mix[mixes] / float(p.streams * p.cols) + p.eps);
   device float* out = (device float*)(coeffs + ulong(row) * p.c_stride);
-  hc_coeffs_row(p.streams, p.head != 0, p.iters, p.eps, rs, scale, base, mix, out, pre, comb, sg, lane);
+  HcLaneConsts k = {};
+  if (sg == 0 && n * n <= 32) {
+    k = hc_lane_consts(n, head, scale, base, lane);
+  }
+  const int mixes = head ? n : 2 * n + n * n;
+  hc_gather_mixes((device const float*)(raw + ulong(row) * p.raw_stride), mixes, p.chunks, mix, sg, lane);
+  const float rs = rsqrt(mix[mixes] / float(n * cols) + eps);
+  hc_coeffs_row(n, head, iters, eps, rs, scale, base, k, mix, out, pre, comb, sg, lane);
 }
 
 // A residual site's read (or the final read) in one threadgroup per row: the coefficients as
 // hc_coeffs_f32 (written out for the site's write), then, after a barrier, x = sum_i pre_i X_i
-// and its RMSNorm, pre taken from threadgroup memory. Each thread's stream values are loaded
-// before the coefficients are formed.
+// and its RMSNorm, pre taken from threadgroup memory. Every load the row needs (its stream
+// columns, scale and base, the norm weights, the partials) goes out before the first barrier:
+// one trip to memory, then the coefficients, then arithmetic.
 [[max_total_threads_per_threadgroup(256)]] kernel void hc_coeffs_read_norm_f32(
     constant HcCoeffsReadParams& p [[buffer(0)]],
     device const uchar* x      [[buffer(1)]],
@@ -386,21 +431,31 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
   threadgroup float mix[HC_MAX_MIXES + 1];
   threadgroup float pre[HC_MAX_STREAMS];
   threadgroup float comb[HC_MAX_STREAMS * HC_MAX_STREAMS];
-  int row = int(tg);
+  const int row = int(tg);
+  const int n = p.streams, cols = p.cols, iters = p.iters;
+  const bool head = p.head != 0, centred = p.centred != 0;
+  const float eps = p.eps, norm_eps = p.norm_eps;
   if (row >= p.rows) {
     return;  // uniform per threadgroup
   }
   device const float* flat = (device const float*)(x + ulong(row) * p.x_stride);
-  float4 xs[HC_READ_AHEAD * HC_MAX_STREAMS];
-  hc_prefetch(p.streams, p.cols, flat, int(sg) * 32 + int(lane), xs);
-  const int mixes = p.head != 0 ? p.streams : 2 * p.streams + p.streams * p.streams;
-  hc_gather_mixes((device const float*)(raw + ulong(row) * p.raw_stride), mixes, p.chunks, mix, sg, lane);
-  float rs = rsqrt(mix[mixes] / float(p.streams * p.cols) + p.eps);
   device float* out = (device float*)(coeffs + ulong(row) * p.c_stride);
-  hc_coeffs_row(p.streams, p.head != 0, p.iters, p.eps, rs, scale, base, mix, out, pre, comb, sg, lane);
+  device float* yr = (device float*)(y + ulong(row) * p.y_stride);
+  const int t = int(sg) * 32 + int(lane);
+  float4 xs[HC_READ_AHEAD * HC_PF_STREAMS];
+  hc_prefetch(n, cols, flat, t, xs);
+  float4 wk[HC_READ_AHEAD];
+  hc_prefetch_norm(cols, w, t, wk);
+  HcLaneConsts k = {};
+  if (sg == 0 && n * n <= 32) {
+    k = hc_lane_consts(n, head, scale, base, lane);
+  }
+  const int mixes = head ? n : 2 * n + n * n;
+  hc_gather_mixes((device const float*)(raw + ulong(row) * p.raw_stride), mixes, p.chunks, mix, sg, lane);
+  const float rs = rsqrt(mix[mixes] / float(n * cols) + eps);
+  hc_coeffs_row(n, head, iters, eps, rs, scale, base, k, mix, out, pre, comb, sg, lane);
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  hc_read_row<true>(p.streams, p.cols, p.norm_eps, p.centred != 0, flat, (threadgroup const float*)pre, xs, w,
-                    (device float*)(y + ulong(row) * p.y_stride), partial, sg, lane);
+  hc_read_row<true>(n, cols, norm_eps, centred, flat, (threadgroup const float*)pre, xs, w, wk, yr, partial, sg, lane);
 }
 
 [[max_total_threads_per_threadgroup(256)]] kernel void hc_read_f32(
@@ -415,10 +470,11 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
   int row = int(tg);
   if (row < p.rows) {  // uniform per threadgroup
     device const float* X = (device const float*)(x + ulong(row) * p.x_stride);
-    float4 xs[HC_READ_AHEAD * HC_MAX_STREAMS];
+    float4 xs[HC_READ_AHEAD * HC_PF_STREAMS];
     hc_prefetch(p.streams, p.cols, X, int(sg) * 32 + int(lane), xs);
     hc_read_row<false>(p.streams, p.cols, p.eps, p.centred != 0, X, (device const float*)(coeffs + ulong(row) * p.c_stride), xs,
-                       (device const float*)coeffs /* unused */, (device float*)(y + ulong(row) * p.y_stride), partial, sg, lane);
+                       (device const float*)coeffs /* unused */, xs /* unused */, (device float*)(y + ulong(row) * p.y_stride), partial,
+                       sg, lane);
   }
 }
 
@@ -434,10 +490,13 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
   threadgroup float partial[HC_TG_SG];
   int row = int(tg);
   if (row < p.rows) {  // uniform per threadgroup
+    const int t = int(sg) * 32 + int(lane);
     device const float* X = (device const float*)(x + ulong(row) * p.x_stride);
-    float4 xs[HC_READ_AHEAD * HC_MAX_STREAMS];
-    hc_prefetch(p.streams, p.cols, X, int(sg) * 32 + int(lane), xs);
-    hc_read_row<true>(p.streams, p.cols, p.eps, p.centred != 0, X, (device const float*)(coeffs + ulong(row) * p.c_stride), xs, w,
+    float4 xs[HC_READ_AHEAD * HC_PF_STREAMS];
+    hc_prefetch(p.streams, p.cols, X, t, xs);
+    float4 wk[HC_READ_AHEAD];
+    hc_prefetch_norm(p.cols, w, t, wk);
+    hc_read_row<true>(p.streams, p.cols, p.eps, p.centred != 0, X, (device const float*)(coeffs + ulong(row) * p.c_stride), xs, w, wk,
                       (device float*)(y + ulong(row) * p.y_stride), partial, sg, lane);
   }
 }

@@ -86,7 +86,29 @@ export interface DeltaNetArgs extends DeltaNetShape {
 /** Floats of the recurrent state S of one DeltaNet layer. */
 export const deltanetStateFloats = (s: DeltaNetShape) => s.valueHeads * s.keyDim * s.valueDim;
 
-/** Simdgroups (state columns) per threadgroup of deltanet_rows_f32. */
+/**
+ * The GPU keeps S as [Hv][dv][dk] (kernels/deltanet.metal: a lane's rows of one column are
+ * contiguous), the transpose of each head of the reference's [Hv][dk][dv]. These convert a
+ * host copy between the two (tests, tools); the engine itself never needs to.
+ */
+export function deltanetStateToGpu(S: Float32Array, s: DeltaNetShape): Float32Array {
+  return transposeHeads(S, s.valueHeads, s.keyDim, s.valueDim);
+}
+export function deltanetStateFromGpu(S: Float32Array, s: DeltaNetShape): Float32Array {
+  return transposeHeads(S, s.valueHeads, s.valueDim, s.keyDim);
+}
+
+/** Each of `heads` [rows][cols] blocks of `x` transposed to [cols][rows]. */
+function transposeHeads(x: Float32Array, heads: number, rows: number, cols: number): Float32Array {
+  const out = new Float32Array(heads * rows * cols);
+  for (let h = 0; h < heads; h++) {
+    const base = h * rows * cols;
+    for (let r = 0; r < rows; r++) for (let c = 0; c < cols; c++) out[base + c * rows + r] = x[base + r * cols + c]!;
+  }
+  return out;
+}
+
+/** Simdgroups (state columns) per threadgroup of deltanet_rows_f32 (its thread bound, 128, in kernels/deltanet.metal). */
 const DELTANET_SIMDGROUPS = 4;
 
 /**

@@ -16,6 +16,8 @@ const HC_TG_SG = 8;
 /** Flat stream values per partial of the raw products, and simdgroups per hc_mix_partials threadgroup (HC_CHUNK, HC_MIX_SG). */
 const HC_CHUNK = 256;
 const HC_MIX_SG = 8;
+/** The most partials per mix the coefficient kernels sum (HC_MAX_CHUNKS). */
+const HC_MAX_CHUNKS = 64;
 /** The largest n the kernels hold. */
 export const HC_MAX_STREAMS = 8;
 const WRITE_THREADS = 64;
@@ -85,6 +87,7 @@ function encodeRawProducts(ctx: EncodeContext, what: string, X: RowsRef, site: H
   if (d % 4 !== 0) throw new Error(`${what}: hidden size ${d} is not a multiple of 4 (the hc kernels read float4 columns)`);
   if (X.stride % 16 !== 0 || X.offset % 16 !== 0) throw new Error(`${what}: streams rows at offset ${X.offset}, stride ${X.stride}: expected 16-byte aligned rows`);
   const chunks = hcChunks(n, d);
+  if (chunks > HC_MAX_CHUNKS) throw new Error(`${what}: ${n} streams of ${d} values: the hc kernels hold at most ${HC_MAX_CHUNKS * HC_CHUNK} per row`);
   const kernel = HC_MIX_KERNELS[site.fn.dtype];
   if (!kernel) throw new Error(`${what}: hc fn dtype ${site.fn.dtype} has no kernel (expected bf16, f16 or f32)`);
   dispatch(

@@ -3,7 +3,7 @@
 // NB_CASES; then the row snapshots, their rollback, and batch = row by row, bit for bit.
 import { afterAll, describe, expect, test } from "bun:test";
 
-import { encodeConvSilu, encodeDeltaNet, encodeDeltaNetRestore, deltanetStateFloats, type DeltaNetShape } from "../../lib/gpu/deltanet.ts";
+import { encodeConvSilu, encodeDeltaNet, encodeDeltaNetRestore, deltanetStateFloats, deltanetStateFromGpu, deltanetStateToGpu, type DeltaNetShape } from "../../lib/gpu/deltanet.ts";
 import type { EncodeContext } from "../../lib/gpu/dispatch.ts";
 import { MAX_NB } from "../../lib/gpu/limits.ts";
 import { allocatePlanes, readPlane, SNAPSHOT_PLANES } from "../../lib/gpu/snapshots.ts";
@@ -177,7 +177,7 @@ function dnOnDevice(c: DnCase): DnGpu {
   const b = uploadF32(dev, c.b);
   const a = uploadF32(dev, c.a);
   const o = outputF32(dev, c.nb * Hv * c.valueDim);
-  const S = uploadF32(dev, c.S);
+  const S = uploadF32(dev, deltanetStateToGpu(c.S, c));
   const planes = allocatePlanes(dev, c.S.length);
   const encode = (ctx: EncodeContext, first: number, n: number, snapRows = 0) =>
     encodeDeltaNet(ctx, {
@@ -207,7 +207,7 @@ describe("deltanet_rows_f32", () => {
     // f32 reductions over dk (and the algebraically equal o = e^g S.q + delta q.k form) vs
     // f64 sums; the state carries rounding across rows, decayed by e^g < 1.
     expectClose(g.o.f32.subarray(0, ref.o.length), ref.o, { abs: 1e-6, rel: 1e-5 }, `deltanet nb=${nb}`, c.valueHeads * c.valueDim);
-    expectClose(g.S.f32.subarray(0, ref.S.length), ref.S, { abs: 1e-6, rel: 1e-5 }, `deltanet-state nb=${nb}`, c.valueDim);
+    expectClose(deltanetStateFromGpu(g.S.f32.subarray(0, ref.S.length), c), ref.S, { abs: 1e-6, rel: 1e-5 }, `deltanet-state nb=${nb}`, c.valueDim);
   });
 
   test.each([
@@ -219,7 +219,7 @@ describe("deltanet_rows_f32", () => {
     const g = dnOnDevice(c);
     run(dev, (ctx) => g.encode(ctx, 0, 5));
     expectClose(g.o.f32.subarray(0, ref.o.length), ref.o, { abs: 1e-6, rel: 1e-5 }, "deltanet shapes", c.valueHeads * c.valueDim);
-    expectClose(g.S.f32.subarray(0, ref.S.length), ref.S, { abs: 1e-6, rel: 1e-5 }, "deltanet-state shapes", c.valueDim);
+    expectClose(deltanetStateFromGpu(g.S.f32.subarray(0, ref.S.length), c), ref.S, { abs: 1e-6, rel: 1e-5 }, "deltanet-state shapes", c.valueDim);
   });
 });
 
