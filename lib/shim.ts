@@ -535,11 +535,6 @@ export class Buffer {
   }
 }
 
-function dims(d: Dims): [number, number, number] {
-  if (typeof d === "number") return [d, 1, 1];
-  return [d[0], d[1] ?? 1, d[2] ?? 1];
-}
-
 const MAX_BINDINGS = 31;
 
 /** Records commands; commit() queues them; waitUntilCompleted() throws the native error. */
@@ -558,22 +553,27 @@ export class CommandBuffer {
     this.id = this.#shim.symbols.ck_cmdbuf_id(handle);
   }
 
-  /** dispatchThreadgroups: `grid` counts threadgroups of `threadgroup` threads. */
-  dispatch(pipeline: Pipeline | string, grid: Dims, threadgroup: Dims, bindings: Bindings, params?: Uint8Array): this {
-    return this.#dispatch(false, pipeline, grid, threadgroup, bindings, params);
+  /**
+   * dispatchThreadgroups: `grid` counts threadgroups of `threadgroup` threads. `bindings[i]`
+   * goes to [[buffer(first + i)]] (the indices below `first` are unbound: params take 0).
+   */
+  dispatch(pipeline: Pipeline | string, grid: Dims, threadgroup: Dims, bindings: Bindings, params?: Uint8Array, first = 0): this {
+    return this.#dispatch(false, pipeline, grid, threadgroup, bindings, params, first);
   }
 
   /** dispatchThreads: `threads` counts threads; edge threadgroups may be partial. */
-  dispatchThreads(pipeline: Pipeline | string, threads: Dims, threadgroup: Dims, bindings: Bindings, params?: Uint8Array): this {
-    return this.#dispatch(true, pipeline, threads, threadgroup, bindings, params);
+  dispatchThreads(pipeline: Pipeline | string, threads: Dims, threadgroup: Dims, bindings: Bindings, params?: Uint8Array, first = 0): this {
+    return this.#dispatch(true, pipeline, threads, threadgroup, bindings, params, first);
   }
 
-  #dispatch(byThreads: boolean, pipeline: Pipeline | string, grid: Dims, tg: Dims, bindings: Bindings, params?: Uint8Array): this {
+  // Runs for every command of every step: no allocation (no spread arrays, no dims tuples).
+  #dispatch(byThreads: boolean, pipeline: Pipeline | string, grid: Dims, tg: Dims, bindings: Bindings, params: Uint8Array | undefined, first: number): this {
     const pipe = typeof pipeline === "string" ? this.device.pipeline(pipeline) : pipeline;
-    if (bindings.length > MAX_BINDINGS) throw new ShimError(`${bindings.length} bindings: at most ${MAX_BINDINGS}`);
+    const count = first + bindings.length;
+    if (count > MAX_BINDINGS) throw new ShimError(`${count} bindings: at most ${MAX_BINDINGS}`);
     const b = this.#bindings;
-    for (let i = 0; i < bindings.length; i++) {
-      const binding = bindings[i];
+    for (let i = 0; i < count; i++) {
+      const binding = i < first ? null : bindings[i - first];
       if (!binding) {
         b[4 * i] = b[4 * i + 1] = b[4 * i + 2] = b[4 * i + 3] = 0;
         continue;
@@ -587,10 +587,20 @@ export class CommandBuffer {
     }
     const s = this.#shim.symbols;
     const encode = byThreads ? s.ck_encode_dispatch_threads : s.ck_encode_dispatch;
-    const status =
-      typeof grid === "number" && typeof tg === "number"
-        ? encode(this.handle, pipe.handle, grid, 1, 1, tg, 1, 1, b, bindings.length, params ?? null, params ? params.byteLength : 0)
-        : encode(this.handle, pipe.handle, ...dims(grid), ...dims(tg), b, bindings.length, params ?? null, params ? params.byteLength : 0);
+    const status = encode(
+      this.handle,
+      pipe.handle,
+      typeof grid === "number" ? grid : grid[0],
+      typeof grid === "number" ? 1 : (grid[1] ?? 1),
+      typeof grid === "number" ? 1 : (grid[2] ?? 1),
+      typeof tg === "number" ? tg : tg[0],
+      typeof tg === "number" ? 1 : (tg[1] ?? 1),
+      typeof tg === "number" ? 1 : (tg[2] ?? 1),
+      b,
+      count,
+      params ?? null,
+      params ? params.byteLength : 0,
+    );
     check(this.#shim, status);
     this.device.commandsEncoded++;
     return this;

@@ -53,7 +53,7 @@ export function dispatch<S extends ParamStruct>(
   const scratch = paramScratch(struct.size);
   writeParams(struct, values, scratch.bytes, scratch.view);
   const pipeline = ctx.device.pipeline(kernel);
-  ctx.cb.dispatch(pipeline, grid, threadgroup, [null, ...buffers], scratch.bytes);
+  ctx.cb.dispatch(pipeline, grid, threadgroup, buffers, scratch.bytes, 1);
 }
 
 const scratchBySize = new Map<number, { bytes: Uint8Array; view: DataView }>();

@@ -71,13 +71,21 @@ const MATVEC_SPLIT_KERNELS: Record<DType, string> = {
   q4: "matvec_split_q4_f32",
 };
 
+const oneRowNames = new Map<string, string>();
+
 /**
  * The kernel of a q4 projection whose threadgroups serve one batch row each: the decode form
  * (one row per pass: a quarter of the registers, so more simdgroups per core hide memory
  * latency; kernels/matvec.metal). Other dtypes have the batch form only.
  */
 export function oneRowForm(kernel: string, dtype: DType, rowsPerPass: number): string {
-  return dtype === "q4" && rowsPerPass === 1 ? kernel.replace(/_q4_f32$/, "_q4_r1_f32") : kernel;
+  if (dtype !== "q4" || rowsPerPass !== 1) return kernel;
+  let r1 = oneRowNames.get(kernel);
+  if (r1 === undefined) {
+    r1 = kernel.replace(/_q4_f32$/, "_q4_r1_f32");
+    oneRowNames.set(kernel, r1);
+  }
+  return r1;
 }
 
 /** Checks a projection's weight, input and row count; returns [out, in]. */
