@@ -422,6 +422,22 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
   }
 }
 
+// One row's coefficients from its partials (both coefficient kernels): simdgroup 0 loads the
+// lane form's scale and base, the threadgroup gathers the mixes (loads issued together, then a
+// barrier), and simdgroup 0 forms pre, post and comb into `out` and pre into threadgroup memory.
+inline void hc_row_coefficients(int n, int cols, bool head, int iters, float eps, device const float* part, int chunks,
+                                device const float* scale, device const float* base, device float* out,
+                                threadgroup float* mix, threadgroup float* pre, threadgroup float* comb, ushort sg, ushort lane) {
+  HcLaneConsts k = {};
+  if (sg == 0 && n * n <= 32) {
+    k = hc_lane_consts(n, head, scale, base, lane);
+  }
+  const int mixes = head ? n : 2 * n + n * n;
+  hc_gather_mixes(part, mixes, chunks, mix, sg, lane);
+  const float rs = rsqrt(mix[mixes] / float(n * cols) + eps);
+  hc_coeffs_row(n, head, iters, eps, rs, scale, base, k, mix, out, pre, comb, sg, lane);
+}
+
 // A threadgroup per row: the mixes from hc_mix_partials, then simdgroup 0 turns them into
 // coefficients. Params are read once into registers: a barrier makes the compiler read them
 // from memory again.
@@ -446,14 +462,8 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
     return;  // uniform per threadgroup
   }
   device float* out = (device float*)(coeffs + ulong(row) * p.c_stride);
-  HcLaneConsts k = {};
-  if (sg == 0 && n * n <= 32) {
-    k = hc_lane_consts(n, head, scale, base, lane);
-  }
-  const int mixes = head ? n : 2 * n + n * n;
-  hc_gather_mixes((device const float*)(raw + ulong(row) * p.raw_stride), mixes, p.chunks, mix, sg, lane);
-  const float rs = rsqrt(mix[mixes] / float(n * cols) + eps);
-  hc_coeffs_row(n, head, iters, eps, rs, scale, base, k, mix, out, pre, comb, sg, lane);
+  hc_row_coefficients(n, cols, head, iters, eps, (device const float*)(raw + ulong(row) * p.raw_stride), p.chunks, scale, base, out,
+                      mix, pre, comb, sg, lane);
 }
 
 // A residual site's read (or the final read) in one threadgroup per row: the coefficients as
@@ -492,14 +502,8 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
   hc_prefetch(n, cols, flat, t, xs);
   float4 wk[HC_READ_AHEAD];
   hc_prefetch_norm(cols, w, t, wk);
-  HcLaneConsts k = {};
-  if (sg == 0 && n * n <= 32) {
-    k = hc_lane_consts(n, head, scale, base, lane);
-  }
-  const int mixes = head ? n : 2 * n + n * n;
-  hc_gather_mixes((device const float*)(raw + ulong(row) * p.raw_stride), mixes, p.chunks, mix, sg, lane);
-  const float rs = rsqrt(mix[mixes] / float(n * cols) + eps);
-  hc_coeffs_row(n, head, iters, eps, rs, scale, base, k, mix, out, pre, comb, sg, lane);
+  hc_row_coefficients(n, cols, head, iters, eps, (device const float*)(raw + ulong(row) * p.raw_stride), p.chunks, scale, base, out,
+                      mix, pre, comb, sg, lane);
   threadgroup_barrier(mem_flags::mem_threadgroup);
   hc_read_row<true>(n, cols, norm_eps, centred, flat, (threadgroup const float*)pre, xs, w, wk, yr, partial, sg, lane);
 }

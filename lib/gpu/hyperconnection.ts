@@ -63,6 +63,11 @@ function checkStreams(n: number, what: string): void {
   if (!Number.isInteger(n) || n < 1 || n > HC_MAX_STREAMS) throw new Error(`${what}: ${n} streams, expected 1..${HC_MAX_STREAMS}`);
 }
 
+/** The hc kernels move whole float4 columns of the streams (rows and streams 16-byte aligned). */
+function checkFloat4Columns(d: number, what: string): void {
+  if (d % 4 !== 0) throw new Error(`${what}: hidden size ${d} is not a multiple of 4 (the hc kernels read and write float4 columns)`);
+}
+
 /** Checks a site's (or the head's) tensors against n and d; returns the mix count. */
 function checkSite(site: HcSiteRefs, n: number, d: number, head: boolean): number {
   const M = hcMixCount(n, head);
@@ -83,8 +88,7 @@ function encodeRawProducts(ctx: EncodeContext, what: string, X: RowsRef, site: H
   checkRows(nb, what);
   const M = checkSite(site, cfg.streams, d, head);
   const n = cfg.streams;
-  // The float4 loads of the hc kernels: whole float4 columns, rows and streams 16-byte aligned.
-  if (d % 4 !== 0) throw new Error(`${what}: hidden size ${d} is not a multiple of 4 (the hc kernels read float4 columns)`);
+  checkFloat4Columns(d, what);
   if (X.stride % 16 !== 0 || X.offset % 16 !== 0) throw new Error(`${what}: streams rows at offset ${X.offset}, stride ${X.stride}: expected 16-byte aligned rows`);
   const chunks = hcChunks(n, d);
   if (chunks > HC_MAX_CHUNKS) throw new Error(`${what}: ${n} streams of ${d} values: the hc kernels hold at most ${HC_MAX_CHUNKS * HC_CHUNK} per row`);
@@ -182,7 +186,7 @@ export function encodeHcRead(
 ): void {
   checkStreams(n, "hc_read");
   checkRows(nb, "hc_read");
-  if (d % 4 !== 0) throw new Error(`hc_read: hidden size ${d} is not a multiple of 4 (the kernel reads float4 columns)`);
+  checkFloat4Columns(d, "hc_read");
   if (norm) checkVector(norm.w, d, "hc_read norm");
   const buffers: Binding[] = [bind(X.buffer, X.offset), bind(coeffs.buffer, coeffs.offset), bind(y.buffer, y.offset)];
   if (norm) buffers.push(bind(norm.w.buffer, norm.w.offset));
@@ -210,7 +214,7 @@ export function encodeHcRead(
 export function encodeHcWrite(ctx: EncodeContext, X: RowsRef, coeffs: RowsRef, y: RowsRef, nb: number, n: number, d: number): void {
   checkStreams(n, "hc_write");
   checkRows(nb, "hc_write");
-  if (d % 4 !== 0) throw new Error(`hc_write: hidden size ${d} is not a multiple of 4 (the kernel writes float4 columns)`);
+  checkFloat4Columns(d, "hc_write");
   dispatch(
     ctx,
     "hc_write_f32",

@@ -195,6 +195,21 @@ async function fill(buffer: Buffer, read: (into: Uint8Array, onBytes: (n: number
   await new Promise((r) => setImmediate(r));
 }
 
+/** What planPool needs of a model and a device's memory: the pool must hold one row's top-k. */
+function poolInputs(deviceMaxWorkingSet: number, memory: MemoryTracker, files: ModelFiles) {
+  const x = files.expertLayout;
+  return {
+    deviceMaxWorkingSet,
+    fixedBytes: memory.fixedBytes,
+    hostReserveBytes: memory.hostReserveBytes,
+    recordStride: x.stride,
+    expertLayers: x.layers,
+    perLayer: x.perLayer,
+    topK: files.config.moe.top_k,
+    maxRows: 1,
+  };
+}
+
 /**
  * The pool loadEngine plans for `files` with the default budget on a device of this working set
  * (the same fixed buffers: dense.bin, ple.bin, the scratch of a full prefill chunk, one sequence,
@@ -212,16 +227,7 @@ export function defaultPoolPlan(files: ModelFiles, limits: { maxWorkingSet: numb
   memory.addFixed("scratch", scratchBytes(c, { rows, maxContext }));
   memory.addFixed("sequence (one)", sequenceStateBytes(c, maxContext));
   if (c.mtp) memory.addFixed("rollback planes", SnapshotSet.bytes(c));
-  const plan = planPool({
-    deviceMaxWorkingSet: limits.maxWorkingSet,
-    fixedBytes: memory.fixedBytes,
-    hostReserveBytes: memory.hostReserveBytes,
-    recordStride: x.stride,
-    expertLayers: x.layers,
-    perLayer: x.perLayer,
-    topK: c.moe.top_k,
-    maxRows: 1,
-  });
+  const plan = planPool(poolInputs(limits.maxWorkingSet, memory, files));
   const perBuffer = poolBufferBytes(x.stride, plan.slots, limits.maxBufferLength) / x.stride;
   return { plan, fixedBytes: memory.fixedBytes, hostReserveBytes: memory.hostReserveBytes, buffers: Math.ceil(plan.slots / perBuffer) };
 }
@@ -274,17 +280,7 @@ export async function loadEngine(files: ModelFiles, backend: Backend, opts: Engi
     if (c.mtp) memory.addFixed("rollback planes", SnapshotSet.bytes(c));
 
     // The pool must hold one row's top-k (a decode step); longer steps are cut to what it holds.
-    const plan = planPool({
-      deviceMaxWorkingSet: device.limits.maxWorkingSet,
-      fixedBytes: memory.fixedBytes,
-      hostReserveBytes: memory.hostReserveBytes,
-      recordStride: x.stride,
-      expertLayers: x.layers,
-      perLayer: x.perLayer,
-      topK: c.moe.top_k,
-      maxRows: 1,
-      ...poolOverride(opts),
-    });
+    const plan = planPool({ ...poolInputs(device.limits.maxWorkingSet, memory, files), ...poolOverride(opts) });
     if (plan.slots < x.perLayer) {
       const fit = Math.max(1, Math.floor(plan.slots / c.moe.top_k));
       if (fit < rows) {

@@ -36,9 +36,7 @@ export interface EventCounter {
 async function serveSite(gpu: EngineGpu, site: PlannedSite, observe: SiteObserver | undefined): Promise<number> {
   const s = gpu.scratch;
   const count = site.rows * gpu.config.moe.top_k;
-  const ids = i32View(site.route.ids, count);
-  const weights = f32View(site.route.weights, count);
-  checkRouting(gpu, site, weights);
+  const { ids, weights } = checkedRouting(gpu, site);
   const acquired: Acquired = gpu.pool.acquire(site.layer, ids);
   let predicted: Int32Array | null = null;
   if (site.predicts !== null) {
@@ -58,13 +56,18 @@ async function serveSite(gpu: EngineGpu, site: PlannedSite, observe: SiteObserve
  * as a served site (non-finite router weights, hits, activity, observers), no decision.
  */
 function accountResidentSite(gpu: EngineGpu, site: PlannedSite, observe: SiteObserver | undefined): void {
-  const count = site.rows * gpu.config.moe.top_k;
-  const ids = i32View(site.route.ids, count);
-  const weights = f32View(site.route.weights, count);
-  checkRouting(gpu, site, weights);
+  const { ids, weights } = checkedRouting(gpu, site);
   gpu.pool.countHits(site.layer, ids);
   gpu.activity.record(site.layer, site.rows, ids, weights);
   observe?.({ site, ids: ids.slice(), weights: weights.slice(), misses: [], predicted: null });
+}
+
+/** A site's routed ids and weights (views of where its router wrote), its weights checked. */
+function checkedRouting(gpu: EngineGpu, site: PlannedSite): { ids: Int32Array; weights: Float32Array } {
+  const count = site.rows * gpu.config.moe.top_k;
+  const weights = f32View(site.route.weights, count);
+  checkRouting(gpu, site, weights);
+  return { ids: i32View(site.route.ids, count), weights };
 }
 
 /**

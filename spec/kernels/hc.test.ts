@@ -137,6 +137,25 @@ describe("residual site: read (hc_coeffs_read_norm_f32), write (hc_write_f32)", 
     expectClose(readF32(Xb, nb * n * d), want, STREAM_TOL, "write d=2112", n * d);
   });
 
+  test("rows the hc kernels cannot hold are refused by name, before anything is encoded", () => {
+    // d = 30: not whole float4 columns.
+    const n = 4;
+    const odd = siteWeights(dev, n, 30, 3);
+    const Xo = rows(outputF32(dev, n * 32), n * 32);
+    const yo = rows(outputF32(dev, 32), 32);
+    expect(() => run(dev, (ctx) => encodeSiteRead(ctx, Xo, odd.refs, scratch(1, hcMixCount(n), n * 30), yo, 1, cfg, 30, { w: odd.refs.norm, eps: normEps }))).toThrow(
+      "hidden size 30 is not a multiple of 4",
+    );
+    expect(() => run(dev, (ctx) => encodeSiteWrite(ctx, Xo, odd.refs, scratch(1, hcMixCount(n), n * 30), yo, 1, cfg, 30))).toThrow("hc_write: hidden size 30");
+    // n * d = 4 * 4352 = 17408 flat values: more than 64 chunks of 256.
+    const wide = siteWeights(dev, n, 4352, 4);
+    const Xw = rows(outputF32(dev, n * 4352), n * 4352);
+    const yw = rows(outputF32(dev, 4352), 4352);
+    expect(() => run(dev, (ctx) => encodeSiteRead(ctx, Xw, wide.refs, scratch(1, hcMixCount(n), n * 4352), yw, 1, cfg, 4352, { w: wide.refs.norm, eps: normEps }))).toThrow(
+      "the hc kernels hold at most 16384 per row",
+    );
+  });
+
   test("needs site weights with n > 1", () => {
     const b: RowsRef = rows(dev.buffer(4096), 64);
     const { refs } = siteWeights(dev, 1, 16, 1);
