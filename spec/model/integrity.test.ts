@@ -128,11 +128,24 @@ describe("cherenkov.json is sealed (manifest checksum)", () => {
 
 describe("unreadable files (issue 22, item 10)", () => {
   /** openModel(dir)'s error message in a process without root's right to read any file. */
-  function openUnprivileged(dir: string): string {
+  // The unprivileged process runs openModel from a bundle in `root`: the checkout itself may sit
+  // in a directory only its owner can enter (a clone in `mktemp -d`, mode 0700).
+  let bundle: string | null = null;
+  function openerBundle(): string {
+    if (bundle) return bundle;
+    const entry = join(root, "open-model.ts");
     const format = join(import.meta.dir, "../../lib/model/format.ts");
-    const script = `import { openModel } from ${JSON.stringify(format)}; try { (await openModel(${JSON.stringify(dir)})).close(); console.log("opened"); } catch (e) { console.log(e.message); }`;
+    writeFileSync(entry, `import { openModel } from ${JSON.stringify(format)};\ntry { (await openModel(process.argv[2]!)).close(); console.log("opened"); } catch (e) { console.log((e as Error).message); }\n`);
+    const out = join(root, "open-model.js");
+    const r = Bun.spawnSync([process.execPath, "build", entry, "--target=bun", "--outfile", out]);
+    if (r.exitCode !== 0) throw new Error(`bun build of the opener failed: ${r.stderr.toString()}`);
+    chmodSync(out, 0o644);
+    return (bundle = out);
+  }
+
+  function openUnprivileged(dir: string): string {
     const asNobody = process.getuid?.() === 0 ? ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] : [];
-    const r = Bun.spawnSync([...asNobody, process.execPath, "-e", script], { cwd: tmpdir(), env: { ...process.env, HOME: tmpdir() } });
+    const r = Bun.spawnSync([...asNobody, process.execPath, openerBundle(), dir], { cwd: tmpdir(), env: { ...process.env, HOME: tmpdir() } });
     return r.stdout.toString().trim() || r.stderr.toString();
   }
 
