@@ -103,6 +103,8 @@ const SYMBOLS = {
   //     uint32_t threads_y, uint32_t threads_z, uint32_t tg_x, uint32_t tg_y, uint32_t tg_z,
   //     const ck_binding *bindings, uint32_t binding_count, const void *params, uint32_t params_len)
   ck_encode_dispatch_threads: { args: [ptr, ptr, u32, u32, u32, u32, u32, u32, ptr, u32, ptr, u32], returns: i32 },
+  // int32_t ck_encode_tape(ck_cmdbuf *cb, const uint32_t *words, uint32_t word_count)
+  ck_encode_tape: { args: [ptr, ptr, u32], returns: i32 },
   // int32_t ck_encode_signal(ck_cmdbuf *cb, ck_event *ev, double value)
   ck_encode_signal: { args: [ptr, ptr, f64], returns: i32 },
   // int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value)
@@ -150,7 +152,7 @@ const SYMBOLS = {
   ck_io_error_text: { args: [i32], returns: cstring },
 } as const;
 
-const ABI_VERSION = 3;
+const ABI_VERSION = 4;
 export const CK_OK = 0;
 export const CK_ERROR = -1;
 export const CK_TIMEOUT = 1;
@@ -455,11 +457,17 @@ export class Library {
 }
 
 export class Pipeline {
+  /** The handle as two 32-bit halves (a recorded tape stores them). */
+  readonly handleLo: number;
+  readonly handleHi: number;
   constructor(
     readonly name: string,
     readonly handle: Pointer,
     readonly maxThreads: number,
-  ) {}
+  ) {
+    this.handleLo = Number(handle) % 0x100000000;
+    this.handleHi = Math.floor(Number(handle) / 0x100000000);
+  }
 }
 
 /** A shared buffer with zero-copy typed views (created once, then reused). */
@@ -524,6 +532,11 @@ export class Buffer {
     return this.#i32;
   }
 
+  /** Whether release() was called (a recorded step checks its buffers before replaying). */
+  get released(): boolean {
+    return this.#released;
+  }
+
   release(): void {
     if (this.#released) return;
     this.#released = true;
@@ -535,7 +548,35 @@ export class Buffer {
   }
 }
 
-const MAX_BINDINGS = 31;
+export const MAX_BINDINGS = 31;
+
+/** Extent `axis` of a grid or threadgroup size. */
+export const dim = (d: Dims, axis: 0 | 1 | 2): number => (typeof d === "number" ? (axis === 0 ? d : 1) : (d[axis] ?? 1));
+
+/**
+ * Packs `bindings` (from index `first`; the indices below it unbound) as ck_binding structs
+ * (buffer handle, u64 offset: four u32 each) into `out` from word `at`; returns the count.
+ * No allocation: it runs for every command of every step.
+ */
+export function packBindings(out: Uint32Array, at: number, bindings: Bindings, first: number): number {
+  const count = first + bindings.length;
+  if (count > MAX_BINDINGS) throw new ShimError(`${count} bindings: at most ${MAX_BINDINGS}`);
+  for (let i = 0; i < count; i++) {
+    const binding = i < first ? null : bindings[i - first];
+    const w = at + 4 * i;
+    if (!binding) {
+      out[w] = out[w + 1] = out[w + 2] = out[w + 3] = 0;
+      continue;
+    }
+    const buffer = binding instanceof Buffer ? binding : binding.buffer;
+    const offset = binding instanceof Buffer ? 0 : binding.offset;
+    out[w] = buffer.handleLo;
+    out[w + 1] = buffer.handleHi;
+    out[w + 2] = offset % 0x100000000;
+    out[w + 3] = Math.floor(offset / 0x100000000);
+  }
+  return count;
+}
 
 /** Records commands; commit() queues them; waitUntilCompleted() throws the native error. */
 export class CommandBuffer {
@@ -569,40 +610,36 @@ export class CommandBuffer {
   // Runs for every command of every step: no allocation (no spread arrays, no dims tuples).
   #dispatch(byThreads: boolean, pipeline: Pipeline | string, grid: Dims, tg: Dims, bindings: Bindings, params: Uint8Array | undefined, first: number): this {
     const pipe = typeof pipeline === "string" ? this.device.pipeline(pipeline) : pipeline;
-    const count = first + bindings.length;
-    if (count > MAX_BINDINGS) throw new ShimError(`${count} bindings: at most ${MAX_BINDINGS}`);
-    const b = this.#bindings;
-    for (let i = 0; i < count; i++) {
-      const binding = i < first ? null : bindings[i - first];
-      if (!binding) {
-        b[4 * i] = b[4 * i + 1] = b[4 * i + 2] = b[4 * i + 3] = 0;
-        continue;
-      }
-      const buffer = binding instanceof Buffer ? binding : binding.buffer;
-      const offset = binding instanceof Buffer ? 0 : binding.offset;
-      b[4 * i] = buffer.handleLo;
-      b[4 * i + 1] = buffer.handleHi;
-      b[4 * i + 2] = offset % 0x100000000;
-      b[4 * i + 3] = Math.floor(offset / 0x100000000);
-    }
+    const count = packBindings(this.#bindings, 0, bindings, first);
     const s = this.#shim.symbols;
     const encode = byThreads ? s.ck_encode_dispatch_threads : s.ck_encode_dispatch;
     const status = encode(
       this.handle,
       pipe.handle,
-      typeof grid === "number" ? grid : grid[0],
-      typeof grid === "number" ? 1 : (grid[1] ?? 1),
-      typeof grid === "number" ? 1 : (grid[2] ?? 1),
-      typeof tg === "number" ? tg : tg[0],
-      typeof tg === "number" ? 1 : (tg[1] ?? 1),
-      typeof tg === "number" ? 1 : (tg[2] ?? 1),
-      b,
+      dim(grid, 0),
+      dim(grid, 1),
+      dim(grid, 2),
+      dim(tg, 0),
+      dim(tg, 1),
+      dim(tg, 2),
+      this.#bindings,
       count,
       params ?? null,
       params ? params.byteLength : 0,
     );
     check(this.#shim, status);
     this.device.commandsEncoded++;
+    return this;
+  }
+
+  /**
+   * Encodes `commands` recorded dispatches packed as `words` (metal-shim/include/cherenkov_tape.h;
+   * lib/gpu/tape.ts records them) with one call: as if each were dispatched again.
+   */
+  encodeTape(words: Uint32Array, commands: number): this {
+    if (words.length === 0) return this;
+    check(this.#shim, this.#shim.symbols.ck_encode_tape(this.handle, words, words.length));
+    this.device.commandsEncoded += commands;
     return this;
   }
 

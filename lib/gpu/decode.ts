@@ -4,7 +4,7 @@
 // and write, and the MoE site with the host handshake between its router and its experts,
 // then the final read, the logits and the greedy argmax of every row.
 import { encodeEmbed } from "./embed.ts";
-import { bind, type EncodeContext, type RowsRef } from "./dispatch.ts";
+import { bind, live, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import type { SitePlan } from "./handshake.ts";
 import { encodeSiteRead, encodeSiteWrite } from "./hyperconnection.ts";
 import type { EngineGpu } from "./load.ts";
@@ -18,6 +18,7 @@ import { encodeArgmax, encodeFinalRead, encodeLogits } from "./sampling.ts";
 
 export interface TrunkStep {
   nb: number;
+  // Position-dependent dispatches take pos0 from the step passed to live() (recorded-step.ts).
   /** Position of row 0 (the sequence's length before the step); tokens are already in the token buffer. */
   pos0: number;
   /** A verify batch: snapshot the per-row state for rollback. */
@@ -53,7 +54,7 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
   // With the whole model resident no trunk read can miss: the lookahead's routes would only
   // cost dispatches (four a layer) and host work.
   const lookahead = gpu.lookahead && !gpu.pool.fullyResident(gpu.layersRun);
-  encodeEmbed(ctx, gpu.refs.embed, bind(seq.tokens, pos0 * 4), s.X, nb, c.hc.streams);
+  live(ctx, step, (ctx, { pos0 }) => encodeEmbed(ctx, gpu.refs.embed, bind(seq.tokens, pos0 * 4), s.X, nb, c.hc.streams));
   for (let l = 0; l < gpu.layersRun; l++) {
     const w = gpu.refs.layers[l]!;
     if (w.ple) {
@@ -107,9 +108,11 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
   }
 
   // The final hidden rows go where the MTP head will read them (by position), else to scratch.
-  const hidden: RowsRef = seq.hidden ? { buffer: seq.hidden, offset: pos0 * d * 4, stride: d * 4 } : s.head.hidden;
-  encodeFinalRead(ctx, s.X, gpu.refs.hcHead, s.hc, hidden, nb, gpu.hc, d, gpu.refs.finalNorm, eps);
-  encodeGreedy(ctx, gpu, hidden, nb, s.head.next, s.head.margins);
+  live(ctx, step, (ctx, { pos0 }) => {
+    const hidden: RowsRef = seq.hidden ? { buffer: seq.hidden, offset: pos0 * d * 4, stride: d * 4 } : s.head.hidden;
+    encodeFinalRead(ctx, s.X, gpu.refs.hcHead, s.hc, hidden, nb, gpu.hc, d, gpu.refs.finalNorm, eps);
+    encodeGreedy(ctx, gpu, hidden, nb, s.head.next, s.head.margins);
+  });
 }
 
 /**

@@ -3,11 +3,25 @@
 import type { DType } from "../model/config.ts";
 import type { Binding, Buffer, CommandBuffer, Device, Dims } from "../shim.ts";
 import { writeParams, type ParamStruct, type ParamValues } from "./params.ts";
+import type { LiveEncode, StepVars, Tape } from "./tape.ts";
 
 /** What an encode function needs: the device and the command buffer being recorded. */
 export interface EncodeContext {
   readonly device: Device;
   readonly cb: CommandBuffer;
+  /** When set, dispatches are recorded on this tape instead of into cb (recorded-step.ts). */
+  readonly tape?: Tape;
+}
+
+/**
+ * Encodes the dispatches of `encode` that depend on the step's position (`vars.pos0`): at
+ * once, and, when a step is being recorded, again at each replay with that step's vars.
+ * `encode` must take the position from its `vars` argument only (a replay's check compares
+ * it with a fresh encode: recorded-step.ts).
+ */
+export function live(ctx: EncodeContext, vars: StepVars, encode: LiveEncode): void {
+  if (ctx.tape) ctx.tape.recordLive(ctx, vars, encode);
+  else encode(ctx, vars);
 }
 
 /** A weight tensor inside a bound buffer (usually the wrapped dense.bin). */
@@ -53,7 +67,8 @@ export function dispatch<S extends ParamStruct>(
   const scratch = paramScratch(struct.size);
   writeParams(struct, values, scratch.bytes, scratch.view);
   const pipeline = ctx.device.pipeline(kernel);
-  ctx.cb.dispatch(pipeline, grid, threadgroup, buffers, scratch.bytes, 1);
+  if (ctx.tape) ctx.tape.dispatch(pipeline, grid, threadgroup, buffers, scratch.bytes, 1);
+  else ctx.cb.dispatch(pipeline, grid, threadgroup, buffers, scratch.bytes, 1);
 }
 
 const scratchBySize = new Map<number, { bytes: Uint8Array; view: DataView }>();

@@ -18,6 +18,7 @@ import { f32View, i32View, LOGIT_ROWS, rowAt } from "./scratch.ts";
 import { encodeSample, SamplingScratch } from "./sampling.ts";
 import { SequenceState, type StateImage } from "./state.ts";
 import { runStep, type EventCounter } from "./step.ts";
+import { StepRecordings } from "./recorded-step.ts";
 import { TraceWriter } from "./trace.ts";
 import type { LoadedEngineStats } from "./telemetry.ts";
 
@@ -32,6 +33,9 @@ export class Engine {
   private logitsHeld: { seq: SequenceState; length: number; row: number } | null = null;
   /** Storage of the penalty counts handed out (the kernel binds the buffer). */
   private readonly countBuffers = new WeakMap<PenaltyCounts, Buffer>();
+  /** Each sequence's recorded steps (recorded-step.ts). */
+  private readonly recordings = new WeakMap<SequenceState, StepRecordings>();
+  private readonly recordingTotals = { recorded: 0, replayed: 0 };
 
   private constructor(readonly gpu: EngineGpu, tracePath: string | undefined) {
     this.trace = tracePath ? TraceWriter.open(tracePath) : null;
@@ -96,6 +100,28 @@ export class Engine {
     return b;
   }
 
+  private recordingsOf(seq: SequenceState): StepRecordings {
+    let r = this.recordings.get(seq);
+    if (!r) this.recordings.set(seq, (r = new StepRecordings(this.recordingTotals)));
+    return r;
+  }
+
+  /**
+   * What a trunk step's recording depends on besides its sequence (recorded-step.ts), or null
+   * when it cannot be recorded: a verify step (rollback planes), or a layer that is not held
+   * resident (its site needs the host). Called after runStep's residency refresh.
+   */
+  private recordingKey(nb: number, verify: boolean): string | null {
+    const g = this.gpu;
+    if (verify || !g.resident.allHeld()) return null;
+    return `${nb}/${g.layersRun}/${g.lookahead && !g.pool.fullyResident(g.layersRun)}`;
+  }
+
+  /** Steps recorded and replayed so far, over every sequence (stats; tests). */
+  get recordedSteps(): { recorded: number; replayed: number } {
+    return { ...this.recordingTotals };
+  }
+
   /** @internal */
   forget(s: EngineSequence): void {
     this.sequences.delete(s);
@@ -122,7 +148,9 @@ export class Engine {
         gpu,
         this.counter,
         (ctx, plan) => {
-          encodeTrunkStep(ctx, gpu, seq, { nb, pos0, verify }, plan);
+          this.recordingsOf(seq).encode(ctx, plan, this.recordingKey(nb, verify), { pos0 }, (ctx, plan, { pos0 }) =>
+            encodeTrunkStep(ctx, gpu, seq, { nb, pos0, verify }, plan),
+          );
           if (!sample || !sampler) return;
           // The last LOGIT_ROWS block of the step's logits is still in the logits scratch.
           const first = nb - sampleRows;

@@ -97,10 +97,28 @@ export class SitePlan {
       this.sites.push({ ...site, predicts: null, route, handshake: -1 });
       return;
     }
+    // A recorded step replays without the host: it cannot hold a handshake.
+    if (ctx.tape) throw new NotRecordable(`expert layer ${site.layer}'s site needs a handshake`);
     const h = this.handshakes++;
     this.sites.push({ ...site, route, handshake: h });
     ctx.cb.signal(this.event, this.signalValue(h));
     ctx.cb.wait(this.event, this.releaseValue(h));
+  }
+
+  /** The sites a recorded step's replay holds (all resident), into this empty plan. */
+  adopt(sites: readonly PlannedSite[], routeBytes: number): void {
+    if (this.sites.length > 0 || this.opened) throw new Error("SitePlan.adopt: the plan already holds sites");
+    if (sites.some((s) => s.handshake >= 0)) throw new Error("SitePlan.adopt: a replayed step cannot hold a handshake");
+    this.sites.push(...sites);
+    this.routeBytes = routeBytes;
+  }
+
+  /** Forgets every site (a recording that gave up, before the step is encoded directly). */
+  reset(): void {
+    this.sites.length = 0;
+    this.handshakes = 0;
+    this.routeBytes = 0;
+    this.opened = null;
   }
 
   signalValue(i: number): number {
@@ -115,6 +133,11 @@ export class SitePlan {
   get end(): number {
     return this.base + 2 * this.handshakes;
   }
+}
+
+/** A step being recorded met something a replay cannot do (a handshake): it is encoded directly instead. */
+export class NotRecordable extends Error {
+  override name = "NotRecordable";
 }
 
 /** The command buffer failed (a GPU wait timed out, a dispatch failed) or ended without a signal it owed. */

@@ -5,7 +5,7 @@
 import type { ModelConfig } from "../model/config.ts";
 import { encodeAttention, encodeKvAppend, encodeQsa, encodeRope } from "./attention.ts";
 import { encodeConvSilu, encodeDeltaNet } from "./deltanet.ts";
-import { bind, type EncodeContext, type RowsRef } from "./dispatch.ts";
+import { bind, live, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import { encodeElementwise } from "./elementwise.ts";
 import { encodeRmsNorm, encodeRmsNormGated } from "./norms.ts";
 import { encodeMatvec, encodeMatvecs } from "./projections.ts";
@@ -67,7 +67,7 @@ export interface AttentionMixerArgs {
 }
 
 export function encodeAttentionMixer(ctx: EncodeContext, a: AttentionMixerArgs): void {
-  const { config: c, w, nb, pos0 } = a;
+  const { config: c, w, nb } = a;
   const at = c.attention;
   const s = a.scratch.attn;
   const eps = c.rms_norm_eps;
@@ -75,46 +75,50 @@ export function encodeAttentionMixer(ctx: EncodeContext, a: AttentionMixerArgs):
   encodeRmsNorm(ctx, s.q, w.qNorm, s.q, nb, eps, { heads: at.heads });
   encodeRmsNorm(ctx, s.k, w.kNorm, s.k, nb, eps, { heads: at.kv_heads });
   const rotDim = Math.round(at.head_dim * at.partial_rotary_factor);
-  encodeRope(ctx, { rows: nb, pos0, headDim: at.head_dim, rotDim, theta: at.rope_theta, q: s.q, qHeads: at.heads, k: s.k, kHeads: at.kv_heads });
-  encodeKvAppend(ctx, { rows: nb, pos0, x: s.k, cache: a.state.k });
-  encodeKvAppend(ctx, { rows: nb, pos0, x: s.v, cache: a.state.v });
-  let selection: { list: ReturnType<typeof bind>; counts: ReturnType<typeof bind>; topk: number } | undefined;
-  const qsa = w.qsa && at.qsa;
-  if (w.qsa && at.qsa && a.state.ik) {
-    const q = at.qsa;
-    encodeMatvecs(ctx, [{ w: w.qsa.iq, y: s.iq }, { w: w.qsa.ik, y: s.ikRaw }, { w: w.qsa.iw, y: s.iw }], a.x, nb);
-    encodeRmsNorm(ctx, s.ikRaw, w.qsa.ikNorm, s.ik, nb, eps);
-    encodeKvAppend(ctx, { rows: nb, pos0, x: s.ik, cache: a.state.ik });
-    const scoreStride = Math.ceil(((pos0 + nb) * 4) / 16) * 16;
-    if (scoreStride * nb > s.scores.bytes) throw new RangeError(`qsa: ${nb} rows at position ${pos0} need ${scoreStride * nb} bytes of score scratch, ${s.scores.bytes} allocated`);
-    const list = bind(s.selected.buffer, s.selected.offset);
-    const counts = bind(s.counts.buffer, s.counts.offset);
-    encodeQsa(ctx, {
+  // Everything that depends on the position (RoPE, the cache appends, QSA's scores, the
+  // attention's length and splits) takes it from live()'s vars: recorded-step.ts.
+  live(ctx, a, (ctx, { pos0 }) => {
+    encodeRope(ctx, { rows: nb, pos0, headDim: at.head_dim, rotDim, theta: at.rope_theta, q: s.q, qHeads: at.heads, k: s.k, kHeads: at.kv_heads });
+    encodeKvAppend(ctx, { rows: nb, pos0, x: s.k, cache: a.state.k });
+    encodeKvAppend(ctx, { rows: nb, pos0, x: s.v, cache: a.state.v });
+    let selection: { list: ReturnType<typeof bind>; counts: ReturnType<typeof bind>; topk: number } | undefined;
+    const qsa = w.qsa && at.qsa;
+    if (w.qsa && at.qsa && a.state.ik) {
+      const q = at.qsa;
+      encodeMatvecs(ctx, [{ w: w.qsa.iq, y: s.iq }, { w: w.qsa.ik, y: s.ikRaw }, { w: w.qsa.iw, y: s.iw }], a.x, nb);
+      encodeRmsNorm(ctx, s.ikRaw, w.qsa.ikNorm, s.ik, nb, eps);
+      encodeKvAppend(ctx, { rows: nb, pos0, x: s.ik, cache: a.state.ik });
+      const scoreStride = Math.ceil(((pos0 + nb) * 4) / 16) * 16;
+      if (scoreStride * nb > s.scores.bytes) throw new RangeError(`qsa: ${nb} rows at position ${pos0} need ${scoreStride * nb} bytes of score scratch, ${s.scores.bytes} allocated`);
+      const list = bind(s.selected.buffer, s.selected.offset);
+      const counts = bind(s.counts.buffer, s.counts.offset);
+      encodeQsa(ctx, {
+        rows: nb,
+        pos0,
+        topk: q.topk,
+        heads: q.heads,
+        iq: s.iq,
+        iw: s.iw,
+        ik: a.state.ik,
+        scores: { buffer: s.scores.buffer, offset: s.scores.offset, stride: scoreStride },
+        selected: list,
+        counts,
+      });
+      selection = { list, counts, topk: q.topk };
+    } else if (qsa) {
+      throw new Error("attention: QSA weights without an index-key cache");
+    }
+    encodeAttention(ctx, {
       rows: nb,
       pos0,
-      topk: q.topk,
-      heads: q.heads,
-      iq: s.iq,
-      iw: s.iw,
-      ik: a.state.ik,
-      scores: { buffer: s.scores.buffer, offset: s.scores.offset, stride: scoreStride },
-      selected: list,
-      counts,
+      heads: at.heads,
+      q: s.q,
+      k: a.state.k,
+      v: a.state.v,
+      selection,
+      o: s.o,
+      partials: bind(s.partials.buffer, s.partials.offset),
     });
-    selection = { list, counts, topk: q.topk };
-  } else if (qsa) {
-    throw new Error("attention: QSA weights without an index-key cache");
-  }
-  encodeAttention(ctx, {
-    rows: nb,
-    pos0,
-    heads: at.heads,
-    q: s.q,
-    k: a.state.k,
-    v: a.state.v,
-    selection,
-    o: s.o,
-    partials: bind(s.partials.buffer, s.partials.offset),
   });
   encodeElementwise(ctx, "sigmoid_mul", s.o, s.gate, s.o, nb, at.heads * at.head_dim);
   encodeMatvec(ctx, w.o, s.o, a.y, nb);

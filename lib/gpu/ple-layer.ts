@@ -5,7 +5,7 @@
 // row); with n a power of two the mean is exact, as the reference's sum-then-divide is.
 import type { ModelConfig } from "../model/config.ts";
 import type { Buffer } from "../shim.ts";
-import { bind, type EncodeContext, type RowsRef } from "./dispatch.ts";
+import { bind, live, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import { encodeElementwise } from "./elementwise.ts";
 import { encodeHcRead } from "./hyperconnection.ts";
 import { encodeRmsNorm } from "./norms.ts";
@@ -31,23 +31,25 @@ export interface PleLayerArgs {
 }
 
 export function encodePleLayer(ctx: EncodeContext, a: PleLayerArgs): void {
-  const { config: c, w, nb, pos0 } = a;
+  const { config: c, w, nb } = a;
   const p = c.ple!;
   const d = c.hidden_size;
   const n = c.hc.streams;
   const eps = c.rms_norm_eps;
   const s = a.scratch.ple;
   const maxOrder = Math.max(...p.orders);
-  const history = Math.min(pos0, maxOrder - 1);
-  encodePleGather(ctx, {
-    rows: nb,
-    pos0,
-    ple: p,
-    tokens: bind(a.tokens, (pos0 - history) * 4),
-    history,
-    tables: w.tables,
-    e: s.e,
-    rowIds: bind(s.rowIds.buffer, s.rowIds.offset),
+  live(ctx, a, (ctx, { pos0 }) => {
+    const history = Math.min(pos0, maxOrder - 1);
+    encodePleGather(ctx, {
+      rows: nb,
+      pos0,
+      ple: p,
+      tokens: bind(a.tokens, (pos0 - history) * 4),
+      history,
+      tables: w.tables,
+      e: s.e,
+      rowIds: bind(s.rowIds.buffer, s.rowIds.offset),
+    });
   });
   encodeMatvec(ctx, w.k, s.e, s.kRaw, nb);
   encodeElementwise(ctx, "add", s.kRaw, { buffer: w.kBias.buffer, offset: w.kBias.offset, stride: 0 }, s.kRaw, nb, d);

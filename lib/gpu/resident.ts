@@ -117,6 +117,11 @@ export class ResidentLayers {
     this.heldCount = held;
   }
 
+  /** Whether every layer is held with a current row (after refresh()): no site of a step needs a handshake. */
+  allHeld(): boolean {
+    return this.table !== null && this.heldCount === this.layers.length;
+  }
+
   private current(l: number): boolean {
     return this.pool.isHeld(l) && this.written[l] === this.pool.holdGeneration(l);
   }

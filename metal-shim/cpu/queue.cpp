@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "runtime.h"
+#include "../include/cherenkov_tape.h"
 
 using ck::set_error;
 
@@ -269,6 +270,12 @@ CK_API int32_t ck_encode_dispatch_threads(ck_cmdbuf *cb, ck_pipeline *pipe, uint
                                           uint32_t params_len) {
   const uint32_t grid[3] = {threads_x, threads_y, threads_z}, tg[3] = {tg_x, tg_y, tg_z};
   return encode_dispatch(cb, pipe, grid, tg, true, bindings, binding_count, params, params_len);
+}
+
+CK_API int32_t ck_encode_tape(ck_cmdbuf *cb, const uint32_t *words, uint32_t word_count) {
+  const char *why = nullptr;
+  const int32_t s = ck_tape_encode(cb, words, word_count, &why);
+  return why ? set_error("ck_encode_tape: %s", why) : s;
 }
 
 CK_API int32_t ck_encode_signal(ck_cmdbuf *cb, ck_event *ev, double value) {

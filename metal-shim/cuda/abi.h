@@ -10,6 +10,18 @@ constexpr uint32_t kSimdWidth = 32;
 constexpr uint32_t kMaxThreads = 1024;  // per threadgroup (entries without an MSL bound get __launch_bounds__(1024))
 constexpr uint32_t kMaxBuffers = 31;    // [[buffer(0..30)]]
 
+// The first thing every kernel does (generated entries and the event kernels): wait until
+// the previous kernel of the stream has completed with its memory visible, then let the next
+// one be launched. A no-op unless the runtime launched this kernel as a programmatic
+// dependent (runtime.cu "Programmatic launch"); then the next kernel's launch overlaps this
+// one's work instead of starting after it, and its threadgroups wait here.
+__device__ __forceinline__ void after_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // What every generated __global__ entry receives by value: the bound addresses (device
 // pointers: base + offset) and the dispatch's shape. A threadgroup is a 1-D block of
 // tg[0]*tg[1]*tg[2] threads; blockIdx is the threadgroup's position in the grid.

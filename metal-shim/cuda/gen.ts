@@ -79,6 +79,7 @@ export function generateCuda(root: string, genDir: string): { sources: string[];
         [
           // The MSL bound, else the device maximum (64 registers a thread: hot kernels declare theirs).
           `extern "C" __global__ void __launch_bounds__(${k.maxThreads ?? 1024}) ckg_${k.name}(const ck::Launch L) {`,
+          `  ck::after_previous_grid();`,
           `  ck::Builtins b;`,
           `  if ((L.cancel != nullptr && *L.cancel) || !ck::setup(L, b)) return;`,
           `  ck::Invoke<&${ns}::${k.fn}>::run<${binders(k)}>(L, b);`,

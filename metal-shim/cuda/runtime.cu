@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "runtime.h"
+#include "../include/cherenkov_tape.h"
 
 namespace ck {
 namespace {
@@ -258,6 +259,7 @@ static uint64_t event_value(const ck_event *e) {
 // value is read from the command buffer's copied bytes (its value slot, ck::SliceLayout), not
 // passed by value: a CUDA graph replays the same arguments with each command buffer's values.
 __global__ void ck_signal_kernel(volatile unsigned long long *word, const unsigned long long *value, const volatile uint32_t *cancel) {
+  ck::after_previous_grid();
   if (*cancel) return;
   const unsigned long long v = *value;
   __threadfence_system();
@@ -268,6 +270,7 @@ __global__ void ck_signal_kernel(volatile unsigned long long *word, const unsign
 }
 
 __global__ void ck_wait_kernel(const volatile unsigned long long *word, const unsigned long long *value, const volatile uint32_t *cancel) {
+  ck::after_previous_grid();
   const unsigned long long v = *value;
   while (*word < v) {
     if (*cancel) return;
@@ -524,6 +527,51 @@ static cudaKernelNodeParams node_params(const KernelCall &k) {
   return p;
 }
 
+// ---- Programmatic launch ---------------------------------------------------------------
+//
+// A decode step is ~900 small kernels in a chain, most of them a few microseconds of work:
+// between two of them the GPU drains one grid, then launches the next (a few microseconds
+// more each, ~40% of the step on the H200). On compute capability 9.0+ a kernel may be
+// launched as a programmatic dependent of the one before it: its threadgroups are launched
+// once every threadgroup of the previous kernel has started, and wait at their first
+// instruction (ck::after_previous_grid: griddepcontrol.wait, which returns once the previous
+// grid has completed and its memory is visible) before reading or writing anything. So the
+// order and visibility stay those of a plain stream; only the launch overlaps. Every kernel
+// then lets its own dependent launch (griddepcontrol.launch_dependents) at once, so at most
+// one grid waits behind a running one.
+// Not after a GPU wait (ck_wait_kernel may spin for a host decision of many milliseconds:
+// nothing waits on SMs behind it), not for a command buffer's first command (what precedes it
+// in the stream is a copy, not a kernel) and not under the profiler (it times each command
+// alone). CHERENKOV_CUDA_PDL=0 turns it off.
+static bool programmatic_after(const ck_device *dev, const ck_cmdbuf *cb, size_t i) {
+  return dev->graphs.pdl && i > 0 && cb->commands[i - 1].kind != Command::kWait;
+}
+
+static cudaGraphEdgeData edge_after(const ck_device *dev, const ck_cmdbuf *cb, size_t i) {
+  cudaGraphEdgeData edge = {};  // zero: full completion with memory visibility
+  if (programmatic_after(dev, cb, i)) {
+    edge.from_port = cudaGraphKernelNodePortProgrammatic;
+    edge.type = cudaGraphDependencyTypeProgrammatic;
+  }
+  return edge;
+}
+
+// Launches command i of a directly launched command buffer on dev->stream.
+static cudaError_t launch(const ck_device *dev, const ck_cmdbuf *cb, size_t i, const KernelCall &k) {
+  if (!programmatic_after(dev, cb, i)) return cudaLaunchKernel(k.func, k.grid, k.block, const_cast<void **>(k.args), 0, dev->stream);
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = k.grid;
+  cfg.blockDim = k.block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = dev->stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelExC(&cfg, k.func, const_cast<void **>(k.args));
+}
+
 // Builds cb's graph into g: its area first, then one kernel node per command, instantiated.
 // Returns false with `err` set (the caller releases g).
 static bool build_graph(ck_device *dev, const ck_cmdbuf *cb, const SliceLayout &lay, Graph *g, std::string &err) {
@@ -552,10 +600,18 @@ static bool build_graph(ck_device *dev, const ck_cmdbuf *cb, const SliceLayout &
     KernelCall k;
     kernel_call(cb, cb->commands[i], lay, g->area, events, k);
     const cudaKernelNodeParams p = node_params(k);
-    e = cudaGraphAddKernelNode(&g->nodes[i], g->graph, prev ? &prev : nullptr, prev ? 1 : 0, &p);
+    e = cudaGraphAddKernelNode(&g->nodes[i], g->graph, nullptr, 0, &p);
     if (e != cudaSuccess) {
       err = command_name(cb, i) + ": cudaGraphAddKernelNode: " + cudaGetErrorString(e);
       break;
+    }
+    if (prev) {
+      const cudaGraphEdgeData edge = edge_after(dev, cb, i);
+      e = cudaGraphAddDependencies(g->graph, &prev, &g->nodes[i], &edge, 1);
+      if (e != cudaSuccess) {
+        err = command_name(cb, i) + ": cudaGraphAddDependencies: " + cudaGetErrorString(e);
+        break;
+      }
     }
     prev = g->nodes[i];
   }
@@ -782,7 +838,7 @@ static bool enqueue(ck_device *dev, ck_cmdbuf *cb) {
     if (i > 0 && !cb->marks.empty()) cudaEventRecord(cb->marks[i], dev->stream);
     ck::KernelCall k;
     ck::kernel_call(cb, cb->commands[i], lay, base, events, k);
-    e = cudaLaunchKernel(k.func, k.grid, k.block, k.args, 0, dev->stream);
+    e = ck::launch(dev, cb, i, k);
     if (e != cudaSuccess) {
       cudaGetLastError();
       cb->error = ck::command_name(cb, i) + ": launch failed: " + cudaGetErrorString(e);
@@ -1089,6 +1145,10 @@ CK_API ck_device *ck_device_open(void) {
   dev->graphs.enabled = !(graphs && std::strcmp(graphs, "0") == 0) && !ck::Profiler::get().on();
   dev->graphs.verbose = verbose && *verbose && std::strcmp(verbose, "0") != 0;
   dev->graphs.update_nodes = !(graphs && std::strcmp(graphs, "exact") == 0);
+  const char *pdl = std::getenv("CHERENKOV_CUDA_PDL");
+  int major = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev->ordinal);
+  dev->graphs.pdl = major >= 9 && !(pdl && std::strcmp(pdl, "0") == 0) && !ck::Profiler::get().on();
   dev->submitter = std::thread(submit_loop, dev);
   dev->completer = std::thread(complete_loop, dev);
   return dev;
@@ -1256,6 +1316,11 @@ CK_API int32_t ck_encode_dispatch_threads(ck_cmdbuf *cb, ck_pipeline *pipe, uint
   return encode_dispatch(cb, pipe, grid, tg, true, bindings, binding_count, params, params_len);
 }
 
+CK_API int32_t ck_encode_tape(ck_cmdbuf *cb, const uint32_t *words, uint32_t word_count) {
+  const char *why = nullptr;
+  const int32_t s = ck_tape_encode(cb, words, word_count, &why);
+  return why ? set_error("ck_encode_tape: %s", why) : s;
+}
 CK_API int32_t ck_encode_signal(ck_cmdbuf *cb, ck_event *ev, double value) { return encode_event(cb, ev, value, ck::Command::kSignal); }
 CK_API int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value) { return encode_event(cb, ev, value, ck::Command::kWait); }
 // The driver ends no stream for waiting (CK_LIMIT_GPU_WAIT_LIMIT_MS is 0): a GPU-side wait is fine.

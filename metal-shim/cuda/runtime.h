@@ -54,6 +54,9 @@ struct GraphCache {
   bool enabled = false;  // CHERENKOV_CUDA_GRAPHS != 0 and no CHERENKOV_CUDA_PROFILE
   bool verbose = false;  // CHERENKOV_CUDA_GRAPHS_VERBOSE=1: one line of counters at device close
   bool update_nodes = true;  // false (CHERENKOV_CUDA_GRAPHS=exact): replay only an identical shape
+  // Programmatic dependent launch between consecutive kernels (CHERENKOV_CUDA_PDL != 0, a GPU
+  // of compute capability 9.0 or newer, no profiler): runtime.cu "Programmatic launch".
+  bool pdl = false;
   std::vector<Graph *> entries;  // owned; only the submit thread adds or removes
   uint64_t seen[kSeenShapes] = {};
   size_t seen_next = 0;

@@ -38,7 +38,7 @@ extern "C" {
 #define CK_API __attribute__((visibility("default")))
 #endif
 
-#define CK_ABI_VERSION 3
+#define CK_ABI_VERSION 4
 
 /* Status codes. */
 #define CK_OK 0
@@ -216,6 +216,12 @@ CK_API int32_t ck_encode_dispatch_threads(ck_cmdbuf *cb, ck_pipeline *pipe,
                                           uint32_t tg_x, uint32_t tg_y, uint32_t tg_z,
                                           const ck_binding *bindings, uint32_t binding_count,
                                           const void *params, uint32_t params_len);
+/* Encodes a run of dispatches recorded as words (cherenkov_tape.h: a replayed step of
+ * lib/gpu/tape.ts), as if each were passed to ck_encode_dispatch or
+ * ck_encode_dispatch_threads in order, with the same checks. Stops at the first
+ * failing command (the ones before it stay recorded) or at a malformed tape
+ * (CK_ERROR, "ck_encode_tape: ..."). */
+CK_API int32_t ck_encode_tape(ck_cmdbuf *cb, const uint32_t *words, uint32_t word_count);
 /* Records "set event to value" after every earlier command has finished
  * (a value below the event's current one is ignored, as ck_event_set). */
 CK_API int32_t ck_encode_signal(ck_cmdbuf *cb, ck_event *ev, double value);

@@ -27,6 +27,7 @@
 // part after a host wait is committed by the device's gates queue once the event is reached,
 // so the GPU never waits on it and no OS event-wait timeout applies (docs/metal.md).
 #import "shim.h"
+#include "../include/cherenkov_tape.h"
 
 @implementation CherenkovEvent
 @end
@@ -278,6 +279,12 @@ static int32_t encode_event(ck_cmdbuf *handle, ck_event *event, double value, BO
     [cb->mtl encodeSignalEvent:e->mtl value:v];
   }
   return CK_OK;
+}
+
+CK_API int32_t ck_encode_tape(ck_cmdbuf *cb, const uint32_t *words, uint32_t word_count) {
+  const char *why = NULL;
+  const int32_t s = ck_tape_encode(cb, words, word_count, &why);
+  return why ? ck_fail(@"ck_encode_tape: %s", why) : s;
 }
 
 CK_API int32_t ck_encode_signal(ck_cmdbuf *cb, ck_event *ev, double value) {

@@ -80,7 +80,7 @@ test("setShimPath loads exactly that file", () => {
   setShimPath(local);
   const shim = loadShim("cpu");
   expect(shim.path).toBe(local);
-  expect(shim.symbols.ck_abi_version()).toBe(3);
+  expect(shim.symbols.ck_abi_version()).toBe(4);
 });
 
 test("CHERENKOV_DEBUG_FFI=1 logs each native call with its arguments and result", () => {

@@ -1,0 +1,135 @@
+// Recorded steps (issue 18, item 4). Encoding a decode step in TypeScript costs ~2 ms on the
+// H200's host for ~900 dispatches, while the GPU needs ~7 ms: the GPU waited for it every token.
+// A step whose dispatches are the same from token to token is recorded once on a tape
+// (tape.ts) and replayed: its words go to the shim in one ck_encode_tape call, and only the
+// dispatches that depend on the position (`live` in dispatch.ts: embedding, RoPE, KV append,
+// attention, the PLE gather, the final read into the sequence's hidden rows) are encoded again.
+//
+// What a recording may assume, and how each holds:
+// - Every buffer, weight and scratch region it binds is the same: the recordings belong to one
+//   sequence of one engine (a released buffer voids it: Tape.releasedBuffer).
+// - The step's shape: the key (rows, layers run, the lookahead) chosen by the caller.
+// - No host handshake: the step is recorded only when every expert layer is held resident
+//   (SitePlan.encode refuses a handshake on a tape; the step is then encoded directly), and its
+//   sites (their router outputs' regions) are the recording's (SitePlan.adopt).
+// - Every position-dependent value is encoded inside `live`: CHERENKOV_CHECK_RECORDING=1 (the
+//   tests set `StepRecordings.check`) encodes each replayed step afresh too and fails on the first
+//   word that differs, naming the kernel.
+import type { EncodeContext } from "./dispatch.ts";
+import { NotRecordable, SitePlan, type PlannedSite } from "./handshake.ts";
+import { Tape, type StepVars } from "./tape.ts";
+
+/** Encodes a step for `vars` (the position-dependent parts inside `live`). */
+export type StepEncode = (ctx: EncodeContext, plan: SitePlan, vars: StepVars) => void;
+
+interface Recording {
+  readonly tape: Tape;
+  readonly sites: readonly PlannedSite[];
+  readonly routeBytes: number;
+}
+
+export class StepRecordings {
+  /** Compare every replay with a fresh encode (tests; CHERENKOV_CHECK_RECORDING=1). */
+  static check = process.env.CHERENKOV_CHECK_RECORDING === "1";
+  /** CHERENKOV_RECORDED_STEPS=0 encodes every step directly. */
+  static enabled = process.env.CHERENKOV_RECORDED_STEPS !== "0";
+
+  readonly #byKey = new Map<string, Recording>();
+
+  constructor(
+    /** Steps recorded and replayed so far (shared by the recordings of an engine's sequences). */
+    readonly counts: { recorded: number; replayed: number } = { recorded: 0, replayed: 0 },
+  ) {}
+
+  /**
+   * Encodes the step into ctx.cb: replayed when a recording of `key` exists, else recorded
+   * (when it can be) and encoded from the tape. key null: encoded directly.
+   */
+  encode(ctx: EncodeContext, plan: SitePlan, key: string | null, vars: StepVars, encode: StepEncode): void {
+    if (key === null || !StepRecordings.enabled || ctx.tape || plan.handshakeAll) {
+      encode(ctx, plan, vars);
+      return;
+    }
+    const known = this.#byKey.get(key);
+    if (known && known.tape.releasedBuffer() === null) {
+      this.#replay(ctx, plan, known, vars, encode);
+      return;
+    }
+    this.#byKey.delete(key);
+    const tape = new Tape();
+    try {
+      encode({ device: ctx.device, cb: ctx.cb, tape }, plan, vars);
+    } catch (e) {
+      if (!(e instanceof NotRecordable)) throw e;
+      plan.reset();
+      encode(ctx, plan, vars);
+      return;
+    }
+    ctx.cb.encodeTape(tape.words, tape.commands);
+    this.#byKey.set(key, { tape, sites: plan.sites.slice(), routeBytes: plan.routeBytes });
+    this.counts.recorded++;
+  }
+
+  /** Forgets every recording (the engine's layout changed). */
+  clear(): void {
+    this.#byKey.clear();
+  }
+
+  #replay(ctx: EncodeContext, plan: SitePlan, rec: Recording, vars: StepVars, encode: StepEncode): void {
+    plan.adopt(rec.sites, rec.routeBytes);
+    this.counts.replayed++;
+    if (!StepRecordings.check) {
+      replay(ctx, rec.tape, vars);
+      return;
+    }
+    const replayed = new Tape();
+    replay({ device: ctx.device, cb: ctx.cb, tape: replayed }, rec.tape, vars);
+    const fresh = new Tape();
+    const freshPlan = new SitePlan(plan.event, plan.base, plan.handshakeAll);
+    encode({ device: ctx.device, cb: ctx.cb, tape: fresh }, freshPlan, vars);
+    const at = fresh.firstDifference(replayed);
+    if (at >= 0) {
+      const { index } = fresh.commandAt(at);
+      throw new Error(
+        `recorded step at position ${vars.pos0}: command ${index} (${fresh.kernelName(index) ?? "past the end"}) differs from a fresh encode at word ${at} ` +
+          `(replay: ${replayed.commands} commands, fresh: ${fresh.commands}): a position-dependent dispatch is outside live()`,
+      );
+    }
+    const sitesDiffer = freshPlan.sites.length !== rec.sites.length || freshPlan.sites.some((s, i) => !sameSite(s, rec.sites[i]!));
+    if (sitesDiffer) throw new Error(`recorded step at position ${vars.pos0}: its MoE sites differ from a fresh encode's`);
+    ctx.cb.encodeTape(replayed.words, replayed.commands);
+  }
+}
+
+/** Encodes `tape` for `vars` into ctx: its fixed ranges as recorded, its live ranges again. */
+function replay(ctx: EncodeContext, tape: Tape, vars: StepVars): void {
+  let at = 0;
+  let command = 0;
+  for (const r of tape.live) {
+    emit(ctx, tape, at, r.start, r.firstCommand - command);
+    r.encode(ctx, vars);
+    at = r.end;
+    command = r.endCommand;
+  }
+  emit(ctx, tape, at, tape.length, tape.commands - command);
+}
+
+function emit(ctx: EncodeContext, tape: Tape, from: number, to: number, commands: number): void {
+  if (to <= from) return;
+  if (ctx.tape) ctx.tape.append(tape, from, to, commands);
+  else ctx.cb.encodeTape(tape.words.subarray(from, to), commands);
+}
+
+function sameSite(a: PlannedSite, b: PlannedSite): boolean {
+  const r = a.route, q = b.route;
+  return (
+    a.layer === b.layer &&
+    a.rows === b.rows &&
+    a.trunkLayer === b.trunkLayer &&
+    a.handshake === b.handshake &&
+    r.resident === q.resident &&
+    r.ids.buffer === q.ids.buffer &&
+    r.ids.offset === q.ids.offset &&
+    r.weights.offset === q.weights.offset
+  );
+}

@@ -1,0 +1,138 @@
+// A tape: dispatches recorded as the words ck_encode_tape takes (metal-shim/include/
+// cherenkov_tape.h), so a recorded step is encoded again with one native call instead of
+// the TypeScript that produced it. `live` marks the ranges whose dispatches depend on the
+// step's position: a replay runs their encode functions again (recorded-step.ts).
+import { Buffer, dim, packBindings, type Bindings, type Dims, type Pipeline } from "../shim.ts";
+import type { EncodeContext } from "./dispatch.ts";
+
+/** Words of a command's header (CK_TAPE_HEADER_WORDS). */
+const HEADER = 11;
+
+/** What a live range depends on: the position of the step's first row. */
+export interface StepVars {
+  readonly pos0: number;
+}
+
+/** Encodes the dispatches of a live range for the step `vars` (again, at each replay). */
+export type LiveEncode = (ctx: EncodeContext, vars: StepVars) => void;
+
+/** A live range of the tape: words [start, end), commands [firstCommand, endCommand). */
+export interface LiveRange {
+  readonly start: number;
+  readonly end: number;
+  readonly firstCommand: number;
+  readonly endCommand: number;
+  readonly encode: LiveEncode;
+}
+
+export class Tape {
+  #words = new Uint32Array(1 << 14);
+  #bytes = new Uint8Array(this.#words.buffer);
+  /** Words recorded. */
+  length = 0;
+  /** Commands recorded. */
+  commands = 0;
+  /** Every buffer a command binds (a replay refuses a tape whose buffers were released). */
+  readonly buffers = new Set<Buffer>();
+  readonly live: LiveRange[] = [];
+  /** Kernel names of the commands recorded by dispatch() (diagnostics). */
+  readonly #kernels: string[] = [];
+  #liveStart: { start: number; firstCommand: number } | null = null;
+
+  /** The recorded words (a view: valid until the next record). */
+  get words(): Uint32Array {
+    return this.#words.subarray(0, this.length);
+  }
+
+  /** Records a dispatch as CommandBuffer.dispatch / dispatchThreads would encode it. */
+  dispatch(pipeline: Pipeline, grid: Dims, tg: Dims, bindings: Bindings, params: Uint8Array | undefined, first: number, byThreads = false): void {
+    const count = first + bindings.length;
+    const paramBytes = params?.byteLength ?? 0;
+    const at = this.#reserve(HEADER + 4 * count + ((paramBytes + 3) >> 2));
+    const w = this.#words;
+    w[at] = byThreads ? 1 : 0;
+    w[at + 1] = count;
+    w[at + 2] = paramBytes;
+    w[at + 3] = pipeline.handleLo;
+    w[at + 4] = pipeline.handleHi;
+    w[at + 5] = dim(grid, 0);
+    w[at + 6] = dim(grid, 1);
+    w[at + 7] = dim(grid, 2);
+    w[at + 8] = dim(tg, 0);
+    w[at + 9] = dim(tg, 1);
+    w[at + 10] = dim(tg, 2);
+    packBindings(w, at + HEADER, bindings, first);
+    for (const b of bindings) if (b) this.buffers.add(b instanceof Buffer ? b : b.buffer);
+    const p = at + HEADER + 4 * count;
+    if (params) {
+      w[p + ((paramBytes + 3) >> 2) - 1] = 0; // the padding bytes
+      this.#bytes.set(params, 4 * p);
+    }
+    this.length = p + ((paramBytes + 3) >> 2);
+    this.commands++;
+    this.#kernels.push(pipeline.name);
+  }
+
+  /** The kernel of command `index` when dispatch() recorded it. */
+  kernelName(index: number): string | undefined {
+    return this.#kernels[index];
+  }
+
+  /** Appends words [from, to) of `src` holding `commands` commands (a replay into a tape). */
+  append(src: Tape, from: number, to: number, commands: number): void {
+    const at = this.#reserve(to - from);
+    this.#words.set(src.#words.subarray(from, to), at);
+    this.length = at + to - from;
+    this.commands += commands;
+    for (const b of src.buffers) this.buffers.add(b);
+  }
+
+  /** Records what `encode` dispatches for `vars` as a live range. */
+  recordLive(ctx: EncodeContext, vars: StepVars, encode: LiveEncode): void {
+    if (this.#liveStart) throw new Error("tape: a live range inside another");
+    this.#liveStart = { start: this.length, firstCommand: this.commands };
+    try {
+      encode(ctx, vars);
+    } finally {
+      const { start, firstCommand } = this.#liveStart;
+      this.#liveStart = null;
+      this.live.push({ start, end: this.length, firstCommand, endCommand: this.commands, encode });
+    }
+  }
+
+  /** The first buffer a command binds that was released since, or null. */
+  releasedBuffer(): Buffer | null {
+    for (const b of this.buffers) if (b.released) return b;
+    return null;
+  }
+
+  /** Index of the first word where `other` differs (or the shorter length), or -1 when equal. */
+  firstDifference(other: Tape): number {
+    const n = Math.min(this.length, other.length);
+    const a = this.#words, b = other.#words;
+    for (let i = 0; i < n; i++) if (a[i] !== b[i]) return i;
+    return this.length === other.length ? -1 : n;
+  }
+
+  /** Start word and index of the command that holds word `word`. */
+  commandAt(word: number): { index: number; start: number } {
+    let at = 0;
+    for (let i = 0; at < this.length; i++) {
+      const next = at + HEADER + 4 * this.#words[at + 1]! + ((this.#words[at + 2]! + 3) >> 2);
+      if (word < next) return { index: i, start: at };
+      at = next;
+    }
+    return { index: this.commands, start: this.length };
+  }
+
+  #reserve(n: number): number {
+    const at = this.length;
+    if (at + n > this.#words.length) {
+      const grown = new Uint32Array(Math.max(2 * this.#words.length, at + n));
+      grown.set(this.#words.subarray(0, at));
+      this.#words = grown;
+      this.#bytes = new Uint8Array(grown.buffer);
+    }
+    return at;
+  }
+}
