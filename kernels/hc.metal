@@ -186,60 +186,14 @@ inline void hc_coeffs_lanes(int n, bool head, int iters, float eps, float rs, Hc
   const float m = hc_lanes_max(c, i * n, 1, n);
   const float e = exp(c - m);
   c = e / hc_lanes_sum(e, i * n, 1, n) + eps;
-  // Sinkhorn in registers: every lane gathers the whole matrix (row stride HC_LANES_N, so
-  // every index is a constant once unrolled) and runs the rounds itself, with no shuffle or
-  // branch between dependent steps. The sums and divisions are the serial form's, in its
-  // order, so the bits are too. (As a shuffle per term the rounds were ~125 dependent
-  // instructions each, one simdgroup issuing every ~30 cycles: ~10 us a site on the H200.)
-  float C[HC_LANES_N * HC_LANES_N];
-  CK_UNROLL for (int a = 0; a < HC_LANES_N; a++) {
-    CK_UNROLL for (int b = 0; b < HC_LANES_N; b++) {
-      const float v = simd_shuffle(c, ushort(a < n && b < n ? a * n + b : 0));
-      C[a * HC_LANES_N + b] = a < n && b < n ? v : 0.0f;
-    }
-  }
   for (int it = 0; it < iters; it++) {
     if (it > 0) {
-      CK_UNROLL for (int a = 0; a < HC_LANES_N; a++) {
-        if (a < n) {
-          float s = 0.0f;
-          CK_UNROLL for (int b = 0; b < HC_LANES_N; b++) {
-            if (b < n) {
-              s += C[a * HC_LANES_N + b];
-            }
-          }
-          CK_UNROLL for (int b = 0; b < HC_LANES_N; b++) {
-            if (b < n) {
-              C[a * HC_LANES_N + b] /= s + eps;
-            }
-          }
-        }
-      }
+      c /= hc_lanes_sum(c, i * n, 1, n) + eps;
     }
-    CK_UNROLL for (int b = 0; b < HC_LANES_N; b++) {
-      if (b < n) {
-        float s = 0.0f;
-        CK_UNROLL for (int a = 0; a < HC_LANES_N; a++) {
-          if (a < n) {
-            s += C[a * HC_LANES_N + b];
-          }
-        }
-        CK_UNROLL for (int a = 0; a < HC_LANES_N; a++) {
-          if (a < n) {
-            C[a * HC_LANES_N + b] /= s + eps;
-          }
-        }
-      }
-    }
+    c /= hc_lanes_sum(c, j, n, n) + eps;
   }
-  if (l == 0) {
-    CK_UNROLL for (int a = 0; a < HC_LANES_N; a++) {
-      CK_UNROLL for (int b = 0; b < HC_LANES_N; b++) {
-        if (a < n && b < n) {
-          out[2 * n + a * n + b] = C[a * HC_LANES_N + b];
-        }
-      }
-    }
+  if (live) {
+    out[2 * n + l] = c;
   }
 }
 
