@@ -380,7 +380,7 @@ export class EngineSequence {
     const k = Math.min(drafts, g.maxDrafts);
     if (k < 1) {
       const r = await this.forward([next], { signal, sample });
-      return { ...r, proposed: 0 };
+      return { next: r.next, margins: r.margins, ...(r.logprobs ? { logprobs: r.logprobs } : {}), proposed: 0 };
     }
     this.state.checkRoom(1 + k);
     return this.track(this.engine.exclusive(async () => {
