@@ -1,16 +1,74 @@
 // What a backend gives the generation loop: sequences that run row batches and report the
-// greedy next token of every row. The reference (pure TS) and the engine (metal-shim, CPU or
+// greedy next token of the rows the caller asks for (LogitRows: the LM head is the largest
+// matrix, and a prompt needs only its last row's token). The reference (pure TS) and the engine (metal-shim, CPU or
 // Metal) both implement it, so Model, sessions, streaming and the CLI are written once.
 import type { ModelConfig } from "../model/config.ts";
 import type { PenaltyCounts, SamplingParams, TopLogprob } from "../reference/sampling.ts";
 import type { LoadedEngineStats } from "../gpu/telemetry.ts";
 
-/** Greedy result of a row batch: next[i] is the argmax after row i; margins[i] its top-1 minus top-2 logit. */
+/** Greedy result of rows: next[i] is the argmax after row i; margins[i] its top-1 minus top-2 logit. */
 export interface RowsResult {
   next: number[];
   margins: number[];
   /** With a sample request asking for logprobs: one entry per sampled token (forward: the last row's; speculate: every token of next). */
   logprobs?: TokenLogprobs[];
+}
+
+/**
+ * Which rows of a forward get logits (the LM head, then the argmax or a draw): "all" (tests
+ * comparing every row), "last" (a prompt: only its last row's token is used), or "none" (only
+ * the state advances: a prompt whose last token the next step runs).
+ */
+export type LogitRows = "all" | "last" | "none";
+
+/** Rows [from, from + count) of a row batch. */
+export interface RowRange {
+  from: number;
+  count: number;
+}
+
+/** The rows of a batch of `total` rows that `rows` asks logits for. */
+export function logitRange(rows: LogitRows, total: number): RowRange {
+  switch (rows) {
+    case "all":
+      return { from: 0, count: total };
+    case "last":
+      return { from: Math.max(total - 1, 0), count: Math.min(total, 1) };
+    case "none":
+      return { from: total, count: 0 };
+    default:
+      throw new Error(`logits: ${JSON.stringify(rows)} is not one of "all", "last", "none"`);
+  }
+}
+
+/** The part of `range` (rows of a whole call) inside the chunk [start, end), relative to the chunk. */
+export function rangeWithin(range: RowRange, start: number, end: number): RowRange {
+  const from = Math.max(range.from, start);
+  const to = Math.min(range.from + range.count, end);
+  return to > from ? { from: from - start, count: to - from } : { from: end - start, count: 0 };
+}
+
+/** The logit rows of a forward of `total` rows under `opts` (a sample request needs the last row). */
+export function forwardRange(opts: ForwardOptions, total: number): RowRange {
+  const range = logitRange(opts.logits ?? "last", total);
+  if (opts.sample && range.count === 0) throw new Error('forward: sampling draws the last row\'s token, and logits "none" computes no row');
+  return range;
+}
+
+/**
+ * A forward's result: only the rows it asked logits for. next[i] and margins[i] belong to row
+ * `first + i` of the call's tokens; rows outside [first, first + next.length) have none.
+ */
+export interface ForwardResult extends RowsResult {
+  first: number;
+}
+
+export interface ForwardOptions {
+  signal?: AbortSignal;
+  /** Sampling instead of greedy for the last row (which `logits` must then include). */
+  sample?: SampleRequest;
+  /** Rows to compute logits for (default "last"). */
+  logits?: LogitRows;
 }
 
 /**
@@ -53,8 +111,11 @@ export interface BackendCheckpoint {
 export interface BackendSequence {
   /** Rows (tokens) the sequence holds. */
   readonly length: number;
-  /** Runs `tokens` at positions length.. (prefill chunks are the backend's business). */
-  forward(tokens: number[], signal?: AbortSignal, sample?: SampleRequest): Promise<RowsResult>;
+  /**
+   * Runs `tokens` at positions length.. (prefill chunks are the backend's business); the next
+   * tokens of the rows `opts.logits` asks for (by default the last row's only).
+   */
+  forward(tokens: number[], opts?: ForwardOptions): Promise<ForwardResult>;
   /**
    * Speculative step: `next` is the newest token, not yet run. Proposes up to `drafts` tokens,
    * verifies [next, ...drafts] as one row batch and rolls back to the last accepted row.

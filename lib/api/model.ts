@@ -512,9 +512,10 @@ export class Session {
     if (this.seq.length > this.tokens.length || (extra.length === 0 && this.seq.length === this.tokens.length)) this.seq.reset();
     const run = [...this.tokens.slice(this.seq.length), ...extra];
     const t0 = performance.now();
-    const r = await this.step(this.seq.forward(run, signal, sample));
+    // Only the last row's logits: the prompt's other rows only advance the state.
+    const r = await this.step(this.seq.forward(run, { signal, sample, logits: "last" }));
     this.prefillMs += performance.now() - t0;
-    return { next: r.next[r.next.length - 1]!, logprobs: r.logprobs?.[0] };
+    return { next: r.next[0]!, logprobs: r.logprobs?.[0] };
   }
 
   /**
@@ -556,7 +557,7 @@ export class Session {
       const run = [...this.tokens.slice(this.seq.length), ...ids.slice(0, -1)];
       if (run.length > 0) {
         const t0 = performance.now();
-        await this.step(this.seq.forward(run, signal));
+        await this.step(this.seq.forward(run, { signal, logits: "none" }));
         this.prefillMs += performance.now() - t0;
       }
       this.tokens.push(...ids);
@@ -728,7 +729,7 @@ export class Session {
           stats.steps[r.proposed]!++;
           headBehind = false;
         } else {
-          const r = await this.step(this.seq.forward([last], signal, sample ?? undefined));
+          const r = await this.step(this.seq.forward([last], { signal, sample: sample ?? undefined, logits: "last" }));
           queue = [r.next[0]!];
           queueLogprobs = r.logprobs;
           controller?.observe(0, 0, performance.now() - stepStart);

@@ -7,7 +7,7 @@ import { argmax, topTwoMargin } from "../reference/ops.ts";
 import { checkTokens } from "../reference/model.ts";
 import type { KvCache } from "../reference/kvcache.ts";
 import { Draw, PenaltyCounts, sampleToken, samplingDistribution, speculativeTokens, tokenLogprobs, type RowSampling } from "../reference/sampling.ts";
-import { throwIfAborted, type Backend, type BackendCheckpoint, type BackendSequence, type RowsResult, type SampleRequest, type SpeculativeResult, type TokenLogprobs, type ReferenceBackendStats } from "./backend.ts";
+import { forwardRange, rangeWithin, throwIfAborted, type Backend, type BackendCheckpoint, type BackendSequence, type ForwardOptions, type ForwardResult, type SampleRequest, type SpeculativeResult, type TokenLogprobs, type ReferenceBackendStats } from "./backend.ts";
 
 /** A KV cache's live content. */
 interface SavedCache {
@@ -170,23 +170,27 @@ class ReferenceSequence implements BackendSequence {
       );
   }
 
-  async forward(tokens: number[], signal?: AbortSignal, sample?: SampleRequest): Promise<RowsResult> {
+  async forward(tokens: number[], opts: ForwardOptions = {}): Promise<ForwardResult> {
     this.check();
     checkTokens(tokens, this.model.config.vocab_size, "token");
     this.checkRoom(tokens.length);
-    const out: RowsResult = { next: [], margins: [] };
+    const { signal, sample } = opts;
+    const wanted = forwardRange(opts, tokens.length);
+    const out: ForwardResult = { first: wanted.from, next: [], margins: [] };
+    // The sequence's last row's logits, when this call computed them (for resample).
     let last: Float32Array | null = null;
     for (let i = 0; i < tokens.length; i += this.chunk) {
       throwIfAborted(signal);
       this.check();
       const part = tokens.slice(i, i + this.chunk);
-      const r = this.model.forward(this.state, part);
+      const logitRows = rangeWithin(wanted, i, i + part.length);
+      const r = this.model.forward(this.state, part, { logitRows });
       this.commitRows(part, r.hidden);
       for (const l of r.logits) {
         out.next.push(argmax(l));
         out.margins.push(topTwoMargin(l));
       }
-      last = r.logits[r.logits.length - 1]!;
+      last = logitRows.count > 0 && logitRows.from + logitRows.count === part.length ? r.logits[r.logits.length - 1]! : null;
       await new Promise((r) => setImmediate(r)); // let an abort (e.g. a client disconnect) in between chunks
     }
     this.lastLogits = last;

@@ -2,9 +2,11 @@
 // rows at positions pos0.. (a prefill chunk, a decode row, or a verify batch): the
 // embedding, then per layer the PLE injection, the mixer between its hyper-connection read
 // and write, and the MoE site with the host handshake between its router and its experts,
-// then the final read, the logits and the greedy argmax of every row.
+// then the final read and the logits and greedy argmax of the rows the step asks for (a
+// prompt chunk: its last row or none; a verify batch: every row).
 import { encodeEmbed } from "./embed.ts";
 import { bind, live, type EncodeContext, type RowsRef } from "./dispatch.ts";
+import type { RowRange } from "../api/backend.ts";
 import type { SitePlan } from "./handshake.ts";
 import { encodeSiteRead, encodeSiteWrite } from "./hyperconnection.ts";
 import type { EngineGpu } from "./load.ts";
@@ -23,6 +25,8 @@ export interface TrunkStep {
   pos0: number;
   /** A verify batch: snapshot the per-row state for rollback. */
   verify: boolean;
+  /** Rows (of the step) whose logits and argmax to compute: ids and margins land in scratch.head from row 0. */
+  logits: RowRange;
 }
 
 /** The MoE site arguments of trunk layer `w`. */
@@ -40,7 +44,10 @@ export function trunkMoeSite(gpu: EngineGpu, w: LayerRefs, nb: number): MoeSiteA
   };
 }
 
-/** Records a trunk step; its handshakes go into `plan`. Next ids and margins land in scratch.head. */
+/**
+ * Records a trunk step; its handshakes go into `plan`. The next ids and margins of rows
+ * logits.from.. land in scratch.head.next/margins rows 0..logits.count - 1.
+ */
 export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: SequenceState, step: TrunkStep, plan: SitePlan): void {
   const c = gpu.config;
   const s = gpu.scratch;
@@ -50,6 +57,9 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
   const snaps = step.verify ? gpu.snapshots : null;
   if (step.verify && !snaps) throw new Error("verify step: this engine has no rollback planes (the model has no MTP head)");
   if (nb > s.rows) throw new RangeError(`step of ${nb} rows: the scratch holds ${s.rows}`);
+  const logits = step.logits;
+  if (!Number.isInteger(logits.from) || !Number.isInteger(logits.count) || logits.from < 0 || logits.count < 0 || logits.from + logits.count > nb)
+    throw new RangeError(`step of ${nb} rows: logits for rows ${logits.from}..${logits.from + logits.count - 1} are outside it`);
 
   // With the whole model resident no trunk read can miss: the lookahead's routes would only
   // cost dispatches (four a layer) and host work.
@@ -107,11 +117,19 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
     encodeMoeCompute(ctx, site, gpu.kernelPool, route);
   }
 
-  // The final hidden rows go where the MTP head will read them (by position), else to scratch.
+  // Every final hidden row goes where the MTP head will read it (by position); without an MTP
+  // head only the rows with logits are read, into scratch. (Position-dependent: live.)
   live(ctx, step, (ctx, { pos0 }) => {
-    const hidden: RowsRef = seq.hidden ? { buffer: seq.hidden, offset: pos0 * d * 4, stride: d * 4 } : s.head.hidden;
-    encodeFinalRead(ctx, s.X, gpu.refs.hcHead, s.hc, hidden, nb, gpu.hc, d, gpu.refs.finalNorm, eps);
-    encodeGreedy(ctx, gpu, hidden, nb, s.head.next, s.head.margins);
+    let hidden: RowsRef;
+    if (seq.hidden) {
+      const all: RowsRef = { buffer: seq.hidden, offset: pos0 * d * 4, stride: d * 4 };
+      encodeFinalRead(ctx, s.X, gpu.refs.hcHead, s.hc, all, nb, gpu.hc, d, gpu.refs.finalNorm, eps);
+      hidden = rowAt(all, logits.from);
+    } else {
+      hidden = s.head.hidden;
+      if (logits.count > 0) encodeFinalRead(ctx, rowAt(s.X, logits.from), gpu.refs.hcHead, s.hc, hidden, logits.count, gpu.hc, d, gpu.refs.finalNorm, eps);
+    }
+    if (logits.count > 0) encodeGreedy(ctx, gpu, hidden, logits.count, s.head.next, s.head.margins);
   });
 }
 

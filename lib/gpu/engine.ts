@@ -2,7 +2,7 @@
 // at a time (one event, one scratch): each public operation takes the engine's lock for the
 // steps it runs. A failed step (IO error, GPU wait timeout) resets the sequence it ran for,
 // so the caller can replay its tokens, and leaves the engine usable.
-import { throwIfAborted, type RowsResult, type SampleRequest, type SpeculativeResult } from "../api/backend.ts";
+import { forwardRange, throwIfAborted, type ForwardOptions, type ForwardResult, type RowRange, type RowsResult, type SampleRequest, type SpeculativeResult } from "../api/backend.ts";
 import { Draw, PenaltyCounts } from "../reference/sampling.ts";
 import { NonFiniteError } from "../model/errors.ts";
 import type { ModelFiles } from "../model/format.ts";
@@ -29,7 +29,7 @@ export class Engine {
   private readonly trace: TraceWriter | null;
   private readonly sequences = new Set<EngineSequence>();
   private sampling: SamplingScratch | null = null;
-  /** Whose last row the logits scratch still holds (a trunk step's last block), for resample. */
+  /** Whose last row the logits scratch still holds (a trunk step's last logits block), for resample. */
   private logitsHeld: { seq: SequenceState; length: number; row: number } | null = null;
   /** Storage of the penalty counts handed out (the kernel binds the buffer). */
   private readonly countBuffers = new WeakMap<PenaltyCounts, Buffer>();
@@ -111,10 +111,10 @@ export class Engine {
    * when it cannot be recorded: a verify step (rollback planes), or a layer that is not held
    * resident (its site needs the host). Called after runStep's residency refresh.
    */
-  private recordingKey(nb: number, verify: boolean): string | null {
+  private recordingKey(nb: number, verify: boolean, logits: RowRange): string | null {
     const g = this.gpu;
     if (verify || !g.resident.allHeld()) return null;
-    return `${nb}/${g.layersRun}/${g.lookahead && !g.pool.fullyResident(g.layersRun)}`;
+    return `${nb}/${logits.from}/${logits.count}/${g.layersRun}/${g.lookahead && !g.pool.fullyResident(g.layersRun)}`;
   }
 
   /** Steps recorded and replayed so far, over every sequence (stats; tests). */
@@ -128,34 +128,38 @@ export class Engine {
   }
 
   /**
-   * @internal Runs one trunk step of `tokens` for `seq` (lock held by the caller). With
-   * `sample`, the sampling kernel draws from the step's logits on the device: the last row's
-   * token (a forward), or with `verifyDrafts` = k every row's, rows 0..k-1 verifying the drafts
-   * in the token buffer against the distributions the draft step left (`accepted[r]`).
+   * @internal Runs one trunk step of `tokens` for `seq` (lock held by the caller), with the
+   * logits and argmax of the rows `logits` names only: next[i] and margins[i] are row
+   * logits.from + i's. With `sample`, the sampling kernel draws from those logits on the
+   * device: the last row's token (a forward), or with `verifyDrafts` = k every row's, rows
+   * 0..k-1 verifying the drafts in the token buffer against the distributions the draft step
+   * left (`accepted[r]`); the sampled rows must end the step and lie within `logits`.
    */
-  async trunkStep(seq: SequenceState, tokens: number[], verify: boolean, sample?: SampleRequest, verifyDrafts = 0): Promise<RowsResult & { accepted?: number[] }> {
+  async trunkStep(seq: SequenceState, tokens: number[], verify: boolean, logits: RowRange, sample?: SampleRequest, verifyDrafts = 0): Promise<RowsResult & { accepted?: number[] }> {
     const gpu = this.gpu;
     const pos0 = seq.length;
     const nb = tokens.length;
     seq.checkRoom(nb);
-    seq.writeTokens(pos0, tokens);
     const recorder = this.trace ? new RouteRecorder(tokens, gpu.config.num_layers, gpu.config.moe.top_k) : null;
     const sampler = sample ? this.samplingScratch() : null;
     const sampleRows = verifyDrafts > 0 ? nb : 1;
     if (sampler && verifyDrafts > 0 && (nb > LOGIT_ROWS || verifyDrafts !== nb - 1)) throw new Error(`verify step: ${nb} rows for ${verifyDrafts} drafts`);
+    const endsStep = logits.count > 0 && logits.from + logits.count === nb;
+    if (sampler && (!endsStep || logits.count < sampleRows)) throw new Error(`step of ${nb} rows: sampling ${sampleRows} rows needs their logits (asked for rows ${logits.from}..${logits.from + logits.count - 1})`);
+    // The last LOGIT_ROWS block of the step's logits stays in the logits scratch.
+    const block = logits.count > 0 ? Math.floor((logits.count - 1) / LOGIT_ROWS) * LOGIT_ROWS : 0;
+    seq.writeTokens(pos0, tokens);
     await this.guarded(seq, () =>
       runStep(
         gpu,
         this.counter,
         (ctx, plan) => {
-          this.recordingsOf(seq).encode(ctx, plan, this.recordingKey(nb, verify), { pos0 }, (ctx, plan, { pos0 }) =>
-            encodeTrunkStep(ctx, gpu, seq, { nb, pos0, verify }, plan),
+          this.recordingsOf(seq).encode(ctx, plan, this.recordingKey(nb, verify, logits), { pos0 }, (ctx, plan, { pos0 }) =>
+            encodeTrunkStep(ctx, gpu, seq, { nb, pos0, verify, logits }, plan),
           );
           if (!sample || !sampler) return;
-          // The last LOGIT_ROWS block of the step's logits is still in the logits scratch.
           const first = nb - sampleRows;
-          const block = Math.floor((nb - 1) / LOGIT_ROWS) * LOGIT_ROWS;
-          encodeSample(ctx, rowAt(gpu.scratch.head.logits, first - block), sampler, {
+          encodeSample(ctx, rowAt(gpu.scratch.head.logits, first - logits.from - block), sampler, {
             params: sample.params,
             seed: sample.seed,
             rows: sampleRows,
@@ -173,22 +177,22 @@ export class Engine {
       ),
     );
     seq.length = pos0 + nb;
-    this.logitsHeld = { seq, length: seq.length, row: nb - 1 - Math.floor((nb - 1) / LOGIT_ROWS) * LOGIT_ROWS };
+    this.logitsHeld = endsStep ? { seq, length: seq.length, row: logits.count - 1 - block } : null;
     if (recorder) this.trace!.write(recorder.step());
     const s = gpu.scratch.head;
-    const out: RowsResult & { accepted?: number[] } = { next: Array.from(i32View(s.next, nb)), margins: Array.from(f32View(s.margins, nb)) };
+    const out: RowsResult & { accepted?: number[] } = { next: Array.from(i32View(s.next, logits.count)), margins: Array.from(f32View(s.margins, logits.count)) };
     // The argmax of NaN logits is a silent id 0: a non-finite margin means the logits are not finite.
     const bad = out.margins.findIndex((m) => !Number.isFinite(m));
     if (bad >= 0) {
       seq.reset();
       throw new NonFiniteError(
-        `the output logits: non-finite values at row ${bad} (margin ${out.margins[bad]}): the weights or activations of the output head or the last layer (${gpu.config.num_layers - 1}) are NaN or infinite`,
+        `the output logits: non-finite values at row ${logits.from + bad} (margin ${out.margins[bad]}): the weights or activations of the output head or the last layer (${gpu.config.num_layers - 1}) are NaN or infinite`,
         null,
       );
     }
     if (sampler && sample) {
       const drawn = Array.from(sampler.ids.i32.subarray(0, sampleRows));
-      out.next.splice(nb - sampleRows, sampleRows, ...drawn);
+      out.next.splice(logits.count - sampleRows, sampleRows, ...drawn);
       if (verifyDrafts > 0) out.accepted = Array.from(sampler.accepted.i32.subarray(0, verifyDrafts));
       if (sample.logprobs !== null) out.logprobs = drawn.map((_, r) => sampler.logprobs(r, sample.logprobs!));
     }
@@ -351,20 +355,22 @@ export class EngineSequence {
     if (this.disposed) throw new Error("the sequence is disposed");
   }
 
-  async forward(tokens: number[], signal?: AbortSignal, sample?: SampleRequest): Promise<RowsResult> {
+  async forward(tokens: number[], opts: ForwardOptions = {}): Promise<ForwardResult> {
     this.check();
     const g = this.engine.gpu;
     checkTokens(tokens, g.config.vocab_size, "token");
     if (tokens.length === 0) throw new Error("forward: no tokens");
     this.state.checkRoom(tokens.length);
+    const { sample, signal } = opts;
+    const logits = forwardRange(opts, tokens.length);
     // Only the last chunk's last row is sampled.
     let done = 0;
-    const step = (chunk: number[]) => {
+    const step = (chunk: number[], rows: RowRange) => {
       done += chunk.length;
       const last = done === tokens.length;
-      return this.engine.exclusive(() => this.engine.trunkStep(this.state, chunk, false, last ? sample : undefined));
+      return this.engine.exclusive(() => this.engine.trunkStep(this.state, chunk, false, rows, last ? sample : undefined));
     };
-    return this.track(runChunked(tokens, g.prefillRows, step, signal));
+    return this.track(runChunked(tokens, g.prefillRows, logits, step, signal));
   }
 
   private async track<T>(op: Promise<T>): Promise<T> {
@@ -401,15 +407,16 @@ export class EngineSequence {
     if (this.state.length === 0) throw new Error("speculate: the sequence is empty (run a prompt first)");
     const k = Math.min(drafts, g.maxDrafts);
     if (k < 1) {
-      const r = await this.forward([next], signal, sample);
-      return { ...r, proposed: 0 };
+      const r = await this.forward([next], { signal, sample });
+      return { next: r.next, margins: r.margins, ...(r.logprobs ? { logprobs: r.logprobs } : {}), proposed: 0 };
     }
     this.state.checkRoom(1 + k);
     return this.track(this.engine.exclusive(async () => {
       const seq = this.state;
       const ds = await this.engine.draftStep(seq, next, k, sample);
       const pos0 = seq.length;
-      const r = await this.engine.trunkStep(seq, [next, ...ds], true, sample, sample ? k : 0);
+      // Every row of the batch is verified (or is the bonus row): all need their logits.
+      const r = await this.engine.trunkStep(seq, [next, ...ds], true, { from: 0, count: 1 + k }, sample, sample ? k : 0);
       let a = 0;
       // Sampling: the kernel verified each draft (rejection sampling); greedy: equal to the argmax.
       if (r.accepted) while (a < k && r.accepted[a] === 1) a++;

@@ -114,10 +114,10 @@ async function engineSide(files: ModelFiles, backend: Backend, prompt: number[],
         side.weights[o.site.layer] = Array.from({ length: nb }, (_, r) => Array.from(o.weights.subarray(r * k, (r + 1) * k)));
       };
       // Every site served at a handshake, resident or not: the observer reads X mid-step.
-      await runStep(gpu, counter, (ctx, plan) => encodeTrunkStep(ctx, gpu, seq, { nb, pos0, verify: false }, plan), observe, { handshakeAll: true });
+      await runStep(gpu, counter, (ctx, plan) => encodeTrunkStep(ctx, gpu, seq, { nb, pos0, verify: false, logits: { from: nb - 1, count: 1 } }, plan), observe, { handshakeAll: true });
       seq.length = pos0 + nb;
-      side.next = i32View(gpu.scratch.head.next, nb)[nb - 1]!;
-      side.margin = f32View(gpu.scratch.head.margins, nb)[nb - 1]!;
+      side.next = i32View(gpu.scratch.head.next, 1)[0]!;
+      side.margin = f32View(gpu.scratch.head.margins, 1)[0]!;
       sides.push(side);
       batches.push(batch);
       if (s >= chunks.length - 1 && s < chunks.length + steps - 1) tokens.push(side.next);

@@ -40,11 +40,15 @@ export interface ForwardOptions {
    * are then: the input of the one-layer lookahead (see predictExperts). Must not modify X.
    */
   onMoeSite?: (layer: number, X: Float32Array) => void;
+  /** Rows whose logits to compute (the LM head is the largest matrix); default every row. */
+  logitRows?: { from: number; count: number };
 }
 
 export interface StepResult {
-  /** Per row: [vocab] logits. */
+  /** [vocab] logits of rows logitsFrom.. (ForwardOptions.logitRows; every row by default). */
   logits: Float32Array[];
+  /** The row logits[0] belongs to. */
+  logitsFrom: number;
   /** Per row: the final hidden after the final read and final RMSNorm (the MTP input). */
   hidden: Float32Array[];
   route: RouteStep;
@@ -230,6 +234,9 @@ export class ReferenceModel {
     const chunk = opts.deltanetChunk ?? (opts.snapshots || nb === 1 ? 0 : DEFAULT_CHUNK);
     if (!Number.isInteger(chunk) || chunk < 0) throw new Error(`forward: deltanetChunk ${chunk} must be an integer >= 0`);
     if (opts.snapshots && chunk !== 0) throw new Error("forward: row snapshots need the recurrent DeltaNet (deltanetChunk 0)");
+    const rows = opts.logitRows ?? { from: 0, count: nb };
+    if (!Number.isInteger(rows.from) || !Number.isInteger(rows.count) || rows.from < 0 || rows.count < 0 || rows.from + rows.count > nb)
+      throw new RangeError(`forward: logitRows ${rows.from}..${rows.from + rows.count - 1} are outside the ${nb} rows`);
 
     for (const t of tokens) state.tokens.push(t);
     const X = new Float32Array(nb * n * d);
@@ -281,10 +288,12 @@ export class ReferenceModel {
       const x = hcFinalRead(X.subarray(b * n * d, (b + 1) * n * d), n, d, this.hcHead, c.hc.eps);
       const h = rmsNorm(x, this.finalNorm, eps);
       hidden.push(h);
-      logits.push(matvec(this.lmHead, h, new Float32Array(c.vocab_size), c.vocab_size, d));
-      assertFinite(logits[b]!, null, "the output head (final norm, LM head)");
+      if (b < rows.from || b >= rows.from + rows.count) continue;
+      const z = matvec(this.lmHead, h, new Float32Array(c.vocab_size), c.vocab_size, d);
+      assertFinite(z, null, "the output head (final norm, LM head)");
+      logits.push(z);
     }
-    const result: StepResult = { logits, hidden, route };
+    const result: StepResult = { logits, logitsFrom: rows.from, hidden, route };
     if (snaps) result.snapshots = snaps;
     if (opts.collectSelections) result.selected = selected;
     return result;

@@ -29,8 +29,8 @@ function time(replay: boolean): { median: number; p10: number; commands: number 
     const plan = new SitePlan(gpu.event, 1e6);
     const c0 = gpu.device.commandsEncoded;
     const t0 = performance.now();
-    if (replay) recordings.encode({ device: gpu.device, cb }, plan, "bench", { pos0: 8 }, (ctx, plan, { pos0 }) => encodeTrunkStep(ctx, gpu, seq.state, { nb: 1, pos0, verify: false }, plan));
-    else encodeTrunkStep({ device: gpu.device, cb }, gpu, seq.state, { nb: 1, pos0: 8, verify: false }, plan);
+    if (replay) recordings.encode({ device: gpu.device, cb }, plan, "bench", { pos0: 8 }, (ctx, plan, { pos0 }) => encodeTrunkStep(ctx, gpu, seq.state, { nb: 1, pos0, verify: false, logits: { from: 0, count: 1 } }, plan));
+    else encodeTrunkStep({ device: gpu.device, cb }, gpu, seq.state, { nb: 1, pos0: 8, verify: false, logits: { from: 0, count: 1 } }, plan);
     times.push(performance.now() - t0);
     commands = gpu.device.commandsEncoded - c0;
     cb.release();

@@ -102,12 +102,14 @@ test("after drafts, verification and rollbacks the state equals the plain sequen
 
 test("reset() forgets everything: the same prompt gives the same next token as a fresh sequence", async () => {
   const fresh = engine.newSequence();
-  const want = await fresh.forward(c.prompt);
+  // Every row's token, not only the last one's.
+  const want = await fresh.forward(c.prompt, { logits: "all" });
   const s = engine.newSequence();
   await s.forward([5, 6, 7, 8, 9]);
   s.reset();
   expect(s.length).toBe(0);
-  const got = await s.forward(c.prompt);
+  const got = await s.forward(c.prompt, { logits: "all" });
+  expect(got.next.length).toBe(c.prompt.length);
   expect(got.next).toEqual(want.next);
   expect(relDiff(got.margins, want.margins)).toBeLessThan(1e-6);
   fresh.dispose();
