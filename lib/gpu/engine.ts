@@ -17,7 +17,8 @@ import { RouteRecorder } from "./route-trace.ts";
 import { f32View, i32View, LOGIT_ROWS, rowAt } from "./scratch.ts";
 import { encodeSample, SamplingScratch } from "./sampling.ts";
 import { SequenceState, type StateImage } from "./state.ts";
-import { runStep, type EventCounter } from "./step.ts";
+import { runStep, type EventCounter, type PreparedStep } from "./step.ts";
+import { SitePlan } from "./handshake.ts";
 import { StepRecordings } from "./recorded-step.ts";
 import { TraceWriter } from "./trace.ts";
 import type { LoadedEngineStats } from "./telemetry.ts";
@@ -36,6 +37,15 @@ export class Engine {
   /** Each sequence's recorded steps (recorded-step.ts). */
   private readonly recordings = new WeakMap<SequenceState, StepRecordings>();
   private readonly recordingTotals = { recorded: 0, replayed: 0 };
+  /**
+   * Each sequence's next decode row, encoded (replayed from its recording) right after the
+   * previous step was committed, while the GPU ran it: a decode step then commits at once
+   * instead of encoding first (docs/engine.md "Recorded steps"). Dropped when the sequence
+   * goes another way (another position or shape, a step of another sequence in between).
+   */
+  private readonly prepared = new Map<SequenceState, { pos0: number; key: string; step: PreparedStep }>();
+  /** Decode steps that committed a prepared command buffer (stats; tests). */
+  private preparedUsed = 0;
 
   private constructor(readonly gpu: EngineGpu, tracePath: string | undefined) {
     this.trace = tracePath ? TraceWriter.open(tracePath) : null;
@@ -117,14 +127,50 @@ export class Engine {
     return `${nb}/${logits.from}/${logits.count}/${g.layersRun}/${g.lookahead && !g.pool.fullyResident(g.layersRun)}`;
   }
 
-  /** Steps recorded and replayed so far, over every sequence (stats; tests). */
-  get recordedSteps(): { recorded: number; replayed: number } {
-    return { ...this.recordingTotals };
+  /** Steps recorded and replayed (prepared ahead or not) so far over every sequence, and the prepared steps committed (stats; tests). */
+  get recordedSteps(): { recorded: number; replayed: number; preparedUsed: number } {
+    return { ...this.recordingTotals, preparedUsed: this.preparedUsed };
+  }
+
+  /** The step prepared for `seq` when it is exactly this one (position, shape, event value), else null; either way no longer held. */
+  private takePrepared(seq: SequenceState, pos0: number, key: string | null): PreparedStep | null {
+    const p = this.prepared.get(seq);
+    if (!p) return null;
+    this.prepared.delete(seq);
+    if (key !== null && p.pos0 === pos0 && p.key === key && p.step.plan.base === this.counter.value) {
+      this.preparedUsed++;
+      return p.step;
+    }
+    p.step.cb.release();
+    return null;
+  }
+
+  /** Encodes `seq`'s decode row at pos0 ahead (uncommitted), when it can be replayed. Never throws: a step it cannot prepare is encoded when it comes. */
+  private prepareNext(seq: SequenceState, pos0: number): void {
+    const logits = { from: 0, count: 1 };
+    const key = this.recordingKey(1, false, logits);
+    if (key === null || !StepRecordings.enabled || seq.disposed) return;
+    const gpu = this.gpu;
+    const cb = gpu.device.commandBuffer();
+    const plan = new SitePlan(gpu.event, this.counter.value);
+    try {
+      this.recordingsOf(seq).encode({ device: gpu.device, cb }, plan, key, { pos0 }, (ctx, plan, { pos0 }) =>
+        encodeTrunkStep(ctx, gpu, seq, { nb: 1, pos0, verify: false, logits }, plan),
+      );
+    } catch {
+      cb.release(); // past the capacity, say: the step itself will say why if it comes
+      return;
+    }
+    this.prepared.get(seq)?.step.cb.release();
+    this.prepared.set(seq, { pos0, key, step: { cb, plan } });
   }
 
   /** @internal */
   forget(s: EngineSequence): void {
     this.sequences.delete(s);
+    s.state.forgotten = true;
+    this.prepared.get(s.state)?.step.cb.release();
+    this.prepared.delete(s.state);
   }
 
   /**
@@ -149,14 +195,17 @@ export class Engine {
     // The last LOGIT_ROWS block of the step's logits stays in the logits scratch.
     const block = logits.count > 0 ? Math.floor((logits.count - 1) / LOGIT_ROWS) * LOGIT_ROWS : 0;
     seq.writeTokens(pos0, tokens);
+    // The key needs the residency as this step will see it (runStep refreshes it too: a no-op then).
+    gpu.resident.refresh();
+    const key = this.recordingKey(nb, verify, logits);
+    const prepared = this.takePrepared(seq, pos0, key);
     await this.guarded(seq, () =>
       runStep(
         gpu,
         this.counter,
         (ctx, plan) => {
-          this.recordingsOf(seq).encode(ctx, plan, this.recordingKey(nb, verify, logits), { pos0 }, (ctx, plan, { pos0 }) =>
-            encodeTrunkStep(ctx, gpu, seq, { nb, pos0, verify, logits }, plan),
-          );
+          if (!prepared)
+            this.recordingsOf(seq).encode(ctx, plan, key, { pos0 }, (ctx, plan, { pos0 }) => encodeTrunkStep(ctx, gpu, seq, { nb, pos0, verify, logits }, plan));
           if (!sample || !sampler) return;
           const first = nb - sampleRows;
           encodeSample(ctx, rowAt(gpu.scratch.head.logits, first - logits.from - block), sampler, {
@@ -174,6 +223,8 @@ export class Engine {
           });
         },
         recorder?.observe,
+        // A recordable step is most likely followed by a decode row of the same sequence.
+        { prepared, afterCommit: key === null ? undefined : () => this.prepareNext(seq, pos0 + nb) },
       ),
     );
     seq.length = pos0 + nb;
@@ -314,6 +365,8 @@ export class Engine {
     if (this.closed) return;
     await this.lock;
     this.closed = true;
+    for (const p of this.prepared.values()) p.step.cb.release();
+    this.prepared.clear();
     for (const s of this.sequences) s.releaseNow();
     this.sequences.clear();
     this.trace?.close();

@@ -100,6 +100,12 @@ export class SequenceState {
   readonly mtp: { k: KvCacheRef; v: KvCacheRef } | null;
   #buffers: Buffer[] = [];
   #disposed = false;
+  /** Whether dispose() ran (or the engine forgot it: a step prepared for it is never used). */
+  get disposed(): boolean {
+    return this.#disposed || this.forgotten;
+  }
+  /** Set by the engine when its sequence is disposed (its state goes at the next turn of the lock). */
+  forgotten = false;
 
   constructor(
     readonly device: Device,

@@ -7,6 +7,7 @@
 // clear error after the command buffer has finished: the remaining sites are released with
 // empty slot tables (their experts write NaN, never read outside the pool), so nothing hangs.
 import { NonFiniteError } from "../model/errors.ts";
+import type { CommandBuffer } from "../shim.ts";
 import type { EncodeContext } from "./dispatch.ts";
 import { GpuStepError, SitePlan, waitForCompletion, waitForSignal, yieldToEventLoop, type PlannedSite, type SiteInfo } from "./handshake.ts";
 import type { EngineGpu } from "./load.ts";
@@ -26,6 +27,12 @@ export interface SiteObservation {
 }
 
 export type SiteObserver = (o: SiteObservation) => void;
+
+/** A step encoded ahead (uncommitted): its command buffer and the plan of its sites. */
+export interface PreparedStep {
+  readonly cb: CommandBuffer;
+  readonly plan: SitePlan;
+}
 
 /** The engine-wide event counter: every command buffer's values start above the last one's. */
 export interface EventCounter {
@@ -102,14 +109,23 @@ export async function runStep(
   counter: EventCounter,
   encode: (ctx: EncodeContext, plan: SitePlan) => void,
   observe?: SiteObserver,
-  /** Serve every site at a handshake, resident layers too (a caller whose observer reads state mid-step). */
-  opts: { handshakeAll?: boolean } = {},
+  opts: {
+    /** Serve every site at a handshake, resident layers too (a caller whose observer reads state mid-step). */
+    handshakeAll?: boolean;
+    /** A command buffer already holding (part of) the step, encoded while the GPU ran the step before (PreparedSteps); `encode` adds the rest. */
+    prepared?: PreparedStep | null;
+    /** Runs once the step is committed, while the GPU works (the engine prepares the next step). Must not throw. */
+    afterCommit?: () => void;
+  } = {},
 ): Promise<StepTimeline> {
   const timeline = new StepTimeline();
   // Layers that became resident since the last step get their tables (the GPU is idle here).
   gpu.resident.refresh();
-  const plan = new SitePlan(gpu.event, counter.value, opts.handshakeAll ?? false);
-  const cb = gpu.device.commandBuffer();
+  const prepared = opts.prepared ?? null;
+  if (prepared && (prepared.plan.base !== counter.value || prepared.plan.handshakeAll !== (opts.handshakeAll ?? false)))
+    throw new Error("runStep: the prepared step was planned for another event value");
+  const plan = prepared?.plan ?? new SitePlan(gpu.event, counter.value, opts.handshakeAll ?? false);
+  const cb = prepared?.cb ?? gpu.device.commandBuffer();
   let failure: unknown = null;
   let acquired: number | null = null;
   /** Resident sites before this index are accounted for. */
@@ -137,6 +153,7 @@ export async function runStep(
     counter.value = plan.end;
     cb.commit();
     timeline.markCommitted();
+    opts.afterCommit?.();
     for (let i = 0; i < plan.sites.length; i++) {
       const site = plan.sites[i]!;
       if (site.handshake < 0) continue;

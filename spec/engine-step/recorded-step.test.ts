@@ -30,7 +30,7 @@ afterAll(() => {
 });
 
 /** Greedy tokens after the golden prompt; the engine's recorded/replayed counts. */
-async function decode(n: number, recorded: boolean): Promise<{ tokens: number[]; counts: { recorded: number; replayed: number } }> {
+async function decode(n: number, recorded: boolean): Promise<{ tokens: number[]; counts: { recorded: number; replayed: number; preparedUsed: number } }> {
   StepRecordings.enabled = recorded;
   const files = await openModel(dir);
   const engine = await Engine.load(files, BACKEND, {}); // pool 100%, preloaded: every layer resident
@@ -56,10 +56,11 @@ test(
     const replayed = await decode(n, true);
     const direct = await decode(n, false);
     expect(replayed.tokens).toEqual(direct.tokens);
-    expect(direct.counts).toEqual({ recorded: 0, replayed: 0 });
-    // One recording for the prompt's shape and one for a decode row; every later row replays.
-    expect(replayed.counts.recorded).toBe(2);
-    expect(replayed.counts.replayed).toBe(n - 2);
+    expect(direct.counts).toEqual({ recorded: 0, replayed: 0, preparedUsed: 0 });
+    // One recording for the prompt's shape and one for a decode row (prepared while the prompt
+    // ran); every decode row commits a step prepared while the one before it ran, replayed
+    // (the last one prepared is never used).
+    expect(replayed.counts).toEqual({ recorded: 2, replayed: n - 1, preparedUsed: n - 1 });
   },
   240_000,
 );
