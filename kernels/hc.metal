@@ -3,12 +3,12 @@
 // and the write X'_j = post_j y + sum_i comb[i][j] X_i. Coefficient rows are
 // [pre (n) | post (n) | comb (n * n, [i][j])] for a site and [pre (n)] for the final read.
 #include <metal_stdlib>
+#include "hc.h"
 #include "matvec.h"
 #include "params.h"
 
 using namespace metal;
 
-#define HC_MAX_STREAMS 8
 #define HC_MAX_MIXES (2 * HC_MAX_STREAMS + HC_MAX_STREAMS * HC_MAX_STREAMS)
 // A row per threadgroup of HC_TG_SG simdgroups for the reads: a thread holds one float4
 // column of every stream at a time (two turns at d = 2048), partial sums meet in threadgroup
@@ -506,7 +506,7 @@ inline void hc_row_coefficients(int n, int cols, bool head, int iters, float eps
 }
 
 // X'_j = post_j y + sum_i comb[i][j] X_i, in place: each thread owns four columns of one row
-// (cols % 4 == 0) and reads all their old stream values, at once, before writing any.
+// (cols % 4 == 0); hc_write_column (hc.h) is the column's write.
 [[max_total_threads_per_threadgroup(64)]] kernel void hc_write_f32(
     constant HcWriteParams& p  [[buffer(0)]],
     device uchar* x            [[buffer(1)]],
@@ -519,25 +519,8 @@ inline void hc_row_coefficients(int n, int cols, bool head, int iters, float eps
   if (c4 >= c4s || r >= p.rows) {
     return;
   }
-  const int n = p.streams;
   device float4* X = (device float4*)(x + ulong(r) * p.x_stride);
   device const float* k = (device const float*)(coeffs + ulong(r) * p.c_stride);
   float4 yv = ((device const float4*)(y + ulong(r) * p.y_stride))[c4];
-  float4 old[HC_MAX_STREAMS];
-  MV_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
-    if (i < n) {
-      old[i] = X[i * c4s + c4];
-    }
-  }
-  MV_UNROLL for (int j = 0; j < HC_MAX_STREAMS; j++) {
-    if (j < n) {
-      float4 v = k[n + j] * yv;
-      MV_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
-        if (i < n) {
-          v += k[2 * n + i * n + j] * old[i];
-        }
-      }
-      X[j * c4s + c4] = v;
-    }
-  }
+  hc_write_column(X, c4s, c4, p.streams, k, yv);
 }

@@ -1,16 +1,20 @@
 // Row-batched dense projections y[r] = W x[r] for every storage dtype. Bodies are in matvec.h.
+// The _hc forms write y into hyper-connection streams instead of storing it (hc.h).
 #include <metal_stdlib>
 #include "params.h"
 #include "matvec.h"
+#include "hc.h"
 
 using namespace metal;
 
 // One `matvec` simdgroup: its MV_R rows of W from o0 for batch rows [r_begin, r_end), NR
-// rows per pass (y = W x, or y += W x when accumulating). matvec and matvec_multi share it, so
-// a projection gives the same bits in either.
-template <typename T, int NR>
+// rows per pass (y = W x, or y += W x when accumulating; HC: the write of y into `hc`'s
+// streams, column o0 / 4, in place of the store). matvec, matvec_hc and matvec_multi share it,
+// so a projection gives the same bits in each.
+template <typename T, int NR, bool HC = false>
 inline void matvec_simdgroup(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x, ulong x_stride,
-                             int r_begin, int r_end, device uchar* y, ulong y_stride, bool accumulate, ushort lane) {
+                             int r_begin, int r_end, device uchar* y, ulong y_stride, bool accumulate, ushort lane,
+                             HcTarget hc = HcTarget()) {
   for (int r0 = r_begin; r0 < r_end; r0 += NR) {
     ulong xoff[NR];
     mv_row_offsets<NR>(xoff, r0, r_end, x_stride);
@@ -21,7 +25,11 @@ inline void matvec_simdgroup(device const uchar* w, int in_dim, int o0, int out_
     mv_reduce<NR>(acc, nx);
     if (lane == 0) {
       for (int j = 0; j < NR; j++) if (j < nx) {
-        mv_store(y, y_stride, r0 + j, o0, out_dim, acc[j], accumulate);
+        if (HC) {
+          hc_store(hc, r0 + j, o0 / MV_R, acc[j]);
+        } else {
+          mv_store(y, y_stride, r0 + j, o0, out_dim, acc[j], accumulate);
+        }
       }
     }
   }
@@ -51,12 +59,13 @@ template <typename T, int NR>
 // One `matvec_split` threadgroup: MV_R output rows of W from o0 for batch rows
 // [r_begin, r_end), its MV_SPLIT_SG simdgroups splitting the input dimension (lane l of
 // simdgroup s takes columns (s * 32 + l) * 4, then every 4 * 32 * MV_SPLIT_SG); the partial
-// sums meet in threadgroup memory (`part`, [MV_SPLIT_SG][NR]), added in simdgroup order. matvec_split and
-// matvec_multi_split share it, so a projection gives the same bits in either.
-template <typename T, int NR>
+// sums meet in threadgroup memory (`part`, [MV_SPLIT_SG][NR]), added in simdgroup order (HC:
+// written into `hc`'s streams as matvec_simdgroup does). matvec_split, matvec_split_hc and
+// matvec_multi_split share it, so a projection gives the same bits in each.
+template <typename T, int NR, bool HC = false>
 inline void matvec_split_tg(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x, ulong x_stride,
                             int r_begin, int r_end, device uchar* y, ulong y_stride, bool accumulate,
-                            threadgroup float4* part, ushort sg, ushort lane) {
+                            threadgroup float4* part, ushort sg, ushort lane, HcTarget hc = HcTarget()) {
   for (int r0 = r_begin; r0 < r_end; r0 += NR) {
     ulong xoff[NR];
     mv_row_offsets<NR>(xoff, r0, r_end, x_stride);
@@ -77,7 +86,11 @@ inline void matvec_split_tg(device const uchar* w, int in_dim, int o0, int out_d
         for (int s = 1; s < MV_SPLIT_SG; s++) {
           v += part[s * NR + j];
         }
-        mv_store(y, y_stride, r0 + j, o0, out_dim, v, accumulate);
+        if (HC) {
+          hc_store(hc, r0 + j, o0 / MV_R, v);
+        } else {
+          mv_store(y, y_stride, r0 + j, o0, out_dim, v, accumulate);
+        }
       }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);  // part is reused by the next pass
@@ -105,6 +118,64 @@ template <typename T, int NR>
     return;  // uniform per threadgroup: no barrier is left waiting
   }
   matvec_split_tg<T, NR>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride, p.accumulate != 0, &part[0][0], sg, lane);
+}
+
+// The streams target of a _hc kernel's params and bindings.
+inline HcTarget matvec_hc_target(constant MatvecHcParams& p, device uchar* X, device const uchar* coeffs) {
+  HcTarget t;
+  t.x = X;
+  t.coeffs = coeffs;
+  t.x_stride = p.hc_stride;
+  t.c_stride = p.c_stride;
+  t.streams = p.streams;
+  t.c4s = p.out_dim / 4;
+  t.residual = false;
+  return t;
+}
+
+// matvec whose output goes into hyper-connection streams: X'[r][j] = post_j y + sum_i
+// comb[i][j] X[r][i] with y = W x[r] (out_dim = d, a multiple of 4: a simdgroup's MV_R
+// outputs are one whole float4 column, so the thread that forms them owns its write).
+template <typename T, int NR>
+[[max_total_threads_per_threadgroup(128)]] kernel void matvec_hc(
+    constant MatvecHcParams& p [[buffer(0)]],
+    device const uchar* w      [[buffer(1)]],
+    device const uchar* x      [[buffer(2)]],
+    device uchar* X            [[buffer(3)]],
+    device const uchar* coeffs [[buffer(4)]],
+    uint2 tg                   [[threadgroup_position_in_grid]],
+    ushort sg                  [[simdgroup_index_in_threadgroup]],
+    ushort lane                [[thread_index_in_simdgroup]]) {
+  int o0 = (int(tg.x) * MV_SG + int(sg)) * MV_R;
+  int r_begin = int(tg.y) * p.rows_per_group;
+  int r_end = min(p.rows, r_begin + p.rows_per_group);
+  if (o0 >= p.out_dim || r_begin >= r_end) {
+    return;  // uniform per simdgroup
+  }
+  matvec_simdgroup<T, NR, true>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, X, 0, false, lane,
+                                matvec_hc_target(p, X, coeffs));
+}
+
+// matvec_split whose output goes into hyper-connection streams (as matvec_hc).
+template <typename T, int NR>
+[[max_total_threads_per_threadgroup(256)]] kernel void matvec_split_hc(
+    constant MatvecHcParams& p [[buffer(0)]],
+    device const uchar* w      [[buffer(1)]],
+    device const uchar* x      [[buffer(2)]],
+    device uchar* X            [[buffer(3)]],
+    device const uchar* coeffs [[buffer(4)]],
+    uint2 tg                   [[threadgroup_position_in_grid]],
+    ushort sg                  [[simdgroup_index_in_threadgroup]],
+    ushort lane                [[thread_index_in_simdgroup]]) {
+  threadgroup float4 part[MV_SPLIT_SG][NR];
+  int o0 = int(tg.x) * MV_R;
+  int r_begin = int(tg.y) * p.rows_per_group;
+  int r_end = min(p.rows, r_begin + p.rows_per_group);
+  if (o0 >= p.out_dim || r_begin >= r_end) {
+    return;  // uniform per threadgroup: no barrier is left waiting
+  }
+  matvec_split_tg<T, NR, true>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, X, 0, false, &part[0][0], sg, lane,
+                               matvec_hc_target(p, X, coeffs));
 }
 
 // Several projections of one input in one dispatch (DeltaNet's qkv and z, attention's q,
@@ -197,6 +268,17 @@ template [[host_name("matvec_split_q4_f32")]] kernel decltype(matvec_split<uchar
 // core hide the memory latency); the host picks them when a dispatch has one row.
 template [[host_name("matvec_q4_r1_f32")]] kernel decltype(matvec<uchar, 1>) matvec<uchar, 1>;
 template [[host_name("matvec_split_q4_r1_f32")]] kernel decltype(matvec_split<uchar, 1>) matvec_split<uchar, 1>;
+// The same forms writing into hyper-connection streams (the mixers' output projections).
+template [[host_name("matvec_hc_f32_f32")]] kernel decltype(matvec_hc<float, MV_NR>) matvec_hc<float, MV_NR>;
+template [[host_name("matvec_hc_bf16_f32")]] kernel decltype(matvec_hc<bfloat, MV_NR>) matvec_hc<bfloat, MV_NR>;
+template [[host_name("matvec_hc_f16_f32")]] kernel decltype(matvec_hc<half, MV_NR>) matvec_hc<half, MV_NR>;
+template [[host_name("matvec_hc_q4_f32")]] kernel decltype(matvec_hc<uchar, MV_NR>) matvec_hc<uchar, MV_NR>;
+template [[host_name("matvec_hc_q4_r1_f32")]] kernel decltype(matvec_hc<uchar, 1>) matvec_hc<uchar, 1>;
+template [[host_name("matvec_split_hc_f32_f32")]] kernel decltype(matvec_split_hc<float, MV_NR>) matvec_split_hc<float, MV_NR>;
+template [[host_name("matvec_split_hc_bf16_f32")]] kernel decltype(matvec_split_hc<bfloat, MV_NR>) matvec_split_hc<bfloat, MV_NR>;
+template [[host_name("matvec_split_hc_f16_f32")]] kernel decltype(matvec_split_hc<half, MV_NR>) matvec_split_hc<half, MV_NR>;
+template [[host_name("matvec_split_hc_q4_f32")]] kernel decltype(matvec_split_hc<uchar, MV_NR>) matvec_split_hc<uchar, MV_NR>;
+template [[host_name("matvec_split_hc_q4_r1_f32")]] kernel decltype(matvec_split_hc<uchar, 1>) matvec_split_hc<uchar, 1>;
 template [[host_name("matvec_multi_f32_f32")]] kernel decltype(matvec_multi<float, MV_NR>) matvec_multi<float, MV_NR>;
 template [[host_name("matvec_multi_bf16_f32")]] kernel decltype(matvec_multi<bfloat, MV_NR>) matvec_multi<bfloat, MV_NR>;
 template [[host_name("matvec_multi_f16_f32")]] kernel decltype(matvec_multi<half, MV_NR>) matvec_multi<half, MV_NR>;

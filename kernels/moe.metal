@@ -5,6 +5,7 @@
 #include <metal_stdlib>
 #include "params.h"
 #include "matvec.h"
+#include "hc.h"
 
 using namespace metal;
 
@@ -298,18 +299,21 @@ template [[host_name("moe_gate_up_pairs_q4_f32")]] kernel decltype(moe_gate_up_p
 #define MOE_MAX_TOP_K 64
 static_assert(MOE_DC_SG * 32 == 256, "update moe_down_combine's [[max_total_threads_per_threadgroup]]");
 
-template <typename T, bool SHARED>
-inline void moe_down_combine_at(constant MoeDownCombineParams& p, device const int* ids, device const float* w,
+// The combined MV_R outputs `v` of column tg.x of row tg.y, left with thread 0 of the
+// threadgroup, which alone returns true (every other thread, and a threadgroup past the
+// output, false). P: the plain or the _hc params (the fields read here are in both).
+template <typename T, bool SHARED, typename P>
+inline bool moe_down_combine_at(constant P& p, device const int* ids, device const float* w,
                                 device const int* slot_of, device const uchar* pool, device const uchar* h,
-                                device const uchar* s, device const uchar* sgate, device uchar* y,
-                                uint2 tg, ushort sg, ushort lane) {
+                                device const uchar* s, device const uchar* sgate, uint2 tg, ushort sg, ushort lane,
+                                thread float4& out) {
   threadgroup float4 part[MOE_MAX_TOP_K];
   threadgroup float wk[MOE_MAX_TOP_K];
   threadgroup int miss[MOE_MAX_TOP_K];
   const int o0 = int(tg.x) * MV_R;
   const int r = int(tg.y);
   if (o0 >= p.out_dim || r >= p.rows) {
-    return;  // uniform per threadgroup
+    return false;  // uniform per threadgroup
   }
   for (int k = int(sg); k < p.top_k; k += MOE_DC_SG) {
     const int q = r * p.top_k + k;
@@ -330,7 +334,7 @@ inline void moe_down_combine_at(constant MoeDownCombineParams& p, device const i
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
   if (sg != 0 || lane != 0) {
-    return;
+    return false;
   }
   float4 v = float4(0.0f);
   bool missing = false;
@@ -347,7 +351,8 @@ inline void moe_down_combine_at(constant MoeDownCombineParams& p, device const i
     float4 sv = float4(sr[min(o0, p.out_dim - 1)], sr[min(o0 + 1, p.out_dim - 1)], sr[min(o0 + 2, p.out_dim - 1)], sr[min(o0 + 3, p.out_dim - 1)]);
     v += sv / (1.0f + exp(-gate));
   }
-  mv_store(y, p.y_stride, r, o0, p.out_dim, missing ? float4(NAN) : v, false);
+  out = missing ? float4(NAN) : v;
+  return true;
 }
 
 template <typename T>
@@ -362,7 +367,10 @@ template <typename T>
     uint2 tg                     [[threadgroup_position_in_grid]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
-  moe_down_combine_at<T, false>(p, ids, w, slot_of, pool, h, h, h, y, tg, sg, lane);
+  float4 v;
+  if (moe_down_combine_at<T, false>(p, ids, w, slot_of, pool, h, h, h, tg, sg, lane, v)) {
+    mv_store(y, p.y_stride, int(tg.y), int(tg.x) * MV_R, p.out_dim, v, false);
+  }
 }
 
 template <typename T>
@@ -379,11 +387,72 @@ template <typename T>
     uint2 tg                     [[threadgroup_position_in_grid]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
-  moe_down_combine_at<T, true>(p, ids, w, slot_of, pool, h, s, sgate, y, tg, sg, lane);
+  float4 v;
+  if (moe_down_combine_at<T, true>(p, ids, w, slot_of, pool, h, s, sgate, tg, sg, lane, v)) {
+    mv_store(y, p.y_stride, int(tg.y), int(tg.x) * MV_R, p.out_dim, v, false);
+  }
+}
+
+// The streams target of a moe_down_combine _hc kernel's params and bindings.
+inline HcTarget moe_hc_target(constant MoeDownCombineHcParams& p, device uchar* X, device const uchar* coeffs) {
+  HcTarget t;
+  t.x = X;
+  t.coeffs = coeffs;
+  t.x_stride = p.hc_stride;
+  t.c_stride = p.c_stride;
+  t.streams = p.streams;
+  t.c4s = p.out_dim / 4;
+  t.residual = p.residual != 0;
+  return t;
+}
+
+// moe_down_combine writing its output into hyper-connection streams (hc.h; out_dim = d, a
+// multiple of 4: a threadgroup's MV_R outputs are one whole float4 column) or, with
+// p.residual, adding it to X (n = 1).
+template <typename T>
+[[max_total_threads_per_threadgroup(256)]] kernel void moe_down_combine_hc(
+    constant MoeDownCombineHcParams& p [[buffer(0)]],
+    device const int* ids        [[buffer(1)]],
+    device const float* w        [[buffer(2)]],
+    device const int* slot_of    [[buffer(3)]],
+    device const uchar* pool     [[buffer(4)]],
+    device const uchar* h        [[buffer(5)]],
+    device uchar* X              [[buffer(6)]],
+    device const uchar* coeffs   [[buffer(7)]],
+    uint2 tg                     [[threadgroup_position_in_grid]],
+    ushort sg                    [[simdgroup_index_in_threadgroup]],
+    ushort lane                  [[thread_index_in_simdgroup]]) {
+  float4 v;
+  if (moe_down_combine_at<T, false>(p, ids, w, slot_of, pool, h, h, h, tg, sg, lane, v)) {
+    hc_store(moe_hc_target(p, X, coeffs), int(tg.y), int(tg.x), v);
+  }
+}
+
+template <typename T>
+[[max_total_threads_per_threadgroup(256)]] kernel void moe_down_combine_shared_hc(
+    constant MoeDownCombineHcParams& p [[buffer(0)]],
+    device const int* ids        [[buffer(1)]],
+    device const float* w        [[buffer(2)]],
+    device const int* slot_of    [[buffer(3)]],
+    device const uchar* pool     [[buffer(4)]],
+    device const uchar* h        [[buffer(5)]],
+    device uchar* X              [[buffer(6)]],
+    device const uchar* s        [[buffer(7)]],
+    device const uchar* sgate    [[buffer(8)]],
+    device const uchar* coeffs   [[buffer(9)]],
+    uint2 tg                     [[threadgroup_position_in_grid]],
+    ushort sg                    [[simdgroup_index_in_threadgroup]],
+    ushort lane                  [[thread_index_in_simdgroup]]) {
+  float4 v;
+  if (moe_down_combine_at<T, true>(p, ids, w, slot_of, pool, h, s, sgate, tg, sg, lane, v)) {
+    hc_store(moe_hc_target(p, X, coeffs), int(tg.y), int(tg.x), v);
+  }
 }
 
 template [[host_name("moe_down_combine_q4_f32")]] kernel decltype(moe_down_combine<uchar>) moe_down_combine<uchar>;
 template [[host_name("moe_down_combine_shared_q4_f32")]] kernel decltype(moe_down_combine_shared<uchar>) moe_down_combine_shared<uchar>;
+template [[host_name("moe_down_combine_hc_q4_f32")]] kernel decltype(moe_down_combine_hc<uchar>) moe_down_combine_hc<uchar>;
+template [[host_name("moe_down_combine_shared_hc_q4_f32")]] kernel decltype(moe_down_combine_shared_hc<uchar>) moe_down_combine_shared_hc<uchar>;
 
 // Dense gated MLP input half (the shared expert): y[r] = SiLU(W_gate x[r]) * (W_up x[r]),
 // tiled as matvec (rows_per_group batch rows per threadgroup).

@@ -102,6 +102,31 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MatvecParams, x_stride) == 24, "MatvecParams
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecParams, y_stride) == 32, "MatvecParams.y_stride: offset");
 #endif
 
+// Matvec whose epilogue writes y = W x[r] into the hyper-connection streams instead of storing it: X'[r][j] = post_j y + sum_i comb[i][j] X[r][i] (kernels/hc.h).
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t in_dim;                // offset 4
+  int32_t out_dim;               // offset 8: hidden size d (a multiple of 4)
+  int32_t rows_per_group;        // offset 12: batch rows one threadgroup serves
+  int32_t streams;               // offset 16: n
+  uint32_t _pad0;                // offset 20
+  uint64_t x_stride;             // offset 24: bytes between input rows
+  uint64_t hc_stride;            // offset 32: bytes between rows of the streams X ([n][d] each)
+  uint64_t c_stride;             // offset 40: bytes between coefficient rows (pre | post | comb)
+} MatvecHcParams;
+CK_PARAMS_ASSERT(sizeof(MatvecHcParams) == 48, "MatvecHcParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, rows) == 0, "MatvecHcParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, in_dim) == 4, "MatvecHcParams.in_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, out_dim) == 8, "MatvecHcParams.out_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, rows_per_group) == 12, "MatvecHcParams.rows_per_group: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, streams) == 16, "MatvecHcParams.streams: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, _pad0) == 20, "MatvecHcParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, x_stride) == 24, "MatvecHcParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, hc_stride) == 32, "MatvecHcParams.hc_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, c_stride) == 40, "MatvecHcParams.c_stride: offset");
+#endif
+
 // Row-batch matrix product y[r] = W x[r] (+ y[r] when accumulating) through the tile API, in GEMM_BM x GEMM_BN threadgroup tiles (kernels/gemm.metal).
 typedef struct {
   int32_t rows;                  // offset 0: rows in the batch (nb)
@@ -382,6 +407,43 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineParams, h_stride) == 40, "MoeD
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineParams, s_stride) == 48, "MoeDownCombineParams.s_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineParams, sg_stride) == 56, "MoeDownCombineParams.sg_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineParams, y_stride) == 64, "MoeDownCombineParams.y_stride: offset");
+#endif
+
+// moe_down_combine whose epilogue writes its output y[r] into the hyper-connection streams (X'[r][j] = post_j y + sum_i comb[i][j] X[r][i]) or, with residual, adds it to X[r].
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t top_k;                 // offset 4
+  int32_t in_dim;                // offset 8: I (the expert's intermediate width)
+  int32_t out_dim;               // offset 12: d (a multiple of 4)
+  int32_t experts;               // offset 16: E
+  int32_t slots;                 // offset 20: slots in the pool; a slot outside [0, slots) counts as missing
+  int32_t streams;               // offset 24: n
+  uint32_t residual;             // offset 28: 1: X[r] += y[r] (n = 1 without a site; coefficients unused)
+  uint64_t record_stride;        // offset 32: bytes between pool slots
+  uint64_t w_offset;             // offset 40: down part inside a record
+  uint64_t h_stride;             // offset 48: bytes between per-pair inputs h
+  uint64_t s_stride;             // offset 56: bytes between shared expert output rows
+  uint64_t sg_stride;            // offset 64: bytes between shared gate logits
+  uint64_t hc_stride;            // offset 72: bytes between rows of the streams X
+  uint64_t c_stride;             // offset 80: bytes between coefficient rows (pre | post | comb)
+} MoeDownCombineHcParams;
+CK_PARAMS_ASSERT(sizeof(MoeDownCombineHcParams) == 88, "MoeDownCombineHcParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, rows) == 0, "MoeDownCombineHcParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, top_k) == 4, "MoeDownCombineHcParams.top_k: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, in_dim) == 8, "MoeDownCombineHcParams.in_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, out_dim) == 12, "MoeDownCombineHcParams.out_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, experts) == 16, "MoeDownCombineHcParams.experts: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, slots) == 20, "MoeDownCombineHcParams.slots: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, streams) == 24, "MoeDownCombineHcParams.streams: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, residual) == 28, "MoeDownCombineHcParams.residual: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, record_stride) == 32, "MoeDownCombineHcParams.record_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, w_offset) == 40, "MoeDownCombineHcParams.w_offset: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, h_stride) == 48, "MoeDownCombineHcParams.h_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, s_stride) == 56, "MoeDownCombineHcParams.s_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, sg_stride) == 64, "MoeDownCombineHcParams.sg_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, hc_stride) == 72, "MoeDownCombineHcParams.hc_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, c_stride) == 80, "MoeDownCombineHcParams.c_stride: offset");
 #endif
 
 // MoE output y[r] = sum_k w[r][k] o[r*k + k'] (+ sigmoid(sg[r]) s[r] with the shared expert).

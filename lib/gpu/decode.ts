@@ -8,7 +8,7 @@ import { encodeEmbed } from "./embed.ts";
 import { bind, live, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import type { RowRange } from "../api/backend.ts";
 import type { SitePlan } from "./handshake.ts";
-import { encodeSiteRead, encodeSiteWrite } from "./hyperconnection.ts";
+import { encodeSiteRead, siteWrite } from "./hyperconnection.ts";
 import type { EngineGpu } from "./load.ts";
 import { encodeAttentionMixer, encodeDeltaNetMixer } from "./mixers.ts";
 import { encodeLookaheadRoute, encodeMoeCompute, encodeMoeRoute, type MoeSiteArgs } from "./moe-site.ts";
@@ -83,6 +83,8 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
     }
     encodeSiteRead(ctx, s.X, w.hcMixer, s.hc, s.xn, nb, gpu.hc, d, { w: w.mixerNorm, eps });
     const x = s.xn;
+    // The mixer's output projection does the site's write (fused where it can).
+    const write = siteWrite(s.X, w.hcMixer, s.hc, gpu.hc, d);
     switch (w.type) {
       case "deltanet": {
         const planes = snaps?.deltanet[l];
@@ -94,15 +96,15 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
           nb,
           x,
           y: s.y,
+          write,
           snapshots: planes ? { S: planes.S, conv: planes.conv, rows: nb } : undefined,
         });
         break;
       }
       case "attention":
-        encodeAttentionMixer(ctx, { config: c, w: w.attention!, state: seq.attention[l]!, scratch: s, nb, pos0, x, y: s.y });
+        encodeAttentionMixer(ctx, { config: c, w: w.attention!, state: seq.attention[l]!, scratch: s, nb, pos0, x, y: s.y, write });
         break;
     }
-    encodeSiteWrite(ctx, s.X, w.hcMixer, s.hc, s.y, nb, gpu.hc, d);
 
     const site = trunkMoeSite(gpu, w, nb);
     const route = plan.open(gpu, l, nb);

@@ -8,7 +8,6 @@ import { encodeAttentionMixer } from "./mixers.ts";
 import { encodeGreedy } from "./decode.ts";
 import type { Binding } from "../shim.ts";
 import { bind, type EncodeContext, type RowsRef } from "./dispatch.ts";
-import { encodeResidualAdd } from "./elementwise.ts";
 import type { SitePlan } from "./handshake.ts";
 import type { EngineGpu } from "./load.ts";
 import { encodeMoeCompute, encodeMoeRoute, type MoeSiteArgs } from "./moe-site.ts";
@@ -50,8 +49,9 @@ function encodeMtpRows(
   // Attention with a plain residual (n = 1).
   encodeRmsNorm(ctx, s.mtp.X, w.mixerNorm, s.xn, nb, eps);
   const at = w.attention;
-  encodeAttentionMixer(ctx, { config: c, w: at, state: { ...seq.mtp!, ik: null }, scratch: s, nb, pos0: mtpPos, x: s.xn, y: s.y });
-  encodeResidualAdd(ctx, s.mtp.X, s.y, nb, d);
+  // Its o projection adds its output to the residual (X += y, fused into the matvec).
+  const write = { X: s.mtp.X, coeffs: null, streams: 1, d };
+  encodeAttentionMixer(ctx, { config: c, w: at, state: { ...seq.mtp!, ik: null }, scratch: s, nb, pos0: mtpPos, x: s.xn, y: s.y, write });
 
   const site: MoeSiteArgs = {
     config: c,

@@ -7,10 +7,11 @@
 import type { DType } from "../model/config.ts";
 import type { Binding, Buffer } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
-import { SIMD_WIDTH } from "./limits.ts";
 import { Params, type ParamValues } from "./params.ts";
 import { checkRows, encodeMatvec, MATVEC_TILE, matrixShape, oneRowForm } from "./projections.ts";
 import { encodeGemmGateUp, GEMM_TILE, gemmMinRows, usesGemm } from "./gemm.ts";
+import type { SiteWrite } from "./hyperconnection.ts";
+import { HC_MAX_STREAMS, SIMD_WIDTH } from "./limits.ts";
 
 /** Largest expert count and top-k the router and list kernels hold. */
 export const MOE_MAX_EXPERTS = 1024;
@@ -142,6 +143,8 @@ export interface DownCombine {
   weights: Binding;
   y: RowsRef;
   shared?: { s: RowsRef; sg: RowsRef };
+  /** The site's write of the output, done by the kernel (moe_down_combine_hc); y is then unwritten. */
+  into?: SiteWrite;
 }
 
 /**
@@ -238,7 +241,7 @@ export function encodeRoutedExperts(
   );
 }
 
-/** The fused down projections + combine of a decode step (moe_down_combine) into combine.y. */
+/** The fused down projections + combine of a decode step (moe_down_combine) into combine.y, or written into combine.into. */
 function encodeDownCombine(
   ctx: EncodeContext,
   pool: ExpertPool,
@@ -254,31 +257,58 @@ function encodeDownCombine(
 ): void {
   if (topK > DOWN_COMBINE_MAX_TOP_K) throw new Error(`moe_down_combine: top_k ${topK} exceeds ${DOWN_COMBINE_MAX_TOP_K}`);
   const T = MATVEC_TILE;
-  const { y, shared } = combine;
-  const buffers: Binding[] = [combine.ids, combine.weights, slotOf, pool.buffers[0]!, bind(scratch.h.buffer, scratch.h.offset), bind(y.buffer, y.offset)];
-  if (shared) buffers.push(bind(shared.s.buffer, shared.s.offset), bind(shared.sg.buffer, shared.sg.offset));
+  const { y, shared, into } = combine;
+  const common = {
+    rows: nb,
+    top_k: topK,
+    in_dim: I,
+    out_dim: d,
+    experts,
+    slots: pool.slots,
+    record_stride: pool.stride,
+    w_offset: downOffset,
+    h_stride: scratch.h.stride,
+    s_stride: shared?.s.stride ?? 0,
+    sg_stride: shared?.sg.stride ?? 0,
+  };
+  const inputs: Binding[] = [combine.ids, combine.weights, slotOf, pool.buffers[0]!, bind(scratch.h.buffer, scratch.h.offset)];
+  const sharedInputs: Binding[] = shared ? [bind(shared.s.buffer, shared.s.offset), bind(shared.sg.buffer, shared.sg.offset)] : [];
+  const grid: [number, number] = [Math.ceil(d / T.rows), nb];
+  if (into) {
+    checkDownCombineTarget(into, d);
+    // A plain residual (no coefficients) binds X in the unused coefficients' place.
+    const coeffs = into.coeffs ?? into.X;
+    dispatch(
+      ctx,
+      shared ? "moe_down_combine_shared_hc_q4_f32" : "moe_down_combine_hc_q4_f32",
+      Params.MoeDownCombineHc,
+      { ...common, streams: into.streams, residual: into.coeffs ? 0 : 1, hc_stride: into.X.stride, c_stride: coeffs.stride },
+      [...inputs, bind(into.X.buffer, into.X.offset), ...sharedInputs, bind(coeffs.buffer, coeffs.offset)],
+      grid,
+      SIMD_WIDTH * DOWN_COMBINE_SIMDGROUPS,
+    );
+    return;
+  }
   dispatch(
     ctx,
     shared ? "moe_down_combine_shared_q4_f32" : "moe_down_combine_q4_f32",
     Params.MoeDownCombine,
-    {
-      rows: nb,
-      top_k: topK,
-      in_dim: I,
-      out_dim: d,
-      experts,
-      slots: pool.slots,
-      record_stride: pool.stride,
-      w_offset: downOffset,
-      h_stride: scratch.h.stride,
-      s_stride: shared?.s.stride ?? 0,
-      sg_stride: shared?.sg.stride ?? 0,
-      y_stride: y.stride,
-    },
-    buffers,
-    [Math.ceil(d / T.rows), nb],
+    { ...common, y_stride: y.stride },
+    [...inputs, bind(y.buffer, y.offset), ...sharedInputs],
+    grid,
     SIMD_WIDTH * DOWN_COMBINE_SIMDGROUPS,
   );
+}
+
+/** moe_down_combine_hc writes whole float4 columns of 16-byte aligned stream rows. */
+function checkDownCombineTarget(into: SiteWrite, d: number): void {
+  if (into.d !== d) throw new Error(`moe_down_combine_hc: the experts' output has ${d} values, the streams' hidden size is ${into.d}`);
+  if (d % 4 !== 0) throw new Error(`moe_down_combine_hc: hidden size ${d} is not a multiple of 4 (the streams are written in float4 columns)`);
+  const n = into.streams;
+  if (!Number.isInteger(n) || n < 1 || n > HC_MAX_STREAMS) throw new Error(`moe_down_combine_hc: ${n} streams, expected 1..${HC_MAX_STREAMS}`);
+  if (!into.coeffs && n !== 1) throw new Error(`moe_down_combine_hc: a plain residual write has one stream, not ${n}`);
+  if (into.X.offset % 16 !== 0 || into.X.stride % 16 !== 0)
+    throw new Error(`moe_down_combine_hc: streams rows at offset ${into.X.offset}, stride ${into.X.stride}: expected 16-byte aligned rows`);
 }
 
 /** The shared expert's tensors (`moe.shared_*`). */

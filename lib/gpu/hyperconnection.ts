@@ -6,10 +6,10 @@
 import type { Binding } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { encodeResidualAdd } from "./elementwise.ts";
-import { SIMD_WIDTH } from "./limits.ts";
+import { HC_MAX_STREAMS, SIMD_WIDTH } from "./limits.ts";
 import { encodeRmsNorm } from "./norms.ts";
 import { Params } from "./params.ts";
-import { checkRows, checkVector, matrixShape } from "./projections.ts";
+import { checkRows, checkVector, encodeMatvec, matrixShape, projectionUsesGemm } from "./projections.ts";
 
 /** Simdgroups of the threadgroup that reads one row (HC_TG_SG in kernels/hc.metal). */
 const HC_TG_SG = 8;
@@ -18,8 +18,7 @@ const HC_CHUNK = 256;
 const HC_MIX_SG = 8;
 /** The most partials per mix the coefficient kernels sum (HC_MAX_CHUNKS). */
 const HC_MAX_CHUNKS = 64;
-/** The largest n the kernels hold. */
-export const HC_MAX_STREAMS = 8;
+export { HC_MAX_STREAMS };
 const WRITE_THREADS = 64;
 
 export interface HcConfig {
@@ -249,6 +248,55 @@ export function encodeSiteRead(
   encodeHcCoefficientsRead(ctx, X, site, scratch, xn, nb, cfg, d, norm);
 }
 
+/**
+ * A site's write as a target for the kernel that produces the sub-layer output y: the streams
+ * X and the read's coefficients (the hc write), or with coeffs null the plain residual X += y
+ * (n = 1, no site). A producer given one does the write itself (fused into its epilogue where
+ * a kernel form exists) and leaves y unwritten.
+ */
+export interface SiteWrite {
+  X: RowsRef;
+  coeffs: RowsRef | null;
+  streams: number;
+  d: number;
+}
+
+/** The write of a site (null: the plain residual, n = 1) whose read left its coefficients in scratch. */
+export function siteWrite(X: RowsRef, site: HcSiteRefs | null, scratch: HcScratch, cfg: HcConfig, d: number): SiteWrite {
+  if (!site) {
+    if (cfg.streams !== 1) throw new Error(`hc site weights are required with ${cfg.streams} streams`);
+    return { X, coeffs: null, streams: 1, d };
+  }
+  return { X, coeffs: scratch.coeffs, streams: cfg.streams, d };
+}
+
+/** The write of y into its target as a dispatch of its own: hc_write, or X += y. */
+export function encodeWriteOf(ctx: EncodeContext, write: SiteWrite, y: RowsRef, nb: number): void {
+  if (!write.coeffs) encodeResidualAdd(ctx, write.X, y, nb, write.d);
+  else encodeHcWrite(ctx, write.X, write.coeffs, y, nb, write.streams, write.d);
+}
+
+/**
+ * The projection y = W x[r] and the site's write of y, fused where a kernel does both: the
+ * matvec_hc forms (the hc write in the epilogue), or for n = 1 the matvec (or GEMM)
+ * accumulating into X. Prefill-sized batches the GEMM takes (n > 1) go to y, then hc_write.
+ * The same bits either way; y is scratch for the unfused path.
+ */
+export function encodeProjectionWrite(ctx: EncodeContext, w: TensorRef, x: RowsRef, y: RowsRef, nb: number, write: SiteWrite): void {
+  const [out] = matrixShape(w, "projection into the streams");
+  if (out !== write.d) throw new Error(`projection into the streams: the weight has ${out} output rows, the streams' hidden size is ${write.d}`);
+  if (!write.coeffs) {
+    encodeMatvec(ctx, w, x, write.X, nb, { accumulate: true });
+  } else if (projectionUsesGemm(ctx, w, nb)) {
+    encodeMatvec(ctx, w, x, y, nb);
+    encodeWriteOf(ctx, write, y, nb);
+  } else {
+    checkStreams(write.streams, "matvec_hc");
+    checkFloat4Columns(write.d, "matvec_hc");
+    encodeMatvec(ctx, w, x, y, nb, { hc: { X: write.X, coeffs: write.coeffs, streams: write.streams } });
+  }
+}
+
 /** A residual site's write of the sub-layer output y: hc_write with the read's coefficients, or X += y (n = 1). */
 export function encodeSiteWrite(
   ctx: EncodeContext,
@@ -260,6 +308,5 @@ export function encodeSiteWrite(
   cfg: HcConfig,
   d: number,
 ): void {
-  if (!site) encodeResidualAdd(ctx, X, y, nb, d);
-  else encodeHcWrite(ctx, X, scratch.coeffs, y, nb, cfg.streams, d);
+  encodeWriteOf(ctx, siteWrite(X, site, scratch, cfg, d), y, nb);
 }

@@ -4,6 +4,8 @@
 export const MAX_NB = 1024;
 /** Rollback planes: a verify batch may have up to this many rows after the first. */
 export const MAX_SNAP = 8;
+/** The most hyper-connection streams the hc kernels hold (HC_MAX_STREAMS in kernels/hc.h). */
+export const HC_MAX_STREAMS = 8;
 /** SIMD width every backend runs with (Metal's on Apple silicon; the CPU emulator's). */
 export const SIMD_WIDTH = 32;
 

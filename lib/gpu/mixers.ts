@@ -1,13 +1,15 @@
 // The two mixers of a layer (MODEL.md "Mixer A/B") as dispatch sequences over a step's rows:
 // gated DeltaNet (projections, conv + SiLU, the recurrence, gated RMSNorm, out) and gated
 // attention (projections, per-head norms, RoPE, cache appends, QSA, attention, sigmoid
-// gate, out). Input: the site's normalised read; output: y [nb][d].
+// gate, out). Input: the site's normalised read; output: y [nb][d], or with `write` the
+// site's write of y done by the output projection itself (y then unwritten).
 import type { ModelConfig } from "../model/config.ts";
 import { encodeAttention, encodeKvAppend, encodeQsa, encodeRope } from "./attention.ts";
 import { encodeConvSilu, encodeDeltaNet } from "./deltanet.ts";
-import { bind, live, type EncodeContext, type RowsRef } from "./dispatch.ts";
+import { bind, live, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { encodeElementwise } from "./elementwise.ts";
 import { encodeRmsNorm, encodeRmsNormGated } from "./norms.ts";
+import { encodeProjectionWrite, type SiteWrite } from "./hyperconnection.ts";
 import { encodeMatvec, encodeMatvecs } from "./projections.ts";
 import type { AttentionRefs, DeltaNetRefs } from "./refs.ts";
 import type { Scratch } from "./scratch.ts";
@@ -23,6 +25,8 @@ export interface DeltaNetMixerArgs {
   nb: number;
   x: RowsRef;
   y: RowsRef;
+  /** The site's write of y, done by the out projection (encodeProjectionWrite). */
+  write?: SiteWrite;
   /** Verify batches: store S and the conv window after each of the first `rows` rows. */
   snapshots?: { S: SnapshotPlanes; conv: SnapshotPlanes; rows: number };
 }
@@ -51,7 +55,7 @@ export function encodeDeltaNetMixer(ctx: EncodeContext, a: DeltaNetMixerArgs): v
     snapshots: a.snapshots ? { planes: a.snapshots.S, rows: a.snapshots.rows } : undefined,
   });
   encodeRmsNormGated(ctx, s.o, s.z, w.norm, s.o, nb, dn.value_heads, c.rms_norm_eps);
-  encodeMatvec(ctx, w.out, s.o, a.y, nb);
+  encodeOut(ctx, w.out, s.o, a, nb);
 }
 
 export interface AttentionMixerArgs {
@@ -64,6 +68,8 @@ export interface AttentionMixerArgs {
   pos0: number;
   x: RowsRef;
   y: RowsRef;
+  /** The site's write of y, done by the o projection (encodeProjectionWrite). */
+  write?: SiteWrite;
 }
 
 export function encodeAttentionMixer(ctx: EncodeContext, a: AttentionMixerArgs): void {
@@ -121,5 +127,11 @@ export function encodeAttentionMixer(ctx: EncodeContext, a: AttentionMixerArgs):
     });
   });
   encodeElementwise(ctx, "sigmoid_mul", s.o, s.gate, s.o, nb, at.heads * at.head_dim);
-  encodeMatvec(ctx, w.o, s.o, a.y, nb);
+  encodeOut(ctx, w.o, s.o, a, nb);
+}
+
+/** A mixer's output projection: into y, or with the mixer's `write` into the streams. */
+function encodeOut(ctx: EncodeContext, w: TensorRef, o: RowsRef, a: { y: RowsRef; write?: SiteWrite }, nb: number): void {
+  if (a.write) encodeProjectionWrite(ctx, w, o, a.y, nb, a.write);
+  else encodeMatvec(ctx, w, o, a.y, nb);
 }

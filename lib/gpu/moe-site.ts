@@ -18,7 +18,7 @@ import {
   type ExpertPool as KernelPool,
 } from "./experts.ts";
 import type { SiteRoute } from "./handshake.ts";
-import { encodeSiteRead, encodeSiteWrite, type HcConfig, type HcSiteRefs } from "./hyperconnection.ts";
+import { encodeSiteRead, encodeWriteOf, siteWrite, type HcConfig, type HcSiteRefs } from "./hyperconnection.ts";
 import type { MoeRefs } from "./refs.ts";
 import type { Scratch } from "./scratch.ts";
 
@@ -62,7 +62,10 @@ export function encodeMoeRoute(ctx: EncodeContext, a: MoeSiteArgs, pool: KernelP
   );
 }
 
-/** Routed experts through the route's slot table, the shared expert, the combine into scratch.y, and the site's write. */
+/**
+ * Routed experts through the route's slot table, the shared expert, the combine into scratch.y,
+ * and the site's write (a decode step's moe_down_combine does the write itself).
+ */
 export function encodeMoeCompute(ctx: EncodeContext, a: MoeSiteArgs, pool: KernelPool, route: SiteRoute): void {
   const { config: c, nb, scratch: s } = a;
   const d = c.hidden_size;
@@ -78,6 +81,7 @@ export function encodeMoeCompute(ctx: EncodeContext, a: MoeSiteArgs, pool: Kerne
   }
   const weights = bind(route.weights.buffer, route.weights.offset);
   const fused = fusesDownCombine(pool, nb);
+  const write = siteWrite(a.X, a.site, s.hc, a.hc, d);
   encodeRoutedExperts(
     ctx,
     pool,
@@ -88,10 +92,11 @@ export function encodeMoeCompute(ctx: EncodeContext, a: MoeSiteArgs, pool: Kerne
     nb,
     k,
     c.moe.experts,
-    fused ? { ids: bind(route.ids.buffer, route.ids.offset), weights, y: s.y, shared } : undefined,
+    fused ? { ids: bind(route.ids.buffer, route.ids.offset), weights, y: s.y, shared, into: write } : undefined,
   );
-  if (!fused) encodeMoeCombine(ctx, weights, m.o, s.y, nb, k, d, shared);
-  encodeSiteWrite(ctx, a.X, a.site, s.hc, s.y, nb, a.hc, d);
+  if (fused) return;
+  encodeMoeCombine(ctx, weights, m.o, s.y, nb, k, d, shared);
+  encodeWriteOf(ctx, write, s.y, nb);
 }
 
 /**

@@ -43,6 +43,20 @@ export const denseParams = {
       { name: "y_stride", type: "u64", doc: "bytes between output rows" },
     ],
   },
+  MatvecHc: {
+    doc: "Matvec whose epilogue writes y = W x[r] into the hyper-connection streams instead of storing it: X'[r][j] = post_j y + sum_i comb[i][j] X[r][i] (kernels/hc.h).",
+    fields: [
+      { name: "rows", type: "i32", doc: "rows in the batch (nb)" },
+      { name: "in_dim", type: "i32" },
+      { name: "out_dim", type: "i32", doc: "hidden size d (a multiple of 4)" },
+      { name: "rows_per_group", type: "i32", doc: "batch rows one threadgroup serves" },
+      { name: "streams", type: "i32", doc: "n" },
+      { name: "_pad0", type: "u32" },
+      { name: "x_stride", type: "u64", doc: "bytes between input rows" },
+      { name: "hc_stride", type: "u64", doc: "bytes between rows of the streams X ([n][d] each)" },
+      { name: "c_stride", type: "u64", doc: "bytes between coefficient rows (pre | post | comb)" },
+    ],
+  },
   Gemm: {
     doc: "Row-batch matrix product y[r] = W x[r] (+ y[r] when accumulating) through the tile API, in GEMM_BM x GEMM_BN threadgroup tiles (kernels/gemm.metal).",
     fields: [
@@ -200,6 +214,26 @@ export const denseParams = {
       { name: "s_stride", type: "u64", doc: "bytes between shared expert output rows" },
       { name: "sg_stride", type: "u64", doc: "bytes between shared gate logits" },
       { name: "y_stride", type: "u64", doc: "bytes between output rows" },
+    ],
+  },
+  MoeDownCombineHc: {
+    doc: "moe_down_combine whose epilogue writes its output y[r] into the hyper-connection streams (X'[r][j] = post_j y + sum_i comb[i][j] X[r][i]) or, with residual, adds it to X[r].",
+    fields: [
+      { name: "rows", type: "i32", doc: "rows in the batch (nb)" },
+      { name: "top_k", type: "i32" },
+      { name: "in_dim", type: "i32", doc: "I (the expert's intermediate width)" },
+      { name: "out_dim", type: "i32", doc: "d (a multiple of 4)" },
+      { name: "experts", type: "i32", doc: "E" },
+      { name: "slots", type: "i32", doc: "slots in the pool; a slot outside [0, slots) counts as missing" },
+      { name: "streams", type: "i32", doc: "n" },
+      { name: "residual", type: "u32", doc: "1: X[r] += y[r] (n = 1 without a site; coefficients unused)" },
+      { name: "record_stride", type: "u64", doc: "bytes between pool slots" },
+      { name: "w_offset", type: "u64", doc: "down part inside a record" },
+      { name: "h_stride", type: "u64", doc: "bytes between per-pair inputs h" },
+      { name: "s_stride", type: "u64", doc: "bytes between shared expert output rows" },
+      { name: "sg_stride", type: "u64", doc: "bytes between shared gate logits" },
+      { name: "hc_stride", type: "u64", doc: "bytes between rows of the streams X" },
+      { name: "c_stride", type: "u64", doc: "bytes between coefficient rows (pre | post | comb)" },
     ],
   },
   MoeCombine: {

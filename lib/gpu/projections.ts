@@ -4,7 +4,7 @@
 // its weights once, not once per row.
 import type { DType } from "../model/config.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
-import { MAX_NB, SIMD_WIDTH } from "./limits.ts";
+import { HC_MAX_STREAMS, MAX_NB, SIMD_WIDTH } from "./limits.ts";
 import { encodeGemm, gemmMinRows, usesGemm } from "./gemm.ts";
 import { Params } from "./params.ts";
 
@@ -24,6 +24,24 @@ export interface MatvecOptions {
   form?: "rows" | "split";
   /** false: the matvec whatever the row count (benches that measure it); default: usesGemm decides. */
   gemm?: boolean;
+  /**
+   * Write y into hyper-connection streams instead of storing it (the matvec_hc kernels): the
+   * site's write X'_j = post_j y + sum_i comb[i][j] X_i fused into the epilogue. y is then
+   * not written. Needs a matvec (not the GEMM: see projectionUsesGemm) and out a multiple of 4.
+   */
+  hc?: HcWriteTarget;
+}
+
+/** The streams a matvec_hc writes into: X [nb][n][d] and the site's coefficient rows (pre | post | comb). */
+export interface HcWriteTarget {
+  X: RowsRef;
+  coeffs: RowsRef;
+  streams: number;
+}
+
+/** Whether encodeMatvec with default options sends this projection to the tiled GEMM. */
+export function projectionUsesGemm(ctx: EncodeContext, w: TensorRef, nb: number): boolean {
+  return usesGemm(w.dtype, nb, gemmMinRows(ctx.device.backend));
 }
 
 /**
@@ -71,6 +89,20 @@ const MATVEC_SPLIT_KERNELS: Record<DType, string> = {
   q4: "matvec_split_q4_f32",
 };
 
+const MATVEC_HC_KERNELS: Record<DType, string> = {
+  f32: "matvec_hc_f32_f32",
+  bf16: "matvec_hc_bf16_f32",
+  f16: "matvec_hc_f16_f32",
+  q4: "matvec_hc_q4_f32",
+};
+
+const MATVEC_SPLIT_HC_KERNELS: Record<DType, string> = {
+  f32: "matvec_split_hc_f32_f32",
+  bf16: "matvec_split_hc_bf16_f32",
+  f16: "matvec_split_hc_f16_f32",
+  q4: "matvec_split_hc_q4_f32",
+};
+
 const oneRowNames = new Map<string, string>();
 
 /**
@@ -108,7 +140,8 @@ function checkProjection(w: TensorRef, x: RowsRef, nb: number, what: string): [n
 /**
  * y[r] = W x[r] for r < nb. The input width must be a multiple of 4 (32 for q4). A q4 weight
  * over enough rows (usesGemm: prefill chunks) goes to the tiled GEMM instead (lib/gpu/gemm.ts),
- * unless the caller picked a matvec form or row split, or gemm: false.
+ * unless the caller picked a matvec form or row split, or gemm: false. With `hc` the matvec
+ * writes into the streams instead (never the GEMM).
  */
 export function encodeMatvec(
   ctx: EncodeContext,
@@ -118,15 +151,40 @@ export function encodeMatvec(
   nb: number,
   opts: MatvecOptions = {},
 ): void {
-  if (opts.gemm !== false && opts.form === undefined && opts.rowsPerGroup === undefined && usesGemm(w.dtype, nb, gemmMinRows(ctx.device.backend))) {
+  if (!opts.hc && opts.gemm !== false && opts.form === undefined && opts.rowsPerGroup === undefined && projectionUsesGemm(ctx, w, nb)) {
     encodeGemm(ctx, w, x, y, nb, { accumulate: opts.accumulate });
     return;
   }
-  const [out, inDim] = checkProjection(w, x, nb, "matvec");
+  const what = opts.hc ? "matvec_hc" : "matvec";
+  const [out, inDim] = checkProjection(w, x, nb, what);
   const rowsPerGroup = Math.min(nb, opts.rowsPerGroup ?? nb);
-  if (!Number.isInteger(rowsPerGroup) || rowsPerGroup < 1) throw new Error(`matvec: rowsPerGroup ${rowsPerGroup} must be a positive integer`);
+  if (!Number.isInteger(rowsPerGroup) || rowsPerGroup < 1) throw new Error(`${what}: rowsPerGroup ${rowsPerGroup} must be a positive integer`);
   const T = MATVEC_TILE;
   const split = opts.form === undefined ? prefersSplit(ctx.device.backend, out) : opts.form === "split";
+  const grid: [number, number] = [Math.ceil(out / (split ? T.rows : T.rows * T.simdgroups)), Math.ceil(nb / rowsPerGroup)];
+  const threads: [number, number] = [SIMD_WIDTH * (split ? T.splitSimdgroups : T.simdgroups), 1];
+  if (opts.hc) {
+    const hc = checkHcTarget(opts.hc, out, opts);
+    dispatch(
+      ctx,
+      oneRowForm(split ? MATVEC_SPLIT_HC_KERNELS[w.dtype] : MATVEC_HC_KERNELS[w.dtype], w.dtype, rowsPerGroup),
+      Params.MatvecHc,
+      {
+        rows: nb,
+        in_dim: inDim,
+        out_dim: out,
+        rows_per_group: rowsPerGroup,
+        streams: hc.streams,
+        x_stride: x.stride,
+        hc_stride: hc.X.stride,
+        c_stride: hc.coeffs.stride,
+      },
+      [bind(w.buffer, w.offset), bind(x.buffer, x.offset), bind(hc.X.buffer, hc.X.offset), bind(hc.coeffs.buffer, hc.coeffs.offset)],
+      grid,
+      threads,
+    );
+    return;
+  }
   dispatch(
     ctx,
     oneRowForm(split ? MATVEC_SPLIT_KERNELS[w.dtype] : MATVEC_KERNELS[w.dtype], w.dtype, rowsPerGroup),
@@ -141,9 +199,20 @@ export function encodeMatvec(
       y_stride: y.stride,
     },
     [bind(w.buffer, w.offset), bind(x.buffer, x.offset), bind(y.buffer, y.offset)],
-    [Math.ceil(out / (split ? T.rows : T.rows * T.simdgroups)), Math.ceil(nb / rowsPerGroup)],
-    [SIMD_WIDTH * (split ? T.splitSimdgroups : T.simdgroups), 1],
+    grid,
+    threads,
   );
+}
+
+/** A matvec_hc's target, checked against the projection's `out` rows (the hidden size d). */
+function checkHcTarget(hc: HcWriteTarget, out: number, opts: MatvecOptions): HcWriteTarget {
+  if (opts.accumulate) throw new Error("matvec_hc: accumulate does not apply (the output goes into the streams)");
+  if (out % 4 !== 0) throw new Error(`matvec_hc: ${out} output rows; the streams are written in float4 columns (a multiple of 4)`);
+  const n = hc.streams;
+  if (!Number.isInteger(n) || n < 1 || n > HC_MAX_STREAMS) throw new Error(`matvec_hc: ${n} streams, expected 1..${HC_MAX_STREAMS}`);
+  if (hc.X.offset % 16 !== 0 || hc.X.stride % 16 !== 0)
+    throw new Error(`matvec_hc: streams rows at offset ${hc.X.offset}, stride ${hc.X.stride}: expected 16-byte aligned rows`);
+  return hc;
 }
 
 /** Weights one matvec_multi dispatch serves (kernels/matvec.metal). */

@@ -8,6 +8,8 @@ import { encodeExpertLists, encodeMoeCombine, encodeRouter, encodeRouterTopK, en
 import type { DType } from "../../lib/model/config.ts";
 import { PART_ALIGN } from "../../lib/model/manifest.ts";
 import { moeRow, routerTopK, type MoeWeights } from "../../lib/reference/moe.ts";
+import { encodeResidualAdd } from "../../lib/gpu/elementwise.ts";
+import { encodeHcWrite, hcMixCount } from "../../lib/gpu/hyperconnection.ts";
 import type { ModelConfig } from "../../lib/model/config.ts";
 import type { Buffer } from "../../lib/shim.ts";
 import {
@@ -120,8 +122,15 @@ function buildPool(dims: MoeDims, dtype: DType, seed: number, slotOf: number[], 
   return { pool, experts };
 }
 
+/** Streams a fused decode step writes its output into: n streams of X, coefficient rows (null: X += y). */
+interface StreamsInto {
+  X: Buffer;
+  coeffs: Buffer | null;
+  n: number;
+}
+
 /** Runs a whole MoE on nb rows of x and returns y with the reference's y per row. */
-function runMoe(nb: number, dims: MoeDims, dtype: DType, opts: { missing?: number; fused?: boolean; shared?: boolean } = {}) {
+function runMoe(nb: number, dims: MoeDims, dtype: DType, opts: { missing?: number; fused?: boolean; shared?: boolean; into?: StreamsInto } = {}) {
   const { d, E, k, I, SI } = dims;
   const slots = E + 3;
   const perm = [...Array(E).keys()].map((e) => (e * 7 + 3) % slots); // slots are not expert ids
@@ -160,7 +169,13 @@ function runMoe(nb: number, dims: MoeDims, dtype: DType, opts: { missing?: numbe
     // (the engine waits here for the host to publish slotOf)
     const withShared = opts.shared === false ? undefined : shared;
     if (withShared) encodeSharedExpert(ctx, refs, input, shared, nb);
-    const combine = opts.fused ? { ids, weights, y: rows(y, d), shared: withShared } : undefined;
+    const into = opts.into && {
+      X: rows(opts.into.X, opts.into.n * d),
+      coeffs: opts.into.coeffs && rows(opts.into.coeffs, hcMixCount(opts.into.n)),
+      streams: opts.into.n,
+      d,
+    };
+    const combine = opts.fused ? { ids, weights, y: rows(y, d), shared: withShared, into } : undefined;
     encodeRoutedExperts(ctx, pool, uploadI32(dev, slotOf), lists, input, routed, nb, k, E, combine);
     if (!opts.fused) encodeMoeCombine(ctx, weights, routed.o, rows(y, d), nb, k, d, withShared);
   });
@@ -202,6 +217,31 @@ describe("whole MoE: router, lists, routed experts through slots, shared expert,
     const missing = fused.ids[1]!;
     const m = runMoe(1, dims, "q4", { fused: true, missing, shared: withShared });
     expect(m.y.every(Number.isNaN)).toBe(true); // a missing expert makes its row NaN, as the combine does
+  });
+
+  // The site's write done by moe_down_combine_hc (the decode MoE site): the same bits as
+  // moe_down_combine into y, then hc_write_f32 (n > 1) or the residual add (n = 1).
+  test.each([4, 2, 1].flatMap((n) => [true, false].map((sh) => [n, sh] as const)))("moe_down_combine_hc, n = %i, shared expert %p: the same bits as moe_down_combine + the site's write", (n, withShared) => {
+    const dims: MoeDims = { d: 64, E: 16, k: 4, I: 96, SI: 64 };
+    const d = dims.d;
+    const X0 = randomF32(n * d, 90 + n, 2, "streams");
+    const coeffs = n === 1 ? null : uploadF32(dev, randomF32(hcMixCount(n), 91 + n, 1.5, "coeffs"));
+    const fusedX = uploadF32(dev, X0);
+    runMoe(1, dims, "q4", { fused: true, shared: withShared, into: { X: fusedX, coeffs, n } });
+    const plain = runMoe(1, dims, "q4", { fused: true, shared: withShared });
+    const splitX = uploadF32(dev, X0);
+    run(dev, (ctx) => {
+      const y = rows(uploadF32(dev, plain.y), d);
+      if (coeffs) encodeHcWrite(ctx, rows(splitX, n * d), rows(coeffs, hcMixCount(n)), y, 1, n, d);
+      else encodeResidualAdd(ctx, rows(splitX, d), y, 1, d);
+    });
+    const bits = (b: Buffer) => [...new Uint32Array(b.bytes.buffer, b.bytes.byteOffset, n * d)];
+    expect(bits(fusedX)).toEqual(bits(splitX));
+    expect(bits(fusedX)).not.toEqual([...new Uint32Array(X0.buffer)]);
+    // A missing expert makes every stream of the row NaN, as the write of a NaN y does.
+    const missingX = uploadF32(dev, X0);
+    runMoe(1, dims, "q4", { fused: true, shared: withShared, missing: plain.ids[1]!, into: { X: missingX, coeffs, n } });
+    expect(readF32(missingX, n * d).every(Number.isNaN)).toBe(true);
   });
 
   test("fusesDownCombine: one row, q4 records, one pool buffer", () => {
