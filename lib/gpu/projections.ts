@@ -54,8 +54,11 @@ export function projectionUsesGemm(ctx: EncodeContext, w: TensorRef, nb: number)
  * tests run both forms explicitly).
  */
 export function prefersSplit(backend: string, out: number): boolean {
-  return backend !== "cpu" && Math.ceil(out / (MATVEC_TILE.rows * MATVEC_TILE.simdgroups)) < 64;
+  return backend !== "cpu" && Math.ceil(out / (MATVEC_TILE.rows * MATVEC_TILE.simdgroups)) < SPLIT_BELOW_GROUPS;
 }
+
+/** The threshold above, in rows-form threadgroups; CHERENKOV_MATVEC_SPLIT_BELOW overrides it (measurements on a GPU). */
+const SPLIT_BELOW_GROUPS = Number(process.env.CHERENKOV_MATVEC_SPLIT_BELOW ?? 64);
 
 /** Throws unless nb is a row count a step may have. */
 export function checkRows(nb: number, what: string): void {
