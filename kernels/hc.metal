@@ -140,6 +140,30 @@ inline float hc_lanes_max(float v, int first, int stride, int n) {
   return m;
 }
 
+// The sum (or max) over v's group of n lanes, for n a power of two: a row's lanes are the n
+// consecutive ones from i * n (stride 1), a column's are j, j + n, ... (stride n). log2(n)
+// xor butterflies: every lane of the group ends with the same bits, (a + b) + (c + d) for
+// n = 4, where hc_lanes_sum adds in order, ((a + b) + c) + d, with n shuffles in a row. On the
+// H200 Sinkhorn's 40 dependent sums a site were half the coefficient kernel.
+inline float hc_group_sum(float v, int stride, int n) {
+  CK_UNROLL for (int k = 0; k < 3; k++) {
+    const int o = 1 << k;
+    if (o < n) {  // uniform
+      v += simd_shuffle_xor(v, ushort(o * stride));
+    }
+  }
+  return v;
+}
+inline float hc_group_max(float v, int stride, int n) {
+  CK_UNROLL for (int k = 0; k < 3; k++) {
+    const int o = 1 << k;
+    if (o < n) {  // uniform
+      v = max(v, simd_shuffle_xor(v, ushort(o * stride)));
+    }
+  }
+  return v;
+}
+
 // What lane l of the lane form reads of a site's scale and base: loaded at the kernel's start,
 // with the stream loads, so the coefficients wait for no memory after the barrier.
 struct HcLaneConsts {
@@ -183,14 +207,26 @@ inline void hc_coeffs_lanes(int n, bool head, int iters, float eps, float rs, Hc
   const int i = live ? l / n : 0;  // lanes past n * n shadow entry (0, 0): every shuffle stays in range
   const int j = live ? l % n : 0;
   float c = mix[2 * n + i * n + j] * rs * k.scale2 + k.comb;
-  const float m = hc_lanes_max(c, i * n, 1, n);
-  const float e = exp(c - m);
-  c = e / hc_lanes_sum(e, i * n, 1, n) + eps;
-  for (int it = 0; it < iters; it++) {
-    if (it > 0) {
-      c /= hc_lanes_sum(c, i * n, 1, n) + eps;
+  if ((n & (n - 1)) == 0) {  // uniform. n = 1, 2, 4: butterflies (lanes past n * n form groups of their own)
+    c = mix[2 * n + l % (n * n)] * rs * k.scale2 + k.comb;
+    const float e = exp(c - hc_group_max(c, 1, n));
+    c = e / hc_group_sum(e, 1, n) + eps;
+    for (int it = 0; it < iters; it++) {
+      if (it > 0) {
+        c /= hc_group_sum(c, 1, n) + eps;
+      }
+      c /= hc_group_sum(c, n, n) + eps;
     }
-    c /= hc_lanes_sum(c, j, n, n) + eps;
+  } else {
+    const float m = hc_lanes_max(c, i * n, 1, n);
+    const float e = exp(c - m);
+    c = e / hc_lanes_sum(e, i * n, 1, n) + eps;
+    for (int it = 0; it < iters; it++) {
+      if (it > 0) {
+        c /= hc_lanes_sum(c, i * n, 1, n) + eps;
+      }
+      c /= hc_lanes_sum(c, j, n, n) + eps;
+    }
   }
   if (live) {
     out[2 * n + l] = c;
