@@ -195,37 +195,57 @@ inline Q4Rows q4_rows(device const uchar* w, int in_dim, int o0, int out_dim) {
 // are loaded and formed once per batch row and serve every weight row. TWO: a second weight
 // of the same shape (gate and up) shares the x loads, into acc1. Offsets in the loop are
 // 32-bit; the row pointers are formed once.
+//
+// A one-row pass (NR == 1: decode) loads the weights of MV_Q4_BATCH of its lane's groups
+// (g, g + lanes) before computing either: a decode projection has a threadgroup or so per SM,
+// and one group's loads at a time left ~10 KB in flight per SM where the memory needs several
+// times that (a round trip per group: 2 for the 2048-wide inputs, 4 for [2048, 4096]). Two,
+// not more: registers (~160 a thread) still let the 768-threadgroup projections run in two
+// waves. The groups are still accumulated in g order: the same bits as one at a time.
+#define MV_Q4_BATCH 2
 template <bool TWO, int NR>
 inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim,
                        device const uchar* x, thread const ulong* xoff, int nx,
                        thread float4* acc0, thread float4* acc1, int lane, int lanes) {
+  // Groups whose weights are loaded together.
+  constexpr int U = NR == 1 ? MV_Q4_BATCH : 1;
   const uint groups = uint(in_dim) / 32u;
   const Q4Rows r0 = q4_rows(w0, in_dim, o0, out_dim);
   const Q4Rows r1 = q4_rows(TWO ? w1 : w0, in_dim, o0, out_dim);
-  for (uint g = uint(lane); g < groups; g += uint(lanes)) {
-    uint4 n0[MV_R], n1[MV_R];
-    float s0[MV_R], b0[MV_R], s1[MV_R], b1[MV_R];
-    MV_UNROLL for (int i = 0; i < MV_R; i++) {
-      n0[i] = r0.nib[i][g];
-      s0[i] = bf16_to_f32(r0.sc[i][g]);
-      b0[i] = bf16_to_f32(r0.bi[i][g]);
-      if (TWO) {
-        n1[i] = r1.nib[i][g];
-        s1[i] = bf16_to_f32(r1.sc[i][g]);
-        b1[i] = bf16_to_f32(r1.bi[i][g]);
+  for (uint g0 = uint(lane); g0 < groups; g0 += uint(U * lanes)) {
+    uint4 n0[U][MV_R], n1[U][MV_R];
+    float s0[U][MV_R], b0[U][MV_R], s1[U][MV_R], b1[U][MV_R];
+    MV_UNROLL for (int u = 0; u < U; u++) {
+      // A group past the end reloads the first one (never used): the loads stay unconditional.
+      const uint g = g0 + uint(u * lanes) < groups ? g0 + uint(u * lanes) : g0;
+      MV_UNROLL for (int i = 0; i < MV_R; i++) {
+        n0[u][i] = r0.nib[i][g];
+        s0[u][i] = bf16_to_f32(r0.sc[i][g]);
+        b0[u][i] = bf16_to_f32(r0.bi[i][g]);
+        if (TWO) {
+          n1[u][i] = r1.nib[i][g];
+          s1[u][i] = bf16_to_f32(r1.sc[i][g]);
+          b1[u][i] = bf16_to_f32(r1.bi[i][g]);
+        }
       }
     }
-    MV_UNROLL for (int j = 0; j < NR; j++) if (j < nx) {
-      device const float4* xg = (device const float4*)(x + xoff[j]) + g * 8u;
-      float4 xv[8];
-      MV_UNROLL for (int k = 0; k < 8; k++) {
-        xv[k] = xg[k];
+    MV_UNROLL for (int u = 0; u < U; u++) {
+      const uint g = g0 + uint(u * lanes);
+      if (g >= groups) {
+        break;
       }
-      float gs = q4_group_sum(xv);
-      MV_UNROLL for (int i = 0; i < MV_R; i++) {
-        acc0[j][i] += s0[i] * q4_group_dot(n0[i], xv) + b0[i] * gs;
-        if (TWO) {
-          acc1[j][i] += s1[i] * q4_group_dot(n1[i], xv) + b1[i] * gs;
+      MV_UNROLL for (int j = 0; j < NR; j++) if (j < nx) {
+        device const float4* xg = (device const float4*)(x + xoff[j]) + g * 8u;
+        float4 xv[8];
+        MV_UNROLL for (int k = 0; k < 8; k++) {
+          xv[k] = xg[k];
+        }
+        float gs = q4_group_sum(xv);
+        MV_UNROLL for (int i = 0; i < MV_R; i++) {
+          acc0[j][i] += s0[u][i] * q4_group_dot(n0[u][i], xv) + b0[u][i] * gs;
+          if (TWO) {
+            acc1[j][i] += s1[u][i] * q4_group_dot(n1[u][i], xv) + b1[u][i] * gs;
+          }
         }
       }
     }
