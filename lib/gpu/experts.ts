@@ -80,11 +80,8 @@ export const ROUTER_FUSED_MAX_ROWS = 4;
 export function routerFuses(backend: string, router: TensorRef, x: RowsRef, nb: number, cfg: RouterConfig, force = false): boolean {
   const inDim = router.shape[1]!;
   const fits = router.dtype === "bf16" && inDim % 8 === 0 && router.offset % 16 === 0 && x.offset % 16 === 0 && x.stride % 16 === 0;
-  return fits && cfg.top_k <= MOE_MAX_TOPK && cfg.experts <= MOE_MAX_EXPERTS && (force || (ROUTER_FUSED_ON && backend !== "cpu" && nb <= ROUTER_FUSED_MAX_ROWS));
+  return fits && cfg.top_k <= MOE_MAX_TOPK && cfg.experts <= MOE_MAX_EXPERTS && (force || (backend !== "cpu" && nb <= ROUTER_FUSED_MAX_ROWS));
 }
-
-/** CHERENKOV_ROUTER_FUSED=0 keeps the two-dispatch router on a GPU too (measurements). */
-const ROUTER_FUSED_ON = process.env.CHERENKOV_ROUTER_FUSED !== "0";
 
 /** Softmax + top-k of logits already computed. */
 export function encodeRouterTopK(ctx: EncodeContext, logits: RowsRef, routes: Routes, nb: number, cfg: RouterConfig): void {
