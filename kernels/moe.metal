@@ -19,23 +19,31 @@ using namespace metal;
 // two shuffles, where a max then a min of the ids took ten dependent steps. (Unrolling the
 // slots to their constant bound, 32, to keep them in registers made it slower at 128 experts.)
 #define MOE_SLOTS (MOE_MAX_EXPERTS / 32)
-
-// One row's softmax + top-k from its logits `l` (device or threadgroup memory), by one
-// simdgroup: ids_row[k] and weights_row[k] for k < top_k.
-template <typename L>
-inline void router_pick(int experts, int top_k, bool norm_topk, L l, device int* ids_row, device float* weights_row, ushort lane) {
-  const int per = (experts + 31) / 32;
+[[max_total_threads_per_threadgroup(128)]] kernel void router_topk_f32(
+    constant RouterParams& p  [[buffer(0)]],
+    device const uchar* logits [[buffer(1)]],
+    device int* ids           [[buffer(2)]],
+    device float* weights     [[buffer(3)]],
+    uint tg                   [[threadgroup_position_in_grid]],
+    ushort sg                 [[simdgroup_index_in_threadgroup]],
+    ushort lane               [[thread_index_in_simdgroup]]) {
+  int row = int(tg) * ROUTER_SG + int(sg);
+  if (row >= p.rows) {
+    return;  // uniform per simdgroup
+  }
+  device const float* l = (device const float*)(logits + ulong(row) * p.logits_stride);
+  const int per = (p.experts + 31) / 32;
   float v[MOE_SLOTS];
   float m = -INFINITY;
   for (int s = 0; s < per; s++) {
     const int e = s * 32 + int(lane);
-    v[s] = e < experts ? l[e] : -INFINITY;
+    v[s] = e < p.experts ? l[e] : -INFINITY;
     m = max(m, v[s]);
   }
   m = simd_max(m);
   float sum = 0.0f;
   for (int s = 0; s < per; s++) {
-    if (s * 32 + int(lane) < experts) {
+    if (s * 32 + int(lane) < p.experts) {
       sum += exp(v[s] - m);
     }
   }
@@ -43,12 +51,12 @@ inline void router_pick(int experts, int top_k, bool norm_topk, L l, device int*
   uint taken = 0;
   float total = 0.0f;
   float mine = 0.0f;  // lane k keeps pick k's p (top_k <= 32)
-  for (int k = 0; k < top_k; k++) {
+  for (int k = 0; k < p.top_k; k++) {
     float best = -INFINITY;
     int best_e = 0x7FFFFFFF;
     for (int s = 0; s < per; s++) {
       const int e = s * 32 + int(lane);
-      if (e < experts && (taken & (1u << s)) == 0 && (v[s] > best || best_e == 0x7FFFFFFF)) {
+      if (e < p.experts && (taken & (1u << s)) == 0 && (v[s] > best || best_e == 0x7FFFFFFF)) {
         best = v[s];
         best_e = e;
       }
@@ -71,90 +79,11 @@ inline void router_pick(int experts, int top_k, bool norm_topk, L l, device int*
       mine = chosen;
     }
     if (lane == 0) {
-      ids_row[k] = e;
+      ids[row * p.top_k + k] = e;
     }
   }
-  if (int(lane) < top_k) {
-    weights_row[int(lane)] = norm_topk ? mine / total : mine;
-  }
-}
-
-[[max_total_threads_per_threadgroup(128)]] kernel void router_topk_f32(
-    constant RouterParams& p  [[buffer(0)]],
-    device const uchar* logits [[buffer(1)]],
-    device int* ids           [[buffer(2)]],
-    device float* weights     [[buffer(3)]],
-    uint tg                   [[threadgroup_position_in_grid]],
-    ushort sg                 [[simdgroup_index_in_threadgroup]],
-    ushort lane               [[thread_index_in_simdgroup]]) {
-  int row = int(tg) * ROUTER_SG + int(sg);
-  if (row >= p.rows) {
-    return;  // uniform per simdgroup
-  }
-  router_pick(p.experts, p.top_k, p.norm_topk != 0, (device const float*)(logits + ulong(row) * p.logits_stride), ids + row * p.top_k,
-              weights + row * p.top_k, lane);
-}
-
-// The router of a few rows in one dispatch (decode): a threadgroup per row computes every
-// expert's logit (bf16 weights [E, in_dim], in_dim % 8 == 0) into threadgroup memory, then
-// simdgroup 0 picks as router_topk_f32 does. Each simdgroup takes two experts at a time and
-// issues ROUTER_FUSED_BATCH 16-byte loads of each before any arithmetic: the 128 x 2048 router
-// (512 KB) in ~4 trips to memory from one SM, where the matvec + router_topk pair cost two
-// launches (~8 us each on the H200). Its weights are re-read by every row: only for few rows.
-#define ROUTER_FUSED_SG 16
-#define ROUTER_FUSED_BATCH 8
-static_assert(ROUTER_FUSED_SG * 32 == 512, "update router_fused_bf16_f32's [[max_total_threads_per_threadgroup]]");
-[[max_total_threads_per_threadgroup(512)]] kernel void router_fused_bf16_f32(
-    constant RouterFusedParams& p [[buffer(0)]],
-    device const uchar* w         [[buffer(1)]],
-    device const uchar* x         [[buffer(2)]],
-    device int* ids               [[buffer(3)]],
-    device float* weights         [[buffer(4)]],
-    uint tg                       [[threadgroup_position_in_grid]],
-    ushort sg                     [[simdgroup_index_in_threadgroup]],
-    ushort lane                   [[thread_index_in_simdgroup]]) {
-  threadgroup float logit[MOE_MAX_EXPERTS];
-  const int row = int(tg);
-  if (row >= p.rows) {
-    return;  // uniform per threadgroup
-  }
-  device const float4* xr = (device const float4*)(x + ulong(row) * p.x_stride);
-  const int n8 = p.in_dim / 8;
-  for (int e0 = int(sg) * 2; e0 < p.experts; e0 += ROUTER_FUSED_SG * 2) {  // uniform per simdgroup
-    const int e1 = min(e0 + 1, p.experts - 1);
-    device const uint4* w0 = (device const uint4*)(w + ulong(e0) * ulong(p.in_dim) * 2ul);
-    device const uint4* w1 = (device const uint4*)(w + ulong(e1) * ulong(p.in_dim) * 2ul);
-    float a0 = 0.0f;
-    float a1 = 0.0f;
-    for (int c0 = int(lane); c0 < n8; c0 += 32 * ROUTER_FUSED_BATCH) {
-      uint4 q0[ROUTER_FUSED_BATCH], q1[ROUTER_FUSED_BATCH];
-      CK_UNROLL for (int b = 0; b < ROUTER_FUSED_BATCH; b++) {
-        const int c = c0 + 32 * b < n8 ? c0 + 32 * b : c0;  // past the end: reload (unused)
-        q0[b] = w0[c];
-        q1[b] = w1[c];
-      }
-      CK_UNROLL for (int b = 0; b < ROUTER_FUSED_BATCH; b++) {
-        const int c = c0 + 32 * b;
-        if (c < n8) {
-          const float4 xa = xr[2 * c];
-          const float4 xb = xr[2 * c + 1];
-          a0 += dot(bf16x4_to_f32(uint2(q0[b].x, q0[b].y)), xa) + dot(bf16x4_to_f32(uint2(q0[b].z, q0[b].w)), xb);
-          a1 += dot(bf16x4_to_f32(uint2(q1[b].x, q1[b].y)), xa) + dot(bf16x4_to_f32(uint2(q1[b].z, q1[b].w)), xb);
-        }
-      }
-    }
-    a0 = simd_sum(a0);
-    a1 = simd_sum(a1);
-    if (lane == 0) {
-      logit[e0] = a0;
-      if (e0 + 1 < p.experts) {
-        logit[e0 + 1] = a1;
-      }
-    }
-  }
-  threadgroup_barrier(mem_flags::mem_threadgroup);
-  if (sg == 0) {
-    router_pick(p.experts, p.top_k, p.norm_topk != 0, (threadgroup const float*)logit, ids + row * p.top_k, weights + row * p.top_k, lane);
+  if (int(lane) < p.top_k) {
+    weights[row * p.top_k + int(lane)] = p.norm_topk != 0 ? mine / total : mine;
   }
 }
 

@@ -338,27 +338,6 @@ CK_PARAMS_ASSERT(__builtin_offsetof(RouterParams, norm_topk) == 12, "RouterParam
 CK_PARAMS_ASSERT(__builtin_offsetof(RouterParams, logits_stride) == 16, "RouterParams.logits_stride: offset");
 #endif
 
-// Router of few rows in one dispatch: the logits W x[r] (bf16 W [experts, in_dim]) in threadgroup memory, then softmax and top-k as Router.
-typedef struct {
-  int32_t rows;                  // offset 0: rows in the batch (nb)
-  int32_t experts;               // offset 4: E (at most 1024)
-  int32_t top_k;                 // offset 8
-  uint32_t norm_topk;            // offset 12: 1: divide the chosen p by their sum
-  int32_t in_dim;                // offset 16: a multiple of 8
-  uint32_t _pad0;                // offset 20
-  uint64_t x_stride;             // offset 24: bytes between input rows
-} RouterFusedParams;
-CK_PARAMS_ASSERT(sizeof(RouterFusedParams) == 32, "RouterFusedParams: size");
-#ifndef __METAL_VERSION__
-CK_PARAMS_ASSERT(__builtin_offsetof(RouterFusedParams, rows) == 0, "RouterFusedParams.rows: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(RouterFusedParams, experts) == 4, "RouterFusedParams.experts: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(RouterFusedParams, top_k) == 8, "RouterFusedParams.top_k: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(RouterFusedParams, norm_topk) == 12, "RouterFusedParams.norm_topk: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(RouterFusedParams, in_dim) == 16, "RouterFusedParams.in_dim: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(RouterFusedParams, _pad0) == 20, "RouterFusedParams._pad0: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(RouterFusedParams, x_stride) == 24, "RouterFusedParams.x_stride: offset");
-#endif
-
 // Groups the (row, k) pairs of a step by expert: offsets[E + 1] and pairs sorted by expert.
 typedef struct {
   int32_t pairs;                 // offset 0: nb * top_k

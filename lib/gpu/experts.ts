@@ -44,43 +44,11 @@ export function encodeRouter(
   routes: Routes,
   nb: number,
   cfg: RouterConfig,
-  /** true: the one-dispatch form where it applies (tests on the CPU backend); false: the matvec + router_topk; default: routerFuses decides. */
-  opts: { fused?: boolean } = {},
 ): void {
-  const [E, inDim] = matrixShape(router, "router");
+  const [E] = matrixShape(router, "router");
   if (E !== cfg.experts) throw new Error(`router has ${E} rows, config says ${cfg.experts} experts`);
-  if (opts.fused !== false && routerFuses(ctx.device.backend, router, x, nb, cfg, opts.fused === true)) {
-    checkRows(nb, "router_fused");
-    dispatch(
-      ctx,
-      "router_fused_bf16_f32",
-      Params.RouterFused,
-      { rows: nb, experts: E, top_k: cfg.top_k, norm_topk: cfg.norm_topk_prob ? 1 : 0, in_dim: inDim, x_stride: x.stride },
-      [bind(router.buffer, router.offset), bind(x.buffer, x.offset), routes.ids, routes.weights],
-      nb,
-      SIMD_WIDTH * ROUTER_FUSED_SG,
-    );
-    return;
-  }
   encodeMatvec(ctx, router, x, logits, nb);
   encodeRouterTopK(ctx, logits, routes, nb, cfg);
-}
-
-/** Simdgroups of router_fused_bf16_f32's threadgroup (ROUTER_FUSED_SG). */
-const ROUTER_FUSED_SG = 16;
-/** Rows up to which the router runs as one dispatch (each row's threadgroup reads the whole router). */
-export const ROUTER_FUSED_MAX_ROWS = 4;
-
-/**
- * Whether the router of nb rows runs as router_fused_bf16_f32 (one dispatch: logits in
- * threadgroup memory, then the top-k) rather than a matvec and router_topk_f32: a GPU
- * (the CPU backend's fibers gain nothing from it; its tests run it explicitly), few rows, a
- * bf16 router whose rows and input are 16-byte aligned.
- */
-export function routerFuses(backend: string, router: TensorRef, x: RowsRef, nb: number, cfg: RouterConfig, force = false): boolean {
-  const inDim = router.shape[1]!;
-  const fits = router.dtype === "bf16" && inDim % 8 === 0 && router.offset % 16 === 0 && x.offset % 16 === 0 && x.stride % 16 === 0;
-  return fits && cfg.top_k <= MOE_MAX_TOPK && cfg.experts <= MOE_MAX_EXPERTS && (force || (backend !== "cpu" && nb <= ROUTER_FUSED_MAX_ROWS));
 }
 
 /** Softmax + top-k of logits already computed. */

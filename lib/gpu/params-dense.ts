@@ -176,18 +176,6 @@ export const denseParams = {
       { name: "logits_stride", type: "u64", doc: "bytes between logit rows" },
     ],
   },
-  RouterFused: {
-    doc: "Router of few rows in one dispatch: the logits W x[r] (bf16 W [experts, in_dim]) in threadgroup memory, then softmax and top-k as Router.",
-    fields: [
-      { name: "rows", type: "i32", doc: "rows in the batch (nb)" },
-      { name: "experts", type: "i32", doc: "E (at most 1024)" },
-      { name: "top_k", type: "i32" },
-      { name: "norm_topk", type: "u32", doc: "1: divide the chosen p by their sum" },
-      { name: "in_dim", type: "i32", doc: "a multiple of 8" },
-      { name: "_pad0", type: "u32" },
-      { name: "x_stride", type: "u64", doc: "bytes between input rows" },
-    ],
-  },
   MoeLists: {
     doc: "Groups the (row, k) pairs of a step by expert: offsets[E + 1] and pairs sorted by expert.",
     fields: [
