@@ -9,7 +9,8 @@
 // reductions (online softmax), and for the V sum the lanes own dims l, l + 32, ... and
 // read the block's weights from threadgroup memory: four sync points per 32 positions.
 // With one split the result goes to o; with more, each split writes (max, sum, acc[hd])
-// and attn_combine_f32 merges them (long-context decode).
+// and attn_combine_f32 merges them (long-context decode). With `gated`, whichever writes o
+// applies the mixer's output gate o / (1 + e^-gate), ew_sigmoid_mul_f32's arithmetic.
 #include <metal_stdlib>
 #include "params.h"
 #include "sequence.h"
@@ -41,6 +42,7 @@ template <bool Q8>
     device const int* counts    [[buffer(7)]],
     device float* o             [[buffer(8)]],
     device float* part          [[buffer(9)]],
+    device const float* gate    [[buffer(10)]],
     uint3 tg                    [[threadgroup_position_in_grid]],
     ushort lane                 [[thread_index_in_simdgroup]],
     ushort sg                   [[simdgroup_index_in_threadgroup]],
@@ -157,12 +159,14 @@ template <bool Q8>
 
   if (p.splits == 1) {
     device float* out = seq_row(o, p.o_stride, t) + h * hd;
+    device const float* g = seq_row(gate, p.gate_stride, t) + h * hd;
     const float inv = 1.0f / sum;
     CK_UNROLL for (uint m = 0; m < ATTN_V4; m++) {
       const uint d = 4u * uint(lane) + 128u * m;
       if (d < hd) {
         for (uint c = 0; c < 4u; c++) {
-          out[d + c] = acc[m][c] * inv;
+          const float y = acc[m][c] * inv;
+          out[d + c] = p.gated != 0 ? y / (1.0f + exp(-g[d + c])) : y;
         }
       }
     }
@@ -188,10 +192,12 @@ template [[host_name("attn_rows_f32")]] kernel decltype(attn_rows<false>) attn_r
 
 // o[t][h][d] from the splits' partials: weights e^(m_z - M) with M the largest max.
 // One thread per (row, head, dim). A split with no positions has m = -inf (weight 0).
+// With `gated`, o / (1 + e^-gate) (the mixer's output gate, as ew_sigmoid_mul_f32).
 kernel void attn_combine_f32(
     constant AttentionCombineParams& p [[buffer(0)]],
     device const float* part           [[buffer(1)]],
     device float* o                    [[buffer(2)]],
+    device const float* gate           [[buffer(3)]],
     uint gid                           [[thread_position_in_grid]]) {
   const uint hd = uint(p.head_dim);
   const uint H = uint(p.heads);
@@ -214,5 +220,7 @@ kernel void attn_combine_f32(
     sum = fma(w, pz[1], sum);
     acc = fma(w, pz[2u + d], acc);
   }
-  seq_row(o, p.o_stride, th / H)[(th % H) * hd + d] = acc / sum;
+  const float y = acc / sum;
+  const uint c = (th % H) * hd + d;
+  seq_row(o, p.o_stride, th / H)[c] = p.gated != 0 ? y / (1.0f + exp(-seq_row(gate, p.gate_stride, th / H)[c])) : y;
 }

@@ -636,6 +636,37 @@ CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, k_stride) == 32, "RopeParams.k_s
 CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, inv_freq) == 40, "RopeParams.inv_freq: offset");
 #endif
 
+// Per decode/prefill row: q and k per-head RMSNorm, RoPE on both, then the K (normed, rotated) and V appends at pos0.. (one dispatch).
+typedef struct {
+  int32_t rows;                  // offset 0
+  int32_t q_heads;               // offset 4
+  int32_t kv_heads;              // offset 8
+  int32_t head_dim;              // offset 12: of q, k, v and the two norm weights
+  int32_t rot_dim;               // offset 16: rotated dims rd (even); pair (i, i + rd/2)
+  int32_t pos0;                  // offset 20: position of row 0
+  uint32_t centred;              // offset 24: 1: norms scale by (1 + w), 0: by w
+  float eps;                     // offset 28
+  uint64_t q_stride;             // offset 32: bytes between q rows (normed and rotated in place)
+  uint64_t k_stride;             // offset 40: bytes between k rows (normed and rotated in place)
+  uint64_t v_stride;             // offset 48: bytes between v rows
+  float inv_freq[128];           // offset 56: theta^(-2i/rd) by the f32 rule of lib/model/rope.ts
+} AttnPrepParams;
+CK_PARAMS_ASSERT(sizeof(AttnPrepParams) == 568, "AttnPrepParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, rows) == 0, "AttnPrepParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, q_heads) == 4, "AttnPrepParams.q_heads: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, kv_heads) == 8, "AttnPrepParams.kv_heads: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, head_dim) == 12, "AttnPrepParams.head_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, rot_dim) == 16, "AttnPrepParams.rot_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, pos0) == 20, "AttnPrepParams.pos0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, centred) == 24, "AttnPrepParams.centred: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, eps) == 28, "AttnPrepParams.eps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, q_stride) == 32, "AttnPrepParams.q_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, k_stride) == 40, "AttnPrepParams.k_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, v_stride) == 48, "AttnPrepParams.v_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, inv_freq) == 56, "AttnPrepParams.inv_freq: offset");
+#endif
+
 // Writes nb rows of heads x dim vectors into a cache at positions pos0.. (q8 codes + scales, or f32).
 typedef struct {
   int32_t rows;                  // offset 0
@@ -709,8 +740,11 @@ typedef struct {
   float scale;                   // offset 36: 1/sqrt(head_dim)
   uint64_t q_stride;             // offset 40
   uint64_t o_stride;             // offset 48
+  uint64_t gate_stride;          // offset 56: bytes between gate rows (gated only)
+  int32_t gated;                 // offset 64: 1: o = attention / (1 + e^-gate) (the output gate; with one split)
+  uint32_t _pad0;                // offset 68
 } AttentionParams;
-CK_PARAMS_ASSERT(sizeof(AttentionParams) == 56, "AttentionParams: size");
+CK_PARAMS_ASSERT(sizeof(AttentionParams) == 72, "AttentionParams: size");
 #ifndef __METAL_VERSION__
 CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, rows) == 0, "AttentionParams.rows: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, heads) == 4, "AttentionParams.heads: offset");
@@ -724,6 +758,9 @@ CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, splits) == 32, "AttentionPa
 CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, scale) == 36, "AttentionParams.scale: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, q_stride) == 40, "AttentionParams.q_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, o_stride) == 48, "AttentionParams.o_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, gate_stride) == 56, "AttentionParams.gate_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, gated) == 64, "AttentionParams.gated: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionParams, _pad0) == 68, "AttentionParams._pad0: offset");
 #endif
 
 // Merges the per-split partial softmax results (max, sum, acc[hd]) of Attention into o.
@@ -733,14 +770,20 @@ typedef struct {
   int32_t head_dim;              // offset 8
   int32_t splits;                // offset 12
   uint64_t o_stride;             // offset 16
+  uint64_t gate_stride;          // offset 24: bytes between gate rows (gated only)
+  int32_t gated;                 // offset 32: 1: o = attention / (1 + e^-gate) (the output gate)
+  uint32_t _pad0;                // offset 36
 } AttentionCombineParams;
-CK_PARAMS_ASSERT(sizeof(AttentionCombineParams) == 24, "AttentionCombineParams: size");
+CK_PARAMS_ASSERT(sizeof(AttentionCombineParams) == 40, "AttentionCombineParams: size");
 #ifndef __METAL_VERSION__
 CK_PARAMS_ASSERT(__builtin_offsetof(AttentionCombineParams, rows) == 0, "AttentionCombineParams.rows: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(AttentionCombineParams, heads) == 4, "AttentionCombineParams.heads: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(AttentionCombineParams, head_dim) == 8, "AttentionCombineParams.head_dim: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(AttentionCombineParams, splits) == 12, "AttentionCombineParams.splits: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(AttentionCombineParams, o_stride) == 16, "AttentionCombineParams.o_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionCombineParams, gate_stride) == 24, "AttentionCombineParams.gate_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionCombineParams, gated) == 32, "AttentionCombineParams.gated: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttentionCombineParams, _pad0) == 36, "AttentionCombineParams._pad0: offset");
 #endif
 
 // PLE n-gram hash of each row and table, and the gather of the table rows into e [nb][tables * head_dim].

@@ -16,6 +16,15 @@ using namespace metal;
 #define ROPE_TWO_PI_LO -1.74845553146951720e-7f  // f32(2 pi - ROPE_TWO_PI_HI)
 #define ROPE_INV_TWO_PI 0.159154936671257019f
 
+// cos and sin of the f32 angle pos * inv_freq, reduced mod 2 pi (Cody-Waite) first.
+inline float2 rope_cos_sin(float pos, float inv_freq) {
+  const float angle = pos * inv_freq;
+  const float n = rint(angle * ROPE_INV_TWO_PI);
+  float r = fma(-n, ROPE_TWO_PI_HI, angle);
+  r = fma(-n, ROPE_TWO_PI_LO, r);
+  return float2(precise::cos(r), precise::sin(r));
+}
+
 // One thread per (row, head, pair); q heads first, then k heads. In place.
 kernel void rope_neox_f32(
     constant RopeParams& p  [[buffer(0)]],
@@ -34,16 +43,139 @@ kernel void rope_neox_f32(
       ? seq_row(q, p.q_stride, t) + hh * uint(p.head_dim)
       : seq_row(k, p.k_stride, t) + (hh - uint(p.q_heads)) * uint(p.head_dim);
 
-  const float pos = float(p.pos0 + int(t));
-  const float angle = pos * p.inv_freq[i];
-  const float n = rint(angle * ROPE_INV_TWO_PI);
-  float r = fma(-n, ROPE_TWO_PI_HI, angle);
-  r = fma(-n, ROPE_TWO_PI_LO, r);
-  const float c = precise::cos(r);
-  const float s = precise::sin(r);
+  const float2 cs = rope_cos_sin(float(p.pos0 + int(t)), p.inv_freq[i]);
+  const float c = cs.x;
+  const float s = cs.y;
 
   const float x1 = x[i];
   const float x2 = x[i + half_rd];
   x[i] = fma(x1, c, -(x2 * s));
   x[i + half_rd] = fma(x2, c, x1 * s);
 }
+
+// The attention mixer's per-row preparation in one dispatch (lib/gpu/mixers.ts): q and k
+// per-head RMSNorm (rms_norm_f32's arithmetic), RoPE on both (rope_neox_f32's), q and k
+// written back in place, then K (normed, rotated) and V appended at pos0 + t
+// (kv_append_q8's or kv_append_f32's): the same float operations in the same order, so the
+// same bits as those four kernels.
+//
+// One simdgroup per (row, vector); a row's vectors are its q heads, then k heads, then v
+// heads. Lane l holds elements l, l + 32, ... (head_dim <= 256); RoPE pairs (i, i + rd/2)
+// may sit on other lanes, so the normed vector goes through threadgroup memory.
+#define PREP_SG 4  // simdgroups per threadgroup (128 threads, the bound below)
+
+template <bool Q8>
+[[max_total_threads_per_threadgroup(128)]] kernel void attn_prep(
+    constant AttnPrepParams& p  [[buffer(0)]],
+    device float* q             [[buffer(1)]],
+    device float* k             [[buffer(2)]],
+    device const float* v       [[buffer(3)]],
+    device const float* q_norm  [[buffer(4)]],
+    device const float* k_norm  [[buffer(5)]],
+    device char* k_data         [[buffer(6)]],
+    device float* k_scales      [[buffer(7)]],
+    device char* v_data         [[buffer(8)]],
+    device float* v_scales      [[buffer(9)]],
+    uint tg                     [[threadgroup_position_in_grid]],
+    ushort lane                 [[thread_index_in_simdgroup]],
+    ushort sg                   [[simdgroup_index_in_threadgroup]]) {
+  threadgroup float buf[PREP_SG][SEQ_MAX_PER_LANE * 32];
+  const uint H = uint(p.q_heads);
+  const uint Hkv = uint(p.kv_heads);
+  const uint per_row = H + 2u * Hkv;
+  const uint vec = tg * PREP_SG + uint(sg);
+  if (vec >= uint(p.rows) * per_row) {
+    return;  // whole simdgroup; only simdgroup-scope sync follows
+  }
+  const uint t = vec / per_row;
+  const uint u = vec % per_row;
+  const uint dim = uint(p.head_dim);
+  const bool is_q = u < H;
+  const bool is_v = u >= H + Hkv;
+  const uint h = is_q ? u : is_v ? u - H - Hkv : u - H;  // head within its kind
+  device float* x = is_q ? seq_row(q, p.q_stride, t) + h * dim
+                  : is_v ? (device float*)seq_row(v, p.v_stride, t) + h * dim
+                         : seq_row(k, p.k_stride, t) + h * dim;
+  const uint per = (dim + 31u) / 32u;
+  float e[SEQ_MAX_PER_LANE];
+  CK_UNROLL for (uint i = 0; i < SEQ_MAX_PER_LANE; i++) {
+    const uint c = uint(lane) + 32u * i;
+    e[i] = i < per && c < dim ? x[c] : 0.0f;
+  }
+  if (!is_v) {
+    // RMSNorm, lane-strided squares then simd_sum, as rms_norm_f32.
+    float ss = 0.0f;
+    CK_UNROLL for (uint i = 0; i < SEQ_MAX_PER_LANE; i++) {
+      if (i < per && uint(lane) + 32u * i < dim) {
+        ss += e[i] * e[i];
+      }
+    }
+    ss = simd_sum(ss);
+    const float r = rsqrt(ss / float(dim) + p.eps);
+    const float offset = p.centred != 0 ? 1.0f : 0.0f;
+    device const float* w = is_q ? q_norm : k_norm;
+    threadgroup float* b = buf[sg];
+    CK_UNROLL for (uint i = 0; i < SEQ_MAX_PER_LANE; i++) {
+      const uint c = uint(lane) + 32u * i;
+      if (i < per && c < dim) {
+        b[c] = e[i] * r * (offset + w[c]);
+      }
+    }
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    // RoPE, one pair per lane at a time, as rope_neox_f32.
+    const uint half_rd = uint(p.rot_dim) / 2u;
+    const float pos = float(p.pos0 + int(t));
+    for (uint i = uint(lane); i < half_rd; i += 32u) {
+      const float2 cs = rope_cos_sin(pos, p.inv_freq[i]);
+      const float x1 = b[i];
+      const float x2 = b[i + half_rd];
+      b[i] = fma(x1, cs.x, -(x2 * cs.y));
+      b[i + half_rd] = fma(x2, cs.x, x1 * cs.y);
+    }
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    CK_UNROLL for (uint i = 0; i < SEQ_MAX_PER_LANE; i++) {
+      const uint c = uint(lane) + 32u * i;
+      if (i < per && c < dim) {
+        e[i] = b[c];
+        x[c] = e[i];
+      }
+    }
+    if (is_q) {
+      return;
+    }
+  }
+  // K or V append at position pos0 + t, as kv_append_q8 / kv_append_f32.
+  const ulong slot = ulong(p.pos0 + int(t)) * Hkv + h;
+  device char* data = is_v ? v_data : k_data;
+  if (Q8) {
+    float m = 0.0f;
+    CK_UNROLL for (uint i = 0; i < SEQ_MAX_PER_LANE; i++) {
+      if (i < per) {
+        m = max(m, fabs(e[i]));
+      }
+    }
+    m = simd_max(m);
+    const float scale = m / 127.0f;
+    device char* out = data + slot * dim;
+    CK_UNROLL for (uint i = 0; i < SEQ_MAX_PER_LANE; i++) {
+      const uint c = uint(lane) + 32u * i;
+      if (i < per && c < dim) {
+        out[c] = char(seq_q8_code(e[i], scale));
+      }
+    }
+    if (lane == 0) {
+      (is_v ? v_scales : k_scales)[slot] = scale;
+    }
+  } else {
+    device float* out = (device float*)data + slot * dim;
+    CK_UNROLL for (uint i = 0; i < SEQ_MAX_PER_LANE; i++) {
+      const uint c = uint(lane) + 32u * i;
+      if (i < per && c < dim) {
+        out[c] = e[i];
+      }
+    }
+  }
+}
+
+template [[host_name("attn_prep_q8")]] kernel decltype(attn_prep<true>) attn_prep<true>;
+template [[host_name("attn_prep_f32")]] kernel decltype(attn_prep<false>) attn_prep<false>;

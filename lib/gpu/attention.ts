@@ -1,16 +1,17 @@
 // Attention mixer dispatch (docs/model.md, Mixer B): RoPE on q and k, the K/V and QSA
 // index-key cache appends (q8 or f32), the QSA index scores and top-k selection, and the
 // softmax attention over the cache (causal, or the selected positions), split over
-// positions for long-context decode. The projections, per-head RMSNorms and the sigmoid
-// output gate are the dense kernels'. Order within a step: norms, RoPE, append K/V (and
-// ik), then QSA and attention read everything back from the caches, this batch included.
+// positions for long-context decode, optionally with the sigmoid output gate applied where
+// o is written. encodeAttnPrep does q/k norms + RoPE + the K/V appends in one dispatch.
+// The projections are the dense kernels'. Order within a step: norms, RoPE, append K/V
+// (and ik), then QSA and attention read everything back from the caches, this batch included.
 import { ropeInvFreq } from "../model/rope.ts";
 import type { Binding, Buffer, Device, Storage } from "../shim.ts";
-import { bind, dispatch, type EncodeContext, type RowsRef } from "./dispatch.ts";
+import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { SIMD_WIDTH } from "./limits.ts";
 import { Params } from "./params.ts";
 import { ROPE_MAX_PAIRS, SEQ_MAX_HEAD_DIM } from "./params-sequence.ts";
-import { checkRows } from "./projections.ts";
+import { checkRows, checkVector } from "./projections.ts";
 
 const at = (r: RowsRef): Binding => bind(r.buffer, r.offset);
 
@@ -48,12 +49,16 @@ export interface RopeArgs {
   kHeads: number;
 }
 
+function checkRope(what: string, a: { rows: number; pos0: number; headDim: number; rotDim: number }): void {
+  if (!Number.isInteger(a.rotDim) || a.rotDim < 2 || a.rotDim % 2 !== 0 || a.rotDim > a.headDim || a.rotDim / 2 > ROPE_MAX_PAIRS)
+    throw new Error(`${what}: rotary dim ${a.rotDim} must be even, in 2..min(head_dim ${a.headDim}, ${2 * ROPE_MAX_PAIRS})`);
+  if (a.pos0 < 0 || a.pos0 + a.rows > 2 ** 24) throw new RangeError(`${what}: positions ${a.pos0}..${a.pos0 + a.rows - 1} outside 0..2^24`);
+}
+
 /** NeoX rotate-half RoPE on the first rd dims of every q and k head, in place. */
 export function encodeRope(ctx: EncodeContext, a: RopeArgs): void {
   checkRows(a.rows, "rope");
-  if (!Number.isInteger(a.rotDim) || a.rotDim < 2 || a.rotDim % 2 !== 0 || a.rotDim > a.headDim || a.rotDim / 2 > ROPE_MAX_PAIRS)
-    throw new Error(`rope: rotary dim ${a.rotDim} must be even, in 2..min(head_dim ${a.headDim}, ${2 * ROPE_MAX_PAIRS})`);
-  if (a.pos0 < 0 || a.pos0 + a.rows > 2 ** 24) throw new RangeError(`rope: positions ${a.pos0}..${a.pos0 + a.rows - 1} outside 0..2^24`);
+  checkRope("rope", a);
   const f = ropeFrequencies(a.rotDim, a.theta);
   const total = a.rows * (a.qHeads + a.kHeads) * (a.rotDim / 2);
   const tg = 256;
@@ -157,6 +162,78 @@ export function encodeKvAppend(ctx: EncodeContext, a: KvAppendArgs): void {
   }
 }
 
+// ---- norms + RoPE + K/V appends in one dispatch ----------------------------------------------
+
+/** Simdgroups (vectors) per threadgroup of attn_prep (PREP_SG in kernels/rope.metal). */
+const PREP_SG = 4;
+
+export interface AttnPrepArgs {
+  rows: number;
+  /** Position of row 0. */
+  pos0: number;
+  /** rd = head_dim * partial_rotary_factor (even). */
+  rotDim: number;
+  theta: number;
+  eps: number;
+  /** Norm weights scale by (1 + w) (default) or w. */
+  centred?: boolean;
+  /** q [nb][H][hd] and k [nb][Hkv][hd]: normed per head and rotated in place. */
+  q: RowsRef;
+  qHeads: number;
+  k: RowsRef;
+  /** v [nb][Hkv][hd], appended as is. */
+  v: RowsRef;
+  qNorm: TensorRef;
+  kNorm: TensorRef;
+  /** The K and V caches (same kind, heads Hkv, dim hd). */
+  kCache: KvCacheRef;
+  vCache: KvCacheRef;
+}
+
+/** Whether encodeAttnPrep takes these caches (else: the norm, RoPE and append kernels one by one). */
+export const attnPrepFits = (k: KvCacheRef, v: KvCacheRef) => k.kind === v.kind && k.heads === v.heads && k.dim === v.dim;
+
+/**
+ * Per row: q and k per-head RMSNorm, RoPE on both (in place), K and V appended at pos0..:
+ * one dispatch with the same bits as encodeRmsNorm x2 + encodeRope + encodeKvAppend x2.
+ */
+export function encodeAttnPrep(ctx: EncodeContext, a: AttnPrepArgs): void {
+  checkRows(a.rows, "attn prep");
+  const { kCache: kc, vCache: vc } = a;
+  if (!attnPrepFits(kc, vc)) throw new Error("attn prep: K and V caches differ in kind or shape");
+  checkCache(kc, "attn prep K");
+  checkCache(vc, "attn prep V");
+  const hd = kc.dim;
+  checkVector(a.qNorm, hd, "attn prep q norm");
+  checkVector(a.kNorm, hd, "attn prep k norm");
+  checkRope("attn prep", { rows: a.rows, pos0: a.pos0, headDim: hd, rotDim: a.rotDim });
+  if (a.pos0 + a.rows > kc.capacity)
+    throw new RangeError(`attn prep: positions ${a.pos0}..${a.pos0 + a.rows - 1} exceed the cache capacity ${kc.capacity}`);
+  const vectors = a.rows * (a.qHeads + 2 * kc.heads);
+  dispatch(
+    ctx,
+    kc.kind === "q8" ? "attn_prep_q8" : "attn_prep_f32",
+    Params.AttnPrep,
+    {
+      rows: a.rows,
+      q_heads: a.qHeads,
+      kv_heads: kc.heads,
+      head_dim: hd,
+      rot_dim: a.rotDim,
+      pos0: a.pos0,
+      centred: a.centred === false ? 0 : 1,
+      eps: a.eps,
+      q_stride: a.q.stride,
+      k_stride: a.k.stride,
+      v_stride: a.v.stride,
+      inv_freq: ropeFrequencies(a.rotDim, a.theta),
+    },
+    [at(a.q), at(a.k), at(a.v), bind(a.qNorm.buffer, a.qNorm.offset), bind(a.kNorm.buffer, a.kNorm.offset), kc.data, kc.scales ?? kc.data, vc.data, vc.scales ?? vc.data],
+    Math.ceil(vectors / PREP_SG),
+    SIMD_WIDTH * PREP_SG,
+  );
+}
+
 // ---- QSA -----------------------------------------------------------------------------
 
 /** Bytes of the score scratch for nb rows starting at pos0 (one row per batch row). */
@@ -252,6 +329,8 @@ export interface AttentionArgs {
   splitLen?: number;
   /** Scratch for the splits' partials (attentionPartialBytes), needed when there is more than one split. */
   partials?: Binding;
+  /** The output gate [nb][H * hd]: o = attention * sigmoid(gate), bit for bit ew_sigmoid_mul_f32's. */
+  gate?: RowsRef;
 }
 
 type SplitInputs = Pick<AttentionArgs, "rows" | "pos0" | "selection" | "splitLen">;
@@ -305,6 +384,8 @@ export function encodeAttention(ctx: EncodeContext, a: AttentionArgs): void {
       scale: 1 / Math.sqrt(hd),
       q_stride: a.q.stride,
       o_stride: a.o.stride,
+      gate_stride: a.gate?.stride ?? 0,
+      gated: a.gate ? 1 : 0,
     },
     [
       at(a.q),
@@ -316,6 +397,7 @@ export function encodeAttention(ctx: EncodeContext, a: AttentionArgs): void {
       sel ? sel.counts : k.data,
       at(a.o),
       a.partials ?? at(a.o),
+      a.gate ? at(a.gate) : at(a.o),
     ],
     [Math.ceil(a.heads / nsg), a.rows, splits],
     [SIMD_WIDTH * nsg, 1, 1],
@@ -327,8 +409,8 @@ export function encodeAttention(ctx: EncodeContext, a: AttentionArgs): void {
       ctx,
       "attn_combine_f32",
       Params.AttentionCombine,
-      { rows: a.rows, heads: a.heads, head_dim: hd, splits, o_stride: a.o.stride },
-      [a.partials!, at(a.o)],
+      { rows: a.rows, heads: a.heads, head_dim: hd, splits, o_stride: a.o.stride, gate_stride: a.gate?.stride ?? 0, gated: a.gate ? 1 : 0 },
+      [a.partials!, at(a.o), a.gate ? at(a.gate) : at(a.o)],
       Math.ceil(total / tg),
       tg,
     );

@@ -1,13 +1,13 @@
 // The two mixers of a layer (MODEL.md "Mixer A/B") as dispatch sequences over a step's rows:
 // gated DeltaNet (projections, conv + SiLU, the recurrence, gated RMSNorm, out) and gated
-// attention (projections, per-head norms, RoPE, cache appends, QSA, attention, sigmoid
-// gate, out). Input: the site's normalised read; output: y [nb][d], or with `write` the
-// site's write of y done by the output projection itself (y then unwritten).
+// attention (projections, per-head norms + RoPE + K/V appends in one dispatch, QSA,
+// attention with the sigmoid gate applied as it writes o, out). Input: the site's
+// normalised read; output: y [nb][d], or with `write` the site's write of y done by the
+// output projection itself (y then unwritten).
 import type { ModelConfig } from "../model/config.ts";
-import { encodeAttention, encodeKvAppend, encodeQsa, encodeRope } from "./attention.ts";
+import { attnPrepFits, encodeAttention, encodeAttnPrep, encodeKvAppend, encodeQsa, encodeRope } from "./attention.ts";
 import { encodeConvSilu, encodeDeltaNet } from "./deltanet.ts";
 import { bind, live, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
-import { encodeElementwise } from "./elementwise.ts";
 import { encodeRmsNorm, encodeRmsNormGated } from "./norms.ts";
 import { encodeProjectionWrite, type SiteWrite } from "./hyperconnection.ts";
 import { encodeMatvec, encodeMatvecs } from "./projections.ts";
@@ -78,15 +78,24 @@ export function encodeAttentionMixer(ctx: EncodeContext, a: AttentionMixerArgs):
   const s = a.scratch.attn;
   const eps = c.rms_norm_eps;
   encodeMatvecs(ctx, [{ w: w.q, y: s.q }, { w: w.gate, y: s.gate }, { w: w.k, y: s.k }, { w: w.v, y: s.v }], a.x, nb);
-  encodeRmsNorm(ctx, s.q, w.qNorm, s.q, nb, eps, { heads: at.heads });
-  encodeRmsNorm(ctx, s.k, w.kNorm, s.k, nb, eps, { heads: at.kv_heads });
+  // q/k norms, RoPE and the K/V appends: one dispatch (attn_prep) where the caches allow it.
+  const fused = attnPrepFits(a.state.k, a.state.v);
+  if (!fused) {
+    encodeRmsNorm(ctx, s.q, w.qNorm, s.q, nb, eps, { heads: at.heads });
+    encodeRmsNorm(ctx, s.k, w.kNorm, s.k, nb, eps, { heads: at.kv_heads });
+  }
   const rotDim = Math.round(at.head_dim * at.partial_rotary_factor);
   // Everything that depends on the position (RoPE, the cache appends, QSA's scores, the
   // attention's length and splits) takes it from live()'s vars: recorded-step.ts.
   live(ctx, a, (ctx, { pos0 }) => {
-    encodeRope(ctx, { rows: nb, pos0, headDim: at.head_dim, rotDim, theta: at.rope_theta, q: s.q, qHeads: at.heads, k: s.k, kHeads: at.kv_heads });
-    encodeKvAppend(ctx, { rows: nb, pos0, x: s.k, cache: a.state.k });
-    encodeKvAppend(ctx, { rows: nb, pos0, x: s.v, cache: a.state.v });
+    if (fused) {
+      const { k, v } = a.state;
+      encodeAttnPrep(ctx, { rows: nb, pos0, rotDim, theta: at.rope_theta, eps, q: s.q, qHeads: at.heads, k: s.k, v: s.v, qNorm: w.qNorm, kNorm: w.kNorm, kCache: k, vCache: v });
+    } else {
+      encodeRope(ctx, { rows: nb, pos0, headDim: at.head_dim, rotDim, theta: at.rope_theta, q: s.q, qHeads: at.heads, k: s.k, kHeads: at.kv_heads });
+      encodeKvAppend(ctx, { rows: nb, pos0, x: s.k, cache: a.state.k });
+      encodeKvAppend(ctx, { rows: nb, pos0, x: s.v, cache: a.state.v });
+    }
     let selection: { list: ReturnType<typeof bind>; counts: ReturnType<typeof bind>; topk: number } | undefined;
     const qsa = w.qsa && at.qsa;
     if (w.qsa && at.qsa && a.state.ik) {
@@ -124,9 +133,9 @@ export function encodeAttentionMixer(ctx: EncodeContext, a: AttentionMixerArgs):
       selection,
       o: s.o,
       partials: bind(s.partials.buffer, s.partials.offset),
+      gate: s.gate, // o = attention * sigmoid(gate) as o is written
     });
   });
-  encodeElementwise(ctx, "sigmoid_mul", s.o, s.gate, s.o, nb, at.heads * at.head_dim);
   encodeOut(ctx, w.o, s.o, a, nb);
 }
 

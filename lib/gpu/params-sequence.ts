@@ -67,6 +67,23 @@ export const sequenceParams = {
       { name: "inv_freq", type: "f32", count: ROPE_MAX_PAIRS, doc: "theta^(-2i/rd) by the f32 rule of lib/model/rope.ts" },
     ],
   },
+  AttnPrep: {
+    doc: "Per decode/prefill row: q and k per-head RMSNorm, RoPE on both, then the K (normed, rotated) and V appends at pos0.. (one dispatch).",
+    fields: [
+      { name: "rows", type: "i32" },
+      { name: "q_heads", type: "i32" },
+      { name: "kv_heads", type: "i32" },
+      { name: "head_dim", type: "i32", doc: "of q, k, v and the two norm weights" },
+      { name: "rot_dim", type: "i32", doc: "rotated dims rd (even); pair (i, i + rd/2)" },
+      { name: "pos0", type: "i32", doc: "position of row 0" },
+      { name: "centred", type: "u32", doc: "1: norms scale by (1 + w), 0: by w" },
+      { name: "eps", type: "f32" },
+      { name: "q_stride", type: "u64", doc: "bytes between q rows (normed and rotated in place)" },
+      { name: "k_stride", type: "u64", doc: "bytes between k rows (normed and rotated in place)" },
+      { name: "v_stride", type: "u64", doc: "bytes between v rows" },
+      { name: "inv_freq", type: "f32", count: ROPE_MAX_PAIRS, doc: "theta^(-2i/rd) by the f32 rule of lib/model/rope.ts" },
+    ],
+  },
   KvAppend: {
     doc: "Writes nb rows of heads x dim vectors into a cache at positions pos0.. (q8 codes + scales, or f32).",
     fields: [
@@ -116,6 +133,9 @@ export const sequenceParams = {
       { name: "scale", type: "f32", doc: "1/sqrt(head_dim)" },
       { name: "q_stride", type: "u64" },
       { name: "o_stride", type: "u64" },
+      { name: "gate_stride", type: "u64", doc: "bytes between gate rows (gated only)" },
+      { name: "gated", type: "i32", doc: "1: o = attention / (1 + e^-gate) (the output gate; with one split)" },
+      { name: "_pad0", type: "u32" },
     ],
   },
   AttentionCombine: {
@@ -126,6 +146,9 @@ export const sequenceParams = {
       { name: "head_dim", type: "i32" },
       { name: "splits", type: "i32" },
       { name: "o_stride", type: "u64" },
+      { name: "gate_stride", type: "u64", doc: "bytes between gate rows (gated only)" },
+      { name: "gated", type: "i32", doc: "1: o = attention / (1 + e^-gate) (the output gate)" },
+      { name: "_pad0", type: "u32" },
     ],
   },
   PleGather: {

@@ -1,0 +1,78 @@
+// The attention mixer's fused dispatches in whole runs (lib/gpu/mixers.ts): q/k norms, RoPE
+// and the K/V appends go through attn_prep, the output gate through the attention kernels'
+// epilogue, so no rope_neox_f32 or ew_sigmoid_mul_f32 is encoded at all and kv_append only
+// for QSA's index keys; the tokens stay the golden ones (q8 and f32 caches). Dispatches are
+// seen where they are encoded: directly, or onto a recorded step's tape.
+import { afterAll, describe, expect, test } from "bun:test";
+import { rmSync } from "node:fs";
+import { Engine } from "../../lib/gpu/engine.ts";
+import { Tape } from "../../lib/gpu/tape.ts";
+import { openModel } from "../../lib/model/format.ts";
+import { CommandBuffer, type Pipeline } from "../../lib/shim.ts";
+import { goldenCases } from "../golden/cases.ts";
+import { buildGoldenModel } from "../golden/golden.ts";
+import { goldenRecord } from "./helpers.ts";
+import { BACKEND } from "../selected-backend.ts";
+
+const dirs: string[] = [];
+afterAll(() => dirs.forEach((d) => rmSync(d, { recursive: true, force: true })));
+
+/** Kernel names of every dispatch encoded while `body` runs, with their counts. */
+async function seeDispatches(body: () => Promise<void>): Promise<Map<string, number>> {
+  const seen = new Map<string, number>();
+  const see = (pipeline: Pipeline | string) => {
+    const name = typeof pipeline === "string" ? pipeline : pipeline.name;
+    seen.set(name, (seen.get(name) ?? 0) + 1);
+  };
+  const { dispatch } = CommandBuffer.prototype;
+  const tapeDispatch = Tape.prototype.dispatch;
+  CommandBuffer.prototype.dispatch = function (this: CommandBuffer, pipeline, ...rest) {
+    see(pipeline);
+    return dispatch.call(this, pipeline, ...rest);
+  };
+  Tape.prototype.dispatch = function (this: Tape, pipeline, ...rest) {
+    see(pipeline);
+    return tapeDispatch.call(this, pipeline, ...rest);
+  };
+  try {
+    await body();
+  } finally {
+    CommandBuffer.prototype.dispatch = dispatch;
+    Tape.prototype.dispatch = tapeDispatch;
+  }
+  return seen;
+}
+
+describe("attention mixer: fused norms + RoPE + appends, gate in the attention epilogue", () => {
+  test.each([
+    { name: "tiny-all-s1", prep: "attn_prep_q8", qsa: true },
+    { name: "tiny-plain-s4", prep: "attn_prep_q8", qsa: false },
+    { name: "tiny-all-s3-f32", prep: "attn_prep_f32", qsa: true },
+  ])("$name: golden tokens, $prep, no unfused RoPE / gate / K-V append", async ({ name, prep, qsa }) => {
+    const c = goldenCases.find((x) => x.name === name)!;
+    const dir = await buildGoldenModel(c);
+    dirs.push(dir);
+    const want = await goldenRecord(name);
+    const files = await openModel(dir);
+    const engine = await Engine.load(files, BACKEND, {});
+    const tokens: number[] = [];
+    try {
+      const seen = await seeDispatches(async () => {
+        const seq = engine.newSequence();
+        const first = await seq.forward(c.prompt);
+        tokens.push(first.next[first.next.length - 1]!);
+        while (tokens.length < c.maxTokens) tokens.push((await seq.forward([tokens[tokens.length - 1]!])).next[0]!);
+      });
+      expect(tokens).toEqual(want.tokens);
+      expect(seen.get(prep) ?? 0).toBeGreaterThanOrEqual(c.maxTokens); // prefill + every decode step
+      expect(seen.get("rope_neox_f32")).toBeUndefined();
+      expect(seen.get("ew_sigmoid_mul_f32")).toBeUndefined();
+      const appends = [...seen].filter(([k]) => k.startsWith("kv_append_")).reduce((n, [, v]) => n + v, 0);
+      // QSA's index keys still use kv_append (one per attention prep); without QSA nothing does.
+      expect(appends).toBe(qsa ? seen.get(prep)! : 0);
+    } finally {
+      await engine.close();
+      files.close();
+    }
+  });
+});
