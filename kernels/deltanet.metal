@@ -25,6 +25,10 @@ using namespace metal;
 // its values are bit-identical; input r < 0 of the batch is window slot r + K - 1, which this
 // kernel only reads (rms_norm_gated_conv_window_f32 advances it afterwards: the q/k channels of
 // a key head are read by the threadgroups of all its value heads, so none may move them).
+// Most rows of a state column one lane holds in deltanet_conv_rows_f32 (dk <= 128): the conv
+// of each q/k element adds to the live registers, and 8 spilled on sm_90.
+#define DN_CONV_MAX_PER_LANE 4
+
 struct DnInput {
   device const float* rows;   // conv output, or the projection rows x when CONV
   ulong stride;
@@ -51,8 +55,9 @@ inline float dn_input(thread const DnInput& in, uint t, uint ch) {
   return seq_silu(acc);
 }
 
-// One simdgroup's state column j of value head h over the p.rows rows (grid: see below).
-template <bool CONV, typename P>
+// One simdgroup's state column j of value head h over the p.rows rows (grid: see below). A
+// lane holds at most PER rows of the column (dk <= 32 PER).
+template <bool CONV, uint PER, typename P>
 inline void deltanet_column(constant P& p, thread const DnInput& in, device const float* b, device const float* a,
                             device const float* A_log, device const float* dt_bias, device float* S, device float* o,
                             device float* snap, uint h, uint j, ushort lane) {
@@ -68,9 +73,9 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
   const ulong col_off = head_off + ulong(j) * dk;
   // Loops over a lane's rows run to the constant bound with a guard: s[] and kr[] stay in
   // registers (to `per` they were local memory).
-  float s[SEQ_MAX_PER_LANE];
-  float kr[SEQ_MAX_PER_LANE];
-  CK_UNROLL for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) {
+  float s[PER];
+  float kr[PER];
+  CK_UNROLL for (uint m = 0; m < PER; m++) {
     const uint i = lane + 32u * m;
     s[m] = m < per && i < dk ? S[col_off + i] : 0.0f;
     kr[m] = 0.0f;
@@ -81,7 +86,7 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
   for (int t = 0; t < p.rows; t++) {
     float4 part = float4(0.0f);  // |q|^2, |k|^2, S.k, S.q
     float qk = 0.0f;
-    CK_UNROLL for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) {
+    CK_UNROLL for (uint m = 0; m < PER; m++) {
       if (m < per) {
         const uint i = lane + 32u * m;
         const float qi = i < dk ? dn_input<CONV>(in, uint(t), q_off + i) : 0.0f;
@@ -101,7 +106,7 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
     const float delta = beta * (dn_input<CONV>(in, uint(t), v_off) - mj);
     const float oj = decay * rq * part.w + delta * (rq * rk * qk);
     const float kd = rk * delta;
-    CK_UNROLL for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) {
+    CK_UNROLL for (uint m = 0; m < PER; m++) {
       if (m < per) {
         s[m] = fma(decay, s[m], kr[m] * kd);
       }
@@ -111,7 +116,7 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
     }
     if (t < p.snap_rows) {
       device float* plane = seq_row(snap, p.plane_stride, uint(t));
-      CK_UNROLL for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) {
+      CK_UNROLL for (uint m = 0; m < PER; m++) {
         const uint i = lane + 32u * m;
         if (m < per && i < dk) {
           plane[col_off + i] = s[m];
@@ -119,7 +124,7 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
       }
     }
   }
-  CK_UNROLL for (uint m = 0; m < SEQ_MAX_PER_LANE; m++) {
+  CK_UNROLL for (uint m = 0; m < PER; m++) {
     const uint i = lane + 32u * m;
     if (m < per && i < dk) {
       S[col_off + i] = s[m];
@@ -150,7 +155,7 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
     return;  // whole simdgroup: no SIMD function is left waiting
   }
   const DnInput in = {qkv, p.qkv_stride, qkv, qkv, 0u, 0};
-  deltanet_column<false>(p, in, b, a, A_log, dt_bias, S, o, snap, tg.y, j, lane);
+  deltanet_column<false, SEQ_MAX_PER_LANE>(p, in, b, a, A_log, dt_bias, S, o, snap, tg.y, j, lane);
 }
 
 // deltanet_rows_f32 with the causal conv + SiLU of conv_silu_rows_f32 formed where the
@@ -179,14 +184,14 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
   }
   const uint C = 2u * uint(p.key_heads) * uint(p.key_dim) + uint(p.value_heads) * uint(p.value_dim);
   const DnInput in = {x, p.qkv_stride, w, window, C, p.taps};
-  deltanet_column<true>(p, in, b, a, A_log, dt_bias, S, o, snap, tg.y, j, lane);
+  deltanet_column<true, DN_CONV_MAX_PER_LANE>(p, in, b, a, A_log, dt_bias, S, o, snap, tg.y, j, lane);
 }
 
 // The DeltaNet mixer's tail after deltanet_conv_rows_f32, two independent jobs in one grid:
 // threadgroup g's simdgroups take the gated RMSNorm units (row, value head) 4g.. (norm.metal's
 // rms_norm_gated_f32, same arithmetic: y = o * rsqrt(mean(o^2) + eps) * w * SiLU(z)), and its
-// threads the conv channels 128g.. (conv_silu_rows_f32's window moves over the rows, the same
-// values into the same places: the window and its snapshot planes, exact).
+// threads the conv channels 128g.. (the window and its snapshot planes take the values
+// conv_silu_rows_f32 moves there: exact).
 [[max_total_threads_per_threadgroup(128)]] kernel void rms_norm_gated_conv_window_f32(
     constant DeltaNetTailParams& p [[buffer(0)]],
     device const float* o          [[buffer(1)]],
@@ -213,24 +218,19 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
   if (c >= C || span < 1) {
     return;
   }
-  float win[SEQ_CONV_MAX_SPAN];
-  for (int k = 0; k < span; k++) {
-    win[k] = window[uint(k) * C + c];
-  }
-  for (int t = 0; t < p.rows; t++) {
-    for (int k = 0; k + 1 < span; k++) {
-      win[k] = win[k + 1];
-    }
-    win[span - 1] = seq_row(x, p.x_stride, uint(t))[c];
-    if (t < p.snap_rows) {
-      device float* plane = seq_row(snap, p.plane_stride, uint(t));
-      for (int k = 0; k < span; k++) {
-        plane[uint(k) * C + c] = win[k];
-      }
+  // Input r of the batch: x row r, or window slot r + span for r < 0. The window after row t
+  // holds inputs t + 1 - span .. t. Snapshots first (they read the old window), then the
+  // window in slot order: slot k takes slot k + rows when that is still old, so in place.
+  for (int t = 0; t < p.snap_rows; t++) {
+    device float* plane = seq_row(snap, p.plane_stride, uint(t));
+    for (int k = 0; k < span; k++) {
+      const int r = t + 1 - span + k;
+      plane[uint(k) * C + c] = r < 0 ? window[uint(r + span) * C + c] : seq_row(x, p.x_stride, uint(r))[c];
     }
   }
   for (int k = 0; k < span; k++) {
-    window[uint(k) * C + c] = win[k];
+    const int r = p.rows - span + k;
+    window[uint(k) * C + c] = r < 0 ? window[uint(r + span) * C + c] : seq_row(x, p.x_stride, uint(r))[c];
   }
 }
 

@@ -205,8 +205,12 @@ export function parseFuseRows(value: string | undefined, fallback: number): numb
   return n;
 }
 
-/** Whether encodeDeltaNetBlock fuses a batch of `rows` rows. */
-export const deltanetFuses = (rows: number, maxRows = DELTANET_FUSE_MAX_ROWS) => rows <= maxRows;
+/** Largest key dim deltanet_conv_rows_f32 takes (DN_CONV_MAX_PER_LANE * 32 in kernels/deltanet.metal). */
+export const DELTANET_CONV_MAX_KEY_DIM = 128;
+
+/** Whether encodeDeltaNetBlock fuses a batch of `rows` rows with this key dim. */
+export const deltanetFuses = (rows: number, keyDim: number, maxRows = DELTANET_FUSE_MAX_ROWS) =>
+  rows <= maxRows && keyDim <= DELTANET_CONV_MAX_KEY_DIM;
 
 /**
  * The DeltaNet mixer between its projections and its output projection: causal conv + SiLU,
@@ -214,7 +218,7 @@ export const deltanetFuses = (rows: number, maxRows = DELTANET_FUSE_MAX_ROWS) =>
  * conv where the recurrence reads it, then rms_norm_gated_conv_window_f32 normalises o and
  * advances the window; both bit-identical to the three kernels. `fuse` forces a form (tests).
  */
-export function encodeDeltaNetBlock(ctx: EncodeContext, a: DeltaNetBlockArgs, fuse = deltanetFuses(a.rows)): void {
+export function encodeDeltaNetBlock(ctx: EncodeContext, a: DeltaNetBlockArgs, fuse = deltanetFuses(a.rows, a.keyDim)): void {
   const [C, K] = a.convWeight.shape;
   const convSnap = a.snapshots && K! > 1 ? { planes: a.snapshots.conv, rows: a.snapshots.rows } : undefined;
   const sSnap = a.snapshots ? { planes: a.snapshots.S, rows: a.snapshots.rows } : undefined;
@@ -228,6 +232,7 @@ export function encodeDeltaNetBlock(ctx: EncodeContext, a: DeltaNetBlockArgs, fu
   const { keyHeads: Hk, keyDim: dk, valueHeads: Hv, valueDim: dv } = a;
   checkConv(a.convWeight, 2 * Hk * dk + Hv * dv, "deltanet conv");
   checkDeltaNet(a);
+  if (dk > DELTANET_CONV_MAX_KEY_DIM) throw new Error(`deltanet (fused): key dim ${dk} exceeds ${DELTANET_CONV_MAX_KEY_DIM}`);
   checkVector(a.normWeight, dv, "deltanet norm");
   const snapS = snapshotArgs(sSnap, deltanetStateFloats(a), a.rows, a.state, "deltanet");
   const snapConv = snapshotArgs(convSnap, (K! - 1) * C!, a.rows, a.convState, "conv");

@@ -71,8 +71,8 @@ interface BlockGpu {
   S: Buffer;
   window: Buffer;
   planes: { S: ReturnType<typeof allocatePlanes>; conv: ReturnType<typeof allocatePlanes> };
-  /** Encodes rows [first, first + n) of the case, fused or as the three kernels. */
-  encode: (ctx: EncodeContext, first: number, n: number, fuse: boolean, snapRows?: number) => void;
+  /** Encodes rows [first, first + n) of the case, fused, as the three kernels, or (undefined) as the host chooses. */
+  encode: (ctx: EncodeContext, first: number, n: number, fuse: boolean | undefined, snapRows?: number) => void;
 }
 
 function blockOnDevice(c: BlockCase): BlockGpu {
@@ -94,7 +94,7 @@ function blockOnDevice(c: BlockCase): BlockGpu {
   const S = uploadF32(dev, deltanetStateToGpu(c.S, c));
   const window = uploadF32(dev, c.window);
   const planes = { S: allocatePlanes(dev, c.S.length), conv: allocatePlanes(dev, c.window.length) };
-  const encode = (ctx: EncodeContext, first: number, n: number, fuse: boolean, snapRows = 0) =>
+  const encode = (ctx: EncodeContext, first: number, n: number, fuse: boolean | undefined, snapRows = 0) =>
     encodeDeltaNetBlock(
       ctx,
       {
@@ -241,12 +241,27 @@ describe("fused DeltaNet block against lib/reference", () => {
   });
 });
 
+/** The default form for a shape the fused kernel refuses runs (the three kernels). */
+function expectFusedEqualsUnfusedDefault(c: BlockCase): void {
+  const auto = blockOnDevice(c);
+  const plain = blockOnDevice(c);
+  run(dev, (ctx) => auto.encode(ctx, 0, c.nb, undefined));
+  run(dev, (ctx) => plain.encode(ctx, 0, c.nb, false));
+  expectExact(auto.o.f32.subarray(0, c.nb * c.valueHeads * c.valueDim), plain.o.f32.subarray(0, c.nb * c.valueHeads * c.valueDim), "default form o");
+}
+
 describe("choosing the form", () => {
   test("decode and verify batches fuse, prefill batches take the three kernels", () => {
-    expect(deltanetFuses(1)).toBe(true);
-    expect(deltanetFuses(SNAPSHOT_PLANES)).toBe(true);
-    expect(deltanetFuses(MAX_NB)).toBe(false);
-    expect(deltanetFuses(1, 0)).toBe(false);
+    expect(deltanetFuses(1, 128)).toBe(true);
+    expect(deltanetFuses(SNAPSHOT_PLANES, 128)).toBe(true);
+    expect(deltanetFuses(MAX_NB, 128)).toBe(false);
+    expect(deltanetFuses(1, 128, 0)).toBe(false);
+    // Key dims past DELTANET_CONV_MAX_KEY_DIM keep the three kernels, and the fused form refuses them.
+    expect(deltanetFuses(1, 256)).toBe(false);
+    const c = blockCase(1, { keyHeads: 1, keyDim: 160, valueHeads: 1, valueDim: 8 }, 4, 9);
+    const g = blockOnDevice(c);
+    expect(() => run(dev, (ctx) => g.encode(ctx, 0, 1, true))).toThrow(/key dim 160 exceeds 128/);
+    expectFusedEqualsUnfusedDefault(c);
   });
 
   test("CHERENKOV_DELTANET_FUSE_ROWS is a row count", () => {
