@@ -264,6 +264,16 @@ describe("choosing the form", () => {
     expectFusedEqualsUnfusedDefault(c);
   });
 
+  test("the fused form is two dispatches, the three kernels three", () => {
+    const c = blockCase(1, TINY, 4, 12);
+    const g = blockOnDevice(c);
+    for (const [fuse, want] of [[true, 2], [false, 3]] as const) {
+      const before = dev.commandsEncoded;
+      run(dev, (ctx) => g.encode(ctx, 0, 1, fuse));
+      expect(dev.commandsEncoded - before).toBe(want);
+    }
+  });
+
   test("CHERENKOV_DELTANET_FUSE_ROWS is a row count", () => {
     expect(parseFuseRows(undefined, 16)).toBe(16);
     expect(parseFuseRows("0", 16)).toBe(0);
