@@ -1,5 +1,7 @@
 // Gated DeltaNet recurrence (docs/model.md, Mixer A) over nb rows, and the rollback copy
-// of snapshot planes.
+// of snapshot planes. For short batches (decode, verify) the host runs the mixer's conv,
+// recurrence and gated norm as two kernels instead (deltanet_conv_rows_f32, then
+// rms_norm_gated_conv_window_f32; lib/gpu/deltanet.ts encodeDeltaNetBlock).
 //
 // State S per sequence, stored [Hv][dv][dk]: the transpose of each head of lib/reference's
 // DeltaNetState.S ([Hv][dk][dv]), so that a column is contiguous. Column j of a value head's S
@@ -18,6 +20,10 @@
 
 using namespace metal;
 
+// Most rows of a state column one lane holds in deltanet_conv_rows_f32 (dk <= 128): the conv
+// of each q/k element adds to the live registers; at 8 it spilled on sm_90.
+#define DN_CONV_MAX_PER_LANE 4
+
 // Where the recurrence reads its q, k and v channels of row t: the conv output rows
 // (deltanet_rows_f32), or the causal conv + SiLU formed right there from the projection rows x
 // and the window (deltanet_conv_rows_f32). The conv form is conv_silu_rows_f32's arithmetic in
@@ -25,10 +31,6 @@ using namespace metal;
 // its values are bit-identical; input r < 0 of the batch is window slot r + K - 1, which this
 // kernel only reads (rms_norm_gated_conv_window_f32 advances it afterwards: the q/k channels of
 // a key head are read by the threadgroups of all its value heads, so none may move them).
-// Most rows of a state column one lane holds in deltanet_conv_rows_f32 (dk <= 128): the conv
-// of each q/k element adds to the live registers, and 8 spilled on sm_90.
-#define DN_CONV_MAX_PER_LANE 4
-
 struct DnInput {
   device const float* rows;   // conv output, or the projection rows x when CONV
   ulong stride;
