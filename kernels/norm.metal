@@ -4,34 +4,20 @@
 // fine (each lane rewrites only the elements it read).
 #include <metal_stdlib>
 #include "params.h"
+#include "norm.h"
 
 using namespace metal;
 
-#define NORM_SG 4  // simdgroups (vectors) per threadgroup
-
+// Vector `unit` (row unit / heads, head unit % heads) of the batch.
 template <bool GATED>
-inline void rms_norm_vector(constant RmsNormParams& p, device const uchar* x, device const float* w,
-                            device uchar* y, device const uchar* z, uint unit, ushort lane) {
+inline void rms_norm_unit(constant RmsNormParams& p, device const uchar* x, device const float* w, device uchar* y,
+                          device const uchar* z, uint unit, ushort lane) {
   int row = int(unit) / p.heads;
   int head = int(unit) % p.heads;
   device const float* xv = (device const float*)(x + ulong(row) * p.x_stride) + head * p.dim;
   device float* yv = (device float*)(y + ulong(row) * p.y_stride) + head * p.dim;
-  float ss = 0.0f;
-  for (int c = int(lane); c < p.dim; c += 32) {
-    float v = xv[c];
-    ss += v * v;
-  }
-  ss = simd_sum(ss);
-  float r = rsqrt(ss / float(p.dim) + p.eps);
-  float offset = p.centred != 0 ? 1.0f : 0.0f;
-  for (int c = int(lane); c < p.dim; c += 32) {
-    float v = xv[c] * r * (offset + w[c]);
-    if (GATED) {
-      float g = ((device const float*)(z + ulong(row) * p.z_stride))[head * p.dim + c];
-      v *= g / (1.0f + exp(-g));
-    }
-    yv[c] = v;
-  }
+  device const float* zv = (device const float*)(z + ulong(row) * p.z_stride) + head * p.dim;
+  rms_norm_vector<GATED>(p.dim, p.eps, p.centred != 0, xv, w, yv, zv, lane);
 }
 
 kernel void rms_norm_f32(
@@ -46,7 +32,7 @@ kernel void rms_norm_f32(
   if (unit >= uint(p.rows * p.heads)) {
     return;  // uniform per simdgroup
   }
-  rms_norm_vector<false>(p, x, w, y, x, unit, lane);
+  rms_norm_unit<false>(p, x, w, y, x, unit, lane);
 }
 
 // o * rsqrt(mean(o^2) + eps) * w * SiLU(z) per head (DeltaNet output; w plain when centred = 0).
@@ -63,5 +49,5 @@ kernel void rms_norm_gated_f32(
   if (unit >= uint(p.rows * p.heads)) {
     return;
   }
-  rms_norm_vector<true>(p, x, w, y, z, unit, lane);
+  rms_norm_unit<true>(p, x, w, y, z, unit, lane);
 }

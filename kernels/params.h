@@ -600,6 +600,76 @@ CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetParams, o_stride) == 56, "DeltaNetPa
 CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetParams, plane_stride) == 64, "DeltaNetParams.plane_stride: offset");
 #endif
 
+// DeltaNet with the causal conv + SiLU formed where the recurrence reads q, k, v (the window only read).
+typedef struct {
+  int32_t rows;                  // offset 0
+  int32_t key_heads;             // offset 4
+  int32_t key_dim;               // offset 8
+  int32_t value_heads;           // offset 12
+  int32_t value_dim;             // offset 16
+  int32_t snap_rows;             // offset 20: store S after each of the first snap_rows rows (0: none)
+  float q_scale;                 // offset 24: key_dim^-0.5
+  float l2_eps;                  // offset 28: eps of the q/k L2 normalisation (1e-6)
+  int32_t taps;                  // offset 32: conv kernel size K; the window holds the last K-1 inputs
+  uint32_t _pad0;                // offset 36
+  uint64_t qkv_stride;           // offset 40: bytes between rows of the projection [q | k | v] (before the conv)
+  uint64_t b_stride;             // offset 48: bytes between rows of b (beta logits)
+  uint64_t a_stride;             // offset 56: bytes between rows of a (decay inputs)
+  uint64_t o_stride;             // offset 64: bytes between output rows
+  uint64_t plane_stride;         // offset 72: bytes between snapshot planes of S
+} DeltaNetConvParams;
+CK_PARAMS_ASSERT(sizeof(DeltaNetConvParams) == 80, "DeltaNetConvParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetConvParams, rows) == 0, "DeltaNetConvParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetConvParams, key_heads) == 4, "DeltaNetConvParams.key_heads: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetConvParams, key_dim) == 8, "DeltaNetConvParams.key_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetConvParams, value_heads) == 12, "DeltaNetConvParams.value_heads: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetConvParams, value_dim) == 16, "DeltaNetConvParams.value_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetConvParams, snap_rows) == 20, "DeltaNetConvParams.snap_rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetConvParams, q_scale) == 24, "DeltaNetConvParams.q_scale: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetConvParams, l2_eps) == 28, "DeltaNetConvParams.l2_eps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetConvParams, taps) == 32, "DeltaNetConvParams.taps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetConvParams, _pad0) == 36, "DeltaNetConvParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetConvParams, qkv_stride) == 40, "DeltaNetConvParams.qkv_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetConvParams, b_stride) == 48, "DeltaNetConvParams.b_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetConvParams, a_stride) == 56, "DeltaNetConvParams.a_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetConvParams, o_stride) == 64, "DeltaNetConvParams.o_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetConvParams, plane_stride) == 72, "DeltaNetConvParams.plane_stride: offset");
+#endif
+
+// Gated RMSNorm of the DeltaNet output per value head, and the conv window's advance over the rows.
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t heads;                 // offset 4: value heads per row
+  int32_t dim;                   // offset 8: value dim (the norm weight's length)
+  int32_t channels;              // offset 12: conv channels C
+  int32_t taps;                  // offset 16: conv kernel size K
+  int32_t snap_rows;             // offset 20: store the window after each of the first snap_rows rows (0: none)
+  float eps;                     // offset 24
+  uint32_t _pad0;                // offset 28
+  uint64_t o_stride;             // offset 32: bytes between rows of o
+  uint64_t y_stride;             // offset 40: bytes between rows of y (may be o)
+  uint64_t z_stride;             // offset 48: bytes between gate rows
+  uint64_t x_stride;             // offset 56: bytes between rows of the conv input
+  uint64_t plane_stride;         // offset 64: bytes between snapshot planes of the window
+} DeltaNetTailParams;
+CK_PARAMS_ASSERT(sizeof(DeltaNetTailParams) == 72, "DeltaNetTailParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetTailParams, rows) == 0, "DeltaNetTailParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetTailParams, heads) == 4, "DeltaNetTailParams.heads: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetTailParams, dim) == 8, "DeltaNetTailParams.dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetTailParams, channels) == 12, "DeltaNetTailParams.channels: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetTailParams, taps) == 16, "DeltaNetTailParams.taps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetTailParams, snap_rows) == 20, "DeltaNetTailParams.snap_rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetTailParams, eps) == 24, "DeltaNetTailParams.eps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetTailParams, _pad0) == 28, "DeltaNetTailParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetTailParams, o_stride) == 32, "DeltaNetTailParams.o_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetTailParams, y_stride) == 40, "DeltaNetTailParams.y_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetTailParams, z_stride) == 48, "DeltaNetTailParams.z_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetTailParams, x_stride) == 56, "DeltaNetTailParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetTailParams, plane_stride) == 64, "DeltaNetTailParams.plane_stride: offset");
+#endif
+
 // Copies two float regions (a snapshot plane back into live state); bindings carry the offsets.
 typedef struct {
   int32_t n0;                    // offset 0: floats of region 0

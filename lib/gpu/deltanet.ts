@@ -2,13 +2,16 @@
 // channels with its window, and the gated delta rule recurrence with its state S, both
 // over the nb rows of a step, each able to store its state after every row into snapshot
 // planes (lib/gpu/snapshots.ts) for a verify batch's rollback. The projections before and
-// the gated RMSNorm and output projection after are the dense kernels'.
+// the output projection after are the dense kernels'. encodeDeltaNetBlock runs conv,
+// recurrence and gated RMSNorm: as two fused dispatches for short batches (decode, verify),
+// as the three kernels otherwise.
 import type { Binding } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { SIMD_WIDTH } from "./limits.ts";
 import { Params } from "./params.ts";
 import { CONV_MAX_SPAN, SEQ_MAX_HEAD_DIM } from "./params-sequence.ts";
 import { checkRows, checkVector } from "./projections.ts";
+import { encodeRmsNormGated } from "./norms.ts";
 import { encodeRestore, snapshotArgs, type SnapshotPlanes, type SnapshotRequest } from "./snapshots.ts";
 
 const at = (r: RowsRef): Binding => bind(r.buffer, r.offset);
@@ -29,14 +32,20 @@ export interface ConvSiluArgs {
   snapshots?: SnapshotRequest;
 }
 
+/** [C, K] of conv weights for `channels` channels, checked. */
+function checkConv(weight: TensorRef, channels: number, what: string): [number, number] {
+  const [C, K] = weight.shape;
+  if (weight.shape.length !== 2 || C !== channels)
+    throw new Error(`${what}: weight shape [${weight.shape.join(", ")}], expected [${channels}, K]`);
+  checkVector(weight, C * K!, what);
+  if (K! < 1 || K! - 1 > CONV_MAX_SPAN) throw new Error(`${what}: kernel size ${K} outside 1..${CONV_MAX_SPAN + 1}`);
+  return [C, K!];
+}
+
 /** Causal depthwise conv + SiLU over nb rows, one thread per channel. */
 export function encodeConvSilu(ctx: EncodeContext, a: ConvSiluArgs): void {
   checkRows(a.rows, "conv");
-  const [C, K] = a.weight.shape;
-  if (a.weight.shape.length !== 2 || C !== a.channels)
-    throw new Error(`conv: weight shape [${a.weight.shape.join(", ")}], expected [${a.channels}, K]`);
-  checkVector(a.weight, C * K!, "conv");
-  if (K! < 1 || K! - 1 > CONV_MAX_SPAN) throw new Error(`conv: kernel size ${K} outside 1..${CONV_MAX_SPAN + 1}`);
+  const [C, K] = checkConv(a.weight, a.channels, "conv");
   const snap = snapshotArgs(a.snapshots, (K! - 1) * C, a.rows, a.state, "conv");
   const tg = 256;
   dispatch(
@@ -111,18 +120,23 @@ function transposeHeads(x: Float32Array, heads: number, rows: number, cols: numb
 /** Simdgroups (state columns) per threadgroup of deltanet_rows_f32 (its thread bound, 128, in kernels/deltanet.metal). */
 const DELTANET_SIMDGROUPS = 4;
 
+function checkDeltaNet(a: DeltaNetShape & { rows: number; aLog: TensorRef; dtBias: TensorRef }): void {
+  checkRows(a.rows, "deltanet");
+  const { keyHeads: Hk, keyDim: dk, valueHeads: Hv } = a;
+  if (Hv % Hk !== 0) throw new Error(`deltanet: value heads ${Hv} not a multiple of key heads ${Hk}`);
+  if (dk > SEQ_MAX_HEAD_DIM) throw new Error(`deltanet: key dim ${dk} exceeds ${SEQ_MAX_HEAD_DIM}`);
+  checkVector(a.aLog, Hv, "deltanet A_log");
+  checkVector(a.dtBias, Hv, "deltanet dt_bias");
+}
+
 /**
  * The gated delta rule over nb rows: q, k L2-normalised per key head (q scaled by
  * dk^-0.5), beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), then per row and
  * value head S = e^g S; delta = beta (v - S^T k); S += k delta^T; o = S^T q.
  */
 export function encodeDeltaNet(ctx: EncodeContext, a: DeltaNetArgs): void {
-  checkRows(a.rows, "deltanet");
+  checkDeltaNet(a);
   const { keyHeads: Hk, keyDim: dk, valueHeads: Hv, valueDim: dv } = a;
-  if (Hv % Hk !== 0) throw new Error(`deltanet: value heads ${Hv} not a multiple of key heads ${Hk}`);
-  if (dk > SEQ_MAX_HEAD_DIM) throw new Error(`deltanet: key dim ${dk} exceeds ${SEQ_MAX_HEAD_DIM}`);
-  checkVector(a.aLog, Hv, "deltanet A_log");
-  checkVector(a.dtBias, Hv, "deltanet dt_bias");
   const snap = snapshotArgs(a.snapshots, deltanetStateFloats(a), a.rows, a.state, "deltanet");
   const nsg = Math.min(DELTANET_SIMDGROUPS, dv);
   dispatch(
@@ -149,6 +163,131 @@ export function encodeDeltaNet(ctx: EncodeContext, a: DeltaNetArgs): void {
     [SIMD_WIDTH * nsg, 1],
   );
 }
+
+export interface DeltaNetBlockArgs extends DeltaNetShape {
+  rows: number;
+  /** Projection rows [nb][C] (q | k | v before the conv), C = 2 Hk dk + Hv dv. */
+  x: RowsRef;
+  /** Conv weights [C, K] and the live window [K-1][C]; the window is updated. */
+  convWeight: TensorRef;
+  convState: Binding;
+  /** Conv output rows [nb][C]: written only by the three-kernel form. */
+  convOut: RowsRef;
+  b: RowsRef;
+  a: RowsRef;
+  aLog: TensorRef;
+  dtBias: TensorRef;
+  /** Live state S; updated. */
+  state: Binding;
+  /** Gate rows z [nb][Hv*dv], the norm weight [dv] (plain w) and its eps. */
+  z: RowsRef;
+  normWeight: TensorRef;
+  eps: number;
+  /** Output [nb][Hv*dv]: the recurrence's o, normalised and gated in place. */
+  o: RowsRef;
+  /** Verify batches: store S and the conv window after each of the first `rows` rows. */
+  snapshots?: { S: SnapshotPlanes; conv: SnapshotPlanes; rows: number };
+}
+
+/**
+ * Rows up to which encodeDeltaNetBlock takes the two fused kernels. There every simdgroup
+ * forms the conv of its key head's q and k again (Hv/Hk * dv times each channel per row), which
+ * costs less than a dispatch's fixed latency for a few rows and more for a prefill batch.
+ * CHERENKOV_DELTANET_FUSE_ROWS overrides it (0: never fuse; measurements on a GPU).
+ */
+export const DELTANET_FUSE_MAX_ROWS = parseFuseRows(process.env.CHERENKOV_DELTANET_FUSE_ROWS, 16);
+
+/** The value of CHERENKOV_DELTANET_FUSE_ROWS, checked (`fallback` when unset). */
+export function parseFuseRows(value: string | undefined, fallback: number): number {
+  if (value === undefined || value === "") return fallback;
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 0) throw new Error(`CHERENKOV_DELTANET_FUSE_ROWS: "${value}" is not a row count (an integer >= 0)`);
+  return n;
+}
+
+/** Largest key dim deltanet_conv_rows_f32 takes (DN_CONV_MAX_PER_LANE * 32 in kernels/deltanet.metal). */
+export const DELTANET_CONV_MAX_KEY_DIM = 128;
+
+/** Whether encodeDeltaNetBlock fuses a batch of `rows` rows with this key dim. */
+export const deltanetFuses = (rows: number, keyDim: number, maxRows = DELTANET_FUSE_MAX_ROWS) =>
+  rows <= maxRows && keyDim <= DELTANET_CONV_MAX_KEY_DIM;
+
+/**
+ * The DeltaNet mixer between its projections and its output projection: causal conv + SiLU,
+ * the gated delta rule, gated RMSNorm. Fused (deltanetFuses): deltanet_conv_rows_f32 forms the
+ * conv where the recurrence reads it, then rms_norm_gated_conv_window_f32 normalises o and
+ * advances the window; both bit-identical to the three kernels. `fuse` forces a form (tests).
+ */
+export function encodeDeltaNetBlock(ctx: EncodeContext, a: DeltaNetBlockArgs, fuse = deltanetFuses(a.rows, a.keyDim)): void {
+  const [C, K] = a.convWeight.shape;
+  const convSnap = a.snapshots && K! > 1 ? { planes: a.snapshots.conv, rows: a.snapshots.rows } : undefined;
+  const sSnap = a.snapshots ? { planes: a.snapshots.S, rows: a.snapshots.rows } : undefined;
+  const shape = { keyHeads: a.keyHeads, keyDim: a.keyDim, valueHeads: a.valueHeads, valueDim: a.valueDim };
+  if (!fuse) {
+    encodeConvSilu(ctx, { rows: a.rows, channels: C!, x: a.x, weight: a.convWeight, state: a.convState, y: a.convOut, snapshots: convSnap });
+    encodeDeltaNet(ctx, { ...shape, rows: a.rows, qkv: a.convOut, b: a.b, a: a.a, aLog: a.aLog, dtBias: a.dtBias, state: a.state, o: a.o, snapshots: sSnap });
+    encodeRmsNormGated(ctx, a.o, a.z, a.normWeight, a.o, a.rows, a.valueHeads, a.eps);
+    return;
+  }
+  const { keyHeads: Hk, keyDim: dk, valueHeads: Hv, valueDim: dv } = a;
+  checkConv(a.convWeight, 2 * Hk * dk + Hv * dv, "deltanet conv");
+  checkDeltaNet(a);
+  if (dk > DELTANET_CONV_MAX_KEY_DIM) throw new Error(`deltanet (fused): key dim ${dk} exceeds ${DELTANET_CONV_MAX_KEY_DIM}`);
+  checkVector(a.normWeight, dv, "deltanet norm");
+  const snapS = snapshotArgs(sSnap, deltanetStateFloats(a), a.rows, a.state, "deltanet");
+  const snapConv = snapshotArgs(convSnap, (K! - 1) * C!, a.rows, a.convState, "conv");
+  const nsg = Math.min(DELTANET_SIMDGROUPS, dv);
+  dispatch(
+    ctx,
+    "deltanet_conv_rows_f32",
+    Params.DeltaNetConv,
+    {
+      rows: a.rows,
+      key_heads: Hk,
+      key_dim: dk,
+      value_heads: Hv,
+      value_dim: dv,
+      snap_rows: snapS.snapRows,
+      q_scale: 1 / Math.sqrt(dk),
+      l2_eps: 1e-6,
+      taps: K!,
+      qkv_stride: a.x.stride,
+      b_stride: a.b.stride,
+      a_stride: a.a.stride,
+      o_stride: a.o.stride,
+      plane_stride: snapS.planeStride,
+    },
+    [at(a.x), bind(a.convWeight.buffer, a.convWeight.offset), a.convState, at(a.b), at(a.a), bind(a.aLog.buffer, a.aLog.offset), bind(a.dtBias.buffer, a.dtBias.offset), a.state, at(a.o), snapS.binding],
+    [Math.ceil(dv / nsg), Hv],
+    [SIMD_WIDTH * nsg, 1],
+  );
+  const tg = SIMD_WIDTH * TAIL_SIMDGROUPS;
+  dispatch(
+    ctx,
+    "rms_norm_gated_conv_window_f32",
+    Params.DeltaNetTail,
+    {
+      rows: a.rows,
+      heads: Hv,
+      dim: dv,
+      channels: C!,
+      taps: K!,
+      snap_rows: snapConv.snapRows,
+      eps: a.eps,
+      o_stride: a.o.stride,
+      y_stride: a.o.stride,
+      z_stride: a.z.stride,
+      x_stride: a.x.stride,
+      plane_stride: snapConv.planeStride,
+    },
+    [at(a.o), bind(a.normWeight.buffer, a.normWeight.offset), at(a.o), at(a.z), at(a.x), a.convState, snapConv.binding],
+    Math.max(Math.ceil((a.rows * Hv) / TAIL_SIMDGROUPS), Math.ceil(C! / tg)),
+    tg,
+  );
+}
+
+/** Simdgroups per threadgroup of rms_norm_gated_conv_window_f32 (NORM_SG in kernels/norm.h). */
+const TAIL_SIMDGROUPS = 4;
 
 /** Rolls a DeltaNet layer (S and its conv window) back to the planes of row `plane`. */
 export function encodeDeltaNetRestore(

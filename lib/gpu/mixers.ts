@@ -6,9 +6,9 @@
 // output projection itself (y then unwritten).
 import type { ModelConfig } from "../model/config.ts";
 import { attnPrepFits, encodeAttention, encodeAttnPrep, encodeKvAppend, encodeQsa, encodeRope } from "./attention.ts";
-import { encodeConvSilu, encodeDeltaNet } from "./deltanet.ts";
+import { encodeDeltaNetBlock } from "./deltanet.ts";
 import { bind, live, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
-import { encodeRmsNorm, encodeRmsNormGated } from "./norms.ts";
+import { encodeRmsNorm } from "./norms.ts";
 import { encodeProjectionWrite, type SiteWrite } from "./hyperconnection.ts";
 import { encodeMatvec, encodeMatvecs } from "./projections.ts";
 import type { AttentionRefs, DeltaNetRefs } from "./refs.ts";
@@ -36,25 +36,27 @@ export function encodeDeltaNetMixer(ctx: EncodeContext, a: DeltaNetMixerArgs): v
   const dn = c.deltanet;
   const s = a.scratch.dn;
   encodeMatvecs(ctx, [{ w: w.qkv, y: s.qkv }, { w: w.z, y: s.z }, { w: w.b, y: s.b }, { w: w.a, y: s.a }], a.x, nb);
-  const C = w.qkv.shape[0]!;
-  const convSnap = a.snapshots && dn.conv_kernel > 1 ? { planes: a.snapshots.conv, rows: a.snapshots.rows } : undefined;
-  encodeConvSilu(ctx, { rows: nb, channels: C, x: s.qkv, weight: w.conv, state: a.state.conv, y: s.conv, snapshots: convSnap });
-  encodeDeltaNet(ctx, {
+  encodeDeltaNetBlock(ctx, {
     rows: nb,
     keyHeads: dn.key_heads,
     keyDim: dn.key_dim,
     valueHeads: dn.value_heads,
     valueDim: dn.value_dim,
-    qkv: s.conv,
+    x: s.qkv,
+    convWeight: w.conv,
+    convState: a.state.conv,
+    convOut: s.conv,
     b: s.b,
     a: s.a,
     aLog: w.aLog,
     dtBias: w.dtBias,
     state: a.state.S,
+    z: s.z,
+    normWeight: w.norm,
+    eps: c.rms_norm_eps,
     o: s.o,
-    snapshots: a.snapshots ? { planes: a.snapshots.S, rows: a.snapshots.rows } : undefined,
+    snapshots: a.snapshots,
   });
-  encodeRmsNormGated(ctx, s.o, s.z, w.norm, s.o, nb, dn.value_heads, c.rms_norm_eps);
   encodeOut(ctx, w.out, s.o, a, nb);
 }
 

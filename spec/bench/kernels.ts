@@ -42,7 +42,7 @@ import { encodeGemm } from "../../lib/gpu/gemm.ts";
 import { encodeArgmax, encodeFinalRead } from "../../lib/gpu/sampling.ts";
 import { Device, type Buffer, type Storage } from "../../lib/shim.ts";
 import { allocateKvCache, attentionPartialBytes, attentionSplits, encodeAttention, encodeKvAppend, encodeQsa, encodeRope, qsaScoreBytes } from "../../lib/gpu/attention.ts";
-import { deltanetStateFloats, encodeConvSilu, encodeDeltaNet } from "../../lib/gpu/deltanet.ts";
+import { deltanetStateFloats, encodeConvSilu, encodeDeltaNet, encodeDeltaNetBlock } from "../../lib/gpu/deltanet.ts";
 import { encodePleConv, encodePleGate, encodePleGather, pleHistoryFloats } from "../../lib/gpu/ple.ts";
 
 interface BenchCase {
@@ -495,6 +495,34 @@ function sequenceCases(f: Fixture): BenchCase[] {
         return (ctx) => encodeDeltaNet(ctx, { ...shape, rows: nb, qkv, b, a, aLog, dtBias, state, o });
       },
     },
+    // The mixer's conv + recurrence + gated norm both ways (encodeDeltaNetBlock): the host fuses up
+    // to DELTANET_FUSE_MAX_ROWS rows; timing both at each nb is how to set that threshold.
+    ...([false, true] as const).map((fuse) => ({
+      name: `DeltaNet block, ${fuse ? "fused" : "three kernels"}`,
+      kernels: fuse ? ["deltanet_conv_rows_f32", "rms_norm_gated_conv_window_f32"] : ["conv_silu_rows_f32", "deltanet_rows_f32", "rms_norm_gated_f32"],
+      shape: `Hk ${dn.key_heads} x ${dn.key_dim}, Hv ${dn.value_heads} x ${dn.value_dim}, K ${K}`,
+      setup(nb: number) {
+        const shape = { keyHeads: dn.key_heads, keyDim: dn.key_dim, valueHeads: dn.value_heads, valueDim: dn.value_dim };
+        const args = {
+          ...shape,
+          rows: nb,
+          x: f.rows(nb, C),
+          convWeight: f.weight([C, K], "f32"),
+          convState: f.buffer((K - 1) * C * 4),
+          convOut: f.rows(nb, C),
+          b: f.rows(nb, dn.value_heads),
+          a: f.rows(nb, dn.value_heads),
+          aLog: f.weight([dn.value_heads], "f32"),
+          dtBias: f.weight([dn.value_heads], "f32"),
+          state: f.buffer(deltanetStateFloats(shape) * 4),
+          z: f.rows(nb, D.dnValue),
+          normWeight: f.weight([dn.value_dim], "f32"),
+          eps: cfg.rms_norm_eps,
+          o: f.rows(nb, D.dnValue),
+        };
+        return (ctx: EncodeContext) => encodeDeltaNetBlock(ctx, args, fuse);
+      },
+    })),
     {
       name: "RoPE (q and k)",
       kernels: ["rope_neox_f32"],
