@@ -190,12 +190,14 @@ export interface DeltaNetBlockArgs extends DeltaNetShape {
 }
 
 /**
- * Rows up to which encodeDeltaNetBlock takes the two fused kernels. There every simdgroup
- * forms the conv of its key head's q and k again (Hv/Hk * dv times each channel per row), which
- * costs less than a dispatch's fixed latency for a few rows and more for a prefill batch.
- * CHERENKOV_DELTANET_FUSE_ROWS overrides it (0: never fuse; measurements on a GPU).
+ * Rows up to which encodeDeltaNetBlock takes the two fused kernels; 0 by default: off. There
+ * every simdgroup forms the conv of its key head's q and k again (Hv/Hk * dv times each channel
+ * per row). On the H200 (30b shape, decode, pool 100%) that cost more than the dispatch it
+ * saves: 137.2 tok/s fused at up to 16 rows against 155.9 with the three kernels (GPU 7.12 vs
+ * 6.28 ms a token, docs/performance.md "sixth run"). CHERENKOV_DELTANET_FUSE_ROWS=N turns it
+ * on up to N rows (where a dispatch costs more, e.g. to measure on Apple GPUs).
  */
-export const DELTANET_FUSE_MAX_ROWS = parseFuseRows(process.env.CHERENKOV_DELTANET_FUSE_ROWS, 16);
+export const DELTANET_FUSE_MAX_ROWS = parseFuseRows(process.env.CHERENKOV_DELTANET_FUSE_ROWS, 0);
 
 /** The value of CHERENKOV_DELTANET_FUSE_ROWS, checked (`fallback` when unset). */
 export function parseFuseRows(value: string | undefined, fallback: number): number {

@@ -252,12 +252,13 @@ function expectFusedEqualsUnfusedDefault(c: BlockCase): void {
 
 describe("choosing the form", () => {
   test("decode and verify batches fuse, prefill batches take the three kernels", () => {
-    expect(deltanetFuses(1, 128)).toBe(true);
-    expect(deltanetFuses(SNAPSHOT_PLANES, 128)).toBe(true);
-    expect(deltanetFuses(MAX_NB, 128)).toBe(false);
+    expect(deltanetFuses(1, 128, 16)).toBe(true);
+    expect(deltanetFuses(SNAPSHOT_PLANES, 128, 16)).toBe(true);
+    expect(deltanetFuses(MAX_NB, 128, 16)).toBe(false);
+    expect(deltanetFuses(1, 128)).toBe(false); // off by default (slower on the H200)
     expect(deltanetFuses(1, 128, 0)).toBe(false);
     // Key dims past DELTANET_CONV_MAX_KEY_DIM keep the three kernels, and the fused form refuses them.
-    expect(deltanetFuses(1, 256)).toBe(false);
+    expect(deltanetFuses(1, 256, 16)).toBe(false);
     const c = blockCase(1, { keyHeads: 1, keyDim: 160, valueHeads: 1, valueDim: 8 }, 4, 9);
     const g = blockOnDevice(c);
     expect(() => run(dev, (ctx) => g.encode(ctx, 0, 1, true))).toThrow(/key dim 160 exceeds 128/);
