@@ -28,6 +28,9 @@ interface Recording {
   readonly routeBytes: number;
 }
 
+/** Recordings a sequence keeps (the least recently used goes first): a decode row, a verify shape, the prompt chunks'. */
+export const MAX_RECORDINGS = 8;
+
 export class StepRecordings {
   /** Compare every replay with a fresh encode (tests; CHERENKOV_CHECK_RECORDING=1). */
   static check = process.env.CHERENKOV_CHECK_RECORDING === "1";
@@ -51,11 +54,12 @@ export class StepRecordings {
       return;
     }
     const known = this.#byKey.get(key);
+    this.#byKey.delete(key); // re-inserted below: the map's order is the order of last use
     if (known && known.tape.releasedBuffer() === null) {
+      this.#byKey.set(key, known);
       this.#replay(ctx, plan, known, vars, encode);
       return;
     }
-    this.#byKey.delete(key);
     const tape = new Tape();
     try {
       encode({ device: ctx.device, cb: ctx.cb, tape }, plan, vars);
@@ -67,12 +71,19 @@ export class StepRecordings {
     }
     ctx.cb.encodeTape(tape.words, tape.commands);
     this.#byKey.set(key, { tape, sites: plan.sites.slice(), routeBytes: plan.routeBytes });
+    // A tape is ~100 KB on the 30b shape; prompts of many lengths must not pile them up.
+    if (this.#byKey.size > MAX_RECORDINGS) this.#byKey.delete(this.#byKey.keys().next().value!);
     this.counts.recorded++;
   }
 
   /** Forgets every recording (the engine's layout changed). */
   clear(): void {
     this.#byKey.clear();
+  }
+
+  /** The keys held, least recently used first (tests). */
+  keys(): string[] {
+    return [...this.#byKey.keys()];
   }
 
   #replay(ctx: EncodeContext, plan: SitePlan, rec: Recording, vars: StepVars, encode: StepEncode): void {

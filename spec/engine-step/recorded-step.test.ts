@@ -10,7 +10,7 @@ import { bind, live } from "../../lib/gpu/dispatch.ts";
 import { encodeEmbed } from "../../lib/gpu/embed.ts";
 import { Engine } from "../../lib/gpu/engine.ts";
 import { SitePlan } from "../../lib/gpu/handshake.ts";
-import { StepRecordings } from "../../lib/gpu/recorded-step.ts";
+import { MAX_RECORDINGS, StepRecordings } from "../../lib/gpu/recorded-step.ts";
 import type { SequenceState } from "../../lib/gpu/state.ts";
 import { openModel } from "../../lib/model/format.ts";
 import { goldenCases } from "../golden/cases.ts";
@@ -65,7 +65,7 @@ test(
   240_000,
 );
 
-test("the check names a position-dependent dispatch outside live(); inside live() it replays", async () => {
+test("the check names a position-dependent dispatch outside live(); inside live() it replays; a sequence keeps at most MAX_RECORDINGS shapes", async () => {
   StepRecordings.enabled = true;
   StepRecordings.check = true;
   const files = await openModel(dir);
@@ -94,6 +94,25 @@ test("the check names a position-dependent dispatch outside live(); inside live(
     expect(recordings.counts).toEqual({ recorded: 1, replayed: 1 });
     step(3, false);
     expect(() => step(4, false)).toThrow(/position 4: command 0 \(embed_\w+\) differs from a fresh encode.*outside live\(\)/);
+    // At most MAX_RECORDINGS shapes are kept, the least recently used dropped first.
+    const keyed = (key: string) => {
+      const cb = gpu.device.commandBuffer();
+      try {
+        recordings.encode({ device: gpu.device, cb }, new SitePlan(gpu.event, 0), key, { pos0: 3 }, (ctx, _plan, vars) =>
+          live(ctx, vars, (ctx, { pos0 }) => encodeEmbed(ctx, gpu.refs.embed, bind(seq.tokens, pos0 * 4), X, 1, 1)),
+        );
+      } finally {
+        cb.release();
+      }
+    };
+    for (let i = 0; i < MAX_RECORDINGS + 3; i++) {
+      keyed(`shape ${i}`);
+      keyed("live"); // used again each time: never the least recent
+    }
+    expect(recordings.keys().length).toBe(MAX_RECORDINGS);
+    expect(recordings.keys()).toContain("live");
+    expect(recordings.keys()).not.toContain("shape 0");
+    expect(recordings.keys()).toContain(`shape ${MAX_RECORDINGS + 2}`);
   } finally {
     await engine.close();
     files.close();
