@@ -78,33 +78,18 @@ export function checkVector(w: TensorRef, n: number, what: string): void {
   if (len !== n) throw new Error(`${what}: weight has ${len} values, expected ${n}`);
 }
 
-const MATVEC_KERNELS: Record<DType, string> = {
-  f32: "matvec_f32_f32",
-  bf16: "matvec_bf16_f32",
-  f16: "matvec_f16_f32",
-  q4: "matvec_q4_f32",
-};
+/** A matvec family's pipeline per weight dtype: `${family}_${dtype}_f32`. */
+const byDType = (family: string): Record<DType, string> => ({
+  f32: `${family}_f32_f32`,
+  bf16: `${family}_bf16_f32`,
+  f16: `${family}_f16_f32`,
+  q4: `${family}_q4_f32`,
+});
 
-const MATVEC_SPLIT_KERNELS: Record<DType, string> = {
-  f32: "matvec_split_f32_f32",
-  bf16: "matvec_split_bf16_f32",
-  f16: "matvec_split_f16_f32",
-  q4: "matvec_split_q4_f32",
-};
-
-const MATVEC_HC_KERNELS: Record<DType, string> = {
-  f32: "matvec_hc_f32_f32",
-  bf16: "matvec_hc_bf16_f32",
-  f16: "matvec_hc_f16_f32",
-  q4: "matvec_hc_q4_f32",
-};
-
-const MATVEC_SPLIT_HC_KERNELS: Record<DType, string> = {
-  f32: "matvec_split_hc_f32_f32",
-  bf16: "matvec_split_hc_bf16_f32",
-  f16: "matvec_split_hc_f16_f32",
-  q4: "matvec_split_hc_q4_f32",
-};
+const MATVEC_KERNELS = byDType("matvec");
+const MATVEC_SPLIT_KERNELS = byDType("matvec_split");
+const MATVEC_HC_KERNELS = byDType("matvec_hc");
+const MATVEC_SPLIT_HC_KERNELS = byDType("matvec_split_hc");
 
 const oneRowNames = new Map<string, string>();
 
