@@ -465,9 +465,13 @@ export class Pipeline {
     readonly handle: Pointer,
     readonly maxThreads: number,
   ) {
-    this.handleLo = Number(handle) % 0x100000000;
-    this.handleHi = Math.floor(Number(handle) / 0x100000000);
+    [this.handleLo, this.handleHi] = handleHalves(handle);
   }
+}
+
+/** A handle as the two 32-bit halves a ck_binding or a tape stores. */
+function handleHalves(handle: Pointer): [number, number] {
+  return [Number(handle) % 0x100000000, Math.floor(Number(handle) / 0x100000000)];
 }
 
 /** A shared buffer with zero-copy typed views (created once, then reused). */
@@ -490,8 +494,7 @@ export class Buffer {
     readonly wrapped: ArrayBufferView | null,
   ) {
     this.length = shim.symbols.ck_buffer_length(handle);
-    this.handleLo = Number(handle) % 0x100000000;
-    this.handleHi = Math.floor(Number(handle) / 0x100000000);
+    [this.handleLo, this.handleHi] = handleHalves(handle);
     this.contents = orThrow(shim, shim.symbols.ck_buffer_contents(handle));
     this.storage = shim.symbols.ck_buffer_storage(handle) === STORAGE_CODES.device ? "device" : "shared";
   }

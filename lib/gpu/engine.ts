@@ -9,7 +9,7 @@ import type { ModelFiles } from "../model/format.ts";
 import { checkTokens } from "../reference/model.ts";
 import type { Backend, Buffer } from "../shim.ts";
 import { bind, runNow, type EncodeContext } from "./dispatch.ts";
-import { encodeTrunkStep } from "./decode.ts";
+import { encodeTrunkStep, type TrunkStep } from "./decode.ts";
 import { encodeDrafts } from "./draft.ts";
 import { loadEngine, type EngineGpu, type EngineOptions, type LoadProgress } from "./load.ts";
 import { runChunked } from "./prefill.ts";
@@ -116,6 +116,12 @@ export class Engine {
     return r;
   }
 
+  /** Encodes `step` for `seq` through its recordings (replayed, recorded, or directly when key is null). */
+  private encodeTrunk(ctx: EncodeContext, plan: SitePlan, seq: SequenceState, key: string | null, step: TrunkStep): void {
+    const gpu = this.gpu;
+    this.recordingsOf(seq).encode(ctx, plan, key, step, (ctx, plan, { pos0 }) => encodeTrunkStep(ctx, gpu, seq, { ...step, pos0 }, plan));
+  }
+
   /**
    * What a trunk step's recording depends on besides its sequence (recorded-step.ts), or null
    * when it cannot be recorded: a verify step (rollback planes), or a layer that is not held
@@ -154,9 +160,7 @@ export class Engine {
     const cb = gpu.device.commandBuffer();
     const plan = new SitePlan(gpu.event, this.counter.value);
     try {
-      this.recordingsOf(seq).encode({ device: gpu.device, cb }, plan, key, { pos0 }, (ctx, plan, { pos0 }) =>
-        encodeTrunkStep(ctx, gpu, seq, { nb: 1, pos0, verify: false, logits }, plan),
-      );
+      this.encodeTrunk({ device: gpu.device, cb }, plan, seq, key, { nb: 1, pos0, verify: false, logits });
     } catch {
       cb.release(); // past the capacity, say: the step itself will say why if it comes
       return;
@@ -204,8 +208,7 @@ export class Engine {
         gpu,
         this.counter,
         (ctx, plan) => {
-          if (!prepared)
-            this.recordingsOf(seq).encode(ctx, plan, key, { pos0 }, (ctx, plan, { pos0 }) => encodeTrunkStep(ctx, gpu, seq, { nb, pos0, verify, logits }, plan));
+          if (!prepared) this.encodeTrunk(ctx, plan, seq, key, { nb, pos0, verify, logits });
           if (!sample || !sampler) return;
           const first = nb - sampleRows;
           encodeSample(ctx, rowAt(gpu.scratch.head.logits, first - logits.from - block), sampler, {

@@ -76,11 +76,6 @@ export class StepRecordings {
     this.counts.recorded++;
   }
 
-  /** Forgets every recording (the engine's layout changed). */
-  clear(): void {
-    this.#byKey.clear();
-  }
-
   /** The keys held, least recently used first (tests). */
   keys(): string[] {
     return [...this.#byKey.keys()];

@@ -123,7 +123,7 @@ export async function runStep(
   gpu.resident.refresh();
   const prepared = opts.prepared ?? null;
   if (prepared && (prepared.plan.base !== counter.value || prepared.plan.handshakeAll !== (opts.handshakeAll ?? false)))
-    throw new Error("runStep: the prepared step was planned for another event value");
+    throw new Error("runStep: the prepared step was planned for another event value or handshake mode");
   const plan = prepared?.plan ?? new SitePlan(gpu.event, counter.value, opts.handshakeAll ?? false);
   const cb = prepared?.cb ?? gpu.device.commandBuffer();
   let failure: unknown = null;

@@ -48,7 +48,8 @@ export class Tape {
   dispatch(pipeline: Pipeline, grid: Dims, tg: Dims, bindings: Bindings, params: Uint8Array | undefined, first: number, byThreads = false): void {
     const count = first + bindings.length;
     const paramBytes = params?.byteLength ?? 0;
-    const at = this.#reserve(HEADER + 4 * count + ((paramBytes + 3) >> 2));
+    const paramWords = (paramBytes + 3) >> 2;
+    const at = this.#reserve(HEADER + 4 * count + paramWords);
     const w = this.#words;
     w[at] = byThreads ? 1 : 0;
     w[at + 1] = count;
@@ -65,10 +66,10 @@ export class Tape {
     for (const b of bindings) if (b) this.buffers.add(b instanceof Buffer ? b : b.buffer);
     const p = at + HEADER + 4 * count;
     if (params) {
-      w[p + ((paramBytes + 3) >> 2) - 1] = 0; // the padding bytes
+      w[p + paramWords - 1] = 0; // the padding bytes
       this.#bytes.set(params, 4 * p);
     }
-    this.length = p + ((paramBytes + 3) >> 2);
+    this.length = p + paramWords;
     this.commands++;
     this.#kernels.push(pipeline.name);
   }
