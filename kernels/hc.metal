@@ -456,11 +456,22 @@ inline void hc_row_coefficients(int n, int cols, bool head, int iters, float eps
                       mix, pre, comb, sg, lane);
 }
 
-// A residual site's read (or the final read) in one threadgroup per row: the coefficients as
-// hc_coeffs_f32 (written out for the site's write), then, after a barrier, x = sum_i pre_i X_i
-// and its RMSNorm, pre taken from threadgroup memory. Every load the row needs (its stream
-// columns, scale and base, the norm weights, the partials) goes out before the first barrier:
-// one trip to memory, then the coefficients, then arithmetic.
+// pre_i = sigmoid(mix_i * rs * scale_0 + base_i) + eps for every stream, in registers: the
+// expression of hc_coeffs_lanes / hc_coeffs_serial, so the same bits.
+inline void hc_pre_of(int n, float eps, float rs, float scale0, thread const float* base, threadgroup const float* mix,
+                      thread float* pre) {
+  CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+    pre[i] = i < n ? hc_sigmoid(mix[i] * rs * scale0 + base[i]) + eps : 0.0f;
+  }
+}
+
+// A residual site's read (or the final read): two threadgroups per row, side by side. Role 0
+// forms the row's coefficients as hc_coeffs_f32 (written out for the site's write); role 1
+// forms only pre itself (n sigmoids a thread) and reads: x = sum_i pre_i X_i and its RMSNorm.
+// The read no longer waits for Sinkhorn's ~40 dependent steps, which only the write needs:
+// the kernel takes the longer of the two paths instead of their sum. Each role issues every
+// load it needs (stream columns, norm weights, scale and base, partials) before its first
+// barrier: one trip to memory, then arithmetic.
 [[max_total_threads_per_threadgroup(256)]] kernel void hc_coeffs_read_norm_f32(
     constant HcCoeffsReadParams& p [[buffer(0)]],
     device const uchar* x      [[buffer(1)]],
@@ -470,32 +481,43 @@ inline void hc_row_coefficients(int n, int cols, bool head, int iters, float eps
     device uchar* coeffs       [[buffer(5)]],
     device uchar* y            [[buffer(6)]],
     device const float* w      [[buffer(7)]],
-    uint tg                    [[threadgroup_position_in_grid]],
+    uint2 tg                   [[threadgroup_position_in_grid]],
     ushort sg                  [[simdgroup_index_in_threadgroup]],
     ushort lane                [[thread_index_in_simdgroup]]) {
   threadgroup float partial[HC_TG_SG];
   threadgroup float mix[HC_MAX_MIXES + 1];
   threadgroup float pre[HC_MAX_STREAMS];
   threadgroup float comb[HC_MAX_STREAMS * HC_MAX_STREAMS];
-  const int row = int(tg);
+  const int row = int(tg.y);
   const int n = p.streams, cols = p.cols, iters = p.iters;
   const bool head = p.head != 0, centred = p.centred != 0;
   const float eps = p.eps, norm_eps = p.norm_eps;
   if (row >= p.rows) {
     return;  // uniform per threadgroup
   }
+  device const float* part = (device const float*)(raw + ulong(row) * p.raw_stride);
+  if (tg.x == 0u) {  // uniform per threadgroup: the coefficients
+    hc_row_coefficients(n, cols, head, iters, eps, part, p.chunks, scale, base,
+                        (device float*)(coeffs + ulong(row) * p.c_stride), mix, pre, comb, sg, lane);
+    return;
+  }
   device const float* flat = (device const float*)(x + ulong(row) * p.x_stride);
-  device float* out = (device float*)(coeffs + ulong(row) * p.c_stride);
-  device float* yr = (device float*)(y + ulong(row) * p.y_stride);
   const int t = int(sg) * 32 + int(lane);
   float4 xs[HC_READ_AHEAD * HC_PF_STREAMS];
   hc_prefetch(n, cols, flat, t, xs);
   float4 wk[HC_READ_AHEAD];
   hc_prefetch_norm(cols, w, t, wk);
-  hc_row_coefficients(n, cols, head, iters, eps, (device const float*)(raw + ulong(row) * p.raw_stride), p.chunks, scale, base, out,
-                      mix, pre, comb, sg, lane);
-  threadgroup_barrier(mem_flags::mem_threadgroup);
-  hc_read_row<true>(n, cols, norm_eps, centred, flat, (threadgroup const float*)pre, xs, w, wk, yr, partial, sg, lane);
+  float b[HC_MAX_STREAMS];
+  CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+    b[i] = i < n ? base[i] : 0.0f;
+  }
+  const float scale0 = scale[0];
+  const int mixes = head ? n : 2 * n + n * n;
+  hc_gather_mixes(part, mixes, p.chunks, mix, sg, lane);
+  float pr[HC_MAX_STREAMS];
+  hc_pre_of(n, eps, rsqrt(mix[mixes] / float(n * cols) + eps), scale0, b, mix, pr);
+  hc_read_row<true>(n, cols, norm_eps, centred, flat, (thread const float*)pr, xs, w, wk,
+                    (device float*)(y + ulong(row) * p.y_stride), partial, sg, lane);
 }
 
 [[max_total_threads_per_threadgroup(256)]] kernel void hc_read_f32(

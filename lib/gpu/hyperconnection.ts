@@ -167,7 +167,8 @@ export function encodeHcCoefficientsRead(
     Params.HcCoeffsRead,
     { ...a.values, centred: (norm.centred ?? true) ? 1 : 0, norm_eps: norm.eps, y_stride: y.stride },
     [...a.buffers, bind(y.buffer, y.offset), bind(norm.w.buffer, norm.w.offset)],
-    nb,
+    // Two threadgroups a row: the coefficients, and beside them the read (kernels/hc.metal).
+    [2, nb],
     SIMD_WIDTH * HC_TG_SG,
   );
 }
