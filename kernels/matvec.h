@@ -142,16 +142,48 @@ inline float4 q4_nibbles4(uint w) {
          8388608.0f;
 }
 
+// A group's 32 x values arranged and pre-scaled for q4_group_dot: word m of the nibbles holds
+// elements 8m .. 8m + 7 (nibble k at bits 4k .. 4k + 3). q4_group_dot takes each nibble in
+// place (masked, not shifted down), as the exact float q * 2^s, so x is scaled by 2^-s here,
+// once per group and batch row, for every weight row that uses it. The products are the same
+// real numbers as q * x (scaling by powers of two is exact), so the sums keep their bits.
+// Nibbles 6 and 7 and nibble 5 come from the word shifted down by 12 (a nibble must sit below
+// bit 23 to be a float's mantissa).
+struct Q4X {
+  float4 even[4];  // elements 8m + 0, 2, 4, 6 scaled by 1, 2^-8, 2^-16, 2^-12
+  float4 odd[4];   // elements 8m + 1, 3, 5, 7 scaled by 2^-4, 2^-12, 2^-8, 2^-16
+};
+
+inline Q4X q4_prescale(thread const float4* xv) {
+  Q4X r;
+  MV_UNROLL for (int m = 0; m < 4; m++) {
+    const float4 a = xv[2 * m];
+    const float4 b = xv[2 * m + 1];
+    r.even[m] = float4(a.x, a.z * 0x1p-8f, b.x * 0x1p-16f, b.z * 0x1p-12f);
+    r.odd[m] = float4(a.y * 0x1p-4f, a.w * 0x1p-12f, b.y * 0x1p-8f, b.w * 0x1p-16f);
+  }
+  return r;
+}
+
+// Four masked nibbles as exact floats without int-to-float conversions (a quarter-rate
+// instruction on NVIDIA GPUs): a value below 2^23 is the low mantissa of 2^23 + v, and
+// subtracting 2^23 is exact. One AND-OR a nibble, no shifts but the one per word.
+inline float4 q4_masked4(uint w0, uint w1, uint w2, uint w3) {
+  const uint m = 0x4B000000u;
+  return float4(as_type<float>(w0 | m), as_type<float>(w1 | m), as_type<float>(w2 | m), as_type<float>(w3 | m)) - 8388608.0f;
+}
+
 // sum_{j in group} q_j x_j for one q4 group: its 16 nibble bytes (byte b holds elements 2b
-// and 2b + 1) against the group's 32 x values xv[0..7]. Word m of the nibbles covers
-// xv[2m], xv[2m + 1]: its low nibbles the even elements, its high nibbles the odd ones.
-inline float q4_group_dot(uint4 nib, thread const float4* xv) {
+// and 2b + 1) against the group's x from q4_prescale.
+inline float q4_group_dot(uint4 nib, thread const Q4X& x) {
   float q = 0.0f;
   const uint words[4] = {nib.x, nib.y, nib.z, nib.w};
   MV_UNROLL for (int m = 0; m < 4; m++) {
-    float4 a = xv[2 * m];
-    float4 b = xv[2 * m + 1];
-    q += dot(q4_nibbles4(words[m]), float4(a.x, a.z, b.x, b.z)) + dot(q4_nibbles4(words[m] >> 4), float4(a.y, a.w, b.y, b.w));
+    const uint w = words[m];
+    const uint h = w >> 12;
+    const float4 even = q4_masked4(w & 0xFu, w & 0xF00u, w & 0xF0000u, h & 0xF000u);
+    const float4 odd = q4_masked4(w & 0xF0u, w & 0xF000u, h & 0xF00u, h & 0xF0000u);
+    q += dot(even, x.even[m]) + dot(odd, x.odd[m]);
   }
   return q;
 }
@@ -241,10 +273,11 @@ inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_di
           xv[k] = xg[k];
         }
         float gs = q4_group_sum(xv);
+        const Q4X xq = q4_prescale(xv);
         MV_UNROLL for (int i = 0; i < MV_R; i++) {
-          acc0[j][i] += s0[u][i] * q4_group_dot(n0[u][i], xv) + b0[u][i] * gs;
+          acc0[j][i] += s0[u][i] * q4_group_dot(n0[u][i], xq) + b0[u][i] * gs;
           if (TWO) {
-            acc1[j][i] += s1[u][i] * q4_group_dot(n1[u][i], xv) + b1[u][i] * gs;
+            acc1[j][i] += s1[u][i] * q4_group_dot(n1[u][i], xq) + b1[u][i] * gs;
           }
         }
       }
