@@ -57,6 +57,21 @@ inline float dn_input(thread const DnInput& in, uint t, uint ch) {
   return seq_silu(acc);
 }
 
+// Row t's inputs of one state column: lane's q and k elements, v_j, and the head's b and a.
+template <bool CONV, uint PER>
+inline void dn_load_row(thread const DnInput& in, device const float* b, ulong b_stride, device const float* a, ulong a_stride,
+                        uint t, uint h, uint q_off, uint k_off, uint v_off, uint dk, uint per, ushort lane,
+                        thread float* q, thread float* k, thread float& v, thread float& bt, thread float& at) {
+  CK_UNROLL for (uint m = 0; m < PER; m++) {
+    const uint i = lane + 32u * m;
+    q[m] = m < per && i < dk ? dn_input<CONV>(in, t, q_off + i) : 0.0f;
+    k[m] = m < per && i < dk ? dn_input<CONV>(in, t, k_off + i) : 0.0f;
+  }
+  v = dn_input<CONV>(in, t, v_off);
+  bt = seq_row(b, b_stride, t)[h];
+  at = seq_row(a, a_stride, t)[h];
+}
+
 // One simdgroup's state column j of value head h over the p.rows rows (grid: see below). A
 // lane holds at most PER rows of the column (dk <= 32 PER).
 template <bool CONV, uint PER, typename P>
@@ -85,15 +100,30 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
   const float A = exp(A_log[h]);
   const float dtb = dt_bias[h];
 
+  // Row t's inputs are loaded during row t - 1 (into the `next` set), so a row's loads overlap
+  // the previous row's reductions instead of starting each row with a trip to memory (the row
+  // scan of a prompt chunk was ~1 us a row on the H200, most of it waiting).
+  float qn[PER], kn[PER];
+  float vn = 0.0f, bn = 0.0f, an = 0.0f;
+  if (p.rows > 0) {
+    dn_load_row<CONV, PER>(in, b, p.b_stride, a, p.a_stride, 0u, h, q_off, k_off, v_off, dk, per, lane, qn, kn, vn, bn, an);
+  }
   for (int t = 0; t < p.rows; t++) {
+    float qc[PER];
+    CK_UNROLL for (uint m = 0; m < PER; m++) {
+      qc[m] = qn[m];
+      kr[m] = kn[m];
+    }
+    const float vc = vn, bc = bn, ac = an;
+    if (t + 1 < p.rows) {
+      dn_load_row<CONV, PER>(in, b, p.b_stride, a, p.a_stride, uint(t + 1), h, q_off, k_off, v_off, dk, per, lane, qn, kn, vn, bn, an);
+    }
     float4 part = float4(0.0f);  // |q|^2, |k|^2, S.k, S.q
     float qk = 0.0f;
     CK_UNROLL for (uint m = 0; m < PER; m++) {
       if (m < per) {
-        const uint i = lane + 32u * m;
-        const float qi = i < dk ? dn_input<CONV>(in, uint(t), q_off + i) : 0.0f;
-        const float ki = i < dk ? dn_input<CONV>(in, uint(t), k_off + i) : 0.0f;
-        kr[m] = ki;
+        const float qi = qc[m];
+        const float ki = kr[m];
         part = part + float4(qi * qi, ki * ki, s[m] * ki, s[m] * qi);
         qk = fma(qi, ki, qk);
       }
@@ -102,10 +132,10 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
     qk = simd_sum(qk);
     const float rq = rsqrt(part.x + p.l2_eps) * p.q_scale;
     const float rk = rsqrt(part.y + p.l2_eps);
-    const float beta = seq_sigmoid(seq_row(b, p.b_stride, uint(t))[h]);
-    const float decay = exp(-A * seq_softplus(seq_row(a, p.a_stride, uint(t))[h] + dtb));
+    const float beta = seq_sigmoid(bc);
+    const float decay = exp(-A * seq_softplus(ac + dtb));
     const float mj = decay * rk * part.z;
-    const float delta = beta * (dn_input<CONV>(in, uint(t), v_off) - mj);
+    const float delta = beta * (vc - mj);
     const float oj = decay * rq * part.w + delta * (rq * rk * qk);
     const float kd = rk * delta;
     CK_UNROLL for (uint m = 0; m < PER; m++) {

@@ -42,7 +42,10 @@ function checkConv(weight: TensorRef, channels: number, what: string): [number, 
   return [C, K!];
 }
 
-/** Causal depthwise conv + SiLU over nb rows, one thread per channel. */
+/** Rows a conv_silu_rows_f32 thread walks: max(CONV_BLOCK_ROWS, K - 1) (kernels/conv.metal). */
+const CONV_BLOCK_ROWS = 16;
+
+/** Causal depthwise conv + SiLU over nb rows, one thread per channel and block of rows. */
 export function encodeConvSilu(ctx: EncodeContext, a: ConvSiluArgs): void {
   checkRows(a.rows, "conv");
   const [C, K] = checkConv(a.weight, a.channels, "conv");
@@ -62,7 +65,7 @@ export function encodeConvSilu(ctx: EncodeContext, a: ConvSiluArgs): void {
       plane_stride: snap.planeStride,
     },
     [at(a.x), bind(a.weight.buffer, a.weight.offset), a.state, at(a.y), snap.binding],
-    Math.ceil(C / tg),
+    [Math.ceil(C / tg), Math.ceil(a.rows / Math.max(CONV_BLOCK_ROWS, K! - 1))],
     tg,
   );
 }

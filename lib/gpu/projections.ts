@@ -60,6 +60,20 @@ export function prefersSplit(backend: string, out: number): boolean {
 /** The threshold above, in rows-form threadgroups; CHERENKOV_MATVEC_SPLIT_BELOW overrides it (measurements on a GPU). */
 const SPLIT_BELOW_GROUPS = Number(process.env.CHERENKOV_MATVEC_SPLIT_BELOW ?? 64);
 
+/**
+ * Batch rows per threadgroup when the caller does not choose. A matvec's threadgroups split the
+ * output rows only, so a prompt chunk's rows were walked by as few threadgroups as a decode row
+ * gets: on the H200 the router ([128, 2048] bf16, 32 threadgroups) took 183 us for 1,024 rows
+ * and DeltaNet's b/a projections 166 us. Groups of MATVEC_GROUP_ROWS rows multiply the grid by
+ * nb / 32 (each group re-reads the weights, from L2). Each row's sums are the same whatever
+ * group serves it, so the results keep their bits. The CPU backend keeps one group (its
+ * threadgroups are fibers, and more of them only cost).
+ */
+const MATVEC_GROUP_ROWS = 32;
+export function defaultRowsPerGroup(backend: string, nb: number): number {
+  return backend === "cpu" ? nb : Math.min(nb, MATVEC_GROUP_ROWS);
+}
+
 /** Throws unless nb is a row count a step may have. */
 export function checkRows(nb: number, what: string): void {
   if (!Number.isInteger(nb) || nb < 1 || nb > MAX_NB) throw new RangeError(`${what}: nb ${nb} must be an integer in 1..${MAX_NB}`);
@@ -145,7 +159,7 @@ export function encodeMatvec(
   }
   const what = opts.hc ? "matvec_hc" : "matvec";
   const [out, inDim] = checkProjection(w, x, nb, what);
-  const rowsPerGroup = Math.min(nb, opts.rowsPerGroup ?? nb);
+  const rowsPerGroup = Math.min(nb, opts.rowsPerGroup ?? defaultRowsPerGroup(ctx.device.backend, nb));
   if (!Number.isInteger(rowsPerGroup) || rowsPerGroup < 1) throw new Error(`${what}: rowsPerGroup ${rowsPerGroup} must be a positive integer`);
   const T = MATVEC_TILE;
   const split = opts.form === undefined ? prefersSplit(ctx.device.backend, out) : opts.form === "split";
@@ -219,14 +233,23 @@ export interface Projection {
  * form on a GPU, as a lone narrow projection does; `form` forces one. Rows enough for the
  * GEMM (usesGemm) send each q4 projection to it instead.
  */
-export function encodeMatvecs(ctx: EncodeContext, items: readonly Projection[], x: RowsRef, nb: number, opts: { form?: "rows" | "split" } = {}): void {
+export function encodeMatvecs(
+  ctx: EncodeContext,
+  items: readonly Projection[],
+  x: RowsRef,
+  nb: number,
+  opts: { form?: "rows" | "split"; rowsPerGroup?: number } = {},
+): void {
   const minRows = gemmMinRows(ctx.device.backend);
-  if (items.length > 0 && items.every((it) => usesGemm(it.w.dtype, nb, minRows))) {
-    for (const it of items) encodeMatvec(ctx, it.w, x, it.y, nb);
-    return;
-  }
   const groups = new Map<string, Projection[]>();
   for (const it of items) {
+    // Rows enough for the GEMM send a q4 projection there on its own, whatever its company
+    // (DeltaNet's q4 qkv and z beside its bf16 b and a: the four in one matvec_multi took
+    // 7.7 ms for a 1,024-row chunk on the H200).
+    if (usesGemm(it.w.dtype, nb, minRows)) {
+      encodeMatvec(ctx, it.w, x, it.y, nb);
+      continue;
+    }
     const [, inDim] = matrixShape(it.w, "matvecs");
     const key = `${it.w.dtype}/${inDim}`;
     const g = groups.get(key);
@@ -237,12 +260,12 @@ export function encodeMatvecs(ctx: EncodeContext, items: readonly Projection[], 
     for (let i = 0; i < g.length; i += MATVEC_MULTI) {
       const chunk = g.slice(i, i + MATVEC_MULTI);
       if (chunk.length === 1) encodeMatvec(ctx, chunk[0]!.w, x, chunk[0]!.y, nb, opts);
-      else encodeMatvecMulti(ctx, chunk, x, nb, opts.form);
+      else encodeMatvecMulti(ctx, chunk, x, nb, opts.form, opts.rowsPerGroup);
     }
   }
 }
 
-function encodeMatvecMulti(ctx: EncodeContext, items: readonly Projection[], x: RowsRef, nb: number, form?: "rows" | "split"): void {
+function encodeMatvecMulti(ctx: EncodeContext, items: readonly Projection[], x: RowsRef, nb: number, form?: "rows" | "split", rowsPerGroup?: number): void {
   const w0 = items[0]!.w;
   const inDim = checkProjection(w0, x, nb, "matvec_multi")[1];
   const outs = items.map((it) => checkProjection(it.w, x, nb, "matvec_multi")[0]);
@@ -251,15 +274,17 @@ function encodeMatvecMulti(ctx: EncodeContext, items: readonly Projection[], x: 
   const tiles = outs.reduce((n, o) => n + Math.ceil(o / T.rows), 0);
   // Narrow weights together (DeltaNet's b and a) take the split form, as a lone one would.
   const split = form === undefined ? prefersSplit(ctx.device.backend, outs.reduce((a, b) => a + b, 0)) : form === "split";
+  const groupRows = Math.min(nb, rowsPerGroup ?? defaultRowsPerGroup(ctx.device.backend, nb));
+  if (!Number.isInteger(groupRows) || groupRows < 1) throw new Error(`matvec_multi: rowsPerGroup ${rowsPerGroup} must be a positive integer`);
   dispatch(
     ctx,
-    split ? `matvec_multi_split_${w0.dtype}_f32` : oneRowForm(`matvec_multi_${w0.dtype}_f32`, w0.dtype, nb),
+    split ? `matvec_multi_split_${w0.dtype}_f32` : oneRowForm(`matvec_multi_${w0.dtype}_f32`, w0.dtype, groupRows),
     Params.MatvecMulti,
     {
       rows: nb,
       in_dim: inDim,
       count: items.length,
-      rows_per_group: nb,
+      rows_per_group: groupRows,
       out_dim: pad(outs),
       x_stride: x.stride,
       y_stride: pad(items.map((it) => it.y.stride)),
@@ -269,7 +294,7 @@ function encodeMatvecMulti(ctx: EncodeContext, items: readonly Projection[], x: 
       bind(x.buffer, x.offset),
       ...pad(items.map((it) => bind(it.y.buffer, it.y.offset))),
     ],
-    [split ? tiles : Math.ceil(tiles / T.simdgroups), 1],
+    [split ? tiles : Math.ceil(tiles / T.simdgroups), Math.ceil(nb / groupRows)],
     [SIMD_WIDTH * (split ? T.splitSimdgroups : T.simdgroups), 1],
   );
 }

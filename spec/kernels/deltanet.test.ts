@@ -84,6 +84,17 @@ describe("conv_silu_rows_f32", () => {
     expectExact(g.state.f32.subarray(0, c.state.length), ref.state, `conv window nb=${nb}`, c.C);
   });
 
+  test("row blocks (16 rows a thread on a GPU): a window wider than a block (K 20) and K 4, over several blocks", () => {
+    for (const K of [4, 20]) {
+      const c = convCase(MAX_NB, 40, K, 31 + K);
+      const ref = convReference(c, MAX_NB);
+      const g = convOnDevice(c, MAX_NB);
+      run(dev, (ctx) => g.encode(ctx, MAX_NB));
+      expectClose(g.y.f32.subarray(0, MAX_NB * c.C), ref.y, { abs: 1e-6, rel: 1e-6 }, `conv K=${K} nb=${MAX_NB}`, c.C);
+      expectExact(g.state.f32.subarray(0, c.state.length), ref.state, `conv window K=${K}`, c.C);
+    }
+  });
+
   test("kernel size 1 (no window) and 2", () => {
     for (const K of [1, 2]) {
       const c = convCase(5, 40, K, 7 + K);

@@ -115,6 +115,47 @@ describe("encodeMatvecs (matvec_multi: several projections of one input)", () =>
     });
   });
 
+  test.each(["rows", "split"] as const)("batch rows in groups (a GPU's default for prompt chunks), %s form: the same bits as one group", (form) => {
+    const nb = 40;
+    const inDim = 64;
+    const outs = [9, 4];
+    const ws = outs.map((o, i) => uploadWeight(dev, "bf16", [o, inDim], 80 + i).ref);
+    const x = uploadF32(dev, randomF32(nb * inDim, 11, 1, "groups-x"));
+    const one = outs.map((o) => outputF32(dev, nb * o));
+    const grouped = outs.map((o) => outputF32(dev, nb * o));
+    run(dev, (ctx) => {
+      encodeMatvecs(ctx, ws.map((w, i) => ({ w, y: rows(one[i]!, outs[i]!) })), rows(x, inDim), nb, { form, rowsPerGroup: nb });
+      encodeMatvecs(ctx, ws.map((w, i) => ({ w, y: rows(grouped[i]!, outs[i]!) })), rows(x, inDim), nb, { form, rowsPerGroup: 12 });
+    });
+    outs.forEach((o, i) => {
+      expect([...new Uint32Array(grouped[i]!.f32.buffer, grouped[i]!.f32.byteOffset, nb * o)]).toEqual([...new Uint32Array(one[i]!.f32.buffer, one[i]!.f32.byteOffset, nb * o)]);
+      expectGuard(grouped[i]!, nb * o);
+    });
+  });
+
+  test("rows enough for the GEMM send each q4 projection there, whatever shares its input (the bf16 ones stay matvecs)", () => {
+    const inDim = 64;
+    const nb = 40;
+    const all = [uploadWeight(dev, "q4", [16, inDim], 90).ref, uploadWeight(dev, "q4", [8, inDim], 91).ref, uploadWeight(dev, "bf16", [6, inDim], 92).ref, uploadWeight(dev, "bf16", [2, inDim], 93).ref];
+    const x = uploadF32(dev, randomF32(nb * inDim, 5, 1, "gemm-x"));
+    const ys = all.map((w) => outputF32(dev, nb * w.shape[0]!));
+    const names: string[] = [];
+    const cb = dev.commandBuffer();
+    const counting = { dispatch: (...a: Parameters<typeof cb.dispatch>) => (names.push((a[0] as Pipeline).name), cb.dispatch(...a)) };
+    const saved = process.env.CHERENKOV_GEMM_MIN_ROWS;
+    process.env.CHERENKOV_GEMM_MIN_ROWS = "32";
+    try {
+      encodeMatvecs({ device: dev, cb: counting as unknown as typeof cb }, all.map((w, i) => ({ w, y: rows(ys[i]!, w.shape[0]!) })), rows(x, inDim), nb);
+    } finally {
+      if (saved === undefined) delete process.env.CHERENKOV_GEMM_MIN_ROWS;
+      else process.env.CHERENKOV_GEMM_MIN_ROWS = saved;
+    }
+    cb.commit();
+    cb.waitUntilCompleted();
+    cb.release();
+    expect(names.map((n) => n.replace("_split", ""))).toEqual(["gemm_q4_f32", "gemm_q4_f32", "matvec_multi_bf16_f32"]);
+  });
+
   test("groups by dtype and input width: a lone projection stays a matvec, five of one kind take two dispatches", () => {
     const inDim = 64;
     const q = [5, 9, 4, 12, 7].map((o, i) => uploadWeight(dev, "q4", [o, inDim], 60 + i).ref);
