@@ -256,6 +256,18 @@ export interface QsaArgs {
   counts: Binding;
 }
 
+/**
+ * qsa_scores_*: simdgroups per threadgroup (kernels/qsa.metal), a block of 32 positions of one
+ * row each, the heads split between the simdgroups.
+ */
+const QSA_SCORE_SIMDGROUPS = 8;
+/**
+ * qsa_topk_f32's threads per row: at least one per histogram bin (256, the bin scan's), at
+ * most a threadgroup's 1024; in between, one per 32 positions rounded up.
+ */
+const QSA_TOPK_MIN_THREADS = 256;
+const QSA_TOPK_MAX_THREADS = 1024;
+
 /** QSA index scores, then the top-k positions of every row (two dispatches). */
 export function encodeQsa(ctx: EncodeContext, a: QsaArgs): void {
   checkRows(a.rows, "qsa");
@@ -267,7 +279,6 @@ export function encodeQsa(ctx: EncodeContext, a: QsaArgs): void {
   if (longest > ik.capacity) throw new RangeError(`qsa: positions up to ${longest - 1} exceed the cache capacity ${ik.capacity}`);
   if (a.scores.stride < longest * 4) throw new Error(`qsa: score rows of ${a.scores.stride} bytes cannot hold ${longest} positions`);
   if (longest > a.topk) {
-    const tg = 256;
     dispatch(
       ctx,
       ik.kind === "q8" ? "qsa_scores_q8" : "qsa_scores_f32",
@@ -284,11 +295,11 @@ export function encodeQsa(ctx: EncodeContext, a: QsaArgs): void {
         score_stride: a.scores.stride,
       },
       [at(a.iq), at(a.iw), ik.data, ik.scales ?? ik.data, at(a.scores)],
-      [Math.ceil(longest / tg), a.rows],
-      [tg, 1],
+      [Math.ceil(longest / SIMD_WIDTH), a.rows],
+      [SIMD_WIDTH * QSA_SCORE_SIMDGROUPS, 1],
     );
   }
-  const tg = Math.min(256, Math.ceil(longest / SIMD_WIDTH) * SIMD_WIDTH);
+  const tg = Math.min(QSA_TOPK_MAX_THREADS, Math.max(QSA_TOPK_MIN_THREADS, Math.ceil(longest / SIMD_WIDTH) * SIMD_WIDTH));
   dispatch(
     ctx,
     "qsa_topk_f32",
