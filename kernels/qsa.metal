@@ -7,7 +7,6 @@
 #include <metal_stdlib>
 #include "params.h"
 #include "sequence.h"
-#include "unroll.h"
 
 using namespace metal;
 
@@ -16,25 +15,29 @@ using namespace metal;
 #define QSA_SCORE_SIMDGROUPS 8
 #define QSA_HEADS_PER_LANE 4
 #define QSA_Q_STAGE 4096
-// 4-byte words of a q8 key a lane keeps in registers (di up to SEQ_MAX_HEAD_DIM = 256).
-#define QSA_KEY_WORDS 64
+// Words of the staged q8 keys: 32 rows of up to di / 4 = 64 words, padded (qsa_key_stride).
+#define QSA_KEY_STAGE (32 * 68)
 
 // The int8 code in byte j of w, as a float: 2^23 + (code + 128) built in the mantissa, less
 // 2^23 + 128 (exact). Integer ops and an add, where a conversion instruction runs at a
-// quarter of the FMA rate or less; the key is reused by every head, so this is per key byte.
+// quarter of the FMA rate or less.
 inline float qsa_code(uint w, uint j) {
   return as_type<float>(((w >> (8u * j)) & 255u) ^ 0x4B000080u) - 8388736.0f;
 }
 
+// Words between staged key rows: a multiple of 4 (16-byte reads) that is odd in units of 4,
+// so the 8 lanes of a 16-byte read phase hit distinct banks.
+inline uint qsa_key_stride(uint words) { return ((words + 3u) & ~3u) | 4u; }
+
 // Grid: (ceil((pos0 + nb) / 32), nb) threadgroups of 8 simdgroups; lane l scores position
-// 32 * x + l of row y. Heads go in rounds of up to 8 x QSA_HEADS_PER_LANE: q of the round
-// staged in threadgroup memory, simdgroup g takes heads g, g + 8, ..., each a dot product
-// over di in ascending order (one fma chain, as the reference sums it), relu'd into
-// threadgroup memory; simdgroup 0 then adds the heads in ascending order. The order of every
-// sum is fixed: scores are the same bits whatever the grid (the top-k ranks them exactly).
-// A q8 key is read once into registers (16-byte loads) and serves every head and round.
-// Rows that attend everywhere and blocks past the row are skipped. ik: q8 codes
-// [positions][di] with scales [positions], or f32 values [positions][di] (scales unused).
+// 32 x + l of row y. The block's 32 q8 keys are staged in threadgroup memory once (coalesced
+// words); heads go in rounds of up to 8 x QSA_HEADS_PER_LANE, q of the round staged beside
+// them, simdgroup g taking heads g, g + 8, ...: each head a dot product over di in ascending
+// order (one fma chain, as before this layout), relu'd into threadgroup memory; simdgroup 0
+// then adds the heads in ascending order. Every sum's order is fixed, so a score is the
+// same bits whatever the grid (the top-k ranks scores exactly). Rows that attend everywhere
+// and blocks past the row are skipped. ik: q8 codes [positions][di] with scales
+// [positions], or f32 values [positions][di] (scales unused; read from device memory).
 template <bool Q8>
 [[max_total_threads_per_threadgroup(256)]] kernel void qsa_scores(
     constant QsaScoresParams& p  [[buffer(0)]],
@@ -48,6 +51,7 @@ template <bool Q8>
     ushort lane                  [[thread_index_in_simdgroup]],
     ushort sg                    [[simdgroup_index_in_threadgroup]]) {
   threadgroup float4 qstage[QSA_Q_STAGE / 4];
+  threadgroup uint4 kstage[QSA_KEY_STAGE / 4];
   threadgroup float relu_dot[QSA_SCORE_SIMDGROUPS * QSA_HEADS_PER_LANE][32];
   const uint t = tg.y;
   const uint block = tg.x * 32u;
@@ -55,10 +59,11 @@ template <bool Q8>
   if (count <= uint(p.topk) || block >= count) {
     return;  // uniform over the threadgroup
   }
+  const uint nthreads = 32u * QSA_SCORE_SIMDGROUPS;
   const uint s = block + uint(lane);
   const bool valid = s < count;
   const uint di = uint(p.head_dim);
-  const uint words = di / 4u;  // di % 4 == 0 (the host checks)
+  const uint words = di / 4u;  // di % 4 == 0, di <= 256 (the host checks)
   const uint heads = uint(p.heads);
   // Heads a lane takes per round, so that a round's q fits the stage.
   const uint per_lane = min(uint(QSA_HEADS_PER_LANE), uint(QSA_Q_STAGE) / (QSA_SCORE_SIMDGROUPS * di));
@@ -67,31 +72,26 @@ template <bool Q8>
   device const float* w = seq_row(iw, p.iw_stride, t);
   threadgroup float* qs = (threadgroup float*)qstage;
 
-  uint kw[QSA_KEY_WORDS];
+  const uint kstride = qsa_key_stride(words);
   float scale = 1.0f;
   if (Q8) {
-    if ((di & 15u) == 0u) {
-      device const uint4* k16 = (device const uint4*)(ik + ulong(s) * di);
-      CK_UNROLL for (uint i = 0; i < QSA_KEY_WORDS / 4u; i++) {
-        const uint4 v = valid && i < di / 16u ? k16[i] : uint4(0u);
-        for (uint c = 0; c < 4u; c++) {
-          kw[4u * i + c] = v[c];
-        }
-      }
-    } else {
-      device const uint* k4 = (device const uint*)(ik + ulong(s) * di);
-      CK_UNROLL for (uint i = 0; i < QSA_KEY_WORDS; i++) {
-        kw[i] = valid && i < words ? k4[i] : 0u;
-      }
+    // Row r of the stage: the key of position block + r, zero past its words or past count.
+    threadgroup uint* ks = (threadgroup uint*)kstage;
+    device const uint* src = (device const uint*)(ik + ulong(block) * di);
+    for (uint i = tid; i < 32u * kstride; i += nthreads) {
+      const uint r = i / kstride;
+      const uint c = i - r * kstride;
+      ks[i] = c < words && block + r < count ? src[r * words + c] : 0u;
     }
     scale = valid ? ik_scale[s] : 0.0f;
   }
+  threadgroup const uint4* mykey = kstage + uint(lane) * (kstride / 4u);
   device const float4* kf32 = (device const float4*)((device const float*)ik + ulong(valid ? s : 0u) * di);
 
   float acc = 0.0f;
   for (uint h0 = 0; h0 < heads; h0 += round) {
     const uint nh = min(round, heads - h0);
-    for (uint i = tid; i < nh * di; i += 32u * QSA_SCORE_SIMDGROUPS) {
+    for (uint i = tid; i < nh * di; i += nthreads) {
       qs[i] = q[h0 * di + i];
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -102,14 +102,18 @@ template <bool Q8>
       d[j] = 0.0f;
     }
     if (Q8) {
-      CK_UNROLL for (uint i = 0; i < QSA_KEY_WORDS; i++) if (i < words) {
-        const float4 k = float4(qsa_code(kw[i], 0u), qsa_code(kw[i], 1u), qsa_code(kw[i], 2u), qsa_code(kw[i], 3u));
-        CK_UNROLL for (uint j = 0; j < QSA_HEADS_PER_LANE; j++) if (j < mine) {
-          const float4 qv = qstage[(uint(sg) + QSA_SCORE_SIMDGROUPS * j) * words + i];
-          d[j] = fma(qv.x, k.x, d[j]);
-          d[j] = fma(qv.y, k.y, d[j]);
-          d[j] = fma(qv.z, k.z, d[j]);
-          d[j] = fma(qv.w, k.w, d[j]);
+      for (uint c = 0; c < (words + 3u) / 4u; c++) {
+        const uint4 w4 = mykey[c];
+        CK_UNROLL for (uint b = 0; b < 4u; b++) if (4u * c + b < words) {
+          const uint i = 4u * c + b;
+          const float4 k = float4(qsa_code(w4[b], 0u), qsa_code(w4[b], 1u), qsa_code(w4[b], 2u), qsa_code(w4[b], 3u));
+          CK_UNROLL for (uint j = 0; j < QSA_HEADS_PER_LANE; j++) if (j < mine) {
+            const float4 qv = qstage[(uint(sg) + QSA_SCORE_SIMDGROUPS * j) * words + i];
+            d[j] = fma(qv.x, k.x, d[j]);
+            d[j] = fma(qv.y, k.y, d[j]);
+            d[j] = fma(qv.z, k.z, d[j]);
+            d[j] = fma(qv.w, k.w, d[j]);
+          }
         }
       }
     } else if (valid) {
