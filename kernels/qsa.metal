@@ -157,7 +157,8 @@ inline uint qsa_key(float f) {
 
 // One threadgroup per row, 256 to 1024 threads (a multiple of 32). The k-th largest key is
 // found by a radix select: four 8-bit passes, each a histogram of the keys that match the
-// bytes found so far (threadgroup atomics), then the bin holding the k-th found by a prefix
+// bytes found so far (threadgroup atomics; a simdgroup whose matching keys share a bin adds
+// them at once), then the bin holding the k-th found by a prefix
 // sum over the 256 bins, one per thread of the first 8 simdgroups, in descending bin order
 // (SIMD prefix sums and 8 simdgroup totals). Two histograms alternate, so the next one is
 // cleared while this one is scanned: three barriers a pass.
@@ -205,10 +206,21 @@ inline uint qsa_key(float f) {
   for (uint pass = 0; pass < 4u; pass++) {
     const uint shift = 24u - 8u * pass;
     threadgroup atomic_uint* h = hist[pass & 1u];
-    for (uint s = tid; s < count; s += nt) {
-      const uint key = qsa_key(sc[s]);
-      if ((key & mask) == prefix) {
-        atomic_fetch_add_explicit(&h[(key >> shift) & 255u], 1u, memory_order_relaxed);
+    for (uint base = 0; base < count; base += nt) {  // the same trip count on every lane
+      const uint s = base + tid;
+      const uint key = s < count ? qsa_key(sc[s]) : 0u;
+      const bool match = s < count && (key & mask) == prefix;
+      const uint bin = (key >> shift) & 255u;
+      // Equal scores (relu's zeros) put whole simdgroups in one bin: one add for all of them
+      // rather than 32 on one address, which the hardware serializes.
+      const uint first = simd_min(match ? bin : 256u);  // 256: no lane matches
+      if (simd_all(!match || bin == first)) {
+        const uint n = simd_sum(match ? 1u : 0u);
+        if (lane == 0 && n > 0u) {
+          atomic_fetch_add_explicit(&h[first], n, memory_order_relaxed);
+        }
+      } else if (match) {
+        atomic_fetch_add_explicit(&h[bin], 1u, memory_order_relaxed);
       }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);

@@ -8,7 +8,7 @@
 import { ropeInvFreq } from "../model/rope.ts";
 import type { Binding, Buffer, Device, Storage } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
-import { SIMD_WIDTH } from "./limits.ts";
+import { SIMD_WIDTH, threadsWithin } from "./limits.ts";
 import { Params } from "./params.ts";
 import { ROPE_MAX_PAIRS, SEQ_MAX_HEAD_DIM } from "./params-sequence.ts";
 import { checkRows, checkVector } from "./projections.ts";
@@ -299,7 +299,8 @@ export function encodeQsa(ctx: EncodeContext, a: QsaArgs): void {
       [SIMD_WIDTH * QSA_SCORE_SIMDGROUPS, 1],
     );
   }
-  const tg = Math.min(QSA_TOPK_MAX_THREADS, Math.max(QSA_TOPK_MIN_THREADS, Math.ceil(longest / SIMD_WIDTH) * SIMD_WIDTH));
+  const tg = threadsWithin(ctx.device.pipeline("qsa_topk_f32"), Math.min(QSA_TOPK_MAX_THREADS, Math.max(QSA_TOPK_MIN_THREADS, Math.ceil(longest / SIMD_WIDTH) * SIMD_WIDTH)));
+  if (tg < QSA_TOPK_MIN_THREADS) throw new Error(`qsa_topk_f32: the pipeline allows ${tg} threads per threadgroup, fewer than its ${QSA_TOPK_MIN_THREADS} histogram bins`);
   dispatch(
     ctx,
     "qsa_topk_f32",
