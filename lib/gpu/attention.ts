@@ -257,13 +257,13 @@ export interface QsaArgs {
 }
 
 /**
- * qsa_scores_*: simdgroups per threadgroup (kernels/qsa.metal), a block of 32 positions of one
- * row each, the heads split between the simdgroups.
+ * qsa_scores_*: simdgroups per threadgroup, a block of 32 positions of one row each, the heads
+ * split between the simdgroups (QSA_SCORE_SIMDGROUPS in kernels/qsa.metal: the same number).
  */
 const QSA_SCORE_SIMDGROUPS = 8;
 /**
- * qsa_topk_f32's threads per row: at least one per histogram bin (256, the bin scan's), at
- * most a threadgroup's 1024; in between, one per 32 positions rounded up.
+ * qsa_topk_f32's threads per row: one per position (rounded up to 32), but at least one per
+ * histogram bin (256, the bin scan's) and at most a threadgroup's 1024.
  */
 const QSA_TOPK_MIN_THREADS = 256;
 const QSA_TOPK_MAX_THREADS = 1024;
