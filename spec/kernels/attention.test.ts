@@ -184,6 +184,7 @@ describe("qsa_scores + qsa_topk_f32", () => {
   const cases = [
     { nb: 1, pos0: 3000, Hi: 4, di: 32, topk: 64 },
     { nb: 2, pos0: 100, Hi: 2, di: 16, topk: 8 },
+    { nb: 3, pos0: 300, Hi: 36, di: 24, topk: 50 }, // top-k on 320 threads (10 simdgroups); heads in two rounds (32 + 4)
     { nb: 5, pos0: 2, Hi: 2, di: 16, topk: 4 }, // rows 0-1 take every position, later rows select
     { nb: MAX_NB, pos0: 0, Hi: 2, di: 16, topk: 16 },
   ];
