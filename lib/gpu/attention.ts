@@ -8,7 +8,7 @@
 import { ropeInvFreq } from "../model/rope.ts";
 import type { Binding, Buffer, Device, Storage } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
-import { SIMD_WIDTH } from "./limits.ts";
+import { SIMD_WIDTH, threadsWithin } from "./limits.ts";
 import { Params } from "./params.ts";
 import { ROPE_MAX_PAIRS, SEQ_MAX_HEAD_DIM } from "./params-sequence.ts";
 import { checkRows, checkVector } from "./projections.ts";
@@ -256,6 +256,18 @@ export interface QsaArgs {
   counts: Binding;
 }
 
+/**
+ * qsa_scores_*: simdgroups per threadgroup, a block of 32 positions of one row each, the heads
+ * split between the simdgroups (QSA_SCORE_SIMDGROUPS in kernels/qsa.metal: the same number).
+ */
+const QSA_SCORE_SIMDGROUPS = 8;
+/**
+ * qsa_topk_f32's threads per row: one per position (rounded up to 32), but at least one per
+ * histogram bin (256, the bin scan's) and at most a threadgroup's 1024.
+ */
+const QSA_TOPK_MIN_THREADS = 256;
+const QSA_TOPK_MAX_THREADS = 1024;
+
 /** QSA index scores, then the top-k positions of every row (two dispatches). */
 export function encodeQsa(ctx: EncodeContext, a: QsaArgs): void {
   checkRows(a.rows, "qsa");
@@ -267,7 +279,6 @@ export function encodeQsa(ctx: EncodeContext, a: QsaArgs): void {
   if (longest > ik.capacity) throw new RangeError(`qsa: positions up to ${longest - 1} exceed the cache capacity ${ik.capacity}`);
   if (a.scores.stride < longest * 4) throw new Error(`qsa: score rows of ${a.scores.stride} bytes cannot hold ${longest} positions`);
   if (longest > a.topk) {
-    const tg = 256;
     dispatch(
       ctx,
       ik.kind === "q8" ? "qsa_scores_q8" : "qsa_scores_f32",
@@ -284,11 +295,12 @@ export function encodeQsa(ctx: EncodeContext, a: QsaArgs): void {
         score_stride: a.scores.stride,
       },
       [at(a.iq), at(a.iw), ik.data, ik.scales ?? ik.data, at(a.scores)],
-      [Math.ceil(longest / tg), a.rows],
-      [tg, 1],
+      [Math.ceil(longest / SIMD_WIDTH), a.rows],
+      [SIMD_WIDTH * QSA_SCORE_SIMDGROUPS, 1],
     );
   }
-  const tg = Math.min(256, Math.ceil(longest / SIMD_WIDTH) * SIMD_WIDTH);
+  const tg = threadsWithin(ctx.device.pipeline("qsa_topk_f32"), Math.min(QSA_TOPK_MAX_THREADS, Math.max(QSA_TOPK_MIN_THREADS, Math.ceil(longest / SIMD_WIDTH) * SIMD_WIDTH)));
+  if (tg < QSA_TOPK_MIN_THREADS) throw new Error(`qsa_topk_f32: the pipeline allows ${tg} threads per threadgroup, fewer than its ${QSA_TOPK_MIN_THREADS} histogram bins`);
   dispatch(
     ctx,
     "qsa_topk_f32",

@@ -41,6 +41,7 @@ import { encodeMatvec } from "../../lib/gpu/projections.ts";
 import { encodeGemm } from "../../lib/gpu/gemm.ts";
 import { encodeArgmax, encodeFinalRead } from "../../lib/gpu/sampling.ts";
 import { Device, type Buffer, type Storage } from "../../lib/shim.ts";
+import { MAX_NB } from "../../lib/gpu/limits.ts";
 import { allocateKvCache, attentionPartialBytes, attentionSplits, encodeAttention, encodeKvAppend, encodeQsa, encodeRope, qsaScoreBytes } from "../../lib/gpu/attention.ts";
 import { deltanetStateFloats, encodeConvSilu, encodeDeltaNet, encodeDeltaNetBlock } from "../../lib/gpu/deltanet.ts";
 import { encodePleConv, encodePleGate, encodePleGather, pleHistoryFloats } from "../../lib/gpu/ple.ts";
@@ -452,6 +453,8 @@ function cases(f: Fixture): BenchCase[] {
 
 /** Positions already in the caches when a sequence case runs (a short decode context). */
 const CONTEXT = 256;
+/** Contexts of the QSA selection cases: the 30b shape's top-k (2048) and past it. */
+const QSA_CONTEXTS = [2048, 4096, 8192];
 
 /** The sequence family's kernels (helper-K2's encode functions) at the same shapes. */
 function sequenceCases(f: Fixture): BenchCase[] {
@@ -559,6 +562,30 @@ function sequenceCases(f: Fixture): BenchCase[] {
         return (ctx) => encodeQsa(ctx, { rows: nb, pos0: CONTEXT, topk: qsa.topk, iq, iw, heads: qsa.heads, ik, scores, selected, counts });
       },
     },
+    // Past the top-k, where the selection switches on (the cases above run at CONTEXT, under
+    // it at the large presets): rows at positions context .. context + nb - 1, so every row
+    // selects; e.g. --preset 30b-a3b-shape --storage device --nb 1,256 --filter "QSA selection".
+    ...QSA_CONTEXTS.map((context) => ({
+      name: `QSA selection, context ${context}`,
+      kernels: [`qsa_scores_${at.kv_cache}`, "qsa_topk_f32"],
+      shape: `${qsa.heads} x ${qsa.head_dim} ${at.kv_cache}, topk ${qsa.topk}`,
+      setup(nb: number) {
+        const longest = context + nb;
+        const ik = allocateKvCache(f.dev, at.kv_cache, 1, qsa.head_dim, longest, STORAGE);
+        const keys = f.rows(Math.min(longest, MAX_NB), qsa.head_dim);
+        for (let p0 = 0; p0 < longest; p0 += MAX_NB)
+          runOnce(f.dev, (ctx) => encodeKvAppend(ctx, { rows: Math.min(MAX_NB, longest - p0), pos0: p0, x: keys, cache: ik }));
+        const iq = f.rows(nb, qsa.heads * qsa.head_dim);
+        const iw = f.rows(nb, qsa.heads);
+        const scores = { buffer: f.buffer(qsaScoreBytes(nb, context)), offset: 0, stride: longest * 4 };
+        const selected = f.buffer(nb * qsa.topk * 4);
+        const counts = f.buffer(nb * 4);
+        return (ctx: EncodeContext) => encodeQsa(ctx, { rows: nb, pos0: context, topk: qsa.topk, iq, iw, heads: qsa.heads, ik, scores, selected, counts });
+      },
+      // The index keys (codes and scales) and q read, the scores written and read back once.
+      bytes: (nb: number) => (context + nb) * (qsa.head_dim + 4) + nb * qsa.heads * (qsa.head_dim + 1) * 4 + 2 * nb * (context + nb) * 4,
+      flops: (nb: number) => 2 * qsa.heads * qsa.head_dim * (nb * context + (nb * (nb + 1)) / 2),
+    })),
     {
       name: "attention (causal)",
       kernels: [`attn_rows_${at.kv_cache}`],

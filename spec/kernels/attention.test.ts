@@ -184,6 +184,7 @@ describe("qsa_scores + qsa_topk_f32", () => {
   const cases = [
     { nb: 1, pos0: 3000, Hi: 4, di: 32, topk: 64 },
     { nb: 2, pos0: 100, Hi: 2, di: 16, topk: 8 },
+    { nb: 3, pos0: 300, Hi: 36, di: 24, topk: 50 }, // top-k on 320 threads (10 simdgroups); heads in two rounds (32 + 4)
     { nb: 5, pos0: 2, Hi: 2, di: 16, topk: 4 }, // rows 0-1 take every position, later rows select
     { nb: MAX_NB, pos0: 0, Hi: 2, di: 16, topk: 16 },
   ];
@@ -263,6 +264,57 @@ describe("qsa_scores + qsa_topk_f32", () => {
       expect(counts.i32[t]).toBe(topk);
       expect(Array.from(selected.i32.subarray(t * topk, (t + 1) * topk))).toEqual([0, 1, 2, 3, 4, 5]);
     }
+  });
+
+  // Thousands of positions drawn from five key vectors, so scores come in five groups of exact
+  // ties (one of them relu's zeros) and the k-th score falls inside a group: the selection is
+  // the higher groups and the lowest positions of the k-th's. Shapes: the 30b's (16 heads x 128,
+  // two heads a simdgroup), more heads than one round of qsa_scores holds (40 x 256: three
+  // rounds), and a q8 dim that is not a multiple of 16 (its 4-byte key loads).
+  const tieCases = [
+    { kind: "q8", Hi: 16, di: 128, pos0: 4000, topk: 2048 },
+    { kind: "q8", Hi: 40, di: 256, pos0: 2500, topk: 1400 },
+    { kind: "q8", Hi: 3, di: 20, pos0: 3000, topk: 700 },
+    { kind: "f32", Hi: 9, di: 36, pos0: 3000, topk: 2000 },
+  ] as const;
+  test.each(tieCases)("$kind, $Hi heads x $di, pos0 $pos0, topk $topk: five groups of equal scores", ({ kind, Hi, di, pos0, topk }) => {
+    const nb = 3;
+    const longest = pos0 + nb;
+    const iq = randomF32(nb * Hi * di, di, 1, "iq").map(Math.abs);
+    const iw = randomF32(nb * Hi, di, 1, "iw").map((w) => 0.1 + Math.abs(w));
+    const vectors = [0, 1, 2, 3, 4].map((v) => randomF32(di, 100 + v, 1, "ik").map((x) => (v === 0 ? -Math.abs(x) : Math.abs(x) * v)));
+    const group = (s: number) => (s * 7 + (s >> 5)) % 5; // interleaved, uneven runs
+    const ik = new KvCache(kind, 1, di);
+    for (let s = 0; s < longest; s++) ik.append(vectors[group(s)]!);
+    const scores = outputF32(dev, nb * longest);
+    const selected = outputI32(dev, nb * topk);
+    const counts = outputI32(dev, nb);
+    const iqb = uploadF32(dev, iq);
+    const iwb = uploadF32(dev, iw);
+    run(dev, (ctx) =>
+      encodeQsa(ctx, {
+        rows: nb, pos0, topk, heads: Hi, iq: rows(iqb, Hi * di), iw: rows(iwb, Hi), ik: uploadCache(ik, longest),
+        scores: rows(scores, longest), selected, counts,
+      }),
+    );
+    let cutInsideGroup = 0;
+    for (let t = 0; t < nb; t++) {
+      const count = pos0 + t + 1;
+      const got = scores.f32.subarray(t * longest, t * longest + count);
+      const ref = qsaScores(iq.subarray(t * Hi * di, (t + 1) * Hi * di), iw.subarray(t * Hi, (t + 1) * Hi), ik.values.subarray(0, count * di), count, Hi, di);
+      expectClose(got, ref, { abs: 1e-6, rel: 1e-5 }, `qsa-scores ties ${kind} ${Hi}x${di}`);
+      // Equal keys score the same bits, and five distinct values.
+      const first = [0, 1, 2, 3, 4].map((g) => [0, 1, 2, 3, 4].find((s) => group(s) === g)!);
+      for (let s = 0; s < count; s++) if (got[s] !== got[first[group(s)]!]) throw new Error(`qsa ties: position ${s} scores ${got[s]}, not its group's ${got[first[group(s)]!]}`);
+      expect(new Set(got).size).toBe(5);
+      const want = qsaSelect(ref, topk);
+      expect(counts.i32[t]).toBe(topk);
+      expect(Array.from(selected.i32.subarray(t * topk, (t + 1) * topk))).toEqual(want);
+      const kth = topKIndices(got, topk).map((s) => got[s]!)[topk - 1]!;
+      const above = Array.from(got).filter((x) => x > kth).length;
+      if (above > 0 && above < topk && Array.from(got).filter((x) => x === kth).length > topk - above) cutInsideGroup++;
+    }
+    expect(cutInsideGroup).toBeGreaterThan(0); // the case tests ties at the cut, not a clean boundary
   });
 });
 
