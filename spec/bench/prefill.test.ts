@@ -1,0 +1,90 @@
+// bench:prefill (spec/bench/prefill.ts) end to end on a tiny synthesized model, on the selected
+// backend (the CPU backend here): the JSON's shape and the invariants its numbers must keep,
+// none of them a timing. Warm: pool 100% preloaded, nothing read during a prompt. Cold: a 25%
+// pool emptied before each prompt, each record read at most once per chunk, the first chunk
+// reads every record it routes to, the disk bound is bandwidth over bytes per token.
+import { expect, test } from "bun:test";
+import { join } from "node:path";
+import { selectedBackend } from "../selected-backend.ts";
+import type { ChunkRun, ModeRun } from "./prefill.ts";
+
+const ROOT = join(import.meta.dir, "..", "..");
+const backend = selectedBackend();
+
+async function bench(args: string[]): Promise<Record<string, unknown>> {
+  const p = Bun.spawn([process.execPath, join(ROOT, "spec/bench/prefill.ts"), ...args, "--json"], {
+    cwd: ROOT,
+    env: { ...process.env, CHERENKOV_BACKEND: backend },
+    stdout: "pipe",
+    stderr: "pipe",
+  });
+  const [out, err, code] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
+  if (code !== 0) throw new Error(`bench:prefill exited ${code}: ${err}`);
+  const lines = out.trim().split("\n");
+  expect(lines.length).toBe(1); // --json: one object, nothing else on stdout
+  return JSON.parse(lines[0]!) as Record<string, unknown>;
+}
+
+test("the engine run: warm reads nothing, cold reads each routed record at most once per chunk, tokens and the disk bound add up", async () => {
+  const j = await bench(["--preset", "tiny", "--prompts", "16,40", "--chunk", "16"]);
+  expect(j).toMatchObject({ bench: "prefill", backend, prompts: [16, 40], expertLayers: 5, perLayer: 8, topK: 2 });
+  const recordBytes = j.recordBytes as number;
+  const disk = j.disk as { bytesPerSecond: number; recordBytes: number };
+  expect(disk.bytesPerSecond).toBeGreaterThan(0);
+  expect(disk.recordBytes).toBe(recordBytes);
+  const [warm, cold] = j.modes as ModeRun[];
+  expect([warm!.mode, cold!.mode]).toEqual(["warm", "cold"]);
+  for (const m of [warm!, cold!]) {
+    expect(m.chunkRows).toBe(16);
+    expect(m.prompts.map((r) => r.promptTokens)).toEqual([16, 40]);
+    for (const r of m.prompts) {
+      expect(r.chunks).toBe(Math.ceil(r.promptTokens / 16));
+      expect(r.perChunk.map((c: ChunkRun) => c.rows)).toEqual(Array.from({ length: r.chunks }, (_, i) => Math.min(16, r.promptTokens - 16 * i)));
+      expect(r.ms).toBeCloseTo(r.perChunk.reduce((s, c) => s + c.ms, 0), 6);
+      expect(r.tokensPerSecond).toBeCloseTo(r.promptTokens / (r.ms / 1000), 6);
+      // Every chunk routes every trunk layer (and no more than all the layers' records).
+      for (const c of r.perChunk) expect(c.unionRecords).toBeGreaterThanOrEqual(4 * 2);
+      expect(r.readBytesPerToken).toBe(r.readBytes / r.promptTokens);
+    }
+  }
+  expect([warm!.preloaded, warm!.poolSlots]).toEqual([true, warm!.records]);
+  for (const r of warm!.prompts) {
+    expect([r.readBytes, r.recordsRead, r.maxReadsPerRecord, r.hitRate]).toEqual([0, 0, 0, 1]);
+    expect(r.diskBoundTokensPerSecond).toBeUndefined();
+  }
+  expect(cold!.preloaded).toBe(false);
+  expect(cold!.poolSlots).toBe(Math.round(cold!.records / 4));
+  for (const r of cold!.prompts) {
+    expect(r.maxReadsPerRecord).toBe(1); // read, and never twice in one chunk
+    for (const c of r.perChunk) expect(c.maxLayerReadShare).toBeLessThanOrEqual(1);
+    // From an empty pool the first chunk misses every record it routes to.
+    expect(r.perChunk[0]!.recordsRead).toBeGreaterThanOrEqual(r.perChunk[0]!.unionRecords);
+    expect(r.recordsRead).toBe(r.perChunk.reduce((s, c) => s + c.recordsRead, 0));
+    // Bytes landed: whole records, no more than the reads issued (a cancelled prefetch reads nothing).
+    expect(r.readBytes % recordBytes).toBe(0);
+    expect(r.readBytes).toBeGreaterThanOrEqual(r.perChunk[0]!.unionRecords * recordBytes);
+    expect(r.readBytes).toBeLessThanOrEqual(r.recordsRead * recordBytes);
+    expect(r.diskBoundTokensPerSecond!).toBeCloseTo(disk.bytesPerSecond / r.readBytesPerToken, 6);
+    expect(r.ratioToDiskBound!).toBeCloseTo(r.tokensPerSecond / r.diskBoundTokensPerSecond!, 9);
+  }
+}, 120_000);
+
+test("--simulate keeps the routing simulation: per-token records against decode's, through the pool policy", async () => {
+  const j = await bench(["--simulate", "--preset", "tiny", "--chunk", "16", "--prompt", "64", "--decode", "16", "--pool", "25,100", "--zipf", "0"]);
+  expect(j).toMatchObject({ bench: "prefill", preset: "tiny", chunk: 16, prompt: 64, decode: 16 });
+  const results = j.results as { poolPercent: number; slots: number; prefillRecordsPerToken: number; decodeRecordsPerToken: number }[];
+  // The tiny preset's trunk: 4 layers x 8 experts.
+  expect(results.map((r) => [r.poolPercent, r.slots])).toEqual([
+    [25, 8],
+    [100, 32],
+  ]);
+  // A pool holding every record reads each at most once over the whole run.
+  const full = results[1]!;
+  expect(full.prefillRecordsPerToken * 64 + full.decodeRecordsPerToken * 16).toBeLessThanOrEqual(32);
+  expect(results[0]!.prefillRecordsPerToken).toBeGreaterThan(0);
+  expect(results[0]!.decodeRecordsPerToken).toBeGreaterThan(0); // a quarter of the records cannot hold decode's
+});
+
+test("the engine run refuses options that belong to --simulate, naming them", async () => {
+  await expect(bench(["--preset", "tiny", "--prompt", "64"])).rejects.toThrow(/--prompt belongs to --simulate/);
+});
