@@ -42,29 +42,38 @@ test("the engine run: warm reads nothing, cold reads each routed record at most 
       expect(r.perChunk.map((c: ChunkRun) => c.rows)).toEqual(Array.from({ length: r.chunks }, (_, i) => Math.min(16, r.promptTokens - 16 * i)));
       expect(r.ms).toBeCloseTo(r.perChunk.reduce((s, c) => s + c.ms, 0), 6);
       expect(r.tokensPerSecond).toBeCloseTo(r.promptTokens / (r.ms / 1000), 6);
-      // Every chunk routes every trunk layer (and no more than all the layers' records).
-      for (const c of r.perChunk) expect(c.unionRecords).toBeGreaterThanOrEqual(4 * 2);
+      for (const c of r.perChunk) {
+        // Every chunk routes every trunk layer to top-2 at least; the routing counts and the pool agree on it.
+        expect(c.unionRecords).toBeGreaterThanOrEqual(4 * 2);
+        expect(c.poolUnionRecords).toBe(c.unionRecords);
+      }
       expect(r.readBytesPerToken).toBe(r.readBytes / r.promptTokens);
     }
   }
   expect([warm!.preloaded, warm!.poolSlots]).toEqual([true, warm!.records]);
   for (const r of warm!.prompts) {
-    expect([r.readBytes, r.recordsRead, r.maxReadsPerRecord, r.hitRate]).toEqual([0, 0, 0, 1]);
+    expect([r.readBytes, r.recordsRead, r.neededBytes, r.maxReadsPerRecord, r.hitRate]).toEqual([0, 0, 0, 0, 1]);
     expect(r.diskBoundTokensPerSecond).toBeUndefined();
   }
   expect(cold!.preloaded).toBe(false);
   expect(cold!.poolSlots).toBe(Math.round(cold!.records / 4));
   for (const r of cold!.prompts) {
     expect(r.maxReadsPerRecord).toBe(1); // read, and never twice in one chunk
-    for (const c of r.perChunk) expect(c.maxLayerReadShare).toBeLessThanOrEqual(1);
-    // From an empty pool the first chunk misses every record it routes to.
-    expect(r.perChunk[0]!.recordsRead).toBeGreaterThanOrEqual(r.perChunk[0]!.unionRecords);
+    for (const c of r.perChunk) {
+      expect(c.maxLayerReadShare).toBeLessThanOrEqual(1);
+      // Every read is a routed record's only one, or a prediction the chunk did not route to.
+      expect(c.recordsRead).toBe(c.routedRecordsRead + c.unroutedReads);
+      expect(c.routedRecordsRead).toBeLessThanOrEqual(c.unionRecords);
+    }
+    // From an empty pool the first chunk reads every record it routes to.
+    expect(r.perChunk[0]!.routedRecordsRead).toBe(r.perChunk[0]!.unionRecords);
     expect(r.recordsRead).toBe(r.perChunk.reduce((s, c) => s + c.recordsRead, 0));
-    // Bytes landed: whole records, no more than the reads issued (a cancelled prefetch reads nothing).
+    expect(r.neededBytes).toBe(r.routedRecordsRead * recordBytes);
+    // Bytes landed: whole records, every needed one, no more than the reads issued (a cancelled prefetch reads nothing).
     expect(r.readBytes % recordBytes).toBe(0);
-    expect(r.readBytes).toBeGreaterThanOrEqual(r.perChunk[0]!.unionRecords * recordBytes);
+    expect(r.readBytes).toBeGreaterThanOrEqual(r.neededBytes);
     expect(r.readBytes).toBeLessThanOrEqual(r.recordsRead * recordBytes);
-    expect(r.diskBoundTokensPerSecond!).toBeCloseTo(disk.bytesPerSecond / r.readBytesPerToken, 6);
+    expect(r.diskBoundTokensPerSecond!).toBeCloseTo(disk.bytesPerSecond / (r.neededBytes / r.promptTokens), 6);
     expect(r.ratioToDiskBound!).toBeCloseTo(r.tokensPerSecond / r.diskBoundTokensPerSecond!, 9);
   }
 }, 120_000);

@@ -100,8 +100,14 @@ export interface ChunkRun {
   ms: number;
   /** Record reads issued during the chunk (every layer). */
   recordsRead: number;
-  /** Sum over layers of the chunk's union of routed experts (distinct records the chunk needed). */
+  /** Sum over layers of the chunk's union of routed experts (distinct records the chunk needed), from the routing counts. */
   unionRecords: number;
+  /** The same from the pool's hits + misses (a site counts each distinct expert once): equal to unionRecords. */
+  poolUnionRecords: number;
+  /** Records the chunk routed to and read (each once at most: the bytes the chunk had to read). */
+  routedRecordsRead: number;
+  /** Reads of records the chunk did not route to (lookahead predictions that missed). */
+  unroutedReads: number;
   /** The most times one record was read during the chunk (at most 1: each routed expert read once per chunk). */
   maxReadsPerRecord: number;
   /** The largest share of one layer's records read during the chunk. */
@@ -124,13 +130,18 @@ export interface PromptRun {
   readBytesPerToken: number;
   recordsRead: number;
   unionRecords: number;
+  routedRecordsRead: number;
+  unroutedReads: number;
+  /** routedRecordsRead x record bytes: what the chunks had to read (the disk bound's bytes). */
+  neededBytes: number;
+  neededBytesPerToken: number;
   /** Max over chunks, layers and records of reads of one record within one chunk. */
   maxReadsPerRecord: number;
   /** Mean over chunks and layers of the share of the layer's records the chunk read. */
   layerReadShare: number;
   maxLayerReadShare: number;
   hitRate: number;
-  /** Cold only: the disk's bandwidth over readBytesPerToken, and this run's share of it. */
+  /** Cold only: the disk's bandwidth over neededBytesPerToken, and this run's share of it. */
   diskBoundTokensPerSecond?: number | null;
   ratioToDiskBound?: number | null;
   perChunk: ChunkRun[];
@@ -166,6 +177,14 @@ async function ioSettled(engine: Engine): Promise<void> {
   throw new Error("bench:prefill: the engine's reads did not settle within 10 s");
 }
 
+/** Rows routed so far to each record (index layer * perLayer + e), from the engine's expert activity. */
+function routedRows(engine: Engine): Float64Array {
+  const { activity, pool } = engine.gpu;
+  const out = new Float64Array(pool.layers * pool.perLayer);
+  for (let l = 0; l < pool.layers; l++) for (let e = 0; e < pool.perLayer; e++) out[l * pool.perLayer + e] = activity.count(l, e);
+  return out;
+}
+
 /** Prefills `tokens` on `seq` chunk by chunk, as forward() cuts them, taking the pool's read counts between chunks. */
 async function prefill(engine: Engine, seq: EngineSequence, tokens: number[]): Promise<Omit<PromptRun, "diskBoundTokensPerSecond" | "ratioToDiskBound">> {
   const g = engine.gpu;
@@ -179,24 +198,31 @@ async function prefill(engine: Engine, seq: EngineSequence, tokens: number[]): P
   let shareCount = 0;
   for (const [a, b] of chunkRanges(tokens.length, g.prefillRows)) {
     const reads0 = pool.recordReads();
+    const routed0 = routedRows(engine);
     const ps0 = pool.poolStats().perLayer;
     const t0 = performance.now();
     await seq.forward(tokens.slice(a, b), { logits: b === tokens.length ? "last" : "none" });
     const ms = performance.now() - t0;
     const reads1 = pool.recordReads();
+    const routed1 = routedRows(engine);
     const ps1 = pool.poolStats().perLayer;
-    const c: ChunkRun = { rows: b - a, ms, recordsRead: 0, unionRecords: 0, maxReadsPerRecord: 0, maxLayerReadShare: 0 };
+    const c: ChunkRun = { rows: b - a, ms, recordsRead: 0, unionRecords: 0, poolUnionRecords: 0, routedRecordsRead: 0, unroutedReads: 0, maxReadsPerRecord: 0, maxLayerReadShare: 0 };
     for (let l = 0; l < pool.layers; l++) {
       let layerReads = 0;
-      for (let e = 0; e < E; e++) {
-        const d = reads1[l * E + e]! - reads0[l * E + e]!;
+      let union = 0;
+      for (let k = l * E; k < (l + 1) * E; k++) {
+        const d = reads1[k]! - reads0[k]!;
+        const routed = routed1[k]! > routed0[k]!;
         layerReads += d;
+        if (routed) union++;
+        if (routed && d > 0) c.routedRecordsRead++;
+        if (!routed) c.unroutedReads += d;
         c.maxReadsPerRecord = Math.max(c.maxReadsPerRecord, d);
       }
-      // A site's union: its distinct experts, each counted once as a hit or a miss.
-      const union = ps1.hits[l]! - ps0.hits[l]! + ps1.misses[l]! - ps0.misses[l]!;
       c.recordsRead += layerReads;
       c.unionRecords += union;
+      // A site's union as the pool saw it: its distinct experts, each counted once as a hit or a miss.
+      c.poolUnionRecords += ps1.hits[l]! - ps0.hits[l]! + ps1.misses[l]! - ps0.misses[l]!;
       c.maxLayerReadShare = Math.max(c.maxLayerReadShare, layerReads / E);
       if (union > 0) {
         shareSum += layerReads / E;
@@ -211,6 +237,7 @@ async function prefill(engine: Engine, seq: EngineSequence, tokens: number[]): P
   const hits = st.pool.hits - stats0.hits;
   const misses = st.pool.misses - stats0.misses;
   const readBytes = completed() - bytes0;
+  const routedRecordsRead = perChunk.reduce((s, c) => s + c.routedRecordsRead, 0);
   return {
     promptTokens: tokens.length,
     chunks: perChunk.length,
@@ -224,6 +251,10 @@ async function prefill(engine: Engine, seq: EngineSequence, tokens: number[]): P
     readBytesPerToken: readBytes / tokens.length,
     recordsRead: perChunk.reduce((s, c) => s + c.recordsRead, 0),
     unionRecords: perChunk.reduce((s, c) => s + c.unionRecords, 0),
+    routedRecordsRead,
+    unroutedReads: perChunk.reduce((s, c) => s + c.unroutedReads, 0),
+    neededBytes: routedRecordsRead * pool.recordBytes,
+    neededBytesPerToken: (routedRecordsRead * pool.recordBytes) / tokens.length,
     maxReadsPerRecord: Math.max(0, ...perChunk.map((c) => c.maxReadsPerRecord)),
     layerReadShare: shareCount ? shareSum / shareCount : 0,
     maxLayerReadShare: Math.max(0, ...perChunk.map((c) => c.maxLayerReadShare)),
@@ -262,7 +293,7 @@ async function runMode(dir: string, mode: "warm" | "cold", disk: DiskBandwidth |
       const r: PromptRun = await prefill(engine, seq, promptOf(n, vocab, `bench-prefill-${n}`));
       seq.dispose();
       if (!warm && disk) {
-        r.diskBoundTokensPerSecond = r.readBytesPerToken > 0 ? disk.bytesPerSecond / r.readBytesPerToken : null;
+        r.diskBoundTokensPerSecond = r.neededBytesPerToken > 0 ? disk.bytesPerSecond / r.neededBytesPerToken : null;
         r.ratioToDiskBound = r.diskBoundTokensPerSecond ? r.tokensPerSecond / r.diskBoundTokensPerSecond : null;
       }
       runs.push(r);
@@ -298,12 +329,13 @@ function printMode(m: ModeRun, disk: DiskBandwidth | null): void {
     return;
   }
   log(`disk: ${disk ? `${f(disk.bytesPerSecond / 1e9, 2)} GB/s direct random reads of ${disk.recordBytes} B records (${disk.mode}${disk.fallbackReason ? `: ${disk.fallbackReason}` : ""}${disk.records ? `, ${disk.records} records` : ""})` : "not measured"}`);
-  log("\n| prompt | chunks | ms | prompt tok/s | expert MB read | MB/token | layer read / chunk | max reads per record per chunk | io-wait ms | disk bound tok/s | of bound |");
-  log("|---|---|---|---|---|---|---|---|---|---|---|");
+  log("\n| prompt | chunks | ms | prompt tok/s | expert MB read | needed MB/token | layer read / chunk | max reads of a record in a chunk | unrouted reads | io-wait ms | disk bound tok/s | of bound |");
+  log("|---|---|---|---|---|---|---|---|---|---|---|---|");
   for (const r of m.prompts)
     log(
-      `| ${r.promptTokens} | ${r.chunks} | ${f(r.ms, 0)} | **${f(r.tokensPerSecond)}** | ${mb(r.readBytes)} | ${f(r.readBytesPerToken / 1e6, 2)} | ${f(100 * r.layerReadShare, 0)}% (max ${f(100 * r.maxLayerReadShare, 0)}%) | ${r.maxReadsPerRecord} | ${f(r.ioWaitMs, 0)} | ${r.diskBoundTokensPerSecond ? f(r.diskBoundTokensPerSecond) : "-"} | ${r.ratioToDiskBound ? `**${f(100 * r.ratioToDiskBound, 0)}%**` : "-"} |`,
+      `| ${r.promptTokens} | ${r.chunks} | ${f(r.ms, 0)} | **${f(r.tokensPerSecond)}** | ${mb(r.readBytes)} | ${f(r.neededBytesPerToken / 1e6, 2)} | ${f(100 * r.layerReadShare, 0)}% (max ${f(100 * r.maxLayerReadShare, 0)}%) | ${r.maxReadsPerRecord} | ${r.unroutedReads} | ${f(r.ioWaitMs, 0)} | ${r.diskBoundTokensPerSecond ? f(r.diskBoundTokensPerSecond) : "-"} | ${r.ratioToDiskBound ? `**${f(100 * r.ratioToDiskBound, 0)}%**` : "-"} |`,
     );
+  log("(needed: the records a chunk routed to and read, each once at most; the disk bound is the disk's bandwidth over those bytes per token. Unrouted reads: lookahead predictions the chunk did not route to.)");
 }
 
 let tmp: string | null = null;
