@@ -6,6 +6,9 @@
 import { expect, test } from "bun:test";
 import { join } from "node:path";
 import { selectedBackend } from "../selected-backend.ts";
+import { presetConfig } from "../../lib/convert/presets.ts";
+import { planExperts } from "../../lib/model/writer.ts";
+import { weightFlopsPerToken } from "./prefill-flops.ts";
 import type { ChunkRun, ModeRun } from "./prefill.ts";
 
 const ROOT = join(import.meta.dir, "..", "..");
@@ -26,8 +29,10 @@ async function bench(args: string[]): Promise<Record<string, unknown>> {
 }
 
 test("the engine run: warm reads nothing, cold reads each routed record at most once per chunk, tokens and the disk bound add up", async () => {
-  const j = await bench(["--preset", "tiny", "--prompts", "16,40", "--chunk", "16"]);
-  expect(j).toMatchObject({ bench: "prefill", backend, prompts: [16, 40], expertLayers: 5, perLayer: 8, topK: 2 });
+  const j = await bench(["--preset", "tiny", "--prompts", "16,40", "--chunk", "16", "--peak-tflops", "0.5"]);
+  const tiny = presetConfig("tiny");
+  const flops = weightFlopsPerToken(tiny, planExperts(tiny, "q4").parts);
+  expect(j).toMatchObject({ bench: "prefill", backend, prompts: [16, 40], expertLayers: 5, perLayer: 8, topK: 2, weightFlopsPerToken: flops, peakTflops: 0.5 });
   const recordBytes = j.recordBytes as number;
   const disk = j.disk as { bytesPerSecond: number; recordBytes: number };
   expect(disk.bytesPerSecond).toBeGreaterThan(0);
@@ -48,6 +53,9 @@ test("the engine run: warm reads nothing, cold reads each routed record at most 
         expect(c.poolUnionRecords).toBe(c.unionRecords);
       }
       expect(r.readBytesPerToken).toBe(r.readBytes / r.promptTokens);
+      expect(r.tflops).toBeCloseTo((r.tokensPerSecond * flops) / 1e12, 12);
+      expect(r.computeBoundTokensPerSecond!).toBeCloseTo(0.5e12 / flops, 6);
+      expect(r.ratioToComputeBound!).toBeCloseTo(r.tokensPerSecond / r.computeBoundTokensPerSecond!, 9);
     }
   }
   expect([warm!.preloaded, warm!.poolSlots]).toEqual([true, warm!.records]);
@@ -96,4 +104,14 @@ test("--simulate keeps the routing simulation: per-token records against decode'
 
 test("the engine run refuses options that belong to --simulate, naming them", async () => {
   await expect(bench(["--preset", "tiny", "--prompt", "64"])).rejects.toThrow(/--prompt belongs to --simulate/);
+});
+
+test("weight FLOPs per prompt token: 2 x every trunk matrix and top_k expert records per layer (30b-a3b-shape by hand)", () => {
+  const c = presetConfig("30b-a3b-shape");
+  const deltanet = 36 * (8192 * 2048 + 4096 * 2048 + 2 * 32 * 2048 + 2048 * 4096); // qkv, z, b and a, out
+  const attention = 12 * (2 * 4096 * 2048 + 2 * 512 * 2048 + 2048 * 4096 + 2048 * 2048 + 128 * 2048 + 16 * 2048); // q and gate, k and v, o, QSA iq, ik, iw
+  const everyLayer = 48 * (2 * 24 * 8192 + 128 * 2048); // two hyper-connection mixers, the router
+  const ple = 2 * 2 * 2048 * 1024; // k and v of the two PLE layers
+  const routed = 48 * 8 * 3 * 768 * 2048; // top-8 records of gate, up, down
+  expect(weightFlopsPerToken(c, planExperts(c, "q4").parts)).toBe(2 * (deltanet + attention + everyLayer + ple + routed));
 });

@@ -17,11 +17,13 @@
  * pool's per-record read counts (ExpertPool.recordReads) can be taken between chunks.
  *
  *   bun run bench:prefill --model DIR [--prompts 512,2048,8192] [--chunk N] [--cold-pool 25%]
- *                         [--modes warm,cold] [--disk BYTES_PER_S] [--no-lookahead] [--json]
+ *                         [--modes warm,cold] [--disk BYTES_PER_S] [--peak-tflops T] [--no-lookahead] [--json]
  *   bun run bench:prefill --preset small ...     (synthesized into a temporary directory; default without --model)
  *   bun run bench:prefill --simulate [--preset 30b-a3b-shape] ...   (routing simulation: spec/bench/prefill-simulate.ts)
  *
  * --chunk is the engine's prefillChunk (default the engine's 512; at most MAX_NB rows).
+ * Every row also gets its weight-matrix TFLOP/s (spec/bench/prefill-flops.ts); with
+ * --peak-tflops (the device's matrix peak) the compute bound and the share of it reached.
  * --json prints one object holding every row.
  */
 import { mkdtempSync, rmSync } from "node:fs";
@@ -37,6 +39,7 @@ import { openModel } from "../../lib/model/format.ts";
 import { Rng } from "../../lib/model/rng.ts";
 import { defaultBackend } from "../../lib/shim.ts";
 import { diskBandwidth, type DiskBandwidth } from "./disk-bandwidth.ts";
+import { weightFlopsPerToken } from "./prefill-flops.ts";
 import { SIMULATE_DEFAULTS, simulatePrefill } from "./prefill-simulate.ts";
 
 const { values: opts } = parseArgs({
@@ -50,6 +53,7 @@ const { values: opts } = parseArgs({
     modes: { type: "string", default: "warm,cold" },
     warmup: { type: "string" },
     disk: { type: "string" },
+    "peak-tflops": { type: "string" },
     "no-lookahead": { type: "boolean", default: false },
     seed: { type: "string", default: "1" },
     json: { type: "boolean", default: false },
@@ -90,6 +94,8 @@ const chunk = opts.chunk === undefined ? undefined : positive("chunk", opts.chun
 const modes = opts.modes.split(",").map((m) => m.trim());
 for (const m of modes) if (m !== "warm" && m !== "cold") throw new Error(`bench:prefill: --modes ${JSON.stringify(opts.modes)}: each must be "warm" or "cold"`);
 const seed = positive("seed", opts.seed);
+const peakTflops = opts["peak-tflops"] === undefined ? null : Number(opts["peak-tflops"]);
+if (peakTflops !== null && !(peakTflops > 0)) throw new Error(`bench:prefill: --peak-tflops ${JSON.stringify(opts["peak-tflops"])} must be a positive number (the device's matrix TFLOP/s)`);
 const log = (s: string) => {
   if (!opts.json) console.log(s);
 };
@@ -141,6 +147,11 @@ export interface PromptRun {
   layerReadShare: number;
   maxLayerReadShare: number;
   hitRate: number;
+  /** Weight-matrix TFLOP/s reached (tokensPerSecond x weightFlopsPerToken). */
+  tflops: number;
+  /** With --peak-tflops: the tokens/s that peak allows (peak / weightFlopsPerToken), and this run's share of it. */
+  computeBoundTokensPerSecond?: number;
+  ratioToComputeBound?: number;
   /** Cold only: the disk's bandwidth over neededBytesPerToken, and this run's share of it. */
   diskBoundTokensPerSecond?: number | null;
   ratioToDiskBound?: number | null;
@@ -186,7 +197,7 @@ function routedRows(engine: Engine): Float64Array {
 }
 
 /** Prefills `tokens` on `seq` chunk by chunk, as forward() cuts them, taking the pool's read counts between chunks. */
-async function prefill(engine: Engine, seq: EngineSequence, tokens: number[]): Promise<Omit<PromptRun, "diskBoundTokensPerSecond" | "ratioToDiskBound">> {
+async function prefill(engine: Engine, seq: EngineSequence, tokens: number[], flopsPerToken: number): Promise<PromptRun> {
   const g = engine.gpu;
   const pool = g.pool;
   const E = pool.perLayer;
@@ -238,12 +249,14 @@ async function prefill(engine: Engine, seq: EngineSequence, tokens: number[]): P
   const misses = st.pool.misses - stats0.misses;
   const readBytes = completed() - bytes0;
   const routedRecordsRead = perChunk.reduce((s, c) => s + c.routedRecordsRead, 0);
+  const tokensPerSecond = tokens.length / (ms / 1000);
+  const computeBound = peakTflops === null ? null : (peakTflops * 1e12) / flopsPerToken;
   return {
     promptTokens: tokens.length,
     chunks: perChunk.length,
     chunkRows: g.prefillRows,
     ms,
-    tokensPerSecond: tokens.length / (ms / 1000),
+    tokensPerSecond,
     gpuMs: phase("gpu"),
     ioWaitMs: phase("io-wait"),
     stepMs: phase("step"),
@@ -259,6 +272,8 @@ async function prefill(engine: Engine, seq: EngineSequence, tokens: number[]): P
     layerReadShare: shareCount ? shareSum / shareCount : 0,
     maxLayerReadShare: Math.max(0, ...perChunk.map((c) => c.maxLayerReadShare)),
     hitRate: hits + misses ? hits / (hits + misses) : 0,
+    tflops: (tokensPerSecond * flopsPerToken) / 1e12,
+    ...(computeBound === null ? {} : { computeBoundTokensPerSecond: computeBound, ratioToComputeBound: tokensPerSecond / computeBound }),
     perChunk,
   };
 }
@@ -268,6 +283,7 @@ async function runMode(dir: string, mode: "warm" | "cold", disk: DiskBandwidth |
   const warm = mode === "warm";
   const pool = warm ? "100%" : opts["cold-pool"];
   const vocab = files.config.vocab_size;
+  const flops = weightFlopsPerToken(files.config, files.expertLayout.parts);
   const engine = await Engine.load(files, backend, {
     pool,
     preload: warm,
@@ -280,7 +296,7 @@ async function runMode(dir: string, mode: "warm" | "cold", disk: DiskBandwidth |
     // One chunk first: pipelines built, GEMM paths taken, buffers touched.
     const warmupTokens = opts.warmup === undefined ? g.prefillRows : positive("warmup", opts.warmup);
     const w = engine.newSequence();
-    await prefill(engine, w, promptOf(warmupTokens, vocab, "bench-prefill-warmup"));
+    await prefill(engine, w, promptOf(warmupTokens, vocab, "bench-prefill-warmup"), flops);
     w.dispose();
     const runs: PromptRun[] = [];
     for (const n of prompts) {
@@ -290,7 +306,7 @@ async function runMode(dir: string, mode: "warm" | "cold", disk: DiskBandwidth |
       }
       engine.resetTimings();
       const seq = engine.newSequence();
-      const r: PromptRun = await prefill(engine, seq, promptOf(n, vocab, `bench-prefill-${n}`));
+      const r = await prefill(engine, seq, promptOf(n, vocab, `bench-prefill-${n}`), flops);
       seq.dispose();
       if (!warm && disk) {
         r.diskBoundTokensPerSecond = r.neededBytesPerToken > 0 ? disk.bytesPerSecond / r.neededBytesPerToken : null;
@@ -319,13 +335,16 @@ async function runMode(dir: string, mode: "warm" | "cold", disk: DiskBandwidth |
 const f = (x: number, d = 1) => x.toFixed(d);
 const mb = (b: number) => f(b / 1e6, 1);
 
-function printMode(m: ModeRun, disk: DiskBandwidth | null): void {
+function printMode(m: ModeRun, disk: DiskBandwidth | null, flopsPerToken: number): void {
   log(`\n## ${m.mode}: pool ${m.pool} (${m.poolSlots}/${m.records} records${m.preloaded ? ", preloaded" : ", emptied before each prompt"}), chunks of ${m.chunkRows} rows, lookahead ${m.lookahead ? "on" : "off"}, warm-up ${m.warmupTokens} tokens`);
   if (m.mode === "warm") {
-    log("\n| prompt | chunks | ms | prompt tok/s | GPU ms (share) | io-wait ms | expert MB read |");
-    log("|---|---|---|---|---|---|---|");
+    log("\n| prompt | chunks | ms | prompt tok/s | GPU ms (share) | io-wait ms | expert MB read | weight TFLOP/s | compute bound tok/s | of bound |");
+    log("|---|---|---|---|---|---|---|---|---|---|");
     for (const r of m.prompts)
-      log(`| ${r.promptTokens} | ${r.chunks} | ${f(r.ms, 0)} | **${f(r.tokensPerSecond)}** | ${f(r.gpuMs, 0)} (${f((100 * r.gpuMs) / r.ms, 0)}%) | ${f(r.ioWaitMs, 1)} | ${mb(r.readBytes)} |`);
+      log(
+        `| ${r.promptTokens} | ${r.chunks} | ${f(r.ms, 0)} | **${f(r.tokensPerSecond)}** | ${f(r.gpuMs, 0)} (${f((100 * r.gpuMs) / r.ms, 0)}%) | ${f(r.ioWaitMs, 1)} | ${mb(r.readBytes)} | ${r.tflops.toPrecision(3)} | ${r.computeBoundTokensPerSecond ? f(r.computeBoundTokensPerSecond, 0) : "-"} | ${r.ratioToComputeBound ? `**${f(100 * r.ratioToComputeBound, 1)}%**` : "-"} |`,
+      );
+    log(`(weight TFLOP/s: 2 x the weights a prompt row multiplies by, ${(flopsPerToken / 1e9).toPrecision(3)} GFLOP/token, x tok/s; the compute bound is --peak-tflops${peakTflops === null ? ", not given" : ` ${peakTflops}`} over it)`);
     return;
   }
   log(`disk: ${disk ? `${f(disk.bytesPerSecond / 1e9, 2)} GB/s direct random reads of ${disk.recordBytes} B records (${disk.mode}${disk.fallbackReason ? `: ${disk.fallbackReason}` : ""}${disk.records ? `, ${disk.records} records` : ""})` : "not measured"}`);
@@ -349,6 +368,7 @@ try {
   const files = await openModel(dir);
   const c = files.config;
   const layout = files.expertLayout;
+  const flopsPerToken = weightFlopsPerToken(c, layout.parts);
   files.close();
   const name = opts.model ? basename(opts.model) : `${opts.preset ?? "small"} preset (synthetic, q4)`;
   log(`# bench:prefill (${backend} backend): ${name}, ${c.num_layers} layers, ${layout.layers} expert layers x ${layout.perLayer} experts, top-${c.moe.top_k}, ${layout.stride} B records; prompts ${prompts.join(", ")}`);
@@ -359,7 +379,7 @@ try {
   for (const m of modes as ("warm" | "cold")[]) {
     const r = await runMode(dir, m, disk);
     runs.push(r);
-    printMode(r, disk);
+    printMode(r, disk, flopsPerToken);
   }
   if (opts.json)
     console.log(
@@ -372,6 +392,8 @@ try {
         perLayer: layout.perLayer,
         topK: c.moe.top_k,
         recordBytes: layout.stride,
+        weightFlopsPerToken: flopsPerToken,
+        peakTflops,
         prompts,
         disk,
         modes: runs,
