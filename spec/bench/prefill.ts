@@ -9,7 +9,9 @@
  *   prompt read, how often a chunk read each record of a layer (at most once is the design:
  *   a chunk acquires each layer's union of routed experts once, lib/gpu/step.ts), and the disk
  *   bound, the disk's direct random-read bandwidth at the record size (measured first,
- *   spec/bench/disk-bandwidth.ts, or --disk) over the bytes read per prompt token.
+ *   spec/bench/disk-bandwidth.ts, or --disk) over the bytes the prompt had to read per token
+ *   (the records each chunk routed to and read; reads of records it did not route to, the
+ *   lookahead's wrong predictions, are counted apart).
  *
  * Each mode loads one engine, prefills a warm-up prompt of one chunk, then each prompt of
  * --prompts (seeded random token ids in the vocabulary) once on a fresh sequence. The prompt
@@ -34,6 +36,7 @@ import { parseArgs } from "node:util";
 import { synthesize } from "../../lib/convert/synth.ts";
 import type { PresetName } from "../../lib/convert/presets.ts";
 import { Engine, type EngineSequence } from "../../lib/gpu/engine.ts";
+import { DEFAULT_PREFILL_CHUNK } from "../../lib/gpu/load.ts";
 import { chunkRanges } from "../../lib/gpu/prefill.ts";
 import { openModel } from "../../lib/model/format.ts";
 import { Rng } from "../../lib/model/rng.ts";
@@ -88,14 +91,21 @@ function positive(name: string, v: string): number {
   return n;
 }
 
+/** A positive number option (--disk bytes/s, --peak-tflops). */
+function positiveNumber(name: string, v: string): number {
+  const n = Number(v);
+  if (!(Number.isFinite(n) && n > 0)) throw new Error(`bench:prefill: --${name} ${JSON.stringify(v)} must be a positive number`);
+  return n;
+}
+
 const backend = defaultBackend();
 const prompts = opts.prompts.split(",").map((p) => positive("prompts", p.trim()));
 const chunk = opts.chunk === undefined ? undefined : positive("chunk", opts.chunk);
 const modes = opts.modes.split(",").map((m) => m.trim());
 for (const m of modes) if (m !== "warm" && m !== "cold") throw new Error(`bench:prefill: --modes ${JSON.stringify(opts.modes)}: each must be "warm" or "cold"`);
 const seed = positive("seed", opts.seed);
-const peakTflops = opts["peak-tflops"] === undefined ? null : Number(opts["peak-tflops"]);
-if (peakTflops !== null && !(peakTflops > 0)) throw new Error(`bench:prefill: --peak-tflops ${JSON.stringify(opts["peak-tflops"])} must be a positive number (the device's matrix TFLOP/s)`);
+const warmupOption = opts.warmup === undefined ? undefined : positive("warmup", opts.warmup);
+const peakTflops = opts["peak-tflops"] === undefined ? null : positiveNumber("peak-tflops", opts["peak-tflops"]);
 const log = (s: string) => {
   if (!opts.json) console.log(s);
 };
@@ -287,14 +297,15 @@ async function runMode(dir: string, mode: "warm" | "cold", disk: DiskBandwidth |
   const engine = await Engine.load(files, backend, {
     pool,
     preload: warm,
-    maxContext: Math.max(...prompts, chunk ?? 1),
+    // Room for the longest prompt and for the warm-up (one chunk, or --warmup).
+    maxContext: Math.max(...prompts, chunk ?? DEFAULT_PREFILL_CHUNK, warmupOption ?? 1),
     lookahead: !opts["no-lookahead"],
     ...(chunk === undefined ? {} : { prefillChunk: chunk }),
   });
   try {
     const g = engine.gpu;
     // One chunk first: pipelines built, GEMM paths taken, buffers touched.
-    const warmupTokens = opts.warmup === undefined ? g.prefillRows : positive("warmup", opts.warmup);
+    const warmupTokens = warmupOption ?? g.prefillRows;
     const w = engine.newSequence();
     await prefill(engine, w, promptOf(warmupTokens, vocab, "bench-prefill-warmup"), flops);
     w.dispose();
@@ -352,7 +363,7 @@ function printMode(m: ModeRun, disk: DiskBandwidth | null, flopsPerToken: number
   log("|---|---|---|---|---|---|---|---|---|---|---|---|");
   for (const r of m.prompts)
     log(
-      `| ${r.promptTokens} | ${r.chunks} | ${f(r.ms, 0)} | **${f(r.tokensPerSecond)}** | ${mb(r.readBytes)} | ${f(r.neededBytesPerToken / 1e6, 2)} | ${f(100 * r.layerReadShare, 0)}% (max ${f(100 * r.maxLayerReadShare, 0)}%) | ${r.maxReadsPerRecord} | ${r.unroutedReads} | ${f(r.ioWaitMs, 0)} | ${r.diskBoundTokensPerSecond ? f(r.diskBoundTokensPerSecond) : "-"} | ${r.ratioToDiskBound ? `**${f(100 * r.ratioToDiskBound, 0)}%**` : "-"} |`,
+      `| ${r.promptTokens} | ${r.chunks} | ${f(r.ms, 0)} | **${f(r.tokensPerSecond)}** | ${mb(r.readBytes)} | ${f(r.neededBytesPerToken / 1e6, 2)} | ${f(100 * r.layerReadShare, 0)}% (max ${f(100 * r.maxLayerReadShare, 0)}%) | ${r.maxReadsPerRecord} | ${r.unroutedReads} | ${f(r.ioWaitMs, 0)} | ${r.diskBoundTokensPerSecond ? f(r.diskBoundTokensPerSecond) : "-"} | ${r.ratioToDiskBound ? `**${f(100 * r.ratioToDiskBound, 1)}%**` : "-"} |`,
     );
   log("(needed: the records a chunk routed to and read, each once at most; the disk bound is the disk's bandwidth over those bytes per token. Unrouted reads: lookahead predictions the chunk did not route to.)");
 }
@@ -374,7 +385,7 @@ try {
   log(`# bench:prefill (${backend} backend): ${name}, ${c.num_layers} layers, ${layout.layers} expert layers x ${layout.perLayer} experts, top-${c.moe.top_k}, ${layout.stride} B records; prompts ${prompts.join(", ")}`);
   let disk: DiskBandwidth | null = null;
   if (modes.includes("cold"))
-    disk = opts.disk ? { bytesPerSecond: Number(opts.disk), records: 0, recordBytes: layout.stride, mode: "--disk", fallbackReason: null } : await diskBandwidth(dir, { backend });
+    disk = opts.disk ? { bytesPerSecond: positiveNumber("disk", opts.disk), records: 0, recordBytes: layout.stride, mode: "--disk", fallbackReason: null } : await diskBandwidth(dir, { backend });
   const runs: ModeRun[] = [];
   for (const m of modes as ("warm" | "cold")[]) {
     const r = await runMode(dir, m, disk);
