@@ -355,7 +355,7 @@ function printMode(m: ModeRun, disk: DiskBandwidth | null, flopsPerToken: number
       log(
         `| ${r.promptTokens} | ${r.chunks} | ${f(r.ms, 0)} | **${f(r.tokensPerSecond)}** | ${f(r.gpuMs, 0)} (${f((100 * r.gpuMs) / r.ms, 0)}%) | ${f(r.ioWaitMs, 1)} | ${mb(r.readBytes)} | ${r.tflops.toPrecision(3)} | ${r.computeBoundTokensPerSecond ? f(r.computeBoundTokensPerSecond, 0) : "-"} | ${r.ratioToComputeBound ? `**${f(100 * r.ratioToComputeBound, 1)}%**` : "-"} |`,
       );
-    log(`(weight TFLOP/s: 2 x the weights a prompt row multiplies by, ${(flopsPerToken / 1e9).toPrecision(3)} GFLOP/token, x tok/s; the compute bound is --peak-tflops${peakTflops === null ? ", not given" : ` ${peakTflops}`} over it)`);
+    log(`(weight TFLOP/s: 2 x the weights a prompt row multiplies by, ${(flopsPerToken / 1e9).toPrecision(3)} GFLOP/token, x tok/s; ${peakTflops === null ? "--peak-tflops T adds the compute bound, T over it" : `the compute bound: --peak-tflops ${peakTflops} over it`})`);
     return;
   }
   log(`disk: ${disk ? `${f(disk.bytesPerSecond / 1e9, 2)} GB/s direct random reads of ${disk.recordBytes} B records (${disk.mode}${disk.fallbackReason ? `: ${disk.fallbackReason}` : ""}${disk.records ? `, ${disk.records} records` : ""})` : "not measured"}`);
