@@ -23,7 +23,8 @@
  *   bun run bench:prefill --preset small ...     (synthesized into a temporary directory; default without --model)
  *   bun run bench:prefill --simulate [--preset 30b-a3b-shape] ...   (routing simulation: spec/bench/prefill-simulate.ts)
  *
- * --chunk is the engine's prefillChunk (default the engine's 512; at most MAX_NB rows).
+ * --chunk is the engine's prefillChunk (default MAX_NB = 1024, the longest step, as bench:decode's
+ * prefill; Model.load's default is 512).
  * Every row also gets its weight-matrix TFLOP/s (spec/bench/prefill-flops.ts); with
  * --peak-tflops (the device's matrix peak) the compute bound and the share of it reached.
  * --json prints one object holding every row.
@@ -36,7 +37,7 @@ import { parseArgs } from "node:util";
 import { synthesize } from "../../lib/convert/synth.ts";
 import type { PresetName } from "../../lib/convert/presets.ts";
 import { Engine, type EngineSequence } from "../../lib/gpu/engine.ts";
-import { DEFAULT_PREFILL_CHUNK } from "../../lib/gpu/load.ts";
+import { MAX_NB } from "../../lib/gpu/limits.ts";
 import { chunkRanges } from "../../lib/gpu/prefill.ts";
 import { openModel } from "../../lib/model/format.ts";
 import { Rng } from "../../lib/model/rng.ts";
@@ -100,7 +101,8 @@ function positiveNumber(name: string, v: string): number {
 
 const backend = defaultBackend();
 const prompts = opts.prompts.split(",").map((p) => positive("prompts", p.trim()));
-const chunk = opts.chunk === undefined ? undefined : positive("chunk", opts.chunk);
+// The longest step the engine takes, as bench:decode's prefill figures (docs/performance.md, H200 runs).
+const chunk = opts.chunk === undefined ? MAX_NB : positive("chunk", opts.chunk);
 const modes = opts.modes.split(",").map((m) => m.trim());
 for (const m of modes) if (m !== "warm" && m !== "cold") throw new Error(`bench:prefill: --modes ${JSON.stringify(opts.modes)}: each must be "warm" or "cold"`);
 const seed = positive("seed", opts.seed);
@@ -298,9 +300,9 @@ async function runMode(dir: string, mode: "warm" | "cold", disk: DiskBandwidth |
     pool,
     preload: warm,
     // Room for the longest prompt and for the warm-up (one chunk, or --warmup).
-    maxContext: Math.max(...prompts, chunk ?? DEFAULT_PREFILL_CHUNK, warmupOption ?? 1),
+    maxContext: Math.max(...prompts, chunk, warmupOption ?? 1),
     lookahead: !opts["no-lookahead"],
-    ...(chunk === undefined ? {} : { prefillChunk: chunk }),
+    prefillChunk: chunk,
   });
   try {
     const g = engine.gpu;
