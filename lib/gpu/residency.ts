@@ -242,6 +242,12 @@ export interface ExpertPool {
    */
   countHits(layer: number, expertIds: ArrayLike<number>): void;
   poolStats(): PoolStats;
+  /**
+   * Reads issued per record (index layer * perLayer + e) since the pool was made, a copy (all
+   * zero on the mapped backing): bench:prefill diffs it around a step to show how often the
+   * step read each record.
+   */
+  recordReads(): Uint32Array;
   /** Checksum work so far: records verified, milliseconds spent hashing on the main thread, mismatches, records hashed on worker threads. */
   verifyStats(): { records: number; ms: number; failures: number; offThread: number };
   lookaheadStats(): LookaheadStats;
@@ -558,6 +564,7 @@ class SlotExpertPool implements ExpertPool {
   private readonly free: number[] = []; // stack, lowest slot on top
   // Per record.
   private readonly keySlot: Int32Array;
+  private readonly readsStarted: Uint32Array; // reads issued for the record (recordReads)
   /** Layers 0..fullLayers-1 were found fully resident and no slot has emptied since (fullyResident skips them). */
   private fullLayers = 0;
   // Held layers (hold()): their slots are never victims; generations bump on every change.
@@ -690,6 +697,7 @@ class SlotExpertPool implements ExpertPool {
     };
     for (let s = n - 1; s >= 0; s--) this.free.push(s);
     this.keySlot = new Int32Array(records).fill(-1);
+    this.readsStarted = new Uint32Array(records);
     this.held = new Uint8Array(n);
     this.heldLayer = new Uint8Array(layers);
     this.holdGen = new Uint32Array(layers);
@@ -972,6 +980,7 @@ class SlotExpertPool implements ExpertPool {
       return;
     }
     this.state[s] = LOADING;
+    this.readsStarted[key]!++;
     const t = this.scheduler.submit({
       file: this.file!,
       position: key * this.recordBytes,
@@ -1411,6 +1420,10 @@ class SlotExpertPool implements ExpertPool {
       hitRate: total ? c.hits / total : 0,
       perLayer: { hits: [...c.layerHits], misses: [...c.layerMisses] },
     };
+  }
+
+  recordReads(): Uint32Array {
+    return this.readsStarted.slice();
   }
 
   lookaheadStats(): LookaheadStats {

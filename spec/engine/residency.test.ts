@@ -332,6 +332,33 @@ test("evictAll() drops every record but keeps the slots; it refuses while a laye
   await pool.close();
 });
 
+test("recordReads counts the reads issued per record: misses and predictions, not hits; the mapped backing reads nothing", async () => {
+  const pool = createExpertPool({ backing: "wired", model: tiny.model, capacity: 6 });
+  const at = (l: number, e: number) => l * perLayer + e;
+  const a = pool.acquire(1, [0, 1, 1, 2]);
+  await a.ready;
+  pool.release(1);
+  await pool.prefetch(2, [3]).ready;
+  const b = pool.acquire(1, [0, 1]); // hits
+  await b.ready;
+  pool.release(1);
+  let r = pool.recordReads();
+  expect([r[at(1, 0)], r[at(1, 1)], r[at(1, 2)], r[at(2, 3)], r[at(1, 3)]]).toEqual([1, 1, 1, 1, 0]);
+  expect(r.reduce((s, x) => s + x, 0)).toBe(4);
+  r[at(1, 0)] = 99; // a copy: the pool's counts stay
+  pool.evictAll();
+  const c = pool.acquire(1, [0]); // read again after the pool was emptied
+  await c.ready;
+  pool.release(1);
+  r = pool.recordReads();
+  expect([r[at(1, 0)], r.reduce((s, x) => s + x, 0)]).toEqual([2, 5]);
+  await pool.close();
+  const mapped = lruPool(4);
+  mapped.acquire(0, [0, 1]);
+  expect(mapped.recordReads().every((x) => x === 0)).toBe(true);
+  await mapped.close();
+});
+
 // ---- layer-cyclic eviction ----------------------------------------------------------
 
 /** A mapped pool without a device, policy "layer-cyclic". */

@@ -27,13 +27,13 @@ import { parseArgs } from "node:util";
 import { Model } from "../../lib/api/model.ts";
 import { presetConfig, presetNames, type PresetName } from "../../lib/convert/presets.ts";
 import { formatBytes } from "../../lib/gpu/budget.ts";
-import { IoScheduler } from "../../lib/gpu/streaming.ts";
 import type { EngineBackendStats } from "../../lib/api/backend.ts";
 import { readManifest } from "../../lib/model/format.ts";
 import { plannedBytes } from "../../lib/model/writer.ts";
 import { synthesize } from "../../lib/convert/synth.ts";
 import { Rng } from "../../lib/model/rng.ts";
-import { defaultBackend, Device, type Backend } from "../../lib/shim.ts";
+import { defaultBackend, type Backend } from "../../lib/shim.ts";
+import { diskBandwidth } from "../bench/disk-bandwidth.ts";
 
 const ROOT = join(import.meta.dir, "..", "..");
 const { values: o } = parseArgs({
@@ -139,34 +139,6 @@ async function measure(): Promise<Measured> {
   };
 }
 
-/** The disk's direct (uncached) random-read bandwidth at the record size: 256 records, in flight as the engine reads them. */
-async function diskBandwidth(modelDir: string): Promise<number> {
-  const m = readManifest(modelDir);
-  const stride = m.experts.stride;
-  const records = m.experts.layers * m.experts.per_layer;
-  const io = new IoScheduler({ uncached: true });
-  const file = io.open(join(modelDir, "experts.bin"));
-  const dev = Device.open({ backend: "cpu" });
-  const count = Math.min(256, records);
-  const buffers = Array.from({ length: 16 }, () => dev.buffer(stride)); // page-aligned, as direct IO wants
-  const r = new Rng(7, "bench-scale-disk");
-  const t0 = performance.now();
-  let next = 0;
-  await Promise.all(
-    buffers.map(async (b) => {
-      while (next < count) {
-        next++;
-        await io.submit({ file, position: r.int(records) * stride, into: b.bytes.subarray(0, stride), priority: "demand" }).done;
-      }
-    }),
-  );
-  const seconds = (performance.now() - t0) / 1000;
-  await io.close();
-  for (const b of buffers) b.release();
-  dev.close();
-  return (count * stride) / seconds;
-}
-
 /** True when `dir` holds a model written from `preset` (its config equals the preset's). */
 function hasPresetModel(): boolean {
   if (!existsSync(join(dir, "cherenkov.json"))) return false;
@@ -209,7 +181,7 @@ const synthSeconds = await ensureModel();
 const source = readManifest(dir).writer.source?.synth as { distinctExpertLayers?: number } | undefined;
 const m = readManifest(dir);
 const modelBytes = ["dense.bin", "experts.bin", "ple.bin"].reduce((s, f) => s + (existsSync(join(dir, f)) ? Bun.file(join(dir, f)).size : 0), 0);
-const disk = o.disk ? Number(o.disk) : await diskBandwidth(dir);
+const disk = o.disk ? Number(o.disk) : (await diskBandwidth(dir)).bytesPerSecond;
 const args = [process.execPath, import.meta.path, "--measure", "--dir", dir, "--preset", preset, "--tokens", String(tokens), "--prompt", String(promptTokens), "--backend", backend, ...(o.pool ? ["--pool", o.pool] : [])];
 const child = Bun.spawnSync(args, { stdout: "pipe", stderr: "inherit" });
 if (child.exitCode !== 0) throw new Error(`bench:scale: the measuring process exited ${child.exitCode}`);
