@@ -19,28 +19,6 @@
 #include "runtime.h"
 #include "../include/cherenkov_tape.h"
 
-namespace ck {
-namespace {
-thread_local std::string last_error;
-}
-
-int32_t set_error(const char *fmt, ...) {
-  char buf[768];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  last_error = buf;
-  return CK_ERROR;
-}
-
-bool to_u64(double v, uint64_t &out) {
-  if (!(v >= 0.0) || v > 9007199254740992.0 || std::floor(v) != v) return false;
-  out = uint64_t(v);
-  return true;
-}
-}  // namespace ck
-
 using ck::set_error;
 
 namespace ck {
