@@ -1,4 +1,4 @@
-// Encoding a dispatch, shared by the CPU and CUDA runtimes: cpu/queue.cpp and cuda/runtime.cu
+// Encoding dispatches and events, shared by the CPU and CUDA runtimes: cpu/queue.cpp and cuda/runtime.cu
 // include this after their runtime.h, and it uses what both backends' ck_cmdbuf, ck_pipeline,
 // ck_buffer and ck::Command have in common. The messages are Metal's (metal/commands.m).
 #pragma once
@@ -74,6 +74,21 @@ static int32_t check_dispatch(ck_cmdbuf *cb, ck_pipeline *pipe, const uint32_t g
   uint32_t missing = k->buffer_mask & ~bound & ~(params_len ? 1u : 0u);
   if (missing) FAIL("[[buffer(%d)]] is not bound", __builtin_ctz(missing));
 #undef FAIL
+  return CK_OK;
+}
+
+// Checks a signal or wait of ev at value on cb and fills c's kind, event and value; CK_OK, or
+// CK_ERROR with the message set.
+static int32_t check_event(ck_cmdbuf *cb, ck_event *ev, double value, Command::Kind kind, Command &c) {
+  const char *what = kind == Command::kSignal ? "signal" : "wait";
+  if (check_encoding(cb, what) != CK_OK) return CK_ERROR;
+  if (!ev) return set_error("command buffer %u: %s: event is NULL", cb->id, what);
+  uint64_t v;
+  if (!to_u64(value, v))
+    return set_error("command buffer %u: %s: event value %.17g is not an integer in [0, 2^53]", cb->id, what, value);
+  c.kind = kind;
+  c.event = ev;
+  c.value = v;
   return CK_OK;
 }
 

@@ -144,16 +144,8 @@ static int32_t encode_dispatch(ck_cmdbuf *cb, ck_pipeline *pipe, const uint32_t 
 }
 
 static int32_t encode_event(ck_cmdbuf *cb, ck_event *ev, double value, ck::Command::Kind kind) {
-  const char *what = kind == ck::Command::kSignal ? "signal" : "wait";
-  if (ck::check_encoding(cb, what) != CK_OK) return CK_ERROR;
-  if (!ev) return set_error("command buffer %u: %s: event is NULL", cb->id, what);
-  uint64_t v;
-  if (!ck::to_u64(value, v))
-    return set_error("command buffer %u: %s: event value %.17g is not an integer in [0, 2^53]", cb->id, what, value);
   ck::Command c{};
-  c.kind = kind;
-  c.event = ev;
-  c.value = v;
+  if (ck::check_event(cb, ev, value, kind, c) != CK_OK) return CK_ERROR;
   ev->retain();
   cb->commands.push_back(c);
   return CK_OK;
