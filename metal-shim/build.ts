@@ -30,7 +30,7 @@ export { BUILD_DIR, buildIsStale, canBuildMetal, localLibraryPath, type Backend 
 
 const ROOT = join(import.meta.dir, "..");
 const CPU_DIR = join(ROOT, "metal-shim", "cpu");
-const COMMON_DIR = join(ROOT, "metal-shim", "common"); // plain C shared by every backend (cherenkov_io.h)
+const COMMON_DIR = join(ROOT, "metal-shim", "common"); // plain C shared by every backend (cherenkov_io.h); prelude/: the kernels' C++ shared with CUDA
 const METAL_DIR = join(ROOT, "metal-shim", "metal");
 const isMac = process.platform === "darwin";
 /** True when this machine can build the CUDA backend (Linux with nvcc; no GPU needed). */
@@ -101,7 +101,7 @@ function runtimeFlags(): string[] {
 function kernelFlags(genDir: string): string[] {
   const unknownAttributes = isMac ? "-Wno-unknown-attributes" : "-Wno-attributes";
   // Kernels type-pun device memory as freely as Metal allows: no strict aliasing.
-  return [...commonFlags(), unknownAttributes, "-fno-strict-aliasing", "-I", join(CPU_DIR, "include"), "-I", CPU_DIR, "-I", genDir];
+  return [...commonFlags(), unknownAttributes, "-fno-strict-aliasing", "-I", join(CPU_DIR, "include"), "-I", COMMON_DIR, "-I", CPU_DIR, "-I", genDir];
 }
 
 /** Dependencies an object was built from, per the compiler's .d file. */

@@ -11,28 +11,6 @@
 
 #include "runtime.h"
 
-namespace ck {
-namespace {
-thread_local std::string last_error;
-}
-
-int32_t set_error(const char *fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  last_error = buf;
-  return CK_ERROR;
-}
-
-bool to_u64(double v, uint64_t &out) {
-  if (!(v >= 0.0) || v > 9007199254740992.0 || std::floor(v) != v) return false;
-  out = uint64_t(v);
-  return true;
-}
-}  // namespace ck
-
 using ck::set_error;
 
 ck_buffer::~ck_buffer() {

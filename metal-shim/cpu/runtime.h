@@ -10,22 +10,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "../common/host.h"
 #include "../include/cherenkov.h"
 #include "exec.h"
-
-namespace ck {
-// Sets this thread's ck_last_error() message; returns CK_ERROR.
-int32_t set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-// Converts a double crossing the ABI to an exact integer in [0, 2^53].
-bool to_u64(double v, uint64_t &out);
-
-// Intrusive reference count for objects a command buffer may keep alive.
-struct Counted {
-  std::atomic<int> refs{1};
-  void retain() { refs.fetch_add(1, std::memory_order_relaxed); }
-  bool drop() { return refs.fetch_sub(1, std::memory_order_acq_rel) == 1; }
-};
-}  // namespace ck
 
 struct ck_buffer : ck::Counted {
   char *data = nullptr;

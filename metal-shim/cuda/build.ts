@@ -1,7 +1,7 @@
 /**
  * Builds the CUDA backend, libcherenkov_cuda.so, wherever nvcc is found (metal-shim/build.ts
  * calls this; no GPU is needed to build). kernels/*.metal go through metal-shim/cuda/gen.ts
- * (the prelude in metal-shim/cuda/include) and nvcc; runtime.cu is the C ABI. The CUDA
+ * (the prelude in metal-shim/cuda/include and metal-shim/common/prelude) and nvcc; runtime.cu is the C ABI. The CUDA
  * runtime is linked statically, so the library needs only the driver (libcuda) at run time.
  * Incremental: an object is rebuilt when its source, or anything under kernels/ or
  * metal-shim/cuda/ or metal-shim/include/, is newer than it.
@@ -36,6 +36,11 @@ function detectedComputeCapability(): string | null {
 /** The device-code flags every kernel object is compiled with (spec/native/cuda-spills.test.ts uses them too). */
 export function cudaCompileFlags(arch: string = cudaArch()): string[] {
   return ["-std=c++17", "-O3", `-arch=${arch}`];
+}
+
+/** The include path of a generated kernel file: the prelude (its own, then the shared one), bind.cuh, genDir. */
+export function cudaIncludes(genDir: string): string[] {
+  return ["-I", join(CUDA_DIR, "include"), "-I", join(ROOT, "metal-shim", "common"), "-I", CUDA_DIR, "-I", genDir];
 }
 
 /** The nvcc to use: $NVCC, else nvcc on PATH, else /usr/local/cuda/bin/nvcc; null when none. */
@@ -88,7 +93,7 @@ export async function buildCuda(opts: { force?: boolean; outDir: string }): Prom
   mkdirSync(OBJ_DIR, { recursive: true });
   const generated = generateCuda(ROOT, GEN_DIR);
   const newestInput = Math.max(...cudaInputs().map(mtime));
-  const include = ["-I", join(CUDA_DIR, "include"), "-I", CUDA_DIR, "-I", GEN_DIR];
+  const include = cudaIncludes(GEN_DIR);
   const flags = [...cudaCompileFlags(ARCH), "-Xcompiler", "-fPIC,-fvisibility=hidden", "-Xptxas", "-warn-spills"];
   const jobs = [
     ...generated.sources.map((s) => ({ source: s, object: join(OBJ_DIR, `${basename(s, ".cu")}.o`), extra: include })),

@@ -17,29 +17,8 @@
 #include <cstring>
 
 #include "runtime.h"
+#include "../common/encode.h"
 #include "../include/cherenkov_tape.h"
-
-namespace ck {
-namespace {
-thread_local std::string last_error;
-}
-
-int32_t set_error(const char *fmt, ...) {
-  char buf[768];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  last_error = buf;
-  return CK_ERROR;
-}
-
-bool to_u64(double v, uint64_t &out) {
-  if (!(v >= 0.0) || v > 9007199254740992.0 || std::floor(v) != v) return false;
-  out = uint64_t(v);
-  return true;
-}
-}  // namespace ck
 
 using ck::set_error;
 
@@ -991,105 +970,22 @@ static void complete_loop(ck_device *dev) {
   }
 }
 
-static int32_t check_encoding(ck_cmdbuf *cb, const char *what) {
-  if (!cb) return set_error("%s: command buffer is NULL", what);
-  if (cb->status.load() != CK_CMDBUF_ENCODING) return set_error("command buffer %u: %s after commit", cb->id, what);
-  return CK_OK;
-}
-
 static int32_t encode_dispatch(ck_cmdbuf *cb, ck_pipeline *pipe, const uint32_t grid[3], const uint32_t tg[3],
                                bool grid_counts_threads, const ck_binding *bindings, uint32_t binding_count,
                                const void *params, uint32_t params_len) {
-  if (check_encoding(cb, "dispatch") != CK_OK) return CK_ERROR;
-  if (!pipe) return set_error("command buffer %u: dispatch: pipeline is NULL", cb->id);
-  const ck::KernelInfo *k = pipe->info;
-  const unsigned id = cb->id;
-#define FAIL(fmt, ...) return set_error("command buffer %u: dispatch of '%s' (%s): " fmt, id, k->name, k->where, ##__VA_ARGS__)
-  uint64_t tg_threads = uint64_t(tg[0]) * tg[1] * tg[2];
-  if (tg_threads == 0) FAIL("threadgroup %ux%ux%u is empty", tg[0], tg[1], tg[2]);
-  if (tg_threads > pipe->max_threads)
-    FAIL("threadgroup %ux%ux%u = %llu threads exceeds the pipeline's maximum of %u", tg[0], tg[1], tg[2],
-         static_cast<unsigned long long>(tg_threads), pipe->max_threads);
-  if (binding_count > ck::kMaxBuffers) FAIL("%u bindings: buffer indices go from 0 to %u", binding_count, ck::kMaxBuffers - 1);
-  if (params_len > CK_MAX_PARAMS_BYTES) FAIL("params are %u bytes, at most %u", params_len, CK_MAX_PARAMS_BYTES);
-  if (params_len && !params) FAIL("params pointer is NULL with params_len %u", params_len);
-  if (binding_count && !bindings) FAIL("bindings pointer is NULL with binding_count %u", binding_count);
-
   ck::Command c{};
-  c.kind = ck::Command::kDispatch;
-  c.kernel = k;
-  uint64_t groups_total = 1;
-  for (int i = 0; i < 3; i++) {
-    c.tg[i] = tg[i];
-    uint64_t threads, groups;
-    if (grid_counts_threads) {
-      threads = grid[i];
-      groups = (threads + tg[i] - 1) / tg[i];
-    } else {
-      groups = grid[i];
-      threads = groups * tg[i];
-    }
-    if (threads > UINT32_MAX) FAIL("grid axis %d has %llu threads, more than 2^32 - 1", i, static_cast<unsigned long long>(threads));
-    c.groups[i] = uint32_t(groups);
-    c.threads[i] = uint32_t(threads);
-    groups_total *= groups;
-  }
-  if (groups_total > UINT32_MAX) FAIL("grid has more than 2^32 - 1 threadgroups");
-  if (c.groups[1] > 65535 || c.groups[2] > 65535) FAIL("grid %ux%ux%u threadgroups: CUDA allows at most 65535 along y and z", c.groups[0], c.groups[1], c.groups[2]);
-
-  uint32_t bound = 0;
-  for (uint32_t i = 0; i < binding_count; i++) {
-    ck_buffer *b = bindings[i].buffer;
-    if (!b) continue;
-    uint64_t off = bindings[i].offset;
-    if (i == 0 && params_len) FAIL("[[buffer(0)]] is bound to a buffer and to params");
-    if (!((k->buffer_mask >> i) & 1u)) FAIL("binds [[buffer(%u)]], which the kernel does not declare", i);
-    if (off > b->length)
-      FAIL("[[buffer(%u)]] offset %llu is past the end of its %zu-byte buffer", i, static_cast<unsigned long long>(off), b->length);
-    if (b->length - off < k->min_bytes[i])
-      FAIL("[[buffer(%u)]] has %llu bytes left after offset %llu; the kernel reads %u", i,
-           static_cast<unsigned long long>(b->length - off), static_cast<unsigned long long>(off), k->min_bytes[i]);
-    bound |= 1u << i;
-  }
-  if (params_len) {
-    if (!(k->buffer_mask & 1u)) FAIL("params given, but the kernel declares no [[buffer(0)]]");
-    if (params_len < k->min_bytes[0]) FAIL("params are %u bytes; the kernel reads %u at [[buffer(0)]]", params_len, k->min_bytes[0]);
-  }
-  uint32_t missing = k->buffer_mask & ~bound & ~(params_len ? 1u : 0u);
-  if (missing) FAIL("[[buffer(%d)]] is not bound", __builtin_ctz(missing));
-#undef FAIL
-
-  if (params_len) {
-    size_t off = (cb->params.size() + 15) & ~size_t(15);
-    cb->params.resize(off + params_len);
-    std::memcpy(cb->params.data() + off, params, params_len);
-    c.params_offset = uint32_t(off);
-    c.params_len = params_len;
-  }
-  c.first_binding = uint32_t(cb->bindings.size());
-  for (uint32_t i = 0; i < binding_count; i++) {
-    if (ck_buffer *b = bindings[i].buffer) {
-      b->retain();
-      cb->buffers.push_back(b);
-      cb->bindings.push_back(ck::BoundBuffer{i, b->gpu + bindings[i].offset});
-    }
-  }
-  c.binding_count = uint32_t(cb->bindings.size()) - c.first_binding;
-  cb->commands.push_back(c);
+  if (ck::check_dispatch(cb, pipe, grid, tg, grid_counts_threads, bindings, binding_count, params, params_len, c) != CK_OK)
+    return CK_ERROR;
+  if (c.groups[1] > 65535 || c.groups[2] > 65535)
+    return set_error("command buffer %u: dispatch of '%s' (%s): grid %ux%ux%u threadgroups: CUDA allows at most 65535 along y and z",
+                     cb->id, c.kernel->name, c.kernel->where, c.groups[0], c.groups[1], c.groups[2]);
+  ck::record_dispatch(cb, c, bindings, binding_count, params, params_len, [](ck_buffer *b) { return b->gpu; });
   return CK_OK;
 }
 
 static int32_t encode_event(ck_cmdbuf *cb, ck_event *ev, double value, ck::Command::Kind kind) {
-  const char *what = kind == ck::Command::kSignal ? "signal" : "wait";
-  if (check_encoding(cb, what) != CK_OK) return CK_ERROR;
-  if (!ev) return set_error("command buffer %u: %s: event is NULL", cb->id, what);
-  uint64_t v;
-  if (!ck::to_u64(value, v))
-    return set_error("command buffer %u: %s: event value %.17g is not an integer in [0, 2^53]", cb->id, what, value);
   ck::Command c{};
-  c.kind = kind;
-  c.event = ev;
-  c.value = v;
+  if (ck::check_event(cb, ev, value, kind, c) != CK_OK) return CK_ERROR;
   ev->retain();
   if (kind == ck::Command::kWait && cb->first_wait == SIZE_MAX) cb->first_wait = cb->commands.size();
   cb->commands.push_back(c);
@@ -1328,7 +1224,7 @@ CK_API int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value) { retur
 CK_API int32_t ck_encode_wait_host(ck_cmdbuf *cb, ck_event *ev, double value) { return ck_encode_wait(cb, ev, value); }
 
 CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *cb) {
-  if (check_encoding(cb, "commit") != CK_OK) return CK_ERROR;
+  if (ck::check_encoding(cb, "commit") != CK_OK) return CK_ERROR;
   ck_device *dev = cb->dev;
   cb->retain();
   {

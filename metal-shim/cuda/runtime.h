@@ -13,20 +13,12 @@
 #include <unordered_set>
 #include <vector>
 
+#include "../common/host.h"
 #include "../include/cherenkov.h"
 #include "abi.h"
 #include "profile.h"
 
 namespace ck {
-int32_t set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-bool to_u64(double v, uint64_t &out);
-
-struct Counted {
-  std::atomic<int> refs{1};
-  void retain() { refs.fetch_add(1, std::memory_order_relaxed); }
-  bool drop() { return refs.fetch_sub(1, std::memory_order_acq_rel) == 1; }
-};
-
 // Every command buffer's slice of the param ring starts with its cancel word (kCancelBytes),
 // then its params, then one 64-bit value per event command (ck::SliceLayout in runtime.cu).
 constexpr size_t kCancelBytes = 256;

@@ -8,7 +8,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { basename, join } from "node:path";
 
-import { cudaCompileFlags, findNvcc } from "../../metal-shim/cuda/build.ts";
+import { cudaCompileFlags, cudaIncludes, findNvcc } from "../../metal-shim/cuda/build.ts";
 import { generateCuda } from "../../metal-shim/cuda/gen.ts";
 
 const ROOT = join(import.meta.dir, "..", "..");
@@ -48,7 +48,7 @@ test.skipIf(!nvcc)(
     try {
       const gen = generateCuda(ROOT, join(dir, "gen"));
       const sources = gen.sources.filter((s) => basename(s) !== "registry.cu");
-      const include = ["-I", join(ROOT, "metal-shim", "cuda", "include"), "-I", join(ROOT, "metal-shim", "cuda"), "-I", join(dir, "gen")];
+      const include = cudaIncludes(join(dir, "gen"));
       const reports: string[] = [];
       let next = 0;
       const worker = async () => {

@@ -3,24 +3,9 @@
 // are real atomic instructions.
 #pragma once
 #include "types.h"
+#include "prelude/atomic.h"
 
 namespace metal {
-
-enum memory_order { memory_order_relaxed = 0 };
-
-template <class T>
-struct atomic {
-  T value;
-};
-typedef atomic<int> atomic_int;
-typedef atomic<uint> atomic_uint;
-typedef atomic<float> atomic_float;
-typedef atomic<bool> atomic_bool;
-
-namespace ck_atomic {
-template <class T>
-struct same { typedef T type; };  // keeps an argument out of template deduction
-}  // namespace ck_atomic
 
 template <class T>
 inline T atomic_load_explicit(const volatile atomic<T> *a, memory_order) {

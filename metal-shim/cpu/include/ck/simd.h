@@ -7,17 +7,9 @@
 #pragma once
 #include "../../abi.h"
 #include "math.h"
+#include "prelude/barrier.h"
 
 namespace metal {
-
-enum class mem_flags : uint {
-  mem_none = 0,
-  mem_device = 1,
-  mem_threadgroup = 2,
-  mem_texture = 4,
-  mem_threadgroup_imageblock = 8,
-};
-constexpr mem_flags operator|(mem_flags a, mem_flags b) { return mem_flags(uint(a) | uint(b)); }
 
 inline void threadgroup_barrier(mem_flags) { ck::threadgroup_sync(); }
 inline void simdgroup_barrier(mem_flags) { ck::simd_exchange(nullptr, 0); }

@@ -2,23 +2,11 @@
 // CUDA's atomic instructions through generic pointers.
 #pragma once
 #include "math.h"
+#include "prelude/atomic.h"
 
 namespace metal {
 
-enum memory_order { memory_order_relaxed = 0 };
-
-template <class T>
-struct atomic {
-  T value;
-};
-typedef atomic<int> atomic_int;
-typedef atomic<uint> atomic_uint;
-typedef atomic<float> atomic_float;
-typedef atomic<bool> atomic_bool;
-
 namespace ck_atomic {
-template <class T>
-struct same { typedef T type; };
 template <class T>
 CK_D T *raw(volatile atomic<T> *a) { return const_cast<T *>(&a->value); }
 // 32-bit compare-and-swap loop for what CUDA has no instruction for.

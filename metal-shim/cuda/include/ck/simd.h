@@ -7,17 +7,9 @@
 // live lanes are folded in lane order.
 #pragma once
 #include "math.h"
+#include "prelude/barrier.h"
 
 namespace metal {
-
-enum class mem_flags : uint {
-  mem_none = 0,
-  mem_device = 1,
-  mem_threadgroup = 2,
-  mem_texture = 4,
-  mem_threadgroup_imageblock = 8,
-};
-constexpr mem_flags operator|(mem_flags a, mem_flags b) { return mem_flags(uint(a) | uint(b)); }
 
 CK_D void threadgroup_barrier(mem_flags) { __syncthreads(); }
 CK_D void simdgroup_barrier(mem_flags) { __syncwarp(__activemask()); }
