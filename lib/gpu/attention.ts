@@ -333,6 +333,45 @@ export interface AttentionArgs {
   gate?: RowsRef;
 }
 
+/**
+ * Rows from which a chunk's causal attention (no QSA list, one split) takes attn_tiles, the tiled
+ * kernel on the matrix units, on a GPU: a placeholder until spec/bench/kernels.ts times both on
+ * the H200 ("attention (prefill)"). Above 1 + MAX_SNAP, so a speculative verify batch runs the
+ * decode step's attn_rows (accepting drafts cannot change a greedy token). The CPU backend
+ * keeps attn_rows at every row count (its tile products are fiber-switching emulation, as
+ * lib/gpu/gemm.ts gemmMinRows says); CHERENKOV_ATTN_TILES_MIN_ROWS overrides both (tests send
+ * small prompts through the tiles with it).
+ */
+export const ATTN_TILES_MIN_ROWS = 64;
+/** attn_tiles' limits (kernels/attention.metal): head_dim a multiple of 16 up to 128, (row, head) pairs per threadgroup. */
+export const ATTN_TILES = { maxHeadDim: 128, pairs: 64, simdgroups: 4 } as const;
+
+/** The attn_tiles row threshold in force on `backend` (CHERENKOV_ATTN_TILES_MIN_ROWS, else ATTN_TILES_MIN_ROWS; never on the CPU). */
+export function attnTilesMinRows(backend: string): number {
+  const env = process.env.CHERENKOV_ATTN_TILES_MIN_ROWS;
+  if (env === undefined || env === "") return backend === "cpu" ? Infinity : ATTN_TILES_MIN_ROWS;
+  const n = Number(env);
+  if (!Number.isInteger(n) || n < 1) throw new RangeError(`CHERENKOV_ATTN_TILES_MIN_ROWS=${env}: expected a positive integer`);
+  return n;
+}
+
+/**
+ * Whether an attention call takes attn_tiles at a threshold of `minRows`: dense causal rows (a
+ * QSA list stays with attn_rows, even one that selects every position), one split, head_dim a
+ * multiple of 16 up to 128 (Q's fragments and O live in registers), q rows 16-byte aligned.
+ */
+export function usesAttnTiles(a: Pick<AttentionArgs, "rows" | "selection" | "q"> & { headDim: number; splits: number }, minRows: number): boolean {
+  return (
+    a.rows >= minRows &&
+    !a.selection &&
+    a.splits === 1 &&
+    a.headDim % 16 === 0 &&
+    a.headDim <= ATTN_TILES.maxHeadDim &&
+    a.q.offset % 16 === 0 &&
+    a.q.stride % 16 === 0
+  );
+}
+
 type SplitInputs = Pick<AttentionArgs, "rows" | "pos0" | "selection" | "splitLen">;
 
 /** The split length and count an attention call uses (from the longest row's read). */
@@ -365,28 +404,38 @@ export function encodeAttention(ctx: EncodeContext, a: AttentionArgs): void {
     if (!a.partials || offsetOf(a.partials) + need > bufferOf(a.partials).length)
       throw new Error(`attention: ${splits} splits need a partials scratch of ${need} bytes (attentionPartialBytes)`);
   }
-  const nsg = Math.min(ATTN_SIMDGROUPS, a.heads);
   const sel = a.selection;
+  const gateBinding = a.gate ? at(a.gate) : at(a.o);
+  const common = {
+    rows: a.rows,
+    heads: a.heads,
+    kv_heads: Hkv,
+    head_dim: hd,
+    pos0: a.pos0,
+    scale: 1 / Math.sqrt(hd),
+    q_stride: a.q.stride,
+    o_stride: a.o.stride,
+    gate_stride: a.gate?.stride ?? 0,
+    gated: a.gate ? 1 : 0,
+  };
+  if (usesAttnTiles({ ...a, headDim: hd, splits }, attnTilesMinRows(ctx.device.backend))) {
+    dispatch(
+      ctx,
+      k.kind === "q8" ? "attn_tiles_q8" : "attn_tiles_f32",
+      Params.Attention,
+      { ...common, use_list: 0, list_stride: 0, split_len: splitLen, splits: 1 },
+      [at(a.q), k.data, k.scales ?? k.data, v.data, v.scales ?? v.data, at(a.o), gateBinding],
+      [Hkv, Math.ceil((a.rows * (a.heads / Hkv)) / ATTN_TILES.pairs)],
+      [SIMD_WIDTH * ATTN_TILES.simdgroups, 1],
+    );
+    return;
+  }
+  const nsg = Math.min(ATTN_SIMDGROUPS, a.heads);
   dispatch(
     ctx,
     k.kind === "q8" ? "attn_rows_q8" : "attn_rows_f32",
     Params.Attention,
-    {
-      rows: a.rows,
-      heads: a.heads,
-      kv_heads: Hkv,
-      head_dim: hd,
-      pos0: a.pos0,
-      use_list: sel ? 1 : 0,
-      list_stride: sel ? sel.topk : 0,
-      split_len: splitLen,
-      splits,
-      scale: 1 / Math.sqrt(hd),
-      q_stride: a.q.stride,
-      o_stride: a.o.stride,
-      gate_stride: a.gate?.stride ?? 0,
-      gated: a.gate ? 1 : 0,
-    },
+    { ...common, use_list: sel ? 1 : 0, list_stride: sel ? sel.topk : 0, split_len: splitLen, splits },
     [
       at(a.q),
       k.data,
@@ -397,7 +446,7 @@ export function encodeAttention(ctx: EncodeContext, a: AttentionArgs): void {
       sel ? sel.counts : k.data,
       at(a.o),
       a.partials ?? at(a.o),
-      a.gate ? at(a.gate) : at(a.o),
+      gateBinding,
     ],
     [Math.ceil(a.heads / nsg), a.rows, splits],
     [SIMD_WIDTH * nsg, 1, 1],
