@@ -331,6 +331,8 @@ export interface AttentionArgs {
   partials?: Binding;
   /** The output gate [nb][H * hd]: o = attention * sigmoid(gate), bit for bit ew_sigmoid_mul_f32's. */
   gate?: RowsRef;
+  /** Forces attn_tiles (true; an error where it cannot serve the call) or attn_rows (false), for benches; default: usesAttnTiles at attnTilesMinRows. */
+  tiles?: boolean;
 }
 
 /**
@@ -418,7 +420,10 @@ export function encodeAttention(ctx: EncodeContext, a: AttentionArgs): void {
     gate_stride: a.gate?.stride ?? 0,
     gated: a.gate ? 1 : 0,
   };
-  if (usesAttnTiles({ ...a, headDim: hd, splits }, attnTilesMinRows(ctx.device.backend))) {
+  const tiles = usesAttnTiles({ ...a, headDim: hd, splits }, a.tiles === undefined ? attnTilesMinRows(ctx.device.backend) : 1);
+  if (a.tiles === true && !tiles)
+    throw new Error(`attention: attn_tiles cannot serve this call (QSA list, ${splits} splits, head_dim ${hd}, or q rows not 16-byte aligned)`);
+  if (tiles && a.tiles !== false) {
     dispatch(
       ctx,
       k.kind === "q8" ? "attn_tiles_q8" : "attn_tiles_f32",
