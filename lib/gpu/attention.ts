@@ -321,7 +321,7 @@ export interface AttentionArgs {
   /** The K and V caches (same kind, heads Hkv, dim hd), holding positions up to pos0 + nb - 1. */
   k: KvCacheRef;
   v: KvCacheRef;
-  /** QSA selection (from encodeQsa): row t reads list[t][0 .. counts[t]). Absent: causal. */
+  /** QSA selection (from encodeQsa): row t reads list[t][0 .. counts[t]), every position 0 .. pos0 + t when that is at most topk. Absent: causal. */
   selection?: { list: Binding; counts: Binding; topk: number };
   /** Output o [nb][H * hd]. */
   o: RowsRef;
@@ -358,14 +358,16 @@ export function attnTilesMinRows(backend: string): number {
 }
 
 /**
- * Whether an attention call takes attn_tiles at a threshold of `minRows`: dense causal rows (a
- * QSA list stays with attn_rows, even one that selects every position), one split, head_dim a
- * multiple of 16 up to 128 (Q's fragments and O live in registers), q rows 16-byte aligned.
+ * Whether an attention call takes attn_tiles at a threshold of `minRows`: causal rows that read
+ * every position, one split, head_dim a multiple of 16 up to 128 (Q's fragments and O live in
+ * registers), q rows 16-byte aligned. A QSA list reads every position when no row has more than
+ * topk (qsa_topk_f32 then lists 0 .. pos0 + t: a 2,048-token prompt at the 30b shape's topk
+ * 2048), and attn_tiles ignores it; a list that selects stays with attn_rows.
  */
-export function usesAttnTiles(a: Pick<AttentionArgs, "rows" | "selection" | "q"> & { headDim: number; splits: number }, minRows: number): boolean {
+export function usesAttnTiles(a: Pick<AttentionArgs, "rows" | "pos0" | "selection" | "q"> & { headDim: number; splits: number }, minRows: number): boolean {
   return (
     a.rows >= minRows &&
-    !a.selection &&
+    (!a.selection || a.pos0 + a.rows <= a.selection.topk) &&
     a.splits === 1 &&
     a.headDim % 16 === 0 &&
     a.headDim <= ATTN_TILES.maxHeadDim &&
@@ -422,7 +424,7 @@ export function encodeAttention(ctx: EncodeContext, a: AttentionArgs): void {
   };
   const tiles = usesAttnTiles({ ...a, headDim: hd, splits }, a.tiles === undefined ? attnTilesMinRows(ctx.device.backend) : 1);
   if (a.tiles === true && !tiles)
-    throw new Error(`attention: attn_tiles cannot serve this call (QSA list, ${splits} splits, head_dim ${hd}, or q rows not 16-byte aligned)`);
+    throw new Error(`attention: attn_tiles cannot serve this call (a QSA list that selects, ${splits} splits, head_dim ${hd}, or q rows not 16-byte aligned)`);
   if (tiles && a.tiles !== false) {
     dispatch(
       ctx,

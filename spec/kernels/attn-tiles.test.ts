@@ -79,6 +79,8 @@ interface TileCase {
   Hkv: number;
   hd: number;
   gated?: boolean;
+  /** Pass the QSA list that selects every position (topk pos0 + nb), as encodeQsa writes it. */
+  listed?: boolean;
 }
 
 /** attn_tiles' output and the reference's (f64 softmax and sums over the dequantized cache). */
@@ -101,6 +103,17 @@ function runCase(c: TileCase, seed: number) {
   const qb = uploadF32(dev, q);
   const gb = uploadF32(dev, gate);
   const o = outputF32(dev, nb * H * hd);
+  let selection: { list: Buffer; counts: Buffer; topk: number } | undefined;
+  if (c.listed) {
+    const topk = pos0 + nb;
+    const list = dev.buffer(nb * topk * 4);
+    const counts = dev.buffer(nb * 4);
+    for (let t = 0; t < nb; t++) {
+      for (let s = 0; s <= pos0 + t; s++) list.i32[t * topk + s] = s;
+      counts.i32[t] = pos0 + t + 1;
+    }
+    selection = { list, counts, topk };
+  }
   const kernels = kernelsOf(() =>
     run(dev, (ctx) =>
       encodeAttention(ctx, {
@@ -112,6 +125,7 @@ function runCase(c: TileCase, seed: number) {
         v: uploadCache(V),
         o: rows(o, H * hd),
         gate: c.gated ? rows(gb, H * hd) : undefined,
+        selection,
       }),
     ),
   );
@@ -135,8 +149,9 @@ describe("attn_tiles against attendHead", () => {
     }
     cases.push({ kind, nb: 19, pos0: 70, H: 16, Hkv: 2, hd: 128 }); // G 8: 2 rows per simdgroup
     cases.push({ kind, nb: 3, pos0: 0, H: 8, Hkv: 1, hd: 64, gated: true }); // fewer pairs than a simdgroup
+    cases.push({ kind, nb: 24, pos0: 9, H: 4, Hkv: 1, hd: 64, listed: true }); // a QSA list of every position
   }
-  test.each(cases)("$kind hd $hd, nb $nb, pos0 $pos0, H $H/$Hkv, gated $gated", (c) => {
+  test.each(cases)("$kind hd $hd, nb $nb, pos0 $pos0, H $H/$Hkv, gated $gated, listed $listed", (c) => {
     const r = runCase(c, c.nb * 7 + c.pos0 + c.hd);
     expect(r.kernels).toEqual([`attn_tiles_${c.kind}`]);
     expectClose(r.actual, r.expected, TILE_TOL, `attn-tiles-${c.kind} hd=${c.hd} nb=${c.nb} pos0=${c.pos0}`, c.hd);
@@ -145,11 +160,13 @@ describe("attn_tiles against attendHead", () => {
 
 describe("attn_tiles selection", () => {
   const q = { buffer: dev.buffer(64), offset: 0, stride: 512 };
-  const dense = { rows: 64, q, headDim: 128, splits: 1 };
-  test("dense causal chunks from the threshold; QSA lists, splits, head dims past 128 or not /16 keep attn_rows", () => {
+  const dense = { rows: 64, pos0: 10, q, headDim: 128, splits: 1 };
+  const list = (topk: number) => ({ list: q.buffer, counts: q.buffer, topk });
+  test("causal chunks that read every position from the threshold; QSA lists that select, splits, head dims past 128 or not /16 keep attn_rows", () => {
     expect(usesAttnTiles(dense, 64)).toBe(true);
     expect(usesAttnTiles({ ...dense, rows: 63 }, 64)).toBe(false);
-    expect(usesAttnTiles({ ...dense, selection: { list: q.buffer, counts: q.buffer, topk: 8 } }, 64)).toBe(false);
+    expect(usesAttnTiles({ ...dense, selection: list(74) }, 64)).toBe(true); // QSA lists every position
+    expect(usesAttnTiles({ ...dense, selection: list(73) }, 64)).toBe(false); // the last row's list selects
     expect(usesAttnTiles({ ...dense, splits: 2 }, 64)).toBe(false);
     expect(usesAttnTiles({ ...dense, headDim: 256 }, 64)).toBe(false);
     expect(usesAttnTiles({ ...dense, headDim: 72 }, 64)).toBe(false);
