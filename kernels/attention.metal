@@ -379,12 +379,21 @@ template <bool Q8>
       const uint d = (w % hdt) * TILE;
       float v[16];
       attn_tile_load16<Q8>(kc, ulong(s0 + j) * Hkv + kvh, hd, d, s0 + j <= tg_last, v);
+      uint hi[8];
+      uint lo[8];
       CK_UNROLL for (uint e = 0; e < 8u; e++) {
         const uint2 sp = attn_split_bf16x2(v[2u * e], v[2u * e + 1u]);
-        ((threadgroup uint*)kst)[(j * kld + d) / 2u + e] = sp.x;
-        if (!Q8) {
-          ((threadgroup uint*)kst)[(BK * kld + j * kld + d) / 2u + e] = sp.y;
-        }
+        hi[e] = sp.x;
+        lo[e] = sp.y;
+      }
+      // 16-byte stores: rows are (hd + 8) * 2 bytes apart and d a multiple of 16.
+      threadgroup uint4* kh = (threadgroup uint4*)(kst + j * kld + d);
+      kh[0] = uint4(hi[0], hi[1], hi[2], hi[3]);
+      kh[1] = uint4(hi[4], hi[5], hi[6], hi[7]);
+      if (!Q8) {
+        threadgroup uint4* kl = (threadgroup uint4*)(kst + BK * kld + j * kld + d);
+        kl[0] = uint4(lo[0], lo[1], lo[2], lo[3]);
+        kl[1] = uint4(lo[4], lo[5], lo[6], lo[7]);
       }
     }
     for (uint w = uint(tid); w < (BK / 2u) * hdt; w += 32u * ATTN_TILE_SG) {
