@@ -2,7 +2,8 @@
 // index-key cache appends (q8 or f32), the QSA index scores and top-k selection, and the
 // softmax attention over the cache (causal, or the selected positions), split over
 // positions for long-context decode, optionally with the sigmoid output gate applied where
-// o is written. encodeAttnPrep does q/k norms + RoPE + the K/V appends in one dispatch.
+// o is written; prompt chunks that read every position go through the tile API instead
+// (attn_tiles, from ATTN_TILES_MIN_ROWS rows on a GPU). encodeAttnPrep does q/k norms + RoPE + the K/V appends in one dispatch.
 // The projections are the dense kernels'. Order within a step: norms, RoPE, append K/V
 // (and ik), then QSA and attention read everything back from the caches, this batch included.
 import { ropeInvFreq } from "../model/rope.ts";
@@ -336,7 +337,7 @@ export interface AttentionArgs {
 }
 
 /**
- * Rows from which a chunk's causal attention (no QSA list, one split) takes attn_tiles, the tiled
+ * Rows from which a chunk's causal attention (every position read, one split) takes attn_tiles, the tiled
  * kernel on the matrix units, on a GPU: a placeholder until spec/bench/kernels.ts times both on
  * the H200 ("attention (prefill)"). Above 1 + MAX_SNAP, so a speculative verify batch runs the
  * decode step's attn_rows (accepting drafts cannot change a greedy token). The CPU backend
