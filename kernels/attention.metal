@@ -242,15 +242,19 @@ kernel void attn_combine_f32(
 // split): about 2^-16 of each |q k| and |p v|, where attn_rows sums in f32.
 // A lane keeps its row's O in registers: row lane / 2 of the simdgroup's 16, dims 16 n +
 // (lane % 2) 8 .. + 8 (each P V tile goes through a 16 x 16 staging tile). head_dim is a multiple
-// of 16 up to ATTN_TILE_MAX_HD (Q's fragments and O live in registers: 256 would spill on the
-// H200; lib/gpu/attention.ts keeps attn_rows there).
+// of 16 up to 128 (Q's fragments and O live in registers: a simdgroup holding 256 dims would
+// spill on the H200). WIDE (q8, head_dim 144..256): two simdgroups share 16 pairs, each owning
+// 128 dims of Q and O; each adds its half of S = Q K^T into threadgroup memory and both read the
+// two halves (in the same order: the same softmax in both), so a threadgroup serves 32 pairs.
 #define ATTN_TILE_SG 4
-#define ATTN_TILE_PAIRS (ATTN_TILE_SG * TILE)
-#define ATTN_TILE_MAX_HD 128
-#define ATTN_TILE_HDT (ATTN_TILE_MAX_HD / TILE)
-// Positions per K/V tile: 32 for q8 codes (one bf16 plane), 16 for f32 (hi and lo planes), so
-// either fits Apple's 32 KiB of threadgroup memory.
-#define ATTN_TILE_BK(Q8) ((Q8) ? 32u : 16u)
+#define ATTN_TILE_HALF_HD 128
+#define ATTN_TILE_HDT (ATTN_TILE_HALF_HD / TILE)
+// (row, head) pairs per threadgroup and the largest head_dim.
+#define ATTN_TILE_PAIRS(WIDE) ((WIDE) ? 2u * TILE : ATTN_TILE_SG * TILE)
+#define ATTN_TILE_MAX_HD(WIDE) ((WIDE) ? 2u * ATTN_TILE_HALF_HD : ATTN_TILE_HALF_HD)
+// Positions per K/V tile: 32 for q8 codes (one bf16 plane), 16 for f32 (hi and lo planes) and
+// for WIDE, so each fits Apple's 32 KiB of threadgroup memory.
+#define ATTN_TILE_BK(Q8, WIDE) ((Q8) && !(WIDE) ? 32u : 16u)
 // Row pitches (bf16) of the staged K ([BK][hd + 8]) and V^T ([hd][BK + 8]) and of the simdgroups'
 // Q and P staging: 8 past the data, as gemm.metal, so a fragment load's rows change banks.
 #define ATTN_TILE_QLD (TILE + 8u)
@@ -287,9 +291,9 @@ inline void attn_tile_load16(device const char* cache, ulong vec, uint hd, uint 
   }
 }
 
-// Grid: (Hkv, ceil(nb G / 64)) threadgroups of 128 threads. Bindings as attn_rows' without the
-// list, counts and partials.
-template <bool Q8>
+// Grid: (Hkv, ceil(nb G / ATTN_TILE_PAIRS)) threadgroups of 128 threads. Bindings as attn_rows'
+// without the list, counts and partials.
+template <bool Q8, bool WIDE>
 [[max_total_threads_per_threadgroup(128)]] kernel void attn_tiles(
     constant AttentionParams& p [[buffer(0)]],
     device const float* q       [[buffer(1)]],
@@ -303,18 +307,22 @@ template <bool Q8>
     ushort tid                  [[thread_index_in_threadgroup]],
     ushort sg                   [[simdgroup_index_in_threadgroup]],
     ushort lane                 [[thread_index_in_simdgroup]]) {
-  constexpr uint BK = ATTN_TILE_BK(Q8);
+  static_assert(Q8 || !WIDE, "an f32 cache's K and V tiles at head_dim 256 exceed 32 KiB");
+  constexpr uint BK = ATTN_TILE_BK(Q8, WIDE);
   constexpr uint VLD = BK + 8u;
   constexpr uint PLANES = Q8 ? 1u : 2u;  // K/V staged as hi (+ lo for f32)
-  constexpr uint KLD_MAX = ATTN_TILE_MAX_HD + 8u;
+  constexpr uint MAX_HD = ATTN_TILE_MAX_HD(WIDE);
+  constexpr uint KLD_MAX = MAX_HD + 8u;
+  constexpr uint PAIRS = ATTN_TILE_PAIRS(WIDE);
   // Per simdgroup: Q's hi + lo staging (16 x QLD each), then S (16 x BK f32), then P's hi + lo
   // (16 x VLD each), then one O tile (16 x 16 f32), one after another in the same words.
   constexpr uint SCRATCH_U4 = (2u * TILE * VLD * 2u) / 16u;
   static_assert(2u * TILE * ATTN_TILE_QLD * 2u <= SCRATCH_U4 * 16u && TILE * BK * 4u <= SCRATCH_U4 * 16u,
                 "a simdgroup's scratch holds its Q staging and its S tile");
   threadgroup uint4 k4[PLANES * BK * KLD_MAX / 8u];
-  threadgroup uint4 v4[PLANES * ATTN_TILE_MAX_HD * VLD / 8u];
+  threadgroup uint4 v4[PLANES * MAX_HD * VLD / 8u];
   threadgroup uint4 scratch4[ATTN_TILE_SG][SCRATCH_U4];
+  threadgroup float shalf[WIDE ? ATTN_TILE_SG : 1][WIDE ? TILE * BK : 1];  // WIDE: each half of S
   threadgroup float kscale[BK];
   threadgroup float vscale[BK];
 
@@ -324,8 +332,10 @@ template <bool Q8>
   const uint G = H / Hkv;
   const uint kvh = tg.x;
   const uint pairs = uint(p.rows) * G;
-  const uint m0 = tg.y * ATTN_TILE_PAIRS;       // the threadgroup's first pair
-  const uint sm0 = m0 + uint(sg) * TILE;        // the simdgroup's
+  const uint m0 = tg.y * PAIRS;                 // the threadgroup's first pair
+  const uint mt = WIDE ? uint(sg) / 2u : uint(sg);  // the simdgroup's 16 pairs
+  const uint sm0 = m0 + mt * TILE;              // their first
+  const uint dim0 = WIDE ? (uint(sg) & 1u) * ATTN_TILE_HALF_HD : 0u;  // its first dim of Q and O
   const uint row = uint(lane) / 2u;             // this lane's row of the simdgroup's 16
   const uint half8 = (uint(lane) & 1u) * 8u;    // and its 8 columns of a 16-wide tile
   // Pairs past the last compute the last one's values and write nothing (no NaN from empty rows).
@@ -335,9 +345,10 @@ template <bool Q8>
   const uint last = uint(p.pos0) + t;  // the last position this row reads
   const bool active = sm0 < pairs;     // uniform per simdgroup
   const uint sg_last = uint(p.pos0) + min(sm0 + TILE - 1u, pairs - 1u) / G;
-  const uint tg_last = uint(p.pos0) + min(m0 + ATTN_TILE_PAIRS - 1u, pairs - 1u) / G;
+  const uint tg_last = uint(p.pos0) + min(m0 + PAIRS - 1u, pairs - 1u) / G;
   const uint kld = hd + 8u;
-  const uint hdt = hd / TILE;
+  const uint hdt = hd / TILE;                   // 16-dim tiles of K and V
+  const uint own = min(hdt - dim0 / TILE, uint(ATTN_TILE_HDT));  // of Q and O in this simdgroup
   threadgroup bfloat* kst = (threadgroup bfloat*)k4;
   threadgroup bfloat* vst = (threadgroup bfloat*)v4;
   threadgroup bfloat* scr = (threadgroup bfloat*)scratch4[sg];
@@ -347,8 +358,8 @@ template <bool Q8>
   // Q's fragments, hi and lo, 16 dims at a time through the scratch.
   TileA qh[ATTN_TILE_HDT];
   TileA ql[ATTN_TILE_HDT];
-  device const float* qrow = seq_row(q, p.q_stride, t) + h * hd;
-  CK_UNROLL for (uint n = 0; n < ATTN_TILE_HDT; n++) if (n < hdt) {
+  device const float* qrow = seq_row(q, p.q_stride, t) + h * hd + dim0;
+  CK_UNROLL for (uint n = 0; n < ATTN_TILE_HDT; n++) if (n < own) {
     const float4 a = *((device const float4*)(qrow + n * TILE + half8));
     const float4 b = *((device const float4*)(qrow + n * TILE + half8 + 4u));
     const float f[8] = {a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
@@ -407,7 +418,7 @@ template <bool Q8>
         const uint2 sp = attn_split_bf16x2(a[e], b[e]);
         ((threadgroup uint*)vst)[((d + e) * VLD + j) / 2u] = sp.x;
         if (!Q8) {
-          ((threadgroup uint*)vst)[(ATTN_TILE_MAX_HD * VLD + (d + e) * VLD + j) / 2u] = sp.y;
+          ((threadgroup uint*)vst)[(MAX_HD * VLD + (d + e) * VLD + j) / 2u] = sp.y;
         }
       }
     }
@@ -419,32 +430,42 @@ template <bool Q8>
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
 
-    if (active && s0 <= sg_last) {
-      // S = Q K^T, BK columns, into the scratch as [16][BK] f32.
+    // uniform per simdgroup, and for WIDE the same in both simdgroups of the 16 pairs
+    const bool work = active && s0 <= sg_last;
+    threadgroup float* sfull = WIDE ? shalf[uint(sg) & ~1u] : scr_f;  // S (WIDE: its first half)
+    if (work) {
+      // S = Q K^T (WIDE: over this simdgroup's dims), BK columns, as [16][BK] f32.
       CK_UNROLL for (uint jt = 0; jt < BK / TILE; jt++) {
         TileC c;
         tile_clear(c);
-        CK_UNROLL for (uint n = 0; n < ATTN_TILE_HDT; n++) if (n < hdt) {
+        CK_UNROLL for (uint n = 0; n < ATTN_TILE_HDT; n++) if (n < own) {
           TileB b;
-          tile_load_bt(b, kst + jt * TILE * kld + n * TILE, kld, lane);
+          tile_load_bt(b, kst + jt * TILE * kld + dim0 + n * TILE, kld, lane);
           if (!Q8) {
             TileB bl;
-            tile_load_bt(bl, kst + BK * kld + jt * TILE * kld + n * TILE, kld, lane);
+            tile_load_bt(bl, kst + BK * kld + jt * TILE * kld + dim0 + n * TILE, kld, lane);
             tile_mma(c, qh[n], bl);
           }
           tile_mma(c, ql[n], b);
           tile_mma(c, qh[n], b);
         }
-        tile_store(c, scr_f + jt * TILE, BK, lane);
+        tile_store(c, (WIDE ? shalf[sg] : scr_f) + jt * TILE, BK, lane);
       }
+    }
+    if (WIDE) {
+      threadgroup_barrier(mem_flags::mem_threadgroup);  // both halves of S are in
+    } else {
       simdgroup_barrier(mem_flags::mem_threadgroup);
+    }
+    if (work) {
       // The lane's half row: columns c0 .. c0 + BK / 2; its partner (lane ^ 1) has the rest.
       const uint c0 = (uint(lane) & 1u) * (BK / 2u);
       float w[BK / 2u];
       float tmax = -INFINITY;
       CK_UNROLL for (uint e = 0; e < BK / 2u; e++) {
         const uint col = c0 + e;
-        w[e] = s0 + col <= last ? scr_f[row * BK + col] * kscale[col] * p.scale : -INFINITY;
+        const float sv = WIDE ? sfull[row * BK + col] + sfull[TILE * BK + row * BK + col] : sfull[row * BK + col];
+        w[e] = s0 + col <= last ? sv * kscale[col] * p.scale : -INFINITY;
         tmax = max(tmax, w[e]);
       }
       tmax = max(tmax, simd_shuffle_xor(tmax, ushort(1)));
@@ -473,15 +494,15 @@ template <bool Q8>
       }
       simdgroup_barrier(mem_flags::mem_threadgroup);  // P is in registers: O tiles take its place
       // O = O * corr + P V, 16 dims at a time.
-      CK_UNROLL for (uint n = 0; n < ATTN_TILE_HDT; n++) if (n < hdt) {
+      CK_UNROLL for (uint n = 0; n < ATTN_TILE_HDT; n++) if (n < own) {
         TileC c;
         tile_clear(c);
         CK_UNROLL for (uint kt = 0; kt < BK / TILE; kt++) {
           TileB b;
-          tile_load_bt(b, vst + n * TILE * VLD + kt * TILE, VLD, lane);
+          tile_load_bt(b, vst + (dim0 + n * TILE) * VLD + kt * TILE, VLD, lane);
           if (!Q8) {
             TileB bl;
-            tile_load_bt(bl, vst + ATTN_TILE_MAX_HD * VLD + n * TILE * VLD + kt * TILE, VLD, lane);
+            tile_load_bt(bl, vst + MAX_HD * VLD + (dim0 + n * TILE) * VLD + kt * TILE, VLD, lane);
             tile_mma(c, ph[kt], bl);
           }
           tile_mma(c, pl[kt], b);
@@ -499,10 +520,10 @@ template <bool Q8>
   }
 
   if (active && sm0 + row < pairs) {
-    device float* out = seq_row(o, p.o_stride, t) + h * hd;
-    device const float* g = seq_row(gate, p.gate_stride, t) + h * hd;
+    device float* out = seq_row(o, p.o_stride, t) + h * hd + dim0;
+    device const float* g = seq_row(gate, p.gate_stride, t) + h * hd + dim0;
     const float inv = 1.0f / sum;
-    CK_UNROLL for (uint n = 0; n < ATTN_TILE_HDT; n++) if (n < hdt) {
+    CK_UNROLL for (uint n = 0; n < ATTN_TILE_HDT; n++) if (n < own) {
       CK_UNROLL for (uint e = 0; e < 8u; e++) {
         const uint d = n * TILE + half8 + e;
         const float y = acc[n][e] * inv;
@@ -512,5 +533,6 @@ template <bool Q8>
   }
 }
 
-template [[host_name("attn_tiles_q8")]] kernel decltype(attn_tiles<true>) attn_tiles<true>;
-template [[host_name("attn_tiles_f32")]] kernel decltype(attn_tiles<false>) attn_tiles<false>;
+template [[host_name("attn_tiles_q8")]] kernel decltype(attn_tiles<true, false>) attn_tiles<true, false>;
+template [[host_name("attn_tiles_f32")]] kernel decltype(attn_tiles<false, false>) attn_tiles<false, false>;
+template [[host_name("attn_tiles_wide_q8")]] kernel decltype(attn_tiles<true, true>) attn_tiles<true, true>;

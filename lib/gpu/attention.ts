@@ -346,8 +346,12 @@ export interface AttentionArgs {
  * small prompts through the tiles with it).
  */
 export const ATTN_TILES_MIN_ROWS = 64;
-/** attn_tiles' limits (kernels/attention.metal): head_dim a multiple of 16 up to 128, (row, head) pairs per threadgroup. */
-export const ATTN_TILES = { maxHeadDim: 128, pairs: 64, simdgroups: 4 } as const;
+/**
+ * attn_tiles' limits (kernels/attention.metal): head_dim a multiple of 16 up to 128, or up to 256
+ * with a q8 cache (attn_tiles_wide_q8: two simdgroups per 16 pairs, each on half the dims;
+ * an f32 cache's K/V tiles would not fit 32 KiB); (row, head) pairs per threadgroup.
+ */
+export const ATTN_TILES = { maxHeadDim: 128, maxWideHeadDim: 256, pairs: 64, widePairs: 32, simdgroups: 4 } as const;
 
 /** The attn_tiles row threshold in force on `backend` (CHERENKOV_ATTN_TILES_MIN_ROWS, else ATTN_TILES_MIN_ROWS; never on the CPU). */
 export function attnTilesMinRows(backend: string): number {
@@ -360,18 +364,21 @@ export function attnTilesMinRows(backend: string): number {
 
 /**
  * Whether an attention call takes attn_tiles at a threshold of `minRows`: causal rows that read
- * every position, one split, head_dim a multiple of 16 up to 128 (Q's fragments and O live in
- * registers), q rows 16-byte aligned. A QSA list reads every position when no row has more than
+ * every position, one split, head_dim a multiple of 16 up to ATTN_TILES' limit, q rows 16-byte
+ * aligned. A QSA list reads every position when no row has more than
  * topk (qsa_topk_f32 then lists 0 .. pos0 + t: a 2,048-token prompt at the 30b shape's topk
  * 2048), and attn_tiles ignores it; a list that selects stays with attn_rows.
  */
-export function usesAttnTiles(a: Pick<AttentionArgs, "rows" | "pos0" | "selection" | "q"> & { headDim: number; splits: number }, minRows: number): boolean {
+export function usesAttnTiles(
+  a: Pick<AttentionArgs, "rows" | "pos0" | "selection" | "q"> & { kind: "q8" | "f32"; headDim: number; splits: number },
+  minRows: number,
+): boolean {
   return (
     a.rows >= minRows &&
     (!a.selection || a.pos0 + a.rows <= a.selection.topk) &&
     a.splits === 1 &&
     a.headDim % 16 === 0 &&
-    a.headDim <= ATTN_TILES.maxHeadDim &&
+    a.headDim <= (a.kind === "q8" ? ATTN_TILES.maxWideHeadDim : ATTN_TILES.maxHeadDim) &&
     a.q.offset % 16 === 0 &&
     a.q.stride % 16 === 0
   );
@@ -423,17 +430,18 @@ export function encodeAttention(ctx: EncodeContext, a: AttentionArgs): void {
     gate_stride: a.gate?.stride ?? 0,
     gated: a.gate ? 1 : 0,
   };
-  const tiles = usesAttnTiles({ ...a, headDim: hd, splits }, a.tiles === undefined ? attnTilesMinRows(ctx.device.backend) : 1);
+  const tiles = usesAttnTiles({ ...a, kind: k.kind, headDim: hd, splits }, a.tiles === undefined ? attnTilesMinRows(ctx.device.backend) : 1);
   if (a.tiles === true && !tiles)
     throw new Error(`attention: attn_tiles cannot serve this call (a QSA list that selects, ${splits} splits, head_dim ${hd}, or q rows not 16-byte aligned)`);
   if (tiles && a.tiles !== false) {
+    const wide = hd > ATTN_TILES.maxHeadDim;
     dispatch(
       ctx,
-      k.kind === "q8" ? "attn_tiles_q8" : "attn_tiles_f32",
+      wide ? "attn_tiles_wide_q8" : k.kind === "q8" ? "attn_tiles_q8" : "attn_tiles_f32",
       Params.Attention,
       { ...common, use_list: 0, list_stride: 0, split_len: splitLen, splits: 1 },
       [at(a.q), k.data, k.scales ?? k.data, v.data, v.scales ?? v.data, at(a.o), gateBinding],
-      [Hkv, Math.ceil((a.rows * (a.heads / Hkv)) / ATTN_TILES.pairs)],
+      [Hkv, Math.ceil((a.rows * (a.heads / Hkv)) / (wide ? ATTN_TILES.widePairs : ATTN_TILES.pairs))],
       [SIMD_WIDTH * ATTN_TILES.simdgroups, 1],
     );
     return;

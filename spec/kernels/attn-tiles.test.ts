@@ -1,5 +1,6 @@
 // attn_tiles (kernels/attention.metal): a prompt chunk's causal attention through the tile API,
-// against lib/reference's attendHead over the same cache (q8 and f32), at head_dim 32 / 64 / 128,
+// against lib/reference's attendHead over the same cache (q8 and f32), at head_dim 32 / 64 / 128
+// (and 160 / 256 for q8: attn_tiles_wide_q8),
 // GQA ratios 1, 4 and 8, row counts that leave threadgroups and simdgroups partly empty, and
 // chunks after earlier positions (pos0 > 0). The CPU backend keeps attn_rows by default
 // (lib/gpu/attention.ts attnTilesMinRows): CHERENKOV_ATTN_TILES_MIN_ROWS=1 sends these calls
@@ -152,16 +153,21 @@ describe("attn_tiles against attendHead", () => {
     cases.push({ kind, nb: 3, pos0: 0, H: 8, Hkv: 1, hd: 64, gated: true }); // fewer pairs than a simdgroup
     cases.push({ kind, nb: 24, pos0: 9, H: 4, Hkv: 1, hd: 64, listed: true }); // a QSA list of every position
   }
+  // attn_tiles_wide_q8: two simdgroups per 16 pairs, 16 positions a tile.
+  cases.push({ kind: "q8", nb: 37, pos0: 0, H: 2, Hkv: 2, hd: 256 }); // G 1
+  cases.push({ kind: "q8", nb: 21, pos0: 45, H: 8, Hkv: 2, hd: 256, gated: true }); // G 4, a second chunk
+  cases.push({ kind: "q8", nb: 11, pos0: 30, H: 16, Hkv: 2, hd: 256 }); // G 8, the 80b shape's ratio
+  cases.push({ kind: "q8", nb: 13, pos0: 5, H: 4, Hkv: 1, hd: 160 }); // the second half 32 dims
   test.each(cases)("$kind hd $hd, nb $nb, pos0 $pos0, H $H/$Hkv, gated $gated, listed $listed", (c) => {
     const r = runCase(c, c.nb * 7 + c.pos0 + c.hd);
-    expect(r.kernels).toEqual([`attn_tiles_${c.kind}`]);
+    expect(r.kernels).toEqual([c.hd > 128 ? "attn_tiles_wide_q8" : `attn_tiles_${c.kind}`]);
     expectClose(r.actual, r.expected, TILE_TOL, `attn-tiles-${c.kind} hd=${c.hd} nb=${c.nb} pos0=${c.pos0}`, c.hd);
   });
 });
 
 describe("attn_tiles selection", () => {
   const q = { buffer: dev.buffer(64), offset: 0, stride: 512 };
-  const dense = { rows: 64, pos0: 10, q, headDim: 128, splits: 1 };
+  const dense = { rows: 64, pos0: 10, q, kind: "q8" as const, headDim: 128, splits: 1 };
   const list = (topk: number) => ({ list: q.buffer, counts: q.buffer, topk });
   test("causal chunks that read every position from the threshold; QSA lists that select, splits, head dims past 128 or not /16 keep attn_rows", () => {
     expect(usesAttnTiles(dense, 64)).toBe(true);
@@ -169,10 +175,13 @@ describe("attn_tiles selection", () => {
     expect(usesAttnTiles({ ...dense, selection: list(74) }, 64)).toBe(true); // QSA lists every position
     expect(usesAttnTiles({ ...dense, selection: list(73) }, 64)).toBe(false); // the last row's list selects
     expect(usesAttnTiles({ ...dense, splits: 2 }, 64)).toBe(false);
-    expect(usesAttnTiles({ ...dense, headDim: 256 }, 64)).toBe(false);
+    expect(usesAttnTiles({ ...dense, headDim: 256 }, 64)).toBe(true); // attn_tiles_wide_q8
+    expect(usesAttnTiles({ ...dense, headDim: 272 }, 64)).toBe(false);
+    expect(usesAttnTiles({ ...dense, kind: "f32", headDim: 128 }, 64)).toBe(true);
+    expect(usesAttnTiles({ ...dense, kind: "f32", headDim: 144 }, 64)).toBe(false); // f32 K/V tiles of 256 dims exceed 32 KiB
     expect(usesAttnTiles({ ...dense, headDim: 72 }, 64)).toBe(false);
     expect(usesAttnTiles({ ...dense, q: { ...q, offset: 4 } }, 64)).toBe(false);
-    expect(ATTN_TILES.maxHeadDim).toBe(128);
+    expect([ATTN_TILES.maxHeadDim, ATTN_TILES.maxWideHeadDim]).toEqual([128, 256]);
   });
 
   test("the threshold: never on the CPU backend by default, above a verify batch on a GPU, overridable", () => {
