@@ -227,10 +227,11 @@ kernel void attn_combine_f32(
 }
 
 // ---- prompt chunks in tiles (flash attention on the matrix units) ------------------------------
-// attn_tiles: the causal, dense case of attn_rows (no QSA list, one split) for a chunk of rows,
-// through the tile API (tile.h). Threadgroup (x, y) serves KV head x and the (row, head) pairs
-// [64 y, 64 y + 64) of its G = H / Hkv query heads, pair m = row m / G, head x G + m % G (GQA:
-// every K/V tile is dequantized once for all G heads). Its four simdgroups own 16 pairs each.
+// attn_tiles: the causal, dense case of attn_rows (every position read, one split) for a chunk
+// of rows, through the tile API (tile.h). Threadgroup (x, y) serves KV head x and the (row,
+// head) pairs [P y, P y + P) of its G = H / Hkv query heads (P = ATTN_TILE_PAIRS: 64, WIDE 32),
+// pair m = row m / G, head x G + m % G (GQA: every K/V tile is dequantized once for all G
+// heads). Its four simdgroups own 16 pairs each (WIDE: two simdgroups per 16 pairs).
 // Per tile of ATTN_TILE_BK positions, up to the threadgroup's last row's position (tiles above
 // the diagonal are never loaded; a simdgroup whose rows all end before a tile skips it):
 //   K as [position][dim] and V transposed as [dim][position], bf16 in threadgroup memory;

@@ -580,7 +580,7 @@ function sequenceCases(f: Fixture): BenchCase[] {
     ...[0, 1024].flatMap((pos0) =>
       [true, false].map((tiles) => ({
         name: `attention (prefill, pos0 ${pos0}), ${tiles ? "tiles" : "rows"}`,
-        kernels: [`attn_${tiles ? "tiles" : "rows"}_${at.kv_cache}`],
+        kernels: [tiles ? (hd > 128 ? "attn_tiles_wide_q8" : `attn_tiles_${at.kv_cache}`) : `attn_rows_${at.kv_cache}`],
         shape: `${at.heads} / ${at.kv_heads} heads x ${hd}, positions ${pos0}..`,
         setup(nb: number) {
           const k = allocateKvCache(f.dev, at.kv_cache, at.kv_heads, hd, pos0 + nb);
