@@ -14,6 +14,7 @@
 #include <metal_stdlib>
 #include "params.h"
 #include "sequence.h"
+#include "tile.h"
 
 using namespace metal;
 
@@ -224,3 +225,315 @@ kernel void attn_combine_f32(
   const uint c = (th % H) * hd + d;
   seq_row(o, p.o_stride, th / H)[c] = p.gated != 0 ? y / (1.0f + exp(-seq_row(gate, p.gate_stride, th / H)[c])) : y;
 }
+
+// ---- prompt chunks in tiles (flash attention on the matrix units) ------------------------------
+// attn_tiles: the causal, dense case of attn_rows (every position read, one split) for a chunk
+// of rows, through the tile API (tile.h). Threadgroup (x, y) serves KV head x and the (row,
+// head) pairs [P y, P y + P) of its G = H / Hkv query heads (P = ATTN_TILE_PAIRS: 64, WIDE 32),
+// pair m = row m / G, head x G + m % G (GQA: every K/V tile is dequantized once for all G
+// heads). Its four simdgroups own 16 pairs each (WIDE: two simdgroups per 16 pairs).
+// Per tile of ATTN_TILE_BK positions, up to the threadgroup's last row's position (tiles above
+// the diagonal are never loaded; a simdgroup whose rows all end before a tile skips it):
+//   K as [position][dim] and V transposed as [dim][position], bf16 in threadgroup memory;
+//   S = Q K^T (tile_mma), the logits S * k scale * 1/sqrt(hd), masked past each row's own
+//   position; the online softmax in f32 as attn_rows (running max, e^(m_old - m_new) rescale);
+//   O = O * corr + P V (tile_mma), P = e^(logit - m) * v scale.
+// Precision (docs/model.md, rule R7): q8 codes are integers of at most 127, exact in bf16; Q, P
+// and f32 K/V are split into bf16 hi + lo and multiplied as hi hi + lo hi (+ hi lo when both are
+// split): about 2^-16 of each |q k| and |p v|, where attn_rows sums in f32.
+// A lane keeps its row's O in registers: row lane / 2 of the simdgroup's 16, dims 16 n +
+// (lane % 2) 8 .. + 8 (each P V tile goes through a 16 x 16 staging tile). head_dim is a multiple
+// of 16 up to 128 (Q's fragments and O live in registers: a simdgroup holding 256 dims would
+// spill on the H200). WIDE (q8, head_dim 144..256): two simdgroups share 16 pairs, each owning
+// 128 dims of Q and O; each adds its half of S = Q K^T into threadgroup memory and both read the
+// two halves (in the same order: the same softmax in both), so a threadgroup serves 32 pairs.
+#define ATTN_TILE_SG 4
+#define ATTN_TILE_HALF_HD 128
+#define ATTN_TILE_HDT (ATTN_TILE_HALF_HD / TILE)
+// (row, head) pairs per threadgroup and the largest head_dim.
+#define ATTN_TILE_PAIRS(WIDE) ((WIDE) ? 2u * TILE : ATTN_TILE_SG * TILE)
+#define ATTN_TILE_MAX_HD(WIDE) ((WIDE) ? 2u * ATTN_TILE_HALF_HD : ATTN_TILE_HALF_HD)
+// Positions per K/V tile: 32 for q8 codes (one bf16 plane), 16 for f32 (hi and lo planes) and
+// for WIDE, so each fits Apple's 32 KiB of threadgroup memory.
+#define ATTN_TILE_BK(Q8, WIDE) ((Q8) && !(WIDE) ? 32u : 16u)
+// Row pitches (bf16) of the staged K ([BK][hd + 8]) and V^T ([hd][BK + 8]) and of the simdgroups'
+// Q and P staging: 8 past the data, as gemm.metal, so a fragment load's rows change banks.
+#define ATTN_TILE_QLD (TILE + 8u)
+
+// Two floats as bf16 hi (x) and what its rounding left, as bf16 (y): a = hi + lo to ~2^-17 |a|.
+inline uint2 attn_split_bf16x2(float a, float b) {
+  const uint h = tile_pack_bf16x2(a, b);
+  return uint2(h, tile_pack_bf16x2(a - as_type<float>(h << 16), b - as_type<float>(h & 0xFFFF0000u)));
+}
+
+// Sixteen values of a cache vector from dim d (q8: codes as floats; f32: values), or zeros.
+template <bool Q8>
+inline void attn_tile_load16(device const char* cache, ulong vec, uint hd, uint d, bool valid, thread float* v) {
+  if (!valid) {
+    CK_UNROLL for (uint i = 0; i < 16u; i++) {
+      v[i] = 0.0f;
+    }
+  } else if (Q8) {
+    const int4 w = *((device const int4*)(cache + vec * hd + d));
+    CK_UNROLL for (uint c = 0; c < 4u; c++) {
+      const float4 f = float4(as_type<char4>(w[c]));
+      CK_UNROLL for (uint e = 0; e < 4u; e++) {
+        v[4u * c + e] = f[e];
+      }
+    }
+  } else {
+    device const float4* f4 = (device const float4*)((device const float*)cache + vec * hd + d);
+    CK_UNROLL for (uint c = 0; c < 4u; c++) {
+      const float4 f = f4[c];
+      CK_UNROLL for (uint e = 0; e < 4u; e++) {
+        v[4u * c + e] = f[e];
+      }
+    }
+  }
+}
+
+// Grid: (Hkv, ceil(nb G / ATTN_TILE_PAIRS)) threadgroups of 128 threads. Bindings as attn_rows'
+// without the list, counts and partials.
+template <bool Q8, bool WIDE>
+[[max_total_threads_per_threadgroup(128)]] kernel void attn_tiles(
+    constant AttentionParams& p [[buffer(0)]],
+    device const float* q       [[buffer(1)]],
+    device const char* kc       [[buffer(2)]],
+    device const float* ks      [[buffer(3)]],
+    device const char* vc       [[buffer(4)]],
+    device const float* vs      [[buffer(5)]],
+    device float* o             [[buffer(6)]],
+    device const float* gate    [[buffer(7)]],
+    uint2 tg                    [[threadgroup_position_in_grid]],
+    ushort tid                  [[thread_index_in_threadgroup]],
+    ushort sg                   [[simdgroup_index_in_threadgroup]],
+    ushort lane                 [[thread_index_in_simdgroup]]) {
+  static_assert(Q8 || !WIDE, "an f32 cache's K and V tiles at head_dim 256 exceed 32 KiB");
+  constexpr uint BK = ATTN_TILE_BK(Q8, WIDE);
+  constexpr uint VLD = BK + 8u;
+  constexpr uint PLANES = Q8 ? 1u : 2u;  // K/V staged as hi (+ lo for f32)
+  constexpr uint MAX_HD = ATTN_TILE_MAX_HD(WIDE);
+  constexpr uint KLD_MAX = MAX_HD + 8u;
+  constexpr uint PAIRS = ATTN_TILE_PAIRS(WIDE);
+  // Per simdgroup: Q's hi + lo staging (16 x QLD each), then S (16 x BK f32), then P's hi + lo
+  // (16 x VLD each), then one O tile (16 x 16 f32), one after another in the same words.
+  constexpr uint SCRATCH_U4 = (2u * TILE * VLD * 2u) / 16u;
+  static_assert(2u * TILE * ATTN_TILE_QLD * 2u <= SCRATCH_U4 * 16u && TILE * BK * 4u <= SCRATCH_U4 * 16u,
+                "a simdgroup's scratch holds its Q staging and its S tile");
+  threadgroup uint4 k4[PLANES * BK * KLD_MAX / 8u];
+  threadgroup uint4 v4[PLANES * MAX_HD * VLD / 8u];
+  threadgroup uint4 scratch4[ATTN_TILE_SG][SCRATCH_U4];
+  threadgroup float shalf[WIDE ? ATTN_TILE_SG : 1][WIDE ? TILE * BK : 1];  // WIDE: each half of S
+  threadgroup float kscale[BK];
+  threadgroup float vscale[BK];
+
+  const uint H = uint(p.heads);
+  const uint Hkv = uint(p.kv_heads);
+  const uint hd = uint(p.head_dim);
+  const uint G = H / Hkv;
+  const uint kvh = tg.x;
+  const uint pairs = uint(p.rows) * G;
+  const uint m0 = tg.y * PAIRS;                 // the threadgroup's first pair
+  const uint mt = WIDE ? uint(sg) / 2u : uint(sg);  // the simdgroup's 16 pairs
+  const uint sm0 = m0 + mt * TILE;              // their first
+  const uint dim0 = WIDE ? (uint(sg) & 1u) * ATTN_TILE_HALF_HD : 0u;  // its first dim of Q and O
+  const uint row = uint(lane) / 2u;             // this lane's row of the simdgroup's 16
+  const uint half8 = (uint(lane) & 1u) * 8u;    // and its 8 columns of a 16-wide tile
+  // Pairs past the last compute the last one's values and write nothing (no NaN from empty rows).
+  const uint mine = min(sm0 + row, pairs - 1u);
+  const uint t = mine / G;
+  const uint h = kvh * G + mine % G;
+  const uint last = uint(p.pos0) + t;  // the last position this row reads
+  const bool active = sm0 < pairs;     // uniform per simdgroup
+  const uint sg_last = uint(p.pos0) + min(sm0 + TILE - 1u, pairs - 1u) / G;
+  const uint tg_last = uint(p.pos0) + min(m0 + PAIRS - 1u, pairs - 1u) / G;
+  const uint kld = hd + 8u;
+  const uint hdt = hd / TILE;                   // 16-dim tiles of K and V
+  const uint own = min(hdt - dim0 / TILE, uint(ATTN_TILE_HDT));  // of Q and O in this simdgroup
+  threadgroup bfloat* kst = (threadgroup bfloat*)k4;
+  threadgroup bfloat* vst = (threadgroup bfloat*)v4;
+  threadgroup bfloat* scr = (threadgroup bfloat*)scratch4[sg];
+  threadgroup float* scr_f = (threadgroup float*)scratch4[sg];
+  threadgroup uint* scr_w = (threadgroup uint*)scratch4[sg];
+
+  // Q's fragments, hi and lo, 16 dims at a time through the scratch.
+  TileA qh[ATTN_TILE_HDT];
+  TileA ql[ATTN_TILE_HDT];
+  device const float* qrow = seq_row(q, p.q_stride, t) + h * hd + dim0;
+  CK_UNROLL for (uint n = 0; n < ATTN_TILE_HDT; n++) if (n < own) {
+    const float4 a = *((device const float4*)(qrow + n * TILE + half8));
+    const float4 b = *((device const float4*)(qrow + n * TILE + half8 + 4u));
+    const float f[8] = {a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
+    CK_UNROLL for (uint e = 0; e < 4u; e++) {
+      const uint2 w = attn_split_bf16x2(f[2u * e], f[2u * e + 1u]);
+      scr_w[(row * ATTN_TILE_QLD + half8) / 2u + e] = w.x;
+      scr_w[(TILE * ATTN_TILE_QLD + row * ATTN_TILE_QLD + half8) / 2u + e] = w.y;
+    }
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    tile_load_a(qh[n], scr, ATTN_TILE_QLD, lane);
+    tile_load_a(ql[n], scr + TILE * ATTN_TILE_QLD, ATTN_TILE_QLD, lane);
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+  }
+
+  float acc[ATTN_TILE_HDT][8];
+  CK_UNROLL for (uint n = 0; n < ATTN_TILE_HDT; n++) {
+    CK_UNROLL for (uint e = 0; e < 8u; e++) {
+      acc[n][e] = 0.0f;
+    }
+  }
+  float mx = -INFINITY;
+  float sum = 0.0f;
+
+  for (uint s0 = 0; s0 <= tg_last; s0 += BK) {
+    // Stage the tile: K rows as they are, V transposed (two positions per 32-bit word).
+    for (uint w = uint(tid); w < BK * hdt; w += 32u * ATTN_TILE_SG) {
+      const uint j = w / hdt;
+      const uint d = (w % hdt) * TILE;
+      float v[16];
+      attn_tile_load16<Q8>(kc, ulong(s0 + j) * Hkv + kvh, hd, d, s0 + j <= tg_last, v);
+      uint hi[8];
+      uint lo[8];
+      CK_UNROLL for (uint e = 0; e < 8u; e++) {
+        const uint2 sp = attn_split_bf16x2(v[2u * e], v[2u * e + 1u]);
+        hi[e] = sp.x;
+        lo[e] = sp.y;
+      }
+      // 16-byte stores: rows are (hd + 8) * 2 bytes apart and d a multiple of 16.
+      threadgroup uint4* kh = (threadgroup uint4*)(kst + j * kld + d);
+      kh[0] = uint4(hi[0], hi[1], hi[2], hi[3]);
+      kh[1] = uint4(hi[4], hi[5], hi[6], hi[7]);
+      if (!Q8) {
+        threadgroup uint4* kl = (threadgroup uint4*)(kst + BK * kld + j * kld + d);
+        kl[0] = uint4(lo[0], lo[1], lo[2], lo[3]);
+        kl[1] = uint4(lo[4], lo[5], lo[6], lo[7]);
+      }
+    }
+    for (uint w = uint(tid); w < (BK / 2u) * hdt; w += 32u * ATTN_TILE_SG) {
+      const uint j = (w % (BK / 2u)) * 2u;
+      const uint d = (w / (BK / 2u)) * TILE;
+      float a[16];
+      float b[16];
+      attn_tile_load16<Q8>(vc, ulong(s0 + j) * Hkv + kvh, hd, d, s0 + j <= tg_last, a);
+      attn_tile_load16<Q8>(vc, ulong(s0 + j + 1u) * Hkv + kvh, hd, d, s0 + j + 1u <= tg_last, b);
+      CK_UNROLL for (uint e = 0; e < 16u; e++) {
+        const uint2 sp = attn_split_bf16x2(a[e], b[e]);
+        ((threadgroup uint*)vst)[((d + e) * VLD + j) / 2u] = sp.x;
+        if (!Q8) {
+          ((threadgroup uint*)vst)[(MAX_HD * VLD + (d + e) * VLD + j) / 2u] = sp.y;
+        }
+      }
+    }
+    if (uint(tid) < BK) {
+      const uint s = s0 + uint(tid);
+      const ulong slot = ulong(s) * Hkv + kvh;
+      kscale[tid] = !Q8 ? 1.0f : s <= tg_last ? ks[slot] : 0.0f;
+      vscale[tid] = !Q8 ? 1.0f : s <= tg_last ? vs[slot] : 0.0f;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+
+    // uniform per simdgroup, and for WIDE the same in both simdgroups of the 16 pairs
+    const bool work = active && s0 <= sg_last;
+    threadgroup float* sfull = WIDE ? shalf[uint(sg) & ~1u] : scr_f;  // S (WIDE: its first half)
+    if (work) {
+      // S = Q K^T (WIDE: over this simdgroup's dims), BK columns, as [16][BK] f32.
+      CK_UNROLL for (uint jt = 0; jt < BK / TILE; jt++) {
+        TileC c;
+        tile_clear(c);
+        CK_UNROLL for (uint n = 0; n < ATTN_TILE_HDT; n++) if (n < own) {
+          TileB b;
+          tile_load_bt(b, kst + jt * TILE * kld + dim0 + n * TILE, kld, lane);
+          if (!Q8) {
+            TileB bl;
+            tile_load_bt(bl, kst + BK * kld + jt * TILE * kld + dim0 + n * TILE, kld, lane);
+            tile_mma(c, qh[n], bl);
+          }
+          tile_mma(c, ql[n], b);
+          tile_mma(c, qh[n], b);
+        }
+        tile_store(c, (WIDE ? shalf[sg] : scr_f) + jt * TILE, BK, lane);
+      }
+    }
+    if (WIDE) {
+      threadgroup_barrier(mem_flags::mem_threadgroup);  // both halves of S are in
+    } else {
+      simdgroup_barrier(mem_flags::mem_threadgroup);
+    }
+    if (work) {
+      // The lane's half row: columns c0 .. c0 + BK / 2; its partner (lane ^ 1) has the rest.
+      const uint c0 = (uint(lane) & 1u) * (BK / 2u);
+      float w[BK / 2u];
+      float tmax = -INFINITY;
+      CK_UNROLL for (uint e = 0; e < BK / 2u; e++) {
+        const uint col = c0 + e;
+        const float sv = WIDE ? sfull[row * BK + col] + sfull[TILE * BK + row * BK + col] : sfull[row * BK + col];
+        w[e] = s0 + col <= last ? sv * kscale[col] * p.scale : -INFINITY;
+        tmax = max(tmax, w[e]);
+      }
+      tmax = max(tmax, simd_shuffle_xor(tmax, ushort(1)));
+      const float mnew = max(mx, tmax);  // finite: position 0 is in every row's first tile
+      const float corr = exp(mx - mnew);
+      float part = 0.0f;
+      CK_UNROLL for (uint e = 0; e < BK / 2u; e++) {
+        w[e] = s0 + c0 + e <= last ? exp(w[e] - mnew) : 0.0f;
+        part += w[e];
+      }
+      part += simd_shuffle_xor(part, ushort(1));
+      sum = sum * corr + part;
+      mx = mnew;
+      simdgroup_barrier(mem_flags::mem_threadgroup);  // S is read: P takes its place
+      CK_UNROLL for (uint e = 0; e < BK / 2u; e += 2u) {
+        const uint2 sp = attn_split_bf16x2(w[e] * vscale[c0 + e], w[e + 1u] * vscale[c0 + e + 1u]);
+        scr_w[(row * VLD + c0 + e) / 2u] = sp.x;
+        scr_w[(TILE * VLD + row * VLD + c0 + e) / 2u] = sp.y;
+      }
+      simdgroup_barrier(mem_flags::mem_threadgroup);
+      TileA ph[BK / TILE];
+      TileA pl[BK / TILE];
+      CK_UNROLL for (uint kt = 0; kt < BK / TILE; kt++) {
+        tile_load_a(ph[kt], scr + kt * TILE, VLD, lane);
+        tile_load_a(pl[kt], scr + TILE * VLD + kt * TILE, VLD, lane);
+      }
+      simdgroup_barrier(mem_flags::mem_threadgroup);  // P is in registers: O tiles take its place
+      // O = O * corr + P V, 16 dims at a time.
+      CK_UNROLL for (uint n = 0; n < ATTN_TILE_HDT; n++) if (n < own) {
+        TileC c;
+        tile_clear(c);
+        CK_UNROLL for (uint kt = 0; kt < BK / TILE; kt++) {
+          TileB b;
+          tile_load_bt(b, vst + (dim0 + n * TILE) * VLD + kt * TILE, VLD, lane);
+          if (!Q8) {
+            TileB bl;
+            tile_load_bt(bl, vst + MAX_HD * VLD + (dim0 + n * TILE) * VLD + kt * TILE, VLD, lane);
+            tile_mma(c, ph[kt], bl);
+          }
+          tile_mma(c, pl[kt], b);
+          tile_mma(c, ph[kt], b);
+        }
+        tile_store(c, scr_f, TILE, lane);
+        simdgroup_barrier(mem_flags::mem_threadgroup);
+        CK_UNROLL for (uint e = 0; e < 8u; e++) {
+          acc[n][e] = acc[n][e] * corr + scr_f[row * TILE + half8 + e];
+        }
+        simdgroup_barrier(mem_flags::mem_threadgroup);  // the next tile's store
+      }
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // the staging is refilled next
+  }
+
+  if (active && sm0 + row < pairs) {
+    device float* out = seq_row(o, p.o_stride, t) + h * hd + dim0;
+    device const float* g = seq_row(gate, p.gate_stride, t) + h * hd + dim0;
+    const float inv = 1.0f / sum;
+    CK_UNROLL for (uint n = 0; n < ATTN_TILE_HDT; n++) if (n < own) {
+      CK_UNROLL for (uint e = 0; e < 8u; e++) {
+        const uint d = n * TILE + half8 + e;
+        const float y = acc[n][e] * inv;
+        out[d] = p.gated != 0 ? y / (1.0f + exp(-g[d])) : y;
+      }
+    }
+  }
+}
+
+template [[host_name("attn_tiles_q8")]] kernel decltype(attn_tiles<true, false>) attn_tiles<true, false>;
+template [[host_name("attn_tiles_f32")]] kernel decltype(attn_tiles<false, false>) attn_tiles<false, false>;
+template [[host_name("attn_tiles_wide_q8")]] kernel decltype(attn_tiles<true, true>) attn_tiles<true, true>;

@@ -2,7 +2,8 @@
 // index-key cache appends (q8 or f32), the QSA index scores and top-k selection, and the
 // softmax attention over the cache (causal, or the selected positions), split over
 // positions for long-context decode, optionally with the sigmoid output gate applied where
-// o is written. encodeAttnPrep does q/k norms + RoPE + the K/V appends in one dispatch.
+// o is written; prompt chunks that read every position go through the tile API instead
+// (attn_tiles, from ATTN_TILES_MIN_ROWS rows on a GPU). encodeAttnPrep does q/k norms + RoPE + the K/V appends in one dispatch.
 // The projections are the dense kernels'. Order within a step: norms, RoPE, append K/V
 // (and ik), then QSA and attention read everything back from the caches, this batch included.
 import { ropeInvFreq } from "../model/rope.ts";
@@ -333,7 +334,7 @@ export interface AttentionArgs {
   /** The K and V caches (same kind, heads Hkv, dim hd), holding positions up to pos0 + nb - 1. */
   k: KvCacheRef;
   v: KvCacheRef;
-  /** QSA selection (from encodeQsa): row t reads list[t][0 .. counts[t]). Absent: causal. */
+  /** QSA selection (from encodeQsa): row t reads list[t][0 .. counts[t]), every position 0 .. pos0 + t when that is at most topk. Absent: causal. */
   selection?: { list: Binding; counts: Binding; topk: number };
   /** Output o [nb][H * hd]. */
   o: RowsRef;
@@ -343,6 +344,56 @@ export interface AttentionArgs {
   partials?: Binding;
   /** The output gate [nb][H * hd]: o = attention * sigmoid(gate), bit for bit ew_sigmoid_mul_f32's. */
   gate?: RowsRef;
+  /** Forces attn_tiles (true; an error where it cannot serve the call) or attn_rows (false), for benches; default: usesAttnTiles at attnTilesMinRows. */
+  tiles?: boolean;
+}
+
+/**
+ * Rows from which a chunk's causal attention (every position read, one split) takes attn_tiles, the tiled
+ * kernel on the matrix units, on a GPU: a placeholder until spec/bench/kernels.ts times both on
+ * the H200 ("attention (prefill)"). Above 1 + MAX_SNAP, so a speculative verify batch runs the
+ * decode step's attn_rows (accepting drafts cannot change a greedy token). The CPU backend
+ * keeps attn_rows at every row count (its tile products are fiber-switching emulation, as
+ * lib/gpu/gemm.ts gemmMinRows says); CHERENKOV_ATTN_TILES_MIN_ROWS overrides both (tests send
+ * small prompts through the tiles with it).
+ */
+export const ATTN_TILES_MIN_ROWS = 64;
+/**
+ * attn_tiles' limits (kernels/attention.metal): head_dim a multiple of 16 up to 128, or up to 256
+ * with a q8 cache (attn_tiles_wide_q8: two simdgroups per 16 pairs, each on half the dims;
+ * an f32 cache's K/V tiles would not fit 32 KiB); (row, head) pairs per threadgroup.
+ */
+export const ATTN_TILES = { maxHeadDim: 128, maxWideHeadDim: 256, pairs: 64, widePairs: 32, simdgroups: 4 } as const;
+
+/** The attn_tiles row threshold in force on `backend` (CHERENKOV_ATTN_TILES_MIN_ROWS, else ATTN_TILES_MIN_ROWS; never on the CPU). */
+export function attnTilesMinRows(backend: string): number {
+  const env = process.env.CHERENKOV_ATTN_TILES_MIN_ROWS;
+  if (env === undefined || env === "") return backend === "cpu" ? Infinity : ATTN_TILES_MIN_ROWS;
+  const n = Number(env);
+  if (!Number.isInteger(n) || n < 1) throw new RangeError(`CHERENKOV_ATTN_TILES_MIN_ROWS=${env}: expected a positive integer`);
+  return n;
+}
+
+/**
+ * Whether an attention call takes attn_tiles at a threshold of `minRows`: causal rows that read
+ * every position, one split, head_dim a multiple of 16 up to ATTN_TILES' limit, q rows 16-byte
+ * aligned. A QSA list reads every position when no row has more than
+ * topk (qsa_topk_f32 then lists 0 .. pos0 + t: a 2,048-token prompt at the 30b shape's topk
+ * 2048), and attn_tiles ignores it; a list that selects stays with attn_rows.
+ */
+export function usesAttnTiles(
+  a: Pick<AttentionArgs, "rows" | "pos0" | "selection" | "q"> & { kind: "q8" | "f32"; headDim: number; splits: number },
+  minRows: number,
+): boolean {
+  return (
+    a.rows >= minRows &&
+    (!a.selection || a.pos0 + a.rows <= a.selection.topk) &&
+    a.splits === 1 &&
+    a.headDim % 16 === 0 &&
+    a.headDim <= (a.kind === "q8" ? ATTN_TILES.maxWideHeadDim : ATTN_TILES.maxHeadDim) &&
+    a.q.offset % 16 === 0 &&
+    a.q.stride % 16 === 0
+  );
 }
 
 type SplitInputs = Pick<AttentionArgs, "rows" | "pos0" | "selection" | "splitLen">;
@@ -377,28 +428,42 @@ export function encodeAttention(ctx: EncodeContext, a: AttentionArgs): void {
     if (!a.partials || offsetOf(a.partials) + need > bufferOf(a.partials).length)
       throw new Error(`attention: ${splits} splits need a partials scratch of ${need} bytes (attentionPartialBytes)`);
   }
-  const nsg = Math.min(ATTN_SIMDGROUPS, a.heads);
   const sel = a.selection;
+  const gateBinding = a.gate ? at(a.gate) : at(a.o);
+  const common = {
+    rows: a.rows,
+    heads: a.heads,
+    kv_heads: Hkv,
+    head_dim: hd,
+    pos0: a.pos0,
+    scale: 1 / Math.sqrt(hd),
+    q_stride: a.q.stride,
+    o_stride: a.o.stride,
+    gate_stride: a.gate?.stride ?? 0,
+    gated: a.gate ? 1 : 0,
+  };
+  const tiles = usesAttnTiles({ ...a, kind: k.kind, headDim: hd, splits }, a.tiles === undefined ? attnTilesMinRows(ctx.device.backend) : 1);
+  if (a.tiles === true && !tiles)
+    throw new Error(`attention: attn_tiles cannot serve this call (a QSA list that selects, ${splits} splits, head_dim ${hd}, or q rows not 16-byte aligned)`);
+  if (tiles && a.tiles !== false) {
+    const wide = hd > ATTN_TILES.maxHeadDim;
+    dispatch(
+      ctx,
+      wide ? "attn_tiles_wide_q8" : k.kind === "q8" ? "attn_tiles_q8" : "attn_tiles_f32",
+      Params.Attention,
+      { ...common, use_list: 0, list_stride: 0, split_len: splitLen, splits: 1 },
+      [at(a.q), k.data, k.scales ?? k.data, v.data, v.scales ?? v.data, at(a.o), gateBinding],
+      [Hkv, Math.ceil((a.rows * (a.heads / Hkv)) / (wide ? ATTN_TILES.widePairs : ATTN_TILES.pairs))],
+      [SIMD_WIDTH * ATTN_TILES.simdgroups, 1],
+    );
+    return;
+  }
+  const nsg = Math.min(ATTN_SIMDGROUPS, a.heads);
   dispatch(
     ctx,
     k.kind === "q8" ? "attn_rows_q8" : "attn_rows_f32",
     Params.Attention,
-    {
-      rows: a.rows,
-      heads: a.heads,
-      kv_heads: Hkv,
-      head_dim: hd,
-      pos0: a.pos0,
-      use_list: sel ? 1 : 0,
-      list_stride: sel ? sel.topk : 0,
-      split_len: splitLen,
-      splits,
-      scale: 1 / Math.sqrt(hd),
-      q_stride: a.q.stride,
-      o_stride: a.o.stride,
-      gate_stride: a.gate?.stride ?? 0,
-      gated: a.gate ? 1 : 0,
-    },
+    { ...common, use_list: sel ? 1 : 0, list_stride: sel ? sel.topk : 0, split_len: splitLen, splits },
     [
       at(a.q),
       k.data,
@@ -409,7 +474,7 @@ export function encodeAttention(ctx: EncodeContext, a: AttentionArgs): void {
       sel ? sel.counts : k.data,
       at(a.o),
       a.partials ?? at(a.o),
-      a.gate ? at(a.gate) : at(a.o),
+      gateBinding,
     ],
     [Math.ceil(a.heads / nsg), a.rows, splits],
     [SIMD_WIDTH * nsg, 1, 1],

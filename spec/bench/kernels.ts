@@ -38,6 +38,7 @@ import { encodeHcCoefficients, encodeHcCoefficientsRead, encodeHcWrite, hcMixCou
 import { encodeMtpInput } from "../../lib/gpu/mtp.ts";
 import { encodeRmsNorm, encodeRmsNormGated } from "../../lib/gpu/norms.ts";
 import { encodeMatvec } from "../../lib/gpu/projections.ts";
+import { MAX_NB } from "../../lib/gpu/limits.ts";
 import { encodeGemm } from "../../lib/gpu/gemm.ts";
 import { encodeArgmax, encodeFinalRead } from "../../lib/gpu/sampling.ts";
 import { Device, type Buffer, type Storage } from "../../lib/shim.ts";
@@ -595,12 +596,34 @@ function sequenceCases(f: Fixture): BenchCase[] {
         const v = fillCache(at.kv_heads, hd);
         const q = f.rows(nb, D.attnQ);
         const o = f.rows(nb, D.attnQ);
-        const args = { rows: nb, pos0: CONTEXT, heads: at.heads, q, k, v, o };
+        const args = { rows: nb, pos0: CONTEXT, heads: at.heads, q, k, v, o, tiles: false };
         const { splits } = attentionSplits(args);
         const partials = f.buffer(Math.max(4, attentionPartialBytes(nb, at.heads, hd, splits)));
         return (ctx) => encodeAttention(ctx, { ...args, partials });
       },
     },
+    // A prompt chunk's attention (issue 19): attn_tiles (the tile API) against attn_rows, as the
+    // first chunk (pos0 0) and as a second one after 1,024 positions.
+    ...[0, 1024].flatMap((pos0) =>
+      [true, false].map((tiles) => ({
+        name: `attention (prefill, pos0 ${pos0}), ${tiles ? "tiles" : "rows"}`,
+        kernels: [tiles ? (hd > 128 ? "attn_tiles_wide_q8" : `attn_tiles_${at.kv_cache}`) : `attn_rows_${at.kv_cache}`],
+        shape: `${at.heads} / ${at.kv_heads} heads x ${hd}, positions ${pos0}..`,
+        setup(nb: number) {
+          const k = allocateKvCache(f.dev, at.kv_cache, at.kv_heads, hd, pos0 + nb);
+          const v = allocateKvCache(f.dev, at.kv_cache, at.kv_heads, hd, pos0 + nb);
+          const src = f.rows(MAX_NB, at.kv_heads * hd);
+          for (let p0 = 0; p0 < pos0 + nb; p0 += MAX_NB) {
+            const rows = Math.min(MAX_NB, pos0 + nb - p0);
+            runOnce(f.dev, (ctx) => [k, v].forEach((cache) => encodeKvAppend(ctx, { rows, pos0: p0, x: src, cache })));
+          }
+          const args = { rows: nb, pos0, heads: at.heads, q: f.rows(nb, D.attnQ), k, v, o: f.rows(nb, D.attnQ), tiles };
+          return (ctx: EncodeContext) => encodeAttention(ctx, args);
+        },
+        // q k and p v over every (row, position <= its own) pair.
+        flops: (nb: number) => 4 * at.heads * hd * (nb * pos0 + (nb * (nb + 1)) / 2),
+      })),
+    ),
     {
       name: "PLE gather",
       kernels: ["ple_gather_bf16"],
