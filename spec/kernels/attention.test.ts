@@ -378,7 +378,8 @@ function runAttention(c: AttnCase, seed: number) {
     });
     sel = { list, counts, topk };
   }
-  const base = { rows: nb, pos0, heads: H, selection: sel, splitLen: c.splitLen };
+  // attn_rows itself (a GPU would send a long causal chunk to attn_tiles: spec/kernels/attn-tiles.test.ts).
+  const base = { rows: nb, pos0, heads: H, selection: sel, splitLen: c.splitLen, tiles: false };
   const { splits } = attentionSplits(base);
   const partials = splits > 1 ? dev.buffer(attentionPartialBytes(nb, H, hd, splits)) : undefined;
   run(dev, (ctx) => encodeAttention(ctx, { ...base, q: rows(qb, H * hd), k: kc, v: vc, o: rows(o, H * hd), partials }));
