@@ -234,19 +234,16 @@ inline Q4Rows q4_rows(device const uchar* w, int in_dim, int o0, int out_dim) {
 // times that (a round trip per group: 2 for the 2048-wide inputs, 4 for [2048, 4096]). Two,
 // not more: registers (~160 a thread) still let the 768-threadgroup projections run in two
 // waves. The groups are still accumulated in g order: the same bits as one at a time.
-//
-// TWO's second weight may be the first one's next MV_R rows (o1 = o0 + MV_R: the wide forms,
-// U = 1): a simdgroup then serves eight rows with one group's loads in flight for each, as
-// many loads as four rows with two groups, with half the simdgroups. The 768- and
-// 512-threadgroup decode kernels (DeltaNet's qkv/z, the MoE down) fill one wave instead of two.
 #define MV_Q4_BATCH 2
-template <bool TWO, int NR, int U = (NR == 1 ? MV_Q4_BATCH : 1)>
-inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int o1, int out_dim,
+template <bool TWO, int NR>
+inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim,
                        device const uchar* x, thread const ulong* xoff, int nx,
                        thread float4* acc0, thread float4* acc1, int lane, int lanes) {
+  // Groups whose weights are loaded together.
+  constexpr int U = NR == 1 ? MV_Q4_BATCH : 1;
   const uint groups = uint(in_dim) / 32u;
   const Q4Rows r0 = q4_rows(w0, in_dim, o0, out_dim);
-  const Q4Rows r1 = q4_rows(TWO ? w1 : w0, in_dim, o1, out_dim);
+  const Q4Rows r1 = q4_rows(TWO ? w1 : w0, in_dim, o0, out_dim);
   for (uint g0 = uint(lane); g0 < groups; g0 += uint(U * lanes)) {
     uint4 n0[U][MV_R], n1[U][MV_R];
     float s0[U][MV_R], b0[U][MV_R], s1[U][MV_R], b1[U][MV_R];
@@ -301,11 +298,6 @@ struct MvPass {
     mv_pass_dense<Weights<T>, NR>(w0, in_dim, o0, out_dim, x, xoff, nx, acc0, int(lane), 32);
     mv_pass_dense<Weights<T>, NR>(w1, in_dim, o0, out_dim, x, xoff, nx, acc1, int(lane), 32);
   }
-  static void run_wide(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
-                       thread const ulong* xoff, int nx, thread float4* acc0, thread float4* acc1, ushort lane) {
-    mv_pass_dense<Weights<T>, NR>(w, in_dim, o0, out_dim, x, xoff, nx, acc0, int(lane), 32);
-    mv_pass_dense<Weights<T>, NR>(w, in_dim, o0 + MV_R, out_dim, x, xoff, nx, acc1, int(lane), 32);
-  }
   static void run_split(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
                         thread const ulong* xoff, int nx, thread float4* acc, int lane, int lanes) {
     mv_pass_dense<Weights<T>, NR>(w, in_dim, o0, out_dim, x, xoff, nx, acc, lane, lanes);
@@ -316,21 +308,15 @@ template <int NR>
 struct MvPass<uchar, NR> {
   static void run(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
                   thread const ulong* xoff, int nx, thread float4* acc, ushort lane) {
-    mv_pass_q4<false, NR>(w, w, in_dim, o0, o0, out_dim, x, xoff, nx, acc, acc, int(lane), 32);
+    mv_pass_q4<false, NR>(w, w, in_dim, o0, out_dim, x, xoff, nx, acc, acc, int(lane), 32);
   }
   static void run2(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim, device const uchar* x,
                    thread const ulong* xoff, int nx, thread float4* acc0, thread float4* acc1, ushort lane) {
-    mv_pass_q4<true, NR>(w0, w1, in_dim, o0, o0, out_dim, x, xoff, nx, acc0, acc1, int(lane), 32);
-  }
-  // Rows o0 .. o0 + 2 MV_R - 1 of one weight: acc0 the first MV_R, acc1 the next (one group a
-  // lane at a time). Each row's sums are those of run: the same bits.
-  static void run_wide(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
-                       thread const ulong* xoff, int nx, thread float4* acc0, thread float4* acc1, ushort lane) {
-    mv_pass_q4<true, NR, 1>(w, w, in_dim, o0, o0 + MV_R, out_dim, x, xoff, nx, acc0, acc1, int(lane), 32);
+    mv_pass_q4<true, NR>(w0, w1, in_dim, o0, out_dim, x, xoff, nx, acc0, acc1, int(lane), 32);
   }
   static void run_split(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
                         thread const ulong* xoff, int nx, thread float4* acc, int lane, int lanes) {
-    mv_pass_q4<false, NR>(w, w, in_dim, o0, o0, out_dim, x, xoff, nx, acc, acc, lane, lanes);
+    mv_pass_q4<false, NR>(w, w, in_dim, o0, out_dim, x, xoff, nx, acc, acc, lane, lanes);
   }
 };
 

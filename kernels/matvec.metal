@@ -182,12 +182,12 @@ template <typename T, int NR>
 // gate, k and v): the simdgroups are laid out weight after weight, each weight's rows in
 // MV_R tiles, and a simdgroup finds its weight by the tile counts; then it is `matvec`'s
 // simdgroup for that weight (matvec_simdgroup: the same bits as separate matvecs).
-// The weight of matvec_multi's `tile` (tile_rows rows, counted weight after weight): its
-// index, and the tile's index within it.
-inline int mv_multi_weight(constant MatvecMultiParams& p, thread int& tile, int tile_rows = MV_R) {
+// The weight of matvec_multi's `tile` (MV_R rows, counted weight after weight): its index,
+// and the tile's index within it.
+inline int mv_multi_weight(constant MatvecMultiParams& p, thread int& tile) {
   int i = 0;
-  while (i < p.count - 1 && tile >= (p.out_dim[i] + tile_rows - 1) / tile_rows) {
-    tile -= (p.out_dim[i] + tile_rows - 1) / tile_rows;
+  while (i < p.count - 1 && tile >= (p.out_dim[i] + MV_R - 1) / MV_R) {
+    tile -= (p.out_dim[i] + MV_R - 1) / MV_R;
     i++;
   }
   return i;
@@ -221,52 +221,6 @@ template <typename T, int NR>
     return;  // uniform per simdgroup
   }
   matvec_simdgroup<T, NR>(w, p.in_dim, o0, out_dim, x, p.x_stride, r_begin, r_end, y, y_stride, false, lane);
-}
-
-// matvec_multi's q4 decode form in tiles of 2 MV_R rows a simdgroup (MvPass::run_wide, one
-// group a lane at a time): half the simdgroups of matvec_multi_q4_r1 with as many loads in
-// flight each, the same bits. A tile whose weight ends inside it stores only those rows.
-[[max_total_threads_per_threadgroup(128)]] kernel void matvec_multi_q4_r1w_f32(
-    constant MatvecMultiParams& p [[buffer(0)]],
-    device const uchar* w0   [[buffer(1)]],
-    device const uchar* w1   [[buffer(2)]],
-    device const uchar* w2   [[buffer(3)]],
-    device const uchar* w3   [[buffer(4)]],
-    device const uchar* x    [[buffer(5)]],
-    device uchar* y0         [[buffer(6)]],
-    device uchar* y1         [[buffer(7)]],
-    device uchar* y2         [[buffer(8)]],
-    device uchar* y3         [[buffer(9)]],
-    uint2 tg                 [[threadgroup_position_in_grid]],
-    ushort sg                [[simdgroup_index_in_threadgroup]],
-    ushort lane              [[thread_index_in_simdgroup]]) {
-  int tile = int(tg.x) * MV_SG + int(sg);
-  const int i = mv_multi_weight(p, tile, 2 * MV_R);
-  const int out_dim = p.out_dim[i];
-  device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
-  device uchar* y = i == 0 ? y0 : i == 1 ? y1 : i == 2 ? y2 : y3;
-  const ulong y_stride = p.y_stride[i];
-  const int o0 = tile * 2 * MV_R;
-  const int r_begin = int(tg.y) * p.rows_per_group;
-  const int r_end = min(p.rows, r_begin + p.rows_per_group);
-  if (o0 >= out_dim || r_begin >= r_end) {
-    return;  // uniform per simdgroup
-  }
-  for (int r = r_begin; r < r_end; r++) {
-    ulong xoff[1];
-    mv_row_offsets<1>(xoff, r, r_end, p.x_stride);
-    float4 a0[1] = {float4(0.0f)};
-    float4 a1[1] = {float4(0.0f)};
-    MvPass<uchar, 1>::run_wide(w, p.in_dim, o0, out_dim, x, xoff, 1, a0, a1, lane);
-    mv_reduce<1>(a0, 1);
-    mv_reduce<1>(a1, 1);
-    if (lane == 0) {
-      mv_store(y, y_stride, r, o0, out_dim, a0[0], false);
-      if (o0 + MV_R < out_dim) {
-        mv_store(y, y_stride, r, o0 + MV_R, out_dim, a1[0], false);
-      }
-    }
-  }
 }
 
 // matvec_multi for narrow weights (DeltaNet's b and a: 32 rows each): a threadgroup per MV_R

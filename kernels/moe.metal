@@ -299,23 +299,18 @@ template [[host_name("moe_gate_up_pairs_q4_f32")]] kernel decltype(moe_gate_up_p
 #define MOE_MAX_TOP_K 64
 static_assert(MOE_DC_SG * 32 == 256, "update moe_down_combine's [[max_total_threads_per_threadgroup]]");
 
-// The combined MV_R outputs of one float4 column of row tg.y, left with the thread that writes
-// them, which alone returns true with the column in c4 (every other thread, and a threadgroup
-// past the output, false): thread 0 and column tg.x, or WIDE, threads 0 and 1 and columns
-// 2 tg.x and 2 tg.x + 1 (MvPass::run_wide: each expert's 2 MV_R rows one group a lane at a
-// time, half the threadgroups; the d = 2048 down of the 30b shape went from 512 threadgroups,
-// two waves at two a core, to 256; a column a thread keeps the epilogue's registers those of
-// one). P: the plain or the _hc params (the fields read here are in both).
-template <typename T, bool SHARED, bool WIDE, typename P>
+// The combined MV_R outputs `v` of column tg.x of row tg.y, left with thread 0 of the
+// threadgroup, which alone returns true (every other thread, and a threadgroup past the
+// output, false). P: the plain or the _hc params (the fields read here are in both).
+template <typename T, bool SHARED, typename P>
 inline bool moe_down_combine_at(constant P& p, device const int* ids, device const float* w,
                                 device const int* slot_of, device const uchar* pool, device const uchar* h,
                                 device const uchar* s, device const uchar* sgate, uint2 tg, ushort sg, ushort lane,
-                                thread float4& out, thread int& c4) {
-  constexpr int Q = WIDE ? 2 : 1;  // MV_R-row quads a threadgroup serves
-  threadgroup float4 part[MOE_MAX_TOP_K][Q];
+                                thread float4& out) {
+  threadgroup float4 part[MOE_MAX_TOP_K];
   threadgroup float wk[MOE_MAX_TOP_K];
   threadgroup int miss[MOE_MAX_TOP_K];
-  const int o0 = int(tg.x) * MV_R * Q;
+  const int o0 = int(tg.x) * MV_R;
   const int r = int(tg.y);
   if (o0 >= p.out_dim || r >= p.rows) {
     return false;  // uniform per threadgroup
@@ -325,32 +320,20 @@ inline bool moe_down_combine_at(constant P& p, device const int* ids, device con
     const int e = ids[q];
     const int slot = e >= 0 && e < p.experts ? slot_of[e] : -1;
     const bool missing = slot < 0 || slot >= p.slots;  // uniform: every lane reads the same ids and table
-    float4 acc[Q];
-    CK_UNROLL for (int u = 0; u < Q; u++) {
-      acc[u] = float4(0.0f);
-    }
+    float4 acc[1] = {float4(0.0f)};
     if (!missing) {
       ulong xoff[1] = {ulong(q) * p.h_stride};
-      device const uchar* wr = pool + ulong(slot) * p.record_stride + p.w_offset;
-      if (WIDE) {
-        MvPass<T, 1>::run_wide(wr, p.in_dim, o0, p.out_dim, h, xoff, 1, &acc[0], &acc[Q - 1], lane);
-      } else {
-        MvPass<T, 1>::run(wr, p.in_dim, o0, p.out_dim, h, xoff, 1, &acc[0], lane);
-      }
-      mv_reduce<Q>(acc, Q);
+      MvPass<T, 1>::run(pool + ulong(slot) * p.record_stride + p.w_offset, p.in_dim, o0, p.out_dim, h, xoff, 1, acc, lane);
+      mv_reduce<1>(acc, 1);
     }
     if (lane == 0) {
-      CK_UNROLL for (int u = 0; u < Q; u++) {
-        part[k][u] = acc[u];
-      }
+      part[k] = acc[0];
       wk[k] = w[q];
       miss[k] = missing ? 1 : 0;
     }
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  const int u = int(lane);
-  const int c = o0 + u * MV_R;
-  if (sg != 0 || u >= Q || c >= p.out_dim) {
+  if (sg != 0 || lane != 0) {
     return false;
   }
   float4 v = float4(0.0f);
@@ -360,20 +343,19 @@ inline bool moe_down_combine_at(constant P& p, device const int* ids, device con
       missing = true;
       continue;
     }
-    v += wk[k] * part[k][u];
+    v += wk[k] * part[k];
   }
   if (SHARED) {
     float gate = *((device const float*)(sgate + ulong(r) * p.sg_stride));
     device const float* sr = (device const float*)(s + ulong(r) * p.s_stride);
-    float4 sv = float4(sr[min(c, p.out_dim - 1)], sr[min(c + 1, p.out_dim - 1)], sr[min(c + 2, p.out_dim - 1)], sr[min(c + 3, p.out_dim - 1)]);
+    float4 sv = float4(sr[min(o0, p.out_dim - 1)], sr[min(o0 + 1, p.out_dim - 1)], sr[min(o0 + 2, p.out_dim - 1)], sr[min(o0 + 3, p.out_dim - 1)]);
     v += sv / (1.0f + exp(-gate));
   }
   out = missing ? float4(NAN) : v;
-  c4 = c / MV_R;
   return true;
 }
 
-template <typename T, bool WIDE>
+template <typename T>
 [[max_total_threads_per_threadgroup(256)]] kernel void moe_down_combine(
     constant MoeDownCombineParams& p [[buffer(0)]],
     device const int* ids        [[buffer(1)]],
@@ -386,13 +368,12 @@ template <typename T, bool WIDE>
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
   float4 v;
-  int c4;
-  if (moe_down_combine_at<T, false, WIDE>(p, ids, w, slot_of, pool, h, h, h, tg, sg, lane, v, c4)) {
-    mv_store(y, p.y_stride, int(tg.y), c4 * MV_R, p.out_dim, v, false);
+  if (moe_down_combine_at<T, false>(p, ids, w, slot_of, pool, h, h, h, tg, sg, lane, v)) {
+    mv_store(y, p.y_stride, int(tg.y), int(tg.x) * MV_R, p.out_dim, v, false);
   }
 }
 
-template <typename T, bool WIDE>
+template <typename T>
 [[max_total_threads_per_threadgroup(256)]] kernel void moe_down_combine_shared(
     constant MoeDownCombineParams& p [[buffer(0)]],
     device const int* ids        [[buffer(1)]],
@@ -407,9 +388,8 @@ template <typename T, bool WIDE>
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
   float4 v;
-  int c4;
-  if (moe_down_combine_at<T, true, WIDE>(p, ids, w, slot_of, pool, h, s, sgate, tg, sg, lane, v, c4)) {
-    mv_store(y, p.y_stride, int(tg.y), c4 * MV_R, p.out_dim, v, false);
+  if (moe_down_combine_at<T, true>(p, ids, w, slot_of, pool, h, s, sgate, tg, sg, lane, v)) {
+    mv_store(y, p.y_stride, int(tg.y), int(tg.x) * MV_R, p.out_dim, v, false);
   }
 }
 
@@ -427,9 +407,9 @@ inline HcTarget moe_hc_target(constant MoeDownCombineHcParams& p, device uchar* 
 }
 
 // moe_down_combine writing its output into hyper-connection streams (hc.h; out_dim = d, a
-// multiple of 4: each MV_R outputs are one whole float4 column) or, with p.residual, adding it
-// to X (n = 1).
-template <typename T, bool WIDE>
+// multiple of 4: a threadgroup's MV_R outputs are one whole float4 column) or, with
+// p.residual, adding it to X (n = 1).
+template <typename T>
 [[max_total_threads_per_threadgroup(256)]] kernel void moe_down_combine_hc(
     constant MoeDownCombineHcParams& p [[buffer(0)]],
     device const int* ids        [[buffer(1)]],
@@ -443,13 +423,12 @@ template <typename T, bool WIDE>
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
   float4 v;
-  int c4;
-  if (moe_down_combine_at<T, false, WIDE>(p, ids, w, slot_of, pool, h, h, h, tg, sg, lane, v, c4)) {
-    hc_store(moe_hc_target(p, X, coeffs), int(tg.y), c4, v);
+  if (moe_down_combine_at<T, false>(p, ids, w, slot_of, pool, h, h, h, tg, sg, lane, v)) {
+    hc_store(moe_hc_target(p, X, coeffs), int(tg.y), int(tg.x), v);
   }
 }
 
-template <typename T, bool WIDE>
+template <typename T>
 [[max_total_threads_per_threadgroup(256)]] kernel void moe_down_combine_shared_hc(
     constant MoeDownCombineHcParams& p [[buffer(0)]],
     device const int* ids        [[buffer(1)]],
@@ -465,21 +444,15 @@ template <typename T, bool WIDE>
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
   float4 v;
-  int c4;
-  if (moe_down_combine_at<T, true, WIDE>(p, ids, w, slot_of, pool, h, s, sgate, tg, sg, lane, v, c4)) {
-    hc_store(moe_hc_target(p, X, coeffs), int(tg.y), c4, v);
+  if (moe_down_combine_at<T, true>(p, ids, w, slot_of, pool, h, s, sgate, tg, sg, lane, v)) {
+    hc_store(moe_hc_target(p, X, coeffs), int(tg.y), int(tg.x), v);
   }
 }
 
-template [[host_name("moe_down_combine_q4_f32")]] kernel decltype(moe_down_combine<uchar, false>) moe_down_combine<uchar, false>;
-template [[host_name("moe_down_combine_shared_q4_f32")]] kernel decltype(moe_down_combine_shared<uchar, false>) moe_down_combine_shared<uchar, false>;
-template [[host_name("moe_down_combine_hc_q4_f32")]] kernel decltype(moe_down_combine_hc<uchar, false>) moe_down_combine_hc<uchar, false>;
-template [[host_name("moe_down_combine_shared_hc_q4_f32")]] kernel decltype(moe_down_combine_shared_hc<uchar, false>) moe_down_combine_shared_hc<uchar, false>;
-// The wide forms: 2 MV_R outputs a threadgroup (the host picks them: lib/gpu/experts.ts).
-template [[host_name("moe_down_combine_w_q4_f32")]] kernel decltype(moe_down_combine<uchar, true>) moe_down_combine<uchar, true>;
-template [[host_name("moe_down_combine_shared_w_q4_f32")]] kernel decltype(moe_down_combine_shared<uchar, true>) moe_down_combine_shared<uchar, true>;
-template [[host_name("moe_down_combine_hc_w_q4_f32")]] kernel decltype(moe_down_combine_hc<uchar, true>) moe_down_combine_hc<uchar, true>;
-template [[host_name("moe_down_combine_shared_hc_w_q4_f32")]] kernel decltype(moe_down_combine_shared_hc<uchar, true>) moe_down_combine_shared_hc<uchar, true>;
+template [[host_name("moe_down_combine_q4_f32")]] kernel decltype(moe_down_combine<uchar>) moe_down_combine<uchar>;
+template [[host_name("moe_down_combine_shared_q4_f32")]] kernel decltype(moe_down_combine_shared<uchar>) moe_down_combine_shared<uchar>;
+template [[host_name("moe_down_combine_hc_q4_f32")]] kernel decltype(moe_down_combine_hc<uchar>) moe_down_combine_hc<uchar>;
+template [[host_name("moe_down_combine_shared_hc_q4_f32")]] kernel decltype(moe_down_combine_shared_hc<uchar>) moe_down_combine_shared_hc<uchar>;
 
 // Dense gated MLP input half (the shared expert): y[r] = SiLU(W_gate x[r]) * (W_up x[r]),
 // tiled as matvec (rows_per_group batch rows per threadgroup).

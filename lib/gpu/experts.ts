@@ -8,7 +8,7 @@ import type { DType } from "../model/config.ts";
 import type { Binding, Buffer } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { Params, type ParamValues } from "./params.ts";
-import { checkRows, encodeMatvec, MATVEC_TILE, matrixShape, oneRowForm, q4Wide } from "./projections.ts";
+import { checkRows, encodeMatvec, MATVEC_TILE, matrixShape, oneRowForm } from "./projections.ts";
 import { encodeGemmGateUp, GEMM_TILE, gemmMinRows, usesGemm } from "./gemm.ts";
 import type { SiteWrite } from "./hyperconnection.ts";
 import { HC_MAX_STREAMS, SIMD_WIDTH } from "./limits.ts";
@@ -273,17 +273,14 @@ function encodeDownCombine(
   };
   const inputs: Binding[] = [combine.ids, combine.weights, slotOf, pool.buffers[0]!, bind(scratch.h.buffer, scratch.h.offset)];
   const sharedInputs: Binding[] = shared ? [bind(shared.s.buffer, shared.s.offset), bind(shared.sg.buffer, shared.sg.offset)] : [];
-  // The wide forms serve 2 MV_R outputs a threadgroup (q4Wide).
-  const wide = q4Wide("down");
-  const w = wide ? "_w" : "";
-  const grid: [number, number] = [Math.ceil(d / (T.rows * (wide ? 2 : 1))), nb];
+  const grid: [number, number] = [Math.ceil(d / T.rows), nb];
   if (into) {
     checkDownCombineTarget(into, d);
     // A plain residual (no coefficients) binds X in the unused coefficients' place.
     const coeffs = into.coeffs ?? into.X;
     dispatch(
       ctx,
-      shared ? `moe_down_combine_shared_hc${w}_q4_f32` : `moe_down_combine_hc${w}_q4_f32`,
+      shared ? "moe_down_combine_shared_hc_q4_f32" : "moe_down_combine_hc_q4_f32",
       Params.MoeDownCombineHc,
       { ...common, streams: into.streams, residual: into.coeffs ? 0 : 1, hc_stride: into.X.stride, c_stride: coeffs.stride },
       [...inputs, bind(into.X.buffer, into.X.offset), ...sharedInputs, bind(coeffs.buffer, coeffs.offset)],
@@ -294,7 +291,7 @@ function encodeDownCombine(
   }
   dispatch(
     ctx,
-    shared ? `moe_down_combine_shared${w}_q4_f32` : `moe_down_combine${w}_q4_f32`,
+    shared ? "moe_down_combine_shared_q4_f32" : "moe_down_combine_q4_f32",
     Params.MoeDownCombine,
     { ...common, y_stride: y.stride },
     [...inputs, bind(y.buffer, y.offset), ...sharedInputs],

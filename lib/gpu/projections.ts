@@ -74,20 +74,6 @@ export function defaultRowsPerGroup(backend: string, nb: number): number {
   return backend === "cpu" ? nb : Math.min(nb, MATVEC_GROUP_ROWS);
 }
 
-/**
- * Whether a one-row q4 kernel with a wide form takes it: 2 MV_R rows a simdgroup, one input
- * group a lane at a time, half the simdgroups, the same bits (kernels/matvec.h). "multi":
- * `matvec_multi_q4_r1w` (DeltaNet's qkv/z, the attention projections; on the H200 the narrow
- * form's 768 threadgroups ran in two waves at 168 registers, the wide one's 384 fit one at
- * 128); "down": `moe_down_combine*_w` (512 -> 256 threadgroups, but 128 -> 168 registers).
- * CHERENKOV_Q4_WIDE (multi, default on) and CHERENKOV_MOE_DOWN_WIDE (down, default off) set
- * them ("0" / "1"): measurements, and the tests of both forms.
- */
-export function q4Wide(kind: "multi" | "down"): boolean {
-  const env = kind === "multi" ? process.env.CHERENKOV_Q4_WIDE : process.env.CHERENKOV_MOE_DOWN_WIDE;
-  return env === undefined || env === "" ? kind === "multi" : env !== "0";
-}
-
 /** Throws unless nb is a row count a step may have. */
 export function checkRows(nb: number, what: string): void {
   if (!Number.isInteger(nb) || nb < 1 || nb > MAX_NB) throw new RangeError(`${what}: nb ${nb} must be an integer in 1..${MAX_NB}`);
@@ -285,17 +271,14 @@ function encodeMatvecMulti(ctx: EncodeContext, items: readonly Projection[], x: 
   const outs = items.map((it) => checkProjection(it.w, x, nb, "matvec_multi")[0]);
   const pad = <T>(a: T[]): T[] => [...a, ...Array<T>(MATVEC_MULTI - a.length).fill(a[a.length - 1]!)];
   const T = MATVEC_TILE;
+  const tiles = outs.reduce((n, o) => n + Math.ceil(o / T.rows), 0);
   // Narrow weights together (DeltaNet's b and a) take the split form, as a lone one would.
   const split = form === undefined ? prefersSplit(ctx.device.backend, outs.reduce((a, b) => a + b, 0)) : form === "split";
   const groupRows = Math.min(nb, rowsPerGroup ?? defaultRowsPerGroup(ctx.device.backend, nb));
   if (!Number.isInteger(groupRows) || groupRows < 1) throw new Error(`matvec_multi: rowsPerGroup ${rowsPerGroup} must be a positive integer`);
-  const kernel = split ? `matvec_multi_split_${w0.dtype}_f32` : oneRowForm(`matvec_multi_${w0.dtype}_f32`, w0.dtype, groupRows);
-  const wide = kernel === "matvec_multi_q4_r1_f32" && q4Wide("multi");
-  const tileRows = wide ? 2 * T.rows : T.rows;
-  const tiles = outs.reduce((n, o) => n + Math.ceil(o / tileRows), 0);
   dispatch(
     ctx,
-    wide ? "matvec_multi_q4_r1w_f32" : kernel,
+    split ? `matvec_multi_split_${w0.dtype}_f32` : oneRowForm(`matvec_multi_${w0.dtype}_f32`, w0.dtype, groupRows),
     Params.MatvecMulti,
     {
       rows: nb,

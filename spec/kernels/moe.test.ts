@@ -39,19 +39,6 @@ afterAll(() => dev.close());
 // Softmax in f32 (exp and one division per weight) against f64: a few ulps.
 const WEIGHT_TOL = { rel: 2e-6, abs: 1e-7 };
 
-
-/** Runs `body` with moe_down_combine's wide forms on or off (lib/gpu/projections.ts q4Wide). */
-function withQ4Wide(wide: boolean, body: () => void): void {
-  const saved = process.env.CHERENKOV_MOE_DOWN_WIDE;
-  process.env.CHERENKOV_MOE_DOWN_WIDE = wide ? "1" : "0";
-  try {
-    body();
-  } finally {
-    if (saved === undefined) delete process.env.CHERENKOV_MOE_DOWN_WIDE;
-    else process.env.CHERENKOV_MOE_DOWN_WIDE = saved;
-  }
-}
-
 describe("router_topk_f32", () => {
   const cases = NB_CASES.flatMap((nb) => [
     [nb, 8, 2, true],
@@ -218,11 +205,9 @@ describe("whole MoE: router, lists, routed experts through slots, shared expert,
   });
 
   // A decode step (nb = 1) over q4 records ends in moe_down_combine: the same bits as the
-  // separate down projections and combine, with and without a shared expert, in the wide form
-  // (two float4 columns a threadgroup; q4 keeps d a multiple of 32, so a whole one) and
-  // the narrow one (CHERENKOV_MOE_DOWN_WIDE).
-  test.each([true, false].flatMap((sh) => [true, false].flatMap((wide) => [64, 96].map((d) => [sh, wide, d] as const))))("moe_down_combine (decode), shared expert %p, wide %p, d = %i: the same bits as moe_down + moe_combine", (withShared, wide, d) => withQ4Wide(wide, () => {
-    const dims: MoeDims = { d, E: 16, k: 4, I: 96, SI: 64 };
+  // separate down projections and combine, with and without a shared expert.
+  test.each([true, false])("moe_down_combine (decode), shared expert %p: the same bits as moe_down + moe_combine", (withShared) => {
+    const dims: MoeDims = { d: 64, E: 16, k: 4, I: 96, SI: 64 };
     const split = runMoe(1, dims, "q4", { shared: withShared });
     const fused = runMoe(1, dims, "q4", { fused: true, shared: withShared });
     expect(fusesDownCombine(buildPool(dims, "q4", 100, [0], 1).pool, 1)).toBe(true);
@@ -232,12 +217,12 @@ describe("whole MoE: router, lists, routed experts through slots, shared expert,
     const missing = fused.ids[1]!;
     const m = runMoe(1, dims, "q4", { fused: true, missing, shared: withShared });
     expect(m.y.every(Number.isNaN)).toBe(true); // a missing expert makes its row NaN, as the combine does
-  }));
+  });
 
   // The site's write done by moe_down_combine_hc (the decode MoE site): the same bits as
   // moe_down_combine into y, then hc_write_f32 (n > 1) or the residual add (n = 1).
-  test.each([4, 2, 1].flatMap((n) => [true, false].flatMap((sh) => [true, false].map((wide) => [n, sh, wide] as const))))("moe_down_combine_hc, n = %i, shared expert %p, wide %p: the same bits as moe_down_combine + the site's write", (n, withShared, wide) => withQ4Wide(wide, () => {
-    const dims: MoeDims = { d: wide ? 96 : 64, E: 16, k: 4, I: 96, SI: 64 };
+  test.each([4, 2, 1].flatMap((n) => [true, false].map((sh) => [n, sh] as const)))("moe_down_combine_hc, n = %i, shared expert %p: the same bits as moe_down_combine + the site's write", (n, withShared) => {
+    const dims: MoeDims = { d: 64, E: 16, k: 4, I: 96, SI: 64 };
     const d = dims.d;
     const X0 = randomF32(n * d, 90 + n, 2, "streams");
     const coeffs = n === 1 ? null : uploadF32(dev, randomF32(hcMixCount(n), 91 + n, 1.5, "coeffs"));
@@ -257,7 +242,7 @@ describe("whole MoE: router, lists, routed experts through slots, shared expert,
     const missingX = uploadF32(dev, X0);
     runMoe(1, dims, "q4", { fused: true, shared: withShared, missing: plain.ids[1]!, into: { X: missingX, coeffs, n } });
     expect(readF32(missingX, n * d).every(Number.isNaN)).toBe(true);
-  }));
+  });
 
   test("fusesDownCombine: one row, q4 records, one pool buffer", () => {
     const dims: MoeDims = { d: 64, E: 4, k: 2, I: 32, SI: 32 };
