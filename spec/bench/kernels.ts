@@ -42,7 +42,6 @@ import { MAX_NB } from "../../lib/gpu/limits.ts";
 import { encodeGemm } from "../../lib/gpu/gemm.ts";
 import { encodeArgmax, encodeFinalRead } from "../../lib/gpu/sampling.ts";
 import { Device, type Buffer, type Storage } from "../../lib/shim.ts";
-import { MAX_NB } from "../../lib/gpu/limits.ts";
 import { allocateKvCache, attentionPartialBytes, attentionSplits, encodeAttention, encodeKvAppend, encodeQsa, encodeRope, qsaScoreBytes } from "../../lib/gpu/attention.ts";
 import { deltanetStateFloats, encodeConvSilu, encodeDeltaNet, encodeDeltaNetBlock } from "../../lib/gpu/deltanet.ts";
 import { encodePleConv, encodePleGate, encodePleGather, pleHistoryFloats } from "../../lib/gpu/ple.ts";
