@@ -6,42 +6,15 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { rmSync } from "node:fs";
 import { Engine } from "../../lib/gpu/engine.ts";
-import { Tape } from "../../lib/gpu/tape.ts";
 import { openModel } from "../../lib/model/format.ts";
-import { CommandBuffer, type Pipeline } from "../../lib/shim.ts";
 import { goldenCases } from "../golden/cases.ts";
 import { buildGoldenModel } from "../golden/golden.ts";
-import { goldenRecord } from "./helpers.ts";
+import { countDispatches, goldenRecord } from "./helpers.ts";
 import { BACKEND } from "../selected-backend.ts";
 
 const dirs: string[] = [];
 afterAll(() => dirs.forEach((d) => rmSync(d, { recursive: true, force: true })));
 
-/** Kernel names of every dispatch encoded while `body` runs, with their counts. */
-async function seeDispatches(body: () => Promise<void>): Promise<Map<string, number>> {
-  const seen = new Map<string, number>();
-  const see = (pipeline: Pipeline | string) => {
-    const name = typeof pipeline === "string" ? pipeline : pipeline.name;
-    seen.set(name, (seen.get(name) ?? 0) + 1);
-  };
-  const { dispatch } = CommandBuffer.prototype;
-  const tapeDispatch = Tape.prototype.dispatch;
-  CommandBuffer.prototype.dispatch = function (this: CommandBuffer, pipeline, ...rest) {
-    see(pipeline);
-    return dispatch.call(this, pipeline, ...rest);
-  };
-  Tape.prototype.dispatch = function (this: Tape, pipeline, ...rest) {
-    see(pipeline);
-    return tapeDispatch.call(this, pipeline, ...rest);
-  };
-  try {
-    await body();
-  } finally {
-    CommandBuffer.prototype.dispatch = dispatch;
-    Tape.prototype.dispatch = tapeDispatch;
-  }
-  return seen;
-}
 
 describe("attention mixer: fused norms + RoPE + appends, gate in the attention epilogue", () => {
   test.each([
@@ -57,7 +30,7 @@ describe("attention mixer: fused norms + RoPE + appends, gate in the attention e
     const engine = await Engine.load(files, BACKEND, {});
     const tokens: number[] = [];
     try {
-      const seen = await seeDispatches(async () => {
+      const seen = await countDispatches(async () => {
         const seq = engine.newSequence();
         const first = await seq.forward(c.prompt);
         tokens.push(first.next[first.next.length - 1]!);

@@ -9,11 +9,9 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { rmSync } from "node:fs";
 import { ATTN_TILES_MIN_ROWS } from "../../lib/gpu/attention.ts";
-import { Tape } from "../../lib/gpu/tape.ts";
-import { CommandBuffer, type Pipeline } from "../../lib/shim.ts";
 import { goldenCases } from "../golden/cases.ts";
 import { buildGoldenModel } from "../golden/golden.ts";
-import { goldenRecord, greedy, marginError, openEngine } from "./helpers.ts";
+import { countDispatches, goldenRecord, greedy, marginError, openEngine } from "./helpers.ts";
 
 const cases = goldenCases.filter((c) => c.name === "tiny-plain-s4" || c.name === "tiny-noqsa-s6");
 const dirs = new Map<string, string>();
@@ -29,31 +27,6 @@ afterAll(() => {
   for (const d of dirs.values()) rmSync(d, { recursive: true, force: true });
 });
 
-/** How many dispatches of each kernel `body` encodes (directly or onto a recorded step's tape). */
-async function countDispatches(body: () => Promise<void>): Promise<Map<string, number>> {
-  const seen = new Map<string, number>();
-  const see = (pipeline: Pipeline | string) => {
-    const name = typeof pipeline === "string" ? pipeline : pipeline.name;
-    seen.set(name, (seen.get(name) ?? 0) + 1);
-  };
-  const { dispatch } = CommandBuffer.prototype;
-  const tapeDispatch = Tape.prototype.dispatch;
-  CommandBuffer.prototype.dispatch = function (this: CommandBuffer, pipeline, ...rest) {
-    see(pipeline);
-    return dispatch.call(this, pipeline, ...rest);
-  };
-  Tape.prototype.dispatch = function (this: Tape, pipeline, ...rest) {
-    see(pipeline);
-    return tapeDispatch.call(this, pipeline, ...rest);
-  };
-  try {
-    await body();
-  } finally {
-    CommandBuffer.prototype.dispatch = dispatch;
-    Tape.prototype.dispatch = tapeDispatch;
-  }
-  return seen;
-}
 
 describe("prefill attention through attn_tiles (CHERENKOV_ATTN_TILES_MIN_ROWS=2)", () => {
   test("the cases have no QSA and prompts shorter than the default threshold (so this file is what covers the tiles)", () => {

@@ -1,11 +1,13 @@
 // Shared by the engine-step tests: greedy generation straight on a Backend (so the margins
-// of every step come back too), golden records, and engine option sets.
+// of every step come back too), golden records, engine option sets, and dispatch counting.
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Backend } from "../../lib/api/backend.ts";
 import { EngineBackend, type EngineOptions } from "../../lib/api/engine-backend.ts";
+import { Tape } from "../../lib/gpu/tape.ts";
 import { openModel } from "../../lib/model/format.ts";
+import { CommandBuffer, type Pipeline } from "../../lib/shim.ts";
 import { goldenPath, type GoldenRecord } from "../golden/golden.ts";
 import { BACKEND } from "../selected-backend.ts";
 
@@ -52,4 +54,30 @@ export function marginError(got: number[], want: number[]): number {
 export function tempDir(tag: string): { dir: string; remove(): void } {
   const dir = mkdtempSync(join(tmpdir(), `cherenkov-${tag}-`));
   return { dir, remove: () => rmSync(dir, { recursive: true, force: true }) };
+}
+
+/** How many dispatches of each kernel `body` encodes (directly or onto a recorded step's tape). */
+export async function countDispatches(body: () => Promise<void>): Promise<Map<string, number>> {
+  const seen = new Map<string, number>();
+  const see = (pipeline: Pipeline | string) => {
+    const name = typeof pipeline === "string" ? pipeline : pipeline.name;
+    seen.set(name, (seen.get(name) ?? 0) + 1);
+  };
+  const { dispatch } = CommandBuffer.prototype;
+  const tapeDispatch = Tape.prototype.dispatch;
+  CommandBuffer.prototype.dispatch = function (this: CommandBuffer, pipeline, ...rest) {
+    see(pipeline);
+    return dispatch.call(this, pipeline, ...rest);
+  };
+  Tape.prototype.dispatch = function (this: Tape, pipeline, ...rest) {
+    see(pipeline);
+    return tapeDispatch.call(this, pipeline, ...rest);
+  };
+  try {
+    await body();
+  } finally {
+    CommandBuffer.prototype.dispatch = dispatch;
+    Tape.prototype.dispatch = tapeDispatch;
+  }
+  return seen;
 }
