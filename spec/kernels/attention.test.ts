@@ -11,7 +11,6 @@ import {
   encodeKvAppend,
   encodeQsa,
   encodeRope,
-  type KvCacheRef,
 } from "../../lib/gpu/attention.ts";
 import type { EncodeContext } from "../../lib/gpu/dispatch.ts";
 import { MAX_NB } from "../../lib/gpu/limits.ts";
@@ -21,7 +20,7 @@ import { KvCache } from "../../lib/reference/kvcache.ts";
 import { ropeNeox, topKIndices } from "../../lib/reference/ops.ts";
 import type { Buffer } from "../../lib/shim.ts";
 import { expectClose, expectExact, NB_CASES, openDevice, outputF32, outputI32, randomF32, rng, rows, run, uploadF32 } from "./harness.ts";
-import { printWorstErrors } from "./sequence-util.ts";
+import { printWorstErrors, randomKvCache, uploadKvCache } from "./sequence-util.ts";
 
 const dev = openDevice();
 afterAll(() => {
@@ -58,26 +57,7 @@ describe("rope_neox_f32", () => {
 
 // ---- KV append ---------------------------------------------------------------------------
 
-/** Copies a reference KvCache's content into a device cache of the same kind and shape. */
-function uploadCache(ref: KvCache, capacity: number): KvCacheRef {
-  const c = allocateKvCache(dev, ref.kind, ref.heads, ref.dim, capacity);
-  const n = ref.length * ref.heads * ref.dim;
-  if (ref.kind === "q8") {
-    (c.data as Buffer).bytes.set(new Uint8Array(ref.codes.buffer, 0, n));
-    (c.scales as Buffer).f32.set(ref.scales.subarray(0, ref.length * ref.heads));
-  } else {
-    (c.data as Buffer).f32.set(ref.values.subarray(0, n));
-  }
-  return c;
-}
 
-/** A reference cache of `length` random positions (values in [-scale, scale), some rows zero). */
-function randomCache(kind: "q8" | "f32", heads: number, dim: number, length: number, seed: number, scale = 1): KvCache {
-  const c = new KvCache(kind, heads, dim);
-  const x = randomF32(length * heads * dim, seed, scale, "cache");
-  for (let p = 0; p < length; p++) c.append(x.subarray(p * heads * dim, (p + 1) * heads * dim));
-  return c;
-}
 
 /** Rows of vectors that hit the q8 rounding rule's edges: exact halves, near halves, zeros, clamping. */
 function edgeRows(nb: number, heads: number, dim: number, seed: number): Float32Array {
@@ -114,8 +94,8 @@ describe("kv_append", () => {
     const pos0 = nb === 1 ? 9 : 3;
     const cap = pos0 + nb + 2;
     const x = edgeRows(nb, heads, dim, nb);
-    const ref = randomCache("q8", heads, dim, pos0, 5);
-    const cache = uploadCache(ref, cap);
+    const ref = randomKvCache("q8", heads, dim, pos0, 5);
+    const cache = uploadKvCache(dev, ref, cap);
     const xb = uploadF32(dev, x);
     (cache.scales as Buffer).f32.fill(-1, (pos0 + nb) * heads); // sentinels after the rows
     run(dev, (ctx) => encodeKvAppend(ctx, { rows: nb, pos0, x: rows(xb, heads * dim), cache }));
@@ -154,11 +134,11 @@ interface QsaRun {
 }
 
 function runQsa(kind: "q8" | "f32", nb: number, pos0: number, Hi: number, di: number, topk: number, seed: number) {
-  const ik = randomCache(kind, 1, di, pos0 + nb, seed);
+  const ik = randomKvCache(kind, 1, di, pos0 + nb, seed);
   const iq = randomF32(nb * Hi * di, seed, 1, "iq");
   // Mostly positive index weights, so that scores tie at exactly 0 only sometimes.
   const iw = randomF32(nb * Hi, seed, 1, "iw").map((w, i) => (i % 3 === 2 ? w : Math.abs(w)));
-  const cache = uploadCache(ik, pos0 + nb);
+  const cache = uploadKvCache(dev, ik, pos0 + nb);
   const longest = pos0 + nb;
   const scores = outputF32(dev, nb * longest);
   const selected = outputI32(dev, nb * topk);
@@ -232,7 +212,7 @@ describe("qsa_scores + qsa_topk_f32", () => {
     const iwb = uploadF32(dev, iw);
     run(dev, (ctx) =>
       encodeQsa(ctx, {
-        rows: nb, pos0, topk, heads: Hi, iq: rows(iqb, Hi * di), iw: rows(iwb, Hi), ik: uploadCache(ik, longest),
+        rows: nb, pos0, topk, heads: Hi, iq: rows(iqb, Hi * di), iw: rows(iwb, Hi), ik: uploadKvCache(dev, ik, longest),
         scores: rows(scores, longest), selected, counts,
       }),
     );
@@ -251,7 +231,7 @@ describe("qsa_scores + qsa_topk_f32", () => {
 
   test("all scores equal: the first topk positions", () => {
     const nb = 3, pos0 = 50, di = 16, topk = 6;
-    const cache = uploadCache(randomCache("q8", 1, di, pos0 + nb, 4), pos0 + nb);
+    const cache = uploadKvCache(dev, randomKvCache("q8", 1, di, pos0 + nb, 4), pos0 + nb);
     const scores = outputF32(dev, nb * (pos0 + nb));
     const selected = outputI32(dev, nb * topk);
     const counts = outputI32(dev, nb);
@@ -293,7 +273,7 @@ describe("qsa_scores + qsa_topk_f32", () => {
     const iwb = uploadF32(dev, iw);
     run(dev, (ctx) =>
       encodeQsa(ctx, {
-        rows: nb, pos0, topk, heads: Hi, iq: rows(iqb, Hi * di), iw: rows(iwb, Hi), ik: uploadCache(ik, longest),
+        rows: nb, pos0, topk, heads: Hi, iq: rows(iqb, Hi * di), iw: rows(iwb, Hi), ik: uploadKvCache(dev, ik, longest),
         scores: rows(scores, longest), selected, counts,
       }),
     );
@@ -345,8 +325,8 @@ function randomSelection(nb: number, pos0: number, topk: number, seed: number): 
 
 function attentionCase(c: AttnCase, seed: number) {
   const { nb, pos0, H, Hkv, hd } = c;
-  const K = randomCache(c.kind, Hkv, hd, pos0 + nb, seed, 1.5);
-  const V = randomCache(c.kind, Hkv, hd, pos0 + nb, seed + 1);
+  const K = randomKvCache(c.kind, Hkv, hd, pos0 + nb, seed, 1.5);
+  const V = randomKvCache(c.kind, Hkv, hd, pos0 + nb, seed + 1);
   const q = randomF32(nb * H * hd, seed, 1.5, "q");
   const selection = c.topk ? randomSelection(nb, pos0, c.topk, seed) : null;
   const expected = new Float32Array(nb * H * hd);
@@ -363,8 +343,8 @@ function attentionCase(c: AttnCase, seed: number) {
 function runAttention(c: AttnCase, seed: number) {
   const { nb, pos0, H, hd } = c;
   const { K, V, q, selection, expected } = attentionCase(c, seed);
-  const kc = uploadCache(K, pos0 + nb);
-  const vc = uploadCache(V, pos0 + nb);
+  const kc = uploadKvCache(dev, K, pos0 + nb);
+  const vc = uploadKvCache(dev, V, pos0 + nb);
   const qb = uploadF32(dev, q);
   const o = outputF32(dev, nb * H * hd);
   let sel: { list: Buffer; counts: Buffer; topk: number } | undefined;

@@ -8,20 +8,17 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 
 import {
-  allocateKvCache,
   ATTN_TILES,
   ATTN_TILES_MIN_ROWS,
   attnTilesMinRows,
   encodeAttention,
-  type KvCacheRef,
   usesAttnTiles,
 } from "../../lib/gpu/attention.ts";
 import { MAX_SNAP } from "../../lib/gpu/limits.ts";
 import { attendHead } from "../../lib/reference/attention.ts";
-import { KvCache } from "../../lib/reference/kvcache.ts";
 import { CommandBuffer, type Buffer, type Pipeline } from "../../lib/shim.ts";
 import { expectClose, expectGuard, openDevice, outputF32, randomF32, rows, run, uploadF32 } from "./harness.ts";
-import { printWorstErrors } from "./sequence-util.ts";
+import { printWorstErrors, randomKvCache, uploadKvCache } from "./sequence-util.ts";
 
 const dev = openDevice();
 const saved = process.env.CHERENKOV_ATTN_TILES_MIN_ROWS;
@@ -51,26 +48,7 @@ function kernelsOf(body: () => void): string[] {
   return seen;
 }
 
-/** A reference cache of `length` random positions (values in [-scale, scale)). */
-function randomCache(kind: "q8" | "f32", heads: number, dim: number, length: number, seed: number, scale: number): KvCache {
-  const c = new KvCache(kind, heads, dim);
-  const x = randomF32(length * heads * dim, seed, scale, "cache");
-  for (let p = 0; p < length; p++) c.append(x.subarray(p * heads * dim, (p + 1) * heads * dim));
-  return c;
-}
 
-/** The reference cache's content in a device cache of the same kind and shape. */
-function uploadCache(ref: KvCache): KvCacheRef {
-  const c = allocateKvCache(dev, ref.kind, ref.heads, ref.dim, ref.length);
-  const n = ref.length * ref.heads * ref.dim;
-  if (ref.kind === "q8") {
-    (c.data as Buffer).bytes.set(new Uint8Array(ref.codes.buffer, 0, n));
-    (c.scales as Buffer).f32.set(ref.scales.subarray(0, ref.length * ref.heads));
-  } else {
-    (c.data as Buffer).f32.set(ref.values.subarray(0, n));
-  }
-  return c;
-}
 
 interface TileCase {
   kind: "q8" | "f32";
@@ -87,8 +65,8 @@ interface TileCase {
 /** attn_tiles' output and the reference's (f64 softmax and sums over the dequantized cache). */
 function runCase(c: TileCase, seed: number) {
   const { nb, pos0, H, Hkv, hd } = c;
-  const K = randomCache(c.kind, Hkv, hd, pos0 + nb, seed, 1.5);
-  const V = randomCache(c.kind, Hkv, hd, pos0 + nb, seed + 1, 1);
+  const K = randomKvCache(c.kind, Hkv, hd, pos0 + nb, seed, 1.5);
+  const V = randomKvCache(c.kind, Hkv, hd, pos0 + nb, seed + 1, 1);
   const q = randomF32(nb * H * hd, seed, 1.5, "q");
   const gate = randomF32(nb * H * hd, seed, 3, "gate");
   const expected = new Float32Array(nb * H * hd);
@@ -122,8 +100,8 @@ function runCase(c: TileCase, seed: number) {
         pos0,
         heads: H,
         q: rows(qb, H * hd),
-        k: uploadCache(K),
-        v: uploadCache(V),
+        k: uploadKvCache(dev, K),
+        v: uploadKvCache(dev, V),
         o: rows(o, H * hd),
         gate: c.gated ? rows(gb, H * hd) : undefined,
         selection,
