@@ -9,7 +9,7 @@
 import { ropeInvFreq } from "../model/rope.ts";
 import type { Binding, Buffer, Device, Storage } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
-import { SIMD_WIDTH, threadsWithin } from "./limits.ts";
+import { SIMD_WIDTH, threadsWithin, tiledMinRows } from "./limits.ts";
 import { Params } from "./params.ts";
 import { ROPE_MAX_PAIRS, SEQ_MAX_HEAD_DIM } from "./params-sequence.ts";
 import { checkRows, checkVector } from "./projections.ts";
@@ -367,11 +367,7 @@ export const ATTN_TILES = { maxHeadDim: 128, maxWideHeadDim: 256, pairs: 64, wid
 
 /** The attn_tiles row threshold in force on `backend` (CHERENKOV_ATTN_TILES_MIN_ROWS, else ATTN_TILES_MIN_ROWS; never on the CPU). */
 export function attnTilesMinRows(backend: string): number {
-  const env = process.env.CHERENKOV_ATTN_TILES_MIN_ROWS;
-  if (env === undefined || env === "") return backend === "cpu" ? Infinity : ATTN_TILES_MIN_ROWS;
-  const n = Number(env);
-  if (!Number.isInteger(n) || n < 1) throw new RangeError(`CHERENKOV_ATTN_TILES_MIN_ROWS=${env}: expected a positive integer`);
-  return n;
+  return tiledMinRows("CHERENKOV_ATTN_TILES_MIN_ROWS", backend, ATTN_TILES_MIN_ROWS);
 }
 
 /**

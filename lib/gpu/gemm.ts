@@ -6,7 +6,7 @@
 // takes is `usesGemm`'s choice, by the row count.
 import type { DType } from "../model/config.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
-import { SIMD_WIDTH } from "./limits.ts";
+import { SIMD_WIDTH, tiledMinRows } from "./limits.ts";
 import { Params } from "./params.ts";
 import { checkRows, matrixShape } from "./projections.ts";
 
@@ -43,11 +43,7 @@ const GEMM_PLAIN_KERNELS: Partial<Record<DType, string>> = {
  * integer), else GEMM_MIN_ROWS on a GPU and never (Infinity) on the CPU backend.
  */
 export function gemmMinRows(backend: string): number {
-  const env = process.env.CHERENKOV_GEMM_MIN_ROWS;
-  if (env === undefined || env === "") return backend === "cpu" ? Infinity : GEMM_MIN_ROWS;
-  const n = Number(env);
-  if (!Number.isInteger(n) || n < 1) throw new RangeError(`CHERENKOV_GEMM_MIN_ROWS=${env}: expected a positive integer`);
-  return n;
+  return tiledMinRows("CHERENKOV_GEMM_MIN_ROWS", backend, GEMM_MIN_ROWS);
 }
 
 /**

@@ -22,6 +22,20 @@ export function threadsWithin(pipeline: { readonly name: string; readonly maxThr
 }
 
 /**
+ * The row count from which a step takes a matrix-unit kernel instead of its row-by-row form
+ * (the GEMM, attn_tiles): the environment variable `env` when set (a positive integer; tuning
+ * runs, tests that send tiny prompts through the tiled kernels), else `gpuDefault` on a GPU and
+ * never (Infinity) on the CPU backend, whose tile products are fiber-switching emulation.
+ */
+export function tiledMinRows(env: string, backend: string, gpuDefault: number): number {
+  const value = process.env[env];
+  if (value === undefined || value === "") return backend === "cpu" ? Infinity : gpuDefault;
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 1) throw new RangeError(`${env}=${value}: expected a positive integer`);
+  return n;
+}
+
+/**
  * How the engine's handshakes wait (Device.waitMode). Under an OS limit on GPU event waits
  * (gpuWaitLimitMs > 0) a pool that can miss may hold the GPU at a site while records are read
  * for seconds: those steps wait on the host instead (the GPU never blocks; a submission per
