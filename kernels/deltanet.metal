@@ -1,5 +1,6 @@
 // Gated DeltaNet recurrence (docs/model.md, Mixer A) over nb rows, and the rollback copy
-// of snapshot planes. For short batches (decode, verify) the host runs the mixer's conv,
+// of snapshot planes. With CHERENKOV_DELTANET_FUSE_ROWS=N (off by default: slower on the
+// H200, lib/gpu/deltanet.ts says why) batches of up to N rows run the mixer's conv,
 // recurrence and gated norm as two kernels instead (deltanet_conv_rows_f32, then
 // rms_norm_gated_conv_window_f32; lib/gpu/deltanet.ts encodeDeltaNetBlock).
 //
