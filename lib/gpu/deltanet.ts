@@ -3,8 +3,8 @@
 // over the nb rows of a step, each able to store its state after every row into snapshot
 // planes (lib/gpu/snapshots.ts) for a verify batch's rollback. The projections before and
 // the output projection after are the dense kernels'. encodeDeltaNetBlock runs conv,
-// recurrence and gated RMSNorm: as two fused dispatches for short batches (decode, verify),
-// as the three kernels otherwise.
+// recurrence and gated RMSNorm as the three kernels, or as two fused dispatches for batches up
+// to CHERENKOV_DELTANET_FUSE_ROWS rows (off by default: DELTANET_FUSE_MAX_ROWS says why).
 import type { Binding } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { SIMD_WIDTH } from "./limits.ts";
