@@ -22,8 +22,8 @@ inline void hc_write_column(device float4* X, int c4s, int c4, int n, device con
       old[i] = X[i * c4s + c4];
     }
   }
-  CK_UNROLL for (int j = 0; j < HC_MAX_STREAMS; j++) {
-    if (j < n) {
+  CK_ROLLED for (int j = 0; j < n; j++) {
+    {
       float4 v = k[n + j] * yv;
       CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
         if (i < n) {

@@ -234,13 +234,13 @@ inline Q4Rows q4_rows(device const uchar* w, int in_dim, int o0, int out_dim) {
 // times that (a round trip per group: 2 for the 2048-wide inputs, 4 for [2048, 4096]). Two,
 // not more: registers (~160 a thread) still let the 768-threadgroup projections run in two
 // waves. The groups are still accumulated in g order: the same bits as one at a time.
+// U: groups whose weights a lane loads together (the split form passes 1: its host sizes the
+// threadgroup so that a lane has about one group, and a second would only cost registers).
 #define MV_Q4_BATCH 2
-template <bool TWO, int NR>
+template <bool TWO, int NR, int U = (NR == 1 ? MV_Q4_BATCH : 1)>
 inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim,
                        device const uchar* x, thread const ulong* xoff, int nx,
                        thread float4* acc0, thread float4* acc1, int lane, int lanes) {
-  // Groups whose weights are loaded together.
-  constexpr int U = NR == 1 ? MV_Q4_BATCH : 1;
   const uint groups = uint(in_dim) / 32u;
   const Q4Rows r0 = q4_rows(w0, in_dim, o0, out_dim);
   const Q4Rows r1 = q4_rows(TWO ? w1 : w0, in_dim, o0, out_dim);
@@ -316,7 +316,7 @@ struct MvPass<uchar, NR> {
   }
   static void run_split(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
                         thread const ulong* xoff, int nx, thread float4* acc, int lane, int lanes) {
-    mv_pass_q4<false, NR>(w, w, in_dim, o0, out_dim, x, xoff, nx, acc, acc, lane, lanes);
+    mv_pass_q4<false, NR, 1>(w, w, in_dim, o0, out_dim, x, xoff, nx, acc, acc, lane, lanes);
   }
 };
 

@@ -57,22 +57,23 @@ template <typename T, int NR>
 }
 
 // One `matvec_split` threadgroup: MV_R output rows of W from o0 for batch rows
-// [r_begin, r_end), its MV_SPLIT_SG simdgroups splitting the input dimension (lane l of
-// simdgroup s takes columns (s * 32 + l) * 4, then every 4 * 32 * MV_SPLIT_SG); the partial
-// sums meet in threadgroup memory (`part`, [MV_SPLIT_SG][NR]), added in simdgroup order (HC:
+// [r_begin, r_end), its nsg (<= MV_SPLIT_SG, the host's choice) simdgroups splitting the input
+// dimension (lane l of simdgroup s takes the columns of item s * 32 + l, then every 32 * nsg
+// items: float4s for dense weights, q4 groups of 32); the partial sums meet in threadgroup
+// memory (`part`, [MV_SPLIT_SG][NR]), added in simdgroup order (HC:
 // written into `hc`'s streams as matvec_simdgroup does). matvec_split, matvec_split_hc and
 // matvec_multi_split share it, so a projection gives the same bits in each.
 template <typename T, int NR, bool HC = false>
 inline void matvec_split_tg(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x, ulong x_stride,
                             int r_begin, int r_end, device uchar* y, ulong y_stride, bool accumulate,
-                            threadgroup float4* part, ushort sg, ushort lane, HcTarget hc = HcTarget()) {
+                            threadgroup float4* part, ushort sg, ushort lane, int nsg, HcTarget hc = HcTarget()) {
   for (int r0 = r_begin; r0 < r_end; r0 += NR) {
     ulong xoff[NR];
     mv_row_offsets<NR>(xoff, r0, r_end, x_stride);
     int nx = min(NR, r_end - r0);
     float4 acc[NR];
     mv_clear<NR>(acc);
-    MvPass<T, NR>::run_split(w, in_dim, o0, out_dim, x, xoff, nx, acc, int(sg) * 32 + int(lane), 32 * MV_SPLIT_SG);
+    MvPass<T, NR>::run_split(w, in_dim, o0, out_dim, x, xoff, nx, acc, int(sg) * 32 + int(lane), 32 * nsg);
     mv_reduce<NR>(acc, nx);
     if (lane == 0) {
       for (int j = 0; j < NR; j++) if (j < nx) {
@@ -83,7 +84,7 @@ inline void matvec_split_tg(device const uchar* w, int in_dim, int o0, int out_d
     if (sg == 0 && lane == 0) {
       for (int j = 0; j < NR; j++) if (j < nx) {
         float4 v = part[j];
-        for (int s = 1; s < MV_SPLIT_SG; s++) {
+        for (int s = 1; s < nsg; s++) {
           v += part[s * NR + j];
         }
         if (HC) {
@@ -109,7 +110,8 @@ template <typename T, int NR>
     device uchar* y          [[buffer(3)]],
     uint2 tg                 [[threadgroup_position_in_grid]],
     ushort sg                [[simdgroup_index_in_threadgroup]],
-    ushort lane              [[thread_index_in_simdgroup]]) {
+    ushort lane              [[thread_index_in_simdgroup]],
+    ushort nsg               [[simdgroups_per_threadgroup]]) {
   threadgroup float4 part[MV_SPLIT_SG][NR];
   int o0 = int(tg.x) * MV_R;
   int r_begin = int(tg.y) * p.rows_per_group;
@@ -117,7 +119,7 @@ template <typename T, int NR>
   if (o0 >= p.out_dim || r_begin >= r_end) {
     return;  // uniform per threadgroup: no barrier is left waiting
   }
-  matvec_split_tg<T, NR>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride, p.accumulate != 0, &part[0][0], sg, lane);
+  matvec_split_tg<T, NR>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride, p.accumulate != 0, &part[0][0], sg, lane, int(nsg));
 }
 
 // The streams target of a _hc kernel's params and bindings.
@@ -166,7 +168,8 @@ template <typename T, int NR>
     device const uchar* coeffs [[buffer(4)]],
     uint2 tg                   [[threadgroup_position_in_grid]],
     ushort sg                  [[simdgroup_index_in_threadgroup]],
-    ushort lane                [[thread_index_in_simdgroup]]) {
+    ushort lane                [[thread_index_in_simdgroup]],
+    ushort nsg                 [[simdgroups_per_threadgroup]]) {
   threadgroup float4 part[MV_SPLIT_SG][NR];
   int o0 = int(tg.x) * MV_R;
   int r_begin = int(tg.y) * p.rows_per_group;
@@ -175,7 +178,7 @@ template <typename T, int NR>
     return;  // uniform per threadgroup: no barrier is left waiting
   }
   matvec_split_tg<T, NR, true>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, X, 0, false, &part[0][0], sg, lane,
-                               matvec_hc_target(p, X, coeffs));
+                               int(nsg), matvec_hc_target(p, X, coeffs));
 }
 
 // Several projections of one input in one dispatch (DeltaNet's qkv and z, attention's q,
@@ -240,7 +243,8 @@ template <typename T, int NR>
     device uchar* y3         [[buffer(9)]],
     uint2 tg                 [[threadgroup_position_in_grid]],
     ushort sg                [[simdgroup_index_in_threadgroup]],
-    ushort lane              [[thread_index_in_simdgroup]]) {
+    ushort lane              [[thread_index_in_simdgroup]],
+    ushort nsg               [[simdgroups_per_threadgroup]]) {
   threadgroup float4 part[MV_SPLIT_SG][NR];
   int tile = int(tg.x);
   const int i = mv_multi_weight(p, tile);
@@ -253,7 +257,7 @@ template <typename T, int NR>
   if (o0 >= out_dim || r_begin >= r_end) {
     return;  // uniform per threadgroup
   }
-  matvec_split_tg<T, NR>(w, p.in_dim, o0, out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride[i], false, &part[0][0], sg, lane);
+  matvec_split_tg<T, NR>(w, p.in_dim, o0, out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride[i], false, &part[0][0], sg, lane, int(nsg));
 }
 
 template [[host_name("matvec_f32_f32")]] kernel decltype(matvec<float, MV_NR>) matvec<float, MV_NR>;

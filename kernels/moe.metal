@@ -323,7 +323,9 @@ inline bool moe_down_combine_at(constant P& p, device const int* ids, device con
     float4 acc[1] = {float4(0.0f)};
     if (!missing) {
       ulong xoff[1] = {ulong(q) * p.h_stride};
-      MvPass<T, 1>::run(pool + ulong(slot) * p.record_stride + p.w_offset, p.in_dim, o0, p.out_dim, h, xoff, 1, acc, lane);
+      // One group a lane at a time (run_split): an expert's input is narrow (768 wide, 24
+      // groups, on the 30b shape), so a lane never has a second group to load early.
+      MvPass<T, 1>::run_split(pool + ulong(slot) * p.record_stride + p.w_offset, p.in_dim, o0, p.out_dim, h, xoff, 1, acc, int(lane), 32);
       mv_reduce<1>(acc, 1);
     }
     if (lane == 0) {

@@ -8,3 +8,11 @@
 #else
 #define CK_UNROLL _Pragma("unroll")
 #endif
+
+// CK_ROLLED keeps the next loop rolled where unrolling would hoist every iteration's loads
+// at once and cost more registers than it saves latency (hc_write_column's output streams).
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define CK_ROLLED _Pragma("GCC unroll 1")
+#else
+#define CK_ROLLED _Pragma("unroll 1")
+#endif

@@ -53,12 +53,33 @@ export function projectionUsesGemm(ctx: EncodeContext, w: TensorRef, nb: number)
  * emulates threads as fibers, where more simdgroups only cost, so it keeps the rows form (its
  * tests run both forms explicitly).
  */
-export function prefersSplit(backend: string, out: number): boolean {
-  return backend !== "cpu" && Math.ceil(out / (MATVEC_TILE.rows * MATVEC_TILE.simdgroups)) < SPLIT_BELOW_GROUPS;
+export function prefersSplit(backend: string, out: number, dtype?: string, nb = 1): boolean {
+  if (backend === "cpu") return false;
+  const groups = Math.ceil(out / (MATVEC_TILE.rows * MATVEC_TILE.simdgroups));
+  return groups < SPLIT_BELOW_GROUPS || (dtype === "q4" && nb <= MATVEC_TILE.batchRows && groups < Q4_SPLIT_BELOW_GROUPS);
 }
 
 /** The threshold above, in rows-form threadgroups; CHERENKOV_MATVEC_SPLIT_BELOW overrides it (measurements on a GPU). */
 const SPLIT_BELOW_GROUPS = Number(process.env.CHERENKOV_MATVEC_SPLIT_BELOW ?? 64);
+
+/**
+ * A q4 projection of a decode step (or a few verification rows) whose rows form starts fewer
+ * threadgroups than this takes the split form, sized by `splitSimdgroups` so that a lane reads
+ * about one q4 group: the [2048, 4096] out projections got 128 threadgroups in the rows form,
+ * one simdgroup per H200 scheduler (ncu: 11.4 us, 0.47 TB/s, most of it waiting on memory).
+ * CHERENKOV_Q4_SPLIT_BELOW overrides it (0: never).
+ */
+const Q4_SPLIT_BELOW_GROUPS = Number(process.env.CHERENKOV_Q4_SPLIT_BELOW ?? 192);
+
+/**
+ * Simdgroups of a split-form threadgroup (at most MATVEC_TILE.splitSimdgroups): q4 lanes take
+ * one 32-wide group at a time, so in / 1024 simdgroups give each lane about one (a [2048,
+ * 4096] out projection: 4); dense lanes take a float4 at a time and keep all of them.
+ */
+export function splitSimdgroups(dtype: string, inDim: number): number {
+  if (dtype !== "q4") return MATVEC_TILE.splitSimdgroups;
+  return Math.min(MATVEC_TILE.splitSimdgroups, Math.max(1, Math.ceil(inDim / (32 * SIMD_WIDTH))));
+}
 
 /**
  * Batch rows per threadgroup when the caller does not choose. A matvec's threadgroups split the
@@ -162,9 +183,9 @@ export function encodeMatvec(
   const rowsPerGroup = Math.min(nb, opts.rowsPerGroup ?? defaultRowsPerGroup(ctx.device.backend, nb));
   if (!Number.isInteger(rowsPerGroup) || rowsPerGroup < 1) throw new Error(`${what}: rowsPerGroup ${rowsPerGroup} must be a positive integer`);
   const T = MATVEC_TILE;
-  const split = opts.form === undefined ? prefersSplit(ctx.device.backend, out) : opts.form === "split";
+  const split = opts.form === undefined ? prefersSplit(ctx.device.backend, out, w.dtype, nb) : opts.form === "split";
   const grid: [number, number] = [Math.ceil(out / (split ? T.rows : T.rows * T.simdgroups)), Math.ceil(nb / rowsPerGroup)];
-  const threads: [number, number] = [SIMD_WIDTH * (split ? T.splitSimdgroups : T.simdgroups), 1];
+  const threads: [number, number] = [SIMD_WIDTH * (split ? splitSimdgroups(w.dtype, inDim) : T.simdgroups), 1];
   if (opts.hc) {
     const hc = checkHcTarget(opts.hc, out, opts);
     dispatch(
@@ -273,7 +294,7 @@ function encodeMatvecMulti(ctx: EncodeContext, items: readonly Projection[], x: 
   const T = MATVEC_TILE;
   const tiles = outs.reduce((n, o) => n + Math.ceil(o / T.rows), 0);
   // Narrow weights together (DeltaNet's b and a) take the split form, as a lone one would.
-  const split = form === undefined ? prefersSplit(ctx.device.backend, outs.reduce((a, b) => a + b, 0)) : form === "split";
+  const split = form === undefined ? prefersSplit(ctx.device.backend, outs.reduce((a, b) => a + b, 0), w0.dtype, nb) : form === "split";
   const groupRows = Math.min(nb, rowsPerGroup ?? defaultRowsPerGroup(ctx.device.backend, nb));
   if (!Number.isInteger(groupRows) || groupRows < 1) throw new Error(`matvec_multi: rowsPerGroup ${rowsPerGroup} must be a positive integer`);
   dispatch(
@@ -295,6 +316,6 @@ function encodeMatvecMulti(ctx: EncodeContext, items: readonly Projection[], x: 
       ...pad(items.map((it) => bind(it.y.buffer, it.y.offset))),
     ],
     [split ? tiles : Math.ceil(tiles / T.simdgroups), Math.ceil(nb / groupRows)],
-    [SIMD_WIDTH * (split ? T.splitSimdgroups : T.simdgroups), 1],
+    [SIMD_WIDTH * (split ? splitSimdgroups(w0.dtype, inDim) : T.simdgroups), 1],
   );
 }
