@@ -3,7 +3,7 @@
 // dequantized), so the only difference left is f32 accumulation order.
 import { afterAll, describe, expect, test } from "bun:test";
 
-import { encodeMatvec, encodeMatvecs, oneRowForm } from "../../lib/gpu/projections.ts";
+import { encodeMatvec, encodeMatvecs, oneRowForm, prefersSplit, splitSimdgroups } from "../../lib/gpu/projections.ts";
 import type { Pipeline } from "../../lib/shim.ts";
 import type { DType } from "../../lib/model/config.ts";
 import { matmulRows } from "../../lib/reference/ops.ts";
@@ -61,6 +61,34 @@ describe.each(DTYPES.flatMap((d) => FORMS.map((f) => [d, f] as const)))("matvec 
     expectClose(readF32(y, nb * out), matmulRows(host.values, x, nb, out, inDim), dotTolerance(inDim), `matvec_${dtype} one-row form`, out);
     expectGuard(y, nb * out);
   });
+});
+
+// The split form's threadgroup is sized by the host (splitSimdgroups): q4 at one group a lane,
+// so a wide input gets up to 8 simdgroups; the kernel reads its simdgroup count, and every
+// count must give the reference's sums.
+test("q4 split form sized by the input: 1 to 8 simdgroups, against the reference", () => {
+  expect([512, 1024, 1088, 2048, 4096, 5120, 8192, 16384].map((i) => splitSimdgroups("q4", i))).toEqual([1, 1, 2, 2, 4, 5, 8, 8]);
+  expect(splitSimdgroups("bf16", 2048)).toBe(8);
+  for (const [out, inDim, nb] of [[9, 5120, 1], [6, 4096, 2], [5, 8192, 1]] as const) {
+    const { ref, host } = uploadWeight(dev, "q4", [out, inDim], 23 + inDim);
+    const x = randomF32(nb * inDim, 29, 1, "split-x");
+    const xb = uploadF32(dev, x);
+    const y = outputF32(dev, nb * out);
+    run(dev, (ctx) => encodeMatvec(ctx, ref, rows(xb, inDim), rows(y, out), nb, { form: "split" }));
+    expectClose(readF32(y, nb * out), matmulRows(host.values, x, nb, out, inDim), dotTolerance(inDim), `matvec_split_q4 in ${inDim}`, out);
+    expectGuard(y, nb * out);
+  }
+});
+
+test("prefersSplit: narrow weights on a GPU; q4 decode rows below 192 rows-form threadgroups; never on the CPU", () => {
+  expect(prefersSplit("cpu", 32)).toBe(false);
+  expect(prefersSplit("cuda", 32)).toBe(true);
+  expect(prefersSplit("cuda", 2048)).toBe(false);
+  expect(prefersSplit("cuda", 2048, "q4", 1)).toBe(true); // the [2048, 4096] out projections
+  expect(prefersSplit("metal", 2048, "q4", 4)).toBe(true);
+  expect(prefersSplit("cuda", 2048, "q4", 5)).toBe(false); // batches keep the rows form (or the GEMM)
+  expect(prefersSplit("cuda", 4096, "q4", 1)).toBe(false);
+  expect(prefersSplit("cuda", 2048, "bf16", 1)).toBe(false);
 });
 
 test("oneRowForm: q4 kernels with one row per pass take their _r1 form; other dtypes keep theirs", () => {
