@@ -14,16 +14,19 @@ import { checkRows, matrixShape } from "./projections.ts";
 export const GEMM_TILE = { rows: 64, cols: 64, k: 32, simdgroups: 4 } as const;
 
 /**
- * Rows from which a q4 projection takes the GEMM instead of the matvec on a GPU: a placeholder
- * until it is measured on the H200 (spec/bench/kernels.ts prints both at the model's shapes).
- * Below it, and always at decode (one row), the matvec keeps f32 activations and its decode
+ * Rows from which a q4 projection takes the GEMM instead of the matvec on a GPU, measured on
+ * the H200 (`bun spec/bench/kernels.ts --preset 30b-a3b-shape --storage device --nb 8,16,32,64
+ * --filter projection`, docs/performance.md): the engine's GEMM (split operands) against the
+ * matvec at 8 / 16 / 32 rows took 71 / 68 / 75 us vs 58 / 101 / 193 us for [8192, 2048] and
+ * 133 / 135 / 142 us vs 62 / 110 / 212 us for [2048, 4096]: at 16 rows a DeltaNet layer's two
+ * saves 8 us, at 8 both lose. Below it, and always at decode (one row), the matvec keeps f32 activations and its decode
  * forms. The CPU backend keeps the matvec at every row count: it emulates a tile product with
  * two lane exchanges (fiber switches), and measured 3-8x slower than its matvec at the small
  * preset's shapes. CHERENKOV_GEMM_MIN_ROWS overrides both (tuning runs; tests that send tiny
  * prompts through the GEMM). Keep it above 1 + MAX_SNAP: a speculative verify batch then runs
  * the same kernels as a decode step, so accepting drafts cannot change a greedy token.
  */
-export const GEMM_MIN_ROWS = 32;
+export const GEMM_MIN_ROWS = 16;
 
 const GEMM_KERNELS: Record<DType, string> = {
   f32: "gemm_f32_f32",

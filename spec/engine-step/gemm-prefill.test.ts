@@ -3,11 +3,11 @@
 // gemm_q4_f32 instead of the matvec, and the engine must still reproduce the golden tokens,
 // its logit margins within a quarter of the closest golden step (as spec/engine-step's golden
 // suite asks of the matvec path), and prefill in one chunk must equal token by token.
-// The goldens' prompts (11 to 19 rows) stay below the default threshold: without this file
-// nothing would send an engine step through the GEMM on the CPU backend.
+// The CPU backend never takes the GEMM by default (gemmMinRows): without this file nothing
+// would send an engine step through it there.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { rmSync } from "node:fs";
-import { GEMM_MIN_ROWS } from "../../lib/gpu/gemm.ts";
+import { gemmMinRows } from "../../lib/gpu/gemm.ts";
 import { goldenCases } from "../golden/cases.ts";
 import { buildGoldenModel } from "../golden/golden.ts";
 import { goldenRecord, greedy, marginError, openEngine } from "./helpers.ts";
@@ -29,8 +29,9 @@ afterAll(() => {
 });
 
 describe("prefill through the GEMM (CHERENKOV_GEMM_MIN_ROWS=2)", () => {
-  test("the goldens' prompts are shorter than the default threshold (so this file is what covers the GEMM path)", () => {
-    for (const c of cases) expect(c.prompt.length).toBeLessThan(GEMM_MIN_ROWS);
+  test("every golden prompt reaches the lowered threshold (so each one-chunk prefill takes the GEMM)", () => {
+    expect(gemmMinRows("cpu")).toBe(2);
+    for (const c of cases) expect(c.prompt.length).toBeGreaterThanOrEqual(2);
   });
 
   for (const c of cases) {
