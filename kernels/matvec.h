@@ -237,10 +237,43 @@ inline Q4Rows q4_rows(device const uchar* w, int in_dim, int o0, int out_dim) {
 // U: groups whose weights a lane loads together (the split form passes 1: its host sizes the
 // threadgroup so that a lane has about one group, and a second would only cost registers).
 #define MV_Q4_BATCH 2
-template <bool TWO, int NR, int U = (NR == 1 ? MV_Q4_BATCH : 1)>
+
+// Where a q4 pass finds float4 k (0..7) of group g of batch row j: the rows in device memory
+// (Q4XDevice), or one row staged in threadgroup memory by mv_stage_x (Q4XStaged).
+struct Q4XDevice {
+  device const uchar* x;
+  thread const ulong* xoff;
+  inline float4 load(int j, uint g, int k) const {
+    return ((device const float4*)(x + xoff[j]))[g * 8u + uint(k)];
+  }
+};
+
+// A staged row keeps group g's float4 k at g * 8 + (k ^ (g % 8)): the lanes of a pass read
+// consecutive groups at once, and without the rotation their 16-byte reads of one k would all
+// fall on the same banks (groups are 128 bytes apart).
+struct Q4XStaged {
+  threadgroup const float4* xs;
+  inline float4 load(int j, uint g, int k) const {
+    return xs[g * 8u + (uint(k) ^ (g & 7u))];
+  }
+};
+
+// Stages one input row of in_dim floats (a multiple of 32) for Q4XStaged, every thread of the
+// threadgroup taking float4s tid, tid + threads, ...; the caller puts the barrier after it.
+// A decode projection's simdgroups all read the same x, and from device memory those reads
+// competed in L1 with the weights streaming through it (ncu on the H200: most of a q4 kernel's
+// stalls waited on L1TEX).
+inline void mv_stage_x(threadgroup float4* xs, device const uchar* x, int in_dim, int tid, int threads) {
+  device const float4* x4 = (device const float4*)x;
+  for (int i = tid; i < in_dim / 4; i += threads) {
+    const uint g = uint(i) / 8u;
+    xs[g * 8u + ((uint(i) & 7u) ^ (g & 7u))] = x4[i];
+  }
+}
+
+template <bool TWO, int NR, int U = (NR == 1 ? MV_Q4_BATCH : 1), typename XS = Q4XDevice>
 inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim,
-                       device const uchar* x, thread const ulong* xoff, int nx,
-                       thread float4* acc0, thread float4* acc1, int lane, int lanes) {
+                       XS xsrc, int nx, thread float4* acc0, thread float4* acc1, int lane, int lanes) {
   const uint groups = uint(in_dim) / 32u;
   const Q4Rows r0 = q4_rows(w0, in_dim, o0, out_dim);
   const Q4Rows r1 = q4_rows(TWO ? w1 : w0, in_dim, o0, out_dim);
@@ -267,10 +300,9 @@ inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_di
         break;
       }
       MV_UNROLL for (int j = 0; j < NR; j++) if (j < nx) {
-        device const float4* xg = (device const float4*)(x + xoff[j]) + g * 8u;
         float4 xv[8];
         MV_UNROLL for (int k = 0; k < 8; k++) {
-          xv[k] = xg[k];
+          xv[k] = xsrc.load(j, g, k);
         }
         float gs = q4_group_sum(xv);
         const Q4X xq = q4_prescale(xv);
@@ -308,15 +340,15 @@ template <int NR>
 struct MvPass<uchar, NR> {
   static void run(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
                   thread const ulong* xoff, int nx, thread float4* acc, ushort lane) {
-    mv_pass_q4<false, NR>(w, w, in_dim, o0, out_dim, x, xoff, nx, acc, acc, int(lane), 32);
+    mv_pass_q4<false, NR>(w, w, in_dim, o0, out_dim, Q4XDevice{x, xoff}, nx, acc, acc, int(lane), 32);
   }
   static void run2(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim, device const uchar* x,
                    thread const ulong* xoff, int nx, thread float4* acc0, thread float4* acc1, ushort lane) {
-    mv_pass_q4<true, NR>(w0, w1, in_dim, o0, out_dim, x, xoff, nx, acc0, acc1, int(lane), 32);
+    mv_pass_q4<true, NR>(w0, w1, in_dim, o0, out_dim, Q4XDevice{x, xoff}, nx, acc0, acc1, int(lane), 32);
   }
   static void run_split(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
                         thread const ulong* xoff, int nx, thread float4* acc, int lane, int lanes) {
-    mv_pass_q4<false, NR, 1>(w, w, in_dim, o0, out_dim, x, xoff, nx, acc, acc, lane, lanes);
+    mv_pass_q4<false, NR, 1>(w, w, in_dim, o0, out_dim, Q4XDevice{x, xoff}, nx, acc, acc, lane, lanes);
   }
 };
 

@@ -226,6 +226,58 @@ template <typename T, int NR>
   matvec_simdgroup<T, NR>(w, p.in_dim, o0, out_dim, x, p.x_stride, r_begin, r_end, y, y_stride, false, lane);
 }
 
+// matvec_multi's decode form for q4 (one batch row a threadgroup, one row a pass): the
+// threadgroup first stages its input row in threadgroup memory (mv_stage_x), and its
+// simdgroups read x from there instead of each reading it from device memory. The same pass,
+// reduction and store as matvec_multi<uchar, 1> (which the rows too wide to stage still take),
+// so the same bits.
+#define MV_STAGE_MAX 4096
+[[max_total_threads_per_threadgroup(128)]] kernel void matvec_multi_q4_r1_f32(
+    constant MatvecMultiParams& p [[buffer(0)]],
+    device const uchar* w0   [[buffer(1)]],
+    device const uchar* w1   [[buffer(2)]],
+    device const uchar* w2   [[buffer(3)]],
+    device const uchar* w3   [[buffer(4)]],
+    device const uchar* x    [[buffer(5)]],
+    device uchar* y0         [[buffer(6)]],
+    device uchar* y1         [[buffer(7)]],
+    device uchar* y2         [[buffer(8)]],
+    device uchar* y3         [[buffer(9)]],
+    uint2 tg                 [[threadgroup_position_in_grid]],
+    ushort sg                [[simdgroup_index_in_threadgroup]],
+    ushort lane              [[thread_index_in_simdgroup]]) {
+  threadgroup float4 xs[MV_STAGE_MAX / 4];
+  const int r = int(tg.y) * p.rows_per_group;
+  const bool staged = p.in_dim <= MV_STAGE_MAX && p.rows_per_group == 1;  // uniform
+  if (staged) {
+    if (r < p.rows) {
+      mv_stage_x(xs, x + ulong(r) * p.x_stride, p.in_dim, int(sg) * 32 + int(lane), MV_SG * 32);
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+  int tile = int(tg.x) * MV_SG + int(sg);
+  const int i = mv_multi_weight(p, tile);
+  const int out_dim = p.out_dim[i];
+  device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
+  device uchar* y = i == 0 ? y0 : i == 1 ? y1 : i == 2 ? y2 : y3;
+  const ulong y_stride = p.y_stride[i];
+  const int o0 = tile * MV_R;
+  const int r_end = min(p.rows, r + p.rows_per_group);
+  if (o0 >= out_dim || r >= r_end) {
+    return;  // uniform per simdgroup (after the barrier)
+  }
+  if (!staged) {
+    matvec_simdgroup<uchar, 1>(w, p.in_dim, o0, out_dim, x, p.x_stride, r, r_end, y, y_stride, false, lane);
+    return;
+  }
+  float4 acc[1] = {float4(0.0f)};
+  mv_pass_q4<false, 1, MV_Q4_BATCH, Q4XStaged>(w, w, p.in_dim, o0, out_dim, Q4XStaged{xs}, 1, acc, acc, int(lane), 32);
+  mv_reduce<1>(acc, 1);
+  if (lane == 0) {
+    mv_store(y, y_stride, r, o0, out_dim, acc[0], false);
+  }
+}
+
 // matvec_multi for narrow weights (DeltaNet's b and a: 32 rows each): a threadgroup per MV_R
 // tile, its simdgroups splitting the input dimension (matvec_split_tg: the same bits as
 // separate split matvecs). The rows form gave those two 4 threadgroups (21 us on the H200).
@@ -287,7 +339,6 @@ template [[host_name("matvec_multi_f32_f32")]] kernel decltype(matvec_multi<floa
 template [[host_name("matvec_multi_bf16_f32")]] kernel decltype(matvec_multi<bfloat, MV_NR>) matvec_multi<bfloat, MV_NR>;
 template [[host_name("matvec_multi_f16_f32")]] kernel decltype(matvec_multi<half, MV_NR>) matvec_multi<half, MV_NR>;
 template [[host_name("matvec_multi_q4_f32")]] kernel decltype(matvec_multi<uchar, MV_NR>) matvec_multi<uchar, MV_NR>;
-template [[host_name("matvec_multi_q4_r1_f32")]] kernel decltype(matvec_multi<uchar, 1>) matvec_multi<uchar, 1>;
 template [[host_name("matvec_multi_split_f32_f32")]] kernel decltype(matvec_multi_split<float, MV_NR>) matvec_multi_split<float, MV_NR>;
 template [[host_name("matvec_multi_split_bf16_f32")]] kernel decltype(matvec_multi_split<bfloat, MV_NR>) matvec_multi_split<bfloat, MV_NR>;
 template [[host_name("matvec_multi_split_f16_f32")]] kernel decltype(matvec_multi_split<half, MV_NR>) matvec_multi_split<half, MV_NR>;

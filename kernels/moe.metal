@@ -246,7 +246,10 @@ template [[host_name("moe_down_q4_r1_f32")]] kernel decltype(moe_down<uchar, 1>)
 // (q = tg.y < rows * top_k) straight from the router's ids, without the pair lists: a decode
 // row routes to top_k distinct experts, so each expert's weights are still read once, and the
 // grouping kernel and its dependent reads (active -> offsets -> pairs) leave the critical
-// path. The same pass and reductions as moe_gate_up_q4_r1, so the same bits.
+// path. The same pass and reductions as moe_gate_up_q4_r1, so the same bits. The input row
+// is staged in threadgroup memory first (mv_stage_x; rows wider than MV_STAGE_MAX read x from
+// device memory): the threadgroup's simdgroups all read it.
+#define MOE_STAGE_MAX 4096
 template <typename T>
 [[max_total_threads_per_threadgroup(128)]] kernel void moe_gate_up_pairs(
     constant MoeExpertsParams& p [[buffer(0)]],
@@ -258,10 +261,18 @@ template <typename T>
     uint2 tg                     [[threadgroup_position_in_grid]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
+  threadgroup float4 xs[MOE_STAGE_MAX / 4];
   const int q = int(tg.y);
   const int o0 = (int(tg.x) * MV_SG + int(sg)) * MV_R;
+  const bool staged = p.in_dim <= MOE_STAGE_MAX;  // uniform
+  if (staged) {
+    if (q < p.rows * p.top_k) {
+      mv_stage_x(xs, x + ulong(q / p.top_k) * p.x_stride, p.in_dim, int(sg) * 32 + int(lane), MV_SG * 32);
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
   if (q >= p.rows * p.top_k || o0 >= p.out_dim) {
-    return;  // uniform per simdgroup
+    return;  // uniform per simdgroup (after the barrier)
   }
   const int e = ids[q];
   const int slot = e >= 0 && e < p.experts ? slot_of[e] : -1;
@@ -270,7 +281,12 @@ template <typename T>
   ulong xoff[1] = {ulong(q / p.top_k) * p.x_stride};
   float4 acc[1] = {float4(0.0f)};
   float4 up[1] = {float4(0.0f)};
-  if (!missing) {
+  if (!missing && staged) {
+    mv_pass_q4<true, 1, MV_Q4_BATCH, Q4XStaged>(record + p.w0_offset, record + p.w1_offset, p.in_dim, o0, p.out_dim, Q4XStaged{xs}, 1, acc,
+                                                up, int(lane), 32);
+    mv_reduce<1>(up, 1);
+    mv_reduce<1>(acc, 1);
+  } else if (!missing) {
     MvPass<T, 1>::run2(record + p.w0_offset, record + p.w1_offset, p.in_dim, o0, p.out_dim, x, xoff, 1, acc, up, lane);
     mv_reduce<1>(up, 1);
     mv_reduce<1>(acc, 1);

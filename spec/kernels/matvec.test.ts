@@ -80,6 +80,22 @@ test("q4 split form sized by the input: 1 to 8 simdgroups, against the reference
   }
 });
 
+// matvec_multi's q4 decode form stages its input row in threadgroup memory up to 4,096
+// columns (kernels/matvec.metal MV_STAGE_MAX); wider rows read x from device memory. Both give
+// the bits of separate one-row matvecs (which read x from device memory).
+test.each([1088, 4160])("matvec_multi q4 one-row form, in = %i: the same bits as separate matvecs", (inDim) => {
+  const outs = [21, 8];
+  const ws = outs.map((o, i) => uploadWeight(dev, "q4", [o, inDim], 60 + i).ref);
+  const x = uploadF32(dev, randomF32(inDim, 61, 1, "stage-x"));
+  const ys = outs.map((o) => outputF32(dev, o));
+  const sep = outs.map((o) => outputF32(dev, o));
+  run(dev, (ctx) => {
+    encodeMatvecs(ctx, ws.map((w, i) => ({ w, y: rows(ys[i]!, outs[i]!) })), rows(x, inDim), 1, { form: "rows" });
+    ws.forEach((w, i) => encodeMatvec(ctx, w, rows(x, inDim), rows(sep[i]!, outs[i]!), 1, { form: "rows" }));
+  });
+  outs.forEach((o, i) => expect(readF32(ys[i]!, o)).toEqual(readF32(sep[i]!, o)));
+});
+
 test("prefersSplit: narrow weights on a GPU; q4 decode rows below 192 rows-form threadgroups; never on the CPU", () => {
   expect(prefersSplit("cpu", 32)).toBe(false);
   expect(prefersSplit("cuda", 32)).toBe(true);

@@ -204,6 +204,15 @@ describe("whole MoE: router, lists, routed experts through slots, shared expert,
     expectClose(y, want, MOE_TOL, `moe_${dtype} nb=${nb}`, dims.d);
   });
 
+  // The decode gate/up kernel stages its input row in threadgroup memory up to 4,096 columns
+  // (kernels/moe.metal MOE_STAGE_MAX) and reads wider rows from device memory: both forms.
+  test.each([64, 4128])("q4 decode, d = %i (staged input row, and too wide to stage): the reference", (d) => {
+    const dims: MoeDims = { d, E: 8, k: 2, I: 64, SI: 32 };
+    const { y, ids, ref } = runMoe(1, dims, "q4", { fused: true });
+    expectExact(ids, ref.flatMap((r) => r.routing.experts), `router ids (d=${d})`, dims.k);
+    expectClose(y, ref[0]!.y, { abs: 4e-7 * d + 1e-5, relMax: 2e-5 }, `moe q4 decode d=${d}`, d);
+  });
+
   // A decode step (nb = 1) over q4 records ends in moe_down_combine: the same bits as the
   // separate down projections and combine, with and without a shared expert.
   test.each([true, false])("moe_down_combine (decode), shared expert %p: the same bits as moe_down + moe_combine", (withShared) => {
