@@ -271,50 +271,106 @@ inline void mv_stage_x(threadgroup float4* xs, device const uchar* x, int in_dim
   }
 }
 
-template <bool TWO, int NR, int U = (NR == 1 ? MV_Q4_BATCH : 1), typename XS = Q4XDevice>
-inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim,
-                       XS xsrc, int nx, thread float4* acc0, thread float4* acc1, int lane, int lanes) {
-  const uint groups = uint(in_dim) / 32u;
-  const Q4Rows r0 = q4_rows(w0, in_dim, o0, out_dim);
-  const Q4Rows r1 = q4_rows(TWO ? w1 : w0, in_dim, o0, out_dim);
-  for (uint g0 = uint(lane); g0 < groups; g0 += uint(U * lanes)) {
-    uint4 n0[U][MV_R], n1[U][MV_R];
-    float s0[U][MV_R], b0[U][MV_R], s1[U][MV_R], b1[U][MV_R];
-    MV_UNROLL for (int u = 0; u < U; u++) {
-      // A group past the end reloads the first one (never used): the loads stay unconditional.
-      const uint g = g0 + uint(u * lanes) < groups ? g0 + uint(u * lanes) : g0;
-      MV_UNROLL for (int i = 0; i < MV_R; i++) {
-        n0[u][i] = r0.nib[i][g];
-        s0[u][i] = bf16_to_f32(r0.sc[i][g]);
-        b0[u][i] = bf16_to_f32(r0.bi[i][g]);
-        if (TWO) {
-          n1[u][i] = r1.nib[i][g];
-          s1[u][i] = bf16_to_f32(r1.sc[i][g]);
-          b1[u][i] = bf16_to_f32(r1.bi[i][g]);
-        }
+// The weights a lane loads at once: U groups (g0, g0 + lanes, ...) of MV_R rows, and of the
+// second weight with TWO. A group past the end reloads g0 (never used): the loads stay
+// unconditional.
+template <bool TWO, int U>
+struct Q4Tile {
+  uint4 n0[U][MV_R], n1[U][MV_R];
+  float s0[U][MV_R], b0[U][MV_R], s1[U][MV_R], b1[U][MV_R];
+};
+
+template <bool TWO, int U>
+inline void q4_tile_load(thread Q4Tile<TWO, U>& t, thread const Q4Rows& r0, thread const Q4Rows& r1, uint g0, uint groups, int lanes) {
+  MV_UNROLL for (int u = 0; u < U; u++) {
+    const uint g = g0 + uint(u * lanes) < groups ? g0 + uint(u * lanes) : g0;
+    MV_UNROLL for (int i = 0; i < MV_R; i++) {
+      t.n0[u][i] = r0.nib[i][g];
+      t.s0[u][i] = bf16_to_f32(r0.sc[i][g]);
+      t.b0[u][i] = bf16_to_f32(r0.bi[i][g]);
+      if (TWO) {
+        t.n1[u][i] = r1.nib[i][g];
+        t.s1[u][i] = bf16_to_f32(r1.sc[i][g]);
+        t.b1[u][i] = bf16_to_f32(r1.bi[i][g]);
       }
     }
-    MV_UNROLL for (int u = 0; u < U; u++) {
-      const uint g = g0 + uint(u * lanes);
-      if (g >= groups) {
-        break;
+  }
+}
+
+// acc[j] += the tile's rows . x_j over its groups, in g order.
+template <bool TWO, int NR, int U, typename XS>
+inline void q4_tile_dot(thread const Q4Tile<TWO, U>& t, uint g0, uint groups, int lanes, XS xsrc, int nx,
+                        thread float4* acc0, thread float4* acc1) {
+  MV_UNROLL for (int u = 0; u < U; u++) {
+    const uint g = g0 + uint(u * lanes);
+    if (g >= groups) {
+      break;
+    }
+    MV_UNROLL for (int j = 0; j < NR; j++) if (j < nx) {
+      float4 xv[8];
+      MV_UNROLL for (int k = 0; k < 8; k++) {
+        xv[k] = xsrc.load(j, g, k);
       }
-      MV_UNROLL for (int j = 0; j < NR; j++) if (j < nx) {
-        float4 xv[8];
-        MV_UNROLL for (int k = 0; k < 8; k++) {
-          xv[k] = xsrc.load(j, g, k);
-        }
-        float gs = q4_group_sum(xv);
-        const Q4X xq = q4_prescale(xv);
-        MV_UNROLL for (int i = 0; i < MV_R; i++) {
-          acc0[j][i] += s0[u][i] * q4_group_dot(n0[u][i], xq) + b0[u][i] * gs;
-          if (TWO) {
-            acc1[j][i] += s1[u][i] * q4_group_dot(n1[u][i], xq) + b1[u][i] * gs;
-          }
+      float gs = q4_group_sum(xv);
+      const Q4X xq = q4_prescale(xv);
+      MV_UNROLL for (int i = 0; i < MV_R; i++) {
+        acc0[j][i] += t.s0[u][i] * q4_group_dot(t.n0[u][i], xq) + t.b0[u][i] * gs;
+        if (TWO) {
+          acc1[j][i] += t.s1[u][i] * q4_group_dot(t.n1[u][i], xq) + t.b1[u][i] * gs;
         }
       }
     }
   }
+}
+
+// The pass over groups first, first + U * lanes, ... (first = lane; a kernel that loaded the
+// first tile itself continues from lane + U * lanes).
+template <bool TWO, int NR, int U = (NR == 1 ? MV_Q4_BATCH : 1), typename XS = Q4XDevice>
+inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim,
+                       XS xsrc, int nx, thread float4* acc0, thread float4* acc1, int first, int lanes) {
+  const uint groups = uint(in_dim) / 32u;
+  const Q4Rows r0 = q4_rows(w0, in_dim, o0, out_dim);
+  const Q4Rows r1 = q4_rows(TWO ? w1 : w0, in_dim, o0, out_dim);
+  for (uint g0 = uint(first); g0 < groups; g0 += uint(U * lanes)) {
+    Q4Tile<TWO, U> t;
+    q4_tile_load<TWO, U>(t, r0, r1, g0, groups, lanes);
+    q4_tile_dot<TWO, NR, U, XS>(t, g0, groups, lanes, xsrc, nx, acc0, acc1);
+  }
+}
+
+// A one-row q4 pass whose input row is staged in threadgroup memory (mv_stage_x) by the
+// threadgroup, for rows of at most MV_STAGE_COLS columns: one tile a lane covers them, and the
+// lane loads it before the staging and its barrier, so the two trips to memory overlap (with
+// the loads after the barrier, moe_gate_up_pairs took 23 us on the H200 instead of 18), then
+// takes the dot on the staged row. (A second tile after the barrier, for wider rows, raised
+// moe_gate_up_pairs from 168 to 248 registers: wider rows read x from device memory.)
+// `active` (uniform per simdgroup): whether this simdgroup has rows to compute; every thread
+// reaches the barrier. Returns `active`.
+#define MV_STAGE_COLS (MV_Q4_BATCH * 32 * 32)
+template <bool TWO>
+inline bool mv_pass_q4_staged(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim, bool active,
+                              threadgroup float4* xs, device const uchar* x_row, bool has_row, int tid, int threads,
+                              thread float4* acc0, thread float4* acc1, int lane) {
+  constexpr int U = MV_Q4_BATCH;
+  const uint groups = uint(in_dim) / 32u;
+  const Q4Rows r0 = q4_rows(w0, in_dim, o0, out_dim);
+  const Q4Rows r1 = q4_rows(TWO ? w1 : w0, in_dim, o0, out_dim);
+  Q4Tile<TWO, U> t;
+  const uint g0 = uint(lane);
+  if (active && g0 < groups) {
+    q4_tile_load<TWO, U>(t, r0, r1, g0, groups, 32);
+  }
+  if (has_row) {
+    mv_stage_x(xs, x_row, in_dim, tid, threads);
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (!active) {
+    return false;
+  }
+  if (g0 < groups) {
+    q4_tile_dot<TWO, 1, U, Q4XStaged>(t, g0, groups, 32, Q4XStaged{xs}, 1, acc0, acc1);
+  }
+  return true;
 }
 
 // Dispatch on the weight format. run2: two weights of one shape over the same input (gate

@@ -227,11 +227,10 @@ template <typename T, int NR>
 }
 
 // matvec_multi's decode form for q4 (one batch row a threadgroup, one row a pass): the
-// threadgroup first stages its input row in threadgroup memory (mv_stage_x), and its
-// simdgroups read x from there instead of each reading it from device memory. The same pass,
-// reduction and store as matvec_multi<uchar, 1> (which the rows too wide to stage still take),
-// so the same bits.
-#define MV_STAGE_MAX 4096
+// threadgroup stages its input row in threadgroup memory (mv_pass_q4_staged: rows of up to
+// MV_STAGE_COLS columns), and its simdgroups read x from there instead of each reading it
+// from device memory. The same pass, reduction and store as matvec_multi<uchar, 1> (which
+// wider rows still take), so the same bits.
 [[max_total_threads_per_threadgroup(128)]] kernel void matvec_multi_q4_r1_f32(
     constant MatvecMultiParams& p [[buffer(0)]],
     device const uchar* w0   [[buffer(1)]],
@@ -246,15 +245,9 @@ template <typename T, int NR>
     uint2 tg                 [[threadgroup_position_in_grid]],
     ushort sg                [[simdgroup_index_in_threadgroup]],
     ushort lane              [[thread_index_in_simdgroup]]) {
-  threadgroup float4 xs[MV_STAGE_MAX / 4];
+  threadgroup float4 xs[MV_STAGE_COLS / 4];
   const int r = int(tg.y) * p.rows_per_group;
-  const bool staged = p.in_dim <= MV_STAGE_MAX && p.rows_per_group == 1;  // uniform
-  if (staged) {
-    if (r < p.rows) {
-      mv_stage_x(xs, x + ulong(r) * p.x_stride, p.in_dim, int(sg) * 32 + int(lane), MV_SG * 32);
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-  }
+  const bool staged = p.in_dim <= MV_STAGE_COLS && p.rows_per_group == 1;  // uniform
   int tile = int(tg.x) * MV_SG + int(sg);
   const int i = mv_multi_weight(p, tile);
   const int out_dim = p.out_dim[i];
@@ -263,18 +256,20 @@ template <typename T, int NR>
   const ulong y_stride = p.y_stride[i];
   const int o0 = tile * MV_R;
   const int r_end = min(p.rows, r + p.rows_per_group);
-  if (o0 >= out_dim || r >= r_end) {
-    return;  // uniform per simdgroup (after the barrier)
-  }
+  const bool active = o0 < out_dim && r < r_end;  // uniform per simdgroup
   if (!staged) {
-    matvec_simdgroup<uchar, 1>(w, p.in_dim, o0, out_dim, x, p.x_stride, r, r_end, y, y_stride, false, lane);
+    if (active) {
+      matvec_simdgroup<uchar, 1>(w, p.in_dim, o0, out_dim, x, p.x_stride, r, r_end, y, y_stride, false, lane);
+    }
     return;
   }
   float4 acc[1] = {float4(0.0f)};
-  mv_pass_q4<false, 1, MV_Q4_BATCH, Q4XStaged>(w, w, p.in_dim, o0, out_dim, Q4XStaged{xs}, 1, acc, acc, int(lane), 32);
-  mv_reduce<1>(acc, 1);
-  if (lane == 0) {
-    mv_store(y, y_stride, r, o0, out_dim, acc[0], false);
+  if (mv_pass_q4_staged<false>(w, w, p.in_dim, o0, out_dim, active, xs, x + ulong(r) * p.x_stride, r < p.rows,
+                               int(sg) * 32 + int(lane), MV_SG * 32, acc, acc, int(lane))) {
+    mv_reduce<1>(acc, 1);
+    if (lane == 0) {
+      mv_store(y, y_stride, r, o0, out_dim, acc[0], false);
+    }
   }
 }
 

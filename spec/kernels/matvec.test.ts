@@ -80,8 +80,8 @@ test("q4 split form sized by the input: 1 to 8 simdgroups, against the reference
   }
 });
 
-// matvec_multi's q4 decode form stages its input row in threadgroup memory up to 4,096
-// columns (kernels/matvec.metal MV_STAGE_MAX); wider rows read x from device memory. Both give
+// matvec_multi's q4 decode form stages its input row in threadgroup memory up to 2,048
+// columns (MV_STAGE_COLS, kernels/matvec.h); wider rows read x from device memory. Both give
 // the bits of separate one-row matvecs (which read x from device memory).
 test.each([1088, 4160])("matvec_multi q4 one-row form, in = %i: the same bits as separate matvecs", (inDim) => {
   const outs = [21, 8];

@@ -204,8 +204,8 @@ describe("whole MoE: router, lists, routed experts through slots, shared expert,
     expectClose(y, want, MOE_TOL, `moe_${dtype} nb=${nb}`, dims.d);
   });
 
-  // The decode gate/up kernel stages its input row in threadgroup memory up to 4,096 columns
-  // (kernels/moe.metal MOE_STAGE_MAX) and reads wider rows from device memory: both forms.
+  // The decode gate/up kernel stages its input row in threadgroup memory up to 2,048 columns
+  // (MV_STAGE_COLS, kernels/matvec.h) and reads wider rows from device memory: both forms.
   test.each([64, 4128])("q4 decode, d = %i (staged input row, and too wide to stage): the reference", (d) => {
     const dims: MoeDims = { d, E: 8, k: 2, I: 64, SI: 32 };
     const { y, ids, ref } = runMoe(1, dims, "q4", { fused: true });
