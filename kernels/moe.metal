@@ -246,9 +246,9 @@ template [[host_name("moe_down_q4_r1_f32")]] kernel decltype(moe_down<uchar, 1>)
 // (q = tg.y < rows * top_k) straight from the router's ids, without the pair lists: a decode
 // row routes to top_k distinct experts, so each expert's weights are still read once, and the
 // grouping kernel and its dependent reads (active -> offsets -> pairs) leave the critical
-// path. The same pass and reductions as moe_gate_up_q4_r1, so the same bits. The input row
-// is staged in threadgroup memory first (mv_stage_x; rows wider than MV_STAGE_COLS read x from
-// device memory): the threadgroup's simdgroups all read it.
+// path. The same pass and reductions as moe_gate_up_q4_r1, so the same bits. (Staging x in
+// threadgroup memory, as matvec_multi_q4_r1 does, made it slower on the H200: 22-25 us against
+// 18 in ncu, with or without the weights loaded before the barrier.)
 template <typename T>
 [[max_total_threads_per_threadgroup(128)]] kernel void moe_gate_up_pairs(
     constant MoeExpertsParams& p [[buffer(0)]],
@@ -260,34 +260,19 @@ template <typename T>
     uint2 tg                     [[threadgroup_position_in_grid]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
-  threadgroup float4 xs[MV_STAGE_COLS / 4];
   const int q = int(tg.y);
   const int o0 = (int(tg.x) * MV_SG + int(sg)) * MV_R;
-  const bool staged = p.in_dim <= MV_STAGE_COLS;  // uniform
-  const bool row_ok = q < p.rows * p.top_k;       // uniform
-  if (!staged && (!row_ok || o0 >= p.out_dim)) {
+  if (q >= p.rows * p.top_k || o0 >= p.out_dim) {
     return;  // uniform per simdgroup
   }
-  const int e = row_ok ? ids[q] : -1;
+  const int e = ids[q];
   const int slot = e >= 0 && e < p.experts ? slot_of[e] : -1;
   const bool missing = slot < 0 || slot >= p.slots;
   device const uchar* record = pool + (missing ? 0ul : ulong(slot) * p.record_stride);
-  ulong xoff[1] = {ulong(row_ok ? q / p.top_k : 0) * p.x_stride};
+  ulong xoff[1] = {ulong(q / p.top_k) * p.x_stride};
   float4 acc[1] = {float4(0.0f)};
   float4 up[1] = {float4(0.0f)};
-  if (staged) {
-    // Every simdgroup reaches the staging's barrier; only those with rows go on.
-    const bool active = row_ok && o0 < p.out_dim && !missing;
-    if (!mv_pass_q4_staged<true>(record + p.w0_offset, record + p.w1_offset, p.in_dim, o0, p.out_dim, active, xs, x + xoff[0], row_ok,
-                                 int(sg) * 32 + int(lane), MV_SG * 32, acc, up, int(lane)) &&
-        (!row_ok || o0 >= p.out_dim)) {
-      return;
-    }
-    if (!missing) {
-      mv_reduce<1>(up, 1);
-      mv_reduce<1>(acc, 1);
-    }
-  } else if (!missing) {
+  if (!missing) {
     MvPass<T, 1>::run2(record + p.w0_offset, record + p.w1_offset, p.in_dim, o0, p.out_dim, x, xoff, 1, acc, up, lane);
     mv_reduce<1>(up, 1);
     mv_reduce<1>(acc, 1);

@@ -204,9 +204,9 @@ describe("whole MoE: router, lists, routed experts through slots, shared expert,
     expectClose(y, want, MOE_TOL, `moe_${dtype} nb=${nb}`, dims.d);
   });
 
-  // The decode gate/up kernel stages its input row in threadgroup memory up to 2,048 columns
-  // (MV_STAGE_COLS, kernels/matvec.h) and reads wider rows from device memory: both forms.
-  test.each([64, 4128])("q4 decode, d = %i (staged input row, and too wide to stage): the reference", (d) => {
+  // A decode step through moe_gate_up_pairs and moe_down_combine at a narrow and a wide row
+  // (wider than the 2,048 columns the staged matvec forms take).
+  test.each([64, 4128])("q4 decode, d = %i: the reference", (d) => {
     const dims: MoeDims = { d, E: 8, k: 2, I: 64, SI: 32 };
     const { y, ids, ref } = runMoe(1, dims, "q4", { fused: true });
     expectExact(ids, ref.flatMap((r) => r.routing.experts), `router ids (d=${d})`, dims.k);
