@@ -355,7 +355,7 @@ inline bool mv_pass_q4_staged(device const uchar* w0, device const uchar* w1, in
   const uint groups = uint(in_dim) / 32u;
   const Q4Rows r0 = q4_rows(w0, in_dim, o0, out_dim);
   const Q4Rows r1 = q4_rows(TWO ? w1 : w0, in_dim, o0, out_dim);
-  Q4Tile<TWO, U> t;
+  Q4Tile<TWO, U> t = {};  // (only read when loaded)
   const uint g0 = uint(lane);
   if (active && g0 < groups) {
     q4_tile_load<TWO, U>(t, r0, r1, g0, groups, 32);

@@ -230,7 +230,9 @@ template <typename T, int NR>
 // threadgroup stages its input row in threadgroup memory (mv_pass_q4_staged: rows of up to
 // MV_STAGE_COLS columns), and its simdgroups read x from there instead of each reading it
 // from device memory. The same pass, reduction and store as matvec_multi<uchar, 1> (which
-// wider rows still take), so the same bits.
+// wider rows still take), so the same bits. The first p.dense_count weights may be bf16
+// (DeltaNet's b and a beside its q4 qkv and z): their simdgroups take matvec's bf16 pass
+// (rows form), so a decode step's four input projections are one dispatch, not two.
 [[max_total_threads_per_threadgroup(128)]] kernel void matvec_multi_q4_r1_f32(
     constant MatvecMultiParams& p [[buffer(0)]],
     device const uchar* w0   [[buffer(1)]],
@@ -257,15 +259,22 @@ template <typename T, int NR>
   const int o0 = tile * MV_R;
   const int r_end = min(p.rows, r + p.rows_per_group);
   const bool active = o0 < out_dim && r < r_end;  // uniform per simdgroup
+  const bool dense = i < p.dense_count;           // uniform per simdgroup
   if (!staged) {
-    if (active) {
+    if (active && dense) {
+      matvec_simdgroup<bfloat, 1>(w, p.in_dim, o0, out_dim, x, p.x_stride, r, r_end, y, y_stride, false, lane);
+    } else if (active) {
       matvec_simdgroup<uchar, 1>(w, p.in_dim, o0, out_dim, x, p.x_stride, r, r_end, y, y_stride, false, lane);
     }
     return;
   }
   float4 acc[1] = {float4(0.0f)};
-  if (mv_pass_q4_staged<false>(w, w, p.in_dim, o0, out_dim, active, xs, x + ulong(r) * p.x_stride, r < p.rows,
-                               int(sg) * 32 + int(lane), MV_SG * 32, acc, acc, int(lane))) {
+  const bool q4 = mv_pass_q4_staged<false>(w, w, p.in_dim, o0, out_dim, active && !dense, xs, x + ulong(r) * p.x_stride, r < p.rows,
+                                           int(sg) * 32 + int(lane), MV_SG * 32, acc, acc, int(lane));
+  if (active && dense) {  // after the staging's barrier, which every simdgroup reaches
+    matvec_simdgroup<bfloat, 1>(w, p.in_dim, o0, out_dim, x, p.x_stride, r, r_end, y, y_stride, false, lane);
+  }
+  if (q4) {
     mv_reduce<1>(acc, 1);
     if (lane == 0) {
       mv_store(y, y_stride, r, o0, out_dim, acc[0], false);

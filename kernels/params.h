@@ -155,8 +155,10 @@ typedef struct {
   int32_t out_dim[4];            // offset 16: output rows of each weight
   uint64_t x_stride;             // offset 32: bytes between input rows
   uint64_t y_stride[4];          // offset 40: bytes between output rows of each y
+  int32_t dense_count;           // offset 72: matvec_multi_q4_r1 only: leading weights stored bf16 (the rest q4)
+  uint32_t _pad0;                // offset 76
 } MatvecMultiParams;
-CK_PARAMS_ASSERT(sizeof(MatvecMultiParams) == 72, "MatvecMultiParams: size");
+CK_PARAMS_ASSERT(sizeof(MatvecMultiParams) == 80, "MatvecMultiParams: size");
 #ifndef __METAL_VERSION__
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, rows) == 0, "MatvecMultiParams.rows: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, in_dim) == 4, "MatvecMultiParams.in_dim: offset");
@@ -165,6 +167,8 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, rows_per_group) == 12, "M
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, out_dim) == 16, "MatvecMultiParams.out_dim: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, x_stride) == 32, "MatvecMultiParams.x_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, y_stride) == 40, "MatvecMultiParams.y_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, dense_count) == 72, "MatvecMultiParams.dense_count: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, _pad0) == 76, "MatvecMultiParams._pad0: offset");
 #endif
 
 // Hyper-connection mix partials: per (mix m, chunk c) of the flat streams, fn[m] . flat over the chunk (m < mixes) or the chunk's sum of squares (m = mixes).

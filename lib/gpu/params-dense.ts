@@ -78,6 +78,8 @@ export const denseParams = {
       { name: "out_dim", type: "i32", count: 4, doc: "output rows of each weight" },
       { name: "x_stride", type: "u64", doc: "bytes between input rows" },
       { name: "y_stride", type: "u64", count: 4, doc: "bytes between output rows of each y" },
+      { name: "dense_count", type: "i32", doc: "matvec_multi_q4_r1 only: leading weights stored bf16 (the rest q4)" },
+      { name: "_pad0", type: "u32" },
     ],
   },
   HcMix: {

@@ -277,6 +277,12 @@ export function encodeMatvecs(
     if (g) g.push(it);
     else groups.set(key, [it]);
   }
+  const mixed = mixedDecodeGroup(ctx, groups, nb, opts);
+  if (mixed) {
+    encodeMatvecMulti(ctx, [...mixed.dense, ...mixed.q4], x, nb, "rows", 1, mixed.dense.length);
+    groups.delete(mixed.denseKey);
+    groups.delete(mixed.q4Key);
+  }
   for (const g of groups.values()) {
     for (let i = 0; i < g.length; i += MATVEC_MULTI) {
       const chunk = g.slice(i, i + MATVEC_MULTI);
@@ -286,8 +292,41 @@ export function encodeMatvecs(
   }
 }
 
-function encodeMatvecMulti(ctx: EncodeContext, items: readonly Projection[], x: RowsRef, nb: number, form?: "rows" | "split", rowsPerGroup?: number): void {
-  const w0 = items[0]!.w;
+/**
+ * bf16 and q4 projections of one input that a decode step (one row a threadgroup, the rows
+ * form) sends through one matvec_multi_q4_r1 dispatch, the bf16 ones first (its
+ * dense_count): DeltaNet's b and a beside its qkv and z, one dispatch a layer fewer. Their
+ * results are those of rows-form matvecs. Undefined when the step does not qualify.
+ */
+function mixedDecodeGroup(
+  ctx: EncodeContext,
+  groups: Map<string, Projection[]>,
+  nb: number,
+  opts: { form?: "rows" | "split"; rowsPerGroup?: number },
+): { dense: Projection[]; q4: Projection[]; denseKey: string; q4Key: string } | undefined {
+  if (opts.form === "split" || Math.min(nb, opts.rowsPerGroup ?? defaultRowsPerGroup(ctx.device.backend, nb)) !== 1) return undefined;
+  for (const [q4Key, q4] of groups) {
+    if (!q4Key.startsWith("q4/")) continue;
+    const denseKey = `bf16/${q4Key.slice(3)}`;
+    const dense = groups.get(denseKey);
+    if (!dense || dense.length + q4.length > MATVEC_MULTI) continue;
+    const q4Out = q4.reduce((n, it) => n + it.w.shape[0]!, 0);
+    if (opts.form === undefined && prefersSplit(ctx.device.backend, q4Out, "q4", nb)) continue;
+    return { dense, q4, denseKey, q4Key };
+  }
+  return undefined;
+}
+
+function encodeMatvecMulti(
+  ctx: EncodeContext,
+  items: readonly Projection[],
+  x: RowsRef,
+  nb: number,
+  form?: "rows" | "split",
+  rowsPerGroup?: number,
+  denseCount = 0,
+): void {
+  const w0 = items[denseCount]!.w;
   const inDim = checkProjection(w0, x, nb, "matvec_multi")[1];
   const outs = items.map((it) => checkProjection(it.w, x, nb, "matvec_multi")[0]);
   const pad = <T>(a: T[]): T[] => [...a, ...Array<T>(MATVEC_MULTI - a.length).fill(a[a.length - 1]!)];
@@ -306,6 +345,7 @@ function encodeMatvecMulti(ctx: EncodeContext, items: readonly Projection[], x: 
       in_dim: inDim,
       count: items.length,
       rows_per_group: groupRows,
+      dense_count: denseCount,
       out_dim: pad(outs),
       x_stride: x.stride,
       y_stride: pad(items.map((it) => it.y.stride)),

@@ -200,6 +200,28 @@ describe("encodeMatvecs (matvec_multi: several projections of one input)", () =>
     expect(names.map((n) => n.replace("_split", ""))).toEqual(["gemm_q4_f32", "gemm_q4_f32", "matvec_multi_bf16_f32"]);
   });
 
+  // A decode row's bf16 and q4 projections of one input (DeltaNet's b, a, qkv, z) go in one
+  // matvec_multi_q4_r1 dispatch, bf16 first; each gives the bits of a rows-form matvec.
+  test.each([96, 4160])("decode, in = %i: bf16 and q4 projections of one input in one dispatch, the bits of separate rows-form matvecs", (inDim) => {
+    const all = [uploadWeight(dev, "q4", [21, inDim], 94).ref, uploadWeight(dev, "q4", [8, inDim], 95).ref, uploadWeight(dev, "bf16", [6, inDim], 96).ref, uploadWeight(dev, "bf16", [5, inDim], 97).ref];
+    const x = uploadF32(dev, randomF32(inDim, 9, 1, "mixed-x"));
+    const ys = all.map((w) => outputF32(dev, w.shape[0]!));
+    const sep = all.map((w) => outputF32(dev, w.shape[0]!));
+    const names: string[] = [];
+    const cb = dev.commandBuffer();
+    const counting = { dispatch: (...a: Parameters<typeof cb.dispatch>) => (names.push((a[0] as Pipeline).name), cb.dispatch(...a)) };
+    encodeMatvecs({ device: dev, cb: counting as unknown as typeof cb }, all.map((w, i) => ({ w, y: rows(ys[i]!, w.shape[0]!) })), rows(x, inDim), 1, { form: "rows" });
+    all.forEach((w, i) => encodeMatvec({ device: dev, cb }, w, rows(x, inDim), rows(sep[i]!, w.shape[0]!), 1, { form: "rows" }));
+    cb.commit();
+    cb.waitUntilCompleted();
+    cb.release();
+    expect(names).toEqual(["matvec_multi_q4_r1_f32"]);
+    all.forEach((w, i) => {
+      expect(readF32(ys[i]!, w.shape[0]!)).toEqual(readF32(sep[i]!, w.shape[0]!));
+      expectGuard(ys[i]!, w.shape[0]!);
+    });
+  });
+
   test("groups by dtype and input width: a lone projection stays a matvec, five of one kind take two dispatches", () => {
     const inDim = 64;
     const q = [5, 9, 4, 12, 7].map((o, i) => uploadWeight(dev, "q4", [o, inDim], 60 + i).ref);
