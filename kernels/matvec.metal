@@ -230,10 +230,13 @@ template <typename T, int NR>
 // threadgroup stages its input row in threadgroup memory (mv_pass_q4_staged: rows of up to
 // MV_STAGE_COLS columns), and its simdgroups read x from there instead of each reading it
 // from device memory. The same pass, reduction and store as matvec_multi<uchar, 1> (which
-// wider rows still take), so the same bits. The first p.dense_count weights may be bf16
-// (DeltaNet's b and a beside its q4 qkv and z): their simdgroups take matvec's bf16 pass
-// (rows form), so a decode step's four input projections are one dispatch, not two.
-[[max_total_threads_per_threadgroup(128)]] kernel void matvec_multi_q4_r1_f32(
+// wider rows still take), so the same bits: a simdgroup is one MV_R tile, nsg of them a
+// threadgroup. The first p.dense_count weights may be bf16 (DeltaNet's b and a beside its q4
+// qkv and z): the first threadgroups then take one MV_R tile of those each in
+// matvec_multi_split's form (its nsg simdgroups splitting the input: the host launches 256
+// threads, so the same bits as matvec_multi_split_bf16, which a verify batch runs), so a decode
+// step's four input projections are one dispatch, not two.
+[[max_total_threads_per_threadgroup(256)]] kernel void matvec_multi_q4_r1_f32(
     constant MatvecMultiParams& p [[buffer(0)]],
     device const uchar* w0   [[buffer(1)]],
     device const uchar* w1   [[buffer(2)]],
@@ -246,35 +249,44 @@ template <typename T, int NR>
     device uchar* y3         [[buffer(9)]],
     uint2 tg                 [[threadgroup_position_in_grid]],
     ushort sg                [[simdgroup_index_in_threadgroup]],
-    ushort lane              [[thread_index_in_simdgroup]]) {
+    ushort lane              [[thread_index_in_simdgroup]],
+    ushort nsg               [[simdgroups_per_threadgroup]]) {
   threadgroup float4 xs[MV_STAGE_COLS / 4];
+  threadgroup float4 part[MV_SPLIT_SG];
   const int r = int(tg.y) * p.rows_per_group;
-  const bool staged = p.in_dim <= MV_STAGE_COLS && p.rows_per_group == 1;  // uniform
-  int tile = int(tg.x) * MV_SG + int(sg);
+  const int r_end = min(p.rows, r + p.rows_per_group);
+  int dense_tiles = 0;
+  for (int k = 0; k < p.dense_count; k++) {
+    dense_tiles += (p.out_dim[k] + MV_R - 1) / MV_R;
+  }
+  if (int(tg.x) < dense_tiles) {  // uniform per threadgroup: one bf16 tile, split form
+    int tile = int(tg.x);
+    const int i = mv_multi_weight(p, tile);
+    device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
+    device uchar* y = i == 0 ? y0 : i == 1 ? y1 : i == 2 ? y2 : y3;
+    if (r < r_end) {
+      matvec_split_tg<bfloat, 1>(w, p.in_dim, tile * MV_R, p.out_dim[i], x, p.x_stride, r, r_end, y, p.y_stride[i], false, part, sg, lane,
+                                 int(nsg));
+    }
+    return;
+  }
+  int tile = dense_tiles + (int(tg.x) - dense_tiles) * int(nsg) + int(sg);
   const int i = mv_multi_weight(p, tile);
   const int out_dim = p.out_dim[i];
   device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
   device uchar* y = i == 0 ? y0 : i == 1 ? y1 : i == 2 ? y2 : y3;
   const ulong y_stride = p.y_stride[i];
   const int o0 = tile * MV_R;
-  const int r_end = min(p.rows, r + p.rows_per_group);
-  const bool active = o0 < out_dim && r < r_end;  // uniform per simdgroup
-  const bool dense = i < p.dense_count;           // uniform per simdgroup
-  if (!staged) {
-    if (active && dense) {
-      matvec_simdgroup<bfloat, 1>(w, p.in_dim, o0, out_dim, x, p.x_stride, r, r_end, y, y_stride, false, lane);
-    } else if (active) {
+  const bool active = i >= p.dense_count && o0 < out_dim && r < r_end;  // uniform per simdgroup
+  if (p.in_dim > MV_STAGE_COLS || p.rows_per_group != 1) {  // uniform: x from device memory
+    if (active) {
       matvec_simdgroup<uchar, 1>(w, p.in_dim, o0, out_dim, x, p.x_stride, r, r_end, y, y_stride, false, lane);
     }
     return;
   }
   float4 acc[1] = {float4(0.0f)};
-  const bool q4 = mv_pass_q4_staged<false>(w, w, p.in_dim, o0, out_dim, active && !dense, xs, x + ulong(r) * p.x_stride, r < p.rows,
-                                           int(sg) * 32 + int(lane), MV_SG * 32, acc, acc, int(lane));
-  if (active && dense) {  // after the staging's barrier, which every simdgroup reaches
-    matvec_simdgroup<bfloat, 1>(w, p.in_dim, o0, out_dim, x, p.x_stride, r, r_end, y, y_stride, false, lane);
-  }
-  if (q4) {
+  if (mv_pass_q4_staged<false>(w, w, p.in_dim, o0, out_dim, active, xs, x + ulong(r) * p.x_stride, r < p.rows, int(sg) * 32 + int(lane),
+                               int(nsg) * 32, acc, acc, int(lane))) {
     mv_reduce<1>(acc, 1);
     if (lane == 0) {
       mv_store(y, y_stride, r, o0, out_dim, acc[0], false);

@@ -53,19 +53,19 @@ export function projectionUsesGemm(ctx: EncodeContext, w: TensorRef, nb: number)
  * emulates threads as fibers, where more simdgroups only cost, so it keeps the rows form (its
  * tests run both forms explicitly).
  */
-export function prefersSplit(backend: string, out: number, dtype?: string, nb = 1): boolean {
+export function prefersSplit(backend: string, out: number, dtype?: string): boolean {
   if (backend === "cpu") return false;
   const groups = Math.ceil(out / (MATVEC_TILE.rows * MATVEC_TILE.simdgroups));
-  return groups < SPLIT_BELOW_GROUPS || (dtype === "q4" && nb <= MATVEC_TILE.batchRows && groups < Q4_SPLIT_BELOW_GROUPS);
+  return groups < SPLIT_BELOW_GROUPS || (dtype === "q4" && groups < Q4_SPLIT_BELOW_GROUPS);
 }
 
 /** The threshold above, in rows-form threadgroups; CHERENKOV_MATVEC_SPLIT_BELOW overrides it (measurements on a GPU). */
 const SPLIT_BELOW_GROUPS = Number(process.env.CHERENKOV_MATVEC_SPLIT_BELOW ?? 64);
 
 /**
- * A q4 projection of a decode step (or a few verification rows) whose rows form starts fewer
- * threadgroups than this takes the split form, sized by `splitSimdgroups` so that a lane reads
- * about one q4 group: the [2048, 4096] out projections got 128 threadgroups in the rows form,
+ * A q4 projection whose rows form starts fewer threadgroups than this takes the split form (at
+ * every row count the matvec serves, so a verify batch computes what a decode step does),
+ * sized by `splitSimdgroups` so that a lane reads about one q4 group: the [2048, 4096] out projections got 128 threadgroups in the rows form,
  * one simdgroup per H200 scheduler (ncu: 11.4 us, 0.47 TB/s, most of it waiting on memory).
  * CHERENKOV_Q4_SPLIT_BELOW overrides it (0: never).
  */
@@ -183,7 +183,7 @@ export function encodeMatvec(
   const rowsPerGroup = Math.min(nb, opts.rowsPerGroup ?? defaultRowsPerGroup(ctx.device.backend, nb));
   if (!Number.isInteger(rowsPerGroup) || rowsPerGroup < 1) throw new Error(`${what}: rowsPerGroup ${rowsPerGroup} must be a positive integer`);
   const T = MATVEC_TILE;
-  const split = opts.form === undefined ? prefersSplit(ctx.device.backend, out, w.dtype, nb) : opts.form === "split";
+  const split = opts.form === undefined ? prefersSplit(ctx.device.backend, out, w.dtype) : opts.form === "split";
   const grid: [number, number] = [Math.ceil(out / (split ? T.rows : T.rows * T.simdgroups)), Math.ceil(nb / rowsPerGroup)];
   const threads: [number, number] = [SIMD_WIDTH * (split ? splitSimdgroups(w.dtype, inDim) : T.simdgroups), 1];
   if (opts.hc) {
@@ -252,14 +252,15 @@ export interface Projection {
  * matvec_multi dispatch (up to MATVEC_MULTI each), the rest as single matvecs. The same
  * results as a matvec each in the same form: narrow groups (few rows together) take the split
  * form on a GPU, as a lone narrow projection does; `form` forces one. Rows enough for the
- * GEMM (usesGemm) send each q4 projection to it instead.
+ * GEMM (usesGemm) send each q4 projection to it instead. A decode row's bf16 and q4 groups may
+ * share one dispatch (mixedDecodeGroup); `mixed` forces (true) or forbids (false) it.
  */
 export function encodeMatvecs(
   ctx: EncodeContext,
   items: readonly Projection[],
   x: RowsRef,
   nb: number,
-  opts: { form?: "rows" | "split"; rowsPerGroup?: number } = {},
+  opts: { form?: "rows" | "split"; rowsPerGroup?: number; mixed?: boolean } = {},
 ): void {
   const minRows = gemmMinRows(ctx.device.backend);
   const groups = new Map<string, Projection[]>();
@@ -295,23 +296,26 @@ export function encodeMatvecs(
 /**
  * bf16 and q4 projections of one input that a decode step (one row a threadgroup, the rows
  * form) sends through one matvec_multi_q4_r1 dispatch, the bf16 ones first (its
- * dense_count): DeltaNet's b and a beside its qkv and z, one dispatch a layer fewer. Their
- * results are those of rows-form matvecs. Undefined when the step does not qualify.
+ * dense_count): DeltaNet's b and a beside its qkv and z, one dispatch a layer fewer. Only
+ * where the bf16 ones take the split form (a GPU): the dispatch computes them in that form,
+ * so a verify batch, which runs them as matvec_multi_split, gets the same bits and accepting
+ * drafts cannot change a greedy token. Undefined when the step does not qualify.
  */
 function mixedDecodeGroup(
   ctx: EncodeContext,
   groups: Map<string, Projection[]>,
   nb: number,
-  opts: { form?: "rows" | "split"; rowsPerGroup?: number },
+  opts: { form?: "rows" | "split"; rowsPerGroup?: number; mixed?: boolean },
 ): { dense: Projection[]; q4: Projection[]; denseKey: string; q4Key: string } | undefined {
-  if (opts.form === "split" || Math.min(nb, opts.rowsPerGroup ?? defaultRowsPerGroup(ctx.device.backend, nb)) !== 1) return undefined;
+  if (opts.mixed === false || (opts.mixed === undefined && opts.form !== undefined)) return undefined;
+  if (Math.min(nb, opts.rowsPerGroup ?? defaultRowsPerGroup(ctx.device.backend, nb)) !== 1) return undefined;
   for (const [q4Key, q4] of groups) {
     if (!q4Key.startsWith("q4/")) continue;
     const denseKey = `bf16/${q4Key.slice(3)}`;
     const dense = groups.get(denseKey);
     if (!dense || dense.length + q4.length > MATVEC_MULTI) continue;
-    const q4Out = q4.reduce((n, it) => n + it.w.shape[0]!, 0);
-    if (opts.form === undefined && prefersSplit(ctx.device.backend, q4Out, "q4", nb)) continue;
+    const outs = (items: Projection[]) => items.reduce((n, it) => n + it.w.shape[0]!, 0);
+    if (opts.mixed !== true && (prefersSplit(ctx.device.backend, outs(q4), "q4") || !prefersSplit(ctx.device.backend, outs(dense), "bf16"))) continue;
     return { dense, q4, denseKey, q4Key };
   }
   return undefined;
@@ -333,9 +337,16 @@ function encodeMatvecMulti(
   const T = MATVEC_TILE;
   const tiles = outs.reduce((n, o) => n + Math.ceil(o / T.rows), 0);
   // Narrow weights together (DeltaNet's b and a) take the split form, as a lone one would.
-  const split = form === undefined ? prefersSplit(ctx.device.backend, outs.reduce((a, b) => a + b, 0), w0.dtype, nb) : form === "split";
+  const split = form === undefined ? prefersSplit(ctx.device.backend, outs.reduce((a, b) => a + b, 0), w0.dtype) : form === "split";
   const groupRows = Math.min(nb, rowsPerGroup ?? defaultRowsPerGroup(ctx.device.backend, nb));
   if (!Number.isInteger(groupRows) || groupRows < 1) throw new Error(`matvec_multi: rowsPerGroup ${rowsPerGroup} must be a positive integer`);
+  // With bf16 weights first (denseCount), matvec_multi_q4_r1 gives each of their tiles a
+  // threadgroup in matvec_multi_split's shape (MATVEC_TILE.splitSimdgroups simdgroups: its bits)
+  // and its q4 tiles that many to a threadgroup.
+  const denseTiles = outs.slice(0, denseCount).reduce((n, o) => n + Math.ceil(o / T.rows), 0);
+  const simdgroups = denseCount > 0 ? T.splitSimdgroups : split ? splitSimdgroups(w0.dtype, inDim) : T.simdgroups;
+  const rowTiles = denseCount > 0 ? denseTiles + Math.ceil((tiles - denseTiles) / simdgroups) : split ? tiles : Math.ceil(tiles / T.simdgroups);
+  const grid: [number, number] = [rowTiles, Math.ceil(nb / groupRows)];
   dispatch(
     ctx,
     split ? `matvec_multi_split_${w0.dtype}_f32` : oneRowForm(`matvec_multi_${w0.dtype}_f32`, w0.dtype, groupRows),
@@ -355,7 +366,7 @@ function encodeMatvecMulti(
       bind(x.buffer, x.offset),
       ...pad(items.map((it) => bind(it.y.buffer, it.y.offset))),
     ],
-    [split ? tiles : Math.ceil(tiles / T.simdgroups), Math.ceil(nb / groupRows)],
-    [SIMD_WIDTH * (split ? splitSimdgroups(w0.dtype, inDim) : T.simdgroups), 1],
+    grid,
+    [SIMD_WIDTH * simdgroups, 1],
   );
 }

@@ -96,15 +96,14 @@ test.each([1088, 4160])("matvec_multi q4 one-row form, in = %i: the same bits as
   outs.forEach((o, i) => expect(readF32(ys[i]!, o)).toEqual(readF32(sep[i]!, o)));
 });
 
-test("prefersSplit: narrow weights on a GPU; q4 decode rows below 192 rows-form threadgroups; never on the CPU", () => {
+test("prefersSplit: narrow weights on a GPU; q4 below 192 rows-form threadgroups (at any row count); never on the CPU", () => {
   expect(prefersSplit("cpu", 32)).toBe(false);
   expect(prefersSplit("cuda", 32)).toBe(true);
   expect(prefersSplit("cuda", 2048)).toBe(false);
-  expect(prefersSplit("cuda", 2048, "q4", 1)).toBe(true); // the [2048, 4096] out projections
-  expect(prefersSplit("metal", 2048, "q4", 4)).toBe(true);
-  expect(prefersSplit("cuda", 2048, "q4", 5)).toBe(false); // batches keep the rows form (or the GEMM)
-  expect(prefersSplit("cuda", 4096, "q4", 1)).toBe(false);
-  expect(prefersSplit("cuda", 2048, "bf16", 1)).toBe(false);
+  expect(prefersSplit("cuda", 2048, "q4")).toBe(true); // the [2048, 4096] out projections
+  expect(prefersSplit("metal", 2048, "q4")).toBe(true);
+  expect(prefersSplit("cuda", 4096, "q4")).toBe(false);
+  expect(prefersSplit("cuda", 2048, "bf16")).toBe(false);
 });
 
 test("oneRowForm: q4 kernels with one row per pass take their _r1 form; other dtypes keep theirs", () => {
@@ -201,8 +200,9 @@ describe("encodeMatvecs (matvec_multi: several projections of one input)", () =>
   });
 
   // A decode row's bf16 and q4 projections of one input (DeltaNet's b, a, qkv, z) go in one
-  // matvec_multi_q4_r1 dispatch, bf16 first; each gives the bits of a rows-form matvec.
-  test.each([96, 4160])("decode, in = %i: bf16 and q4 projections of one input in one dispatch, the bits of separate rows-form matvecs", (inDim) => {
+  // matvec_multi_q4_r1 dispatch, bf16 first: the q4 ones give the bits of rows-form matvecs,
+  // the bf16 ones those of split-form matvecs (which a verify batch runs on a GPU).
+  test.each([96, 4160])("decode, in = %i: bf16 and q4 projections of one input in one dispatch, the bits of separate matvecs", (inDim) => {
     const all = [uploadWeight(dev, "q4", [21, inDim], 94).ref, uploadWeight(dev, "q4", [8, inDim], 95).ref, uploadWeight(dev, "bf16", [6, inDim], 96).ref, uploadWeight(dev, "bf16", [5, inDim], 97).ref];
     const x = uploadF32(dev, randomF32(inDim, 9, 1, "mixed-x"));
     const ys = all.map((w) => outputF32(dev, w.shape[0]!));
@@ -210,8 +210,8 @@ describe("encodeMatvecs (matvec_multi: several projections of one input)", () =>
     const names: string[] = [];
     const cb = dev.commandBuffer();
     const counting = { dispatch: (...a: Parameters<typeof cb.dispatch>) => (names.push((a[0] as Pipeline).name), cb.dispatch(...a)) };
-    encodeMatvecs({ device: dev, cb: counting as unknown as typeof cb }, all.map((w, i) => ({ w, y: rows(ys[i]!, w.shape[0]!) })), rows(x, inDim), 1, { form: "rows" });
-    all.forEach((w, i) => encodeMatvec({ device: dev, cb }, w, rows(x, inDim), rows(sep[i]!, w.shape[0]!), 1, { form: "rows" }));
+    encodeMatvecs({ device: dev, cb: counting as unknown as typeof cb }, all.map((w, i) => ({ w, y: rows(ys[i]!, w.shape[0]!) })), rows(x, inDim), 1, { mixed: true });
+    all.forEach((w, i) => encodeMatvec({ device: dev, cb }, w, rows(x, inDim), rows(sep[i]!, w.shape[0]!), 1, { form: w.dtype === "q4" ? "rows" : "split" }));
     cb.commit();
     cb.waitUntilCompleted();
     cb.release();
@@ -220,6 +220,21 @@ describe("encodeMatvecs (matvec_multi: several projections of one input)", () =>
       expect(readF32(ys[i]!, w.shape[0]!)).toEqual(readF32(sep[i]!, w.shape[0]!));
       expectGuard(ys[i]!, w.shape[0]!);
     });
+  });
+
+  test("by default the decode row's bf16 and q4 groups share a dispatch only where the bf16 ones take the split form (a GPU)", () => {
+    const inDim = 96;
+    const all = [uploadWeight(dev, "q4", [4096, inDim], 98).ref, uploadWeight(dev, "bf16", [32, inDim], 99).ref, uploadWeight(dev, "bf16", [32, inDim], 100).ref];
+    const x = uploadF32(dev, randomF32(inDim, 12, 1, "mixed-default-x"));
+    const ys = all.map((w) => outputF32(dev, w.shape[0]!));
+    const names: string[] = [];
+    const cb = dev.commandBuffer();
+    const counting = { dispatch: (...a: Parameters<typeof cb.dispatch>) => (names.push((a[0] as Pipeline).name), cb.dispatch(...a)) };
+    encodeMatvecs({ device: dev, cb: counting as unknown as typeof cb }, all.map((w, i) => ({ w, y: rows(ys[i]!, w.shape[0]!) })), rows(x, inDim), 1);
+    cb.commit();
+    cb.waitUntilCompleted();
+    cb.release();
+    expect(names).toEqual(dev.backend === "cpu" ? ["matvec_q4_r1_f32", "matvec_multi_bf16_f32"] : ["matvec_multi_q4_r1_f32"]);
   });
 
   test("groups by dtype and input width: a lone projection stays a matvec, five of one kind take two dispatches", () => {
