@@ -16,9 +16,118 @@ using namespace metal;
 // Per row: p = softmax(logits); the top_k experts by logit (equal logits: lower id first),
 // weights p_k (or p_k / sum of the chosen p). One simdgroup per row; expert e lives in
 // lane e % 32, slot e / 32. Each pick is one butterfly over (logit, id) pairs: five steps of
-// two shuffles, where a max then a min of the ids took ten dependent steps. (Unrolling the
-// slots to their constant bound, 32, to keep them in registers made it slower at 128 experts.)
+// two shuffles, where a max then a min of the ids took ten dependent steps.
 #define MOE_SLOTS (MOE_MAX_EXPERTS / 32)
+// Slots a lane holds in registers on the fast path (experts <= 32 * ROUTER_FAST_SLOTS): a
+// fixed count, so the slot loops unroll and index the logits by constants. (Unrolling to all
+// MOE_SLOTS made 128 experts slower; a runtime-indexed array lives in local memory and was
+// re-read at every pick.)
+#define ROUTER_FAST_SLOTS 4
+
+// The best (logit, id) of the simdgroup: the highest logit, the lower id on a tie.
+inline void router_merge(thread float& best, thread int& best_e) {
+  for (ushort off = 16; off >= 1; off >>= 1) {
+    const float ob = simd_shuffle_xor(best, off);
+    const int oe = simd_shuffle_xor(best_e, off);
+    if (ob > best || (ob == best && oe < best_e)) {
+      best = ob;
+      best_e = oe;
+    }
+  }
+}
+
+// Logit of expert e (slot s of this lane), e < experts: from registers (PER > 0) or memory.
+template <int PER>
+inline float router_logit(thread const float* v, device const float* l, int s, int e) {
+  return PER > 0 ? v[s] : l[e];
+}
+
+// The routing of one row (logits l[0 .. experts)) by one simdgroup: `picks` picks (<= top_k);
+// returns pick `want`'s expert on every lane. With `write` (picks = top_k), stores the row's
+// ids[0 .. top_k) and weights[0 .. top_k) as router_topk_f32 does. PER > 0: the lane's logits
+// in PER registers (experts <= 32 * PER); PER = 0: any count, each pick re-reads the row from
+// memory (cached) rather than a local-memory array. Both make the same comparisons and sums in
+// the same order, so the same bits.
+template <int PER>
+inline int router_row(device const float* l, int experts, int top_k, bool norm, int picks, int want, bool write,
+                      device int* ids, device float* weights, ushort lane) {
+  const int n = PER > 0 ? PER : (experts + 31) / 32;
+  float v[PER > 0 ? PER : 1];
+  if (PER > 0) {
+    for (int s = 0; s < n; s++) {
+      const int e = s * 32 + int(lane);
+      v[s] = e < experts ? l[e] : -INFINITY;
+    }
+  }
+  float m = -INFINITY;
+  float sum = 0.0f;
+  if (write) {  // uniform per simdgroup
+    for (int s = 0; s < n; s++) {
+      const int e = s * 32 + int(lane);
+      m = max(m, e < experts ? router_logit<PER>(v, l, s, e) : -INFINITY);
+    }
+    m = simd_max(m);
+    for (int s = 0; s < n; s++) {
+      const int e = s * 32 + int(lane);
+      if (e < experts) {
+        sum += exp(router_logit<PER>(v, l, s, e) - m);
+      }
+    }
+    sum = simd_sum(sum);
+  }
+  uint taken = 0;
+  float total = 0.0f;
+  float mine = 0.0f;  // lane k keeps pick k's p (top_k <= 32)
+  int wanted = 0;
+  for (int k = 0; k < picks; k++) {
+    float best = -INFINITY;
+    int best_e = 0x7FFFFFFF;
+    for (int s = 0; s < n; s++) {
+      const int e = s * 32 + int(lane);
+      if (e < experts && (taken & (1u << s)) == 0) {
+        const float x = router_logit<PER>(v, l, s, e);
+        if (x > best || best_e == 0x7FFFFFFF) {
+          best = x;
+          best_e = e;
+        }
+      }
+    }
+    router_merge(best, best_e);
+    const int e = best_e;
+    if (e % 32 == int(lane)) {
+      taken |= 1u << (e / 32);
+    }
+    if (k == want) {
+      wanted = e;
+    }
+    if (write) {
+      const float chosen = exp(best - m) / sum;
+      total += chosen;
+      if (int(lane) == k) {
+        mine = chosen;
+      }
+      if (lane == 0) {
+        ids[k] = e;
+      }
+    }
+  }
+  if (write && int(lane) < top_k) {
+    weights[int(lane)] = norm ? mine / total : mine;
+  }
+  return wanted;
+}
+
+// Every pick of row l with one simdgroup, writing its ids and weights: the register form
+// when the experts fit (a uniform branch).
+inline void router_route_row(device const float* l, int experts, int top_k, bool norm, device int* ids, device float* weights,
+                             ushort lane) {
+  if (experts <= 32 * ROUTER_FAST_SLOTS) {
+    router_row<ROUTER_FAST_SLOTS>(l, experts, top_k, norm, top_k, 0, true, ids, weights, lane);
+  } else {
+    router_row<0>(l, experts, top_k, norm, top_k, 0, true, ids, weights, lane);
+  }
+}
+
 [[max_total_threads_per_threadgroup(128)]] kernel void router_topk_f32(
     constant RouterParams& p  [[buffer(0)]],
     device const uchar* logits [[buffer(1)]],
@@ -32,59 +141,7 @@ using namespace metal;
     return;  // uniform per simdgroup
   }
   device const float* l = (device const float*)(logits + ulong(row) * p.logits_stride);
-  const int per = (p.experts + 31) / 32;
-  float v[MOE_SLOTS];
-  float m = -INFINITY;
-  for (int s = 0; s < per; s++) {
-    const int e = s * 32 + int(lane);
-    v[s] = e < p.experts ? l[e] : -INFINITY;
-    m = max(m, v[s]);
-  }
-  m = simd_max(m);
-  float sum = 0.0f;
-  for (int s = 0; s < per; s++) {
-    if (s * 32 + int(lane) < p.experts) {
-      sum += exp(v[s] - m);
-    }
-  }
-  sum = simd_sum(sum);
-  uint taken = 0;
-  float total = 0.0f;
-  float mine = 0.0f;  // lane k keeps pick k's p (top_k <= 32)
-  for (int k = 0; k < p.top_k; k++) {
-    float best = -INFINITY;
-    int best_e = 0x7FFFFFFF;
-    for (int s = 0; s < per; s++) {
-      const int e = s * 32 + int(lane);
-      if (e < p.experts && (taken & (1u << s)) == 0 && (v[s] > best || best_e == 0x7FFFFFFF)) {
-        best = v[s];
-        best_e = e;
-      }
-    }
-    for (ushort off = 16; off >= 1; off >>= 1) {
-      const float ob = simd_shuffle_xor(best, off);
-      const int oe = simd_shuffle_xor(best_e, off);
-      if (ob > best || (ob == best && oe < best_e)) {
-        best = ob;
-        best_e = oe;
-      }
-    }
-    const int e = best_e;
-    if (e % 32 == int(lane)) {
-      taken |= 1u << (e / 32);
-    }
-    const float chosen = exp(best - m) / sum;
-    total += chosen;
-    if (int(lane) == k) {
-      mine = chosen;
-    }
-    if (lane == 0) {
-      ids[row * p.top_k + k] = e;
-    }
-  }
-  if (int(lane) < p.top_k) {
-    weights[row * p.top_k + int(lane)] = p.norm_topk != 0 ? mine / total : mine;
-  }
+  router_route_row(l, p.experts, p.top_k, p.norm_topk != 0, ids + row * p.top_k, weights + row * p.top_k, lane);
 }
 
 // Groups pair q = r * top_k + k by expert ids[q]: offsets[e] .. offsets[e + 1] index
