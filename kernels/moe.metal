@@ -299,6 +299,32 @@ template [[host_name("moe_down_q4_f32")]] kernel decltype(moe_down<uchar, MV_NR>
 template [[host_name("moe_gate_up_q4_r1_f32")]] kernel decltype(moe_gate_up<uchar, 1>) moe_gate_up<uchar, 1>;
 template [[host_name("moe_down_q4_r1_f32")]] kernel decltype(moe_down<uchar, 1>) moe_down<uchar, 1>;
 
+// Gate and up of routed pair q (expert e, batch row q / top_k) for this simdgroup's MV_R
+// outputs from o0: h[q] = SiLU(gate_e x) * up_e x, one pair per pass. A missing slot (or an
+// id outside [0, E)) reads nothing and writes NaN. P: the plain or the routed params.
+template <typename T, typename P>
+inline void moe_gate_up_pair(constant P& p, int q, int e, int o0, device const int* slot_of, device const uchar* pool,
+                             device const uchar* x, device uchar* y, ushort lane) {
+  const int slot = e >= 0 && e < p.experts ? slot_of[e] : -1;
+  const bool missing = slot < 0 || slot >= p.slots;
+  device const uchar* record = pool + (missing ? 0ul : ulong(slot) * p.record_stride);
+  ulong xoff[1] = {ulong(q / p.top_k) * p.x_stride};
+  float4 acc[1] = {float4(0.0f)};
+  float4 up[1] = {float4(0.0f)};
+  if (!missing) {
+    MvPass<T, 1>::run2(record + p.w0_offset, record + p.w1_offset, p.in_dim, o0, p.out_dim, x, xoff, 1, acc, up, lane);
+    mv_reduce<1>(up, 1);
+    mv_reduce<1>(acc, 1);
+  }
+  if (lane == 0) {
+    device float* yr = (device float*)(y + ulong(q) * p.y_stride);
+    for (int i = 0; i < MV_R && o0 + i < p.out_dim; i++) {
+      float g = acc[0][i];
+      yr[o0 + i] = missing ? NAN : g / (1.0f + exp(-g)) * up[0][i];
+    }
+  }
+}
+
 // The routed experts' gate and up for a decode step, one threadgroup row per routed pair
 // (q = tg.y < rows * top_k) straight from the router's ids, without the pair lists: a decode
 // row routes to top_k distinct experts, so each expert's weights are still read once, and the
@@ -320,28 +346,49 @@ template <typename T>
   if (q >= p.rows * p.top_k || o0 >= p.out_dim) {
     return;  // uniform per simdgroup
   }
-  const int e = ids[q];
-  const int slot = e >= 0 && e < p.experts ? slot_of[e] : -1;
-  const bool missing = slot < 0 || slot >= p.slots;
-  device const uchar* record = pool + (missing ? 0ul : ulong(slot) * p.record_stride);
-  ulong xoff[1] = {ulong(q / p.top_k) * p.x_stride};
-  float4 acc[1] = {float4(0.0f)};
-  float4 up[1] = {float4(0.0f)};
-  if (!missing) {
-    MvPass<T, 1>::run2(record + p.w0_offset, record + p.w1_offset, p.in_dim, o0, p.out_dim, x, xoff, 1, acc, up, lane);
-    mv_reduce<1>(up, 1);
-    mv_reduce<1>(acc, 1);
+  moe_gate_up_pair<T>(p, q, ids[q], o0, slot_of, pool, x, y, lane);
+}
+
+// moe_gate_up_pairs with the router's softmax + top-k folded in (a resident decode step: no
+// host step between the router and the experts), one dispatch fewer: every simdgroup routes
+// its row from the logits itself (router_row: the register form up to 128 experts, so a few
+// shuffles a pick) and takes pick k = q % top_k; simdgroup 0 of threadgroup (0, r * top_k)
+// makes every pick and writes row r's ids and weights for moe_down_combine and the host. The
+// same routing (router_topk_f32's bits) and the same pass as moe_gate_up_pairs.
+template <typename T>
+[[max_total_threads_per_threadgroup(128)]] kernel void moe_gate_up_pairs_routed(
+    constant MoeRoutedGateUpParams& p [[buffer(0)]],
+    device const uchar* logits   [[buffer(1)]],
+    device int* ids              [[buffer(2)]],
+    device float* weights        [[buffer(3)]],
+    device const int* slot_of    [[buffer(4)]],
+    device const uchar* pool     [[buffer(5)]],
+    device const uchar* x        [[buffer(6)]],
+    device uchar* y              [[buffer(7)]],
+    uint2 tg                     [[threadgroup_position_in_grid]],
+    ushort sg                    [[simdgroup_index_in_threadgroup]],
+    ushort lane                  [[thread_index_in_simdgroup]]) {
+  const int q = int(tg.y);
+  const int o0 = (int(tg.x) * MV_SG + int(sg)) * MV_R;
+  if (q >= p.rows * p.top_k || o0 >= p.out_dim) {
+    return;  // uniform per simdgroup
   }
-  if (lane == 0) {
-    device float* yr = (device float*)(y + ulong(q) * p.y_stride);
-    for (int i = 0; i < MV_R && o0 + i < p.out_dim; i++) {
-      float g = acc[0][i];
-      yr[o0 + i] = missing ? NAN : g / (1.0f + exp(-g)) * up[0][i];
-    }
-  }
+  const int r = q / p.top_k;
+  const int k = q - r * p.top_k;
+  const bool writes = tg.x == 0 && sg == 0 && k == 0;  // uniform per simdgroup
+  const int picks = writes ? p.top_k : k + 1;
+  device const float* l = (device const float*)(logits + ulong(r) * p.logits_stride);
+  device int* row_ids = ids + r * p.top_k;
+  device float* row_w = weights + r * p.top_k;
+  const bool norm = p.norm_topk != 0;
+  const int e = p.experts <= 32 * ROUTER_FAST_SLOTS
+                    ? router_row<ROUTER_FAST_SLOTS>(l, p.experts, p.top_k, norm, picks, k, writes, row_ids, row_w, lane)
+                    : router_row<0>(l, p.experts, p.top_k, norm, picks, k, writes, row_ids, row_w, lane);
+  moe_gate_up_pair<T>(p, q, e, o0, slot_of, pool, x, y, lane);
 }
 
 template [[host_name("moe_gate_up_pairs_q4_f32")]] kernel decltype(moe_gate_up_pairs<uchar>) moe_gate_up_pairs<uchar>;
+template [[host_name("moe_gate_up_pairs_routed_q4_f32")]] kernel decltype(moe_gate_up_pairs_routed<uchar>) moe_gate_up_pairs_routed<uchar>;
 
 // The routed experts' down projections and the combine in one pass, for a decode step (one
 // pair per expert): threadgroup (x, r) computes MV_R outputs of row r. Its MOE_DC_SG

@@ -45,18 +45,28 @@ export function encodeRouter(
   nb: number,
   cfg: RouterConfig,
 ): void {
+  encodeRouterLogits(ctx, router, x, logits, nb, cfg);
+  encodeRouterTopK(ctx, logits, routes, nb, cfg);
+}
+
+/** logits = W_router x alone (a step whose gate_up routes itself: moe_gate_up_pairs_routed). */
+export function encodeRouterLogits(ctx: EncodeContext, router: TensorRef, x: RowsRef, logits: RowsRef, nb: number, cfg: RouterConfig): void {
   const [E] = matrixShape(router, "router");
   if (E !== cfg.experts) throw new Error(`router has ${E} rows, config says ${cfg.experts} experts`);
   encodeMatvec(ctx, router, x, logits, nb);
-  encodeRouterTopK(ctx, logits, routes, nb, cfg);
+}
+
+/** Throws unless the router kernels hold cfg's experts and top_k. */
+function checkRouterConfig(cfg: RouterConfig): void {
+  if (cfg.experts < 1 || cfg.experts > MOE_MAX_EXPERTS) throw new Error(`router: ${cfg.experts} experts, at most ${MOE_MAX_EXPERTS}`);
+  if (cfg.top_k < 1 || cfg.top_k > Math.min(cfg.experts, MOE_MAX_TOPK))
+    throw new Error(`router: top_k ${cfg.top_k} must be in 1..${Math.min(cfg.experts, MOE_MAX_TOPK)}`);
 }
 
 /** Softmax + top-k of logits already computed. */
 export function encodeRouterTopK(ctx: EncodeContext, logits: RowsRef, routes: Routes, nb: number, cfg: RouterConfig): void {
   checkRows(nb, "router_topk");
-  if (cfg.experts < 1 || cfg.experts > MOE_MAX_EXPERTS) throw new Error(`router: ${cfg.experts} experts, at most ${MOE_MAX_EXPERTS}`);
-  if (cfg.top_k < 1 || cfg.top_k > Math.min(cfg.experts, MOE_MAX_TOPK))
-    throw new Error(`router: top_k ${cfg.top_k} must be in 1..${Math.min(cfg.experts, MOE_MAX_TOPK)}`);
+  checkRouterConfig(cfg);
   dispatch(
     ctx,
     "router_topk_f32",
@@ -145,6 +155,12 @@ export interface DownCombine {
   shared?: { s: RowsRef; sg: RowsRef };
   /** The site's write of the output, done by the kernel (moe_down_combine_hc); y is then unwritten. */
   into?: SiteWrite;
+  /**
+   * The router's logits, when the gate and up route the rows themselves
+   * (moe_gate_up_pairs_routed: softmax + top-k per threadgroup, one of which writes ids and
+   * weights): no router_topk before them.
+   */
+  route?: { logits: RowsRef; norm_topk_prob: boolean };
 }
 
 /**
@@ -180,15 +196,24 @@ export function encodeRoutedExperts(
   // the router's ids (no pair lists), then the fused down + combine.
   if (combine) {
     if (!fusesDownCombine(pool, nb)) throw new Error("moe_down_combine: needs one row, q4 records and a one-buffer pool (fusesDownCombine)");
-    dispatch(
-      ctx,
-      "moe_gate_up_pairs_q4_f32",
-      Params.MoeExperts,
-      { rows: nb, top_k: topK, experts, slots: pool.slots, record_stride: pool.stride, in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: x.stride, y_stride: scratch.h.stride },
-      [combine.ids, slotOf, pool.buffers[0]!, bind(x.buffer, x.offset), bind(scratch.h.buffer, scratch.h.offset)],
-      [Math.ceil(I / (T.rows * T.simdgroups)), nb * topK],
-      SIMD_WIDTH * T.simdgroups,
-    );
+    const values = { rows: nb, top_k: topK, experts, slots: pool.slots, record_stride: pool.stride, in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: x.stride, y_stride: scratch.h.stride };
+    const io = [slotOf, pool.buffers[0]!, bind(x.buffer, x.offset), bind(scratch.h.buffer, scratch.h.offset)];
+    const grid: [number, number] = [Math.ceil(I / (T.rows * T.simdgroups)), nb * topK];
+    const route = combine.route;
+    if (route) {
+      checkRouterConfig({ experts, top_k: topK, norm_topk_prob: route.norm_topk_prob });
+      dispatch(
+        ctx,
+        "moe_gate_up_pairs_routed_q4_f32",
+        Params.MoeRoutedGateUp,
+        { ...values, norm_topk: route.norm_topk_prob ? 1 : 0, logits_stride: route.logits.stride },
+        [bind(route.logits.buffer, route.logits.offset), combine.ids, combine.weights, ...io],
+        grid,
+        SIMD_WIDTH * T.simdgroups,
+      );
+    } else {
+      dispatch(ctx, "moe_gate_up_pairs_q4_f32", Params.MoeExperts, values, [combine.ids, ...io], grid, SIMD_WIDTH * T.simdgroups);
+    }
     encodeDownCombine(ctx, pool, slotOf, scratch, nb, topK, experts, I, d, down.offset, combine);
     return;
   }
