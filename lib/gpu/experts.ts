@@ -8,7 +8,7 @@ import type { DType } from "../model/config.ts";
 import type { Binding, Buffer } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { Params, type ParamValues } from "./params.ts";
-import { checkRows, encodeMatvec, MATVEC_TILE, matrixShape, oneRowForm } from "./projections.ts";
+import { checkRows, encodeMatvec, encodeMatvecs, MATVEC_TILE, matrixShape, oneRowForm } from "./projections.ts";
 import { encodeGemmGateUp, GEMM_TILE, gemmMinRows, usesGemm } from "./gemm.ts";
 import type { SiteWrite } from "./hyperconnection.ts";
 import { HC_MAX_STREAMS, SIMD_WIDTH } from "./limits.ts";
@@ -32,9 +32,15 @@ export interface Routes {
   weights: Binding;
 }
 
+/** The shared expert's gate logit sg = w_sg . x, computed in the router's dispatch (same input). */
+export interface SharedGate {
+  w: TensorRef;
+  sg: RowsRef;
+}
+
 /**
  * logits = W_router x, then per row softmax over E and the top-k by logit (ties: lower id),
- * weights p_k or p_k / sum (norm_topk_prob).
+ * weights p_k or p_k / sum (norm_topk_prob). With `sharedGate`, its logit too.
  */
 export function encodeRouter(
   ctx: EncodeContext,
@@ -44,16 +50,30 @@ export function encodeRouter(
   routes: Routes,
   nb: number,
   cfg: RouterConfig,
+  sharedGate?: SharedGate,
 ): void {
-  encodeRouterLogits(ctx, router, x, logits, nb, cfg);
+  encodeRouterLogits(ctx, router, x, logits, nb, cfg, sharedGate);
   encodeRouterTopK(ctx, logits, routes, nb, cfg);
 }
 
-/** logits = W_router x alone (a step whose gate_up routes itself: moe_gate_up_pairs_routed). */
-export function encodeRouterLogits(ctx: EncodeContext, router: TensorRef, x: RowsRef, logits: RowsRef, nb: number, cfg: RouterConfig): void {
+/**
+ * logits = W_router x alone (a step whose gate_up routes itself: moe_gate_up_pairs_routed).
+ * With `sharedGate`, the shared expert's gate logit of the same rows in the same dispatch
+ * (matvec_multi, when the dtypes match: the same bits as a matvec each in that form).
+ */
+export function encodeRouterLogits(
+  ctx: EncodeContext,
+  router: TensorRef,
+  x: RowsRef,
+  logits: RowsRef,
+  nb: number,
+  cfg: RouterConfig,
+  sharedGate?: SharedGate,
+): void {
   const [E] = matrixShape(router, "router");
   if (E !== cfg.experts) throw new Error(`router has ${E} rows, config says ${cfg.experts} experts`);
-  encodeMatvec(ctx, router, x, logits, nb);
+  if (sharedGate) encodeMatvecs(ctx, [{ w: router, y: logits }, { w: sharedGate.w, y: sharedGate.sg }], x, nb);
+  else encodeMatvec(ctx, router, x, logits, nb);
 }
 
 /** Throws unless the router kernels hold cfg's experts and top_k. */
@@ -352,8 +372,11 @@ export interface SharedScratch {
   sg: RowsRef;
 }
 
-/** s[r] = down(SiLU(gate x[r]) * up x[r]) and sg[r] = w_sg . x[r] (the combine applies the sigmoid). */
-export function encodeSharedExpert(ctx: EncodeContext, w: SharedExpertRefs, x: RowsRef, scratch: SharedScratch, nb: number): void {
+/**
+ * s[r] = down(SiLU(gate x[r]) * up x[r]) and sg[r] = w_sg . x[r] (the combine applies the
+ * sigmoid); `gate: false` leaves sg to the router's dispatch (encodeRouter's sharedGate).
+ */
+export function encodeSharedExpert(ctx: EncodeContext, w: SharedExpertRefs, x: RowsRef, scratch: SharedScratch, nb: number, opts: { gate?: boolean } = {}): void {
   checkRows(nb, "shared expert");
   const [SI, d] = matrixShape(w.gate, "shared_gate");
   if (w.gate.dtype !== w.up.dtype) throw new Error(`shared expert: gate ${w.gate.dtype} and up ${w.up.dtype} differ`);
@@ -372,7 +395,7 @@ export function encodeSharedExpert(ctx: EncodeContext, w: SharedExpertRefs, x: R
     );
   }
   encodeMatvec(ctx, w.down, scratch.h, scratch.s, nb);
-  encodeMatvec(ctx, w.expertGate, x, scratch.sg, nb);
+  if (opts.gate !== false) encodeMatvec(ctx, w.expertGate, x, scratch.sg, nb);
 }
 
 /** y[r] = sum_j w[r][j] o[r * k + j] (+ sigmoid(sg[r]) s[r] when `shared` is given). */

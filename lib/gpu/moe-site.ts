@@ -60,12 +60,14 @@ export function encodeMoeRoute(ctx: EncodeContext, a: MoeSiteArgs, pool: KernelP
   const d = c.hidden_size;
   encodeSiteRead(ctx, a.X, a.site, s.hc, s.xn, nb, a.hc, d, { w: a.norm, eps: c.rms_norm_eps });
   const m = s.moe;
+  // The shared expert's gate logit rides in the router's dispatch (the same input).
+  const sharedGate = a.moe.shared ? { w: a.moe.shared.expertGate, sg: m.sg } : undefined;
   if (foldsRouter(pool, nb, route)) {
-    encodeRouterLogits(ctx, a.moe.router, s.xn, m.logits, nb, routerConfig(c));
+    encodeRouterLogits(ctx, a.moe.router, s.xn, m.logits, nb, routerConfig(c), sharedGate);
     return;
   }
   const ids = bind(route.ids.buffer, route.ids.offset);
-  encodeRouter(ctx, a.moe.router, s.xn, m.logits, { ids, weights: bind(route.weights.buffer, route.weights.offset) }, nb, routerConfig(c));
+  encodeRouter(ctx, a.moe.router, s.xn, m.logits, { ids, weights: bind(route.weights.buffer, route.weights.offset) }, nb, routerConfig(c), sharedGate);
   if (fusesDownCombine(pool, nb)) return;
   const L = m.lists;
   encodeExpertLists(
@@ -92,7 +94,7 @@ export function encodeMoeCompute(ctx: EncodeContext, a: MoeSiteArgs, pool: Kerne
   // The shared expert first: a decode step's fused down + combine adds its output.
   let shared: { s: RowsRef; sg: RowsRef } | undefined;
   if (a.moe.shared) {
-    encodeSharedExpert(ctx, a.moe.shared, x, { h: m.sh, s: m.s, sg: m.sg }, nb);
+    encodeSharedExpert(ctx, a.moe.shared, x, { h: m.sh, s: m.s, sg: m.sg }, nb, { gate: false }); // sg: encodeMoeRoute
     shared = { s: m.s, sg: m.sg };
   }
   const weights = bind(route.weights.buffer, route.weights.offset);

@@ -5,12 +5,13 @@
 // router_topk_f32 + moe_gate_up_pairs.
 import { afterAll, describe, expect, test } from "bun:test";
 
-import { encodeRouterTopK, encodeRoutedExperts, encodeSharedExpert, fusesDownCombine, type ExpertPool } from "../../lib/gpu/experts.ts";
+import { encodeRouterLogits, encodeRouterTopK, encodeRoutedExperts, encodeSharedExpert, fusesDownCombine, type ExpertPool } from "../../lib/gpu/experts.ts";
+import { encodeMatvec } from "../../lib/gpu/projections.ts";
 import { hcMixCount } from "../../lib/gpu/hyperconnection.ts";
 import { PART_ALIGN } from "../../lib/model/manifest.ts";
 import { tensorBytes } from "../../lib/model/tensors.ts";
 import { routerTopK } from "../../lib/reference/moe.ts";
-import type { Binding, Buffer } from "../../lib/shim.ts";
+import type { Binding, Buffer, Pipeline } from "../../lib/shim.ts";
 import {
   expectClose,
   expectExact,
@@ -26,6 +27,7 @@ import {
   run,
   uploadF32,
   uploadI32,
+  uploadWeight,
   uploadWeights,
 } from "./harness.ts";
 
@@ -203,5 +205,30 @@ describe("moe_gate_up_pairs_routed: router_topk folded into the decode gate and 
     const outs = new Float32Array(Uint32Array.from(folded.out).buffer);
     if (c.missing !== undefined) expect(outs.every(Number.isNaN)).toBe(true);
     else expect(outs.every(Number.isFinite)).toBe(true);
+  });
+});
+
+describe("encodeRouterLogits with the shared expert's gate", () => {
+  // The router and the shared expert's gate logit read the same normalised row: one
+  // matvec_multi dispatch gives both, the same bits as a matvec each.
+  test.each([1, 5])("nb = %i: one dispatch, the same bits as two matvecs", (nb) => {
+    const [d, E] = [64, 128];
+    const router = uploadWeight(dev, "bf16", [E, d], 61, 0.5).ref;
+    const gate = uploadWeight(dev, "bf16", [1, d], 62, 0.5).ref;
+    const x = rows(uploadF32(dev, randomF32(nb * d, 63 + nb, 1.5, "router-x")), d);
+    const [logits, sg, logits1, sg1] = [E, 1, E, 1].map((n) => outputF32(dev, nb * n));
+    const names: string[] = [];
+    run(dev, (ctx) => {
+      const counting = { dispatch: (...a: Parameters<typeof ctx.cb.dispatch>) => (names.push((a[0] as Pipeline).name), ctx.cb.dispatch(...a)) };
+      const cfg = { experts: E, top_k: 8, norm_topk_prob: true };
+      encodeRouterLogits({ ...ctx, cb: counting as unknown as typeof ctx.cb }, router, x, rows(logits!, E), nb, cfg, { w: gate, sg: rows(sg!, 1) });
+      encodeMatvec(ctx, router, x, rows(logits1!, E), nb);
+      encodeMatvec(ctx, gate, x, rows(sg1!, 1), nb);
+    });
+    expect(names).toHaveLength(1);
+    expect(names[0]).toStartWith("matvec_multi_");
+    const bits = (b: Buffer, n: number) => [...new Uint32Array(b.bytes.buffer, b.bytes.byteOffset, n)];
+    expect(bits(logits!, nb * E)).toEqual(bits(logits1!, nb * E));
+    expect(bits(sg!, nb)).toEqual(bits(sg1!, nb));
   });
 });
