@@ -18,11 +18,12 @@ using namespace metal;
 // lane e % 32, slot e / 32. Each pick is one butterfly over (logit, id) pairs: five steps of
 // two shuffles, where a max then a min of the ids took ten dependent steps.
 #define MOE_SLOTS (MOE_MAX_EXPERTS / 32)
-// Slots a lane holds in registers on the fast path (experts <= 32 * ROUTER_FAST_SLOTS): a
-// fixed count, so the slot loops unroll and index the logits by constants. (Unrolling to all
-// MOE_SLOTS made 128 experts slower; a runtime-indexed array lives in local memory and was
-// re-read at every pick.)
+// Slots a lane holds in registers (experts <= 32 * slots): a fixed count, so the slot loops
+// unroll and index the logits by constants. Two sizes, so 128 experts (the 30b shape) do not
+// pay for 512's compares: unrolling to all MOE_SLOTS made 128 experts slower, and a
+// runtime-indexed array lives in local memory, re-read at every pick.
 #define ROUTER_FAST_SLOTS 4
+#define ROUTER_WIDE_SLOTS 16
 
 // The best (logit, id) of the simdgroup: the highest logit, the lower id on a tie.
 inline void router_merge(thread float& best, thread int& best_e) {
@@ -117,15 +118,16 @@ inline int router_row(device const float* l, int experts, int top_k, bool norm, 
   return wanted;
 }
 
-// Every pick of row l with one simdgroup, writing its ids and weights: the register form
-// when the experts fit (a uniform branch).
-inline void router_route_row(device const float* l, int experts, int top_k, bool norm, device int* ids, device float* weights,
-                             ushort lane) {
+// router_row in the smallest form that holds the experts (a uniform branch).
+inline int router_route(device const float* l, int experts, int top_k, bool norm, int picks, int want, bool write,
+                        device int* ids, device float* weights, ushort lane) {
   if (experts <= 32 * ROUTER_FAST_SLOTS) {
-    router_row<ROUTER_FAST_SLOTS>(l, experts, top_k, norm, top_k, 0, true, ids, weights, lane);
-  } else {
-    router_row<0>(l, experts, top_k, norm, top_k, 0, true, ids, weights, lane);
+    return router_row<ROUTER_FAST_SLOTS>(l, experts, top_k, norm, picks, want, write, ids, weights, lane);
   }
+  if (experts <= 32 * ROUTER_WIDE_SLOTS) {
+    return router_row<ROUTER_WIDE_SLOTS>(l, experts, top_k, norm, picks, want, write, ids, weights, lane);
+  }
+  return router_row<0>(l, experts, top_k, norm, picks, want, write, ids, weights, lane);
 }
 
 [[max_total_threads_per_threadgroup(128)]] kernel void router_topk_f32(
@@ -141,7 +143,7 @@ inline void router_route_row(device const float* l, int experts, int top_k, bool
     return;  // uniform per simdgroup
   }
   device const float* l = (device const float*)(logits + ulong(row) * p.logits_stride);
-  router_route_row(l, p.experts, p.top_k, p.norm_topk != 0, ids + row * p.top_k, weights + row * p.top_k, lane);
+  router_route(l, p.experts, p.top_k, p.norm_topk != 0, p.top_k, 0, true, ids + row * p.top_k, weights + row * p.top_k, lane);
 }
 
 // Groups pair q = r * top_k + k by expert ids[q]: offsets[e] .. offsets[e + 1] index
@@ -351,8 +353,8 @@ template <typename T>
 
 // moe_gate_up_pairs with the router's softmax + top-k folded in (a resident decode step: no
 // host step between the router and the experts), one dispatch fewer: every simdgroup routes
-// its row from the logits itself (router_row: the register form up to 128 experts, so a few
-// shuffles a pick) and takes pick k = q % top_k; simdgroup 0 of threadgroup (0, r * top_k)
+// its row from the logits itself (router_route: registers up to 512 experts, a few shuffles
+// a pick) and takes pick k = q % top_k; simdgroup 0 of threadgroup (0, r * top_k)
 // makes every pick and writes row r's ids and weights for moe_down_combine and the host. The
 // same routing (router_topk_f32's bits) and the same pass as moe_gate_up_pairs.
 template <typename T>
@@ -380,10 +382,7 @@ template <typename T>
   device const float* l = (device const float*)(logits + ulong(r) * p.logits_stride);
   device int* row_ids = ids + r * p.top_k;
   device float* row_w = weights + r * p.top_k;
-  const bool norm = p.norm_topk != 0;
-  const int e = p.experts <= 32 * ROUTER_FAST_SLOTS
-                    ? router_row<ROUTER_FAST_SLOTS>(l, p.experts, p.top_k, norm, picks, k, writes, row_ids, row_w, lane)
-                    : router_row<0>(l, p.experts, p.top_k, norm, picks, k, writes, row_ids, row_w, lane);
+  const int e = router_route(l, p.experts, p.top_k, p.norm_topk != 0, picks, k, writes, row_ids, row_w, lane);
   moe_gate_up_pair<T>(p, q, e, o0, slot_of, pool, x, y, lane);
 }
 

@@ -1,6 +1,6 @@
-// The router's two forms (kernels/moe.metal router_row): the register form for up to 128
-// experts and the general one beyond, pinned to the same bits, and the reference's routing for
-// expert counts past the register form. Then the router folded into a decode step's gate and
+// The router's forms (kernels/moe.metal router_route): registers for up to 128 and up to 512
+// experts, the general form beyond, pinned to the same bits, and the reference's routing for
+// expert counts past the first form. Then the router folded into a decode step's gate and
 // up (moe_gate_up_pairs_routed): the same ids, weights, h and layer output bits as
 // router_topk_f32 + moe_gate_up_pairs.
 import { afterAll, describe, expect, test } from "bun:test";
@@ -34,8 +34,9 @@ import {
 const dev = openDevice();
 afterAll(() => dev.close());
 
-/** Experts the register form holds (ROUTER_FAST_SLOTS * 32 in kernels/moe.metal). */
+/** Experts the two register forms hold (32 * ROUTER_FAST_SLOTS, 32 * ROUTER_WIDE_SLOTS in kernels/moe.metal). */
 const FAST_EXPERTS = 128;
+const WIDE_EXPERTS = 512;
 
 /** Logits on a grid of 1/8 (ties are common: ranks take the lower id). */
 function gridLogits(n: number, seed: number): Float32Array {
@@ -52,40 +53,46 @@ function route(logits: Float32Array, nb: number, E: number, k: number, norm: boo
   return { ids: [...readI32(ids, nb * k)], weights: w, bits: [...new Uint32Array(Float32Array.from(w).buffer)] };
 }
 
-describe("router_topk_f32: register form = general form", () => {
-  // E experts take the register form; the same rows padded to E + extra experts with -inf
-  // logits take the general form and must give the same bits: a -inf expert adds exp(-inf) = 0
-  // to the softmax sum and is never among the top k.
+describe("router_topk_f32: the register forms = the general form", () => {
+  // E experts take the smallest form that holds them; the same rows padded to `to` experts
+  // with -inf logits take a larger form and must give the same bits: a -inf expert adds
+  // exp(-inf) = 0 to the softmax sum and is never among the top k.
+  const general = WIDE_EXPERTS + 32 + 3; // past both register forms
+  const wide = FAST_EXPERTS + 32 + 3; // the wide register form
   test.each([
-    [FAST_EXPERTS, 8, true, 1],
-    [FAST_EXPERTS, 8, false, 1],
-    [FAST_EXPERTS, 32, true, 1],
-    [FAST_EXPERTS, 10, true, 5],
-    [100, 10, false, 5],
-    [64, 4, true, 3],
-    [8, 2, true, 7],
-  ] as const)("E = %i, k = %i, norm_topk_prob %p, nb = %i", (E, k, norm, nb) => {
-    const wide = FAST_EXPERTS + 32 + 3; // five slots: past the register form
+    [FAST_EXPERTS, 8, true, 1, wide],
+    [FAST_EXPERTS, 8, true, 1, general],
+    [FAST_EXPERTS, 8, false, 1, general],
+    [FAST_EXPERTS, 32, true, 1, general],
+    [FAST_EXPERTS, 10, true, 5, wide],
+    [100, 10, false, 5, general],
+    [64, 4, true, 3, general],
+    [8, 2, true, 7, wide],
+    [WIDE_EXPERTS, 10, true, 3, general],
+    [300, 10, false, 2, general],
+    [WIDE_EXPERTS, 32, true, 1, general],
+  ] as const)("E = %i, k = %i, norm_topk_prob %p, nb = %i: the same bits padded to %i experts", (E, k, norm, nb, to) => {
     const logits = gridLogits(nb * E, E * 31 + k);
-    const padded = new Float32Array(nb * wide).fill(-Infinity);
-    for (let r = 0; r < nb; r++) padded.set(logits.subarray(r * E, (r + 1) * E), r * wide);
-    const fast = route(logits, nb, E, k, norm);
-    const general = route(padded, nb, wide, k, norm);
-    expect(fast.ids).toEqual(general.ids);
-    expect(fast.bits).toEqual(general.bits);
+    const padded = new Float32Array(nb * to).fill(-Infinity);
+    for (let r = 0; r < nb; r++) padded.set(logits.subarray(r * E, (r + 1) * E), r * to);
+    const small = route(logits, nb, E, k, norm);
+    const large = route(padded, nb, to, k, norm);
+    expect(small.ids).toEqual(large.ids);
+    expect(small.bits).toEqual(large.bits);
     // ... and both are the router's routing.
     for (let r = 0; r < nb; r++) {
       const want = routerTopK(logits.subarray(r * E, (r + 1) * E), k, norm);
-      expectExact(fast.ids.slice(r * k, (r + 1) * k), want.experts, `router ids row ${r}`);
-      expectClose(fast.weights.subarray(r * k, (r + 1) * k), want.weights, { rel: 2e-6, abs: 1e-7 }, `router weights row ${r}`);
+      expectExact(small.ids.slice(r * k, (r + 1) * k), want.experts, `router ids row ${r}`);
+      expectClose(small.weights.subarray(r * k, (r + 1) * k), want.weights, { rel: 2e-6, abs: 1e-7 }, `router weights row ${r}`);
     }
   });
 
   test.each([
     [129, 8, true],
     [512, 10, true],
+    [513, 10, true],
     [1024, 32, false],
-  ] as const)("general form, E = %i, k = %i: the reference's routing", (E, k, norm) => {
+  ] as const)("wide and general forms, E = %i, k = %i: the reference's routing", (E, k, norm) => {
     const nb = 3;
     const logits = gridLogits(nb * E, E + k);
     const got = route(logits, nb, E, k, norm);
@@ -186,7 +193,8 @@ describe("moe_gate_up_pairs_routed: router_topk folded into the decode gate and 
     { what: "30b shape: 4 streams, shared expert", E: 128, k: 8, norm: true, streams: 4, shared: true },
     { what: "plain y, no shared expert, p_k unnormalised", E: 128, k: 8, norm: false, streams: 0, shared: false },
     { what: "a residual (one stream), few experts", E: 16, k: 4, norm: true, streams: 1, shared: true },
-    { what: "the general router form (160 experts)", E: 160, k: 10, norm: true, streams: 2, shared: true },
+    { what: "the wide router form (160 experts)", E: 160, k: 10, norm: true, streams: 2, shared: true },
+    { what: "the general router form (520 experts)", E: 520, k: 10, norm: true, streams: 1, shared: false },
     { what: "a pick without a slot", E: 128, k: 8, norm: true, streams: 4, shared: true, missing: -2 },
   ] satisfies FoldCase[])("$what (E = $E, k = $k)", (c0) => {
     const logits = gridLogits(c0.E, c0.E + c0.k);
