@@ -16,9 +16,120 @@ using namespace metal;
 // Per row: p = softmax(logits); the top_k experts by logit (equal logits: lower id first),
 // weights p_k (or p_k / sum of the chosen p). One simdgroup per row; expert e lives in
 // lane e % 32, slot e / 32. Each pick is one butterfly over (logit, id) pairs: five steps of
-// two shuffles, where a max then a min of the ids took ten dependent steps. (Unrolling the
-// slots to their constant bound, 32, to keep them in registers made it slower at 128 experts.)
+// two shuffles, where a max then a min of the ids took ten dependent steps.
 #define MOE_SLOTS (MOE_MAX_EXPERTS / 32)
+// Slots a lane holds in registers (experts <= 32 * slots): a fixed count, so the slot loops
+// unroll and index the logits by constants. Two sizes, so 128 experts (the 30b shape) do not
+// pay for 512's compares: unrolling to all MOE_SLOTS made 128 experts slower, and a
+// runtime-indexed array lives in local memory, re-read at every pick.
+#define ROUTER_FAST_SLOTS 4
+#define ROUTER_WIDE_SLOTS 16
+
+// The best (logit, id) of the simdgroup: the highest logit, the lower id on a tie.
+inline void router_merge(thread float& best, thread int& best_e) {
+  for (ushort off = 16; off >= 1; off >>= 1) {
+    const float ob = simd_shuffle_xor(best, off);
+    const int oe = simd_shuffle_xor(best_e, off);
+    if (ob > best || (ob == best && oe < best_e)) {
+      best = ob;
+      best_e = oe;
+    }
+  }
+}
+
+// Logit of expert e (slot s of this lane), e < experts: from registers (PER > 0) or memory.
+template <int PER>
+inline float router_logit(thread const float* v, device const float* l, int s, int e) {
+  return PER > 0 ? v[s] : l[e];
+}
+
+// The routing of one row (logits l[0 .. experts)) by one simdgroup: `picks` picks (<= top_k);
+// returns pick `want`'s expert on every lane. With `write` (picks = top_k), stores the row's
+// ids[0 .. top_k) and weights[0 .. top_k) as router_topk_f32 does. PER > 0: the lane's logits
+// in PER registers (experts <= 32 * PER); PER = 0: any count, each pick re-reads the row from
+// memory (cached) rather than a local-memory array. Both make the same comparisons and sums in
+// the same order, so the same bits.
+template <int PER>
+inline int router_row(device const float* l, int experts, int top_k, bool norm, int picks, int want, bool write,
+                      device int* ids, device float* weights, ushort lane) {
+  const int n = PER > 0 ? PER : (experts + 31) / 32;
+  float v[PER > 0 ? PER : 1];
+  if (PER > 0) {
+    for (int s = 0; s < n; s++) {
+      const int e = s * 32 + int(lane);
+      v[s] = e < experts ? l[e] : -INFINITY;
+    }
+  }
+  float m = -INFINITY;
+  float sum = 0.0f;
+  if (write) {  // uniform per simdgroup
+    for (int s = 0; s < n; s++) {
+      const int e = s * 32 + int(lane);
+      m = max(m, e < experts ? router_logit<PER>(v, l, s, e) : -INFINITY);
+    }
+    m = simd_max(m);
+    for (int s = 0; s < n; s++) {
+      const int e = s * 32 + int(lane);
+      if (e < experts) {
+        sum += exp(router_logit<PER>(v, l, s, e) - m);
+      }
+    }
+    sum = simd_sum(sum);
+  }
+  uint taken = 0;
+  float total = 0.0f;
+  float mine = 0.0f;  // lane k keeps pick k's p (top_k <= 32)
+  int wanted = 0;
+  for (int k = 0; k < picks; k++) {
+    float best = -INFINITY;
+    int best_e = 0x7FFFFFFF;
+    for (int s = 0; s < n; s++) {
+      const int e = s * 32 + int(lane);
+      if (e < experts && (taken & (1u << s)) == 0) {
+        const float x = router_logit<PER>(v, l, s, e);
+        if (x > best || best_e == 0x7FFFFFFF) {
+          best = x;
+          best_e = e;
+        }
+      }
+    }
+    router_merge(best, best_e);
+    const int e = best_e;
+    if (e % 32 == int(lane)) {
+      taken |= 1u << (e / 32);
+    }
+    if (k == want) {
+      wanted = e;
+    }
+    if (write) {
+      const float chosen = exp(best - m) / sum;
+      total += chosen;
+      if (int(lane) == k) {
+        mine = chosen;
+      }
+      if (lane == 0) {
+        ids[k] = e;
+      }
+    }
+  }
+  if (write && int(lane) < top_k) {
+    weights[int(lane)] = norm ? mine / total : mine;
+  }
+  return wanted;
+}
+
+// router_row in the smallest form that holds the experts (a uniform branch).
+inline int router_route(device const float* l, int experts, int top_k, bool norm, int picks, int want, bool write,
+                        device int* ids, device float* weights, ushort lane) {
+  if (experts <= 32 * ROUTER_FAST_SLOTS) {
+    return router_row<ROUTER_FAST_SLOTS>(l, experts, top_k, norm, picks, want, write, ids, weights, lane);
+  }
+  if (experts <= 32 * ROUTER_WIDE_SLOTS) {
+    return router_row<ROUTER_WIDE_SLOTS>(l, experts, top_k, norm, picks, want, write, ids, weights, lane);
+  }
+  return router_row<0>(l, experts, top_k, norm, picks, want, write, ids, weights, lane);
+}
+
 [[max_total_threads_per_threadgroup(128)]] kernel void router_topk_f32(
     constant RouterParams& p  [[buffer(0)]],
     device const uchar* logits [[buffer(1)]],
@@ -32,59 +143,7 @@ using namespace metal;
     return;  // uniform per simdgroup
   }
   device const float* l = (device const float*)(logits + ulong(row) * p.logits_stride);
-  const int per = (p.experts + 31) / 32;
-  float v[MOE_SLOTS];
-  float m = -INFINITY;
-  for (int s = 0; s < per; s++) {
-    const int e = s * 32 + int(lane);
-    v[s] = e < p.experts ? l[e] : -INFINITY;
-    m = max(m, v[s]);
-  }
-  m = simd_max(m);
-  float sum = 0.0f;
-  for (int s = 0; s < per; s++) {
-    if (s * 32 + int(lane) < p.experts) {
-      sum += exp(v[s] - m);
-    }
-  }
-  sum = simd_sum(sum);
-  uint taken = 0;
-  float total = 0.0f;
-  float mine = 0.0f;  // lane k keeps pick k's p (top_k <= 32)
-  for (int k = 0; k < p.top_k; k++) {
-    float best = -INFINITY;
-    int best_e = 0x7FFFFFFF;
-    for (int s = 0; s < per; s++) {
-      const int e = s * 32 + int(lane);
-      if (e < p.experts && (taken & (1u << s)) == 0 && (v[s] > best || best_e == 0x7FFFFFFF)) {
-        best = v[s];
-        best_e = e;
-      }
-    }
-    for (ushort off = 16; off >= 1; off >>= 1) {
-      const float ob = simd_shuffle_xor(best, off);
-      const int oe = simd_shuffle_xor(best_e, off);
-      if (ob > best || (ob == best && oe < best_e)) {
-        best = ob;
-        best_e = oe;
-      }
-    }
-    const int e = best_e;
-    if (e % 32 == int(lane)) {
-      taken |= 1u << (e / 32);
-    }
-    const float chosen = exp(best - m) / sum;
-    total += chosen;
-    if (int(lane) == k) {
-      mine = chosen;
-    }
-    if (lane == 0) {
-      ids[row * p.top_k + k] = e;
-    }
-  }
-  if (int(lane) < p.top_k) {
-    weights[row * p.top_k + int(lane)] = p.norm_topk != 0 ? mine / total : mine;
-  }
+  router_route(l, p.experts, p.top_k, p.norm_topk != 0, p.top_k, 0, true, ids + row * p.top_k, weights + row * p.top_k, lane);
 }
 
 // Groups pair q = r * top_k + k by expert ids[q]: offsets[e] .. offsets[e + 1] index
@@ -242,6 +301,32 @@ template [[host_name("moe_down_q4_f32")]] kernel decltype(moe_down<uchar, MV_NR>
 template [[host_name("moe_gate_up_q4_r1_f32")]] kernel decltype(moe_gate_up<uchar, 1>) moe_gate_up<uchar, 1>;
 template [[host_name("moe_down_q4_r1_f32")]] kernel decltype(moe_down<uchar, 1>) moe_down<uchar, 1>;
 
+// Gate and up of routed pair q (expert e, batch row q / top_k) for this simdgroup's MV_R
+// outputs from o0: h[q] = SiLU(gate_e x) * up_e x, one pair per pass. A missing slot (or an
+// id outside [0, E)) reads nothing and writes NaN. P: the plain or the routed params.
+template <typename T, typename P>
+inline void moe_gate_up_pair(constant P& p, int q, int e, int o0, device const int* slot_of, device const uchar* pool,
+                             device const uchar* x, device uchar* y, ushort lane) {
+  const int slot = e >= 0 && e < p.experts ? slot_of[e] : -1;
+  const bool missing = slot < 0 || slot >= p.slots;
+  device const uchar* record = pool + (missing ? 0ul : ulong(slot) * p.record_stride);
+  ulong xoff[1] = {ulong(q / p.top_k) * p.x_stride};
+  float4 acc[1] = {float4(0.0f)};
+  float4 up[1] = {float4(0.0f)};
+  if (!missing) {
+    MvPass<T, 1>::run2(record + p.w0_offset, record + p.w1_offset, p.in_dim, o0, p.out_dim, x, xoff, 1, acc, up, lane);
+    mv_reduce<1>(up, 1);
+    mv_reduce<1>(acc, 1);
+  }
+  if (lane == 0) {
+    device float* yr = (device float*)(y + ulong(q) * p.y_stride);
+    for (int i = 0; i < MV_R && o0 + i < p.out_dim; i++) {
+      float g = acc[0][i];
+      yr[o0 + i] = missing ? NAN : g / (1.0f + exp(-g)) * up[0][i];
+    }
+  }
+}
+
 // The routed experts' gate and up for a decode step, one threadgroup row per routed pair
 // (q = tg.y < rows * top_k) straight from the router's ids, without the pair lists: a decode
 // row routes to top_k distinct experts, so each expert's weights are still read once, and the
@@ -265,28 +350,46 @@ template <typename T>
   if (q >= p.rows * p.top_k || o0 >= p.out_dim) {
     return;  // uniform per simdgroup
   }
-  const int e = ids[q];
-  const int slot = e >= 0 && e < p.experts ? slot_of[e] : -1;
-  const bool missing = slot < 0 || slot >= p.slots;
-  device const uchar* record = pool + (missing ? 0ul : ulong(slot) * p.record_stride);
-  ulong xoff[1] = {ulong(q / p.top_k) * p.x_stride};
-  float4 acc[1] = {float4(0.0f)};
-  float4 up[1] = {float4(0.0f)};
-  if (!missing) {
-    MvPass<T, 1>::run2(record + p.w0_offset, record + p.w1_offset, p.in_dim, o0, p.out_dim, x, xoff, 1, acc, up, lane);
-    mv_reduce<1>(up, 1);
-    mv_reduce<1>(acc, 1);
+  moe_gate_up_pair<T>(p, q, ids[q], o0, slot_of, pool, x, y, lane);
+}
+
+// moe_gate_up_pairs with the router's softmax + top-k folded in (a resident decode step: no
+// host step between the router and the experts), one dispatch fewer: every simdgroup routes
+// its row from the logits itself (router_route: registers up to 512 experts, a few shuffles
+// a pick) and takes pick k = q % top_k; simdgroup 0 of threadgroup (0, r * top_k)
+// makes every pick and writes row r's ids and weights for moe_down_combine and the host. The
+// same routing (router_topk_f32's bits) and the same pass as moe_gate_up_pairs.
+template <typename T>
+[[max_total_threads_per_threadgroup(128)]] kernel void moe_gate_up_pairs_routed(
+    constant MoeRoutedGateUpParams& p [[buffer(0)]],
+    device const uchar* logits   [[buffer(1)]],
+    device int* ids              [[buffer(2)]],
+    device float* weights        [[buffer(3)]],
+    device const int* slot_of    [[buffer(4)]],
+    device const uchar* pool     [[buffer(5)]],
+    device const uchar* x        [[buffer(6)]],
+    device uchar* y              [[buffer(7)]],
+    uint2 tg                     [[threadgroup_position_in_grid]],
+    ushort sg                    [[simdgroup_index_in_threadgroup]],
+    ushort lane                  [[thread_index_in_simdgroup]]) {
+  const int q = int(tg.y);
+  const int o0 = (int(tg.x) * MV_SG + int(sg)) * MV_R;
+  if (q >= p.rows * p.top_k || o0 >= p.out_dim) {
+    return;  // uniform per simdgroup
   }
-  if (lane == 0) {
-    device float* yr = (device float*)(y + ulong(q) * p.y_stride);
-    for (int i = 0; i < MV_R && o0 + i < p.out_dim; i++) {
-      float g = acc[0][i];
-      yr[o0 + i] = missing ? NAN : g / (1.0f + exp(-g)) * up[0][i];
-    }
-  }
+  const int r = q / p.top_k;
+  const int k = q - r * p.top_k;
+  const bool writes = tg.x == 0 && sg == 0 && k == 0;  // uniform per simdgroup
+  const int picks = writes ? p.top_k : k + 1;
+  device const float* l = (device const float*)(logits + ulong(r) * p.logits_stride);
+  device int* row_ids = ids + r * p.top_k;
+  device float* row_w = weights + r * p.top_k;
+  const int e = router_route(l, p.experts, p.top_k, p.norm_topk != 0, picks, k, writes, row_ids, row_w, lane);
+  moe_gate_up_pair<T>(p, q, e, o0, slot_of, pool, x, y, lane);
 }
 
 template [[host_name("moe_gate_up_pairs_q4_f32")]] kernel decltype(moe_gate_up_pairs<uchar>) moe_gate_up_pairs<uchar>;
+template [[host_name("moe_gate_up_pairs_routed_q4_f32")]] kernel decltype(moe_gate_up_pairs_routed<uchar>) moe_gate_up_pairs_routed<uchar>;
 
 // The routed experts' down projections and the combine in one pass, for a decode step (one
 // pair per expert): threadgroup (x, r) computes MV_R outputs of row r. Its MOE_DC_SG

@@ -382,6 +382,41 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, x_stride) == 48, "MoeExper
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, y_stride) == 56, "MoeExpertsParams.y_stride: offset");
 #endif
 
+// Decode gate_up per routed pair (MoeExperts' fields) that routes its row itself from the router logits (Router's softmax + top-k) and writes the row's ids and weights.
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t top_k;                 // offset 4
+  int32_t in_dim;                // offset 8: d
+  int32_t out_dim;               // offset 12: I
+  int32_t experts;               // offset 16: E (at most 1024)
+  int32_t slots;                 // offset 20: slots in the pool; a slot outside [0, slots) counts as missing
+  uint64_t record_stride;        // offset 24: bytes between pool slots
+  uint64_t w0_offset;            // offset 32: gate part inside a record
+  uint64_t w1_offset;            // offset 40: up part inside a record
+  uint64_t x_stride;             // offset 48: bytes between input rows (per batch row)
+  uint64_t y_stride;             // offset 56: bytes between output rows (per pair)
+  uint32_t norm_topk;            // offset 64: 1: divide the chosen p by their sum
+  uint32_t _pad0;                // offset 68
+  uint64_t logits_stride;        // offset 72: bytes between logit rows
+} MoeRoutedGateUpParams;
+CK_PARAMS_ASSERT(sizeof(MoeRoutedGateUpParams) == 80, "MoeRoutedGateUpParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, rows) == 0, "MoeRoutedGateUpParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, top_k) == 4, "MoeRoutedGateUpParams.top_k: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, in_dim) == 8, "MoeRoutedGateUpParams.in_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, out_dim) == 12, "MoeRoutedGateUpParams.out_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, experts) == 16, "MoeRoutedGateUpParams.experts: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, slots) == 20, "MoeRoutedGateUpParams.slots: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, record_stride) == 24, "MoeRoutedGateUpParams.record_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, w0_offset) == 32, "MoeRoutedGateUpParams.w0_offset: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, w1_offset) == 40, "MoeRoutedGateUpParams.w1_offset: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, x_stride) == 48, "MoeRoutedGateUpParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, y_stride) == 56, "MoeRoutedGateUpParams.y_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, norm_topk) == 64, "MoeRoutedGateUpParams.norm_topk: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, _pad0) == 68, "MoeRoutedGateUpParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, logits_stride) == 72, "MoeRoutedGateUpParams.logits_stride: offset");
+#endif
+
 // Decode MoE output in one pass: y[r] = sum_k w[r][k] down_{e_k} h[r*k + k] (+ sigmoid(sg[r]) s[r]), experts through the slot table.
 typedef struct {
   int32_t rows;                  // offset 0: rows in the batch (nb)

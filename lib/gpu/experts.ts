@@ -8,7 +8,7 @@ import type { DType } from "../model/config.ts";
 import type { Binding, Buffer } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { Params, type ParamValues } from "./params.ts";
-import { checkRows, encodeMatvec, MATVEC_TILE, matrixShape, oneRowForm } from "./projections.ts";
+import { checkRows, encodeMatvec, encodeMatvecs, MATVEC_TILE, matrixShape, oneRowForm } from "./projections.ts";
 import { encodeGemmGateUp, GEMM_TILE, gemmMinRows, usesGemm } from "./gemm.ts";
 import type { SiteWrite } from "./hyperconnection.ts";
 import { HC_MAX_STREAMS, SIMD_WIDTH } from "./limits.ts";
@@ -32,9 +32,15 @@ export interface Routes {
   weights: Binding;
 }
 
+/** The shared expert's gate logit sg = w_sg . x, computed in the router's dispatch (same input). */
+export interface SharedGate {
+  w: TensorRef;
+  sg: RowsRef;
+}
+
 /**
  * logits = W_router x, then per row softmax over E and the top-k by logit (ties: lower id),
- * weights p_k or p_k / sum (norm_topk_prob).
+ * weights p_k or p_k / sum (norm_topk_prob). With `sharedGate`, its logit too.
  */
 export function encodeRouter(
   ctx: EncodeContext,
@@ -44,19 +50,43 @@ export function encodeRouter(
   routes: Routes,
   nb: number,
   cfg: RouterConfig,
+  sharedGate?: SharedGate,
+): void {
+  encodeRouterLogits(ctx, router, x, logits, nb, cfg, sharedGate);
+  encodeRouterTopK(ctx, logits, routes, nb, cfg);
+}
+
+/**
+ * logits = W_router x alone (a step whose gate_up routes itself: moe_gate_up_pairs_routed).
+ * With `sharedGate`, the shared expert's gate logit of the same rows in the same dispatch
+ * (matvec_multi, when the dtypes match: the same bits as a matvec each in that form).
+ */
+export function encodeRouterLogits(
+  ctx: EncodeContext,
+  router: TensorRef,
+  x: RowsRef,
+  logits: RowsRef,
+  nb: number,
+  cfg: RouterConfig,
+  sharedGate?: SharedGate,
 ): void {
   const [E] = matrixShape(router, "router");
   if (E !== cfg.experts) throw new Error(`router has ${E} rows, config says ${cfg.experts} experts`);
-  encodeMatvec(ctx, router, x, logits, nb);
-  encodeRouterTopK(ctx, logits, routes, nb, cfg);
+  if (sharedGate) encodeMatvecs(ctx, [{ w: router, y: logits }, { w: sharedGate.w, y: sharedGate.sg }], x, nb);
+  else encodeMatvec(ctx, router, x, logits, nb);
+}
+
+/** Throws unless the router kernels hold cfg's experts and top_k. */
+function checkRouterConfig(cfg: RouterConfig): void {
+  if (cfg.experts < 1 || cfg.experts > MOE_MAX_EXPERTS) throw new Error(`router: ${cfg.experts} experts, at most ${MOE_MAX_EXPERTS}`);
+  if (cfg.top_k < 1 || cfg.top_k > Math.min(cfg.experts, MOE_MAX_TOPK))
+    throw new Error(`router: top_k ${cfg.top_k} must be in 1..${Math.min(cfg.experts, MOE_MAX_TOPK)}`);
 }
 
 /** Softmax + top-k of logits already computed. */
 export function encodeRouterTopK(ctx: EncodeContext, logits: RowsRef, routes: Routes, nb: number, cfg: RouterConfig): void {
   checkRows(nb, "router_topk");
-  if (cfg.experts < 1 || cfg.experts > MOE_MAX_EXPERTS) throw new Error(`router: ${cfg.experts} experts, at most ${MOE_MAX_EXPERTS}`);
-  if (cfg.top_k < 1 || cfg.top_k > Math.min(cfg.experts, MOE_MAX_TOPK))
-    throw new Error(`router: top_k ${cfg.top_k} must be in 1..${Math.min(cfg.experts, MOE_MAX_TOPK)}`);
+  checkRouterConfig(cfg);
   dispatch(
     ctx,
     "router_topk_f32",
@@ -145,6 +175,12 @@ export interface DownCombine {
   shared?: { s: RowsRef; sg: RowsRef };
   /** The site's write of the output, done by the kernel (moe_down_combine_hc); y is then unwritten. */
   into?: SiteWrite;
+  /**
+   * The router's logits, when the gate and up route the rows themselves
+   * (moe_gate_up_pairs_routed: softmax + top-k per threadgroup, one of which writes ids and
+   * weights): no router_topk before them.
+   */
+  route?: { logits: RowsRef; norm_topk_prob: boolean };
 }
 
 /**
@@ -180,15 +216,24 @@ export function encodeRoutedExperts(
   // the router's ids (no pair lists), then the fused down + combine.
   if (combine) {
     if (!fusesDownCombine(pool, nb)) throw new Error("moe_down_combine: needs one row, q4 records and a one-buffer pool (fusesDownCombine)");
-    dispatch(
-      ctx,
-      "moe_gate_up_pairs_q4_f32",
-      Params.MoeExperts,
-      { rows: nb, top_k: topK, experts, slots: pool.slots, record_stride: pool.stride, in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: x.stride, y_stride: scratch.h.stride },
-      [combine.ids, slotOf, pool.buffers[0]!, bind(x.buffer, x.offset), bind(scratch.h.buffer, scratch.h.offset)],
-      [Math.ceil(I / (T.rows * T.simdgroups)), nb * topK],
-      SIMD_WIDTH * T.simdgroups,
-    );
+    const values = { rows: nb, top_k: topK, experts, slots: pool.slots, record_stride: pool.stride, in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: x.stride, y_stride: scratch.h.stride };
+    const io = [slotOf, pool.buffers[0]!, bind(x.buffer, x.offset), bind(scratch.h.buffer, scratch.h.offset)];
+    const grid: [number, number] = [Math.ceil(I / (T.rows * T.simdgroups)), nb * topK];
+    const route = combine.route;
+    if (route) {
+      checkRouterConfig({ experts, top_k: topK, norm_topk_prob: route.norm_topk_prob });
+      dispatch(
+        ctx,
+        "moe_gate_up_pairs_routed_q4_f32",
+        Params.MoeRoutedGateUp,
+        { ...values, norm_topk: route.norm_topk_prob ? 1 : 0, logits_stride: route.logits.stride },
+        [bind(route.logits.buffer, route.logits.offset), combine.ids, combine.weights, ...io],
+        grid,
+        SIMD_WIDTH * T.simdgroups,
+      );
+    } else {
+      dispatch(ctx, "moe_gate_up_pairs_q4_f32", Params.MoeExperts, values, [combine.ids, ...io], grid, SIMD_WIDTH * T.simdgroups);
+    }
     encodeDownCombine(ctx, pool, slotOf, scratch, nb, topK, experts, I, d, down.offset, combine);
     return;
   }
@@ -327,8 +372,11 @@ export interface SharedScratch {
   sg: RowsRef;
 }
 
-/** s[r] = down(SiLU(gate x[r]) * up x[r]) and sg[r] = w_sg . x[r] (the combine applies the sigmoid). */
-export function encodeSharedExpert(ctx: EncodeContext, w: SharedExpertRefs, x: RowsRef, scratch: SharedScratch, nb: number): void {
+/**
+ * s[r] = down(SiLU(gate x[r]) * up x[r]) and sg[r] = w_sg . x[r] (the combine applies the
+ * sigmoid); `gate: false` leaves sg to the router's dispatch (encodeRouter's sharedGate).
+ */
+export function encodeSharedExpert(ctx: EncodeContext, w: SharedExpertRefs, x: RowsRef, scratch: SharedScratch, nb: number, opts: { gate?: boolean } = {}): void {
   checkRows(nb, "shared expert");
   const [SI, d] = matrixShape(w.gate, "shared_gate");
   if (w.gate.dtype !== w.up.dtype) throw new Error(`shared expert: gate ${w.gate.dtype} and up ${w.up.dtype} differ`);
@@ -347,7 +395,7 @@ export function encodeSharedExpert(ctx: EncodeContext, w: SharedExpertRefs, x: R
     );
   }
   encodeMatvec(ctx, w.down, scratch.h, scratch.s, nb);
-  encodeMatvec(ctx, w.expertGate, x, scratch.sg, nb);
+  if (opts.gate !== false) encodeMatvec(ctx, w.expertGate, x, scratch.sg, nb);
 }
 
 /** y[r] = sum_j w[r][j] o[r * k + j] (+ sigmoid(sg[r]) s[r] when `shared` is given). */

@@ -4,6 +4,8 @@
 // for a resident layer, nothing; `encodeMoeCompute` runs the routed experts through the
 // route's slot table, the shared expert, the combine and the site's write. Both take the
 // site's route (SitePlan.open): where its router writes and which table its experts read.
+// A resident decode site (foldsRouter) has no host step to serve, so its softmax + top-k
+// moves into the gate and up: the route ends at the logits, the experts write ids/weights.
 // `encodeLookaheadRoute` is the next layer's read + norm + router on the current streams: a
 // prediction the host prefetches from, never used as a result.
 import type { ModelConfig } from "../model/config.ts";
@@ -13,6 +15,7 @@ import {
   encodeMoeCombine,
   encodeRoutedExperts,
   encodeRouter,
+  encodeRouterLogits,
   encodeSharedExpert,
   fusesDownCombine,
   type ExpertPool as KernelPool,
@@ -39,17 +42,32 @@ export interface MoeSiteArgs {
 const routerConfig = (c: ModelConfig) => ({ experts: c.moe.experts, top_k: c.moe.top_k, norm_topk_prob: c.moe.norm_topk_prob });
 
 /**
+ * Whether the site's softmax + top-k runs inside its gate and up (moe_gate_up_pairs_routed)
+ * rather than in router_topk: a step that ends in moe_down_combine on `pool`, at a resident
+ * site (no host step between the router and the experts that would read the ids).
+ */
+export function foldsRouter(pool: KernelPool, nb: number, route: SiteRoute): boolean {
+  return route.resident && fusesDownCombine(pool, nb);
+}
+
+/**
  * The site's read + norm into scratch.xn, the router (into the route's ids/weights) and the
  * pair lists, which a step that ends in moe_down_combine on `pool` does not need (its gate and
- * up run per routed pair from the ids).
+ * up run per routed pair from the ids). A folded router (foldsRouter) stops at the logits.
  */
 export function encodeMoeRoute(ctx: EncodeContext, a: MoeSiteArgs, pool: KernelPool, route: SiteRoute): void {
   const { config: c, nb, scratch: s } = a;
   const d = c.hidden_size;
   encodeSiteRead(ctx, a.X, a.site, s.hc, s.xn, nb, a.hc, d, { w: a.norm, eps: c.rms_norm_eps });
   const m = s.moe;
+  // The shared expert's gate logit rides in the router's dispatch (the same input).
+  const sharedGate = a.moe.shared ? { w: a.moe.shared.expertGate, sg: m.sg } : undefined;
+  if (foldsRouter(pool, nb, route)) {
+    encodeRouterLogits(ctx, a.moe.router, s.xn, m.logits, nb, routerConfig(c), sharedGate);
+    return;
+  }
   const ids = bind(route.ids.buffer, route.ids.offset);
-  encodeRouter(ctx, a.moe.router, s.xn, m.logits, { ids, weights: bind(route.weights.buffer, route.weights.offset) }, nb, routerConfig(c));
+  encodeRouter(ctx, a.moe.router, s.xn, m.logits, { ids, weights: bind(route.weights.buffer, route.weights.offset) }, nb, routerConfig(c), sharedGate);
   if (fusesDownCombine(pool, nb)) return;
   const L = m.lists;
   encodeExpertLists(
@@ -76,7 +94,7 @@ export function encodeMoeCompute(ctx: EncodeContext, a: MoeSiteArgs, pool: Kerne
   // The shared expert first: a decode step's fused down + combine adds its output.
   let shared: { s: RowsRef; sg: RowsRef } | undefined;
   if (a.moe.shared) {
-    encodeSharedExpert(ctx, a.moe.shared, x, { h: m.sh, s: m.s, sg: m.sg }, nb);
+    encodeSharedExpert(ctx, a.moe.shared, x, { h: m.sh, s: m.s, sg: m.sg }, nb, { gate: false }); // sg: encodeMoeRoute
     shared = { s: m.s, sg: m.sg };
   }
   const weights = bind(route.weights.buffer, route.weights.offset);
@@ -92,7 +110,16 @@ export function encodeMoeCompute(ctx: EncodeContext, a: MoeSiteArgs, pool: Kerne
     nb,
     k,
     c.moe.experts,
-    fused ? { ids: bind(route.ids.buffer, route.ids.offset), weights, y: s.y, shared, into: write } : undefined,
+    fused
+      ? {
+          ids: bind(route.ids.buffer, route.ids.offset),
+          weights,
+          y: s.y,
+          shared,
+          into: write,
+          route: foldsRouter(pool, nb, route) ? { logits: m.logits, norm_topk_prob: c.moe.norm_topk_prob } : undefined,
+        }
+      : undefined,
   );
   if (fused) return;
   encodeMoeCombine(ctx, weights, m.o, s.y, nb, k, d, shared);

@@ -201,6 +201,25 @@ export const denseParams = {
       { name: "y_stride", type: "u64", doc: "bytes between output rows (per pair)" },
     ],
   },
+  MoeRoutedGateUp: {
+    doc: "Decode gate_up per routed pair (MoeExperts' fields) that routes its row itself from the router logits (Router's softmax + top-k) and writes the row's ids and weights.",
+    fields: [
+      { name: "rows", type: "i32", doc: "rows in the batch (nb)" },
+      { name: "top_k", type: "i32" },
+      { name: "in_dim", type: "i32", doc: "d" },
+      { name: "out_dim", type: "i32", doc: "I" },
+      { name: "experts", type: "i32", doc: "E (at most 1024)" },
+      { name: "slots", type: "i32", doc: "slots in the pool; a slot outside [0, slots) counts as missing" },
+      { name: "record_stride", type: "u64", doc: "bytes between pool slots" },
+      { name: "w0_offset", type: "u64", doc: "gate part inside a record" },
+      { name: "w1_offset", type: "u64", doc: "up part inside a record" },
+      { name: "x_stride", type: "u64", doc: "bytes between input rows (per batch row)" },
+      { name: "y_stride", type: "u64", doc: "bytes between output rows (per pair)" },
+      { name: "norm_topk", type: "u32", doc: "1: divide the chosen p by their sum" },
+      { name: "_pad0", type: "u32" },
+      { name: "logits_stride", type: "u64", doc: "bytes between logit rows" },
+    ],
+  },
   MoeDownCombine: {
     doc: "Decode MoE output in one pass: y[r] = sum_k w[r][k] down_{e_k} h[r*k + k] (+ sigmoid(sg[r]) s[r]), experts through the slot table.",
     fields: [
