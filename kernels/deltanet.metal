@@ -426,9 +426,14 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
   }
 }
 
-// Recursive halving over the simdgroup: v holds a lane's 32 partial sums (row t in v[t]); one
-// stage trades half of them with the lane W apart, so that after the stages 16, 8, 4, 2, 1 lane
-// l holds row l's total in v[0]. 31 shuffles for 32 sums (32 simd_sums would take 160).
+// Rows the scan reduces at once: half a block, so that a lane's partial sums (and the loads
+// feeding them) take half the registers (200 a thread on sm_90 with whole blocks).
+#define DN_CHUNK_HALF (DN_CHUNK / 2)
+
+// Recursive halving within the 16-lane halves of the simdgroup: v holds a lane's partial sums of
+// 2W rows; one stage trades half of them with the lane W apart. After the stages 8, 4, 2, 1 lane
+// l holds, summed over its half, row l % 16 in v[0]; one more exchange with the lane 16 apart
+// completes the sum. 16 shuffles for 16 sums (16 simd_sums would take 80).
 template <uint W>
 inline void dn_halve(thread float* v, ushort lane) {
   const bool up = (uint(lane) & W) != 0u;
@@ -439,33 +444,52 @@ inline void dn_halve(thread float* v, ushort lane) {
   }
 }
 
-inline float dn_reduce_scatter(thread float* v, ushort lane) {
-  dn_halve<16>(v, lane);
+inline float dn_reduce_scatter16(thread float* v, ushort lane) {
   dn_halve<8>(v, lane);
   dn_halve<4>(v, lane);
   dn_halve<2>(v, lane);
   dn_halve<1>(v, lane);
-  return v[0];
+  return v[0] + simd_shuffle_xor(v[0], ushort(16));
 }
 
-// Lane's partial products of a block's rows with the state columns: part[c][t] = sum over the
-// lane's state rows m of x[t0 + t][off + lane + 32 m] * s[c][m] (x: the k or q rows, raw;
-// s and part flattened [c][m], [c][t]).
-inline void dn_chunk_partials(constant DeltaNetParams& p, device const float* qkv, uint off, uint t0, uint n, uint dk,
+// Lane's partial products of rows first .. first + 15 of the block (rows from n on count 0) with
+// the state columns: part[c][t] = sum over the lane's state rows m of
+// x[t0 + first + t][off + lane + 32 m] * s[c][m] (x: the k or q rows, raw; s and part flattened
+// [c][m], [c][t]).
+inline void dn_chunk_partials(constant DeltaNetParams& p, device const float* qkv, uint off, uint t0, uint first, uint n, uint dk,
                               thread const float* s, thread float* part, ushort lane) {
-  CK_UNROLL for (uint t = 0; t < DN_CHUNK; t++) {
+  CK_UNROLL for (uint t = 0; t < DN_CHUNK_HALF; t++) {
+    const uint r = first + t;
     float x[DN_CHUNK_PER];
-    device const float* row = seq_row(qkv, p.qkv_stride, t0 + min(t, n - 1u));
+    device const float* row = seq_row(qkv, p.qkv_stride, t0 + min(r, n - 1u));
     CK_UNROLL for (uint m = 0; m < DN_CHUNK_PER; m++) {
       const uint i = uint(lane) + 32u * m;
-      x[m] = t < n && i < dk ? row[off + i] : 0.0f;
+      x[m] = r < n && i < dk ? row[off + i] : 0.0f;
     }
     CK_UNROLL for (uint c = 0; c < DN_CHUNK_COLS; c++) {
       float acc = 0.0f;
       CK_UNROLL for (uint m = 0; m < DN_CHUNK_PER; m++) {
         acc = fma(x[m], s[c * DN_CHUNK_PER + m], acc);
       }
-      part[c * DN_CHUNK + t] = acc;
+      part[c * DN_CHUNK_HALF + t] = acc;
+    }
+  }
+}
+
+// This lane's row (t = lane) of S0^T k and S0^T q over the block (raw k and q rows). Four passes
+// (k rows 0-15, 16-31, then q), kept rolled: unrolled, the compiler hoisted all their loads and
+// took 217 registers a thread on sm_90 (two threadgroups an SM: the grid ran in two waves).
+inline void dn_chunk_project(constant DeltaNetParams& p, device const float* qkv, uint k_off, uint q_off, uint t0, uint n, uint dk,
+                             thread const float* s, thread float* sk, thread float* sq, ushort lane) {
+  float part[DN_CHUNK_COLS * DN_CHUNK_HALF];
+  CK_NO_UNROLL for (uint pass = 0; pass < 4u; pass++) {
+    const uint half = pass & 1u;
+    dn_chunk_partials(p, qkv, pass < 2u ? k_off : q_off, t0, half * DN_CHUNK_HALF, n, dk, s, part, lane);
+    const bool mine = (uint(lane) >= DN_CHUNK_HALF) == (half == 1u);
+    CK_UNROLL for (uint c = 0; c < DN_CHUNK_COLS; c++) {
+      const float sum = dn_reduce_scatter16(part + c * DN_CHUNK_HALF, lane);
+      sk[c] = mine && pass < 2u ? sum : sk[c];
+      sq[c] = mine && pass >= 2u ? sum : sq[c];
     }
   }
 }
@@ -512,16 +536,12 @@ inline void dn_chunk_partials(constant DeltaNetParams& p, device const float* qk
     const uint t = lane;  // this lane's row of the block, for r, delta and o
 
     // S0^T k_t and S0^T q_t (raw rows; the factors are in the work region).
-    float part[DN_CHUNK_COLS * DN_CHUNK];
     float sk[DN_CHUNK_COLS], sq[DN_CHUNK_COLS];
-    dn_chunk_partials(p, qkv, k_off, t0, n, dk, s, part, lane);
     CK_UNROLL for (uint c = 0; c < DN_CHUNK_COLS; c++) {
-      sk[c] = dn_reduce_scatter(part + c * DN_CHUNK, lane);
+      sk[c] = 0.0f;
+      sq[c] = 0.0f;
     }
-    dn_chunk_partials(p, qkv, q_off, t0, n, dk, s, part, lane);
-    CK_UNROLL for (uint c = 0; c < DN_CHUNK_COLS; c++) {
-      sq[c] = dn_reduce_scatter(part + c * DN_CHUNK, lane);
-    }
+    dn_chunk_project(p, qkv, k_off, q_off, t0, n, dk, s, sk, sq, lane);
 
     // r_t = v_t - e^G_t rk_t (S0^T k_t), then delta = T diag(beta) r.
     const float kc = w[DN_CHUNK_KC + t];

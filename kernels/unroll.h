@@ -8,3 +8,13 @@
 #else
 #define CK_UNROLL _Pragma("unroll")
 #endif
+
+// CK_NO_UNROLL keeps the next loop rolled: a body whose loads the compiler would otherwise hoist
+// across iterations, holding many registers for them (deltanet_chunk_scan_f32).
+#if defined(__CUDACC__)
+#define CK_NO_UNROLL _Pragma("unroll 1")
+#elif defined(__clang__)
+#define CK_NO_UNROLL _Pragma("nounroll")
+#else
+#define CK_NO_UNROLL _Pragma("GCC unroll 1")
+#endif

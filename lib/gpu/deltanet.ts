@@ -268,6 +268,10 @@ export interface DeltaNetBlockArgs extends DeltaNetShape {
   o: RowsRef;
   /** Verify batches: store S and the conv window after each of the first `rows` rows. */
   snapshots?: { S: SnapshotPlanes; conv: SnapshotPlanes; rows: number };
+  /** The chunked form's work region (DeltaNetArgs.work). */
+  work?: WorkRegion;
+  /** Forces the recurrence's form (DeltaNetArgs.chunked). */
+  chunked?: boolean;
 }
 
 /**
@@ -308,7 +312,7 @@ export function encodeDeltaNetBlock(ctx: EncodeContext, a: DeltaNetBlockArgs, fu
   const shape = { keyHeads: a.keyHeads, keyDim: a.keyDim, valueHeads: a.valueHeads, valueDim: a.valueDim };
   if (!fuse) {
     encodeConvSilu(ctx, { rows: a.rows, channels: C!, x: a.x, weight: a.convWeight, state: a.convState, y: a.convOut, snapshots: convSnap });
-    encodeDeltaNet(ctx, { ...shape, rows: a.rows, qkv: a.convOut, b: a.b, a: a.a, aLog: a.aLog, dtBias: a.dtBias, state: a.state, o: a.o, snapshots: sSnap });
+    encodeDeltaNet(ctx, { ...shape, rows: a.rows, qkv: a.convOut, b: a.b, a: a.a, aLog: a.aLog, dtBias: a.dtBias, state: a.state, o: a.o, snapshots: sSnap, work: a.work, chunked: a.chunked });
     encodeRmsNormGated(ctx, a.o, a.z, a.normWeight, a.o, a.rows, a.valueHeads, a.eps);
     return;
   }
