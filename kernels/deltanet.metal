@@ -395,15 +395,20 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
   threadgroup_barrier(mem_flags::mem_threadgroup);
 
   // T = (I + A)^-1 by forward substitution, column c per lane (a lane reads only its own column
-  // of T): T[t][c] = [t == c] - sum_{i < t} A[t][i] T[i][c].
+  // of T): T[t][c] = [t == c] - sum_{i < t} A[t][i] T[i][c]. The sum runs over all 32 i (A is 0
+  // from i = t on, and T's rows from t on are still the zeros written first) in four independent
+  // chains: a fixed trip count the compiler unrolls, its loads issued ahead of the fmas.
   if (sg == 0) {
     const uint c = lane;
     for (uint t = 0; t < DN_CHUNK; t++) {
-      float acc = t == c ? 1.0f : 0.0f;
-      for (uint i = 0; i < t; i++) {
-        acc = fma(-Am[t * (DN_CHUNK + 1) + i], Tm[i * (DN_CHUNK + 1) + c], acc);
+      Tm[t * (DN_CHUNK + 1) + c] = 0.0f;
+    }
+    for (uint t = 0; t < DN_CHUNK; t++) {
+      float acc[4] = {t == c ? 1.0f : 0.0f, 0.0f, 0.0f, 0.0f};
+      CK_UNROLL for (uint i = 0; i < DN_CHUNK; i++) {
+        acc[i % 4u] = fma(-Am[t * (DN_CHUNK + 1) + i], Tm[i * (DN_CHUNK + 1) + c], acc[i % 4u]);
       }
-      Tm[t * (DN_CHUNK + 1) + c] = acc;
+      Tm[t * (DN_CHUNK + 1) + c] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     }
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
