@@ -280,15 +280,13 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
 // on the block's earlier rows). Two kernels: deltanet_chunk_prep_f32 builds what does not depend
 // on S (T diag(beta), the masked decayed q.k matrix, per-row scale factors) for every (block,
 // value head) at once; deltanet_chunk_scan_f32 then walks the blocks in order, one simdgroup per
-// DN_CHUNK_COLS state columns (columns never meet, as in the row scan). All f32, no matrix units:
+// two state columns (columns never meet, as in the row scan; deltanet_chunk_scan_c4_f32: four,
+// each k and q row it loads serving all of them, for the bench to compare). All f32, no matrix units:
 // the lower solve must be f32 (docs/model.md R6: it cancels), and the products are small.
 // No snapshot planes: the host takes this form only for batches without snapshot rows.
 
 // Rows of a block: one per lane of the scan's row-indexed values.
 #define DN_CHUNK 32
-// State columns one simdgroup of deltanet_chunk_scan_f32 owns (each k and q row it loads serves
-// them all).
-#define DN_CHUNK_COLS 2
 // Most rows of a state column one lane holds in the chunked form (key dim <= 128).
 #define DN_CHUNK_PER 4
 // Row stride of the prep kernel's staged k^ rows: odd, so lanes reading rows i at one dim hit
@@ -461,6 +459,7 @@ inline float dn_reduce_scatter16(thread float* v, ushort lane) {
 // the state columns: part[c][t] = sum over the lane's state rows m of
 // x[t0 + first + t][off + lane + 32 m] * s[c][m] (x: the k or q rows, raw; s and part flattened
 // [c][m], [c][t]).
+template <uint COLS>
 inline void dn_chunk_partials(constant DeltaNetParams& p, device const float* qkv, uint off, uint t0, uint first, uint n, uint dk,
                               thread const float* s, thread float* part, ushort lane) {
   CK_UNROLL for (uint t = 0; t < DN_CHUNK_HALF; t++) {
@@ -471,7 +470,7 @@ inline void dn_chunk_partials(constant DeltaNetParams& p, device const float* qk
       const uint i = uint(lane) + 32u * m;
       x[m] = r < n && i < dk ? row[off + i] : 0.0f;
     }
-    CK_UNROLL for (uint c = 0; c < DN_CHUNK_COLS; c++) {
+    CK_UNROLL for (uint c = 0; c < COLS; c++) {
       float acc = 0.0f;
       CK_UNROLL for (uint m = 0; m < DN_CHUNK_PER; m++) {
         acc = fma(x[m], s[c * DN_CHUNK_PER + m], acc);
@@ -484,14 +483,15 @@ inline void dn_chunk_partials(constant DeltaNetParams& p, device const float* qk
 // This lane's row (t = lane) of S0^T k and S0^T q over the block (raw k and q rows). Four passes
 // (k rows 0-15, 16-31, then q), kept rolled: unrolled, the compiler hoisted all their loads and
 // took 217 registers a thread on sm_90 (two threadgroups an SM: the grid ran in two waves).
+template <uint COLS>
 inline void dn_chunk_project(constant DeltaNetParams& p, device const float* qkv, uint k_off, uint q_off, uint t0, uint n, uint dk,
                              thread const float* s, thread float* sk, thread float* sq, ushort lane) {
-  float part[DN_CHUNK_COLS * DN_CHUNK_HALF];
+  float part[COLS * DN_CHUNK_HALF];
   CK_NO_UNROLL for (uint pass = 0; pass < 4u; pass++) {
     const uint half = pass & 1u;
-    dn_chunk_partials(p, qkv, pass < 2u ? k_off : q_off, t0, half * DN_CHUNK_HALF, n, dk, s, part, lane);
+    dn_chunk_partials<COLS>(p, qkv, pass < 2u ? k_off : q_off, t0, half * DN_CHUNK_HALF, n, dk, s, part, lane);
     const bool mine = (uint(lane) >= DN_CHUNK_HALF) == (half == 1u);
-    CK_UNROLL for (uint c = 0; c < DN_CHUNK_COLS; c++) {
+    CK_UNROLL for (uint c = 0; c < COLS; c++) {
       const float sum = dn_reduce_scatter16(part + c * DN_CHUNK_HALF, lane);
       sk[c] = mine && pass < 2u ? sum : sk[c];
       sq[c] = mine && pass >= 2u ? sum : sq[c];
@@ -499,10 +499,11 @@ inline void dn_chunk_project(constant DeltaNetParams& p, device const float* qkv
   }
 }
 
-// Grid: (ceil(dv / (DN_CHUNK_COLS * simdgroups)), Hv) threadgroups of up to 128 threads. Walks
+// Grid: (ceil(dv / (COLS * simdgroups)), Hv) threadgroups of up to 128 threads. Walks
 // the blocks in order; per block a lane holds rows lane + 32 m of its columns of S (as the row
 // scan) and, for the row-indexed values (r, delta, o), row t = lane of the block.
-[[max_total_threads_per_threadgroup(128)]] kernel void deltanet_chunk_scan_f32(
+template <uint COLS>
+[[max_total_threads_per_threadgroup(128)]] kernel void deltanet_chunk_scan(
     constant DeltaNetParams& p   [[buffer(0)]],
     device const float* qkv      [[buffer(1)]],
     device const float* work     [[buffer(2)]],
@@ -512,7 +513,7 @@ inline void dn_chunk_project(constant DeltaNetParams& p, device const float* qkv
     ushort lane                  [[thread_index_in_simdgroup]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort nsg                   [[simdgroups_per_threadgroup]]) {
-  const uint j0 = (tg.x * uint(nsg) + uint(sg)) * DN_CHUNK_COLS;
+  const uint j0 = (tg.x * uint(nsg) + uint(sg)) * COLS;
   const uint h = tg.y;
   const uint dk = uint(p.key_dim);
   const uint dv = uint(p.value_dim);
@@ -526,8 +527,8 @@ inline void dn_chunk_project(constant DeltaNetParams& p, device const float* qkv
   const ulong head_off = ulong(h) * dk * dv;
   const uint nblocks = (uint(p.rows) + DN_CHUNK - 1u) / DN_CHUNK;
 
-  float s[DN_CHUNK_COLS * DN_CHUNK_PER];  // [c][m]
-  CK_UNROLL for (uint c = 0; c < DN_CHUNK_COLS; c++) {
+  float s[COLS * DN_CHUNK_PER];  // [c][m]
+  CK_UNROLL for (uint c = 0; c < COLS; c++) {
     CK_UNROLL for (uint m = 0; m < DN_CHUNK_PER; m++) {
       const uint i = uint(lane) + 32u * m;
       s[c * DN_CHUNK_PER + m] = j0 + c < dv && i < dk ? S[head_off + ulong(j0 + c) * dk + i] : 0.0f;
@@ -541,24 +542,24 @@ inline void dn_chunk_project(constant DeltaNetParams& p, device const float* qkv
     const uint t = lane;  // this lane's row of the block, for r, delta and o
 
     // S0^T k_t and S0^T q_t (raw rows; the factors are in the work region).
-    float sk[DN_CHUNK_COLS], sq[DN_CHUNK_COLS];
-    CK_UNROLL for (uint c = 0; c < DN_CHUNK_COLS; c++) {
+    float sk[COLS], sq[COLS];
+    CK_UNROLL for (uint c = 0; c < COLS; c++) {
       sk[c] = 0.0f;
       sq[c] = 0.0f;
     }
-    dn_chunk_project(p, qkv, k_off, q_off, t0, n, dk, s, sk, sq, lane);
+    dn_chunk_project<COLS>(p, qkv, k_off, q_off, t0, n, dk, s, sk, sq, lane);
 
     // r_t = v_t - e^G_t rk_t (S0^T k_t), then delta = T diag(beta) r.
     const float kc = w[DN_CHUNK_KC + t];
     device const float* vrow = seq_row(qkv, p.qkv_stride, t0 + min(t, n - 1u)) + v_off;
-    float r[DN_CHUNK_COLS], delta[DN_CHUNK_COLS], out[DN_CHUNK_COLS];
-    CK_UNROLL for (uint c = 0; c < DN_CHUNK_COLS; c++) {
+    float r[COLS], delta[COLS], out[COLS];
+    CK_UNROLL for (uint c = 0; c < COLS; c++) {
       r[c] = t < n && j0 + c < dv ? vrow[j0 + c] - kc * sk[c] : 0.0f;
       delta[c] = 0.0f;
     }
     for (uint i = 0; i < n; i++) {
       const float tb = w[DN_CHUNK_TB + i * DN_CHUNK + t];
-      CK_UNROLL for (uint c = 0; c < DN_CHUNK_COLS; c++) {
+      CK_UNROLL for (uint c = 0; c < COLS; c++) {
         delta[c] = fma(tb, simd_broadcast(r[c], ushort(i)), delta[c]);
       }
     }
@@ -566,7 +567,7 @@ inline void dn_chunk_project(constant DeltaNetParams& p, device const float* qkv
     // o_t = e^G_t rq_t (S0^T q_t) + sum_i P[t][i] delta_i; S = e^G_last S0 + sum_i e^(G_last - G_i) k^_i delta_i.
     const float qc = w[DN_CHUNK_QC + t];
     const float gl = w[DN_CHUNK_GL];
-    CK_UNROLL for (uint c = 0; c < DN_CHUNK_COLS; c++) {
+    CK_UNROLL for (uint c = 0; c < COLS; c++) {
       out[c] = qc * sq[c];
       CK_UNROLL for (uint m = 0; m < DN_CHUNK_PER; m++) {
         s[c * DN_CHUNK_PER + m] *= gl;
@@ -581,7 +582,7 @@ inline void dn_chunk_project(constant DeltaNetParams& p, device const float* qkv
         const uint e = uint(lane) + 32u * m;
         kx[m] = e < dk ? ku * krow[e] : 0.0f;
       }
-      CK_UNROLL for (uint c = 0; c < DN_CHUNK_COLS; c++) {
+      CK_UNROLL for (uint c = 0; c < COLS; c++) {
         const float d = simd_broadcast(delta[c], ushort(i));
         out[c] = fma(pt, d, out[c]);
         CK_UNROLL for (uint m = 0; m < DN_CHUNK_PER; m++) {
@@ -591,7 +592,7 @@ inline void dn_chunk_project(constant DeltaNetParams& p, device const float* qkv
     }
     if (t < n) {
       device float* orow = seq_row(o, p.o_stride, t0 + t) + h * dv;
-      CK_UNROLL for (uint c = 0; c < DN_CHUNK_COLS; c++) {
+      CK_UNROLL for (uint c = 0; c < COLS; c++) {
         if (j0 + c < dv) {
           orow[j0 + c] = out[c];
         }
@@ -599,7 +600,7 @@ inline void dn_chunk_project(constant DeltaNetParams& p, device const float* qkv
     }
   }
 
-  CK_UNROLL for (uint c = 0; c < DN_CHUNK_COLS; c++) {
+  CK_UNROLL for (uint c = 0; c < COLS; c++) {
     CK_UNROLL for (uint m = 0; m < DN_CHUNK_PER; m++) {
       const uint i = uint(lane) + 32u * m;
       if (j0 + c < dv && i < dk) {
@@ -608,6 +609,9 @@ inline void dn_chunk_project(constant DeltaNetParams& p, device const float* qkv
     }
   }
 }
+
+template [[host_name("deltanet_chunk_scan_f32")]] kernel decltype(deltanet_chunk_scan<2>) deltanet_chunk_scan<2>;
+template [[host_name("deltanet_chunk_scan_c4_f32")]] kernel decltype(deltanet_chunk_scan<4>) deltanet_chunk_scan<4>;
 
 // Rollback: dst0[i] = src0[i] for i < n0, then dst1[i] = src1[i] for i < n1, one thread
 // per element (a DeltaNet layer restores S and its conv window in one dispatch). The

@@ -97,6 +97,8 @@ export interface DeltaNetArgs extends DeltaNetShape {
   work?: WorkRegion;
   /** Forces the chunked form (true; an error where it cannot serve the call) or the row scan (false); default: deltanetTakesChunked. */
   chunked?: boolean;
+  /** State columns per simdgroup of the chunked form's scan (benches); default DELTANET_CHUNK_COLS. */
+  chunkColumns?: 2 | 4;
 }
 
 /** A region of a buffer (bytes from offset). */
@@ -154,8 +156,14 @@ function checkDeltaNet(a: DeltaNetShape & { rows: number; aLog: TensorRef; dtBia
 export const DELTANET_CHUNK = 32;
 /** Floats of the work region per (value head, block) (DN_CHUNK_FLOATS): two C x C matrices and four row vectors. */
 const DELTANET_CHUNK_FLOATS = 2 * DELTANET_CHUNK * DELTANET_CHUNK + 4 * DELTANET_CHUNK;
-/** State columns per simdgroup of deltanet_chunk_scan_f32 (DN_CHUNK_COLS). */
-const DELTANET_CHUNK_COLS = 2;
+/**
+ * State columns per simdgroup of the chunked form's scan: 2 (deltanet_chunk_scan_f32, 96
+ * registers a thread on sm_90) or 4 (deltanet_chunk_scan_c4_f32, 168: each k and q row loaded
+ * serves four columns, half the warps). Both run the 30b shape's grid in one wave on the H200;
+ * which is faster is the bench's to say (spec/bench/kernels.ts "deltanet chunk").
+ */
+export const DELTANET_CHUNK_COLS: 2 | 4 = 2;
+const SCAN_KERNEL = { 2: "deltanet_chunk_scan_f32", 4: "deltanet_chunk_scan_c4_f32" } as const;
 /** Largest key dim of the chunked form (DN_CHUNK_PER * 32). */
 export const DELTANET_CHUNK_MAX_KEY_DIM = 128;
 /**
@@ -229,8 +237,9 @@ export function encodeDeltaNet(ctx: EncodeContext, a: DeltaNetArgs): void {
   if (chunked) {
     const work = bind(a.work!.buffer, a.work!.offset);
     dispatch(ctx, "deltanet_chunk_prep_f32", Params.DeltaNet, params, [at(a.qkv), at(a.b), at(a.a), ...weights, work], [Math.ceil(a.rows / DELTANET_CHUNK), Hv], [128, 1]);
-    const nsg = Math.min(DELTANET_SIMDGROUPS, Math.ceil(dv / DELTANET_CHUNK_COLS));
-    dispatch(ctx, "deltanet_chunk_scan_f32", Params.DeltaNet, params, [at(a.qkv), work, a.state, at(a.o)], [Math.ceil(dv / (nsg * DELTANET_CHUNK_COLS)), Hv], [SIMD_WIDTH * nsg, 1]);
+    const cols = a.chunkColumns ?? DELTANET_CHUNK_COLS;
+    const nsg = Math.min(DELTANET_SIMDGROUPS, Math.ceil(dv / cols));
+    dispatch(ctx, SCAN_KERNEL[cols], Params.DeltaNet, params, [at(a.qkv), work, a.state, at(a.o)], [Math.ceil(dv / (nsg * cols)), Hv], [SIMD_WIDTH * nsg, 1]);
     return;
   }
   const nsg = Math.min(DELTANET_SIMDGROUPS, dv);

@@ -499,11 +499,16 @@ function sequenceCases(f: Fixture): BenchCase[] {
       },
     },
     // The recurrence over a prompt chunk both ways (encodeDeltaNet): the row scan, and the chunked
-    // form lib/gpu/deltanet.ts takes from DELTANET_CHUNKED_MIN_ROWS rows on a GPU; e.g.
+    // form lib/gpu/deltanet.ts takes from DELTANET_CHUNKED_MIN_ROWS rows on a GPU, its scan with 2
+    // state columns a simdgroup (the default, DELTANET_CHUNK_COLS) and with 4; e.g.
     // --preset 30b-a3b-shape --storage device --nb 64,256,1024 --filter "deltanet chunk".
-    ...([false, true] as const).map((chunked) => ({
-      name: `deltanet chunk: ${chunked ? "chunked form" : "row scan"}`,
-      kernels: chunked ? ["deltanet_chunk_prep_f32", "deltanet_chunk_scan_f32"] : ["deltanet_rows_f32"],
+    ...([
+      [false, 2],
+      [true, 2],
+      [true, 4],
+    ] as const).map(([chunked, cols]) => ({
+      name: `deltanet chunk: ${chunked ? `chunked form, ${cols} columns a simdgroup` : "row scan"}`,
+      kernels: chunked ? ["deltanet_chunk_prep_f32", cols === 4 ? "deltanet_chunk_scan_c4_f32" : "deltanet_chunk_scan_f32"] : ["deltanet_rows_f32"],
       shape: `Hk ${dn.key_heads} x ${dn.key_dim}, Hv ${dn.value_heads} x ${dn.value_dim}`,
       setup(nb: number) {
         const shape = { keyHeads: dn.key_heads, keyDim: dn.key_dim, valueHeads: dn.value_heads, valueDim: dn.value_dim };
@@ -520,6 +525,7 @@ function sequenceCases(f: Fixture): BenchCase[] {
           o: f.rows(nb, D.dnValue),
           work: { buffer: f.buffer(bytes), offset: 0, bytes },
           chunked,
+          chunkColumns: cols,
         };
         return (ctx: EncodeContext) => encodeDeltaNet(ctx, args);
       },

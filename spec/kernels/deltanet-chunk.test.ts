@@ -36,18 +36,18 @@ interface Run {
 }
 
 /** Runs rows [0, nb) of the case through one form in calls of `split` rows (state carried). */
-function runForm(c: DnCase, chunked: boolean, split = c.nb): Run {
+function runForm(c: DnCase, chunked: boolean, split = c.nb, cols?: 2 | 4): Run {
   const g = dnOnDevice(dev, c);
   run(dev, (ctx) => {
-    for (let first = 0; first < c.nb; first += split) g.encode(ctx, first, Math.min(split, c.nb - first), 0, chunked);
+    for (let first = 0; first < c.nb; first += split) g.encode(ctx, first, Math.min(split, c.nb - first), 0, chunked, cols);
   });
   const nO = c.nb * c.valueHeads * c.valueDim;
   return { o: g.o.f32.slice(0, nO), S: deltanetStateFromGpu(g.S.f32.subarray(0, c.S.length), c) };
 }
 
-function compareAll(c: DnCase, label: string, split?: number): void {
+function compareAll(c: DnCase, label: string, split?: number, cols?: 2 | 4): void {
   const ref = dnReference(c);
-  const chunk = runForm(c, true, split);
+  const chunk = runForm(c, true, split, cols);
   const rows = runForm(c, false, split);
   const w = c.valueHeads * c.valueDim;
   expectClose(chunk.o, ref.o, TOL, `chunk-o ${label}`, w);
@@ -102,6 +102,14 @@ describe("deltanet chunked form", () => {
 
   test("state carried across calls: 100 rows as calls of 37 (blocks restart inside the batch)", () => {
     compareAll(dnCase(100, TINY, 503), "split", 37);
+  });
+
+  test.each([
+    ["tiny, 70 rows", TINY, 70],
+    ["dk 128", WIDE, 45],
+    ["dk 40, dv 5 (a simdgroup's last three columns unused)", ODD, 33],
+  ] as const)("the scan with 4 columns a simdgroup (deltanet_chunk_scan_c4_f32): %s", (name, shape, nb) => {
+    compareAll(dnCase(nb, shape, 700 + nb), `c4 ${name}`, undefined, 4);
   });
 
   test("TOL is sharp: one beta logit moved by 1e-2 on one row already fails it", () => {

@@ -78,8 +78,8 @@ export interface DnGpu {
   o: Buffer;
   S: Buffer;
   planes: ReturnType<typeof allocatePlanes>;
-  /** Encodes rows [first, first + n) of the case; `chunked` forces a form (default: the host's choice). */
-  encode: (ctx: EncodeContext, first: number, n: number, snapRows?: number, chunked?: boolean) => void;
+  /** Encodes rows [first, first + n) of the case; `chunked` forces a form (default: the host's choice), `cols` the chunked scan's columns a simdgroup. */
+  encode: (ctx: EncodeContext, first: number, n: number, snapRows?: number, chunked?: boolean, cols?: 2 | 4) => void;
 }
 
 /** The case's inputs and state on `dev`, with a work region for the chunked form at the case's rows. */
@@ -95,7 +95,7 @@ export function dnOnDevice(dev: Device, c: DnCase): DnGpu {
   const planes = allocatePlanes(dev, c.S.length);
   const workBytes = deltanetChunkBytes(c.nb, Hv);
   const work = { buffer: dev.buffer(Math.max(16, workBytes)), offset: 0, bytes: workBytes };
-  const encode = (ctx: EncodeContext, first: number, n: number, snapRows = 0, chunked?: boolean) =>
+  const encode = (ctx: EncodeContext, first: number, n: number, snapRows = 0, chunked?: boolean, cols?: 2 | 4) =>
     encodeDeltaNet(ctx, {
       ...c,
       rows: n,
@@ -109,6 +109,7 @@ export function dnOnDevice(dev: Device, c: DnCase): DnGpu {
       snapshots: snapRows > 0 ? { planes, rows: snapRows } : undefined,
       work,
       chunked,
+      chunkColumns: cols,
     });
   return { o, S, planes, encode };
 }
