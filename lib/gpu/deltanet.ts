@@ -7,7 +7,7 @@
 // to CHERENKOV_DELTANET_FUSE_ROWS rows (off by default: DELTANET_FUSE_MAX_ROWS says why).
 import type { Binding, Buffer } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
-import { SIMD_WIDTH } from "./limits.ts";
+import { SIMD_WIDTH, threadsWithin } from "./limits.ts";
 import { Params } from "./params.ts";
 import { CONV_MAX_SPAN, SEQ_MAX_HEAD_DIM } from "./params-sequence.ts";
 import { checkRows, checkVector } from "./projections.ts";
@@ -236,9 +236,12 @@ export function encodeDeltaNet(ctx: EncodeContext, a: DeltaNetArgs): void {
   const weights = [bind(a.aLog.buffer, a.aLog.offset), bind(a.dtBias.buffer, a.dtBias.offset)];
   if (chunked) {
     const work = bind(a.work!.buffer, a.work!.offset);
-    dispatch(ctx, "deltanet_chunk_prep_f32", Params.DeltaNet, params, [at(a.qkv), at(a.b), at(a.a), ...weights, work], [Math.ceil(a.rows / DELTANET_CHUNK), Hv], [128, 1]);
+    // Both kernels take any number of simdgroups up to 4 (Metal may allow fewer threads to a
+    // register-heavy pipeline: threadsWithin).
+    const prepThreads = threadsWithin(ctx.device.pipeline("deltanet_chunk_prep_f32"), SIMD_WIDTH * DELTANET_SIMDGROUPS);
+    dispatch(ctx, "deltanet_chunk_prep_f32", Params.DeltaNet, params, [at(a.qkv), at(a.b), at(a.a), ...weights, work], [Math.ceil(a.rows / DELTANET_CHUNK), Hv], [prepThreads, 1]);
     const cols = a.chunkColumns ?? DELTANET_CHUNK_COLS;
-    const nsg = Math.min(DELTANET_SIMDGROUPS, Math.ceil(dv / cols));
+    const nsg = threadsWithin(ctx.device.pipeline(SCAN_KERNEL[cols]), SIMD_WIDTH * Math.min(DELTANET_SIMDGROUPS, Math.ceil(dv / cols))) / SIMD_WIDTH;
     dispatch(ctx, SCAN_KERNEL[cols], Params.DeltaNet, params, [at(a.qkv), work, a.state, at(a.o)], [Math.ceil(dv / (nsg * cols)), Hv], [SIMD_WIDTH * nsg, 1]);
     return;
   }
