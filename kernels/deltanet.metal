@@ -267,6 +267,352 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
   }
 }
 
+// ---- The chunked form (prompt chunks): blocks of DN_CHUNK rows -----------------------------
+//
+// docs/model.md gives the algebra ("Prefill may use the chunked form"). Within a block of C rows
+// with cumulative decays G_t (G_t = g_0 + ... + g_t), state S0 at its start, k^ and q^ the
+// normalised rows:
+//   r_t     = v_t - e^G_t S0^T k^_t
+//   delta   = T diag(beta) r,        T = (I + A)^-1, A[t][i] = beta_t e^(G_t - G_i) (k^_t . k^_i), i < t
+//   o_t     = e^G_t S0^T q^_t + sum_{i <= t} e^(G_t - G_i) (q^_t . k^_i) delta_i
+//   S_end   = e^G_last S0 + sum_i e^(G_last - G_i) k^_i delta_i^T
+// (the row recurrence unrolled: delta_t is the row scan's delta, A's lower solve its dependence
+// on the block's earlier rows). Two kernels: deltanet_chunk_prep_f32 builds what does not depend
+// on S (T diag(beta), the masked decayed q.k matrix, per-row scale factors) for every (block,
+// value head) at once; deltanet_chunk_scan_f32 then walks the blocks in order, one simdgroup per
+// two state columns (columns never meet, as in the row scan; deltanet_chunk_scan_c4_f32: four,
+// each k and q row it loads serving all of them, for the bench to compare). All f32, no matrix units:
+// the lower solve must be f32 (docs/model.md R6: it cancels), and the products are small.
+// No snapshot planes: the host takes this form only for batches without snapshot rows.
+
+// Rows of a block: one per lane of the scan's row-indexed values.
+#define DN_CHUNK 32
+// Most rows of a state column one lane holds in the chunked form (key dim <= 128).
+#define DN_CHUNK_PER 4
+// Row stride of the prep kernel's staged k^ rows: odd, so lanes reading rows i at one dim hit
+// distinct banks.
+#define DN_CHUNK_KS (DN_CHUNK_PER * 32 + 1)
+// The work region of one (value head, block), floats: [T diag(beta)]^T [i][t] (C x C), then
+// P^T [i][t] with P[t][i] = e^(G_t - G_i) (q^_t . k^_i) for i <= t (C x C), then per row t:
+// e^G_t rk_t, e^G_t rq_t, e^(G_last - G_t) rk_t, and e^G_last (rk, rq: the L2 factors; rq
+// includes q_scale). lib/gpu/deltanet.ts DELTANET_CHUNK_FLOATS must equal it.
+#define DN_CHUNK_TB 0
+#define DN_CHUNK_P (DN_CHUNK * DN_CHUNK)
+#define DN_CHUNK_KC (2 * DN_CHUNK * DN_CHUNK)
+#define DN_CHUNK_QC (DN_CHUNK_KC + DN_CHUNK)
+#define DN_CHUNK_KU (DN_CHUNK_KC + 2 * DN_CHUNK)
+#define DN_CHUNK_GL (DN_CHUNK_KC + 3 * DN_CHUNK)
+#define DN_CHUNK_FLOATS (DN_CHUNK_KC + 4 * DN_CHUNK)
+
+// Grid: (blocks = ceil(rows / DN_CHUNK), Hv) threadgroups of 128 threads. Inputs as
+// deltanet_rows_f32's; work: DN_CHUNK_FLOATS per (value head, block), head-major.
+[[max_total_threads_per_threadgroup(128)]] kernel void deltanet_chunk_prep_f32(
+    constant DeltaNetParams& p   [[buffer(0)]],
+    device const float* qkv      [[buffer(1)]],
+    device const float* b        [[buffer(2)]],
+    device const float* a        [[buffer(3)]],
+    device const float* A_log    [[buffer(4)]],
+    device const float* dt_bias  [[buffer(5)]],
+    device float* work           [[buffer(6)]],
+    uint2 tg                     [[threadgroup_position_in_grid]],
+    ushort lane                  [[thread_index_in_simdgroup]],
+    ushort sg                    [[simdgroup_index_in_threadgroup]],
+    ushort nsg                   [[simdgroups_per_threadgroup]]) {
+  threadgroup float kn[DN_CHUNK * DN_CHUNK_KS];   // k^ rows of the block (padding rows 0)
+  threadgroup float Am[DN_CHUNK * (DN_CHUNK + 1)];  // A, row-major, stride C + 1
+  threadgroup float Pm[DN_CHUNK * (DN_CHUNK + 1)];  // P
+  threadgroup float Tm[DN_CHUNK * (DN_CHUNK + 1)];  // T = (I + A)^-1
+  threadgroup float rq[DN_CHUNK];
+  threadgroup float rk[DN_CHUNK];
+  threadgroup float beta[DN_CHUNK];
+  threadgroup float G[DN_CHUNK];
+
+  const uint blk = tg.x;
+  const uint h = tg.y;
+  const uint nblocks = (uint(p.rows) + DN_CHUNK - 1u) / DN_CHUNK;
+  const bool live = blk < nblocks && h < uint(p.value_heads);  // uniform: guards, no early return
+  const uint t0 = blk * DN_CHUNK;
+  const uint n = live ? min(uint(DN_CHUNK), uint(p.rows) - t0) : 0u;
+  const uint dk = uint(p.key_dim);
+  const uint ks = dk | 1u;
+  const uint kh = live ? h / uint(p.value_heads / p.key_heads) : 0u;
+  const uint q_off = kh * dk;
+  const uint k_off = uint(p.key_heads) * dk + kh * dk;
+
+  // Per row: the L2 factors, beta and g (padding rows: all 0, so they change nothing).
+  for (uint t = sg; t < DN_CHUNK; t += uint(nsg)) {
+    float qq = 0.0f, kk = 0.0f;
+    if (t < n) {
+      device const float* row = seq_row(qkv, p.qkv_stride, t0 + t);
+      for (uint i = lane; i < dk; i += 32u) {
+        qq = fma(row[q_off + i], row[q_off + i], qq);
+        kk = fma(row[k_off + i], row[k_off + i], kk);
+      }
+    }
+    qq = simd_sum(qq);
+    kk = simd_sum(kk);
+    if (lane == 0) {
+      const bool in = t < n;
+      rq[t] = in ? rsqrt(qq + p.l2_eps) * p.q_scale : 0.0f;
+      rk[t] = in ? rsqrt(kk + p.l2_eps) : 0.0f;
+      beta[t] = in ? seq_sigmoid(seq_row(b, p.b_stride, t0 + t)[h]) : 0.0f;
+      G[t] = in ? -exp(A_log[h]) * seq_softplus(seq_row(a, p.a_stride, t0 + t)[h] + dt_bias[h]) : 0.0f;
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (uint t = sg; t < DN_CHUNK; t += uint(nsg)) {
+    device const float* row = seq_row(qkv, p.qkv_stride, t0 + min(t, n > 0u ? n - 1u : 0u));
+    for (uint i = lane; i < dk; i += 32u) {
+      kn[t * ks + i] = t < n ? row[k_off + i] * rk[t] : 0.0f;
+    }
+  }
+  if (sg == 0) {
+    const float g = G[lane];
+    G[lane] = simd_prefix_inclusive_sum(g);  // each lane its own entry
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+
+  // A and P: row t per simdgroup pass, column i per lane.
+  {
+    const uint i = lane;
+    for (uint t = sg; t < DN_CHUNK; t += uint(nsg)) {
+      float kk = 0.0f, qk = 0.0f;
+      if (t < n) {
+        device const float* row = seq_row(qkv, p.qkv_stride, t0 + t);
+        for (uint c = 0; c < dk; c++) {
+          const float ki = kn[i * ks + c];
+          kk = fma(kn[t * ks + c], ki, kk);
+          qk = fma(row[q_off + c], ki, qk);
+        }
+      }
+      const float d = i <= t ? exp(G[t] - G[i]) : 0.0f;
+      Am[t * (DN_CHUNK + 1) + i] = i < t ? beta[t] * d * kk : 0.0f;
+      Pm[t * (DN_CHUNK + 1) + i] = d * rq[t] * qk;
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+
+  // T = (I + A)^-1 by forward substitution, column c per lane (a lane reads only its own column
+  // of T): T[t][c] = [t == c] - sum_{i < t} A[t][i] T[i][c]. The sum runs over all 32 i (A is 0
+  // from i = t on, and T's rows from t on are still the zeros written first) in four independent
+  // chains: a fixed trip count the compiler unrolls, its loads issued ahead of the fmas.
+  if (sg == 0) {
+    const uint c = lane;
+    for (uint t = 0; t < DN_CHUNK; t++) {
+      Tm[t * (DN_CHUNK + 1) + c] = 0.0f;
+    }
+    for (uint t = 0; t < DN_CHUNK; t++) {
+      float acc[4] = {t == c ? 1.0f : 0.0f, 0.0f, 0.0f, 0.0f};
+      CK_UNROLL for (uint i = 0; i < DN_CHUNK; i++) {
+        acc[i % 4u] = fma(-Am[t * (DN_CHUNK + 1) + i], Tm[i * (DN_CHUNK + 1) + c], acc[i % 4u]);
+      }
+      Tm[t * (DN_CHUNK + 1) + c] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+
+  if (live) {
+    device float* w = work + (ulong(h) * nblocks + blk) * DN_CHUNK_FLOATS;
+    const uint t = lane;
+    for (uint i = sg; i < DN_CHUNK; i += uint(nsg)) {
+      w[DN_CHUNK_TB + i * DN_CHUNK + t] = Tm[t * (DN_CHUNK + 1) + i] * beta[i];
+      w[DN_CHUNK_P + i * DN_CHUNK + t] = Pm[t * (DN_CHUNK + 1) + i];
+    }
+    if (sg == 0) {
+      const float GL = G[DN_CHUNK - 1];  // padding rows add g = 0: G of the last row
+      const float eG = exp(G[t]);
+      w[DN_CHUNK_KC + t] = eG * rk[t];
+      w[DN_CHUNK_QC + t] = eG * rq[t];
+      w[DN_CHUNK_KU + t] = exp(GL - G[t]) * rk[t];
+      w[DN_CHUNK_GL + t] = exp(GL);
+    }
+  }
+}
+
+// Rows the scan reduces at once: half a block, so that a lane's partial sums (and the loads
+// feeding them) take half the registers (200 a thread on sm_90 with whole blocks).
+#define DN_CHUNK_HALF (DN_CHUNK / 2)
+
+// Recursive halving within the 16-lane halves of the simdgroup: v holds a lane's partial sums of
+// 2W rows; one stage trades half of them with the lane W apart. After the stages 8, 4, 2, 1 lane
+// l holds, summed over its half, row l % 16 in v[0]; one more exchange with the lane 16 apart
+// completes the sum. 16 shuffles for 16 sums (16 simd_sums would take 80).
+template <uint W>
+inline void dn_halve(thread float* v, ushort lane) {
+  const bool up = (uint(lane) & W) != 0u;
+  CK_UNROLL for (uint i = 0; i < W; i++) {
+    const float send = up ? v[i] : v[i + W];
+    const float keep = up ? v[i + W] : v[i];
+    v[i] = keep + simd_shuffle_xor(send, ushort(W));
+  }
+}
+
+inline float dn_reduce_scatter16(thread float* v, ushort lane) {
+  dn_halve<8>(v, lane);
+  dn_halve<4>(v, lane);
+  dn_halve<2>(v, lane);
+  dn_halve<1>(v, lane);
+  return v[0] + simd_shuffle_xor(v[0], ushort(16));
+}
+
+// Lane's partial products of rows first .. first + 15 of the block (rows from n on count 0) with
+// the state columns: part[c][t] = sum over the lane's state rows m of
+// x[t0 + first + t][off + lane + 32 m] * s[c][m] (x: the k or q rows, raw; s and part flattened
+// [c][m], [c][t]).
+template <uint COLS>
+inline void dn_chunk_partials(constant DeltaNetParams& p, device const float* qkv, uint off, uint t0, uint first, uint n, uint dk,
+                              thread const float* s, thread float* part, ushort lane) {
+  CK_UNROLL for (uint t = 0; t < DN_CHUNK_HALF; t++) {
+    const uint r = first + t;
+    float x[DN_CHUNK_PER];
+    device const float* row = seq_row(qkv, p.qkv_stride, t0 + min(r, n - 1u));
+    CK_UNROLL for (uint m = 0; m < DN_CHUNK_PER; m++) {
+      const uint i = uint(lane) + 32u * m;
+      x[m] = r < n && i < dk ? row[off + i] : 0.0f;
+    }
+    CK_UNROLL for (uint c = 0; c < COLS; c++) {
+      float acc = 0.0f;
+      CK_UNROLL for (uint m = 0; m < DN_CHUNK_PER; m++) {
+        acc = fma(x[m], s[c * DN_CHUNK_PER + m], acc);
+      }
+      part[c * DN_CHUNK_HALF + t] = acc;
+    }
+  }
+}
+
+// This lane's row (t = lane) of S0^T k and S0^T q over the block (raw k and q rows). Four passes
+// (k rows 0-15, 16-31, then q), kept rolled: unrolled, the compiler hoisted all their loads and
+// took 217 registers a thread on sm_90 (two threadgroups an SM: the grid ran in two waves).
+template <uint COLS>
+inline void dn_chunk_project(constant DeltaNetParams& p, device const float* qkv, uint k_off, uint q_off, uint t0, uint n, uint dk,
+                             thread const float* s, thread float* sk, thread float* sq, ushort lane) {
+  float part[COLS * DN_CHUNK_HALF];
+  CK_ROLLED for (uint pass = 0; pass < 4u; pass++) {
+    const uint half = pass & 1u;
+    dn_chunk_partials<COLS>(p, qkv, pass < 2u ? k_off : q_off, t0, half * DN_CHUNK_HALF, n, dk, s, part, lane);
+    const bool mine = (uint(lane) >= DN_CHUNK_HALF) == (half == 1u);
+    CK_UNROLL for (uint c = 0; c < COLS; c++) {
+      const float sum = dn_reduce_scatter16(part + c * DN_CHUNK_HALF, lane);
+      sk[c] = mine && pass < 2u ? sum : sk[c];
+      sq[c] = mine && pass >= 2u ? sum : sq[c];
+    }
+  }
+}
+
+// Grid: (ceil(dv / (COLS * simdgroups)), Hv) threadgroups of up to 128 threads. Walks
+// the blocks in order; per block a lane holds rows lane + 32 m of its columns of S (as the row
+// scan) and, for the row-indexed values (r, delta, o), row t = lane of the block.
+template <uint COLS>
+[[max_total_threads_per_threadgroup(128)]] kernel void deltanet_chunk_scan(
+    constant DeltaNetParams& p   [[buffer(0)]],
+    device const float* qkv      [[buffer(1)]],
+    device const float* work     [[buffer(2)]],
+    device float* S              [[buffer(3)]],
+    device float* o              [[buffer(4)]],
+    uint2 tg                     [[threadgroup_position_in_grid]],
+    ushort lane                  [[thread_index_in_simdgroup]],
+    ushort sg                    [[simdgroup_index_in_threadgroup]],
+    ushort nsg                   [[simdgroups_per_threadgroup]]) {
+  const uint j0 = (tg.x * uint(nsg) + uint(sg)) * COLS;
+  const uint h = tg.y;
+  const uint dk = uint(p.key_dim);
+  const uint dv = uint(p.value_dim);
+  if (j0 >= dv || h >= uint(p.value_heads)) {
+    return;  // whole simdgroup; this kernel has no threadgroup barriers
+  }
+  const uint kh = h / uint(p.value_heads / p.key_heads);
+  const uint q_off = kh * dk;
+  const uint k_off = uint(p.key_heads) * dk + kh * dk;
+  const uint v_off = 2u * uint(p.key_heads) * dk + h * dv;
+  const ulong head_off = ulong(h) * dk * dv;
+  const uint nblocks = (uint(p.rows) + DN_CHUNK - 1u) / DN_CHUNK;
+
+  float s[COLS * DN_CHUNK_PER];  // [c][m]
+  CK_UNROLL for (uint c = 0; c < COLS; c++) {
+    CK_UNROLL for (uint m = 0; m < DN_CHUNK_PER; m++) {
+      const uint i = uint(lane) + 32u * m;
+      s[c * DN_CHUNK_PER + m] = j0 + c < dv && i < dk ? S[head_off + ulong(j0 + c) * dk + i] : 0.0f;
+    }
+  }
+
+  for (uint blk = 0; blk < nblocks; blk++) {
+    const uint t0 = blk * DN_CHUNK;
+    const uint n = min(uint(DN_CHUNK), uint(p.rows) - t0);
+    device const float* w = work + (ulong(h) * nblocks + blk) * DN_CHUNK_FLOATS;
+    const uint t = lane;  // this lane's row of the block, for r, delta and o
+
+    // S0^T k_t and S0^T q_t (raw rows; the factors are in the work region).
+    float sk[COLS], sq[COLS];
+    CK_UNROLL for (uint c = 0; c < COLS; c++) {
+      sk[c] = 0.0f;
+      sq[c] = 0.0f;
+    }
+    dn_chunk_project<COLS>(p, qkv, k_off, q_off, t0, n, dk, s, sk, sq, lane);
+
+    // r_t = v_t - e^G_t rk_t (S0^T k_t), then delta = T diag(beta) r.
+    const float kc = w[DN_CHUNK_KC + t];
+    device const float* vrow = seq_row(qkv, p.qkv_stride, t0 + min(t, n - 1u)) + v_off;
+    float r[COLS], delta[COLS], out[COLS];
+    CK_UNROLL for (uint c = 0; c < COLS; c++) {
+      r[c] = t < n && j0 + c < dv ? vrow[j0 + c] - kc * sk[c] : 0.0f;
+      delta[c] = 0.0f;
+    }
+    for (uint i = 0; i < n; i++) {
+      const float tb = w[DN_CHUNK_TB + i * DN_CHUNK + t];
+      CK_UNROLL for (uint c = 0; c < COLS; c++) {
+        delta[c] = fma(tb, simd_broadcast(r[c], ushort(i)), delta[c]);
+      }
+    }
+
+    // o_t = e^G_t rq_t (S0^T q_t) + sum_i P[t][i] delta_i; S = e^G_last S0 + sum_i e^(G_last - G_i) k^_i delta_i.
+    const float qc = w[DN_CHUNK_QC + t];
+    const float gl = w[DN_CHUNK_GL];
+    CK_UNROLL for (uint c = 0; c < COLS; c++) {
+      out[c] = qc * sq[c];
+      CK_UNROLL for (uint m = 0; m < DN_CHUNK_PER; m++) {
+        s[c * DN_CHUNK_PER + m] *= gl;
+      }
+    }
+    for (uint i = 0; i < n; i++) {
+      const float pt = w[DN_CHUNK_P + i * DN_CHUNK + t];
+      const float ku = w[DN_CHUNK_KU + i];
+      device const float* krow = seq_row(qkv, p.qkv_stride, t0 + i) + k_off;
+      float kx[DN_CHUNK_PER];
+      CK_UNROLL for (uint m = 0; m < DN_CHUNK_PER; m++) {
+        const uint e = uint(lane) + 32u * m;
+        kx[m] = e < dk ? ku * krow[e] : 0.0f;
+      }
+      CK_UNROLL for (uint c = 0; c < COLS; c++) {
+        const float d = simd_broadcast(delta[c], ushort(i));
+        out[c] = fma(pt, d, out[c]);
+        CK_UNROLL for (uint m = 0; m < DN_CHUNK_PER; m++) {
+          s[c * DN_CHUNK_PER + m] = fma(kx[m], d, s[c * DN_CHUNK_PER + m]);
+        }
+      }
+    }
+    if (t < n) {
+      device float* orow = seq_row(o, p.o_stride, t0 + t) + h * dv;
+      CK_UNROLL for (uint c = 0; c < COLS; c++) {
+        if (j0 + c < dv) {
+          orow[j0 + c] = out[c];
+        }
+      }
+    }
+  }
+
+  CK_UNROLL for (uint c = 0; c < COLS; c++) {
+    CK_UNROLL for (uint m = 0; m < DN_CHUNK_PER; m++) {
+      const uint i = uint(lane) + 32u * m;
+      if (j0 + c < dv && i < dk) {
+        S[head_off + ulong(j0 + c) * dk + i] = s[c * DN_CHUNK_PER + m];
+      }
+    }
+  }
+}
+
+template [[host_name("deltanet_chunk_scan_f32")]] kernel decltype(deltanet_chunk_scan<2>) deltanet_chunk_scan<2>;
+template [[host_name("deltanet_chunk_scan_c4_f32")]] kernel decltype(deltanet_chunk_scan<4>) deltanet_chunk_scan<4>;
+
 // Rollback: dst0[i] = src0[i] for i < n0, then dst1[i] = src1[i] for i < n1, one thread
 // per element (a DeltaNet layer restores S and its conv window in one dispatch). The
 // bindings' offsets select the snapshot plane.

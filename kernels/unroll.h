@@ -9,10 +9,13 @@
 #define CK_UNROLL _Pragma("unroll")
 #endif
 
-// CK_ROLLED keeps the next loop rolled where unrolling would hoist every iteration's loads
-// at once and cost more registers than it saves latency (hc_write_column's output streams).
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
-#define CK_ROLLED _Pragma("GCC unroll 1")
-#else
+// CK_ROLLED keeps the next loop rolled: a body whose loads the compiler would otherwise hoist
+// across iterations, holding many registers for them (hc_write_column's output streams,
+// deltanet_chunk_scan_f32).
+#if defined(__CUDACC__)
 #define CK_ROLLED _Pragma("unroll 1")
+#elif defined(__clang__)
+#define CK_ROLLED _Pragma("nounroll")
+#else
+#define CK_ROLLED _Pragma("GCC unroll 1")
 #endif

@@ -5,9 +5,9 @@
 // the output projection after are the dense kernels'. encodeDeltaNetBlock runs conv,
 // recurrence and gated RMSNorm as the three kernels, or as two fused dispatches for batches up
 // to CHERENKOV_DELTANET_FUSE_ROWS rows (off by default: DELTANET_FUSE_MAX_ROWS says why).
-import type { Binding } from "../shim.ts";
+import type { Binding, Buffer } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
-import { SIMD_WIDTH } from "./limits.ts";
+import { SIMD_WIDTH, threadsWithin } from "./limits.ts";
 import { Params } from "./params.ts";
 import { CONV_MAX_SPAN, SEQ_MAX_HEAD_DIM } from "./params-sequence.ts";
 import { checkRows, checkVector } from "./projections.ts";
@@ -93,6 +93,19 @@ export interface DeltaNetArgs extends DeltaNetShape {
   o: RowsRef;
   /** Store S after each of the first rows. */
   snapshots?: SnapshotRequest;
+  /** Work region of the chunked form (deltanetChunkBytes); without it the row scan runs. */
+  work?: WorkRegion;
+  /** Forces the chunked form (true; an error where it cannot serve the call) or the row scan (false); default: deltanetTakesChunked. */
+  chunked?: boolean;
+  /** State columns per simdgroup of the chunked form's scan (benches); default DELTANET_CHUNK_COLS. */
+  chunkColumns?: 2 | 4;
+}
+
+/** A region of a buffer (bytes from offset). */
+export interface WorkRegion {
+  buffer: Buffer;
+  offset: number;
+  bytes: number;
 }
 
 /** Floats of the recurrent state S of one DeltaNet layer. */
@@ -132,36 +145,113 @@ function checkDeltaNet(a: DeltaNetShape & { rows: number; aLog: TensorRef; dtBia
   checkVector(a.dtBias, Hv, "deltanet dt_bias");
 }
 
+// ---- The chunked form ------------------------------------------------------------------
+// A prompt chunk's rows in blocks of DELTANET_CHUNK (kernels/deltanet.metal "The chunked form":
+// deltanet_chunk_prep_f32 for every block at once, then deltanet_chunk_scan_f32 over the blocks
+// in order) instead of the row scan's one row after another. Same recurrence, f32, other
+// rounding (spec/kernels/deltanet-chunk.test.ts bounds it); no snapshot planes, so batches with
+// snapshot rows (verify batches) keep the row scan.
+
+/** Rows of a block of the chunked form (DN_CHUNK in kernels/deltanet.metal). */
+export const DELTANET_CHUNK = 32;
+/** Floats of the work region per (value head, block) (DN_CHUNK_FLOATS): two C x C matrices and four row vectors. */
+const DELTANET_CHUNK_FLOATS = 2 * DELTANET_CHUNK * DELTANET_CHUNK + 4 * DELTANET_CHUNK;
+/**
+ * State columns per simdgroup of the chunked form's scan: 2 (deltanet_chunk_scan_f32, 96
+ * registers a thread on sm_90) or 4 (deltanet_chunk_scan_c4_f32, 168: each k and q row loaded
+ * serves four columns, half the warps). Both run the 30b shape's grid in one wave on the H200;
+ * which is faster is the bench's to say (spec/bench/kernels.ts "deltanet chunk").
+ */
+export const DELTANET_CHUNK_COLS: 2 | 4 = 2;
+const SCAN_KERNEL = { 2: "deltanet_chunk_scan_f32", 4: "deltanet_chunk_scan_c4_f32" } as const;
+/** Largest key dim of the chunked form (DN_CHUNK_PER * 32). */
+export const DELTANET_CHUNK_MAX_KEY_DIM = 128;
+/**
+ * Rows from which a batch without snapshot rows takes the chunked form on a GPU backend (never
+ * on the CPU backend, whose results then stay the row scan's). The H200 measurement of
+ * spec/bench/kernels.ts's "deltanet chunk" cases decides it.
+ */
+export const DELTANET_CHUNKED_MIN_ROWS = 64;
+
+/** Bytes of the chunked form's work region for `rows` rows of `valueHeads` heads. */
+export const deltanetChunkBytes = (rows: number, valueHeads: number): number =>
+  Math.ceil(rows / DELTANET_CHUNK) * valueHeads * DELTANET_CHUNK_FLOATS * 4;
+
+/**
+ * The row threshold of the chunked form on `backend`: CHERENKOV_DELTANET_CHUNKED=1 forces it on
+ * (every batch without snapshot rows, 1 row included), =0 off; unset, DELTANET_CHUNKED_MIN_ROWS
+ * on a GPU and never (Infinity) on the CPU backend.
+ */
+export function deltanetChunkedMinRows(backend: string): number {
+  const value = process.env.CHERENKOV_DELTANET_CHUNKED;
+  if (value === undefined || value === "") return backend === "cpu" ? Infinity : DELTANET_CHUNKED_MIN_ROWS;
+  if (value === "1") return 1;
+  if (value === "0") return Infinity;
+  throw new RangeError(`CHERENKOV_DELTANET_CHUNKED=${value}: expected 0 (row scan) or 1 (chunked form)`);
+}
+
+/** Why the chunked form cannot serve this call, or null when it can. */
+function chunkedRefusal(a: DeltaNetArgs): string | null {
+  if (a.snapshots && a.snapshots.rows > 0) return "it writes no snapshot planes";
+  if (a.keyDim > DELTANET_CHUNK_MAX_KEY_DIM) return `key dim ${a.keyDim} exceeds ${DELTANET_CHUNK_MAX_KEY_DIM}`;
+  if (!a.work) return "no work region";
+  const need = deltanetChunkBytes(a.rows, a.valueHeads);
+  if (a.work.bytes < need) return `work region of ${a.work.bytes} bytes, ${need} needed`;
+  return null;
+}
+
+/** Whether encodeDeltaNet takes the chunked form for this call at the row threshold `minRows`. */
+export const deltanetTakesChunked = (a: DeltaNetArgs, minRows: number): boolean => a.rows >= minRows && chunkedRefusal(a) === null;
+
 /**
  * The gated delta rule over nb rows: q, k L2-normalised per key head (q scaled by
  * dk^-0.5), beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), then per row and
- * value head S = e^g S; delta = beta (v - S^T k); S += k delta^T; o = S^T q.
+ * value head S = e^g S; delta = beta (v - S^T k); S += k delta^T; o = S^T q. By the row scan,
+ * or by the chunked form (see above) from deltanetChunkedMinRows rows.
  */
 export function encodeDeltaNet(ctx: EncodeContext, a: DeltaNetArgs): void {
   checkDeltaNet(a);
   const { keyHeads: Hk, keyDim: dk, valueHeads: Hv, valueDim: dv } = a;
   const snap = snapshotArgs(a.snapshots, deltanetStateFloats(a), a.rows, a.state, "deltanet");
+  const chunked = a.chunked ?? deltanetTakesChunked(a, deltanetChunkedMinRows(ctx.device.backend));
+  if (a.chunked) {
+    const why = chunkedRefusal(a);
+    if (why) throw new Error(`deltanet: the chunked form cannot serve this call: ${why}`);
+  }
+  const params = {
+    rows: a.rows,
+    key_heads: Hk,
+    key_dim: dk,
+    value_heads: Hv,
+    value_dim: dv,
+    snap_rows: chunked ? 0 : snap.snapRows,
+    q_scale: 1 / Math.sqrt(dk),
+    l2_eps: 1e-6,
+    qkv_stride: a.qkv.stride,
+    b_stride: a.b.stride,
+    a_stride: a.a.stride,
+    o_stride: a.o.stride,
+    plane_stride: snap.planeStride,
+  };
+  const weights = [bind(a.aLog.buffer, a.aLog.offset), bind(a.dtBias.buffer, a.dtBias.offset)];
+  if (chunked) {
+    const work = bind(a.work!.buffer, a.work!.offset);
+    // Both kernels take any number of simdgroups up to 4 (Metal may allow fewer threads to a
+    // register-heavy pipeline: threadsWithin).
+    const prepThreads = threadsWithin(ctx.device.pipeline("deltanet_chunk_prep_f32"), SIMD_WIDTH * DELTANET_SIMDGROUPS);
+    dispatch(ctx, "deltanet_chunk_prep_f32", Params.DeltaNet, params, [at(a.qkv), at(a.b), at(a.a), ...weights, work], [Math.ceil(a.rows / DELTANET_CHUNK), Hv], [prepThreads, 1]);
+    const cols = a.chunkColumns ?? DELTANET_CHUNK_COLS;
+    const nsg = threadsWithin(ctx.device.pipeline(SCAN_KERNEL[cols]), SIMD_WIDTH * Math.min(DELTANET_SIMDGROUPS, Math.ceil(dv / cols))) / SIMD_WIDTH;
+    dispatch(ctx, SCAN_KERNEL[cols], Params.DeltaNet, params, [at(a.qkv), work, a.state, at(a.o)], [Math.ceil(dv / (nsg * cols)), Hv], [SIMD_WIDTH * nsg, 1]);
+    return;
+  }
   const nsg = Math.min(DELTANET_SIMDGROUPS, dv);
   dispatch(
     ctx,
     "deltanet_rows_f32",
     Params.DeltaNet,
-    {
-      rows: a.rows,
-      key_heads: Hk,
-      key_dim: dk,
-      value_heads: Hv,
-      value_dim: dv,
-      snap_rows: snap.snapRows,
-      q_scale: 1 / Math.sqrt(dk),
-      l2_eps: 1e-6,
-      qkv_stride: a.qkv.stride,
-      b_stride: a.b.stride,
-      a_stride: a.a.stride,
-      o_stride: a.o.stride,
-      plane_stride: snap.planeStride,
-    },
-    [at(a.qkv), at(a.b), at(a.a), bind(a.aLog.buffer, a.aLog.offset), bind(a.dtBias.buffer, a.dtBias.offset), a.state, at(a.o), snap.binding],
+    params,
+    [at(a.qkv), at(a.b), at(a.a), ...weights, a.state, at(a.o), snap.binding],
     [Math.ceil(dv / nsg), Hv],
     [SIMD_WIDTH * nsg, 1],
   );
@@ -190,6 +280,10 @@ export interface DeltaNetBlockArgs extends DeltaNetShape {
   o: RowsRef;
   /** Verify batches: store S and the conv window after each of the first `rows` rows. */
   snapshots?: { S: SnapshotPlanes; conv: SnapshotPlanes; rows: number };
+  /** The chunked form's work region (DeltaNetArgs.work). */
+  work?: WorkRegion;
+  /** Forces the recurrence's form (DeltaNetArgs.chunked). */
+  chunked?: boolean;
 }
 
 /**
@@ -230,7 +324,7 @@ export function encodeDeltaNetBlock(ctx: EncodeContext, a: DeltaNetBlockArgs, fu
   const shape = { keyHeads: a.keyHeads, keyDim: a.keyDim, valueHeads: a.valueHeads, valueDim: a.valueDim };
   if (!fuse) {
     encodeConvSilu(ctx, { rows: a.rows, channels: C!, x: a.x, weight: a.convWeight, state: a.convState, y: a.convOut, snapshots: convSnap });
-    encodeDeltaNet(ctx, { ...shape, rows: a.rows, qkv: a.convOut, b: a.b, a: a.a, aLog: a.aLog, dtBias: a.dtBias, state: a.state, o: a.o, snapshots: sSnap });
+    encodeDeltaNet(ctx, { ...shape, rows: a.rows, qkv: a.convOut, b: a.b, a: a.a, aLog: a.aLog, dtBias: a.dtBias, state: a.state, o: a.o, snapshots: sSnap, work: a.work, chunked: a.chunked });
     encodeRmsNormGated(ctx, a.o, a.z, a.normWeight, a.o, a.rows, a.valueHeads, a.eps);
     return;
   }

@@ -56,6 +56,7 @@ export function encodeDeltaNetMixer(ctx: EncodeContext, a: DeltaNetMixerArgs): v
     eps: c.rms_norm_eps,
     o: s.o,
     snapshots: a.snapshots,
+    work: s.work,
   });
   encodeOut(ctx, w.out, s.o, a, nb);
 }

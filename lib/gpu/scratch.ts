@@ -11,6 +11,7 @@ import type { RowsRef } from "./dispatch.ts";
 import type { HcScratch } from "./hyperconnection.ts";
 import { hcMixCount, hcPartialCount } from "./hyperconnection.ts";
 import { attentionPartialBytes, ATTN_DECODE_SPLIT } from "./attention.ts";
+import { deltanetChunkBytes } from "./deltanet.ts";
 import { MAX_SNAP } from "./limits.ts";
 
 /** Rows of logits computed at once (the LM head runs over a step in blocks of this many). */
@@ -56,7 +57,8 @@ export interface Scratch {
   /** Hyper-connection coefficients of the current site, and of the lookahead's read. */
   hc: HcScratch;
   la: { hc: HcScratch; xn: RowsRef; logits: RowsRef; ids: RowsRef; weights: RowsRef };
-  dn: { qkv: RowsRef; conv: RowsRef; z: RowsRef; b: RowsRef; a: RowsRef; o: RowsRef };
+  /** DeltaNet rows, and the chunked form's work region (lib/gpu/deltanet.ts deltanetChunkBytes). */
+  dn: { qkv: RowsRef; conv: RowsRef; z: RowsRef; b: RowsRef; a: RowsRef; o: RowsRef; work: { buffer: Buffer; offset: number; bytes: number } };
   attn: {
     q: RowsRef;
     gate: RowsRef;
@@ -181,6 +183,7 @@ function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number;
   rows("dn.b", c.deltanet.value_heads);
   rows("dn.a", c.deltanet.value_heads);
   rows("dn.o", D.dnValue);
+  raw("dn.work", deltanetChunkBytes(R, c.deltanet.value_heads));
 
   rows("attn.q", D.attnQ);
   rows("attn.gate", D.attnQ);

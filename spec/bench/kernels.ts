@@ -43,7 +43,7 @@ import { encodeGemm } from "../../lib/gpu/gemm.ts";
 import { encodeArgmax, encodeFinalRead } from "../../lib/gpu/sampling.ts";
 import { Device, type Buffer, type Storage } from "../../lib/shim.ts";
 import { allocateKvCache, attentionPartialBytes, attentionSplits, encodeAttention, encodeKvAppend, encodeQsa, encodeRope, qsaScoreBytes } from "../../lib/gpu/attention.ts";
-import { deltanetStateFloats, encodeConvSilu, encodeDeltaNet, encodeDeltaNetBlock } from "../../lib/gpu/deltanet.ts";
+import { deltanetChunkBytes, deltanetStateFloats, encodeConvSilu, encodeDeltaNet, encodeDeltaNetBlock } from "../../lib/gpu/deltanet.ts";
 import { encodePleConv, encodePleGate, encodePleGather, pleHistoryFloats } from "../../lib/gpu/ple.ts";
 
 interface BenchCase {
@@ -498,6 +498,38 @@ function sequenceCases(f: Fixture): BenchCase[] {
         return (ctx) => encodeDeltaNet(ctx, { ...shape, rows: nb, qkv, b, a, aLog, dtBias, state, o });
       },
     },
+    // The recurrence over a prompt chunk both ways (encodeDeltaNet): the row scan, and the chunked
+    // form lib/gpu/deltanet.ts takes from DELTANET_CHUNKED_MIN_ROWS rows on a GPU, its scan with 2
+    // state columns a simdgroup (the default, DELTANET_CHUNK_COLS) and with 4; e.g.
+    // --preset 30b-a3b-shape --storage device --nb 64,256,1024 --filter "deltanet chunk".
+    ...([
+      [false, 2],
+      [true, 2],
+      [true, 4],
+    ] as const).map(([chunked, cols]) => ({
+      name: `deltanet chunk: ${chunked ? `chunked form, ${cols} columns a simdgroup` : "row scan"}`,
+      kernels: chunked ? ["deltanet_chunk_prep_f32", cols === 4 ? "deltanet_chunk_scan_c4_f32" : "deltanet_chunk_scan_f32"] : ["deltanet_rows_f32"],
+      shape: `Hk ${dn.key_heads} x ${dn.key_dim}, Hv ${dn.value_heads} x ${dn.value_dim}`,
+      setup(nb: number) {
+        const shape = { keyHeads: dn.key_heads, keyDim: dn.key_dim, valueHeads: dn.value_heads, valueDim: dn.value_dim };
+        const bytes = deltanetChunkBytes(nb, dn.value_heads);
+        const args = {
+          ...shape,
+          rows: nb,
+          qkv: f.rows(nb, C),
+          b: f.rows(nb, dn.value_heads),
+          a: f.rows(nb, dn.value_heads),
+          aLog: f.weight([dn.value_heads], "f32"),
+          dtBias: f.weight([dn.value_heads], "f32"),
+          state: f.buffer(deltanetStateFloats(shape) * 4),
+          o: f.rows(nb, D.dnValue),
+          work: { buffer: f.buffer(bytes), offset: 0, bytes },
+          chunked,
+          chunkColumns: cols,
+        };
+        return (ctx: EncodeContext) => encodeDeltaNet(ctx, args);
+      },
+    })),
     // The mixer's conv + recurrence + gated norm both ways (encodeDeltaNetBlock): the host fuses up
     // to DELTANET_FUSE_MAX_ROWS rows; timing both at each nb is how to set that threshold.
     ...([false, true] as const).map((fuse) => ({
