@@ -6,6 +6,7 @@ import type { DType } from "../model/config.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { HC_MAX_STREAMS, MAX_NB, SIMD_WIDTH } from "./limits.ts";
 import { encodeGemm, gemmMinRows, usesGemm } from "./gemm.ts";
+import { hcFoldBindings, hcFoldParams, type HcFold } from "./hc-fold.ts";
 import { Params } from "./params.ts";
 
 /** Output rows per simdgroup, batch rows per pass and simdgroups per threadgroup (kernels/matvec.h). */
@@ -37,6 +38,8 @@ export interface HcWriteTarget {
   X: RowsRef;
   coeffs: RowsRef;
   streams: number;
+  /** The next site's raw products the write also leaves (lib/gpu/hc-fold.ts). */
+  fold?: HcFold;
 }
 
 /** Whether encodeMatvec with default options sends this projection to the tiled GEMM. */
@@ -180,8 +183,9 @@ export function encodeMatvec(
         x_stride: x.stride,
         hc_stride: hc.X.stride,
         c_stride: hc.coeffs.stride,
+        ...hcFoldParams(hc.fold),
       },
-      [bind(w.buffer, w.offset), bind(x.buffer, x.offset), bind(hc.X.buffer, hc.X.offset), bind(hc.coeffs.buffer, hc.coeffs.offset)],
+      [bind(w.buffer, w.offset), bind(x.buffer, x.offset), bind(hc.X.buffer, hc.X.offset), bind(hc.coeffs.buffer, hc.coeffs.offset), ...hcFoldBindings(hc.fold, hc.X)],
       grid,
       threads,
     );
