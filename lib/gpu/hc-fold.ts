@@ -19,9 +19,12 @@ export const hcFoldCount = (n: number, d: number, head = false) => (mixCount(n, 
 
 /**
  * Whether the writes of an nb-row step fold the next site's raw products: n > 1 (a site),
- * d % 16 == 0 (whole float4s of partials a mix, as the gather reads them) and nb <= HC_FOLD_MAX_ROWS.
+ * d % 16 == 0 (whole float4s of partials a mix, as the gather reads them) and nb <=
+ * HC_FOLD_MAX_ROWS. CHERENKOV_HC_FOLD=0 turns it off (every site runs hc_mix_partials: an A/B
+ * on a GPU, and the test that counts what the fold saves).
  */
-export const hcFolds = (cfg: { streams: number }, d: number, nb: number): boolean => cfg.streams > 1 && d % 16 === 0 && nb <= HC_FOLD_MAX_ROWS;
+export const hcFolds = (cfg: { streams: number }, d: number, nb: number): boolean =>
+  cfg.streams > 1 && d % 16 === 0 && nb <= HC_FOLD_MAX_ROWS && process.env.CHERENKOV_HC_FOLD !== "0";
 
 /** The next site a write folds: its fn ([mixes][n * d]) and where its partials go. */
 export interface HcFold {
