@@ -19,25 +19,23 @@ using namespace metal;
 #define HC_FN_BF16 1
 #define HC_FN_F16 2
 
-// The new column X'_j = post_j y + sum_i comb[i][j] old_i for every stream j < n (k: the row's
-// coefficients [pre (n) | post (n) | comb (n * n)]): the one expression of every write.
-inline void hc_mix_column(int n, device const float* k, float4 yv, thread const float4* old, thread float4* out) {
-  CK_UNROLL for (int j = 0; j < HC_MAX_STREAMS; j++) {
-    if (j < n) {
-      float4 v = k[n + j] * yv;
-      CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
-        if (i < n) {
-          v += k[2 * n + i * n + j] * old[i];
-        }
-      }
-      out[j] = v;
+// Stream j's new column X'_j = post_j y + sum_i comb[i][j] old_i (k: the row's coefficients
+// [pre (n) | post (n) | comb (n * n)]): the one expression of every write, so every writer
+// gives the same bits.
+inline float4 hc_new_column(int n, int j, device const float* k, float4 yv, thread const float4* old) {
+  float4 v = k[n + j] * yv;
+  CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+    if (i < n) {
+      v += k[2 * n + i * n + j] * old[i];
     }
   }
+  return v;
 }
 
 // X'_j[c4] = post_j y + sum_i comb[i][j] X_i[c4] for float4 column c4 of one row's streams
 // X ([n][c4s] float4s), k the row's coefficients. In place: the thread reads every old stream
-// value of its column, at once, before writing any.
+// value of its column, at once, before writing any (a store between two columns keeps the
+// compiler from hoisting every coefficient load: registers).
 inline void hc_write_column(device float4* X, int c4s, int c4, int n, device const float* k, float4 yv) {
   float4 old[HC_MAX_STREAMS];
   CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
@@ -45,11 +43,9 @@ inline void hc_write_column(device float4* X, int c4s, int c4, int n, device con
       old[i] = X[i * c4s + c4];
     }
   }
-  float4 nv[HC_MAX_STREAMS];
-  hc_mix_column(n, k, yv, old, nv);
   CK_UNROLL for (int j = 0; j < HC_MAX_STREAMS; j++) {
     if (j < n) {
-      X[j * c4s + c4] = nv[j];
+      X[j * c4s + c4] = hc_new_column(n, j, k, yv, old);
     }
   }
 }
@@ -105,8 +101,8 @@ inline float4 hc_fn_load4(device const uchar* fn, ulong e, int dtype) {
   return Weights<float>::load4(fn, e);
 }
 
-// The raw products of item m < mixes (fn[m] . the new column, stream by stream) or of item m
-// = mixes (the column's sum of squares), w holding fn[m]'s values of the column.
+// The raw products of item m < mixes (fn[m] . the new column nv, stream by stream) or of
+// item m = mixes (the column's sum of squares), w holding fn[m]'s values of the column.
 inline float hc_fold_item(int n, bool squares, thread const float4* w, thread const float4* nv) {
   float v = 0.0f;
   CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
@@ -117,13 +113,13 @@ inline float hc_fold_item(int n, bool squares, thread const float4* w, thread co
   return v;
 }
 
-// hc_store by a whole simdgroup (every lane calls it with the same yv): lane 0 writes the
-// column; with a fold, lane m also writes item m of the next site's partials for this column
-// (m = lane, lane + 32, ...: 25 items at n = 4 are one turn). Every lane forms the new column
-// itself from the old one (the same loads, served once) and loads its fn values with it, so
-// the epilogue is one trip to memory; a simdgroup barrier keeps lane 0's in-place write after
-// every lane's read. Partials land in a fixed place per (item, column): the gather's order,
-// not the writers', fixes the sum (no atomics).
+// hc_store by a whole simdgroup (every lane calls it with the same yv). Without a fold lane 0
+// writes the column. With one, lane j < n forms and writes stream j's new column, the lanes
+// share the n columns by shuffles, and lane m writes item m of the next site's partials for
+// this column (m = lane, lane + 32, ...: 25 items at n = 4 are one turn). Each lane issues its
+// loads (the old column, its first item's fn values) at once: one trip to memory; a simdgroup
+// barrier keeps the in-place writes after every lane's read. Partials land in a fixed place
+// per (item, column): the gather's order, not the writers', fixes the sum (no atomics).
 inline void hc_store_lanes(HcTarget t, int row, int c4, float4 yv, ushort lane) {
   if (t.residual || t.fold_mixes == 0) {  // uniform
     if (lane == 0) {
@@ -143,14 +139,16 @@ inline void hc_store_lanes(HcTarget t, int row, int c4, float4 yv, ushort lane) 
       w[i] = item < mixes ? hc_fn_load4(t.fold_fn, ulong(item) * flat + ulong(i * c4s + c4) * 4ul, t.fold_dtype) : float4(0.0f);
     }
   }
-  float4 nv[HC_MAX_STREAMS];
-  hc_mix_column(n, (device const float*)(t.coeffs + ulong(row) * t.c_stride), yv, old, nv);
+  const int j = int(lane) < n ? int(lane) : 0;  // lanes past n shadow stream 0
+  const float4 mine = hc_new_column(n, j, (device const float*)(t.coeffs + ulong(row) * t.c_stride), yv, old);
   simdgroup_barrier(mem_flags::mem_none);
-  if (lane == 0) {
-    CK_UNROLL for (int j = 0; j < HC_MAX_STREAMS; j++) {
-      if (j < n) {
-        X[j * c4s + c4] = nv[j];
-      }
+  if (int(lane) < n) {
+    X[j * c4s + c4] = mine;
+  }
+  float4 nv[HC_MAX_STREAMS];
+  CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+    if (i < n) {  // uniform: every lane takes part in the shuffles
+      nv[i] = simd_shuffle(mine, ushort(i));
     }
   }
   device float* part = (device float*)(t.fold_part + ulong(row) * t.p_stride);

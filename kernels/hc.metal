@@ -323,18 +323,12 @@ inline void hc_gather_turns(device const float* part, int mixes, int chunks, int
     s[j] = float4(0.0f);
   }
   for (int b = int(lane); b < q4; b += 32 * BATCH) {  // one trip up to 32 * 4 * BATCH partials a mix
-    float4 v[TURNS * BATCH];
     CK_UNROLL for (int j = 0; j < TURNS; j++) {
       const int item = int(sg) + j * HC_TG_SG;
       const int m = item == count - 1 ? mixes : item;
       CK_UNROLL for (int u = 0; u < BATCH; u++) {
         const int c = b + 32 * u;
-        v[j * BATCH + u] = item < count && c < q4 ? part4[m * q4 + c] : float4(0.0f);
-      }
-    }
-    CK_UNROLL for (int j = 0; j < TURNS; j++) {
-      CK_UNROLL for (int u = 0; u < BATCH; u++) {
-        s[j] += v[j * BATCH + u];
+        s[j] += item < count && c < q4 ? part4[m * q4 + c] : float4(0.0f);
       }
     }
   }
@@ -546,7 +540,9 @@ inline void hc_pre_of(int n, float eps, float rs, float scale0, thread const flo
   }
   const float scale0 = scale[0];
   const int mixes = head ? n : 2 * n + n * n;
-  hc_gather_mixes(part, mixes, p.chunks, n + 1, mix, sg, lane);  // pre's mixes and the sum of squares
+  // Pre's mixes and the sum of squares (n + 1 <= 9 items: two turns), with few registers
+  // beside the prefetched columns.
+  hc_gather_turns<(HC_MAX_STREAMS + 1 + HC_TG_SG - 1) / HC_TG_SG, 4>(part, mixes, p.chunks, n + 1, mix, sg, lane);
   float pr[HC_MAX_STREAMS];
   hc_pre_of(n, eps, rsqrt(mix[mixes] / float(n * cols) + eps), scale0, b, mix, pr);
   hc_read_row<true>(n, cols, norm_eps, centred, flat, (thread const float*)pr, xs, w, wk,
