@@ -92,6 +92,7 @@ inline void hc_store(HcTarget t, int row, int c4, float4 yv) {
   }
 }
 
+// Element e of fn and the three after it, in fn's storage dtype (HC_FN_*; uniform branch).
 inline float4 hc_fn_load4(device const uchar* fn, ulong e, int dtype) {
   if (dtype == HC_FN_BF16) {
     return Weights<bfloat>::load4(fn, e);

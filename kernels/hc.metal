@@ -23,9 +23,6 @@ static_assert(HC_TG_SG * 32 == 256, "update the hc read kernels' [[max_total_thr
 // of a site over ~100 threadgroups instead of the few a matvec of 24 rows gets.
 #define HC_CHUNK 256
 #define HC_MIX_SG 8
-// The most chunks a row may have (n * d <= HC_MAX_CHUNKS * HC_CHUNK = 16384), so the gather of
-// the partials runs to constant bounds.
-#define HC_MAX_CHUNKS 64
 static_assert(HC_MIX_SG * 32 == 256, "update hc_mix_partials' [[max_total_threads_per_threadgroup]]");
 
 // Floats per mix in hc_mix_partials' rows: chunks rounded up to 4, so a mix's partials are

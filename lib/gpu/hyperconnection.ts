@@ -17,7 +17,7 @@ const HC_TG_SG = 8;
 /** Flat stream values per partial of the raw products, and simdgroups per hc_mix_partials threadgroup (HC_CHUNK, HC_MIX_SG). */
 const HC_CHUNK = 256;
 const HC_MIX_SG = 8;
-/** The most partials per mix the coefficient kernels sum (HC_MAX_CHUNKS). */
+/** The most chunks a row may have (n * d <= 16384 values: the rows the hc kernels are tested to). */
 const HC_MAX_CHUNKS = 64;
 export { HC_MAX_STREAMS };
 const WRITE_THREADS = 64;
