@@ -5,12 +5,6 @@
 import type { Binding } from "../shim.ts";
 import { bind, type RowsRef, type TensorRef } from "./dispatch.ts";
 
-/**
- * The most rows a folded write serves (the scratch's hcFold region holds that many): decode
- * and verify steps and short prompt chunks; larger batches keep hc_mix_partials.
- */
-export const HC_FOLD_MAX_ROWS = 16;
-
 /** Mixes per row: 2n + n*n for a site, n for the final read (hcMixCount). */
 const mixCount = (n: number, head: boolean) => (head ? n : 2 * n + n * n);
 
@@ -18,13 +12,12 @@ const mixCount = (n: number, head: boolean) => (head ? n : 2 * n + n * n);
 export const hcFoldCount = (n: number, d: number, head = false) => (mixCount(n, head) + 1) * (d / 4);
 
 /**
- * Whether the writes of an nb-row step fold the next site's raw products: n > 1 (a site),
- * d % 16 == 0 (whole float4s of partials a mix, as the gather reads them) and nb <=
- * HC_FOLD_MAX_ROWS. CHERENKOV_HC_FOLD=0 turns it off (every site runs hc_mix_partials: an A/B
- * on a GPU, and the test that counts what the fold saves).
+ * Whether the writes of a step fold the next site's raw products: n > 1 (a site) and d % 16 ==
+ * 0 (whole float4s of partials a mix, as the gather reads them), at every row count, so a
+ * prompt chunk's rows get the bits token-by-token steps get. CHERENKOV_HC_FOLD=0 turns it off
+ * (every site runs hc_mix_partials: an A/B on a GPU, and the test that counts what the fold saves).
  */
-export const hcFolds = (cfg: { streams: number }, d: number, nb: number): boolean =>
-  cfg.streams > 1 && d % 16 === 0 && nb <= HC_FOLD_MAX_ROWS && process.env.CHERENKOV_HC_FOLD !== "0";
+export const hcFolds = (cfg: { streams: number }, d: number): boolean => cfg.streams > 1 && d % 16 === 0 && process.env.CHERENKOV_HC_FOLD !== "0";
 
 /** The next site a write folds: its fn ([mixes][n * d]) and where its partials go. */
 export interface HcFold {

@@ -6,7 +6,7 @@
 import type { Binding } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { encodeResidualAdd } from "./elementwise.ts";
-import { HC_FOLD_DTYPES, HC_FOLD_MAX_ROWS, hcFoldBindings, hcFoldCount, hcFoldParams, hcFolds, type HcFold } from "./hc-fold.ts";
+import { HC_FOLD_DTYPES, hcFoldBindings, hcFoldCount, hcFoldParams, hcFolds, type HcFold } from "./hc-fold.ts";
 import { HC_MAX_STREAMS, SIMD_WIDTH } from "./limits.ts";
 import { encodeRmsNorm } from "./norms.ts";
 import { Params } from "./params.ts";
@@ -49,7 +49,7 @@ const hcChunkStride = (n: number, d: number) => Math.ceil(hcChunks(n, d) / 4) * 
 /** Floats per row of a site's partials: [mixes + 1][chunk stride] (the last mix is the sum of squares). */
 export const hcPartialCount = (n: number, d: number, head = false) => (hcMixCount(n, head) + 1) * hcChunkStride(n, d);
 
-export { HC_FOLD_MAX_ROWS, hcFoldCount, hcFolds, type HcFold };
+export { hcFoldCount, hcFolds, type HcFold };
 
 /** The fold of `site` (or the final read's head) into `raw`: the next write leaves its partials there. */
 export function hcFold(site: HcSiteRefs, raw: RowsRef, cfg: HcConfig, d: number, head = false): HcFold {
@@ -117,7 +117,7 @@ function encodeRawProducts(ctx: EncodeContext, what: string, X: RowsRef, site: H
   if (raw.stride % 16 !== 0 || raw.offset % 16 !== 0 || (folded && (folded.stride % 16 !== 0 || folded.offset % 16 !== 0)))
     throw new Error(`${what}: partials rows must be 16-byte aligned (the gather reads float4s)`);
   if (folded) {
-    if (!hcFolds(cfg, d, nb)) throw new Error(`${what}: ${nb} rows of ${n} streams of ${d} values cannot have folded partials (hcFolds)`);
+    if (d % 16 !== 0) throw new Error(`${what}: hidden size ${d} cannot have folded partials (a multiple of 16: whole float4s a mix)`);
     raw = folded;
     perMix = d / 4;
   } else {
@@ -248,7 +248,6 @@ export function encodeHcWrite(ctx: EncodeContext, X: RowsRef, coeffs: RowsRef, y
   checkRows(nb, "hc_write");
   checkFloat4Columns(d, "hc_write");
   if (fold) {
-    if (nb > HC_FOLD_MAX_ROWS) throw new Error(`hc_write_fold: ${nb} rows, at most ${HC_FOLD_MAX_ROWS} fold`);
     dispatch(
       ctx,
       "hc_write_fold_f32",

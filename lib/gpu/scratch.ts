@@ -9,7 +9,7 @@ import { dims, type ModelConfig } from "../model/config.ts";
 import type { Buffer, Device } from "../shim.ts";
 import type { RowsRef } from "./dispatch.ts";
 import type { HcScratch } from "./hyperconnection.ts";
-import { HC_FOLD_MAX_ROWS, hcFoldCount, hcFolds } from "./hc-fold.ts";
+import { hcFoldCount } from "./hc-fold.ts";
 import { hcMixCount, hcPartialCount } from "./hyperconnection.ts";
 import { attentionPartialBytes, ATTN_DECODE_SPLIT } from "./attention.ts";
 import { MAX_SNAP } from "./limits.ts";
@@ -58,8 +58,8 @@ export interface Scratch {
   hc: HcScratch;
   /**
    * The next site's raw products as the last write into the streams left them (a fold:
-   * lib/gpu/hc-fold.ts), [min(rows, HC_FOLD_MAX_ROWS)][mixes + 1][d / 4]; one float a row
-   * when the model cannot fold (n = 1 or d % 16 != 0).
+   * lib/gpu/hc-fold.ts), [rows][mixes + 1][d / 4] (51 KB a row at the 30b shape); one float
+   * a row when the model cannot fold (n = 1 or d % 16 != 0).
    */
   hcFold: RowsRef;
   la: { hc: HcScratch; xn: RowsRef; logits: RowsRef; ids: RowsRef; weights: RowsRef };
@@ -174,7 +174,7 @@ function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number;
   const partials = hcPartialCount(n, d);
   rows("hc.raw", partials);
   rows("hc.coeffs", mix);
-  rows("hcFold", hcFolds(c.hc, d, 1) ? hcFoldCount(n, d) : 1, Math.min(R, HC_FOLD_MAX_ROWS));
+  rows("hcFold", n > 1 && d % 16 === 0 ? hcFoldCount(n, d) : 1);
   rows("la.hc.raw", partials);
   rows("la.hc.coeffs", mix);
   rows("la.xn", d);

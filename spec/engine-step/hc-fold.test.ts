@@ -1,5 +1,5 @@
-// The fold in whole runs (lib/gpu/hc-fold.ts): a decode step runs hc_mix_partials only at the
-// sites whose streams no fused write just left (the first mixer site, and a mixer site after a
+// The fold in whole runs (lib/gpu/hc-fold.ts): a step runs hc_mix_partials only at the
+// sites whose partials no write just left (the first mixer site, and a mixer site after a
 // PLE injection), one dispatch fewer for every other site and the final read, and nothing else
 // changes in the dispatch list; the tokens stay the golden ones. CHERENKOV_HC_FOLD=0 is the
 // unfolded baseline the counts are compared with.
@@ -16,7 +16,7 @@ import { BACKEND } from "../selected-backend.ts";
 const dirs: string[] = [];
 afterAll(() => dirs.forEach((d) => rmSync(d, { recursive: true, force: true })));
 
-/** The tokens of case `name`, and the dispatches of its decode steps (the prompt's step not counted). */
+/** The tokens of case `name`, the dispatches of its prompt's step and of its decode steps. */
 async function decode(dir: string, name: string, fold: boolean) {
   const c = goldenCases.find((x) => x.name === name)!;
   const before = process.env.CHERENKOV_HC_FOLD;
@@ -28,12 +28,15 @@ async function decode(dir: string, name: string, fold: boolean) {
   const engine = await Engine.load(files, BACKEND, { lookahead: false });
   try {
     const seq = engine.newSequence();
-    const first = await seq.forward(c.prompt);
-    const tokens = [first.next[first.next.length - 1]!];
+    let first: Awaited<ReturnType<typeof seq.forward>> | undefined;
+    const prompt = await countDispatches(async () => {
+      first = await seq.forward(c.prompt);
+    });
+    const tokens = [first!.next[first!.next.length - 1]!];
     const seen = await countDispatches(async () => {
       while (tokens.length < c.maxTokens) tokens.push((await seq.forward([tokens[tokens.length - 1]!])).next[0]!);
     });
-    return { tokens, seen, steps: c.maxTokens - 1, config: files.manifest.config };
+    return { tokens, prompt, seen, steps: c.maxTokens - 1, config: files.manifest.config };
   } finally {
     await engine.close();
     files.close();
@@ -67,5 +70,9 @@ describe("hc fold: decode steps skip hc_mix_partials where a fused write left th
     expect(total(plain.seen) - total(folded.seen)).toBe((sites - unfolded) * steps);
     // Every site still forms its coefficients and reads once.
     expect(count(folded.seen, "hc_coeffs_read_norm_f32")).toBe(sites * steps);
+    // The prompt's step (one chunk of every row) folds the same sites.
+    expect(count(plain.prompt, "hc_mix_partials_")).toBe(sites);
+    expect(count(folded.prompt, "hc_mix_partials_")).toBe(unfolded);
+    expect(total(plain.prompt) - total(folded.prompt)).toBe(sites - unfolded);
   }, 120_000);
 });
