@@ -1,20 +1,41 @@
 // The hyper-connection write of one float4 column (MODEL.md "Residual"): the one source of
 // hc_write_f32 (hc.metal) and of the producers that write their output into the streams
 // themselves instead of storing it (the matvec_hc and moe_down_combine_hc epilogues), so a
-// fused producer gives the bits of producer + hc_write_f32.
+// fused producer gives the bits of producer + hc_write_f32. With a fold (HcTarget.fold_mixes
+// > 0) the writer also leaves the next site's raw products fn . flat for its columns, so the
+// next site's coefficients need no hc_mix_partials pass (hc_store_lanes).
 #ifndef CHERENKOV_HC_H
 #define CHERENKOV_HC_H
 
 #include <metal_stdlib>
+#include "matvec.h"
 #include "unroll.h"
 
 using namespace metal;
 
 #define HC_MAX_STREAMS 8
+// fn's storage dtype in a fold (HcTarget.fold_dtype; lib/gpu/hyperconnection.ts FOLD_DTYPES).
+#define HC_FN_F32 0
+#define HC_FN_BF16 1
+#define HC_FN_F16 2
+
+// Stream j's new column X'_j = post_j y + sum_i comb[i][j] old_i (k: the row's coefficients
+// [pre (n) | post (n) | comb (n * n)]): the one expression of every write, so every writer
+// gives the same bits.
+inline float4 hc_new_column(int n, int j, device const float* k, float4 yv, thread const float4* old) {
+  float4 v = k[n + j] * yv;
+  CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+    if (i < n) {
+      v += k[2 * n + i * n + j] * old[i];
+    }
+  }
+  return v;
+}
 
 // X'_j[c4] = post_j y + sum_i comb[i][j] X_i[c4] for float4 column c4 of one row's streams
-// X ([n][c4s] float4s), k the row's coefficients [pre (n) | post (n) | comb (n * n)]. In
-// place: the thread reads every old stream value of its column, at once, before writing any.
+// X ([n][c4s] float4s), k the row's coefficients. In place: the thread reads every old stream
+// value of its column, at once, before writing any (a store between two columns keeps the
+// compiler from hoisting every coefficient load: registers).
 inline void hc_write_column(device float4* X, int c4s, int c4, int n, device const float* k, float4 yv) {
   float4 old[HC_MAX_STREAMS];
   CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
@@ -24,20 +45,16 @@ inline void hc_write_column(device float4* X, int c4s, int c4, int n, device con
   }
   CK_ROLLED for (int j = 0; j < n; j++) {
     {
-      float4 v = k[n + j] * yv;
-      CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
-        if (i < n) {
-          v += k[2 * n + i * n + j] * old[i];
-        }
-      }
-      X[j * c4s + c4] = v;
+      X[j * c4s + c4] = hc_new_column(n, j, k, yv, old);
     }
   }
 }
 
 // Where a fused producer puts its output: rows of the streams X (x_stride bytes apart) and
 // of the site's coefficients, or with `residual` the plain residual X += y (n = 1, no site;
-// coeffs unused).
+// coeffs unused). fold_mixes > 0 (hc_store_lanes only): the next site's fn ([fold_mixes][n *
+// d], dtype fold_dtype) and its partials rows (p_stride bytes apart, [fold_mixes + 1][c4s]
+// floats: item m, column c4 at m * c4s + c4; item fold_mixes is the sum of squares).
 struct HcTarget {
   device uchar* x;
   device const uchar* coeffs;
@@ -46,15 +63,104 @@ struct HcTarget {
   int streams;
   int c4s;
   bool residual;
+  device const uchar* fold_fn;
+  device uchar* fold_part;
+  ulong p_stride;
+  int fold_mixes;
+  int fold_dtype;
 };
 
-// The write of y (column c4 of batch row `row`) into the target.
+// A target whose fold fields come from a writer's params and bindings (fold_mixes 0: no
+// fold); the caller fills in the streams.
+inline HcTarget hc_fold_target(device const uchar* fn, device uchar* part, ulong p_stride, int mixes, int dtype) {
+  HcTarget t;
+  t.fold_fn = fn;
+  t.fold_part = part;
+  t.p_stride = p_stride;
+  t.fold_mixes = mixes;
+  t.fold_dtype = dtype;
+  return t;
+}
+
+// The write of y (column c4 of batch row `row`) into the target (one thread).
 inline void hc_store(HcTarget t, int row, int c4, float4 yv) {
   device float4* X = (device float4*)(t.x + ulong(row) * t.x_stride);
   if (t.residual) {
     X[c4] = X[c4] + yv;
   } else {
     hc_write_column(X, t.c4s, c4, t.streams, (device const float*)(t.coeffs + ulong(row) * t.c_stride), yv);
+  }
+}
+
+// Element e of fn and the three after it, in fn's storage dtype (HC_FN_*; uniform branch).
+inline float4 hc_fn_load4(device const uchar* fn, ulong e, int dtype) {
+  if (dtype == HC_FN_BF16) {
+    return Weights<bfloat>::load4(fn, e);
+  } else if (dtype == HC_FN_F16) {
+    return Weights<half>::load4(fn, e);
+  }
+  return Weights<float>::load4(fn, e);
+}
+
+// The raw products of item m < mixes (fn[m] . the new column nv, stream by stream) or of
+// item m = mixes (the column's sum of squares), w holding fn[m]'s values of the column.
+inline float hc_fold_item(int n, bool squares, thread const float4* w, thread const float4* nv) {
+  float v = 0.0f;
+  CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+    if (i < n) {
+      v += squares ? dot(nv[i], nv[i]) : dot(w[i], nv[i]);
+    }
+  }
+  return v;
+}
+
+// hc_store by a whole simdgroup (every lane calls it with the same yv). Without a fold lane 0
+// writes the column. With one, lane j < n forms and writes stream j's new column, the lanes
+// share the n columns by shuffles, and lane m writes item m of the next site's partials for
+// this column (m = lane, lane + 32, ...: 25 items at n = 4 are one turn). Each lane issues its
+// loads (the old column, its first item's fn values) at once: one trip to memory; a simdgroup
+// barrier keeps the in-place writes after every lane's read. Partials land in a fixed place
+// per (item, column): the gather's order, not the writers', fixes the sum (no atomics).
+inline void hc_store_lanes(HcTarget t, int row, int c4, float4 yv, ushort lane) {
+  if (t.residual || t.fold_mixes == 0) {  // uniform
+    if (lane == 0) {
+      hc_store(t, row, c4, yv);
+    }
+    return;
+  }
+  const int n = t.streams, c4s = t.c4s, mixes = t.fold_mixes;
+  const ulong flat = ulong(n) * ulong(c4s) * 4ul;
+  device float4* X = (device float4*)(t.x + ulong(row) * t.x_stride);
+  float4 old[HC_MAX_STREAMS];
+  float4 w[HC_MAX_STREAMS];
+  int item = int(lane);
+  CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+    if (i < n) {
+      old[i] = X[i * c4s + c4];
+      w[i] = item < mixes ? hc_fn_load4(t.fold_fn, ulong(item) * flat + ulong(i * c4s + c4) * 4ul, t.fold_dtype) : float4(0.0f);
+    }
+  }
+  const int j = int(lane) < n ? int(lane) : 0;  // lanes past n shadow stream 0
+  const float4 mine = hc_new_column(n, j, (device const float*)(t.coeffs + ulong(row) * t.c_stride), yv, old);
+  simdgroup_barrier(mem_flags::mem_none);
+  if (int(lane) < n) {
+    X[j * c4s + c4] = mine;
+  }
+  float4 nv[HC_MAX_STREAMS];
+  CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+    if (i < n) {  // uniform: every lane takes part in the shuffles
+      nv[i] = simd_shuffle(mine, ushort(i));
+    }
+  }
+  device float* part = (device float*)(t.fold_part + ulong(row) * t.p_stride);
+  while (item <= mixes) {
+    part[item * c4s + c4] = hc_fold_item(n, item == mixes, w, nv);
+    item += 32;
+    CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+      if (i < n && item < mixes) {
+        w[i] = hc_fn_load4(t.fold_fn, ulong(item) * flat + ulong(i * c4s + c4) * 4ul, t.fold_dtype);
+      }
+    }
   }
 }
 

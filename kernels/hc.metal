@@ -23,10 +23,13 @@ static_assert(HC_TG_SG * 32 == 256, "update the hc read kernels' [[max_total_thr
 // of a site over ~100 threadgroups instead of the few a matvec of 24 rows gets.
 #define HC_CHUNK 256
 #define HC_MIX_SG 8
-// The most chunks a row may have (n * d <= HC_MAX_CHUNKS * HC_CHUNK = 16384), so the gather of
-// the partials runs to constant bounds.
-#define HC_MAX_CHUNKS 64
 static_assert(HC_MIX_SG * 32 == 256, "update hc_mix_partials' [[max_total_threads_per_threadgroup]]");
+
+// Floats per mix in hc_mix_partials' rows: chunks rounded up to 4, so a mix's partials are
+// whole float4s as a folded write's (d / 4 columns, d % 16 == 0) are.
+inline int hc_chunk_stride(int chunks) {
+  return (chunks + 3) & ~3;
+}
 
 inline float hc_sigmoid(float v) {
   return 1.0f / (1.0f + exp(-v));
@@ -250,8 +253,9 @@ inline void hc_coeffs_row(int n, bool head, int iters, float eps, float rs, devi
 }
 
 // The raw products of a site, split for parallelism: simdgroup (tg.x * HC_MIX_SG + sg) of row
-// tg.y takes item = m * chunks + c and writes partials[row][item] = fn[m] . flat over chunk c
-// (m < mixes) or the chunk's sum of squares (m = mixes, for the streams' rms). Every lane
+// tg.y takes item = m * stride + c and writes partials[row][item] = fn[m] . flat over chunk c
+// (m < mixes) or the chunk's sum of squares (m = mixes, for the streams' rms); stride is
+// chunks rounded up to 4 and the padding items write 0 (the gather reads float4s). Every lane
 // issues its loads at once (8 flat values and 8 weights), so the pass costs about one trip
 // to memory. fn is [mixes][n * d] in the storage dtype T; n * d is a multiple of 4.
 template <typename T>
@@ -265,12 +269,15 @@ template <typename T>
     ushort lane               [[thread_index_in_simdgroup]]) {
   const int item = int(tg.x) * HC_MIX_SG + int(sg);
   const int row = int(tg.y);
-  if (item >= (p.mixes + 1) * p.chunks || row >= p.rows) {
+  const int stride = hc_chunk_stride(p.chunks);
+  if (item >= (p.mixes + 1) * stride || row >= p.rows) {
     return;  // uniform per simdgroup
   }
-  const int m = item / p.chunks;
+  const int m = item / stride;
   const int len = p.streams * p.cols;
-  const int c = (item - m * p.chunks) * HC_CHUNK + int(lane) * 8;
+  // A padding item's c is past len: it loads nothing and writes 0.
+  const int chunk = item - m * stride;
+  const int c = chunk < p.chunks ? chunk * HC_CHUNK + int(lane) * 8 : len;
   device const float* flat = (device const float*)(x + ulong(row) * p.x_stride);
   const float4 zero = float4(0.0f);
   float4 a = c < len ? *((device const float4*)(flat + c)) : zero;
@@ -294,38 +301,55 @@ template [[host_name("hc_mix_partials_f32_f32")]] kernel decltype(hc_mix_partial
 template [[host_name("hc_mix_partials_bf16_f32")]] kernel decltype(hc_mix_partials<bfloat>) hc_mix_partials<bfloat>;
 template [[host_name("hc_mix_partials_f16_f32")]] kernel decltype(hc_mix_partials<half>) hc_mix_partials<half>;
 
-// A row's mixes from its partials into threadgroup memory: simdgroup s takes mixes s,
-// s + HC_TG_SG, ... and sums each one's chunks in chunk order; mix[mixes] is the row's sum of
-// squares. The turns are unrolled so a lane's loads for all its mixes go out at once (one
-// trip to memory, not one per mix). Ends with a barrier (every thread may read mix after it).
-#define HC_GATHER_TURNS ((HC_MAX_MIXES + 1 + HC_TG_SG - 1) / HC_TG_SG)
-inline void hc_gather_mixes(device const float* part, int mixes, int chunks, threadgroup float* mix, ushort sg, ushort lane) {
-  float s[HC_GATHER_TURNS];
-  // Every turn's first chunk (all of them when chunks <= 32) in one batch of loads, then the
-  // further ones (constant trip counts: a runtime loop here put s[] in local memory).
-  CK_UNROLL for (int j = 0; j < HC_GATHER_TURNS; j++) {
-    const int m = int(sg) + j * HC_TG_SG;
-    s[j] = m <= mixes && int(lane) < chunks ? part[m * chunks + int(lane)] : 0.0f;
+// A row's mixes from its partials ([mixes + 1][chunks] floats, chunks % 4 == 0, the row
+// 16-byte aligned) into threadgroup memory: `count` items, item i being mix i, except the last,
+// which is mix[mixes] (the row's sum of squares): all of them (count = mixes + 1) or only pre's
+// n and the sum of squares (count = n + 1). Simdgroup s takes items s, s + HC_TG_SG, ...; lane
+// l sums float4s l, l + 32, ... of an item's partials in that order, then the simdgroup sums
+// the lanes (simd_sum): a fixed order, whoever wrote the partials. The turns and a batch of
+// float4s are unrolled so a lane's loads for all its items go out at once (one trip to memory
+// for 512 partials a mix: a folded write's d / 4 at d = 2048); a runtime loop here put the
+// sums in local memory. Ends with a barrier (every thread may read mix after it).
+template <int TURNS, int BATCH>
+inline void hc_gather_turns(device const float* part, int mixes, int chunks, int count, threadgroup float* mix,
+                            ushort sg, ushort lane) {
+  device const float4* part4 = (device const float4*)part;
+  const int q4 = chunks / 4;
+  float4 s[TURNS];
+  CK_UNROLL for (int j = 0; j < TURNS; j++) {
+    s[j] = float4(0.0f);
   }
-  if (chunks > 32) {  // uniform
-    CK_UNROLL for (int j = 0; j < HC_GATHER_TURNS; j++) {
-      const int m = int(sg) + j * HC_TG_SG;
-      CK_UNROLL for (int q = 1; q < HC_MAX_CHUNKS / 32; q++) {
-        const int c = int(lane) + 32 * q;
-        s[j] += m <= mixes && c < chunks ? part[m * chunks + c] : 0.0f;
+  for (int b = int(lane); b < q4; b += 32 * BATCH) {  // one trip up to 32 * 4 * BATCH partials a mix
+    CK_UNROLL for (int j = 0; j < TURNS; j++) {
+      const int item = int(sg) + j * HC_TG_SG;
+      const int m = item == count - 1 ? mixes : item;
+      CK_UNROLL for (int u = 0; u < BATCH; u++) {
+        const int c = b + 32 * u;
+        s[j] += item < count && c < q4 ? part4[m * q4 + c] : float4(0.0f);
       }
     }
   }
-  CK_UNROLL for (int j = 0; j < HC_GATHER_TURNS; j++) {
-    const int m = int(sg) + j * HC_TG_SG;
-    if (m <= mixes) {  // uniform per simdgroup
-      const float t = simd_sum(s[j]);
+  CK_UNROLL for (int j = 0; j < TURNS; j++) {
+    const int item = int(sg) + j * HC_TG_SG;
+    if (item < count) {  // uniform per simdgroup
+      const float t = simd_sum((s[j].x + s[j].y) + (s[j].z + s[j].w));
       if (lane == 0) {
-        mix[m] = t;
+        mix[item == count - 1 ? mixes : item] = t;
       }
     }
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
+}
+
+// The most items a gather takes, and its turns for up to 32 items (n <= 4: 25 a site) and
+// for any (n <= 8: 81; one float4 a turn per trip to bound the registers).
+#define HC_GATHER_TURNS ((HC_MAX_MIXES + 1 + HC_TG_SG - 1) / HC_TG_SG)
+inline void hc_gather_mixes(device const float* part, int mixes, int chunks, int count, threadgroup float* mix, ushort sg, ushort lane) {
+  if (count <= 4 * HC_TG_SG) {  // uniform
+    hc_gather_turns<4, 4>(part, mixes, chunks, count, mix, sg, lane);
+  } else {
+    hc_gather_turns<HC_GATHER_TURNS, 1>(part, mixes, chunks, count, mix, sg, lane);
+  }
 }
 
 // This thread's float4 columns (c4 = thread index, and one threadgroup width on) of the first
@@ -423,7 +447,7 @@ inline void hc_row_coefficients(int n, int cols, bool head, int iters, float eps
     k = hc_lane_consts(n, head, scale, base, lane);
   }
   const int mixes = head ? n : 2 * n + n * n;
-  hc_gather_mixes(part, mixes, chunks, mix, sg, lane);
+  hc_gather_mixes(part, mixes, chunks, mixes + 1, mix, sg, lane);
   const float rs = rsqrt(mix[mixes] / float(n * cols) + eps);
   hc_coeffs_row(n, head, iters, eps, rs, scale, base, k, mix, out, pre, comb, sg, lane);
 }
@@ -513,7 +537,9 @@ inline void hc_pre_of(int n, float eps, float rs, float scale0, thread const flo
   }
   const float scale0 = scale[0];
   const int mixes = head ? n : 2 * n + n * n;
-  hc_gather_mixes(part, mixes, p.chunks, mix, sg, lane);
+  // Pre's mixes and the sum of squares (n + 1 <= 9 items: two turns), with few registers
+  // beside the prefetched columns.
+  hc_gather_turns<(HC_MAX_STREAMS + 1 + HC_TG_SG - 1) / HC_TG_SG, 4>(part, mixes, p.chunks, n + 1, mix, sg, lane);
   float pr[HC_MAX_STREAMS];
   hc_pre_of(n, eps, rsqrt(mix[mixes] / float(n * cols) + eps), scale0, b, mix, pr);
   hc_read_row<true>(n, cols, norm_eps, centred, flat, (thread const float*)pr, xs, w, wk,
@@ -582,3 +608,36 @@ inline void hc_pre_of(int n, float eps, float rs, float scale0, thread const flo
   float4 yv = ((device const float4*)(y + ulong(r) * p.y_stride))[c4];
   hc_write_column(X, c4s, c4, p.streams, k, yv);
 }
+
+// hc_write_f32 that also leaves the next site's raw products for its columns (hc_store_lanes):
+// a simdgroup per float4 column of a row (the unfused writers of small batches: a verify
+// batch's MoE, a GEMM projection). p.fold_mixes > 0.
+#define HC_WRITE_FOLD_SG 2
+[[max_total_threads_per_threadgroup(64)]] kernel void hc_write_fold_f32(
+    constant HcWriteFoldParams& p [[buffer(0)]],
+    device uchar* x            [[buffer(1)]],
+    device const uchar* coeffs [[buffer(2)]],
+    device const uchar* y      [[buffer(3)]],
+    device const uchar* fn     [[buffer(4)]],
+    device uchar* part         [[buffer(5)]],
+    uint2 tg                   [[threadgroup_position_in_grid]],
+    ushort sg                  [[simdgroup_index_in_threadgroup]],
+    ushort lane                [[thread_index_in_simdgroup]]) {
+  const int c4 = int(tg.x) * HC_WRITE_FOLD_SG + int(sg);
+  const int r = int(tg.y);
+  const int c4s = p.cols / 4;
+  if (c4 >= c4s || r >= p.rows) {
+    return;  // uniform per simdgroup
+  }
+  HcTarget t = hc_fold_target(fn, part, p.p_stride, p.fold_mixes, p.fold_dtype);
+  t.x = x;
+  t.coeffs = coeffs;
+  t.x_stride = p.x_stride;
+  t.c_stride = p.c_stride;
+  t.streams = p.streams;
+  t.c4s = c4s;
+  t.residual = false;
+  const float4 yv = ((device const float4*)(y + ulong(r) * p.y_stride))[c4];
+  hc_store_lanes(t, r, c4, yv, lane);
+}
+static_assert(HC_WRITE_FOLD_SG * 32 == 64, "update hc_write_fold_f32's [[max_total_threads_per_threadgroup]]");

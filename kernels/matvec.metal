@@ -23,13 +23,11 @@ inline void matvec_simdgroup(device const uchar* w, int in_dim, int o0, int out_
     mv_clear<NR>(acc);
     MvPass<T, NR>::run(w, in_dim, o0, out_dim, x, xoff, nx, acc, lane);
     mv_reduce<NR>(acc, nx);
-    if (lane == 0) {
-      for (int j = 0; j < NR; j++) if (j < nx) {
-        if (HC) {
-          hc_store(hc, r0 + j, o0 / MV_R, acc[j]);
-        } else {
-          mv_store(y, y_stride, r0 + j, o0, out_dim, acc[j], accumulate);
-        }
+    for (int j = 0; j < NR; j++) if (j < nx) {
+      if (HC) {
+        hc_store_lanes(hc, r0 + j, o0 / MV_R, acc[j], lane);  // every lane: the fold's epilogue
+      } else if (lane == 0) {
+        mv_store(y, y_stride, r0 + j, o0, out_dim, acc[j], accumulate);
       }
     }
   }
@@ -81,14 +79,14 @@ inline void matvec_split_tg(device const uchar* w, int in_dim, int o0, int out_d
       }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    if (sg == 0 && lane == 0) {
+    if (sg == 0 && (HC || lane == 0)) {  // HC: all of simdgroup 0 (hc_store_lanes)
       for (int j = 0; j < NR; j++) if (j < nx) {
         float4 v = part[j];
         for (int s = 1; s < nsg; s++) {
           v += part[s * NR + j];
         }
         if (HC) {
-          hc_store(hc, r0 + j, o0 / MV_R, v);
+          hc_store_lanes(hc, r0 + j, o0 / MV_R, v, lane);
         } else {
           mv_store(y, y_stride, r0 + j, o0, out_dim, v, accumulate);
         }
@@ -123,8 +121,9 @@ template <typename T, int NR>
 }
 
 // The streams target of a _hc kernel's params and bindings.
-inline HcTarget matvec_hc_target(constant MatvecHcParams& p, device uchar* X, device const uchar* coeffs) {
-  HcTarget t;
+inline HcTarget matvec_hc_target(constant MatvecHcParams& p, device uchar* X, device const uchar* coeffs,
+                                 device const uchar* fold_fn, device uchar* fold_part) {
+  HcTarget t = hc_fold_target(fold_fn, fold_part, p.p_stride, p.fold_mixes, p.fold_dtype);
   t.x = X;
   t.coeffs = coeffs;
   t.x_stride = p.hc_stride;
@@ -145,6 +144,8 @@ template <typename T, int NR>
     device const uchar* x      [[buffer(2)]],
     device uchar* X            [[buffer(3)]],
     device const uchar* coeffs [[buffer(4)]],
+    device const uchar* fold_fn [[buffer(5)]],
+    device uchar* fold_part    [[buffer(6)]],
     uint2 tg                   [[threadgroup_position_in_grid]],
     ushort sg                  [[simdgroup_index_in_threadgroup]],
     ushort lane                [[thread_index_in_simdgroup]]) {
@@ -155,7 +156,7 @@ template <typename T, int NR>
     return;  // uniform per simdgroup
   }
   matvec_simdgroup<T, NR, true>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, X, 0, false, lane,
-                                matvec_hc_target(p, X, coeffs));
+                                matvec_hc_target(p, X, coeffs, fold_fn, fold_part));
 }
 
 // matvec_split whose output goes into hyper-connection streams (as matvec_hc).
@@ -166,6 +167,8 @@ template <typename T, int NR>
     device const uchar* x      [[buffer(2)]],
     device uchar* X            [[buffer(3)]],
     device const uchar* coeffs [[buffer(4)]],
+    device const uchar* fold_fn [[buffer(5)]],
+    device uchar* fold_part    [[buffer(6)]],
     uint2 tg                   [[threadgroup_position_in_grid]],
     ushort sg                  [[simdgroup_index_in_threadgroup]],
     ushort lane                [[thread_index_in_simdgroup]],
@@ -178,7 +181,7 @@ template <typename T, int NR>
     return;  // uniform per threadgroup: no barrier is left waiting
   }
   matvec_split_tg<T, NR, true>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, X, 0, false, &part[0][0], sg, lane,
-                               int(nsg), matvec_hc_target(p, X, coeffs));
+                               int(nsg), matvec_hc_target(p, X, coeffs, fold_fn, fold_part));
 }
 
 // Several projections of one input in one dispatch (DeltaNet's qkv and z, attention's q,

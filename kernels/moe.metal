@@ -404,9 +404,9 @@ template [[host_name("moe_gate_up_pairs_routed_q4_f32")]] kernel decltype(moe_ga
 #define MOE_MAX_TOP_K 64
 static_assert(MOE_DC_SG * 32 == 256, "update moe_down_combine's [[max_total_threads_per_threadgroup]]");
 
-// The combined MV_R outputs `v` of column tg.x of row tg.y, left with thread 0 of the
-// threadgroup, which alone returns true (every other thread, and a threadgroup past the
-// output, false). P: the plain or the _hc params (the fields read here are in both).
+// The combined MV_R outputs `v` of column tg.x of row tg.y, left with every lane of
+// simdgroup 0, which alone returns true (every other thread, and a threadgroup past the
+// output, false): the _hc forms' epilogue runs on its lanes (hc_store_lanes). P: the plain or the _hc params (the fields read here are in both).
 template <typename T, bool SHARED, typename P>
 inline bool moe_down_combine_at(constant P& p, device const int* ids, device const float* w,
                                 device const int* slot_of, device const uchar* pool, device const uchar* h,
@@ -440,7 +440,7 @@ inline bool moe_down_combine_at(constant P& p, device const int* ids, device con
     }
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  if (sg != 0 || lane != 0) {
+  if (sg != 0) {
     return false;
   }
   float4 v = float4(0.0f);
@@ -475,7 +475,7 @@ template <typename T>
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
   float4 v;
-  if (moe_down_combine_at<T, false>(p, ids, w, slot_of, pool, h, h, h, tg, sg, lane, v)) {
+  if (moe_down_combine_at<T, false>(p, ids, w, slot_of, pool, h, h, h, tg, sg, lane, v) && lane == 0) {
     mv_store(y, p.y_stride, int(tg.y), int(tg.x) * MV_R, p.out_dim, v, false);
   }
 }
@@ -495,14 +495,15 @@ template <typename T>
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
   float4 v;
-  if (moe_down_combine_at<T, true>(p, ids, w, slot_of, pool, h, s, sgate, tg, sg, lane, v)) {
+  if (moe_down_combine_at<T, true>(p, ids, w, slot_of, pool, h, s, sgate, tg, sg, lane, v) && lane == 0) {
     mv_store(y, p.y_stride, int(tg.y), int(tg.x) * MV_R, p.out_dim, v, false);
   }
 }
 
 // The streams target of a moe_down_combine _hc kernel's params and bindings.
-inline HcTarget moe_hc_target(constant MoeDownCombineHcParams& p, device uchar* X, device const uchar* coeffs) {
-  HcTarget t;
+inline HcTarget moe_hc_target(constant MoeDownCombineHcParams& p, device uchar* X, device const uchar* coeffs,
+                              device const uchar* fold_fn, device uchar* fold_part) {
+  HcTarget t = hc_fold_target(fold_fn, fold_part, p.p_stride, p.fold_mixes, p.fold_dtype);
   t.x = X;
   t.coeffs = coeffs;
   t.x_stride = p.hc_stride;
@@ -526,12 +527,14 @@ template <typename T>
     device const uchar* h        [[buffer(5)]],
     device uchar* X              [[buffer(6)]],
     device const uchar* coeffs   [[buffer(7)]],
+    device const uchar* fold_fn  [[buffer(8)]],
+    device uchar* fold_part      [[buffer(9)]],
     uint2 tg                     [[threadgroup_position_in_grid]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
   float4 v;
   if (moe_down_combine_at<T, false>(p, ids, w, slot_of, pool, h, h, h, tg, sg, lane, v)) {
-    hc_store(moe_hc_target(p, X, coeffs), int(tg.y), int(tg.x), v);
+    hc_store_lanes(moe_hc_target(p, X, coeffs, fold_fn, fold_part), int(tg.y), int(tg.x), v, lane);
   }
 }
 
@@ -547,12 +550,14 @@ template <typename T>
     device const uchar* s        [[buffer(7)]],
     device const uchar* sgate    [[buffer(8)]],
     device const uchar* coeffs   [[buffer(9)]],
+    device const uchar* fold_fn  [[buffer(10)]],
+    device uchar* fold_part      [[buffer(11)]],
     uint2 tg                     [[threadgroup_position_in_grid]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
   float4 v;
   if (moe_down_combine_at<T, true>(p, ids, w, slot_of, pool, h, s, sgate, tg, sg, lane, v)) {
-    hc_store(moe_hc_target(p, X, coeffs), int(tg.y), int(tg.x), v);
+    hc_store_lanes(moe_hc_target(p, X, coeffs, fold_fn, fold_part), int(tg.y), int(tg.x), v, lane);
   }
 }
 

@@ -109,22 +109,28 @@ typedef struct {
   int32_t out_dim;               // offset 8: hidden size d (a multiple of 4)
   int32_t rows_per_group;        // offset 12: batch rows one threadgroup serves
   int32_t streams;               // offset 16: n
-  uint32_t _pad0;                // offset 20
+  int32_t fold_mixes;            // offset 20: the next site's mixes whose partials the write leaves (0: no fold; kernels/hc.h)
   uint64_t x_stride;             // offset 24: bytes between input rows
   uint64_t hc_stride;            // offset 32: bytes between rows of the streams X ([n][d] each)
   uint64_t c_stride;             // offset 40: bytes between coefficient rows (pre | post | comb)
+  int32_t fold_dtype;            // offset 48: the next site's fn dtype: 0 f32, 1 bf16, 2 f16
+  uint32_t _pad1;                // offset 52
+  uint64_t p_stride;             // offset 56: bytes between rows of the folded partials [fold_mixes + 1][d / 4]
 } MatvecHcParams;
-CK_PARAMS_ASSERT(sizeof(MatvecHcParams) == 48, "MatvecHcParams: size");
+CK_PARAMS_ASSERT(sizeof(MatvecHcParams) == 64, "MatvecHcParams: size");
 #ifndef __METAL_VERSION__
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, rows) == 0, "MatvecHcParams.rows: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, in_dim) == 4, "MatvecHcParams.in_dim: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, out_dim) == 8, "MatvecHcParams.out_dim: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, rows_per_group) == 12, "MatvecHcParams.rows_per_group: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, streams) == 16, "MatvecHcParams.streams: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, _pad0) == 20, "MatvecHcParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, fold_mixes) == 20, "MatvecHcParams.fold_mixes: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, x_stride) == 24, "MatvecHcParams.x_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, hc_stride) == 32, "MatvecHcParams.hc_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, c_stride) == 40, "MatvecHcParams.c_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, fold_dtype) == 48, "MatvecHcParams.fold_dtype: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, _pad1) == 52, "MatvecHcParams._pad1: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecHcParams, p_stride) == 56, "MatvecHcParams.p_stride: offset");
 #endif
 
 // Row-batch matrix product y[r] = W x[r] (+ y[r] when accumulating) through the tile API, in GEMM_BM x GEMM_BN threadgroup tiles (kernels/gemm.metal).
@@ -304,6 +310,33 @@ CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteParams, c_stride) == 24, "HcWritePara
 CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteParams, y_stride) == 32, "HcWriteParams.y_stride: offset");
 #endif
 
+// hc_write that also leaves the next site's raw products for its columns (a simdgroup per float4 column; kernels/hc.h hc_store_lanes).
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb)
+  int32_t streams;               // offset 4: n
+  int32_t cols;                  // offset 8: hidden size d
+  int32_t fold_mixes;            // offset 12: the next site's mixes (> 0)
+  uint64_t x_stride;             // offset 16: bytes between rows of X
+  uint64_t c_stride;             // offset 24: bytes between coefficient rows (pre | post | comb)
+  uint64_t y_stride;             // offset 32: bytes between rows of the sub-layer output
+  int32_t fold_dtype;            // offset 40: the next site's fn dtype: 0 f32, 1 bf16, 2 f16
+  uint32_t _pad0;                // offset 44
+  uint64_t p_stride;             // offset 48: bytes between rows of the folded partials [fold_mixes + 1][d / 4]
+} HcWriteFoldParams;
+CK_PARAMS_ASSERT(sizeof(HcWriteFoldParams) == 56, "HcWriteFoldParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteFoldParams, rows) == 0, "HcWriteFoldParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteFoldParams, streams) == 4, "HcWriteFoldParams.streams: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteFoldParams, cols) == 8, "HcWriteFoldParams.cols: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteFoldParams, fold_mixes) == 12, "HcWriteFoldParams.fold_mixes: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteFoldParams, x_stride) == 16, "HcWriteFoldParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteFoldParams, c_stride) == 24, "HcWriteFoldParams.c_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteFoldParams, y_stride) == 32, "HcWriteFoldParams.y_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteFoldParams, fold_dtype) == 40, "HcWriteFoldParams.fold_dtype: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteFoldParams, _pad0) == 44, "HcWriteFoldParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(HcWriteFoldParams, p_stride) == 48, "HcWriteFoldParams.p_stride: offset");
+#endif
+
 // Elementwise op over [rows][cols]: y = f(a, b) (add, SiLU(a) * b, a * sigmoid(b), a + scale * b). y may be a.
 typedef struct {
   int32_t rows;                  // offset 0
@@ -465,8 +498,11 @@ typedef struct {
   uint64_t sg_stride;            // offset 64: bytes between shared gate logits
   uint64_t hc_stride;            // offset 72: bytes between rows of the streams X
   uint64_t c_stride;             // offset 80: bytes between coefficient rows (pre | post | comb)
+  int32_t fold_mixes;            // offset 88: the next site's mixes whose partials the write leaves (0: no fold; kernels/hc.h)
+  int32_t fold_dtype;            // offset 92: the next site's fn dtype: 0 f32, 1 bf16, 2 f16
+  uint64_t p_stride;             // offset 96: bytes between rows of the folded partials [fold_mixes + 1][d / 4]
 } MoeDownCombineHcParams;
-CK_PARAMS_ASSERT(sizeof(MoeDownCombineHcParams) == 88, "MoeDownCombineHcParams: size");
+CK_PARAMS_ASSERT(sizeof(MoeDownCombineHcParams) == 104, "MoeDownCombineHcParams: size");
 #ifndef __METAL_VERSION__
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, rows) == 0, "MoeDownCombineHcParams.rows: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, top_k) == 4, "MoeDownCombineHcParams.top_k: offset");
@@ -483,6 +519,9 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, s_stride) == 56, "Mo
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, sg_stride) == 64, "MoeDownCombineHcParams.sg_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, hc_stride) == 72, "MoeDownCombineHcParams.hc_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, c_stride) == 80, "MoeDownCombineHcParams.c_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, fold_mixes) == 88, "MoeDownCombineHcParams.fold_mixes: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, fold_dtype) == 92, "MoeDownCombineHcParams.fold_dtype: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeDownCombineHcParams, p_stride) == 96, "MoeDownCombineHcParams.p_stride: offset");
 #endif
 
 // MoE output y[r] = sum_k w[r][k] o[r*k + k'] (+ sigmoid(sg[r]) s[r] with the shared expert).

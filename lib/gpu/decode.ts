@@ -8,7 +8,7 @@ import { encodeEmbed } from "./embed.ts";
 import { bind, live, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import type { RowRange } from "../api/backend.ts";
 import type { SitePlan } from "./handshake.ts";
-import { encodeSiteRead, siteWrite } from "./hyperconnection.ts";
+import { encodeSiteRead, hcFold, hcFolds, siteWrite, type HcSiteRefs } from "./hyperconnection.ts";
 import type { EngineGpu } from "./load.ts";
 import { encodeAttentionMixer, encodeDeltaNetMixer } from "./mixers.ts";
 import { encodeLookaheadRoute, encodeMoeCompute, encodeMoeRoute, type MoeSiteArgs } from "./moe-site.ts";
@@ -64,6 +64,11 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
   // With the whole model resident no trunk read can miss: the lookahead's routes would only
   // cost dispatches (four a layer) and host work.
   const lookahead = gpu.lookahead && !gpu.pool.fullyResident(gpu.layersRun);
+  // Each write into the streams folds the next site's raw products where it can (hc-fold.ts):
+  // every site but the first and those after a PLE injection, and the final read.
+  const fold = hcFolds(gpu.hc, d);
+  const foldInto = (site: HcSiteRefs | null, head = false) => (fold && site ? hcFold(site, s.hcFold, gpu.hc, d, head) : undefined);
+  let folded: RowsRef | undefined;
   live(ctx, step, (ctx, { pos0 }) => encodeEmbed(ctx, gpu.refs.embed, bind(seq.tokens, pos0 * 4), s.X, nb, c.hc.streams));
   for (let l = 0; l < gpu.layersRun; l++) {
     const w = gpu.refs.layers[l]!;
@@ -80,11 +85,12 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
         X: s.X,
         snapshots: planes ? { planes, rows: nb } : undefined,
       });
+      folded = undefined;  // the injection wrote the streams
     }
-    encodeSiteRead(ctx, s.X, w.hcMixer, s.hc, s.xn, nb, gpu.hc, d, { w: w.mixerNorm, eps });
+    encodeSiteRead(ctx, s.X, w.hcMixer, s.hc, s.xn, nb, gpu.hc, d, { w: w.mixerNorm, eps }, folded);
     const x = s.xn;
     // The mixer's output projection does the site's write (fused where it can).
-    const write = siteWrite(s.X, w.hcMixer, s.hc, gpu.hc, d);
+    const write = siteWrite(s.X, w.hcMixer, s.hc, gpu.hc, d, foldInto(w.hcMoe));
     switch (w.type) {
       case "deltanet": {
         const planes = snaps?.deltanet[l];
@@ -106,7 +112,13 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
         break;
     }
 
-    const site = trunkMoeSite(gpu, w, nb);
+    const next = gpu.refs.layers[l + 1];
+    const site = {
+      ...trunkMoeSite(gpu, w, nb),
+      folded: write.fold?.raw,
+      fold: l + 1 < gpu.layersRun ? (next!.ple ? undefined : foldInto(next!.hcMixer)) : foldInto(gpu.refs.hcHead, true),
+    };
+    folded = site.fold?.raw;
     const route = plan.open(gpu, l, nb);
     encodeMoeRoute(ctx, site, gpu.kernelPool, route);
     let predicts: number | null = null;
@@ -121,15 +133,17 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
 
   // Every final hidden row goes where the MTP head will read it (by position); without an MTP
   // head only the rows with logits are read, into scratch. (Position-dependent: live.)
+  const headFolded = folded;
   live(ctx, step, (ctx, { pos0 }) => {
     let hidden: RowsRef;
     if (seq.hidden) {
       const all: RowsRef = { buffer: seq.hidden, offset: pos0 * d * 4, stride: d * 4 };
-      encodeFinalRead(ctx, s.X, gpu.refs.hcHead, s.hc, all, nb, gpu.hc, d, gpu.refs.finalNorm, eps);
+      encodeFinalRead(ctx, s.X, gpu.refs.hcHead, s.hc, all, nb, gpu.hc, d, gpu.refs.finalNorm, eps, headFolded);
       hidden = rowAt(all, logits.from);
     } else {
       hidden = s.head.hidden;
-      if (logits.count > 0) encodeFinalRead(ctx, rowAt(s.X, logits.from), gpu.refs.hcHead, s.hc, hidden, logits.count, gpu.hc, d, gpu.refs.finalNorm, eps);
+      if (logits.count > 0)
+        encodeFinalRead(ctx, rowAt(s.X, logits.from), gpu.refs.hcHead, s.hc, hidden, logits.count, gpu.hc, d, gpu.refs.finalNorm, eps, headFolded && rowAt(headFolded, logits.from));
     }
     if (logits.count > 0) encodeGreedy(ctx, gpu, hidden, logits.count, s.head.next, s.head.margins);
   });

@@ -11,6 +11,7 @@ import { Params, type ParamValues } from "./params.ts";
 import { checkRows, encodeMatvec, encodeMatvecs, MATVEC_TILE, matrixShape, oneRowForm } from "./projections.ts";
 import { encodeGemmGateUp, GEMM_TILE, gemmMinRows, usesGemm } from "./gemm.ts";
 import type { SiteWrite } from "./hyperconnection.ts";
+import { hcFoldBindings, hcFoldParams } from "./hc-fold.ts";
 import { HC_MAX_STREAMS, SIMD_WIDTH } from "./limits.ts";
 
 /** Largest expert count and top-k the router and list kernels hold. */
@@ -327,8 +328,8 @@ function encodeDownCombine(
       ctx,
       shared ? "moe_down_combine_shared_hc_q4_f32" : "moe_down_combine_hc_q4_f32",
       Params.MoeDownCombineHc,
-      { ...common, streams: into.streams, residual: into.coeffs ? 0 : 1, hc_stride: into.X.stride, c_stride: coeffs.stride },
-      [...inputs, bind(into.X.buffer, into.X.offset), ...sharedInputs, bind(coeffs.buffer, coeffs.offset)],
+      { ...common, streams: into.streams, residual: into.coeffs ? 0 : 1, hc_stride: into.X.stride, c_stride: coeffs.stride, ...hcFoldParams(into.fold) },
+      [...inputs, bind(into.X.buffer, into.X.offset), ...sharedInputs, bind(coeffs.buffer, coeffs.offset), ...hcFoldBindings(into.fold, into.X)],
       grid,
       SIMD_WIDTH * DOWN_COMBINE_SIMDGROUPS,
     );

@@ -6,6 +6,7 @@
 import type { Binding } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { encodeResidualAdd } from "./elementwise.ts";
+import { HC_FOLD_DTYPES, hcFoldBindings, hcFoldCount, hcFoldParams, hcFolds, type HcFold } from "./hc-fold.ts";
 import { HC_MAX_STREAMS, SIMD_WIDTH } from "./limits.ts";
 import { encodeRmsNorm } from "./norms.ts";
 import { Params } from "./params.ts";
@@ -16,10 +17,12 @@ const HC_TG_SG = 8;
 /** Flat stream values per partial of the raw products, and simdgroups per hc_mix_partials threadgroup (HC_CHUNK, HC_MIX_SG). */
 const HC_CHUNK = 256;
 const HC_MIX_SG = 8;
-/** The most partials per mix the coefficient kernels sum (HC_MAX_CHUNKS). */
+/** The most chunks a row may have (n * d <= 16384 values: the rows the hc kernels are tested to). */
 const HC_MAX_CHUNKS = 64;
 export { HC_MAX_STREAMS };
 const WRITE_THREADS = 64;
+/** Simdgroups of an hc_write_fold threadgroup, each on one float4 column (HC_WRITE_FOLD_SG). */
+const WRITE_FOLD_SG = 2;
 
 export interface HcConfig {
   streams: number;
@@ -40,8 +43,23 @@ export const hcMixCount = (n: number, head = false) => (head ? n : 2 * n + n * n
 /** Chunks of the n*d flat stream values the raw products are summed over (hc_mix_partials). */
 export const hcChunks = (n: number, d: number) => Math.ceil((n * d) / HC_CHUNK);
 
-/** Floats per row of a site's partials: [mixes + 1][chunks] (the last mix is the sum of squares). */
-export const hcPartialCount = (n: number, d: number, head = false) => (hcMixCount(n, head) + 1) * hcChunks(n, d);
+/** Floats per mix of hc_mix_partials' rows: the chunks rounded up to 4 (the gather reads float4s; hc_chunk_stride). */
+const hcChunkStride = (n: number, d: number) => Math.ceil(hcChunks(n, d) / 4) * 4;
+
+/** Floats per row of a site's partials: [mixes + 1][chunk stride] (the last mix is the sum of squares). */
+export const hcPartialCount = (n: number, d: number, head = false) => (hcMixCount(n, head) + 1) * hcChunkStride(n, d);
+
+export { hcFoldCount, hcFolds, type HcFold };
+
+/** The fold of `site` (or the final read's head) into `raw`: the next write leaves its partials there. */
+export function hcFold(site: HcSiteRefs, raw: RowsRef, cfg: HcConfig, d: number, head = false): HcFold {
+  const M = checkSite(site, cfg.streams, d, head);
+  if (HC_FOLD_DTYPES[site.fn.dtype] === undefined) throw new Error(`hc fold: fn dtype ${site.fn.dtype} has no kernel (expected bf16, f16 or f32)`);
+  if (d % 16 !== 0) throw new Error(`hc fold: hidden size ${d} is not a multiple of 16 (the folded partials are whole float4s a mix)`);
+  if (raw.stride < hcFoldCount(cfg.streams, d, head) * 4 || raw.stride % 16 !== 0 || raw.offset % 16 !== 0)
+    throw new Error(`hc fold: partials rows of stride ${raw.stride} at offset ${raw.offset}; expected 16-byte aligned rows of ${hcFoldCount(cfg.streams, d, head) * 4} bytes`);
+  return { fn: site.fn, raw, mixes: M };
+}
 
 const HC_MIX_KERNELS: Record<string, string> = { f32: "hc_mix_partials_f32_f32", bf16: "hc_mix_partials_bf16_f32", f16: "hc_mix_partials_f16_f32" };
 
@@ -79,10 +97,11 @@ function checkSite(site: HcSiteRefs, n: number, d: number, head: boolean): numbe
 }
 
 /**
- * What both coefficient kernels start with: the checks, the raw products fn . flat (a matvec),
- * then their common params and bindings (X, raw, scale, base, coeffs).
+ * What both coefficient kernels start with: the checks, the raw products fn . flat (a matvec;
+ * none when `folded` holds them, left by the write before: HcFold), then their common params
+ * and bindings (X, raw, scale, base, coeffs).
  */
-function encodeRawProducts(ctx: EncodeContext, what: string, X: RowsRef, site: HcSiteRefs, scratch: HcScratch, nb: number, cfg: HcConfig, d: number, head: boolean) {
+function encodeRawProducts(ctx: EncodeContext, what: string, X: RowsRef, site: HcSiteRefs, scratch: HcScratch, nb: number, cfg: HcConfig, d: number, head: boolean, folded?: RowsRef) {
   checkStreams(cfg.streams, what);
   checkRows(nb, what);
   const M = checkSite(site, cfg.streams, d, head);
@@ -93,18 +112,28 @@ function encodeRawProducts(ctx: EncodeContext, what: string, X: RowsRef, site: H
   if (chunks > HC_MAX_CHUNKS) throw new Error(`${what}: ${n} streams of ${d} values: the hc kernels hold at most ${HC_MAX_CHUNKS * HC_CHUNK} per row`);
   const kernel = HC_MIX_KERNELS[site.fn.dtype];
   if (!kernel) throw new Error(`${what}: hc fn dtype ${site.fn.dtype} has no kernel (expected bf16, f16 or f32)`);
-  dispatch(
-    ctx,
-    kernel,
-    Params.HcMix,
-    { rows: nb, streams: n, cols: d, mixes: M, chunks, x_stride: X.stride, p_stride: scratch.raw.stride },
-    [bind(X.buffer, X.offset), bind(site.fn.buffer, site.fn.offset), bind(scratch.raw.buffer, scratch.raw.offset)],
-    [Math.ceil(((M + 1) * chunks) / HC_MIX_SG), nb],
-    SIMD_WIDTH * HC_MIX_SG,
-  );
+  let raw = scratch.raw;
+  let perMix = hcChunkStride(n, d);
+  if (raw.stride % 16 !== 0 || raw.offset % 16 !== 0 || (folded && (folded.stride % 16 !== 0 || folded.offset % 16 !== 0)))
+    throw new Error(`${what}: partials rows must be 16-byte aligned (the gather reads float4s)`);
+  if (folded) {
+    if (d % 16 !== 0) throw new Error(`${what}: hidden size ${d} cannot have folded partials (a multiple of 16: whole float4s a mix)`);
+    raw = folded;
+    perMix = d / 4;
+  } else {
+    dispatch(
+      ctx,
+      kernel,
+      Params.HcMix,
+      { rows: nb, streams: n, cols: d, mixes: M, chunks, x_stride: X.stride, p_stride: raw.stride },
+      [bind(X.buffer, X.offset), bind(site.fn.buffer, site.fn.offset), bind(raw.buffer, raw.offset)],
+      [Math.ceil(((M + 1) * perMix) / HC_MIX_SG), nb],
+      SIMD_WIDTH * HC_MIX_SG,
+    );
+  }
   return {
     values: {
-      chunks,
+      chunks: perMix,
       rows: nb,
       streams: cfg.streams,
       cols: d,
@@ -112,12 +141,12 @@ function encodeRawProducts(ctx: EncodeContext, what: string, X: RowsRef, site: H
       iters: cfg.sinkhorn_iters,
       eps: cfg.eps,
       x_stride: X.stride,
-      raw_stride: scratch.raw.stride,
+      raw_stride: raw.stride,
       c_stride: scratch.coeffs.stride,
     },
     buffers: [
       bind(X.buffer, X.offset),
-      bind(scratch.raw.buffer, scratch.raw.offset),
+      bind(raw.buffer, raw.offset),
       bind(site.scale.buffer, site.scale.offset),
       bind(site.base.buffer, site.base.offset),
       bind(scratch.coeffs.buffer, scratch.coeffs.offset),
@@ -138,14 +167,16 @@ export function encodeHcCoefficients(
   cfg: HcConfig,
   d: number,
   head = false,
+  folded?: RowsRef,
 ): void {
-  const a = encodeRawProducts(ctx, "hc_coeffs", X, site, scratch, nb, cfg, d, head);
+  const a = encodeRawProducts(ctx, "hc_coeffs", X, site, scratch, nb, cfg, d, head, folded);
   dispatch(ctx, "hc_coeffs_f32", Params.HcCoeffs, a.values, a.buffers, nb, SIMD_WIDTH * HC_TG_SG);
 }
 
 /**
  * The coefficients of encodeHcCoefficients (left in scratch.coeffs for the site's write) and
- * the normalised read y = RMSNorm(sum_i pre_i X_i, norm) in one kernel after the fn matvec.
+ * the normalised read y = RMSNorm(sum_i pre_i X_i, norm) in one kernel after the fn matvec
+ * (or, with `folded`, from the partials the last write left there).
  */
 export function encodeHcCoefficientsRead(
   ctx: EncodeContext,
@@ -158,9 +189,10 @@ export function encodeHcCoefficientsRead(
   d: number,
   norm: ReadNorm,
   head = false,
+  folded?: RowsRef,
 ): void {
   checkVector(norm.w, d, "hc read norm");
-  const a = encodeRawProducts(ctx, "hc_coeffs_read_norm", X, site, scratch, nb, cfg, d, head);
+  const a = encodeRawProducts(ctx, "hc_coeffs_read_norm", X, site, scratch, nb, cfg, d, head, folded);
   dispatch(
     ctx,
     "hc_coeffs_read_norm_f32",
@@ -210,11 +242,23 @@ export function encodeHcRead(
   );
 }
 
-/** X'[r][j] = post_j y[r] + sum_i comb[i][j] X[r][i], in place on X. */
-export function encodeHcWrite(ctx: EncodeContext, X: RowsRef, coeffs: RowsRef, y: RowsRef, nb: number, n: number, d: number): void {
+/** X'[r][j] = post_j y[r] + sum_i comb[i][j] X[r][i], in place on X (with `fold`, also the next site's partials). */
+export function encodeHcWrite(ctx: EncodeContext, X: RowsRef, coeffs: RowsRef, y: RowsRef, nb: number, n: number, d: number, fold?: HcFold): void {
   checkStreams(n, "hc_write");
   checkRows(nb, "hc_write");
   checkFloat4Columns(d, "hc_write");
+  if (fold) {
+    dispatch(
+      ctx,
+      "hc_write_fold_f32",
+      Params.HcWriteFold,
+      { rows: nb, streams: n, cols: d, x_stride: X.stride, c_stride: coeffs.stride, y_stride: y.stride, ...hcFoldParams(fold) },
+      [bind(X.buffer, X.offset), bind(coeffs.buffer, coeffs.offset), bind(y.buffer, y.offset), ...hcFoldBindings(fold, X)],
+      [Math.ceil(d / 4 / WRITE_FOLD_SG), nb],
+      [SIMD_WIDTH * WRITE_FOLD_SG, 1],
+    );
+    return;
+  }
   dispatch(
     ctx,
     "hc_write_f32",
@@ -240,13 +284,14 @@ export function encodeSiteRead(
   cfg: HcConfig,
   d: number,
   norm: ReadNorm,
+  folded?: RowsRef,
 ): void {
   if (!site) {
     if (cfg.streams !== 1) throw new Error(`hc site weights are required with ${cfg.streams} streams`);
     encodeRmsNorm(ctx, X, norm.w, xn, nb, norm.eps, { centred: norm.centred ?? true });
     return;
   }
-  encodeHcCoefficientsRead(ctx, X, site, scratch, xn, nb, cfg, d, norm);
+  encodeHcCoefficientsRead(ctx, X, site, scratch, xn, nb, cfg, d, norm, false, folded);
 }
 
 /**
@@ -260,21 +305,27 @@ export interface SiteWrite {
   coeffs: RowsRef | null;
   streams: number;
   d: number;
+  /** The next site whose raw products the write leaves (HcFold); its read then passes `folded`. */
+  fold?: HcFold;
 }
 
-/** The write of a site (null: the plain residual, n = 1) whose read left its coefficients in scratch. */
-export function siteWrite(X: RowsRef, site: HcSiteRefs | null, scratch: HcScratch, cfg: HcConfig, d: number): SiteWrite {
+/**
+ * The write of a site (null: the plain residual, n = 1) whose read left its coefficients in
+ * scratch; with `fold` it also leaves the next site's raw products (hcFold).
+ */
+export function siteWrite(X: RowsRef, site: HcSiteRefs | null, scratch: HcScratch, cfg: HcConfig, d: number, fold?: HcFold): SiteWrite {
   if (!site) {
     if (cfg.streams !== 1) throw new Error(`hc site weights are required with ${cfg.streams} streams`);
+    if (fold) throw new Error("hc fold: a plain residual (n = 1) has no site to fold");
     return { X, coeffs: null, streams: 1, d };
   }
-  return { X, coeffs: scratch.coeffs, streams: cfg.streams, d };
+  return { X, coeffs: scratch.coeffs, streams: cfg.streams, d, fold };
 }
 
 /** The write of y into its target as a dispatch of its own: hc_write, or X += y. */
 export function encodeWriteOf(ctx: EncodeContext, write: SiteWrite, y: RowsRef, nb: number): void {
   if (!write.coeffs) encodeResidualAdd(ctx, write.X, y, nb, write.d);
-  else encodeHcWrite(ctx, write.X, write.coeffs, y, nb, write.streams, write.d);
+  else encodeHcWrite(ctx, write.X, write.coeffs, y, nb, write.streams, write.d, write.fold);
 }
 
 /**
@@ -294,7 +345,7 @@ export function encodeProjectionWrite(ctx: EncodeContext, w: TensorRef, x: RowsR
   } else {
     checkStreams(write.streams, "matvec_hc");
     checkFloat4Columns(write.d, "matvec_hc");
-    encodeMatvec(ctx, w, x, y, nb, { hc: { X: write.X, coeffs: write.coeffs, streams: write.streams } });
+    encodeMatvec(ctx, w, x, y, nb, { hc: { X: write.X, coeffs: write.coeffs, streams: write.streams, fold: write.fold } });
   }
 }
 

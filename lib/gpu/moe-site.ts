@@ -21,7 +21,7 @@ import {
   type ExpertPool as KernelPool,
 } from "./experts.ts";
 import type { SiteRoute } from "./handshake.ts";
-import { encodeSiteRead, encodeWriteOf, siteWrite, type HcConfig, type HcSiteRefs } from "./hyperconnection.ts";
+import { encodeSiteRead, encodeWriteOf, siteWrite, type HcConfig, type HcFold, type HcSiteRefs } from "./hyperconnection.ts";
 import type { MoeRefs } from "./refs.ts";
 import type { Scratch } from "./scratch.ts";
 
@@ -37,6 +37,10 @@ export interface MoeSiteArgs {
   nb: number;
   /** Record dtype of the routed experts. */
   expertDType: string;
+  /** The site's raw products, left by the write before (lib/gpu/hc-fold.ts); absent: hc_mix_partials. */
+  folded?: RowsRef;
+  /** The next site's raw products the site's write leaves (hcFold). */
+  fold?: HcFold;
 }
 
 const routerConfig = (c: ModelConfig) => ({ experts: c.moe.experts, top_k: c.moe.top_k, norm_topk_prob: c.moe.norm_topk_prob });
@@ -58,7 +62,7 @@ export function foldsRouter(pool: KernelPool, nb: number, route: SiteRoute): boo
 export function encodeMoeRoute(ctx: EncodeContext, a: MoeSiteArgs, pool: KernelPool, route: SiteRoute): void {
   const { config: c, nb, scratch: s } = a;
   const d = c.hidden_size;
-  encodeSiteRead(ctx, a.X, a.site, s.hc, s.xn, nb, a.hc, d, { w: a.norm, eps: c.rms_norm_eps });
+  encodeSiteRead(ctx, a.X, a.site, s.hc, s.xn, nb, a.hc, d, { w: a.norm, eps: c.rms_norm_eps }, a.folded);
   const m = s.moe;
   // The shared expert's gate logit rides in the router's dispatch (the same input).
   const sharedGate = a.moe.shared ? { w: a.moe.shared.expertGate, sg: m.sg } : undefined;
@@ -99,7 +103,7 @@ export function encodeMoeCompute(ctx: EncodeContext, a: MoeSiteArgs, pool: Kerne
   }
   const weights = bind(route.weights.buffer, route.weights.offset);
   const fused = fusesDownCombine(pool, nb);
-  const write = siteWrite(a.X, a.site, s.hc, a.hc, d);
+  const write = siteWrite(a.X, a.site, s.hc, a.hc, d, a.fold);
   encodeRoutedExperts(
     ctx,
     pool,
@@ -132,6 +136,7 @@ export function encodeMoeCompute(ctx: EncodeContext, a: MoeSiteArgs, pool: Kerne
  */
 export function encodeLookaheadRoute(ctx: EncodeContext, a: MoeSiteArgs): void {
   const { config: c, nb, scratch: s } = a;
+  if (a.folded) throw new Error("lookahead route: the next layer's site has no folded partials (its own hc_mix_partials runs)");
   const d = c.hidden_size;
   const la = s.la;
   encodeSiteRead(ctx, a.X, a.site, la.hc, la.xn, nb, a.hc, d, { w: a.norm, eps: c.rms_norm_eps });

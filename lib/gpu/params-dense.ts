@@ -51,10 +51,13 @@ export const denseParams = {
       { name: "out_dim", type: "i32", doc: "hidden size d (a multiple of 4)" },
       { name: "rows_per_group", type: "i32", doc: "batch rows one threadgroup serves" },
       { name: "streams", type: "i32", doc: "n" },
-      { name: "_pad0", type: "u32" },
+      { name: "fold_mixes", type: "i32", doc: "the next site's mixes whose partials the write leaves (0: no fold; kernels/hc.h)" },
       { name: "x_stride", type: "u64", doc: "bytes between input rows" },
       { name: "hc_stride", type: "u64", doc: "bytes between rows of the streams X ([n][d] each)" },
       { name: "c_stride", type: "u64", doc: "bytes between coefficient rows (pre | post | comb)" },
+      { name: "fold_dtype", type: "i32", doc: "the next site's fn dtype: 0 f32, 1 bf16, 2 f16" },
+      { name: "_pad1", type: "u32" },
+      { name: "p_stride", type: "u64", doc: "bytes between rows of the folded partials [fold_mixes + 1][d / 4]" },
     ],
   },
   Gemm: {
@@ -156,6 +159,21 @@ export const denseParams = {
       { name: "y_stride", type: "u64", doc: "bytes between rows of the sub-layer output" },
     ],
   },
+  HcWriteFold: {
+    doc: "hc_write that also leaves the next site's raw products for its columns (a simdgroup per float4 column; kernels/hc.h hc_store_lanes).",
+    fields: [
+      { name: "rows", type: "i32", doc: "rows in the batch (nb)" },
+      { name: "streams", type: "i32", doc: "n" },
+      { name: "cols", type: "i32", doc: "hidden size d" },
+      { name: "fold_mixes", type: "i32", doc: "the next site's mixes (> 0)" },
+      { name: "x_stride", type: "u64", doc: "bytes between rows of X" },
+      { name: "c_stride", type: "u64", doc: "bytes between coefficient rows (pre | post | comb)" },
+      { name: "y_stride", type: "u64", doc: "bytes between rows of the sub-layer output" },
+      { name: "fold_dtype", type: "i32", doc: "the next site's fn dtype: 0 f32, 1 bf16, 2 f16" },
+      { name: "_pad0", type: "u32" },
+      { name: "p_stride", type: "u64", doc: "bytes between rows of the folded partials [fold_mixes + 1][d / 4]" },
+    ],
+  },
   Elementwise: {
     doc: "Elementwise op over [rows][cols]: y = f(a, b) (add, SiLU(a) * b, a * sigmoid(b), a + scale * b). y may be a.",
     fields: [
@@ -255,6 +273,9 @@ export const denseParams = {
       { name: "sg_stride", type: "u64", doc: "bytes between shared gate logits" },
       { name: "hc_stride", type: "u64", doc: "bytes between rows of the streams X" },
       { name: "c_stride", type: "u64", doc: "bytes between coefficient rows (pre | post | comb)" },
+      { name: "fold_mixes", type: "i32", doc: "the next site's mixes whose partials the write leaves (0: no fold; kernels/hc.h)" },
+      { name: "fold_dtype", type: "i32", doc: "the next site's fn dtype: 0 f32, 1 bf16, 2 f16" },
+      { name: "p_stride", type: "u64", doc: "bytes between rows of the folded partials [fold_mixes + 1][d / 4]" },
     ],
   },
   MoeCombine: {

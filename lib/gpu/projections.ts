@@ -6,6 +6,7 @@ import type { DType } from "../model/config.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { HC_MAX_STREAMS, MAX_NB, SIMD_WIDTH } from "./limits.ts";
 import { encodeGemm, gemmMinRows, usesGemm } from "./gemm.ts";
+import { hcFoldBindings, hcFoldParams, type HcFold } from "./hc-fold.ts";
 import { Params } from "./params.ts";
 
 /** Output rows per simdgroup, batch rows per pass and simdgroups per threadgroup (kernels/matvec.h). */
@@ -37,6 +38,8 @@ export interface HcWriteTarget {
   X: RowsRef;
   coeffs: RowsRef;
   streams: number;
+  /** The next site's raw products the write also leaves (lib/gpu/hc-fold.ts). */
+  fold?: HcFold;
 }
 
 /** Whether encodeMatvec with default options sends this projection to the tiled GEMM. */
@@ -78,8 +81,11 @@ const Q4_SPLIT_BELOW_GROUPS = Number(process.env.CHERENKOV_Q4_SPLIT_BELOW ?? 192
  */
 export function splitSimdgroups(dtype: string, inDim: number): number {
   if (dtype !== "q4") return MATVEC_TILE.splitSimdgroups;
-  return Math.min(MATVEC_TILE.splitSimdgroups, Math.max(1, Math.ceil(inDim / (32 * SIMD_WIDTH))));
+  return Math.min(MATVEC_TILE.splitSimdgroups, Math.max(1, Math.ceil(inDim / Q4_SPLIT_COLS)));
 }
+
+/** Input columns a q4 split-form simdgroup covers (32 lanes x one 32-wide group); CHERENKOV_Q4_SPLIT_COLS overrides it (tuning runs: 2048 gives each lane two groups and halves the threadgroup). */
+const Q4_SPLIT_COLS = Number(process.env.CHERENKOV_Q4_SPLIT_COLS ?? 32 * SIMD_WIDTH);
 
 /**
  * Batch rows per threadgroup when the caller does not choose. A matvec's threadgroups split the
@@ -201,8 +207,9 @@ export function encodeMatvec(
         x_stride: x.stride,
         hc_stride: hc.X.stride,
         c_stride: hc.coeffs.stride,
+        ...hcFoldParams(hc.fold),
       },
-      [bind(w.buffer, w.offset), bind(x.buffer, x.offset), bind(hc.X.buffer, hc.X.offset), bind(hc.coeffs.buffer, hc.coeffs.offset)],
+      [bind(w.buffer, w.offset), bind(x.buffer, x.offset), bind(hc.X.buffer, hc.X.offset), bind(hc.coeffs.buffer, hc.coeffs.offset), ...hcFoldBindings(hc.fold, hc.X)],
       grid,
       threads,
     );

@@ -14,6 +14,7 @@ import { checkRows, encodeMatvec } from "./projections.ts";
 /**
  * hidden[r] = RMSNorm(sum_i pre_i X[r][i], final_norm) with the head's pre (hc_head.*), or
  * RMSNorm(X[r], final_norm) with n = 1 (head null). The MTP head reads `hidden` too.
+ * `folded`: the head's raw products, left by the last write (lib/gpu/hc-fold.ts).
  */
 export function encodeFinalRead(
   ctx: EncodeContext,
@@ -26,13 +27,14 @@ export function encodeFinalRead(
   d: number,
   finalNorm: TensorRef,
   eps: number,
+  folded?: RowsRef,
 ): void {
   if (!head) {
     if (cfg.streams !== 1) throw new Error(`hc_head weights are required with ${cfg.streams} streams`);
     encodeRmsNorm(ctx, X, finalNorm, hidden, nb, eps);
     return;
   }
-  encodeHcCoefficientsRead(ctx, X, head, scratch, hidden, nb, cfg, d, { w: finalNorm, eps }, true);
+  encodeHcCoefficientsRead(ctx, X, head, scratch, hidden, nb, cfg, d, { w: finalNorm, eps }, true, folded);
 }
 
 /** logits[r] = W x[r] for the LM head (or the tied embedding) in any stored dtype. */

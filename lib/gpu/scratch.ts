@@ -9,6 +9,7 @@ import { dims, type ModelConfig } from "../model/config.ts";
 import type { Buffer, Device } from "../shim.ts";
 import type { RowsRef } from "./dispatch.ts";
 import type { HcScratch } from "./hyperconnection.ts";
+import { hcFoldCount } from "./hc-fold.ts";
 import { hcMixCount, hcPartialCount } from "./hyperconnection.ts";
 import { attentionPartialBytes, ATTN_DECODE_SPLIT } from "./attention.ts";
 import { deltanetChunkBytes } from "./deltanet.ts";
@@ -56,6 +57,12 @@ export interface Scratch {
   y: RowsRef;
   /** Hyper-connection coefficients of the current site, and of the lookahead's read. */
   hc: HcScratch;
+  /**
+   * The next site's raw products as the last write into the streams left them (a fold:
+   * lib/gpu/hc-fold.ts), [rows][mixes + 1][d / 4] (51 KB a row at the 30b shape); one float
+   * a row when the model cannot fold (n = 1 or d % 16 != 0).
+   */
+  hcFold: RowsRef;
   la: { hc: HcScratch; xn: RowsRef; logits: RowsRef; ids: RowsRef; weights: RowsRef };
   /** DeltaNet rows, and the chunked form's work region (lib/gpu/deltanet.ts deltanetChunkBytes). */
   dn: { qkv: RowsRef; conv: RowsRef; z: RowsRef; b: RowsRef; a: RowsRef; o: RowsRef; work: { buffer: Buffer; offset: number; bytes: number } };
@@ -169,6 +176,7 @@ function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number;
   const partials = hcPartialCount(n, d);
   rows("hc.raw", partials);
   rows("hc.coeffs", mix);
+  rows("hcFold", n > 1 && d % 16 === 0 ? hcFoldCount(n, d) : 1);
   rows("la.hc.raw", partials);
   rows("la.hc.coeffs", mix);
   rows("la.xn", d);

@@ -177,6 +177,16 @@ function isBuiltinType(name: string): boolean {
  *  - `template [[host_name("x")]]` loses the attribute, which C++ does not
  *    allow at that place.
  */
+/** Whether the `{` at tokens[t] opens a struct, class or union body (the keyword since the last `;`, `{` or `}`). */
+function opensStructBody(tokens: { text: string }[], t: number): boolean {
+  for (let u = t - 1; u >= 0; u--) {
+    const x = tokens[u]!.text;
+    if (x === ";" || x === "{" || x === "}" || x === ")") return false;
+    if (x === "struct" || x === "class" || x === "union") return true;
+  }
+  return false;
+}
+
 export function rewriteForStrict(original: string): string {
   // host_name first, by pattern, so that instantiation macros (#define lines,
   // which the tokenizer skips) are covered too; blanks keep every position.
@@ -189,12 +199,16 @@ export function rewriteForStrict(original: string): string {
   for (let t = 0; t < tokens.length; t++) {
     const tok = tokens[t]!;
     if (tok.kind === "punct") {
-      if ("([{".includes(tok.text)) stack.push(tok.text);
+      // A struct's body ("S{") holds members, not automatic variables: a threadgroup
+      // pointer member stays as it is.
+      if (tok.text === "{") stack.push(opensStructBody(tokens, t) ? "S{" : "{");
+      else if ("([".includes(tok.text)) stack.push(tok.text);
       else if (")]}".includes(tok.text)) stack.pop();
       continue;
     }
     if (tok.text !== "threadgroup") continue;
-    const inFunction = stack.includes("{") && !stack.includes("(") && !stack.includes("[");
+    const braces = stack.filter((x) => x === "{" || x === "S{");
+    const inFunction = braces.at(-1) === "{" && !stack.includes("(") && !stack.includes("[");
     const prev = tokens[t - 1]?.text;
     if (!inFunction || !(prev === ";" || prev === "{" || prev === "}")) continue;
     // Find the declaration's end and whether it declares one name only.

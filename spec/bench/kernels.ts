@@ -34,7 +34,7 @@ import { encodeResidualAdd, encodeElementwise } from "../../lib/gpu/elementwise.
 import { encodeEmbed } from "../../lib/gpu/embed.ts";
 import type { EncodeContext, RowsRef, TensorRef } from "../../lib/gpu/dispatch.ts";
 import { encodeExpertLists, encodeMoeCombine, encodeRouterTopK, encodeRoutedExperts, encodeSharedExpert, type ExpertPool } from "../../lib/gpu/experts.ts";
-import { encodeHcCoefficients, encodeHcCoefficientsRead, encodeHcWrite, hcMixCount, type HcSiteRefs } from "../../lib/gpu/hyperconnection.ts";
+import { encodeHcCoefficients, encodeHcCoefficientsRead, encodeHcWrite, hcFold, hcFoldCount, hcMixCount, type HcSiteRefs } from "../../lib/gpu/hyperconnection.ts";
 import { encodeMtpInput } from "../../lib/gpu/mtp.ts";
 import { encodeRmsNorm, encodeRmsNormGated } from "../../lib/gpu/norms.ts";
 import { encodeMatvec } from "../../lib/gpu/projections.ts";
@@ -149,9 +149,9 @@ class Fixture {
     return { fn: this.weight([M, n * d], "bf16", 0.05), base: this.weight([M], "f32"), scale: this.weight([head ? 1 : 3], "f32") };
   }
 
-  /** Coefficients [nb][M] and the raw partials of `flat` = n*d stream values ([M + 1][chunks] a row). */
+  /** Coefficients [nb][M] and the raw partials of `flat` = n*d stream values ([M + 1][chunks rounded up to 4] a row). */
   scratch(nb: number, M: number, flat: number) {
-    return { raw: this.rows(nb, (M + 1) * Math.ceil(flat / 256)), coeffs: this.rows(nb, M) };
+    return { raw: this.rows(nb, (M + 1) * Math.ceil(Math.ceil(flat / 256) / 4) * 4), coeffs: this.rows(nb, M) };
   }
 }
 
@@ -255,6 +255,32 @@ function cases(f: Fixture): BenchCase[] {
         const coeffs = f.rows(nb, D.hcMix, 0.5);
         const y = f.rows(nb, d);
         return (ctx) => encodeHcWrite(ctx, X, coeffs, y, nb, n, d);
+      },
+    },
+    {
+      name: "hc write + the next site's partials (the fold)",
+      kernels: ["hc_write_fold_f32"],
+      shape: `${n} x ${d}, fn [${D.hcMix}, ${n * d}] bf16`,
+      setup(nb) {
+        const X = f.rows(nb, n * d);
+        const coeffs = f.rows(nb, D.hcMix, 0.5);
+        const y = f.rows(nb, d);
+        const fold = hcFold(f.site(), f.rows(nb, hcFoldCount(n, d)), cfg.hc, d);
+        return (ctx) => encodeHcWrite(ctx, X, coeffs, y, nb, n, d, fold);
+      },
+    },
+    {
+      name: "hc site read from folded partials",
+      kernels: ["hc_coeffs_read_norm_f32"],
+      shape: `partials [${D.hcMix + 1}, ${d / 4}], ${n} x ${d}`,
+      setup(nb) {
+        const X = f.rows(nb, n * d);
+        const site = f.site();
+        const s = f.scratch(nb, D.hcMix, n * d);
+        const folded = f.rows(nb, hcFoldCount(n, d));
+        const y = f.rows(nb, d);
+        const w = f.weight([d], "f32");
+        return (ctx) => encodeHcCoefficientsRead(ctx, X, site, s, y, nb, cfg.hc, d, { w, eps: cfg.rms_norm_eps }, false, folded);
       },
     },
     {

@@ -37,9 +37,9 @@ function siteWeights(dev: Device, n: number, d: number, seed: number, head = fal
   return { refs, host };
 }
 
-/** Coefficients [nb][M] and the raw partials of n*d = `flat` stream values ([M + 1][chunks] a row). */
+/** Coefficients [nb][M] and the raw partials of n*d = `flat` stream values ([M + 1][chunks rounded up to 4] a row). */
 function scratch(nb: number, M: number, flat: number): HcScratch {
-  const P = (M + 1) * Math.ceil(flat / 256);
+  const P = (M + 1) * Math.ceil(Math.ceil(flat / 256) / 4) * 4;
   return { raw: rows(outputF32(dev, nb * P), P), coeffs: rows(outputF32(dev, nb * M), M) };
 }
 

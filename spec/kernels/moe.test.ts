@@ -9,7 +9,7 @@ import type { DType } from "../../lib/model/config.ts";
 import { PART_ALIGN } from "../../lib/model/manifest.ts";
 import { moeRow, routerTopK, type MoeWeights } from "../../lib/reference/moe.ts";
 import { encodeResidualAdd } from "../../lib/gpu/elementwise.ts";
-import { encodeHcWrite, hcMixCount } from "../../lib/gpu/hyperconnection.ts";
+import { encodeHcWrite, hcFold, hcFoldCount, hcMixCount, type HcFold } from "../../lib/gpu/hyperconnection.ts";
 import type { ModelConfig } from "../../lib/model/config.ts";
 import type { Buffer } from "../../lib/shim.ts";
 import {
@@ -127,6 +127,8 @@ interface StreamsInto {
   X: Buffer;
   coeffs: Buffer | null;
   n: number;
+  /** The next site's raw products the write also leaves (hc-fold.test.ts pins the fold). */
+  fold?: HcFold;
 }
 
 /** Runs a whole MoE on nb rows of x and returns y with the reference's y per row. */
@@ -174,6 +176,7 @@ function runMoe(nb: number, dims: MoeDims, dtype: DType, opts: { missing?: numbe
       coeffs: opts.into.coeffs && rows(opts.into.coeffs, hcMixCount(opts.into.n)),
       streams: opts.into.n,
       d,
+      fold: opts.into.fold,
     };
     const combine = opts.fused ? { ids, weights, y: rows(y, d), shared: withShared, into } : undefined;
     encodeRoutedExperts(ctx, pool, uploadI32(dev, slotOf), lists, input, routed, nb, k, E, combine);
@@ -251,6 +254,34 @@ describe("whole MoE: router, lists, routed experts through slots, shared expert,
     const missingX = uploadF32(dev, X0);
     runMoe(1, dims, "q4", { fused: true, shared: withShared, missing: plain.ids[1]!, into: { X: missingX, coeffs, n } });
     expect(readF32(missingX, n * d).every(Number.isNaN)).toBe(true);
+  });
+
+  // With a fold (kernels/hc.h hc_store_lanes on simdgroup 0's lanes): the same stream bits,
+  // and the partials bits of hc_write_fold_f32 writing the same y (hc-fold.test.ts pins those).
+  test.each([[4, true], [4, false], [2, true]] as const)("moe_down_combine_hc with a fold, n = %i, shared expert %p", (n, withShared) => {
+    const dims: MoeDims = { d: 64, E: 16, k: 4, I: 96, SI: 64 };
+    const d = dims.d;
+    const M = hcMixCount(n);
+    const cfg = { streams: n, eps: 1e-6, sinkhorn_iters: 20 };
+    const X0 = randomF32(n * d, 95 + n, 2, "streams");
+    const coeffs = uploadF32(dev, randomF32(M, 96 + n, 1.5, "coeffs"));
+    const { refs: next } = uploadWeights(dev, {
+      fn: hostTensor(randomF32(M * n * d, 97, 0.2, "fn"), "bf16", [M, n * d]),
+      base: hostTensor(randomF32(M, 97, 1, "base"), "f32", [M]),
+      scale: hostTensor(new Float32Array([0.7, 1.3, 2.1]), "f32", [3]),
+    });
+    const part = (b: Buffer) => rows(b, hcFoldCount(n, d));
+    const fusedX = uploadF32(dev, X0);
+    const fusedP = outputF32(dev, hcFoldCount(n, d));
+    runMoe(1, dims, "q4", { fused: true, shared: withShared, into: { X: fusedX, coeffs, n, fold: hcFold(next, part(fusedP), cfg, d) } });
+    const plain = runMoe(1, dims, "q4", { fused: true, shared: withShared });
+    const writeX = uploadF32(dev, X0);
+    const writeP = outputF32(dev, hcFoldCount(n, d));
+    run(dev, (ctx) => encodeHcWrite(ctx, rows(writeX, n * d), rows(coeffs, M), rows(uploadF32(dev, plain.y), d), 1, n, d, hcFold(next, part(writeP), cfg, d)));
+    const bits = (b: Buffer, count: number) => [...new Uint32Array(b.bytes.buffer, b.bytes.byteOffset, count)];
+    expect(bits(fusedX, n * d)).toEqual(bits(writeX, n * d));
+    expect(bits(fusedP, hcFoldCount(n, d))).toEqual(bits(writeP, hcFoldCount(n, d)));
+    expect(bits(fusedP, hcFoldCount(n, d)).some((v) => v !== 0)).toBe(true);
   });
 
   test("fusesDownCombine: one row, q4 records, one pool buffer", () => {

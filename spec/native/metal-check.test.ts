@@ -221,6 +221,21 @@ template [[host_name("f_x")]] kernel void g<float>(device float *);
     expect(out).toMatch(/template\s+kernel void g<float>/);
     expect(out).not.toContain("host_name");
   });
+
+  test("a struct's threadgroup pointer member stays a member (inside a function's struct too)", () => {
+    const src = `struct Src {
+  threadgroup const float4* xs;
+};
+inline void f() {
+  struct Local { threadgroup float* p; };
+  threadgroup float a[4];
+}
+`;
+    const out = rewriteForStrict(src);
+    expect(out).toContain("  threadgroup const float4* xs;");
+    expect(out).toContain("struct Local { threadgroup float* p; };");
+    expect(out).toContain("static threadgroup float a[4];");
+  });
 });
 
 describeChecks("(b) objc: the Metal backend against Apple's declarations", () => {
