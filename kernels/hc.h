@@ -22,11 +22,13 @@ using namespace metal;
 // Stream j's new column X'_j = post_j y + sum_i comb[i][j] old_i (k: the row's coefficients
 // [pre (n) | post (n) | comb (n * n)]): the one expression of every write, so every writer
 // gives the same bits.
+// The products are added with explicit fma: left to the compiler, nvcc contracted the sum
+// differently in different writers (hc_write vs hc_store_lanes: 1 ulp apart on the H200).
 inline float4 hc_new_column(int n, int j, device const float* k, float4 yv, thread const float4* old) {
   float4 v = k[n + j] * yv;
   CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
     if (i < n) {
-      v += k[2 * n + i * n + j] * old[i];
+      v = fma(float4(k[2 * n + i * n + j]), old[i], v);
     }
   }
   return v;

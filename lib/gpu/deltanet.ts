@@ -159,10 +159,11 @@ const DELTANET_CHUNK_FLOATS = 2 * DELTANET_CHUNK * DELTANET_CHUNK + 4 * DELTANET
 /**
  * State columns per simdgroup of the chunked form's scan: 2 (deltanet_chunk_scan_f32, 96
  * registers a thread on sm_90) or 4 (deltanet_chunk_scan_c4_f32, 168: each k and q row loaded
- * serves four columns, half the warps). Both run the 30b shape's grid in one wave on the H200;
- * which is faster is the bench's to say (spec/bench/kernels.ts "deltanet chunk").
+ * serves four columns, half the warps). Both run the 30b shape's grid in one wave on the H200,
+ * where four measured faster (spec/bench/kernels.ts "deltanet chunk", 30b shape: 216 / 789 us
+ * at 256 / 1,024 rows against 278 / 847 for two; the row scan 580 / 2,219).
  */
-export const DELTANET_CHUNK_COLS: 2 | 4 = 2;
+export const DELTANET_CHUNK_COLS: 2 | 4 = 4;
 const SCAN_KERNEL = { 2: "deltanet_chunk_scan_f32", 4: "deltanet_chunk_scan_c4_f32" } as const;
 /** Largest key dim of the chunked form (DN_CHUNK_PER * 32). */
 export const DELTANET_CHUNK_MAX_KEY_DIM = 128;

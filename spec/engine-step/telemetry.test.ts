@@ -54,7 +54,9 @@ describe("routing traces", () => {
     steps.forEach((s, i) => {
       expect(s.tokens).toEqual(ref.trace[i]!.tokens);
       expect(s.experts).toEqual(ref.trace[i]!.experts);
-      s.weights.forEach((rows, l) => rows.forEach((ws, r) => ws.forEach((w, k) => expect(w).toBeCloseTo(ref.trace[i]!.weights[l]![r]![k]!, 5))));
+      // Weights within 5e-5: a GPU sums every layer in other orders than the reference (the
+      // H200: 7.7e-6 apart after the tiny model's layers); the experts above are exact.
+      s.weights.forEach((rows, l) => rows.forEach((ws, r) => ws.forEach((w, k) => expect(w).toBeCloseTo(ref.trace[i]!.weights[l]![r]![k]!, 4))));
       expect(s.misses).toHaveLength(4);
     });
     // Step 0 (prefill) routes every row: with a cold pool, every expert of its union misses.
