@@ -65,8 +65,9 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
   // cost dispatches (four a layer) and host work.
   const lookahead = gpu.lookahead && !gpu.pool.fullyResident(gpu.layersRun);
   // Each write into the streams folds the next site's raw products where it can (hc-fold.ts):
-  // every site but the first and those after a PLE injection, and the final read.
-  const fold = hcFolds(gpu.hc, d);
+  // every site but the first and those after a PLE injection, and the final read; not in a
+  // step large enough for the GEMM.
+  const fold = hcFolds(gpu.hc, d, nb, gpu.device.backend);
   const foldInto = (site: HcSiteRefs | null, head = false) => (fold && site ? hcFold(site, s.hcFold, gpu.hc, d, head) : undefined);
   let folded: RowsRef | undefined;
   live(ctx, step, (ctx, { pos0 }) => encodeEmbed(ctx, gpu.refs.embed, bind(seq.tokens, pos0 * 4), s.X, nb, c.hc.streams));

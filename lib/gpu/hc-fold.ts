@@ -4,6 +4,7 @@
 // instead of running hc_mix_partials. What a writer binds for it, and when a step folds.
 import type { Binding } from "../shim.ts";
 import { bind, type RowsRef, type TensorRef } from "./dispatch.ts";
+import { gemmMinRows } from "./gemm.ts";
 
 /** Mixes per row: 2n + n*n for a site, n for the final read (hcMixCount). */
 const mixCount = (n: number, head: boolean) => (head ? n : 2 * n + n * n);
@@ -12,12 +13,18 @@ const mixCount = (n: number, head: boolean) => (head ? n : 2 * n + n * n);
 export const hcFoldCount = (n: number, d: number, head = false) => (mixCount(n, head) + 1) * (d / 4);
 
 /**
- * Whether the writes of a step fold the next site's raw products: n > 1 (a site) and d % 16 ==
- * 0 (whole float4s of partials a mix, as the gather reads them), at every row count, so a
- * prompt chunk's rows get the bits token-by-token steps get. CHERENKOV_HC_FOLD=0 turns it off
- * (every site runs hc_mix_partials: an A/B on a GPU, and the test that counts what the fold saves).
+ * Whether the writes of a step of `rows` rows fold the next site's raw products: n > 1 (a site)
+ * and d % 16 == 0 (whole float4s of partials a mix, as the gather reads them), for steps below
+ * the GEMM's row threshold (gemmMinRows: every step on the CPU backend), so a prompt chunk's
+ * rows get the bits token-by-token steps get wherever the chunk's projections do. A chunk that
+ * takes the GEMM differs from token-by-token steps anyway, and there the fold's partials (one a
+ * float4 column and mix, 16 times what hc_mix_partials writes) cost more than they save: on
+ * the H200 a 256-token prompt ran at 1,396-1,438 tok/s folded, 1,622 without.
+ * CHERENKOV_HC_FOLD=0 turns it off (every site runs hc_mix_partials: an A/B on a GPU, and the
+ * test that counts what the fold saves).
  */
-export const hcFolds = (cfg: { streams: number }, d: number): boolean => cfg.streams > 1 && d % 16 === 0 && process.env.CHERENKOV_HC_FOLD !== "0";
+export const hcFolds = (cfg: { streams: number }, d: number, rows: number, backend: string): boolean =>
+  cfg.streams > 1 && d % 16 === 0 && process.env.CHERENKOV_HC_FOLD !== "0" && rows < gemmMinRows(backend);
 
 /** The next site a write folds: its fn ([mixes][n * d]) and where its partials go. */
 export interface HcFold {
