@@ -9,8 +9,8 @@ import { encodeResidualAdd } from "../../lib/gpu/elementwise.ts";
 import { encodeHcWrite, encodeProjectionWrite, hcMixCount, type SiteWrite } from "../../lib/gpu/hyperconnection.ts";
 import { encodeMatvec, prefersSplit } from "../../lib/gpu/projections.ts";
 import type { DType } from "../../lib/model/config.ts";
-import type { Buffer, Pipeline } from "../../lib/shim.ts";
-import { openDevice, randomF32, rows, run, uploadF32, uploadWeight } from "./harness.ts";
+import type { Buffer } from "../../lib/shim.ts";
+import { openDevice, randomF32, recordingNames, rows, run, uploadF32, uploadWeight } from "./harness.ts";
 
 const dev = openDevice();
 afterAll(() => dev.close());
@@ -31,12 +31,7 @@ function streamsCase(nb: number, n: number, d: number, inDim: number, seed: numb
 /** The pipelines a recording dispatches (names), and what it left in the device. */
 function recordNames(encode: (ctx: Parameters<Parameters<typeof run>[1]>[0]) => void): string[] {
   const names: string[] = [];
-  const cb = dev.commandBuffer();
-  const counting = { dispatch: (...a: Parameters<typeof cb.dispatch>) => (names.push((a[0] as Pipeline).name), cb.dispatch(...a)) };
-  encode({ device: dev, cb: counting as unknown as typeof cb });
-  cb.commit();
-  cb.waitUntilCompleted();
-  cb.release();
+  run(dev, (ctx) => encode(recordingNames(ctx, names)));
   return names;
 }
 

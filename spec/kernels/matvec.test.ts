@@ -4,10 +4,9 @@
 import { afterAll, describe, expect, test } from "bun:test";
 
 import { encodeMatvec, encodeMatvecs, oneRowForm, prefersSplit, splitSimdgroups } from "../../lib/gpu/projections.ts";
-import type { Pipeline } from "../../lib/shim.ts";
 import type { DType } from "../../lib/model/config.ts";
 import { matmulRows } from "../../lib/reference/ops.ts";
-import { expectClose, expectGuard, NB_CASES, openDevice, outputF32, randomF32, readF32, rows, run, uploadF32, uploadWeight } from "./harness.ts";
+import { expectClose, expectGuard, NB_CASES, openDevice, outputF32, randomF32, readF32, recordingNames, rows, run, uploadF32, uploadWeight } from "./harness.ts";
 
 const dev = openDevice();
 afterAll(() => dev.close());
@@ -183,19 +182,14 @@ describe("encodeMatvecs (matvec_multi: several projections of one input)", () =>
     const x = uploadF32(dev, randomF32(nb * inDim, 5, 1, "gemm-x"));
     const ys = all.map((w) => outputF32(dev, nb * w.shape[0]!));
     const names: string[] = [];
-    const cb = dev.commandBuffer();
-    const counting = { dispatch: (...a: Parameters<typeof cb.dispatch>) => (names.push((a[0] as Pipeline).name), cb.dispatch(...a)) };
     const saved = process.env.CHERENKOV_GEMM_MIN_ROWS;
     process.env.CHERENKOV_GEMM_MIN_ROWS = "32";
     try {
-      encodeMatvecs({ device: dev, cb: counting as unknown as typeof cb }, all.map((w, i) => ({ w, y: rows(ys[i]!, w.shape[0]!) })), rows(x, inDim), nb);
+      run(dev, (ctx) => encodeMatvecs(recordingNames(ctx, names), all.map((w, i) => ({ w, y: rows(ys[i]!, w.shape[0]!) })), rows(x, inDim), nb));
     } finally {
       if (saved === undefined) delete process.env.CHERENKOV_GEMM_MIN_ROWS;
       else process.env.CHERENKOV_GEMM_MIN_ROWS = saved;
     }
-    cb.commit();
-    cb.waitUntilCompleted();
-    cb.release();
     expect(names.map((n) => n.replace("_split", ""))).toEqual(["gemm_q4_f32", "gemm_q4_f32", "matvec_multi_bf16_f32"]);
   });
 
@@ -208,13 +202,10 @@ describe("encodeMatvecs (matvec_multi: several projections of one input)", () =>
     const ys = all.map((w) => outputF32(dev, w.shape[0]!));
     const sep = all.map((w) => outputF32(dev, w.shape[0]!));
     const names: string[] = [];
-    const cb = dev.commandBuffer();
-    const counting = { dispatch: (...a: Parameters<typeof cb.dispatch>) => (names.push((a[0] as Pipeline).name), cb.dispatch(...a)) };
-    encodeMatvecs({ device: dev, cb: counting as unknown as typeof cb }, all.map((w, i) => ({ w, y: rows(ys[i]!, w.shape[0]!) })), rows(x, inDim), 1, { mixed: true });
-    all.forEach((w, i) => encodeMatvec({ device: dev, cb }, w, rows(x, inDim), rows(sep[i]!, w.shape[0]!), 1, { form: w.dtype === "q4" ? "rows" : "split" }));
-    cb.commit();
-    cb.waitUntilCompleted();
-    cb.release();
+    run(dev, (ctx) => {
+      encodeMatvecs(recordingNames(ctx, names), all.map((w, i) => ({ w, y: rows(ys[i]!, w.shape[0]!) })), rows(x, inDim), 1, { mixed: true });
+      all.forEach((w, i) => encodeMatvec(ctx, w, rows(x, inDim), rows(sep[i]!, w.shape[0]!), 1, { form: w.dtype === "q4" ? "rows" : "split" }));
+    });
     expect(names).toEqual(["matvec_multi_q4_r1_f32"]);
     all.forEach((w, i) => {
       expect(readF32(ys[i]!, w.shape[0]!)).toEqual(readF32(sep[i]!, w.shape[0]!));
@@ -228,12 +219,7 @@ describe("encodeMatvecs (matvec_multi: several projections of one input)", () =>
     const x = uploadF32(dev, randomF32(inDim, 12, 1, "mixed-default-x"));
     const ys = all.map((w) => outputF32(dev, w.shape[0]!));
     const names: string[] = [];
-    const cb = dev.commandBuffer();
-    const counting = { dispatch: (...a: Parameters<typeof cb.dispatch>) => (names.push((a[0] as Pipeline).name), cb.dispatch(...a)) };
-    encodeMatvecs({ device: dev, cb: counting as unknown as typeof cb }, all.map((w, i) => ({ w, y: rows(ys[i]!, w.shape[0]!) })), rows(x, inDim), 1);
-    cb.commit();
-    cb.waitUntilCompleted();
-    cb.release();
+    run(dev, (ctx) => encodeMatvecs(recordingNames(ctx, names), all.map((w, i) => ({ w, y: rows(ys[i]!, w.shape[0]!) })), rows(x, inDim), 1));
     expect(names).toEqual(dev.backend === "cpu" ? ["matvec_q4_r1_f32", "matvec_multi_bf16_f32"] : ["matvec_multi_q4_r1_f32"]);
   });
 
@@ -245,13 +231,7 @@ describe("encodeMatvecs (matvec_multi: several projections of one input)", () =>
     const all = [...q, b];
     const ys = all.map((w) => outputF32(dev, 2 * w.shape[0]!));
     const names: string[] = [];
-    const cb = dev.commandBuffer();
-    // Records the pipeline of every dispatch, then passes it on.
-    const counting = { dispatch: (...a: Parameters<typeof cb.dispatch>) => (names.push((a[0] as Pipeline).name), cb.dispatch(...a)) };
-    encodeMatvecs({ device: dev, cb: counting as unknown as typeof cb }, all.map((w, i) => ({ w, y: rows(ys[i]!, w.shape[0]!) })), rows(x, inDim), 2);
-    cb.commit();
-    cb.waitUntilCompleted();
-    cb.release();
+    run(dev, (ctx) => encodeMatvecs(recordingNames(ctx, names), all.map((w, i) => ({ w, y: rows(ys[i]!, w.shape[0]!) })), rows(x, inDim), 2));
     // A lone projection keeps encodeMatvec's form (split for narrow weights on a GPU).
     expect(names.map((n) => n.replace("_split", ""))).toEqual(["matvec_multi_q4_f32", "matvec_q4_f32", "matvec_bf16_f32"]);
   });

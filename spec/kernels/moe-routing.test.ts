@@ -11,7 +11,7 @@ import { hcMixCount } from "../../lib/gpu/hyperconnection.ts";
 import { PART_ALIGN } from "../../lib/model/manifest.ts";
 import { tensorBytes } from "../../lib/model/tensors.ts";
 import { routerTopK } from "../../lib/reference/moe.ts";
-import type { Binding, Buffer, Pipeline } from "../../lib/shim.ts";
+import type { Binding, Buffer } from "../../lib/shim.ts";
 import {
   expectClose,
   expectExact,
@@ -22,6 +22,7 @@ import {
   randomF32,
   readF32,
   readI32,
+  recordingNames,
   rng,
   rows,
   run,
@@ -227,9 +228,8 @@ describe("encodeRouterLogits with the shared expert's gate", () => {
     const [logits, sg, logits1, sg1] = [E, 1, E, 1].map((n) => outputF32(dev, nb * n));
     const names: string[] = [];
     run(dev, (ctx) => {
-      const counting = { dispatch: (...a: Parameters<typeof ctx.cb.dispatch>) => (names.push((a[0] as Pipeline).name), ctx.cb.dispatch(...a)) };
       const cfg = { experts: E, top_k: 8, norm_topk_prob: true };
-      encodeRouterLogits({ ...ctx, cb: counting as unknown as typeof ctx.cb }, router, x, rows(logits!, E), nb, cfg, { w: gate, sg: rows(sg!, 1) });
+      encodeRouterLogits(recordingNames(ctx, names), router, x, rows(logits!, E), nb, cfg, { w: gate, sg: rows(sg!, 1) });
       encodeMatvec(ctx, router, x, rows(logits1!, E), nb);
       encodeMatvec(ctx, gate, x, rows(sg1!, 1), nb);
     });
