@@ -340,25 +340,22 @@ inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_di
 
 // A one-row q4 pass whose input row is staged in threadgroup memory (mv_stage_x) by the
 // threadgroup, for rows of at most MV_STAGE_COLS columns: one tile a lane covers them, and the
-// lane loads it before the staging and its barrier, so the two trips to memory overlap (with
-// the loads after the barrier, moe_gate_up_pairs took 23 us on the H200 instead of 18), then
-// takes the dot on the staged row. (A second tile after the barrier, for wider rows, raised
-// moe_gate_up_pairs from 168 to 248 registers: wider rows read x from device memory.)
+// lane loads it before the staging and its barrier, so the two trips to memory overlap, then
+// takes the dot on the staged row. (With a second tile after the barrier, for wider rows, a
+// gate/up kernel rose from 168 to 248 registers on sm_90: wider rows read x from device
+// memory. Staging did not pay for moe_gate_up_pairs at all: 22-25 us against 18 on the H200.)
 // `active` (uniform per simdgroup): whether this simdgroup has rows to compute; every thread
 // reaches the barrier. Returns `active`.
 #define MV_STAGE_COLS (MV_Q4_BATCH * 32 * 32)
-template <bool TWO>
-inline bool mv_pass_q4_staged(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim, bool active,
-                              threadgroup float4* xs, device const uchar* x_row, bool has_row, int tid, int threads,
-                              thread float4* acc0, thread float4* acc1, int lane) {
+inline bool mv_pass_q4_staged(device const uchar* w, int in_dim, int o0, int out_dim, bool active, threadgroup float4* xs,
+                              device const uchar* x_row, bool has_row, int tid, int threads, thread float4* acc, int lane) {
   constexpr int U = MV_Q4_BATCH;
   const uint groups = uint(in_dim) / 32u;
-  const Q4Rows r0 = q4_rows(w0, in_dim, o0, out_dim);
-  const Q4Rows r1 = q4_rows(TWO ? w1 : w0, in_dim, o0, out_dim);
-  Q4Tile<TWO, U> t = {};  // (only read when loaded)
+  const Q4Rows r = q4_rows(w, in_dim, o0, out_dim);
+  Q4Tile<false, U> t = {};  // (only read when loaded)
   const uint g0 = uint(lane);
   if (active && g0 < groups) {
-    q4_tile_load<TWO, U>(t, r0, r1, g0, groups, 32);
+    q4_tile_load<false, U>(t, r, r, g0, groups, 32);
   }
   if (has_row) {
     mv_stage_x(xs, x_row, in_dim, tid, threads);
@@ -368,7 +365,7 @@ inline bool mv_pass_q4_staged(device const uchar* w0, device const uchar* w1, in
     return false;
   }
   if (g0 < groups) {
-    q4_tile_dot<TWO, 1, U, Q4XStaged>(t, g0, groups, 32, Q4XStaged{xs}, 1, acc0, acc1);
+    q4_tile_dot<false, 1, U, Q4XStaged>(t, g0, groups, 32, Q4XStaged{xs}, 1, acc, acc);
   }
   return true;
 }

@@ -288,8 +288,8 @@ template <typename T, int NR>
     return;
   }
   float4 acc[1] = {float4(0.0f)};
-  if (mv_pass_q4_staged<false>(w, w, p.in_dim, o0, out_dim, active, xs, x + ulong(r) * p.x_stride, r < p.rows, int(sg) * 32 + int(lane),
-                               int(nsg) * 32, acc, acc, int(lane))) {
+  if (mv_pass_q4_staged(w, p.in_dim, o0, out_dim, active, xs, x + ulong(r) * p.x_stride, r < p.rows, int(sg) * 32 + int(lane), int(nsg) * 32,
+                        acc, int(lane))) {
     mv_reduce<1>(acc, 1);
     if (lane == 0) {
       mv_store(y, y_stride, r, o0, out_dim, acc[0], false);
