@@ -46,9 +46,7 @@ inline void hc_write_column(device float4* X, int c4s, int c4, int n, device con
     }
   }
   CK_ROLLED for (int j = 0; j < n; j++) {
-    {
-      X[j * c4s + c4] = hc_new_column(n, j, k, yv, old);
-    }
+    X[j * c4s + c4] = hc_new_column(n, j, k, yv, old);
   }
 }
 
