@@ -39,14 +39,18 @@ test("doctor --json: auto's choice and reason, the cpu device's limits, the libr
   expect(cpu.limits.maxWorkingSet).toBeGreaterThan(0);
   // "small": 9 expert layers x 32 experts, all of which fit this machine's budget.
   expect(out.model.experts).toBe(288);
-  expect(out.model.pool).toMatchObject({ backend: "cpu", slots: 288, buffers: 1 });
+  // The pool is planned on auto's backend, or (auto: reference) the first backend with device limits.
+  const withLimits = out.backends.filter((b: { limits?: unknown }) => b.limits).map((b: { backend: string }) => b.backend);
+  const planned = withLimits.includes(out.auto.backend) ? out.auto.backend : withLimits[0];
+  expect(out.model.pool).toMatchObject({ backend: planned, slots: 288, buffers: 1 });
   if (process.platform === "linux") expect(out.backends.map((b: { backend: string }) => b.backend)).toEqual(["cuda", "cpu"]);
 });
 
 test("doctor as a process: a device whose largest buffer is small gets the pool in several buffers, said in words", () => {
   const proc = Bun.spawnSync([process.execPath, "lib/cli/main.ts", "doctor", model.dir], {
     cwd: ROOT,
-    env: { ...process.env, CHERENKOV_CPU_MAX_BUFFER_LENGTH: String(8 * 1024 * 1024) },
+    // The cpu device's limit is what the variable narrows: the pool must be sized for cpu.
+    env: { ...process.env, CHERENKOV_BACKEND: "cpu", CHERENKOV_CPU_MAX_BUFFER_LENGTH: String(8 * 1024 * 1024) },
   });
   const text = proc.stdout.toString();
   expect(proc.exitCode).toBe(0);

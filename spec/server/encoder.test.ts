@@ -7,6 +7,7 @@ import { encodeChat } from "../../lib/model/chat-encode.ts";
 import { loadTokenizer, type TextTokenizer } from "../../lib/model/tokenizer.ts";
 import { PromptEncoder } from "../../lib/server/encoder.ts";
 import { ApiError } from "../../lib/server/errors.ts";
+import { STALL_TEXT } from "./fixtures/stalling-encoder-worker.ts";
 
 let tok: TextTokenizer;
 let encoder: PromptEncoder;
@@ -15,14 +16,16 @@ let hurried: PromptEncoder;
 beforeAll(async () => {
   tok = await loadTokenizer(DEFAULT_MODEL_DIR);
   encoder = new PromptEncoder(tok);
-  hurried = new PromptEncoder(tok, { timeoutMs: 1000 });
+  // Its worker never answers STALL_TEXT: the slow job is past the limit on any machine.
+  hurried = new PromptEncoder(tok, { timeoutMs: 1000, workerUrl: STALLING_WORKER });
 });
 afterAll(() => {
   encoder.close();
   hurried.close();
 });
 
-const huge = "def f(x):\n    return x * 2  # words here\n".repeat(60_000); // seconds of tokenizing
+/** The encoder's worker, except that a text job for STALL_TEXT never answers. */
+const STALLING_WORKER = new URL("./fixtures/stalling-encoder-worker.ts", import.meta.url).href;
 
 test("text and chat ids equal the tokenizer's own", async () => {
   expect(await encoder.info()).toEqual({ hasChatTemplate: true, tools: false });
@@ -33,7 +36,7 @@ test("text and chat ids equal the tokenizer's own", async () => {
 
 test("a job past the time limit is 400 prompt_too_slow; the jobs queued behind it still run", async () => {
   await hurried.info();
-  const slow = hurried.text(huge, "prompt").catch((err) => err);
+  const slow = hurried.text(STALL_TEXT, "prompt").catch((err) => err);
   // queued while the slow one runs: on the old encoder their timers ran from here and the slow
   // job's timeout failed them all
   const innocent = ["hello", "import os", "x = 1"].map((t) => hurried.text(t, "prompt"));
@@ -66,9 +69,9 @@ test("a prompt longer than the context can hold is refused before it is tokenize
 });
 
 test("a full queue refuses with 503 queue_full; a wait past the limit is 503 queue_timeout", async () => {
-  const small = new PromptEncoder(tok, { maxWaiting: 1, maxWaitMs: 50, timeoutMs: 30_000 });
+  const small = new PromptEncoder(tok, { maxWaiting: 1, maxWaitMs: 50, timeoutMs: 30_000, workerUrl: STALLING_WORKER });
   try {
-    const running = small.text(huge, "prompt"); // occupies the worker for seconds
+    const running = small.text(STALL_TEXT, "prompt"); // occupies the worker until close()
     const waiting = small.text("a", "prompt").catch((err) => err);
     const refused = await small.text("b", "prompt").catch((err) => err);
     expect((refused as ApiError).code).toBe("queue_full");

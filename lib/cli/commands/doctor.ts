@@ -196,7 +196,8 @@ export async function doctorCommand(argv: string[], io: CliIO): Promise<number> 
   if (dir) {
     const files = await openModel(dir);
     try {
-      const device = backends.find((b) => b.limits);
+      // The pool the model gets: on auto's backend when it is a device backend, else the first here.
+      const device = backends.find((b) => b.limits && b.backend === auto.backend) ?? backends.find((b) => b.limits);
       model = { dir, experts: files.expertLayout.layers * files.expertLayout.perLayer, recordBytes: files.expertLayout.stride };
       if (device?.limits) {
         try {
