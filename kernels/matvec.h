@@ -12,6 +12,7 @@
 #define CHERENKOV_MATVEC_H
 
 #include <metal_stdlib>
+#include "grid.h"
 #include "unroll.h"
 
 using namespace metal;
@@ -105,6 +106,28 @@ struct Weights<uchar> {
     return q4_load1(w, total, e);
   }
 };
+
+// Prefetches (kernels/grid.h) what rows [o0, o0 + MV_R) of a weight of out_dim rows of in_dim
+// elements are made of: the rows' elements, and for q4 their scales and biases. Called by one
+// lane before the kernel's ck_inputs_ready(); the rows past out_dim are not asked for. The
+// last argument only picks the storage type (overloads: q4 is uchar).
+template <typename T>
+inline void mv_prefetch_rows(device const uchar* w, ulong n, int o0, int rows, int out_dim, thread const T*) {
+  ck_prefetch(w + ulong(o0) * n * sizeof(T), uint(ulong(rows) * n * sizeof(T)));
+}
+inline void mv_prefetch_rows(device const uchar* w, ulong n, int o0, int rows, int out_dim, thread const uchar*) {
+  const ulong total = ulong(out_dim) * n;  // nibbles, then bf16 scales and biases a group of 32
+  ck_prefetch(w + ulong(o0) * n / 2, uint(ulong(rows) * n / 2));
+  ck_prefetch(w + total / 2 + ulong(o0) * n / 16, uint(ulong(rows) * n / 16));
+  ck_prefetch(w + total / 2 + total / 16 + ulong(o0) * n / 16, uint(ulong(rows) * n / 16));
+}
+template <typename T>
+inline void mv_prefetch_tile(device const uchar* w, int in_dim, int o0, int out_dim) {
+  const int rows = min(MV_R, out_dim - o0);
+  if (rows > 0) {
+    mv_prefetch_rows(w, ulong(in_dim), o0, rows, out_dim, (thread const T*)nullptr);
+  }
+}
 
 // ---- one pass: acc[j][i] += W[o0 + i] . x_j for the first nx (<= MV_NR) batch rows -----
 // Rows of W past out_dim are clamped (their results are never written); x rows arrive as

@@ -51,6 +51,10 @@ template <typename T, int NR>
   if (o0 >= p.out_dim || r_begin >= r_end) {
     return;  // uniform per simdgroup
   }
+  if (lane == 0) {
+    mv_prefetch_tile<T>(w, p.in_dim, o0, p.out_dim);
+  }
+  ck_inputs_ready();
   matvec_simdgroup<T, NR>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride, p.accumulate != 0, lane);
 }
 
@@ -117,6 +121,10 @@ template <typename T, int NR>
   if (o0 >= p.out_dim || r_begin >= r_end) {
     return;  // uniform per threadgroup: no barrier is left waiting
   }
+  if (sg == 0 && lane == 0) {
+    mv_prefetch_tile<T>(w, p.in_dim, o0, p.out_dim);
+  }
+  ck_inputs_ready();
   matvec_split_tg<T, NR>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride, p.accumulate != 0, &part[0][0], sg, lane, int(nsg));
 }
 
@@ -155,6 +163,10 @@ template <typename T, int NR>
   if (o0 >= p.out_dim || r_begin >= r_end) {
     return;  // uniform per simdgroup
   }
+  if (lane == 0) {
+    mv_prefetch_tile<T>(w, p.in_dim, o0, p.out_dim);
+  }
+  ck_inputs_ready();
   matvec_simdgroup<T, NR, true>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, X, 0, false, lane,
                                 matvec_hc_target(p, X, coeffs, fold_fn, fold_part));
 }
@@ -180,6 +192,10 @@ template <typename T, int NR>
   if (o0 >= p.out_dim || r_begin >= r_end) {
     return;  // uniform per threadgroup: no barrier is left waiting
   }
+  if (sg == 0 && lane == 0) {
+    mv_prefetch_tile<T>(w, p.in_dim, o0, p.out_dim);
+  }
+  ck_inputs_ready();
   matvec_split_tg<T, NR, true>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, X, 0, false, &part[0][0], sg, lane,
                                int(nsg), matvec_hc_target(p, X, coeffs, fold_fn, fold_part));
 }
@@ -226,6 +242,10 @@ template <typename T, int NR>
   if (o0 >= out_dim || r_begin >= r_end) {
     return;  // uniform per simdgroup
   }
+  if (lane == 0) {
+    mv_prefetch_tile<T>(w, p.in_dim, o0, out_dim);
+  }
+  ck_inputs_ready();
   matvec_simdgroup<T, NR>(w, p.in_dim, o0, out_dim, x, p.x_stride, r_begin, r_end, y, y_stride, false, lane);
 }
 
@@ -268,6 +288,10 @@ template <typename T, int NR>
     device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
     device uchar* y = i == 0 ? y0 : i == 1 ? y1 : i == 2 ? y2 : y3;
     if (r < r_end) {
+      if (sg == 0 && lane == 0) {
+        mv_prefetch_tile<bfloat>(w, p.in_dim, tile * MV_R, p.out_dim[i]);
+      }
+      ck_inputs_ready();
       matvec_split_tg<bfloat, 1>(w, p.in_dim, tile * MV_R, p.out_dim[i], x, p.x_stride, r, r_end, y, p.y_stride[i], false, part, sg, lane,
                                  int(nsg));
     }
@@ -281,6 +305,10 @@ template <typename T, int NR>
   const ulong y_stride = p.y_stride[i];
   const int o0 = tile * MV_R;
   const bool active = i >= p.dense_count && o0 < out_dim && r < r_end;  // uniform per simdgroup
+  if (active && lane == 0) {
+    mv_prefetch_tile<uchar>(w, p.in_dim, o0, out_dim);
+  }
+  ck_inputs_ready();  // every simdgroup stages x
   if (p.in_dim > MV_STAGE_COLS || p.rows_per_group != 1) {  // uniform: x from device memory
     if (active) {
       matvec_simdgroup<uchar, 1>(w, p.in_dim, o0, out_dim, x, p.x_stride, r, r_end, y, y_stride, false, lane);
@@ -328,6 +356,10 @@ template <typename T, int NR>
   if (o0 >= out_dim || r_begin >= r_end) {
     return;  // uniform per threadgroup
   }
+  if (sg == 0 && lane == 0) {
+    mv_prefetch_tile<T>(w, p.in_dim, o0, out_dim);
+  }
+  ck_inputs_ready();
   matvec_split_tg<T, NR>(w, p.in_dim, o0, out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride[i], false, &part[0][0], sg, lane, int(nsg));
 }
 

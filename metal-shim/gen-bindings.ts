@@ -32,6 +32,12 @@ export interface KernelEntry {
    * which lets a compiler give each thread more registers (CUDA: __launch_bounds__(N)).
    */
   maxThreads: number | null;
+  /**
+   * The kernel's body (or its template's) calls ck_inputs_ready() (kernels/grid.h): it waits
+   * for the previous dispatch's results itself, after reading what no dispatch writes, so the
+   * CUDA entry does not wait first (metal-shim/cuda/gen.ts).
+   */
+  waitsForInputs: boolean;
 }
 
 /** The builtin attributes the CPU backend binds (see metal-shim/cpu/bind.h). */
@@ -151,6 +157,7 @@ interface Found {
   params: string[] | null;
   line: number;
   maxThreads: number | null;
+  waitsForInputs: boolean;
 }
 
 /** Finds every `kernel` declaration in one source. */
@@ -208,12 +215,19 @@ export function findKernels(source: string, file: string): Found[] {
     }
     let params: string[] | null = null;
     let hasBody = false;
+    let waitsForInputs = false;
     if (code[pos] === "(") {
       const end = matchBracket(code, pos);
       if (end < 0) throw new KernelParseError(`${where}: unbalanced (...) in kernel ${name}`);
       params = splitParams(code.slice(pos + 1, end - 1));
       const after = code.slice(end).trimStart();
       hasBody = after.startsWith("{");
+      if (hasBody) {
+        const open = code.indexOf("{", end);
+        const close = matchBracket(code, open);
+        if (close < 0) throw new KernelParseError(`${where}: unbalanced {...} in kernel ${name}`);
+        waitsForInputs = /\bck_inputs_ready\s*\(/.test(code.slice(open, close));
+      }
       if (!hasBody && !after.startsWith(";"))
         throw new KernelParseError(`${where}: kernel ${name}: expected { or ; after the parameter list`);
     } else if (code[pos] !== ";") {
@@ -222,7 +236,7 @@ export function findKernels(source: string, file: string): Found[] {
     const kind = isTemplate ? "template" : isInstantiation ? "instantiation" : hasBody ? "definition" : "declaration";
     if (kind === "instantiation" && !hostName)
       throw new KernelParseError(`${where}: explicit instantiation of ${name} needs [[host_name("...")]]`);
-    found.push({ name, templateArgs, hostName, kind, params, line, maxThreads });
+    found.push({ name, templateArgs, hostName, kind, params, line, maxThreads, waitsForInputs });
   }
   return found;
 }
@@ -312,7 +326,7 @@ export function parseKernelTable(root: string, kernelsDir = join(root, "kernels"
 export function collectKernels(root: string, kernelsDir = join(root, "kernels")): Map<string, KernelEntry[]> {
   const all = listSources(kernelsDir, [".metal", ".h"]);
   const perFile = new Map<string, Found[]>();
-  const templates = new Map<string, { params: string[]; where: string; maxThreads: number | null }>();
+  const templates = new Map<string, { params: string[]; where: string; maxThreads: number | null; waitsForInputs: boolean }>();
   for (const path of all) {
     const rel = relative(root, path);
     const found = findKernels(readFileSync(path, "utf8"), rel);
@@ -322,7 +336,7 @@ export function collectKernels(root: string, kernelsDir = join(root, "kernels"))
       const prev = templates.get(f.name);
       if (prev && prev.params.join() !== f.params!.join())
         throw new KernelParseError(`${rel}:${f.line}: template kernel ${f.name} is also defined at ${prev.where}`);
-      templates.set(f.name, { params: f.params!, where: `${rel}:${f.line}`, maxThreads: f.maxThreads });
+      templates.set(f.name, { params: f.params!, where: `${rel}:${f.line}`, maxThreads: f.maxThreads, waitsForInputs: f.waitsForInputs });
     }
   }
   const byFile = new Map<string, KernelEntry[]>();
@@ -338,11 +352,13 @@ export function collectKernels(root: string, kernelsDir = join(root, "kernels"))
         throw new KernelParseError(`${where}: kernel ${f.name}: define and instantiate kernels in kernels/*.metal, not in headers`);
       let params = f.params;
       let maxThreads = f.maxThreads;
+      let waitsForInputs = f.waitsForInputs;
       if (f.kind === "instantiation" && !params) {
         const t = templates.get(f.name);
         if (!t) throw new KernelParseError(`${where}: instantiation of ${f.name}, but no template kernel ${f.name} is defined`);
         params = t.params;
         maxThreads ??= t.maxThreads;
+        waitsForInputs = t.waitsForInputs;
       }
       const name = f.hostName ?? f.name;
       if (!/^[A-Za-z_]\w*$/.test(name)) throw new KernelParseError(`${where}: kernel name "${name}" is not an identifier`);
@@ -353,7 +369,7 @@ export function collectKernels(root: string, kernelsDir = join(root, "kernels"))
       const indices = bindings.flatMap((b) => (b.kind === "buffer" ? [b.index] : []));
       const dup = indices.find((x, i) => indices.indexOf(x) !== i);
       if (dup !== undefined) throw new KernelParseError(`${where}: kernel ${name} declares [[buffer(${dup})]] twice`);
-      entries.push({ name, fn: f.name + (f.templateArgs ?? ""), params: bindings, where, maxThreads });
+      entries.push({ name, fn: f.name + (f.templateArgs ?? ""), params: bindings, where, maxThreads, waitsForInputs });
     }
     if (isMetal) byFile.set(path, entries);
   }

@@ -79,7 +79,9 @@ export function generateCuda(root: string, genDir: string): { sources: string[];
         [
           // The MSL bound, else the device maximum (64 registers a thread: hot kernels declare theirs).
           `extern "C" __global__ void __launch_bounds__(${k.maxThreads ?? 1024}) ckg_${k.name}(const ck::Launch L) {`,
-          `  ck::after_previous_grid();`,
+          // A kernel that calls ck_inputs_ready() (kernels/grid.h) waits there, after its
+          // prefetches; it waits here too when it must read the cancel word (a previous command's write).
+          k.waitsForInputs ? `  if (L.cancel != nullptr) ck::after_previous_grid();` : `  ck::after_previous_grid();`,
           `  ck::Builtins b;`,
           `  if ((L.cancel != nullptr && *L.cancel) || !ck::setup(L, b)) return;`,
           `  ck::Invoke<&${ns}::${k.fn}>::run<${binders(k)}>(L, b);`,

@@ -56,6 +56,13 @@ test("every pipeline of kernels/ gets one __global__ entry point and one table r
     expect(bound("matvec_split_q4_f32")).toBe(256);
     expect(bound("moe_gate_up_q4_f32")).toBe(128);
     expect(bound("moe_down_q4_f32")).toBe(128);
+    // A kernel that calls ck_inputs_ready() (kernels/grid.h) is not made to wait at its entry,
+    // except when it must read the cancel word; every other kernel waits there first.
+    const entry = (name: string) => text.slice(text.indexOf(`ckg_${name}(`)).split("\n")[1]!.trim();
+    const waiting = pipelines.filter((k) => k.waitsForInputs).map((k) => k.name);
+    expect(waiting).toEqual(expect.arrayContaining(["matvec_multi_q4_r1_f32", "matvec_split_hc_q4_r1_f32", "matvec_split_bf16_f32", "matvec_q4_r1_f32"]));
+    for (const k of pipelines)
+      expect(entry(k.name)).toBe(k.waitsForInputs ? "if (L.cancel != nullptr) ck::after_previous_grid();" : "ck::after_previous_grid();");
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

@@ -69,6 +69,26 @@ template [[host_name("tmpl_f32")]] kernel decltype(tmpl<float>) tmpl<float>;
     ]);
   });
 
+  test("a kernel whose body calls ck_inputs_ready() waits for its inputs itself; an instantiation takes its template's", () => {
+    const src = `
+inline void helper() { ck_inputs_ready(); }
+kernel void waits(device float* x [[buffer(1)]]) { prefetch(); ck_inputs_ready (); x[0] = 1; }
+kernel void through_helper(device float* x [[buffer(1)]]) { helper(); }
+// ck_inputs_ready() in a comment
+kernel void plain(device float* x [[buffer(1)]]) { x[0] = 2; }
+template <typename T>
+kernel void tmpl(device T* y [[buffer(2)]]) { ck_inputs_ready(); }
+template [[host_name("tmpl_f32")]] kernel decltype(tmpl<float>) tmpl<float>;
+`;
+    expect(findKernels(src, "k.metal").map((f) => [f.name, f.waitsForInputs])).toEqual([
+      ["waits", true],
+      ["through_helper", false], // only the kernel's own body counts: the entry then waits first (harmless)
+      ["plain", false],
+      ["tmpl", true],
+      ["tmpl", false],
+    ]);
+  });
+
   test("a field named kernel (p.kernel, p->kernel) is not a declaration", () => {
     const src = `kernel void k(constant P& p [[buffer(0)]], device float* y [[buffer(1)]]) { y[0] = p.kernel + q->kernel; }`;
     expect(findKernels(src, "k.metal").map((f) => f.name)).toEqual(["k"]);
