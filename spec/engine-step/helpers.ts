@@ -83,9 +83,10 @@ export async function countDispatches(body: () => Promise<void>): Promise<Map<st
 }
 
 /**
- * How far a traced router weight may lie from the reference's: a GPU sums every layer in other
- * orders than the reference, and the differences grow through the layers before the router
- * (the H200: 7.7e-6 after the tiny model's layers, 3.7e-5 after six steps of a golden model's).
- * The expert ids beside the weights are compared exactly.
+ * How far a traced router weight may lie from the reference's. A prompt of 16+ rows takes the
+ * tiled GEMM, whose split bf16 operands are good to about 2^-16 of |w x| (docs/model.md R7: it
+ * moves golden logit margins by up to 7.9e-4), and a GPU sums every layer in other orders than
+ * the reference: on the H200 the golden model's traced weights moved by up to 2.6e-4 (the tiny
+ * model's: 7.7e-6). The expert ids beside the weights are compared exactly.
  */
-export const ROUTER_WEIGHT_TOLERANCE = 2e-4;
+export const ROUTER_WEIGHT_TOLERANCE = 1e-3;
