@@ -90,3 +90,10 @@ export async function countDispatches(body: () => Promise<void>): Promise<Map<st
  * model's: 7.7e-6). The expert ids beside the weights are compared exactly.
  */
 export const ROUTER_WEIGHT_TOLERANCE = 1e-3;
+
+/** The largest |a - b| over two traces' router weights ([layer][row][k]). */
+export function maxWeightError(a: number[][][], b: number[][][]): number {
+  let max = 0;
+  a.forEach((rows, l) => rows.forEach((ws, r) => ws.forEach((w, k) => (max = Math.max(max, Math.abs(w - b[l]![r]![k]!))))));
+  return max;
+}

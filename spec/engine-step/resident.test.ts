@@ -18,7 +18,7 @@ import { openModel } from "../../lib/model/format.ts";
 import { generateGreedy } from "../../lib/reference/index.ts";
 import { goldenCases } from "../golden/cases.ts";
 import { buildGoldenModel, type GoldenRecord } from "../golden/golden.ts";
-import { goldenRecord, ROUTER_WEIGHT_TOLERANCE, tempDir } from "./helpers.ts";
+import { goldenRecord, maxWeightError, ROUTER_WEIGHT_TOLERANCE, tempDir } from "./helpers.ts";
 import { BACKEND } from "../selected-backend.ts";
 
 const c = goldenCases.find((x) => x.name === "tiny-all-s1")!;
@@ -156,7 +156,7 @@ test("routing traces see every layer's ids in the resident path, equal to the re
   steps.forEach((s, i) => {
     expect(s.tokens).toEqual(ref.trace[i]!.tokens);
     expect(s.experts).toEqual(ref.trace[i]!.experts);
-    s.weights.forEach((rows, l) => rows.forEach((ws, row) => ws.forEach((w, k) => expect(Math.abs(w - ref.trace[i]!.weights[l]![row]![k]!)).toBeLessThan(ROUTER_WEIGHT_TOLERANCE))));
+    expect(maxWeightError(s.weights, ref.trace[i]!.weights)).toBeLessThan(ROUTER_WEIGHT_TOLERANCE);
     expect(s.misses).toEqual([[], [], [], []]);
     expect(s.predicted).toBeUndefined();
   });

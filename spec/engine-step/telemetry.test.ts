@@ -11,7 +11,7 @@ import { openModel } from "../../lib/model/format.ts";
 import { generateGreedy } from "../../lib/reference/index.ts";
 import { goldenCases } from "../golden/cases.ts";
 import { buildGoldenModel } from "../golden/golden.ts";
-import { greedy, openEngine, ROUTER_WEIGHT_TOLERANCE, tempDir } from "./helpers.ts";
+import { greedy, openEngine, maxWeightError, ROUTER_WEIGHT_TOLERANCE, tempDir } from "./helpers.ts";
 import { BACKEND } from "../selected-backend.ts";
 
 const c = goldenCases.find((x) => x.name === "tiny-all-s2")!;
@@ -54,7 +54,7 @@ describe("routing traces", () => {
     steps.forEach((s, i) => {
       expect(s.tokens).toEqual(ref.trace[i]!.tokens);
       expect(s.experts).toEqual(ref.trace[i]!.experts);
-      s.weights.forEach((rows, l) => rows.forEach((ws, r) => ws.forEach((w, k) => expect(Math.abs(w - ref.trace[i]!.weights[l]![r]![k]!)).toBeLessThan(ROUTER_WEIGHT_TOLERANCE))));
+      expect(maxWeightError(s.weights, ref.trace[i]!.weights)).toBeLessThan(ROUTER_WEIGHT_TOLERANCE);
       expect(s.misses).toHaveLength(4);
     });
     // Step 0 (prefill) routes every row: with a cold pool, every expert of its union misses.
