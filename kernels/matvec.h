@@ -133,11 +133,28 @@ inline void mv_prefetch_tile(device const uchar* w, int in_dim, int o0, int out_
 // Rows of W past out_dim are clamped (their results are never written); x rows arrive as
 // byte offsets from x so the caller decides where each batch row lives.
 
+// Where a dense pass reads its x: batch rows in device memory (MvXDevice), or one row staged in
+// threadgroup memory in mv_stage_x's layout (MvXStaged). load4(j, c): elements c .. c + 3 of
+// batch row j (c % 4 == 0).
+struct MvXDevice {
+  device const uchar* x;
+  thread const ulong* xoff;
+  inline float4 load4(int j, int c) const {
+    return *((device const float4*)(x + xoff[j] + ulong(c) * 4));
+  }
+};
+struct MvXStaged {
+  threadgroup const float4* xs;
+  inline float4 load4(int j, int c) const {
+    const uint i = uint(c) / 4u, g = i / 8u;
+    return xs[g * 8u + ((i & 7u) ^ (g & 7u))];
+  }
+};
+
 // `lane` of `lanes` splits the input dimension: a simdgroup's 32 lanes (lanes = 32), or every
 // lane of a threadgroup that shares its weight rows (matvec_split).
-template <typename WL, int NR>
-inline void mv_pass_dense(device const uchar* w, int in_dim, int o0, int out_dim,
-                          device const uchar* x, thread const ulong* xoff, int nx,
+template <typename WL, int NR, typename XS>
+inline void mv_pass_dense(device const uchar* w, int in_dim, int o0, int out_dim, XS xsrc, int nx,
                           thread float4* acc, int lane, int lanes) {
   ulong wrow[MV_R];
   for (int i = 0; i < MV_R; i++) {
@@ -149,7 +166,7 @@ inline void mv_pass_dense(device const uchar* w, int in_dim, int o0, int out_dim
       wv[i] = WL::load4(w, wrow[i] + ulong(c));
     }
     for (int j = 0; j < NR; j++) if (j < nx) {
-      float4 xv = *((device const float4*)(x + xoff[j] + ulong(c) * 4));
+      float4 xv = xsrc.load4(j, c);
       acc[j] += float4(dot(wv[0], xv), dot(wv[1], xv), dot(wv[2], xv), dot(wv[3], xv));
     }
   }
@@ -399,16 +416,16 @@ template <typename T, int NR>
 struct MvPass {
   static void run(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
                   thread const ulong* xoff, int nx, thread float4* acc, ushort lane) {
-    mv_pass_dense<Weights<T>, NR>(w, in_dim, o0, out_dim, x, xoff, nx, acc, int(lane), 32);
+    mv_pass_dense<Weights<T>, NR>(w, in_dim, o0, out_dim, MvXDevice{x, xoff}, nx, acc, int(lane), 32);
   }
   static void run2(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim, device const uchar* x,
                    thread const ulong* xoff, int nx, thread float4* acc0, thread float4* acc1, ushort lane) {
-    mv_pass_dense<Weights<T>, NR>(w0, in_dim, o0, out_dim, x, xoff, nx, acc0, int(lane), 32);
-    mv_pass_dense<Weights<T>, NR>(w1, in_dim, o0, out_dim, x, xoff, nx, acc1, int(lane), 32);
+    mv_pass_dense<Weights<T>, NR>(w0, in_dim, o0, out_dim, MvXDevice{x, xoff}, nx, acc0, int(lane), 32);
+    mv_pass_dense<Weights<T>, NR>(w1, in_dim, o0, out_dim, MvXDevice{x, xoff}, nx, acc1, int(lane), 32);
   }
   static void run_split(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
                         thread const ulong* xoff, int nx, thread float4* acc, int lane, int lanes) {
-    mv_pass_dense<Weights<T>, NR>(w, in_dim, o0, out_dim, x, xoff, nx, acc, lane, lanes);
+    mv_pass_dense<Weights<T>, NR>(w, in_dim, o0, out_dim, MvXDevice{x, xoff}, nx, acc, lane, lanes);
   }
 };
 

@@ -4,6 +4,7 @@
 #include "params.h"
 #include "matvec.h"
 #include "hc.h"
+#include "hc-site.h"
 
 using namespace metal;
 
@@ -65,6 +66,35 @@ template <typename T, int NR>
 // memory (`part`, [MV_SPLIT_SG][NR]), added in simdgroup order (HC:
 // written into `hc`'s streams as matvec_simdgroup does). matvec_split, matvec_split_hc and
 // matvec_multi_split share it, so a projection gives the same bits in each.
+// The end of a matvec_split pass: each simdgroup's partial sums meet in `part`, added in
+// simdgroup order, and simdgroup 0 stores them (HC: writes them into the streams). Ends with
+// a barrier: `part` may be reused.
+template <int NR, bool HC>
+inline void mv_split_finish(thread float4* acc, int nx, int r0, int o0, int out_dim, device uchar* y, ulong y_stride, bool accumulate,
+                            threadgroup float4* part, ushort sg, ushort lane, int nsg, HcTarget hc) {
+  mv_reduce<NR>(acc, nx);
+  if (lane == 0) {
+    for (int j = 0; j < NR; j++) if (j < nx) {
+      part[int(sg) * NR + j] = acc[j];
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (sg == 0 && (HC || lane == 0)) {  // HC: all of simdgroup 0 (hc_store_lanes)
+    for (int j = 0; j < NR; j++) if (j < nx) {
+      float4 v = part[j];
+      for (int s = 1; s < nsg; s++) {
+        v += part[s * NR + j];
+      }
+      if (HC) {
+        hc_store_lanes(hc, r0 + j, o0 / MV_R, v, lane);
+      } else {
+        mv_store(y, y_stride, r0 + j, o0, out_dim, v, accumulate);
+      }
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);  // part is reused by the next pass
+}
+
 template <typename T, int NR, bool HC = false>
 inline void matvec_split_tg(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x, ulong x_stride,
                             int r_begin, int r_end, device uchar* y, ulong y_stride, bool accumulate,
@@ -76,27 +106,7 @@ inline void matvec_split_tg(device const uchar* w, int in_dim, int o0, int out_d
     float4 acc[NR];
     mv_clear<NR>(acc);
     MvPass<T, NR>::run_split(w, in_dim, o0, out_dim, x, xoff, nx, acc, int(sg) * 32 + int(lane), 32 * nsg);
-    mv_reduce<NR>(acc, nx);
-    if (lane == 0) {
-      for (int j = 0; j < NR; j++) if (j < nx) {
-        part[int(sg) * NR + j] = acc[j];
-      }
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    if (sg == 0 && (HC || lane == 0)) {  // HC: all of simdgroup 0 (hc_store_lanes)
-      for (int j = 0; j < NR; j++) if (j < nx) {
-        float4 v = part[j];
-        for (int s = 1; s < nsg; s++) {
-          v += part[s * NR + j];
-        }
-        if (HC) {
-          hc_store_lanes(hc, r0 + j, o0 / MV_R, v, lane);
-        } else {
-          mv_store(y, y_stride, r0 + j, o0, out_dim, v, accumulate);
-        }
-      }
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);  // part is reused by the next pass
+    mv_split_finish<NR, HC>(acc, nx, r0, o0, out_dim, y, y_stride, accumulate, part, sg, lane, nsg, hc);
   }
 }
 
@@ -206,7 +216,8 @@ template <typename T, int NR>
 // simdgroup for that weight (matvec_simdgroup: the same bits as separate matvecs).
 // The weight of matvec_multi's `tile` (MV_R rows, counted weight after weight): its index,
 // and the tile's index within it.
-inline int mv_multi_weight(constant MatvecMultiParams& p, thread int& tile) {
+template <typename P>
+inline int mv_multi_weight(constant P& p, thread int& tile) {
   int i = 0;
   while (i < p.count - 1 && tile >= (p.out_dim[i] + MV_R - 1) / MV_R) {
     tile -= (p.out_dim[i] + MV_R - 1) / MV_R;
@@ -361,6 +372,107 @@ template <typename T, int NR>
   }
   ck_inputs_ready();
   matvec_split_tg<T, NR>(w, p.in_dim, o0, out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride[i], false, &part[0][0], sg, lane, int(nsg));
+}
+
+// matvec_multi_q4_r1_f32 whose input row is a hyper-connection site's normalised read: every
+// threadgroup forms it itself into its staging buffer, from the streams X and the partials
+// the site's folded write left (hc_site_read: hc_coeffs_read_norm_f32's read, so the same
+// bits), instead of a read kernel writing it to memory first (one dispatch a site fewer, and
+// the site's read no longer waits for Sinkhorn's chain). Threadgroup coeff_tg forms the site's
+// coefficients for its write (hc_row_coefficients, as that kernel's threadgroup 0), and
+// threadgroup 0 also stores the read to xn for what reads it later (attention's QSA
+// projections). One decode row; 256 threads (the read's HC_TG_SG simdgroups); in_dim <=
+// MV_STAGE_COLS. The projections are computed as matvec_multi_q4_r1_f32 computes them: the
+// same bits. Each threadgroup asks for its weights before it waits for the streams.
+[[max_total_threads_per_threadgroup(256)]] kernel void matvec_multi_q4_r1_read_f32(
+    constant MatvecMultiReadParams& p [[buffer(0)]],
+    device const uchar* w0     [[buffer(1)]],
+    device const uchar* w1     [[buffer(2)]],
+    device const uchar* w2     [[buffer(3)]],
+    device const uchar* w3     [[buffer(4)]],
+    device const uchar* X      [[buffer(5)]],
+    device uchar* y0           [[buffer(6)]],
+    device uchar* y1           [[buffer(7)]],
+    device uchar* y2           [[buffer(8)]],
+    device uchar* y3           [[buffer(9)]],
+    device const uchar* raw    [[buffer(10)]],
+    device const float* scale  [[buffer(11)]],
+    device const float* base   [[buffer(12)]],
+    device uchar* coeffs       [[buffer(13)]],
+    device const float* norm   [[buffer(14)]],
+    device uchar* xn           [[buffer(15)]],
+    uint2 tg                   [[threadgroup_position_in_grid]],
+    ushort sg                  [[simdgroup_index_in_threadgroup]],
+    ushort lane                [[thread_index_in_simdgroup]],
+    ushort nsg                 [[simdgroups_per_threadgroup]]) {
+  threadgroup float4 xs[MV_STAGE_COLS / 4];
+  threadgroup float4 part[MV_SPLIT_SG];
+  threadgroup float partial[HC_TG_SG];
+  threadgroup float mix[HC_MAX_MIXES + 1];
+  threadgroup float pre[HC_MAX_STREAMS];
+  threadgroup float comb[HC_MAX_STREAMS * HC_MAX_STREAMS];
+  const int n = p.streams, cols = p.in_dim;
+  device const float* partials = (device const float*)raw;
+  if (int(tg.x) == p.coeff_tg) {  // uniform per threadgroup: the site's coefficients
+    ck_inputs_ready();
+    hc_row_coefficients(n, cols, false, p.iters, p.eps, partials, p.chunks, scale, base, (device float*)coeffs, mix, pre, comb, sg, lane);
+    return;
+  }
+  int dense_tiles = 0;
+  for (int k = 0; k < p.dense_count; k++) {
+    dense_tiles += (p.out_dim[k] + MV_R - 1) / MV_R;
+  }
+  const bool dense = int(tg.x) < dense_tiles;  // uniform per threadgroup: one bf16 tile, split form
+  int tile = dense ? int(tg.x) : dense_tiles + (int(tg.x) - dense_tiles) * int(nsg) + int(sg);
+  const int i = mv_multi_weight(p, tile);
+  const int out_dim = p.out_dim[i];
+  device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
+  device uchar* y = i == 0 ? y0 : i == 1 ? y1 : i == 2 ? y2 : y3;
+  const int o0 = tile * MV_R;
+  // What no dispatch writes, asked for first: the tile's weights (into L2), the norm's
+  // weights and the site's base.
+  const bool active = dense || (i >= p.dense_count && o0 < out_dim);  // uniform per simdgroup
+  if (dense && sg == 0 && lane == 0) {
+    mv_prefetch_tile<bfloat>(w, cols, o0, out_dim);
+  } else if (!dense && active && lane == 0) {
+    mv_prefetch_tile<uchar>(w, cols, o0, out_dim);
+  }
+  const int t = int(sg) * 32 + int(lane);
+  float4 wk[HC_READ_AHEAD];
+  hc_prefetch_norm(cols, norm, t, wk);
+  float b[HC_MAX_STREAMS];
+  CK_UNROLL for (int k = 0; k < HC_MAX_STREAMS; k++) {
+    b[k] = k < n ? base[k] : 0.0f;
+  }
+  const float scale0 = scale[0];
+  ck_inputs_ready();
+  // The read, into xs in the staged layout (every thread's columns; the barrier after).
+  device const float* flat = (device const float*)X;
+  float4 xr[HC_READ_AHEAD * HC_PF_STREAMS];
+  hc_prefetch(n, cols, flat, t, xr);
+  hc_site_read(n, cols, false, p.eps, p.norm_eps, p.centred != 0, flat, partials, p.chunks, b, scale0, xr, norm, wk, HcOutStaged{xs}, mix,
+               partial, sg, lane);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (tg.x == 0u) {
+    for (int c4 = t; c4 < cols / 4; c4 += 32 * int(nsg)) {
+      ((device float4*)xn)[c4] = HcOutStaged{xs}.load(c4);
+    }
+  }
+  if (dense) {  // matvec_split_tg<bfloat, 1>'s pass over the staged row
+    float4 acc[1] = {float4(0.0f)};
+    mv_pass_dense<Weights<bfloat>, 1>(w, cols, o0, out_dim, MvXStaged{xs}, 1, acc, t, 32 * int(nsg));
+    mv_split_finish<1, false>(acc, 1, 0, o0, out_dim, y, 0, false, part, sg, lane, int(nsg), HcTarget());
+    return;
+  }
+  if (!active) {
+    return;
+  }
+  float4 acc[1] = {float4(0.0f)};
+  mv_pass_q4<false, 1, MV_Q4_BATCH, Q4XStaged>(w, w, cols, o0, out_dim, Q4XStaged{xs}, 1, acc, acc, int(lane), 32);  // mv_pass_q4_staged's load and dot
+  mv_reduce<1>(acc, 1);
+  if (lane == 0) {
+    mv_store(y, 0, 0, o0, out_dim, acc[0], false);
+  }
 }
 
 template [[host_name("matvec_f32_f32")]] kernel decltype(matvec<float, MV_NR>) matvec<float, MV_NR>;

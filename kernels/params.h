@@ -177,6 +177,37 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, dense_count) == 72, "Matv
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, _pad0) == 76, "MatvecMultiParams._pad0: offset");
 #endif
 
+// matvec_multi_q4_r1_read_f32: one decode row's projections (as MatvecMulti, dense_count bf16 weights first) of a hyper-connection site's read, which every threadgroup forms itself from the streams and the folded partials (as hc_coeffs_read_norm); threadgroup coeff_tg forms the site's coefficients.
+typedef struct {
+  int32_t in_dim;                // offset 0: hidden size d (the streams' width)
+  int32_t count;                 // offset 4: weights used (1..4); unused bindings repeat the last
+  int32_t dense_count;           // offset 8: leading weights stored bf16 (the rest q4)
+  int32_t coeff_tg;              // offset 12: the threadgroup that forms the coefficients (the last)
+  int32_t out_dim[4];            // offset 16: output rows of each weight
+  uint64_t y_stride[4];          // offset 32: bytes between output rows of each y (one row: unused but kept like MatvecMulti)
+  int32_t streams;               // offset 64: n
+  int32_t iters;                 // offset 68: hc.sinkhorn_iters
+  float eps;                     // offset 72: hc.eps
+  uint32_t centred;              // offset 76: norm weight: 1 zero-centred, 0 plain
+  float norm_eps;                // offset 80: rms_norm_eps of the read's norm
+  int32_t chunks;                // offset 84: floats a mix in the folded partials (d / 4)
+} MatvecMultiReadParams;
+CK_PARAMS_ASSERT(sizeof(MatvecMultiReadParams) == 88, "MatvecMultiReadParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, in_dim) == 0, "MatvecMultiReadParams.in_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, count) == 4, "MatvecMultiReadParams.count: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, dense_count) == 8, "MatvecMultiReadParams.dense_count: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, coeff_tg) == 12, "MatvecMultiReadParams.coeff_tg: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, out_dim) == 16, "MatvecMultiReadParams.out_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, y_stride) == 32, "MatvecMultiReadParams.y_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, streams) == 64, "MatvecMultiReadParams.streams: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, iters) == 68, "MatvecMultiReadParams.iters: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, eps) == 72, "MatvecMultiReadParams.eps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, centred) == 76, "MatvecMultiReadParams.centred: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, norm_eps) == 80, "MatvecMultiReadParams.norm_eps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, chunks) == 84, "MatvecMultiReadParams.chunks: offset");
+#endif
+
 // Hyper-connection mix partials: per (mix m, chunk c) of the flat streams, fn[m] . flat over the chunk (m < mixes) or the chunk's sum of squares (m = mixes).
 typedef struct {
   int32_t rows;                  // offset 0: rows in the batch (nb)

@@ -11,6 +11,7 @@ import { bind, live, type EncodeContext, type RowsRef, type TensorRef } from "./
 import { encodeRmsNorm } from "./norms.ts";
 import { encodeProjectionWrite, type SiteWrite } from "./hyperconnection.ts";
 import { encodeMatvec, encodeMatvecs } from "./projections.ts";
+import { encodeSiteProjections, type SiteRead } from "./site-read.ts";
 import type { AttentionRefs, DeltaNetRefs } from "./refs.ts";
 import type { Scratch } from "./scratch.ts";
 import type { AttentionLayerState, DeltaNetLayerState } from "./state.ts";
@@ -25,6 +26,8 @@ export interface DeltaNetMixerArgs {
   nb: number;
   x: RowsRef;
   y: RowsRef;
+  /** The site read that x is (into x), encoded with the input projections (site-read.ts); undefined: x is already there. */
+  read?: SiteRead;
   /** The site's write of y, done by the out projection (encodeProjectionWrite). */
   write?: SiteWrite;
   /** Verify batches: store S and the conv window after each of the first `rows` rows. */
@@ -35,7 +38,7 @@ export function encodeDeltaNetMixer(ctx: EncodeContext, a: DeltaNetMixerArgs): v
   const { config: c, w, nb } = a;
   const dn = c.deltanet;
   const s = a.scratch.dn;
-  encodeMatvecs(ctx, [{ w: w.qkv, y: s.qkv }, { w: w.z, y: s.z }, { w: w.b, y: s.b }, { w: w.a, y: s.a }], a.x, nb);
+  encodeSiteProjections(ctx, [{ w: w.qkv, y: s.qkv }, { w: w.z, y: s.z }, { w: w.b, y: s.b }, { w: w.a, y: s.a }], a.read, a.x, nb);
   encodeDeltaNetBlock(ctx, {
     rows: nb,
     keyHeads: dn.key_heads,
@@ -71,6 +74,8 @@ export interface AttentionMixerArgs {
   pos0: number;
   x: RowsRef;
   y: RowsRef;
+  /** The site read that x is (into x), encoded with the input projections (site-read.ts); undefined: x is already there. */
+  read?: SiteRead;
   /** The site's write of y, done by the o projection (encodeProjectionWrite). */
   write?: SiteWrite;
 }
@@ -80,7 +85,7 @@ export function encodeAttentionMixer(ctx: EncodeContext, a: AttentionMixerArgs):
   const at = c.attention;
   const s = a.scratch.attn;
   const eps = c.rms_norm_eps;
-  encodeMatvecs(ctx, [{ w: w.q, y: s.q }, { w: w.gate, y: s.gate }, { w: w.k, y: s.k }, { w: w.v, y: s.v }], a.x, nb);
+  encodeSiteProjections(ctx, [{ w: w.q, y: s.q }, { w: w.gate, y: s.gate }, { w: w.k, y: s.k }, { w: w.v, y: s.v }], a.read, a.x, nb);
   // q/k norms, RoPE and the K/V appends: one dispatch (attn_prep) where the caches allow it.
   const fused = attnPrepFits(a.state.k, a.state.v);
   if (!fused) {

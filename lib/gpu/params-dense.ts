@@ -85,6 +85,23 @@ export const denseParams = {
       { name: "_pad0", type: "u32" },
     ],
   },
+  MatvecMultiRead: {
+    doc: "matvec_multi_q4_r1_read_f32: one decode row's projections (as MatvecMulti, dense_count bf16 weights first) of a hyper-connection site's read, which every threadgroup forms itself from the streams and the folded partials (as hc_coeffs_read_norm); threadgroup coeff_tg forms the site's coefficients.",
+    fields: [
+      { name: "in_dim", type: "i32", doc: "hidden size d (the streams' width)" },
+      { name: "count", type: "i32", doc: "weights used (1..4); unused bindings repeat the last" },
+      { name: "dense_count", type: "i32", doc: "leading weights stored bf16 (the rest q4)" },
+      { name: "coeff_tg", type: "i32", doc: "the threadgroup that forms the coefficients (the last)" },
+      { name: "out_dim", type: "i32", count: 4, doc: "output rows of each weight" },
+      { name: "y_stride", type: "u64", count: 4, doc: "bytes between output rows of each y (one row: unused but kept like MatvecMulti)" },
+      { name: "streams", type: "i32", doc: "n" },
+      { name: "iters", type: "i32", doc: "hc.sinkhorn_iters" },
+      { name: "eps", type: "f32", doc: "hc.eps" },
+      { name: "centred", type: "u32", doc: "norm weight: 1 zero-centred, 0 plain" },
+      { name: "norm_eps", type: "f32", doc: "rms_norm_eps of the read's norm" },
+      { name: "chunks", type: "i32", doc: "floats a mix in the folded partials (d / 4)" },
+    ],
+  },
   HcMix: {
     doc: "Hyper-connection mix partials: per (mix m, chunk c) of the flat streams, fn[m] . flat over the chunk (m < mixes) or the chunk's sum of squares (m = mixes).",
     fields: [

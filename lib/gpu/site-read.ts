@@ -1,0 +1,117 @@
+// A residual site's read handed to the projections that consume it (issue 18, item 2: "read +
+// norm fused into what feeds the next GEMV"). At decode the read is its own kernel
+// (hc_coeffs_read_norm_f32: ~9 us on the H200, a chain of dependent steps on two threadgroups)
+// that every projection after it waits for. matvec_multi_q4_r1_read_f32 instead has every
+// threadgroup form the read itself from the streams and the partials the site's folded write
+// left (the same code, so the same bits), one of them also the coefficients for the site's
+// write: one dispatch and one wait a site fewer. The projections must all fit that one
+// dispatch (q4, after at most a few bf16 ones, one decode row, d <= MV_STAGE_COLS); otherwise the
+// read is encoded on its own first and the projections as before.
+import { bind, dispatch, type EncodeContext, type RowsRef } from "./dispatch.ts";
+import { encodeSiteRead, type HcConfig, type HcScratch, type HcSiteRefs, type ReadNorm } from "./hyperconnection.ts";
+import { HC_MAX_STREAMS, SIMD_WIDTH } from "./limits.ts";
+import { Params } from "./params.ts";
+import { encodeMatvecs, MATVEC_MULTI, MATVEC_TILE, matrixShape, type Projection } from "./projections.ts";
+
+/** A site's read y = RMSNorm(sum_i pre_i X_i) into `xn`, its partials folded into `folded` by the write before. */
+export interface SiteRead {
+  X: RowsRef;
+  site: HcSiteRefs;
+  scratch: HcScratch;
+  xn: RowsRef;
+  cfg: HcConfig;
+  d: number;
+  norm: ReadNorm;
+  folded: RowsRef;
+}
+
+/** The widest row a staged q4 projection takes (MV_STAGE_COLS in kernels/matvec.h). */
+const MV_STAGE_COLS = 2048;
+/** Threads of the fused kernel's threadgroups: the read's HC_TG_SG simdgroups (kernels/hc.metal). */
+const READ_SIMDGROUPS = 8;
+
+/**
+ * Whether decode projections form their site's read themselves: on by default on the GPU
+ * backends, where the read kernel's latency is what it costs; off on the CPU backend, whose
+ * threadgroups run one after another and would each repeat the read. CHERENKOV_HC_READ_FUSED
+ * = 1 or 0 forces it (tests on the CPU backend, measurements on a GPU).
+ */
+export function fusesSiteRead(backend: string): boolean {
+  const env = process.env.CHERENKOV_HC_READ_FUSED;
+  if (env === "1") return true;
+  if (env === "0") return false;
+  return backend !== "cpu";
+}
+
+/**
+ * The projections `items` of the row a site reads (`read`; x = read.xn), one decode row: the
+ * read and the projections in one dispatch when they fit it (and the backend fuses), else the
+ * site's read then encodeMatvecs.
+ */
+export function encodeSiteProjections(ctx: EncodeContext, items: readonly Projection[], read: SiteRead | undefined, x: RowsRef, nb: number): void {
+  // The kernel takes the bf16 weights first (its dense_count), as matvec_multi_q4_r1 does.
+  const ordered = [...items.filter((it) => it.w.dtype === "bf16"), ...items.filter((it) => it.w.dtype !== "bf16")];
+  if (read && nb === 1 && fusesSiteRead(ctx.device.backend) && fits(ordered, read)) {
+    encodeFused(ctx, ordered, read);
+    return;
+  }
+  if (read) encodeSiteRead(ctx, read.X, read.site, read.scratch, read.xn, nb, read.cfg, read.d, read.norm, read.folded);
+  encodeMatvecs(ctx, items, x, nb);
+}
+
+/** bf16 weights first, then q4, all of input width d, at most MATVEC_MULTI, with at least one q4. */
+function fits(items: readonly Projection[], read: SiteRead): boolean {
+  const { d, cfg } = read;
+  if (d > MV_STAGE_COLS || d % 16 !== 0 || cfg.streams < 2 || cfg.streams > HC_MAX_STREAMS) return false;
+  if (items.length === 0 || items.length > MATVEC_MULTI) return false;
+  const dense = items.findIndex((it) => it.w.dtype !== "bf16");
+  if (dense < 0 || items.slice(dense).some((it) => it.w.dtype !== "q4")) return false;
+  return items.every((it) => matrixShape(it.w, "site projections")[1] === d);
+}
+
+function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: SiteRead): void {
+  const { d, cfg, site, norm } = read;
+  const denseCount = items.findIndex((it) => it.w.dtype !== "bf16");
+  const outs = items.map((it) => matrixShape(it.w, "site projections")[0]);
+  const pad = <T>(a: T[]): T[] => [...a, ...Array<T>(MATVEC_MULTI - a.length).fill(a[a.length - 1]!)];
+  const R = MATVEC_TILE.rows;
+  const denseTiles = outs.slice(0, denseCount).reduce((n, o) => n + Math.ceil(o / R), 0);
+  const q4Tiles = outs.slice(denseCount).reduce((n, o) => n + Math.ceil(o / R), 0);
+  // A threadgroup per bf16 tile (the split form's shape), READ_SIMDGROUPS q4 tiles a
+  // threadgroup, then the coefficients' threadgroup.
+  const coeffTg = denseTiles + Math.ceil(q4Tiles / READ_SIMDGROUPS);
+  if (norm.w.shape.reduce((a, b) => a * b, 1) !== d) throw new Error(`site read: norm weight of ${norm.w.shape} for hidden size ${d}`);
+  if (read.folded.offset % 16 !== 0 || read.X.offset % 16 !== 0) throw new Error("site read: streams and partials must be 16-byte aligned");
+  dispatch(
+    ctx,
+    "matvec_multi_q4_r1_read_f32",
+    Params.MatvecMultiRead,
+    {
+      in_dim: d,
+      count: items.length,
+      dense_count: denseCount,
+      coeff_tg: coeffTg,
+      out_dim: pad(outs),
+      y_stride: pad(items.map((it) => it.y.stride)),
+      streams: cfg.streams,
+      iters: cfg.sinkhorn_iters,
+      eps: cfg.eps,
+      centred: (norm.centred ?? true) ? 1 : 0,
+      norm_eps: norm.eps,
+      chunks: d / 4,
+    },
+    [
+      ...pad(items.map((it) => bind(it.w.buffer, it.w.offset))),
+      bind(read.X.buffer, read.X.offset),
+      ...pad(items.map((it) => bind(it.y.buffer, it.y.offset))),
+      bind(read.folded.buffer, read.folded.offset),
+      bind(site.scale.buffer, site.scale.offset),
+      bind(site.base.buffer, site.base.offset),
+      bind(read.scratch.coeffs.buffer, read.scratch.coeffs.offset),
+      bind(norm.w.buffer, norm.w.offset),
+      bind(read.xn.buffer, read.xn.offset),
+    ],
+    [coeffTg + 1, 1],
+    [SIMD_WIDTH * READ_SIMDGROUPS, 1],
+  );
+}

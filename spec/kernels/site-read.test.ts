@@ -1,0 +1,111 @@
+// A site's read formed by the projections that consume it (lib/gpu/site-read.ts,
+// matvec_multi_q4_r1_read_f32): one dispatch gives, bit for bit, what the site's read kernel
+// (hc_coeffs_read_norm_f32, from the folded partials) followed by the decode projections
+// (matvec_multi_q4_r1_f32, bf16 ones first in the split form) give: the projections, the read
+// stored to xn, and the site's coefficients. Steps it cannot take fall back to those two.
+import { afterAll, afterEach, describe, expect, test } from "bun:test";
+
+import { hcFoldCount } from "../../lib/gpu/hc-fold.ts";
+import { encodeHcWrite, encodeSiteRead, hcFold, hcMixCount, hcPartialCount, type HcConfig, type HcScratch } from "../../lib/gpu/hyperconnection.ts";
+import { encodeMatvecs, type Projection } from "../../lib/gpu/projections.ts";
+import { encodeSiteProjections, type SiteRead } from "../../lib/gpu/site-read.ts";
+import type { DType } from "../../lib/model/config.ts";
+import type { Buffer } from "../../lib/shim.ts";
+import { hostTensor, openDevice, outputF32, randomF32, recordingNames, rows, run, uploadF32, uploadWeight, uploadWeights } from "./harness.ts";
+
+const dev = openDevice();
+afterAll(() => dev.close());
+const saved = process.env.CHERENKOV_HC_READ_FUSED;
+afterEach(() => {
+  if (saved === undefined) delete process.env.CHERENKOV_HC_READ_FUSED;
+  else process.env.CHERENKOV_HC_READ_FUSED = saved;
+});
+
+const bits = (b: Buffer, count: number) => [...new Uint32Array(b.bytes.buffer, b.bytes.byteOffset, count)];
+
+/** Streams after a folded write (so their partials exist), the site's weights and its norm. */
+function siteCase(n: number, d: number, seed: number) {
+  const cfg: HcConfig = { streams: n, eps: 1e-6, sinkhorn_iters: 20 };
+  const M = hcMixCount(n);
+  const { refs } = uploadWeights(dev, {
+    fn: hostTensor(randomF32(M * n * d, seed, 0.2, "fn"), "bf16", [M, n * d]),
+    base: hostTensor(randomF32(M, seed, 1, "base"), "f32", [M]),
+    scale: hostTensor(new Float32Array([0.7, 1.3, 2.1]), "f32", [3]),
+    norm: hostTensor(randomF32(d, seed, 0.3, "norm"), "f32", [d]),
+  });
+  const X = uploadF32(dev, randomF32(n * d, seed, 2, "X"));
+  const part = outputF32(dev, hcFoldCount(n, d));
+  const folded = rows(part, hcFoldCount(n, d));
+  run(dev, (ctx) =>
+    encodeHcWrite(ctx, rows(X, n * d), rows(uploadF32(dev, randomF32(M, seed, 1.5, "k")), M), rows(uploadF32(dev, randomF32(d, seed, 1, "y")), d), 1, n, d, hcFold(refs, folded, cfg, d)),
+  );
+  const scratch = (): HcScratch => ({ raw: rows(outputF32(dev, hcPartialCount(n, d)), hcPartialCount(n, d)), coeffs: rows(outputF32(dev, M), M) });
+  const read = (s: HcScratch, xn: Buffer): SiteRead => ({ X: rows(X, n * d), site: refs, scratch: s, xn: rows(xn, d), cfg, d, norm: { w: refs.norm, eps: 1e-6 }, folded });
+  return { cfg, M, refs, X, folded, scratch, read };
+}
+
+/** The projections both ways: the fused dispatch and the read kernel + matvec_multi_q4_r1. */
+function bothWays(n: number, d: number, weights: [DType, number][], seed: number) {
+  const site = siteCase(n, d, seed);
+  const ws = weights.map(([dt, out], i) => uploadWeight(dev, dt, [out, d], seed + 10 + i).ref);
+  const outs = (): Buffer[] => ws.map((w) => outputF32(dev, w.shape[0]!));
+  const items = (ys: Buffer[]): Projection[] => ws.map((w, i) => ({ w, y: rows(ys[i]!, w.shape[0]!) }));
+  const fused = { ys: outs(), xn: outputF32(dev, d), s: site.scratch(), names: [] as string[] };
+  const plain = { ys: outs(), xn: outputF32(dev, d), s: site.scratch(), names: [] as string[] };
+  process.env.CHERENKOV_HC_READ_FUSED = "1";
+  run(dev, (ctx) => encodeSiteProjections(recordingNames(ctx, fused.names), items(fused.ys), site.read(fused.s, fused.xn), rows(fused.xn, d), 1));
+  run(dev, (ctx) => {
+    const c = recordingNames(ctx, plain.names);
+    encodeSiteRead(c, rows(site.X, n * d), site.refs, plain.s, rows(plain.xn, d), 1, site.cfg, d, { w: site.refs.norm, eps: 1e-6 }, site.folded);
+    encodeMatvecs(c, items(plain.ys), rows(plain.xn, d), 1, { mixed: true });
+  });
+  return { ws, fused, plain, M: site.M, site };
+}
+
+describe("matvec_multi_q4_r1_read_f32: the read kernel and the decode projections in one dispatch, the same bits", () => {
+  const cases: [string, number, number, [DType, number][]][] = [
+    ["DeltaNet's four (bf16 b, a beside q4 qkv, z)", 4, 96, [["q4", 40], ["q4", 12], ["bf16", 8], ["bf16", 8]]],
+    ["attention's four q4", 4, 64, [["q4", 16], ["q4", 16], ["q4", 8], ["q4", 8]]],
+    ["one q4, two streams", 2, 32, [["q4", 20]]],
+    ["a row of 2,048 (two turns of the read a thread)", 4, 2048, [["q4", 8], ["bf16", 4]]],
+  ];
+  test.each(cases)("%s: n = %i, d = %i", (_, n, d, weights) => {
+    const { ws, fused, plain, M } = bothWays(n, d, weights, 3 + n + d);
+    expect(fused.names).toEqual(["matvec_multi_q4_r1_read_f32"]);
+    // (a lone projection is a matvec of its own: matvec_q4_r1_f32, the same pass over x)
+    expect(plain.names).toEqual(["hc_coeffs_read_norm_f32", ws.length > 1 ? "matvec_multi_q4_r1_f32" : "matvec_q4_r1_f32"]);
+    ws.forEach((w, i) => expect(bits(fused.ys[i]!, w.shape[0]!)).toEqual(bits(plain.ys[i]!, w.shape[0]!)));
+    expect(bits(fused.xn, d)).toEqual(bits(plain.xn, d));
+    expect(bits(fused.s.coeffs.buffer, M)).toEqual(bits(plain.s.coeffs.buffer, M));
+    // Not a vacuous equality: the outputs were written.
+    expect(bits(fused.xn, d).some((v) => v !== 0)).toBe(true);
+    expect(bits(fused.ys[0]!, ws[0]!.shape[0]!).some((v) => v !== 0)).toBe(true);
+  });
+});
+
+describe("steps the fused dispatch does not take encode the read, then the projections", () => {
+  test("a row wider than the staging (4,096), a batch of rows, a bf16-only group, and CHERENKOV_HC_READ_FUSED=0", () => {
+    const names = (n: number, d: number, nb: number, weights: [DType, number][], env = "1") => {
+      const site = siteCase(n, d, 70 + d + nb);
+      const ws = weights.map(([dt, out], i) => uploadWeight(dev, dt, [out, d], 80 + i).ref);
+      const got: string[] = [];
+      process.env.CHERENKOV_HC_READ_FUSED = env;
+      const xn = outputF32(dev, nb * d);
+      const s = site.scratch();
+      run(dev, (ctx) =>
+        encodeSiteProjections(
+          recordingNames(ctx, got),
+          ws.map((w) => ({ w, y: rows(outputF32(dev, nb * w.shape[0]!), w.shape[0]!) })),
+          site.read(s, xn),
+          rows(xn, d),
+          nb,
+        ),
+      );
+      return got[0];
+    };
+    expect(names(4, 4096, 1, [["q4", 8]])).toBe("hc_coeffs_read_norm_f32");
+    expect(names(4, 64, 1, [["bf16", 8], ["bf16", 8]])).toBe("hc_coeffs_read_norm_f32");
+    expect(names(4, 64, 1, [["q4", 8]], "0")).toBe("hc_coeffs_read_norm_f32");
+    expect(names(4, 64, 1, [["q4", 8]])).toBe("matvec_multi_q4_r1_read_f32");
+  });
+});
