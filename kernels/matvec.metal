@@ -423,19 +423,24 @@ template <typename T, int NR>
     dense_tiles += (p.out_dim[k] + MV_R - 1) / MV_R;
   }
   const bool dense = int(tg.x) < dense_tiles;  // uniform per threadgroup: one bf16 tile, split form
-  int tile = dense ? int(tg.x) : dense_tiles + (int(tg.x) - dense_tiles) * int(nsg) + int(sg);
-  const int i = mv_multi_weight(p, tile);
-  const int out_dim = p.out_dim[i];
-  device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
-  device uchar* y = i == 0 ? y0 : i == 1 ? y1 : i == 2 ? y2 : y3;
-  const int o0 = tile * MV_R;
-  // What no dispatch writes, asked for first: the tile's weights (into L2), the norm's
-  // weights and the site's base.
-  const bool active = dense || (i >= p.dense_count && o0 < out_dim);  // uniform per simdgroup
-  if (dense && sg == 0 && lane == 0) {
-    mv_prefetch_tile<bfloat>(w, cols, o0, out_dim);
-  } else if (!dense && active && lane == 0) {
-    mv_prefetch_tile<uchar>(w, cols, o0, out_dim);
+  // A q4 threadgroup's simdgroups take p.tiles_per_sg turns, turn k the nsg consecutive tiles
+  // from dense_tiles + (j * tiles_per_sg + k) * nsg (fewer threadgroups, each forming the read
+  // once, in one wave).
+  const int per = dense ? 1 : p.tiles_per_sg;
+  const int q4_first = dense_tiles + (int(tg.x) - dense_tiles) * per * int(nsg) + int(sg);
+  // What no dispatch writes, asked for first: the tiles' weights (into L2), the norm's weights
+  // and the site's base.
+  if (lane == 0 && (sg == 0 || !dense)) {
+    for (int k = 0; k < per; k++) {
+      int tile = dense ? int(tg.x) : q4_first + k * int(nsg);
+      const int i = mv_multi_weight(p, tile);
+      device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
+      if (dense) {
+        mv_prefetch_tile<bfloat>(w, cols, tile * MV_R, p.out_dim[i]);
+      } else if (i >= p.dense_count) {
+        mv_prefetch_tile<uchar>(w, cols, tile * MV_R, p.out_dim[i]);
+      }
+    }
   }
   const int t = int(sg) * 32 + int(lane);
   float4 wk[HC_READ_AHEAD];
@@ -459,19 +464,31 @@ template <typename T, int NR>
     }
   }
   if (dense) {  // matvec_split_tg<bfloat, 1>'s pass over the staged row
+    int tile = int(tg.x);
+    const int i = mv_multi_weight(p, tile);
+    device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
+    device uchar* y = i == 0 ? y0 : i == 1 ? y1 : i == 2 ? y2 : y3;
     float4 acc[1] = {float4(0.0f)};
-    mv_pass_dense<Weights<bfloat>, 1>(w, cols, o0, out_dim, MvXStaged{xs}, 1, acc, t, 32 * int(nsg));
-    mv_split_finish<1, false>(acc, 1, 0, o0, out_dim, y, 0, false, part, sg, lane, int(nsg), HcTarget());
+    mv_pass_dense<Weights<bfloat>, 1>(w, cols, tile * MV_R, p.out_dim[i], MvXStaged{xs}, 1, acc, t, 32 * int(nsg));
+    mv_split_finish<1, false>(acc, 1, 0, tile * MV_R, p.out_dim[i], y, 0, false, part, sg, lane, int(nsg), HcTarget());
     return;
   }
-  if (!active) {
-    return;
-  }
-  float4 acc[1] = {float4(0.0f)};
-  mv_pass_q4<false, 1, MV_Q4_BATCH, Q4XStaged>(w, w, cols, o0, out_dim, Q4XStaged{xs}, 1, acc, acc, int(lane), 32);  // mv_pass_q4_staged's load and dot
-  mv_reduce<1>(acc, 1);
-  if (lane == 0) {
-    mv_store(y, 0, 0, o0, out_dim, acc[0], false);
+  CK_ROLLED for (int k = 0; k < per; k++) {
+    int tile = q4_first + k * int(nsg);
+    const int i = mv_multi_weight(p, tile);
+    const int out_dim = p.out_dim[i];
+    const int o0 = tile * MV_R;
+    if (i < p.dense_count || o0 >= out_dim) {  // uniform per simdgroup: past the last tile
+      break;
+    }
+    device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
+    device uchar* y = i == 0 ? y0 : i == 1 ? y1 : i == 2 ? y2 : y3;
+    float4 acc[1] = {float4(0.0f)};
+    mv_pass_q4<false, 1, MV_Q4_BATCH, Q4XStaged>(w, w, cols, o0, out_dim, Q4XStaged{xs}, 1, acc, acc, int(lane), 32);  // mv_pass_q4_staged's load and dot
+    mv_reduce<1>(acc, 1);
+    if (lane == 0) {
+      mv_store(y, 0, 0, o0, out_dim, acc[0], false);
+    }
   }
 }
 

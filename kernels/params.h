@@ -191,8 +191,10 @@ typedef struct {
   uint32_t centred;              // offset 76: norm weight: 1 zero-centred, 0 plain
   float norm_eps;                // offset 80: rms_norm_eps of the read's norm
   int32_t chunks;                // offset 84: floats a mix in the folded partials (d / 4)
+  int32_t tiles_per_sg;          // offset 88: q4 tiles (MV_R rows) each simdgroup computes, one after another
+  uint32_t _pad0;                // offset 92
 } MatvecMultiReadParams;
-CK_PARAMS_ASSERT(sizeof(MatvecMultiReadParams) == 88, "MatvecMultiReadParams: size");
+CK_PARAMS_ASSERT(sizeof(MatvecMultiReadParams) == 96, "MatvecMultiReadParams: size");
 #ifndef __METAL_VERSION__
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, in_dim) == 0, "MatvecMultiReadParams.in_dim: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, count) == 4, "MatvecMultiReadParams.count: offset");
@@ -206,6 +208,8 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, eps) == 72, "MatvecMu
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, centred) == 76, "MatvecMultiReadParams.centred: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, norm_eps) == 80, "MatvecMultiReadParams.norm_eps: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, chunks) == 84, "MatvecMultiReadParams.chunks: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, tiles_per_sg) == 88, "MatvecMultiReadParams.tiles_per_sg: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, _pad0) == 92, "MatvecMultiReadParams._pad0: offset");
 #endif
 
 // Hyper-connection mix partials: per (mix m, chunk c) of the flat streams, fn[m] . flat over the chunk (m < mixes) or the chunk's sum of squares (m = mixes).

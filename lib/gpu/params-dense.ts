@@ -100,6 +100,8 @@ export const denseParams = {
       { name: "centred", type: "u32", doc: "norm weight: 1 zero-centred, 0 plain" },
       { name: "norm_eps", type: "f32", doc: "rms_norm_eps of the read's norm" },
       { name: "chunks", type: "i32", doc: "floats a mix in the folded partials (d / 4)" },
+      { name: "tiles_per_sg", type: "i32", doc: "q4 tiles (MV_R rows) each simdgroup computes, one after another" },
+      { name: "_pad0", type: "u32" },
     ],
   },
   HcMix: {

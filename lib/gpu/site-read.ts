@@ -11,7 +11,7 @@ import { bind, dispatch, type EncodeContext, type RowsRef } from "./dispatch.ts"
 import { encodeSiteRead, type HcConfig, type HcScratch, type HcSiteRefs, type ReadNorm } from "./hyperconnection.ts";
 import { HC_MAX_STREAMS, SIMD_WIDTH } from "./limits.ts";
 import { Params } from "./params.ts";
-import { encodeMatvecs, MATVEC_MULTI, MATVEC_TILE, matrixShape, type Projection } from "./projections.ts";
+import { encodeMatvecs, MATVEC_MULTI, MATVEC_TILE, matrixShape, prefersSplit, type Projection } from "./projections.ts";
 
 /** A site's read y = RMSNorm(sum_i pre_i X_i) into `xn`, its partials folded into `folded` by the write before. */
 export interface SiteRead {
@@ -51,7 +51,7 @@ export function fusesSiteRead(backend: string): boolean {
 export function encodeSiteProjections(ctx: EncodeContext, items: readonly Projection[], read: SiteRead | undefined, x: RowsRef, nb: number): void {
   // The kernel takes the bf16 weights first (its dense_count), as matvec_multi_q4_r1 does.
   const ordered = [...items.filter((it) => it.w.dtype === "bf16"), ...items.filter((it) => it.w.dtype !== "bf16")];
-  if (read && nb === 1 && fusesSiteRead(ctx.device.backend) && fits(ordered, read)) {
+  if (read && nb === 1 && fusesSiteRead(ctx.device.backend) && fits(ctx.device.backend, ordered, read)) {
     encodeFused(ctx, ordered, read);
     return;
   }
@@ -59,15 +59,30 @@ export function encodeSiteProjections(ctx: EncodeContext, items: readonly Projec
   encodeMatvecs(ctx, items, x, nb);
 }
 
-/** bf16 weights first, then q4, all of input width d, at most MATVEC_MULTI, with at least one q4. */
-function fits(items: readonly Projection[], read: SiteRead): boolean {
+/**
+ * bf16 weights first, then q4, all of input width d, at most MATVEC_MULTI, with at least one
+ * q4; and the forms the fused kernel computes are the ones encodeMatvecs would choose for a
+ * decode row here (the q4 ones in the rows form, the bf16 ones in the split form), so that a
+ * verify batch, which runs those, keeps a decode step's bits.
+ */
+function fits(backend: string, items: readonly Projection[], read: SiteRead): boolean {
   const { d, cfg } = read;
   if (d > MV_STAGE_COLS || d % 16 !== 0 || cfg.streams < 2 || cfg.streams > HC_MAX_STREAMS) return false;
   if (items.length === 0 || items.length > MATVEC_MULTI) return false;
   const dense = items.findIndex((it) => it.w.dtype !== "bf16");
   if (dense < 0 || items.slice(dense).some((it) => it.w.dtype !== "q4")) return false;
-  return items.every((it) => matrixShape(it.w, "site projections")[1] === d);
+  if (!items.every((it) => matrixShape(it.w, "site projections")[1] === d)) return false;
+  const outs = (its: readonly Projection[]) => its.reduce((n, it) => n + it.w.shape[0]!, 0);
+  if (prefersSplit(backend, outs(items.slice(dense)), "q4")) return false;
+  return dense === 0 || prefersSplit(backend, outs(items.slice(0, dense)), "bf16") || process.env.CHERENKOV_HC_READ_FUSED === "1";
 }
+
+/**
+ * q4 tiles a simdgroup of the fused kernel computes one after another (CHERENKOV_HC_READ_TILES,
+ * default 2): each threadgroup forms the read once, so fewer of them, in one wave on the
+ * H200 for the 30b shape's projections (3,072 and 2,304 tiles: 192 and 144 threadgroups).
+ */
+const tilesPerSimdgroup = () => Number(process.env.CHERENKOV_HC_READ_TILES ?? 2);
 
 function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: SiteRead): void {
   const { d, cfg, site, norm } = read;
@@ -79,7 +94,9 @@ function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: Sit
   const q4Tiles = outs.slice(denseCount).reduce((n, o) => n + Math.ceil(o / R), 0);
   // A threadgroup per bf16 tile (the split form's shape), READ_SIMDGROUPS q4 tiles a
   // threadgroup, then the coefficients' threadgroup.
-  const coeffTg = denseTiles + Math.ceil(q4Tiles / READ_SIMDGROUPS);
+  const per = tilesPerSimdgroup();
+  if (!Number.isInteger(per) || per < 1) throw new Error(`CHERENKOV_HC_READ_TILES=${per}: expected a positive integer`);
+  const coeffTg = denseTiles + Math.ceil(q4Tiles / (READ_SIMDGROUPS * per));
   if (norm.w.shape.reduce((a, b) => a * b, 1) !== d) throw new Error(`site read: norm weight of ${norm.w.shape} for hidden size ${d}`);
   if (read.folded.offset % 16 !== 0 || read.X.offset % 16 !== 0) throw new Error("site read: streams and partials must be 16-byte aligned");
   dispatch(
@@ -99,6 +116,7 @@ function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: Sit
       centred: (norm.centred ?? true) ? 1 : 0,
       norm_eps: norm.eps,
       chunks: d / 4,
+      tiles_per_sg: per,
     },
     [
       ...pad(items.map((it) => bind(it.w.buffer, it.w.offset))),

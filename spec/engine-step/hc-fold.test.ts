@@ -72,8 +72,9 @@ describe("hc fold: decode steps skip hc_mix_partials where a fused write left th
     // A folded mixer site's read may be formed by its input projections (site-read.ts: one
     // dispatch for the read kernel and the projections' on the GPU backends).
     const fusedReads = count(folded.seen, "matvec_multi_q4_r1_read_f32");
-    if (fusesSiteRead(BACKEND)) expect(fusedReads).toBeGreaterThan(0);
-    else expect(fusedReads).toBe(0);
+    // (On a GPU these tiny models' projections are narrow: split-form groups, never fused.)
+    if (!fusesSiteRead(BACKEND) || BACKEND !== "cpu") expect(fusedReads).toBe(0);
+    else expect(fusedReads).toBeGreaterThan(0);
     expect(fusedReads).toBeLessThanOrEqual((L - unfolded) * steps);
     expect(count(plain.seen, "matvec_multi_q4_r1_read_f32")).toBe(0);
     // (With a fused read at least that many fewer: where the backend would not have merged

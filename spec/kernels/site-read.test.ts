@@ -15,10 +15,12 @@ import { hostTensor, openDevice, outputF32, randomF32, recordingNames, rows, run
 
 const dev = openDevice();
 afterAll(() => dev.close());
-const saved = process.env.CHERENKOV_HC_READ_FUSED;
+const saved = { fused: process.env.CHERENKOV_HC_READ_FUSED, tiles: process.env.CHERENKOV_HC_READ_TILES };
 afterEach(() => {
-  if (saved === undefined) delete process.env.CHERENKOV_HC_READ_FUSED;
-  else process.env.CHERENKOV_HC_READ_FUSED = saved;
+  if (saved.fused === undefined) delete process.env.CHERENKOV_HC_READ_FUSED;
+  else process.env.CHERENKOV_HC_READ_FUSED = saved.fused;
+  if (saved.tiles === undefined) delete process.env.CHERENKOV_HC_READ_TILES;
+  else process.env.CHERENKOV_HC_READ_TILES = saved.tiles;
 });
 
 const bits = (b: Buffer, count: number) => [...new Uint32Array(b.bytes.buffer, b.bytes.byteOffset, count)];
@@ -63,13 +65,17 @@ function bothWays(n: number, d: number, weights: [DType, number][], seed: number
 }
 
 describe("matvec_multi_q4_r1_read_f32: the read kernel and the decode projections in one dispatch, the same bits", () => {
-  const cases: [string, number, number, [DType, number][]][] = [
-    ["DeltaNet's four (bf16 b, a beside q4 qkv, z)", 4, 96, [["q4", 40], ["q4", 12], ["bf16", 8], ["bf16", 8]]],
-    ["attention's four q4", 4, 64, [["q4", 16], ["q4", 16], ["q4", 8], ["q4", 8]]],
-    ["one q4, two streams", 2, 32, [["q4", 20]]],
-    ["a row of 2,048 (two turns of the read a thread)", 4, 2048, [["q4", 8], ["bf16", 4]]],
+  // q4 groups of 3,072+ rows: the rows form on a GPU too (narrower ones take the split form
+  // there, which the fused kernel does not compute: they fall back, below).
+  const cases: [string, number, number, [DType, number][], string][] = [
+    ["DeltaNet's four (bf16 b, a beside q4 qkv, z)", 4, 96, [["q4", 2048], ["q4", 1040], ["bf16", 8], ["bf16", 8]], "2"],
+    ["attention's four q4, a tile a simdgroup", 4, 64, [["q4", 1024], ["q4", 1024], ["q4", 516], ["q4", 512]], "1"],
+    ["attention's four q4, three tiles a simdgroup", 4, 64, [["q4", 1024], ["q4", 1024], ["q4", 516], ["q4", 512]], "3"],
+    ["one q4, two streams", 2, 32, [["q4", 3076]], "2"],
+    ["a row of 2,048 (two turns of the read a thread)", 4, 2048, [["q4", 3072], ["bf16", 4]], "2"],
   ];
-  test.each(cases)("%s: n = %i, d = %i", (_, n, d, weights) => {
+  test.each(cases)("%s: n = %i, d = %i", (_, n, d, weights, tiles) => {
+    process.env.CHERENKOV_HC_READ_TILES = tiles;
     const { ws, fused, plain, M } = bothWays(n, d, weights, 3 + n + d);
     expect(fused.names).toEqual(["matvec_multi_q4_r1_read_f32"]);
     // (a lone projection is a matvec of its own: matvec_q4_r1_f32, the same pass over x)
@@ -84,7 +90,7 @@ describe("matvec_multi_q4_r1_read_f32: the read kernel and the decode projection
 });
 
 describe("steps the fused dispatch does not take encode the read, then the projections", () => {
-  test("a row wider than the staging (4,096), a batch of rows, a bf16-only group, and CHERENKOV_HC_READ_FUSED=0", () => {
+  test("a row wider than the staging (4,096), a batch of rows, a bf16-only group, narrow q4 on a GPU, and CHERENKOV_HC_READ_FUSED=0", () => {
     const names = (n: number, d: number, nb: number, weights: [DType, number][], env = "1") => {
       const site = siteCase(n, d, 70 + d + nb);
       const ws = weights.map(([dt, out], i) => uploadWeight(dev, dt, [out, d], 80 + i).ref);
@@ -105,7 +111,10 @@ describe("steps the fused dispatch does not take encode the read, then the proje
     };
     expect(names(4, 4096, 1, [["q4", 8]])).toBe("hc_coeffs_read_norm_f32");
     expect(names(4, 64, 1, [["bf16", 8], ["bf16", 8]])).toBe("hc_coeffs_read_norm_f32");
-    expect(names(4, 64, 1, [["q4", 8]], "0")).toBe("hc_coeffs_read_norm_f32");
-    expect(names(4, 64, 1, [["q4", 8]])).toBe("matvec_multi_q4_r1_read_f32");
+    expect(names(4, 64, 3, [["q4", 3072]])).toBe("hc_coeffs_read_norm_f32");
+    expect(names(4, 64, 1, [["q4", 3072]], "0")).toBe("hc_coeffs_read_norm_f32");
+    expect(names(4, 64, 1, [["q4", 3072]])).toBe("matvec_multi_q4_r1_read_f32");
+    // A GPU computes a group of 8 q4 rows in the split form (prefersSplit): not fused there.
+    expect(names(4, 64, 1, [["q4", 8]])).toBe(dev.backend === "cpu" ? "matvec_multi_q4_r1_read_f32" : "hc_coeffs_read_norm_f32");
   });
 });
