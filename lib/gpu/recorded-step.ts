@@ -28,8 +28,12 @@ interface Recording {
   readonly routeBytes: number;
 }
 
-/** Recordings a sequence keeps (the least recently used goes first): a decode row, a verify shape, the prompt chunks'. */
-export const MAX_RECORDINGS = 8;
+/**
+ * Recordings a sequence keeps (the least recently used goes first): a decode row, the prompt
+ * chunks', and a speculative run's cycles: one per (pending rollback row, catch-up rows) for
+ * its draft count, k + 1 of them (engine.ts cycleKey).
+ */
+export const MAX_RECORDINGS = 16;
 
 export class StepRecordings {
   /** Compare every replay with a fresh encode (tests; CHERENKOV_CHECK_RECORDING=1). */

@@ -249,9 +249,10 @@ export class SequenceState {
 }
 
 /**
- * The rollback planes of a verify batch, shared by every sequence of an engine (a verify
- * step and its rollback run back to back under the engine's lock): per DeltaNet layer S and
- * the conv window, per PLE layer the conv history, SNAPSHOT_PLANES rows each.
+ * The rollback planes of a verify batch, shared by every sequence of an engine: per DeltaNet
+ * layer S and the conv window, per PLE layer the conv history, SNAPSHOT_PLANES rows each. A
+ * rollback may wait until the sequence's next step, but runs before any other step (the next
+ * verify overwrites the planes): engine.ts, pending rollbacks.
  */
 export class SnapshotSet {
   readonly deltanet: ({ S: SnapshotPlanes; conv: SnapshotPlanes } | null)[];
@@ -286,10 +287,12 @@ export class SnapshotSet {
   }
 
   /**
-   * Rolls `seq` back to the state right after row `row` of the verify batch that started at
-   * `pos0` (its planes are the last ones written): fixed-size state from the planes, lengths cut.
+   * Restores `seq`'s fixed-size state (DeltaNet S and conv windows, PLE histories) to right
+   * after row `row` of the last verify batch (its planes are the last ones written). The
+   * caller cuts the lengths (caches roll back by length). Binds only fixed regions: a
+   * speculative cycle records it (engine.ts).
    */
-  encodeRollback(ctx: EncodeContext, seq: SequenceState, row: number, pos0: number): void {
+  encodeRestore(ctx: EncodeContext, seq: SequenceState, row: number): void {
     if (!Number.isInteger(row) || row < 0 || row >= SNAPSHOT_PLANES) throw new RangeError(`rollback: row ${row} outside 0..${SNAPSHOT_PLANES - 1}`);
     this.deltanet.forEach((p, l) => {
       const live = seq.deltanet[l];
@@ -299,6 +302,5 @@ export class SnapshotSet {
       const live = seq.ple[l];
       if (p && live) encodeRestore(ctx, { planes: p, plane: row, live });
     });
-    seq.length = pos0 + row + 1;
   }
 }
