@@ -39,12 +39,13 @@ export class Engine {
   private readonly recordings = new WeakMap<SequenceState, StepRecordings>();
   private readonly recordingTotals = { recorded: 0, replayed: 0 };
   /**
-   * Each sequence's next decode row, encoded (replayed from its recording) right after the
-   * previous step was committed, while the GPU ran it: a decode step then commits at once
-   * instead of encoding first (docs/engine.md "Recorded steps"). Dropped when the sequence
-   * goes another way (another position or shape, a step of another sequence in between).
+   * Each sequence's next step, encoded (replayed from its recording) right after the previous
+   * step was committed, while the GPU ran it: a decode row after a decode step, or after a
+   * speculative cycle the next cycle for each accept count it may have (docs/engine.md
+   * "Recorded steps", "The speculative cycle"). The step that comes commits the one that is
+   * exactly it at once instead of encoding first; the others are released.
    */
-  private readonly prepared = new Map<SequenceState, { pos0: number; key: string; step: PreparedStep }>();
+  private readonly prepared = new Map<SequenceState, { pos0: number; key: string; step: PreparedStep }[]>();
   /** Decode steps that committed a prepared command buffer (stats; tests). */
   private preparedUsed = 0;
   /**
@@ -54,8 +55,8 @@ export class Engine {
    * anything else touches the state or the planes (another sequence's step, a checkpoint).
    */
   private pendingRollback: { seq: SequenceState; row: number } | null = null;
-  /** Speculative cycles run, and those encoded from a recording (replayed or just recorded) (stats; tests). */
-  private readonly cycleCounts = { cycles: 0, recorded: 0 };
+  /** Speculative cycles run, those encoded from a recording (replayed or just recorded), and those prepared ahead (stats; tests). */
+  private readonly cycleCounts = { cycles: 0, recorded: 0, prepared: 0 };
 
   private constructor(readonly gpu: EngineGpu, tracePath: string | undefined) {
     this.trace = tracePath ? TraceWriter.open(tracePath) : null;
@@ -160,8 +161,8 @@ export class Engine {
     return { ...this.recordingTotals, preparedUsed: this.preparedUsed };
   }
 
-  /** Speculative cycles run, and those encoded from a recording (stats; tests). */
-  get speculativeCycles(): { cycles: number; recorded: number } {
+  /** Speculative cycles run, those encoded from a recording, and those that committed a prepared command buffer (stats; tests). */
+  get speculativeCycles(): { cycles: number; recorded: number; prepared: number } {
     return { ...this.cycleCounts };
   }
 
@@ -203,17 +204,30 @@ export class Engine {
     seq.reset();
   }
 
-  /** The step prepared for `seq` when it is exactly this one (position, shape, event value), else null; either way no longer held. */
+  /** The step prepared for `seq` when one is exactly this one (position, shape, event value), else null; either way none is held any more. */
   private takePrepared(seq: SequenceState, pos0: number, key: string | null): PreparedStep | null {
-    const p = this.prepared.get(seq);
-    if (!p) return null;
+    const list = this.prepared.get(seq);
+    if (!list) return null;
     this.prepared.delete(seq);
-    if (key !== null && p.pos0 === pos0 && p.key === key && p.step.plan.base === this.counter.value) {
-      this.preparedUsed++;
-      return p.step;
+    let found: PreparedStep | null = null;
+    for (const p of list) {
+      if (found === null && key !== null && p.pos0 === pos0 && p.key === key && p.step.plan.base === this.counter.value) found = p.step;
+      else p.step.cb.release();
     }
-    p.step.cb.release();
-    return null;
+    return found;
+  }
+
+  /** Holds `step` as one of `seq`'s prepared steps. */
+  private holdPrepared(seq: SequenceState, pos0: number, key: string, step: PreparedStep): void {
+    let list = this.prepared.get(seq);
+    if (!list) this.prepared.set(seq, (list = []));
+    list.push({ pos0, key, step });
+  }
+
+  /** Releases every step prepared for `seq`. */
+  private dropPrepared(seq: SequenceState): void {
+    for (const p of this.prepared.get(seq) ?? []) p.step.cb.release();
+    this.prepared.delete(seq);
   }
 
   /** Encodes `seq`'s decode row at pos0 ahead (uncommitted), when it can be replayed. Never throws: a step it cannot prepare is encoded when it comes. */
@@ -221,17 +235,40 @@ export class Engine {
     const logits = { from: 0, count: 1 };
     const key = this.recordingKey(1, false, logits);
     if (key === null || !StepRecordings.enabled || seq.disposed) return;
+    this.dropPrepared(seq);
+    this.prepareOne(seq, pos0, key, (ctx, plan) => this.encodeTrunk(ctx, plan, seq, key, { nb: 1, pos0, verify: false, logits }));
+  }
+
+  /**
+   * After a greedy cycle at pos0 with k drafts is committed: the next cycle of k drafts for
+   * every accept count a it may end with (catch-up a + 1 rows at pos0 + a + 1, the rollback of
+   * row a when a < k), each replayed into a command buffer of its own while the GPU runs.
+   */
+  private prepareCycles(seq: SequenceState, pos0: number, k: number): void {
+    if (!StepRecordings.enabled || seq.disposed) return;
+    this.dropPrepared(seq);
+    for (let a = 0; a <= k; a++) {
+      const rollback = a < k ? a : null;
+      const key = this.cycleKey(rollback, a + 1, k);
+      if (key === null) return;
+      const next = pos0 + a + 1;
+      if (next + 1 + k > seq.capacity) return;
+      this.prepareOne(seq, next, key, (ctx, plan) => this.encodeCycle(ctx, plan, seq, key, { pos0: next, catchUp: a + 1, drafts: k, rollback }));
+    }
+  }
+
+  /** Encodes one step ahead into a command buffer of its own and holds it. Never throws. */
+  private prepareOne(seq: SequenceState, pos0: number, key: string, encode: (ctx: EncodeContext, plan: SitePlan) => void): void {
     const gpu = this.gpu;
     const cb = gpu.device.commandBuffer();
     const plan = new SitePlan(gpu.event, this.counter.value);
     try {
-      this.encodeTrunk({ device: gpu.device, cb }, plan, seq, key, { nb: 1, pos0, verify: false, logits });
+      encode({ device: gpu.device, cb }, plan);
     } catch {
       cb.release(); // past the capacity, say: the step itself will say why if it comes
       return;
     }
-    this.prepared.get(seq)?.step.cb.release();
-    this.prepared.set(seq, { pos0, key, step: { cb, plan } });
+    this.holdPrepared(seq, pos0, key, { cb, plan });
   }
 
   /** @internal Resets `seq`'s state (lock held): a pending rollback of it is dropped. */
@@ -244,8 +281,7 @@ export class Engine {
     this.sequences.delete(s);
     this.dropRollback(s.state);
     s.state.forgotten = true;
-    this.prepared.get(s.state)?.step.cb.release();
-    this.prepared.delete(s.state);
+    this.dropPrepared(s.state);
   }
 
   /**
@@ -265,6 +301,7 @@ export class Engine {
     this.gpu.resident.refresh();
     const key = this.recordingKey(nb, verify, logits);
     const prepared = this.takePrepared(seq, pos0, key);
+    if (prepared) this.preparedUsed++;
     // A prepared command buffer holds the step already: the rollback goes ahead on its own.
     if (prepared) this.settleRollback();
     const rollback = this.takeRollback(seq);
@@ -276,7 +313,7 @@ export class Engine {
       trace: tokens,
       prepared,
       // A recordable step is most likely followed by a decode row of the same sequence.
-      prepareNext: key !== null && !verify,
+      afterCommit: key !== null && !verify ? () => this.prepareNext(seq, pos0 + nb) : undefined,
       encode: (ctx, plan) => {
         if (rollback !== null) this.gpu.snapshots!.encodeRestore(ctx, seq, rollback);
         this.encodeTrunk(ctx, plan, seq, key, { nb, pos0, verify, logits });
@@ -302,7 +339,8 @@ export class Engine {
       /** Runs once the step completed, before the results are read (the cycle reads its drafts). */
       known?: () => void;
       prepared: PreparedStep | null;
-      prepareNext: boolean;
+      /** Runs once the step is committed, while the GPU works (prepares the next step). Must not throw. */
+      afterCommit: (() => void) | undefined;
       encode: (ctx: EncodeContext, plan: SitePlan) => void;
     },
   ): Promise<RowsResult & { accepted?: number[] }> {
@@ -340,7 +378,7 @@ export class Engine {
           });
         },
         recorder?.observe,
-        { prepared, afterCommit: o.prepareNext ? () => this.prepareNext(seq, pos0 + nb) : undefined },
+        { prepared, afterCommit: o.afterCommit },
       ),
     );
     seq.length = pos0 + nb;
@@ -390,9 +428,11 @@ export class Engine {
     if (catchUp < 1) throw new Error(`drafts: no trunk rows to draft from (trunk length ${pos0}, MTP length ${seq.mtpLength})`);
     seq.writeTokens(pos0, [next]); // the drafts follow it, written by the GPU
     gpu.resident.refresh();
-    const rollback = this.takeRollback(seq);
+    const rollback = this.pendingRollback?.seq === seq ? this.pendingRollback.row : null;
     const key = this.cycleKey(rollback, catchUp, k);
-    this.takePrepared(seq, pos0, null); // a decode row prepared at this position is not what comes
+    // A greedy cycle was most likely prepared while the last one ran (its rollback in it).
+    const prepared = this.takePrepared(seq, pos0, sample ? null : key);
+    this.takeRollback(seq);
     const logits = { from: 0, count: nb };
     const sampler = sample ? this.samplingScratch() : null;
     const s = gpu.scratch;
@@ -414,33 +454,30 @@ export class Engine {
               ids: bind(s.mtp.drafts.buffer, s.mtp.drafts.offset + 4 * j),
             })
         : undefined;
-    const vars: StepVars = { pos0, ...(draw ? { draw } : {}) };
     const trace = [next, ...new Array<number>(k).fill(-1)];
     let ds: number[] = [];
-    const recordedBefore = this.recordingTotals.recorded + this.recordingTotals.replayed;
+    let fromTape = prepared !== null;
     const r = await this.runTrunk(seq, {
       nb,
       logits,
       sample,
       verifyDrafts: sample ? k : 0,
       trace,
-      prepared: null,
-      prepareNext: false,
+      prepared,
+      // The next greedy cycle, for each accept count this one may end with.
+      afterCommit: sample ? undefined : () => this.prepareCycles(seq, pos0, k),
       known: () => {
         ds = Array.from(i32View(s.mtp.drafts, k));
         trace.splice(1, k, ...ds);
       },
-      encode: (ctx, plan) =>
-        this.recordingsOf(seq).encode(ctx, plan, key, vars, (ctx, plan, vars) => {
-          if (rollback !== null) snaps.encodeRestore(ctx, seq, rollback);
-          // The MTP positions lie `catchUp` rows before the verify's.
-          shiftedLive(ctx, -catchUp, () => encodeDrafts(ctx, gpu, seq, plan, { ...vars, pos0: vars.pos0 - catchUp }, { rows: catchUp, drafts: k }));
-          encodeTrunkStep(ctx, gpu, seq, { nb, pos0: vars.pos0, verify: true, logits }, plan);
-        }),
+      encode: (ctx, plan) => {
+        fromTape = this.encodeCycle(ctx, plan, seq, key, { pos0, catchUp, drafts: k, rollback, draw });
+      },
     });
     seq.mtpLength = pos0;
     this.cycleCounts.cycles++;
-    if (this.recordingTotals.recorded + this.recordingTotals.replayed > recordedBefore) this.cycleCounts.recorded++;
+    if (fromTape) this.cycleCounts.recorded++;
+    if (prepared) this.cycleCounts.prepared++;
     let a = 0;
     // Sampling: the kernel verified each draft (rejection sampling); greedy: equal to the argmax.
     if (r.accepted) while (a < k && r.accepted[a] === 1) a++;
@@ -453,6 +490,31 @@ export class Engine {
     }
     const accepted = [...ds.slice(0, a), r.next[a]!];
     return { next: accepted, margins: r.margins.slice(0, a + 1), proposed: k, ...(r.logprobs ? { logprobs: r.logprobs.slice(0, a + 1) } : {}) };
+  }
+
+  /**
+   * Encodes a speculative cycle's trunk and MTP work through `seq`'s recordings (its sampling
+   * is the caller's): the pending rollback of row `rollback`, the catch-up of `catchUp` MTP
+   * rows before pos0 and the chained drafts (drafts copied after the token at pos0), the verify
+   * batch of 1 + drafts rows at pos0. Returns whether it came from a tape.
+   */
+  private encodeCycle(
+    ctx: EncodeContext,
+    plan: SitePlan,
+    seq: SequenceState,
+    key: string | null,
+    c: { pos0: number; catchUp: number; drafts: number; rollback: number | null; draw?: StepVars["draw"] },
+  ): boolean {
+    const gpu = this.gpu;
+    const { catchUp, drafts, rollback } = c;
+    const logits = { from: 0, count: 1 + drafts };
+    const vars: StepVars = { pos0: c.pos0, ...(c.draw ? { draw: c.draw } : {}) };
+    return this.recordingsOf(seq).encode(ctx, plan, key, vars, (ctx, plan, vars) => {
+      if (rollback !== null) gpu.snapshots!.encodeRestore(ctx, seq, rollback);
+      // The MTP positions lie `catchUp` rows before the verify's.
+      shiftedLive(ctx, -catchUp, () => encodeDrafts(ctx, gpu, seq, plan, { ...vars, pos0: vars.pos0 - catchUp }, { rows: catchUp, drafts }));
+      encodeTrunkStep(ctx, gpu, seq, { nb: 1 + drafts, pos0: vars.pos0, verify: true, logits }, plan);
+    });
   }
 
   /**
@@ -524,7 +586,7 @@ export class Engine {
     await this.lock;
     this.closed = true;
     this.pendingRollback = null;
-    for (const p of this.prepared.values()) p.step.cb.release();
+    for (const list of this.prepared.values()) for (const p of list) p.step.cb.release();
     this.prepared.clear();
     for (const s of this.sequences) s.releaseNow();
     this.sequences.clear();

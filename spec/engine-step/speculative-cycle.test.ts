@@ -79,8 +79,10 @@ for (const drafts of [2, 3]) {
     expect(r.buffers).toEqual(r.buffers.map(() => 1));
     const now = engine.speculativeCycles;
     expect(now.cycles - cycles.cycles).toBe(r.buffers.length);
-    // The first cycle catches the MTP head up on the whole prompt: a one-off shape, encoded directly.
+    // The first cycle catches the MTP head up on the whole prompt: a one-off shape, encoded
+    // directly. Every later one was prepared (replayed) while the cycle before it ran.
     expect(now.recorded - cycles.recorded).toBe(r.buffers.length - 1);
+    expect(now.prepared - cycles.prepared).toBe(r.buffers.length - 1);
     // At most drafts + 1 cycle shapes (catch-up rows 1..drafts + 1) are recorded; the rest replay.
     const steps = engine.recordedSteps;
     const recorded = steps.recorded - totals.recorded;
