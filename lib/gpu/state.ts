@@ -129,7 +129,7 @@ export class SequenceState {
       if (kv.scales) this.#buffers.push(kv.scales as Buffer);
       return kv;
     };
-    this.tokens = buf((capacity + SPARE) * 4, "shared"); // written by the host before each step
+    this.tokens = buf((capacity + SPARE) * 4, "shared"); // written by the host before each step (a cycle's drafts: by the GPU)
     this.deltanet = c.layer_types.map((t) => (t === "deltanet" ? { S: buf(s.S * 4), conv: buf(Math.max(1, s.conv) * 4) } : null));
     this.attention = c.layer_types.map((t) =>
       t === "attention"
