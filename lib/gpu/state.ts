@@ -12,7 +12,7 @@ import { deltanetStateFloats, encodeDeltaNetRestore } from "./deltanet.ts";
 import type { EncodeContext } from "./dispatch.ts";
 import { MAX_SNAP } from "./limits.ts";
 import { pleHistoryFloats } from "./ple.ts";
-import { allocatePlanes, encodeRestore, planesLayout, SNAPSHOT_PLANES, type SnapshotPlanes } from "./snapshots.ts";
+import { allocatePlanes, encodeRestore, planesLayout, SNAPSHOT_PLANES, type RestoreRegion, type SnapshotPlanes } from "./snapshots.ts";
 
 /** The sequence would grow past the capacity it was allocated with. */
 export class ContextFullError extends RangeError {
@@ -298,9 +298,12 @@ export class SnapshotSet {
       const live = seq.deltanet[l];
       if (p && live) encodeDeltaNetRestore(ctx, row, { planes: p.S, live: live.S }, { planes: p.conv, live: live.conv });
     });
+    // PLE histories two to a dispatch (the kernel copies two regions).
+    const ple: RestoreRegion[] = [];
     this.ple.forEach((p, l) => {
       const live = seq.ple[l];
-      if (p && live) encodeRestore(ctx, { planes: p, plane: row, live });
+      if (p && live) ple.push({ planes: p, plane: row, live });
     });
+    for (let i = 0; i < ple.length; i += 2) encodeRestore(ctx, ple[i]!, ple[i + 1]);
   }
 }
