@@ -24,6 +24,15 @@ import type { StepVars } from "./tape.ts";
 import { TraceWriter } from "./trace.ts";
 import type { LoadedEngineStats } from "./telemetry.ts";
 
+/** A step encoded ahead for a sequence (Engine.prepared). */
+interface PreparedEntry {
+  readonly pos0: number;
+  readonly key: string;
+  /** The request whose draft draws the step holds (a sampled cycle), else undefined. */
+  readonly draws: SampleRequest | undefined;
+  readonly step: PreparedStep;
+}
+
 export class Engine {
   private readonly counter: EventCounter = { value: 0 };
   private lock: Promise<unknown> = Promise.resolve();
@@ -45,7 +54,7 @@ export class Engine {
    * "Recorded steps", "The speculative cycle"). The step that comes commits the one that is
    * exactly it at once instead of encoding first; the others are released.
    */
-  private readonly prepared = new Map<SequenceState, { pos0: number; key: string; step: PreparedStep }[]>();
+  private readonly prepared = new Map<SequenceState, PreparedEntry[]>();
   /** Decode steps that committed a prepared command buffer (stats; tests). */
   private preparedUsed = 0;
   /**
@@ -204,24 +213,28 @@ export class Engine {
     seq.reset();
   }
 
-  /** The step prepared for `seq` when one is exactly this one (position, shape, event value), else null; either way none is held any more. */
-  private takePrepared(seq: SequenceState, pos0: number, key: string | null): PreparedStep | null {
+  /**
+   * The step prepared for `seq` when one is exactly this one (position, shape, the request its
+   * draft draws are for, event value), else null; either way none is held any more.
+   */
+  private takePrepared(seq: SequenceState, pos0: number, key: string | null, draws?: SampleRequest): PreparedStep | null {
     const list = this.prepared.get(seq);
     if (!list) return null;
     this.prepared.delete(seq);
     let found: PreparedStep | null = null;
     for (const p of list) {
-      if (found === null && key !== null && p.pos0 === pos0 && p.key === key && p.step.plan.base === this.counter.value) found = p.step;
+      const same = key !== null && p.pos0 === pos0 && p.key === key && p.draws === draws && p.step.plan.base === this.counter.value;
+      if (found === null && same) found = p.step;
       else p.step.cb.release();
     }
     return found;
   }
 
   /** Holds `step` as one of `seq`'s prepared steps. */
-  private holdPrepared(seq: SequenceState, pos0: number, key: string, step: PreparedStep): void {
+  private holdPrepared(seq: SequenceState, entry: PreparedEntry): void {
     let list = this.prepared.get(seq);
     if (!list) this.prepared.set(seq, (list = []));
-    list.push({ pos0, key, step });
+    list.push(entry);
   }
 
   /** Releases every step prepared for `seq`. */
@@ -236,15 +249,17 @@ export class Engine {
     const key = this.recordingKey(1, false, logits);
     if (key === null || !StepRecordings.enabled || seq.disposed) return;
     this.dropPrepared(seq);
-    this.prepareOne(seq, pos0, key, (ctx, plan) => this.encodeTrunk(ctx, plan, seq, key, { nb: 1, pos0, verify: false, logits }));
+    this.prepareOne(seq, pos0, key, undefined, (ctx, plan) => this.encodeTrunk(ctx, plan, seq, key, { nb: 1, pos0, verify: false, logits }));
   }
 
   /**
-   * After a greedy cycle at pos0 with k drafts is committed: the next cycle of k drafts for
-   * every accept count a it may end with (catch-up a + 1 rows at pos0 + a + 1, the rollback of
-   * row a when a < k), each replayed into a command buffer of its own while the GPU runs.
+   * After a cycle at pos0 with k drafts is committed: the next cycle of k drafts for every
+   * accept count a it may end with (catch-up a + 1 rows at pos0 + a + 1, the rollback of row a
+   * when a < k), each replayed into a command buffer of its own while the GPU runs. Under
+   * sampling its draft draws are `sample`'s (a generation keeps one request; the verifying
+   * draw is added when the cycle comes).
    */
-  private prepareCycles(seq: SequenceState, pos0: number, k: number): void {
+  private prepareCycles(seq: SequenceState, pos0: number, k: number, sample: SampleRequest | undefined): void {
     if (!StepRecordings.enabled || seq.disposed) return;
     this.dropPrepared(seq);
     for (let a = 0; a <= k; a++) {
@@ -253,12 +268,14 @@ export class Engine {
       if (key === null) return;
       const next = pos0 + a + 1;
       if (next + 1 + k > seq.capacity) return;
-      this.prepareOne(seq, next, key, (ctx, plan) => this.encodeCycle(ctx, plan, seq, key, { pos0: next, catchUp: a + 1, drafts: k, rollback }));
+      this.prepareOne(seq, next, key, sample, (ctx, plan) =>
+        this.encodeCycle(ctx, plan, seq, key, { pos0: next, catchUp: a + 1, drafts: k, rollback, draw: this.draftDraw(next, sample) }),
+      );
     }
   }
 
   /** Encodes one step ahead into a command buffer of its own and holds it. Never throws. */
-  private prepareOne(seq: SequenceState, pos0: number, key: string, encode: (ctx: EncodeContext, plan: SitePlan) => void): void {
+  private prepareOne(seq: SequenceState, pos0: number, key: string, draws: SampleRequest | undefined, encode: (ctx: EncodeContext, plan: SitePlan) => void): void {
     const gpu = this.gpu;
     const cb = gpu.device.commandBuffer();
     const plan = new SitePlan(gpu.event, this.counter.value);
@@ -268,7 +285,7 @@ export class Engine {
       cb.release(); // past the capacity, say: the step itself will say why if it comes
       return;
     }
-    this.holdPrepared(seq, pos0, key, { cb, plan });
+    this.holdPrepared(seq, { pos0, key, draws, step: { cb, plan } });
   }
 
   /** @internal Resets `seq`'s state (lock held): a pending rollback of it is dropped. */
@@ -430,30 +447,12 @@ export class Engine {
     gpu.resident.refresh();
     const rollback = this.pendingRollback?.seq === seq ? this.pendingRollback.row : null;
     const key = this.cycleKey(rollback, catchUp, k);
-    // A greedy cycle was most likely prepared while the last one ran (its rollback in it).
-    const prepared = this.takePrepared(seq, pos0, sample ? null : key);
+    // The cycle was most likely prepared while the last one ran (its rollback in it).
+    const prepared = this.takePrepared(seq, pos0, key, sample);
     this.takeRollback(seq);
     const logits = { from: 0, count: nb };
-    const sampler = sample ? this.samplingScratch() : null;
     const s = gpu.scratch;
-    const draw =
-      sample && sampler
-        ? (ctx: EncodeContext, j: number) =>
-            encodeSample(ctx, rowAt(s.head.logits, 0), sampler, {
-              params: sample.params,
-              seed: sample.seed,
-              rows: 1,
-              position: pos0 + 1 + j,
-              draw: Draw.draft,
-              counts: this.countsBinding(sample),
-              extras: bind(s.mtp.drafts.buffer, s.mtp.drafts.offset),
-              extrasBase: j,
-              verify: null,
-              qRow: j,
-              topLogprobs: null,
-              ids: bind(s.mtp.drafts.buffer, s.mtp.drafts.offset + 4 * j),
-            })
-        : undefined;
+    const draw = this.draftDraw(pos0, sample);
     const trace = [next, ...new Array<number>(k).fill(-1)];
     let ds: number[] = [];
     let fromTape = prepared !== null;
@@ -464,8 +463,8 @@ export class Engine {
       verifyDrafts: sample ? k : 0,
       trace,
       prepared,
-      // The next greedy cycle, for each accept count this one may end with.
-      afterCommit: sample ? undefined : () => this.prepareCycles(seq, pos0, k),
+      // The next cycle, for each accept count this one may end with.
+      afterCommit: () => this.prepareCycles(seq, pos0, k, sample),
       known: () => {
         ds = Array.from(i32View(s.mtp.drafts, k));
         trace.splice(1, k, ...ds);
@@ -490,6 +489,29 @@ export class Engine {
     }
     const accepted = [...ds.slice(0, a), r.next[a]!];
     return { next: accepted, margins: r.margins.slice(0, a + 1), proposed: k, ...(r.logprobs ? { logprobs: r.logprobs.slice(0, a + 1) } : {}) };
+  }
+
+  /** Under sampling, the draw of draft j of a cycle at pos0 (Draw.draft at position pos0 + 1 + j) over its MTP logits row. */
+  private draftDraw(pos0: number, sample: SampleRequest | undefined): StepVars["draw"] {
+    if (!sample) return undefined;
+    const sampler = this.samplingScratch();
+    const s = this.gpu.scratch;
+    const counts = this.countsBinding(sample);
+    return (ctx: EncodeContext, j: number) =>
+      encodeSample(ctx, rowAt(s.head.logits, 0), sampler, {
+        params: sample.params,
+        seed: sample.seed,
+        rows: 1,
+        position: pos0 + 1 + j,
+        draw: Draw.draft,
+        counts,
+        extras: bind(s.mtp.drafts.buffer, s.mtp.drafts.offset),
+        extrasBase: j,
+        verify: null,
+        qRow: j,
+        topLogprobs: null,
+        ids: bind(s.mtp.drafts.buffer, s.mtp.drafts.offset + 4 * j),
+      });
   }
 
   /**

@@ -48,15 +48,16 @@ async function greedy(seq: EngineSequence, n: number): Promise<number[]> {
 }
 
 /** Speculative decoding with `drafts` a cycle until n tokens, counting command buffers per cycle and accepts. */
-async function speculative(seq: EngineSequence, drafts: number, n: number, sample?: SampleRequest) {
+async function speculative(seq: EngineSequence, drafts: number, n: number, sample?: SampleRequest | ((cycle: number) => SampleRequest)) {
+  const request = (cycle: number) => (typeof sample === "function" ? sample(cycle) : sample);
   const device = engine.gpu.device;
-  const first = await seq.forward(PROMPT, sample ? { sample } : {});
+  const first = await seq.forward(PROMPT, sample ? { sample: request(0) } : {});
   const tokens = [first.next[first.next.length - 1]!];
   const buffers: number[] = [];
   const accepts: number[] = [];
   while (tokens.length < n) {
     const before = device.commandBuffersCommitted;
-    const r = await seq.speculate(tokens[tokens.length - 1]!, drafts, undefined, sample);
+    const r = await seq.speculate(tokens[tokens.length - 1]!, drafts, undefined, request(buffers.length));
     buffers.push(device.commandBuffersCommitted - before);
     accepts.push(r.next.length - 1);
     tokens.push(...r.next);
@@ -92,12 +93,14 @@ for (const drafts of [2, 3]) {
   }, 120_000);
 }
 
-test("sampled drafts: a recorded cycle draws what a direct encode draws (the draw is live), and commits one buffer a cycle", async () => {
+test("sampled drafts: a recorded and prepared cycle draws what a direct encode draws (the draw is live), and commits one buffer a cycle", async () => {
   const sample = (): SampleRequest => ({ params: samplingParams({ temperature: 0.8, topK: 20 }), seed: 7, counts: null, logprobs: null });
   const before = engine.speculativeCycles;
+  // One request for the whole generation, as Model.generate keeps it: the cycles are prepared with its draws.
   const recorded = await speculative(engine.newSequence(), 3, N, sample());
   const afterRecorded = engine.speculativeCycles;
   expect(afterRecorded.recorded - before.recorded).toBe(recorded.buffers.length - 1);
+  expect(afterRecorded.prepared - before.prepared).toBe(recorded.buffers.length - 1);
   StepRecordings.enabled = false;
   try {
     const direct = await speculative(engine.newSequence(), 3, N, sample());
@@ -109,6 +112,17 @@ test("sampled drafts: a recorded cycle draws what a direct encode draws (the dra
   }
   expect(recorded.buffers).toEqual(recorded.buffers.map(() => 1));
   expect(recorded.tokens).not.toEqual(plain);
+  // A new request (another seed) every cycle: a cycle prepared with the last one's draws is not used.
+  const seeded = (cycle: number): SampleRequest => ({ ...sample(), seed: 100 + cycle });
+  const beforeSeeded = engine.speculativeCycles;
+  const changing = await speculative(engine.newSequence(), 3, N, seeded);
+  expect(engine.speculativeCycles.prepared).toBe(beforeSeeded.prepared);
+  StepRecordings.enabled = false;
+  try {
+    expect(changing.tokens).toEqual((await speculative(engine.newSequence(), 3, N, seeded)).tokens);
+  } finally {
+    StepRecordings.enabled = true;
+  }
 }, 120_000);
 
 test("a pending rollback runs before another sequence's cycle, a plain step and a checkpoint read the state", async () => {
