@@ -35,9 +35,9 @@ type MtpInput = { byPosition: true } | { byPosition: false; hidden: RowsRef; ids
 
 /**
  * Runs MTP rows (hidden rows, token ids) at MTP positions vars.pos0.., appending to the MTP
- * cache; the output RMSNorm(x, mtp.norm) of every row lands in scratch.mtp.out. With
- * `draftTo`, the last row's argmax is written there (or vars.draw's draw over it). Inside
- * shiftedLive: every position comes from vars (recorded-step.ts).
+ * cache. With `draftTo`, the last row's output RMSNorm(x, mtp.norm) lands in its row of
+ * scratch.mtp.out and its argmax there (or vars.draw's draw over it). Inside shiftedLive:
+ * every position comes from vars (recorded-step.ts).
  */
 function encodeMtpRows(
   ctx: EncodeContext,
@@ -70,29 +70,33 @@ function encodeMtpRows(
   const write = { X: s.mtp.X, coeffs: null, streams: 1, d };
   encodeAttentionMixer(ctx, { config: c, w: at, state: { ...seq.mtp!, ik: null }, scratch: s, nb, pos0: vars.pos0, x: s.xn, y: s.y, write });
 
+  // Only the last catch-up row's output feeds a draft: the rows before it are run for their
+  // K/V (appended above). Its MoE and norm run for it alone (a single row's path, and its
+  // experts only); an earlier chunk of a long catch-up stops here.
+  if (!draftTo) return;
+  const last = nb - 1;
+  const X = rowAt(s.mtp.X, last);
   const site: MoeSiteArgs = {
     config: c,
-    X: s.mtp.X,
+    X,
     site: null,
     hc: { ...gpu.hc, streams: 1 },
     norm: w.moeNorm,
     moe: w.moe,
     scratch: s,
-    nb,
+    nb: 1,
     expertDType: gpu.expertDType,
   };
-  const route = plan.open(gpu, c.num_layers, nb);
+  const route = plan.open(gpu, c.num_layers, 1);
   encodeMoeRoute(ctx, site, gpu.kernelPool, route);
-  plan.encode(ctx, { layer: c.num_layers, rows: nb, predicts: null, trunkLayer: null });
+  plan.encode(ctx, { layer: c.num_layers, rows: 1, predicts: null, trunkLayer: null });
   encodeMoeCompute(ctx, site, gpu.kernelPool, route);
 
-  encodeRmsNorm(ctx, s.mtp.X, w.norm, s.mtp.out, nb, eps);
-  if (draftTo) {
-    encodeGreedy(ctx, gpu, rowAt(s.mtp.out, nb - 1), 1, draftTo.id, draftTo.margin);
-    // Sampling: the draft is drawn from the logits row just computed, over the argmax.
-    const j = draftTo.j;
-    live(ctx, vars, (ctx, v) => v.draw?.(ctx, j));
-  }
+  encodeRmsNorm(ctx, X, w.norm, rowAt(s.mtp.out, last), 1, eps);
+  encodeGreedy(ctx, gpu, rowAt(s.mtp.out, last), 1, draftTo.id, draftTo.margin);
+  // Sampling: the draft is drawn from the logits row just computed, over the argmax.
+  const j = draftTo.j;
+  live(ctx, vars, (ctx, v) => v.draw?.(ctx, j));
 }
 
 /**

@@ -181,3 +181,25 @@ test("a pending rollback runs before another sequence's cycle, a plain step and 
   s.dispose();
   resumed.dispose();
 }, 120_000);
+
+test("a catch-up longer than the scratch's rows (4-row chunks): the earlier chunks only fill the MTP cache; greedy's tokens", async () => {
+  const small = await Engine.load(files, BACKEND, { prefillChunk: 4 });
+  try {
+    expect(small.gpu.rows).toBe(4);
+    const first = await greedy(small.newSequence(), N);
+    const seq = small.newSequence();
+    const t = [(await seq.forward(PROMPT)).next.at(-1)!];
+    let accepted = 0;
+    while (t.length < N) {
+      const r = await seq.speculate(t.at(-1)!, 3);
+      accepted += r.next.length - 1;
+      t.push(...r.next);
+    }
+    seq.dispose();
+    expect(t.slice(0, N)).toEqual(first);
+    expect(accepted).toBeGreaterThan(0);
+    expect(PROMPT.length).toBeGreaterThan(2 * small.gpu.rows);
+  } finally {
+    await small.close();
+  }
+}, 120_000);
