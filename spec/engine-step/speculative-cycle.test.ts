@@ -203,3 +203,29 @@ test("a catch-up longer than the scratch's rows (4-row chunks): the earlier chun
     await small.close();
   }
 }, 120_000);
+
+test("a streamed pool (50%): the cycle's MTP and trunk sites are served at handshakes in its one buffer; greedy's tokens", async () => {
+  const streamed = await Engine.load(files, BACKEND, { pool: "50%" });
+  try {
+    const want = await greedy(streamed.newSequence(), N);
+    const before = streamed.speculativeCycles;
+    const handshakes = () => (streamed.stats() as { handshake: { all: { count: number } } }).handshake.all.count;
+    const seq = streamed.newSequence();
+    const t = [(await seq.forward(PROMPT)).next.at(-1)!];
+    const device = streamed.gpu.device;
+    const h0 = handshakes();
+    while (t.length < N) {
+      const b = device.commandBuffersCommitted;
+      const r = await seq.speculate(t.at(-1)!, 2);
+      expect(device.commandBuffersCommitted - b).toBe(1);
+      t.push(...r.next);
+    }
+    seq.dispose();
+    expect(t.slice(0, N)).toEqual(want);
+    expect(handshakes()).toBeGreaterThan(h0);
+    // Not every layer is held: nothing is recorded.
+    expect(streamed.speculativeCycles.recorded).toBe(before.recorded);
+  } finally {
+    await streamed.close();
+  }
+}, 120_000);
