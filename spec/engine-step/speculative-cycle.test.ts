@@ -1,10 +1,11 @@
 // The speculative cycle (docs/engine.md "The speculative cycle"): a cycle is one command
 // buffer (the last cycle's pending rollback, the MTP drafts copied into the token buffer on the
-// GPU, the verify batch), recorded once per (rollback row, catch-up rows, drafts) and replayed;
-// every replay here is compared word for word with a fresh encode (StepRecordings.check). The
-// tokens are greedy's token for token, sampled drafts draw what a direct encode draws, and a
-// pending rollback runs before anything else reads the state (a plain step, a checkpoint,
-// another sequence's verify, which overwrites the shared planes).
+// GPU, the verify batch), recorded once per (rollback row, catch-up rows, drafts), prepared
+// while the cycle before it runs and replayed; every replay here is compared word for word with
+// a fresh encode (StepRecordings.check). The tokens are greedy's token for token (also over a
+// streamed pool, with handshakes, and a catch-up in chunks), sampled drafts draw what a direct
+// encode draws, and a pending rollback runs before anything else reads the state (a plain
+// step, a checkpoint, another sequence's verify, which overwrites the shared planes).
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { join } from "node:path";
 import type { SampleRequest } from "../../lib/api/backend.ts";
