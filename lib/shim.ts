@@ -331,6 +331,8 @@ export class Device {
   readonly limits: DeviceLimits;
   /** Commands (dispatches, signals, waits) encoded into this device's command buffers so far: benchmarks count commands per token with it. */
   commandsEncoded = 0;
+  /** Command buffers committed on this device so far (each a host round trip for a step): tests count them per step. */
+  commandBuffersCommitted = 0;
   #library: Library | null = null;
   #closed = false;
 
@@ -663,6 +665,7 @@ export class CommandBuffer {
 
   commit(): this {
     check(this.#shim, this.#shim.symbols.ck_cmdbuf_commit(this.handle));
+    this.device.commandBuffersCommitted++;
     return this;
   }
 

@@ -24,6 +24,15 @@ export function live(ctx: EncodeContext, vars: StepVars, encode: LiveEncode): vo
   else encode(ctx, vars);
 }
 
+/**
+ * Encodes `encode`, whose live() calls take positions `delta` rows past the step's pos0
+ * (vars.pos0 + delta): on a tape, each replay shifts the step's vars the same way.
+ */
+export function shiftedLive(ctx: EncodeContext, delta: number, encode: () => void): void {
+  if (ctx.tape) ctx.tape.shifted(delta, encode);
+  else encode();
+}
+
 /** A weight tensor inside a bound buffer (usually the wrapped dense.bin). */
 export interface TensorRef {
   readonly buffer: Buffer;

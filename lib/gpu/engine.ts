@@ -8,7 +8,7 @@ import { NonFiniteError } from "../model/errors.ts";
 import type { ModelFiles } from "../model/format.ts";
 import { checkTokens } from "../reference/model.ts";
 import type { Backend, Buffer } from "../shim.ts";
-import { bind, runNow, type EncodeContext } from "./dispatch.ts";
+import { bind, runNow, shiftedLive, type EncodeContext } from "./dispatch.ts";
 import { encodeTrunkStep, type TrunkStep } from "./decode.ts";
 import { encodeDrafts } from "./draft.ts";
 import { loadEngine, type EngineGpu, type EngineOptions, type LoadProgress } from "./load.ts";
@@ -20,8 +20,18 @@ import { SequenceState, type StateImage } from "./state.ts";
 import { runStep, type EventCounter, type PreparedStep } from "./step.ts";
 import { SitePlan } from "./handshake.ts";
 import { StepRecordings } from "./recorded-step.ts";
+import type { StepVars } from "./tape.ts";
 import { TraceWriter } from "./trace.ts";
 import type { LoadedEngineStats } from "./telemetry.ts";
+
+/** A step encoded ahead for a sequence (Engine.prepared). */
+interface PreparedEntry {
+  readonly pos0: number;
+  readonly key: string;
+  /** The request whose draft draws the step holds (a sampled cycle), else undefined. */
+  readonly draws: SampleRequest | undefined;
+  readonly step: PreparedStep;
+}
 
 export class Engine {
   private readonly counter: EventCounter = { value: 0 };
@@ -38,14 +48,24 @@ export class Engine {
   private readonly recordings = new WeakMap<SequenceState, StepRecordings>();
   private readonly recordingTotals = { recorded: 0, replayed: 0 };
   /**
-   * Each sequence's next decode row, encoded (replayed from its recording) right after the
-   * previous step was committed, while the GPU ran it: a decode step then commits at once
-   * instead of encoding first (docs/engine.md "Recorded steps"). Dropped when the sequence
-   * goes another way (another position or shape, a step of another sequence in between).
+   * Each sequence's next step, encoded (replayed from its recording) right after the previous
+   * step was committed, while the GPU ran it: a decode row after a decode step, or after a
+   * speculative cycle the next cycle for each accept count it may have (docs/engine.md
+   * "Recorded steps", "The speculative cycle"). The step that comes commits the one that is
+   * exactly it at once instead of encoding first; the others are released.
    */
-  private readonly prepared = new Map<SequenceState, { pos0: number; key: string; step: PreparedStep }>();
+  private readonly prepared = new Map<SequenceState, PreparedEntry[]>();
   /** Decode steps that committed a prepared command buffer (stats; tests). */
   private preparedUsed = 0;
+  /**
+   * A partial accept's rollback not run yet (docs/engine.md "The speculative cycle"): the
+   * lengths are already cut; the fixed-size state is restored from the planes of `row` at the
+   * start of the sequence's next step, in its command buffer, or on its own (runNow) before
+   * anything else touches the state or the planes (another sequence's step, a checkpoint).
+   */
+  private pendingRollback: { seq: SequenceState; row: number } | null = null;
+  /** Speculative cycles run, those encoded from a recording (replayed or just recorded), and those prepared ahead (stats; tests). */
+  private readonly cycleCounts = { cycles: 0, recorded: 0, prepared: 0 };
 
   private constructor(readonly gpu: EngineGpu, tracePath: string | undefined) {
     this.trace = tracePath ? TraceWriter.open(tracePath) : null;
@@ -124,13 +144,25 @@ export class Engine {
 
   /**
    * What a trunk step's recording depends on besides its sequence (recorded-step.ts), or null
-   * when it cannot be recorded: a verify step (rollback planes), or a layer that is not held
-   * resident (its site needs the host). Called after runStep's residency refresh.
+   * when it cannot be recorded: a layer that is not held resident (its site needs the host).
+   * A verify batch's snapshot planes are the engine's, the same every time. Called after
+   * runStep's residency refresh.
    */
   private recordingKey(nb: number, verify: boolean, logits: RowRange): string | null {
     const g = this.gpu;
-    if (verify || !g.resident.allHeld()) return null;
-    return `${nb}/${logits.from}/${logits.count}/${g.layersRun}/${g.lookahead && !g.pool.fullyResident(g.layersRun)}`;
+    if (!g.resident.allHeld()) return null;
+    return `${verify ? "verify" : "rows"}/${nb}/${logits.from}/${logits.count}/${g.layersRun}/${g.lookahead && !g.pool.fullyResident(g.layersRun)}`;
+  }
+
+  /**
+   * The key of a speculative cycle's recording: the pending rollback's row, the MTP head's
+   * catch-up rows and the drafts, and the verify batch's key; null when the verify cannot be
+   * recorded or the catch-up is longer than a cycle leaves (after a prompt: a one-off shape).
+   */
+  private cycleKey(rollbackRow: number | null, catchUp: number, drafts: number): string | null {
+    const verify = this.recordingKey(1 + drafts, true, { from: 0, count: 1 + drafts });
+    if (verify === null || catchUp > this.gpu.maxDrafts + 1) return null;
+    return `cycle/${rollbackRow ?? "-"}/${catchUp}/${drafts}/${verify}`;
   }
 
   /** Steps recorded and replayed (prepared ahead or not) so far over every sequence, and the prepared steps committed (stats; tests). */
@@ -138,17 +170,77 @@ export class Engine {
     return { ...this.recordingTotals, preparedUsed: this.preparedUsed };
   }
 
-  /** The step prepared for `seq` when it is exactly this one (position, shape, event value), else null; either way no longer held. */
-  private takePrepared(seq: SequenceState, pos0: number, key: string | null): PreparedStep | null {
-    const p = this.prepared.get(seq);
-    if (!p) return null;
-    this.prepared.delete(seq);
-    if (key !== null && p.pos0 === pos0 && p.key === key && p.step.plan.base === this.counter.value) {
-      this.preparedUsed++;
-      return p.step;
+  /** Speculative cycles run, those encoded from a recording, and those that committed a prepared command buffer (stats; tests). */
+  get speculativeCycles(): { cycles: number; recorded: number; prepared: number } {
+    return { ...this.cycleCounts };
+  }
+
+  /** Runs the pending rollback now, on its own, unless it is `seq`'s (whose next step encodes it). Lock held, or no step in flight. */
+  private settleRollback(except: SequenceState | null = null): void {
+    const p = this.pendingRollback;
+    if (!p || p.seq === except) return;
+    this.pendingRollback = null;
+    if (p.seq.disposed) return;
+    try {
+      runNow(this.gpu.device, (ctx) => this.gpu.snapshots!.encodeRestore(ctx, p.seq, p.row));
+    } catch (e) {
+      p.seq.reset();
+      throw e;
     }
-    p.step.cb.release();
-    return null;
+  }
+
+  /** `seq`'s pending rollback row (no longer pending: the caller encodes it), or null. */
+  private takeRollback(seq: SequenceState): number | null {
+    const p = this.pendingRollback;
+    if (!p || p.seq !== seq) return null;
+    this.pendingRollback = null;
+    return p.row;
+  }
+
+  /** @internal Runs `seq`'s pending rollback, if any (a checkpoint or a test reads the state; no step in flight). */
+  settle(seq: SequenceState): void {
+    if (this.pendingRollback?.seq === seq) this.settleRollback();
+  }
+
+  /** Forgets `seq`'s pending rollback (its state is being reset or released). */
+  private dropRollback(seq: SequenceState): void {
+    if (this.pendingRollback?.seq === seq) this.pendingRollback = null;
+  }
+
+  /** A failed step leaves `seq` half-written: forgotten, so the caller can replay its tokens. */
+  private resetState(seq: SequenceState): void {
+    this.dropRollback(seq);
+    seq.reset();
+  }
+
+  /**
+   * The step prepared for `seq` when one is exactly this one (position, shape, the request its
+   * draft draws are for, event value), else null; either way none is held any more.
+   */
+  private takePrepared(seq: SequenceState, pos0: number, key: string | null, draws?: SampleRequest): PreparedStep | null {
+    const list = this.prepared.get(seq);
+    if (!list) return null;
+    this.prepared.delete(seq);
+    let found: PreparedStep | null = null;
+    for (const p of list) {
+      const same = key !== null && p.pos0 === pos0 && p.key === key && p.draws === draws && p.step.plan.base === this.counter.value;
+      if (found === null && same) found = p.step;
+      else p.step.cb.release();
+    }
+    return found;
+  }
+
+  /** Holds `step` as one of `seq`'s prepared steps. */
+  private holdPrepared(seq: SequenceState, entry: PreparedEntry): void {
+    let list = this.prepared.get(seq);
+    if (!list) this.prepared.set(seq, (list = []));
+    list.push(entry);
+  }
+
+  /** Releases every step prepared for `seq`. */
+  private dropPrepared(seq: SequenceState): void {
+    for (const p of this.prepared.get(seq) ?? []) p.step.cb.release();
+    this.prepared.delete(seq);
   }
 
   /** Encodes `seq`'s decode row at pos0 ahead (uncommitted), when it can be replayed. Never throws: a step it cannot prepare is encoded when it comes. */
@@ -156,41 +248,123 @@ export class Engine {
     const logits = { from: 0, count: 1 };
     const key = this.recordingKey(1, false, logits);
     if (key === null || !StepRecordings.enabled || seq.disposed) return;
+    this.dropPrepared(seq);
+    this.prepareOne(seq, pos0, key, undefined, (ctx, plan) => this.encodeTrunk(ctx, plan, seq, key, { nb: 1, pos0, verify: false, logits }));
+  }
+
+  /**
+   * After a cycle at pos0 with k drafts is committed: the next cycle of k drafts for every
+   * accept count a it may end with (catch-up a + 1 rows at pos0 + a + 1, the rollback of row a
+   * when a < k), each replayed into a command buffer of its own while the GPU runs. Under
+   * sampling its draft draws are `sample`'s (a generation keeps one request; the verifying
+   * draw is added when the cycle comes).
+   */
+  private prepareCycles(seq: SequenceState, pos0: number, k: number, sample: SampleRequest | undefined): void {
+    if (!StepRecordings.enabled || seq.disposed) return;
+    this.dropPrepared(seq);
+    for (let a = 0; a <= k; a++) {
+      const rollback = a < k ? a : null;
+      const key = this.cycleKey(rollback, a + 1, k);
+      if (key === null) return;
+      const next = pos0 + a + 1;
+      if (next + 1 + k > seq.capacity) return;
+      this.prepareOne(seq, next, key, sample, (ctx, plan) =>
+        this.encodeCycle(ctx, plan, seq, key, { pos0: next, catchUp: a + 1, drafts: k, rollback, draw: this.draftDraw(next, sample) }),
+      );
+    }
+  }
+
+  /** Encodes one step ahead into a command buffer of its own and holds it. Never throws. */
+  private prepareOne(seq: SequenceState, pos0: number, key: string, draws: SampleRequest | undefined, encode: (ctx: EncodeContext, plan: SitePlan) => void): void {
     const gpu = this.gpu;
     const cb = gpu.device.commandBuffer();
     const plan = new SitePlan(gpu.event, this.counter.value);
     try {
-      this.encodeTrunk({ device: gpu.device, cb }, plan, seq, key, { nb: 1, pos0, verify: false, logits });
+      encode({ device: gpu.device, cb }, plan);
     } catch {
       cb.release(); // past the capacity, say: the step itself will say why if it comes
       return;
     }
-    this.prepared.get(seq)?.step.cb.release();
-    this.prepared.set(seq, { pos0, key, step: { cb, plan } });
+    this.holdPrepared(seq, { pos0, key, draws, step: { cb, plan } });
+  }
+
+  /** @internal Resets `seq`'s state (lock held): a pending rollback of it is dropped. */
+  resetSequence(seq: SequenceState): void {
+    this.resetState(seq);
   }
 
   /** @internal */
   forget(s: EngineSequence): void {
     this.sequences.delete(s);
+    this.dropRollback(s.state);
     s.state.forgotten = true;
-    this.prepared.get(s.state)?.step.cb.release();
-    this.prepared.delete(s.state);
+    this.dropPrepared(s.state);
   }
 
   /**
    * @internal Runs one trunk step of `tokens` for `seq` (lock held by the caller), with the
    * logits and argmax of the rows `logits` names only: next[i] and margins[i] are row
    * logits.from + i's. With `sample`, the sampling kernel draws from those logits on the
-   * device: the last row's token (a forward), or with `verifyDrafts` = k every row's, rows
-   * 0..k-1 verifying the drafts in the token buffer against the distributions the draft step
-   * left (`accepted[r]`); the sampled rows must end the step and lie within `logits`.
+   * device: the last row's token. A rollback still pending for `seq` runs first, in the same
+   * command buffer.
    */
-  async trunkStep(seq: SequenceState, tokens: number[], verify: boolean, logits: RowRange, sample?: SampleRequest, verifyDrafts = 0): Promise<RowsResult & { accepted?: number[] }> {
-    const gpu = this.gpu;
+  async trunkStep(seq: SequenceState, tokens: number[], verify: boolean, logits: RowRange, sample?: SampleRequest): Promise<RowsResult> {
+    this.settleRollback(seq);
     const pos0 = seq.length;
     const nb = tokens.length;
     seq.checkRoom(nb);
-    const recorder = this.trace ? new RouteRecorder(tokens, gpu.config.num_layers, gpu.config.moe.top_k) : null;
+    seq.writeTokens(pos0, tokens);
+    // The key needs the residency as this step will see it (runStep refreshes it too: a no-op then).
+    this.gpu.resident.refresh();
+    const key = this.recordingKey(nb, verify, logits);
+    const prepared = this.takePrepared(seq, pos0, key);
+    if (prepared) this.preparedUsed++;
+    // A prepared command buffer holds the step already: the rollback goes ahead on its own.
+    if (prepared) this.settleRollback();
+    const rollback = this.takeRollback(seq);
+    return this.runTrunk(seq, {
+      nb,
+      logits,
+      sample,
+      verifyDrafts: 0,
+      trace: tokens,
+      prepared,
+      // A recordable step is most likely followed by a decode row of the same sequence.
+      afterCommit: key !== null && !verify ? () => this.prepareNext(seq, pos0 + nb) : undefined,
+      encode: (ctx, plan) => {
+        if (rollback !== null) this.gpu.snapshots!.encodeRestore(ctx, seq, rollback);
+        this.encodeTrunk(ctx, plan, seq, key, { nb, pos0, verify, logits });
+      },
+    });
+  }
+
+  /**
+   * A trunk step of `o.nb` rows at seq.length whose tokens are in the token buffer (or put
+   * there by the step itself), encoded by `o.encode` (unless prepared), then its sampling; the
+   * results read back and checked. Lock held.
+   */
+  private async runTrunk(
+    seq: SequenceState,
+    o: {
+      nb: number;
+      logits: RowRange;
+      sample: SampleRequest | undefined;
+      /** Sampling: rows 0..verifyDrafts-1 verify the drafts in the token buffer (rejection sampling). */
+      verifyDrafts: number;
+      /** The step's tokens, for the routing trace (complete once `known` ran). */
+      trace: readonly number[];
+      /** Runs once the step completed, before the results are read (the cycle reads its drafts). */
+      known?: () => void;
+      prepared: PreparedStep | null;
+      /** Runs once the step is committed, while the GPU works (prepares the next step). Must not throw. */
+      afterCommit: (() => void) | undefined;
+      encode: (ctx: EncodeContext, plan: SitePlan) => void;
+    },
+  ): Promise<RowsResult & { accepted?: number[] }> {
+    const gpu = this.gpu;
+    const pos0 = seq.length;
+    const { nb, logits, sample, verifyDrafts, prepared } = o;
+    const recorder = this.trace ? new RouteRecorder(o.trace, gpu.config.num_layers, gpu.config.moe.top_k) : null;
     const sampler = sample ? this.samplingScratch() : null;
     const sampleRows = verifyDrafts > 0 ? nb : 1;
     if (sampler && verifyDrafts > 0 && (nb > LOGIT_ROWS || verifyDrafts !== nb - 1)) throw new Error(`verify step: ${nb} rows for ${verifyDrafts} drafts`);
@@ -198,17 +372,12 @@ export class Engine {
     if (sampler && (!endsStep || logits.count < sampleRows)) throw new Error(`step of ${nb} rows: sampling ${sampleRows} rows needs their logits (asked for rows ${logits.from}..${logits.from + logits.count - 1})`);
     // The last LOGIT_ROWS block of the step's logits stays in the logits scratch.
     const block = logits.count > 0 ? Math.floor((logits.count - 1) / LOGIT_ROWS) * LOGIT_ROWS : 0;
-    seq.writeTokens(pos0, tokens);
-    // The key needs the residency as this step will see it (runStep refreshes it too: a no-op then).
-    gpu.resident.refresh();
-    const key = this.recordingKey(nb, verify, logits);
-    const prepared = this.takePrepared(seq, pos0, key);
     await this.guarded(seq, () =>
       runStep(
         gpu,
         this.counter,
         (ctx, plan) => {
-          if (!prepared) this.encodeTrunk(ctx, plan, seq, key, { nb, pos0, verify, logits });
+          if (!prepared) o.encode(ctx, plan);
           if (!sample || !sampler) return;
           const first = nb - sampleRows;
           encodeSample(ctx, rowAt(gpu.scratch.head.logits, first - logits.from - block), sampler, {
@@ -226,11 +395,11 @@ export class Engine {
           });
         },
         recorder?.observe,
-        // A recordable step is most likely followed by a decode row of the same sequence.
-        { prepared, afterCommit: key === null ? undefined : () => this.prepareNext(seq, pos0 + nb) },
+        { prepared, afterCommit: o.afterCommit },
       ),
     );
     seq.length = pos0 + nb;
+    o.known?.();
     this.logitsHeld = endsStep ? { seq, length: seq.length, row: logits.count - 1 - block } : null;
     if (recorder) this.trace!.write(recorder.step());
     const s = gpu.scratch.head;
@@ -238,7 +407,7 @@ export class Engine {
     // The argmax of NaN logits is a silent id 0: a non-finite margin means the logits are not finite.
     const bad = out.margins.findIndex((m) => !Number.isFinite(m));
     if (bad >= 0) {
-      seq.reset();
+      this.resetState(seq);
       throw new NonFiniteError(
         `the output logits: non-finite values at row ${logits.from + bad} (margin ${out.margins[bad]}): the weights or activations of the output head or the last layer (${gpu.config.num_layers - 1}) are NaN or infinite`,
         null,
@@ -254,38 +423,120 @@ export class Engine {
   }
 
   /**
-   * @internal Proposes `drafts` tokens for `seq` after `next` (lock held). With `sample`, draft
-   * j is drawn (Draw.draft, position length + 1 + j) from the MTP head's logits through the
-   * same transform, and its distribution stays in the sampling scratch for the verification.
+   * @internal One speculative cycle for `seq` after `next` (lock held), in one command buffer
+   * (docs/engine.md "The speculative cycle"): the rollback the last cycle left pending, the MTP
+   * head's catch-up and `drafts` chained drafts (copied into the token buffer on the GPU), the
+   * verify batch [next, ...drafts] with its snapshot planes, and with `sample` the verifying
+   * draw (rejection sampling; draft j is drawn with Draw.draft at position length + 1 + j).
+   * Recorded and replayed as one tape, keyed by (rollback row, catch-up rows, drafts). The
+   * accepted drafts and the bonus token come back; a partial accept cuts the lengths now and
+   * leaves its rollback pending.
    */
-  async draftStep(seq: SequenceState, next: number, drafts: number, sample?: SampleRequest): Promise<number[]> {
+  async speculateCycle(seq: SequenceState, next: number, drafts: number, sample?: SampleRequest): Promise<SpeculativeResult> {
     const gpu = this.gpu;
-    this.logitsHeld = null; // the MTP head's logits go through the same scratch
-    seq.writeTokens(seq.length, [next]);
-    const sampler = sample ? this.samplingScratch() : null;
-    const position = seq.length + 1;
+    const snaps = gpu.snapshots;
+    if (!snaps || !gpu.refs.mtp) throw new Error("this model has no MTP head: speculative decoding is unavailable");
+    this.settleRollback(seq);
+    const pos0 = seq.length;
+    const k = drafts;
+    const nb = 1 + k;
+    seq.checkRoom(nb);
+    const catchUp = pos0 - seq.mtpLength;
+    if (catchUp < 1) throw new Error(`drafts: no trunk rows to draft from (trunk length ${pos0}, MTP length ${seq.mtpLength})`);
+    seq.writeTokens(pos0, [next]); // the drafts follow it, written by the GPU
+    gpu.resident.refresh();
+    const rollback = this.pendingRollback?.seq === seq ? this.pendingRollback.row : null;
+    const key = this.cycleKey(rollback, catchUp, k);
+    // The cycle was most likely prepared while the last one ran (its rollback in it).
+    const prepared = this.takePrepared(seq, pos0, key, sample);
+    this.takeRollback(seq);
+    const logits = { from: 0, count: nb };
     const s = gpu.scratch;
-    const draw =
-      sample && sampler
-        ? (ctx: EncodeContext, j: number) =>
-            encodeSample(ctx, rowAt(s.head.logits, 0), sampler, {
-              params: sample.params,
-              seed: sample.seed,
-              rows: 1,
-              position: position + j,
-              draw: Draw.draft,
-              counts: this.countsBinding(sample),
-              extras: bind(s.mtp.drafts.buffer, s.mtp.drafts.offset),
-              extrasBase: j,
-              verify: null,
-              qRow: j,
-              topLogprobs: null,
-              ids: bind(s.mtp.drafts.buffer, s.mtp.drafts.offset + 4 * j),
-            })
-        : undefined;
-    await this.guarded(seq, () => runStep(gpu, this.counter, (ctx, plan) => encodeDrafts(ctx, gpu, seq, plan, drafts, draw)));
-    seq.mtpLength = seq.length;
-    return Array.from(i32View(gpu.scratch.mtp.drafts, drafts));
+    const draw = this.draftDraw(pos0, sample);
+    const trace = [next, ...new Array<number>(k).fill(-1)];
+    let ds: number[] = [];
+    let fromTape = prepared !== null;
+    const r = await this.runTrunk(seq, {
+      nb,
+      logits,
+      sample,
+      verifyDrafts: sample ? k : 0,
+      trace,
+      prepared,
+      // The next cycle, for each accept count this one may end with.
+      afterCommit: () => this.prepareCycles(seq, pos0, k, sample),
+      known: () => {
+        ds = Array.from(i32View(s.mtp.drafts, k));
+        trace.splice(1, k, ...ds);
+      },
+      encode: (ctx, plan) => {
+        fromTape = this.encodeCycle(ctx, plan, seq, key, { pos0, catchUp, drafts: k, rollback, draw });
+      },
+    });
+    seq.mtpLength = pos0;
+    this.cycleCounts.cycles++;
+    if (fromTape) this.cycleCounts.recorded++;
+    if (prepared) this.cycleCounts.prepared++;
+    let a = 0;
+    // Sampling: the kernel verified each draft (rejection sampling); greedy: equal to the argmax.
+    if (r.accepted) while (a < k && r.accepted[a] === 1) a++;
+    else while (a < k && r.next[a] === ds[a]) a++;
+    if (a < k) {
+      // The caches roll back by length now; the fixed-size state at the next step (or before anything else).
+      seq.length = pos0 + a + 1;
+      this.pendingRollback = { seq, row: a };
+      gpu.activity.noteRolledBack(k - a);
+    }
+    const accepted = [...ds.slice(0, a), r.next[a]!];
+    return { next: accepted, margins: r.margins.slice(0, a + 1), proposed: k, ...(r.logprobs ? { logprobs: r.logprobs.slice(0, a + 1) } : {}) };
+  }
+
+  /** Under sampling, the draw of draft j of a cycle at pos0 (Draw.draft at position pos0 + 1 + j) over its MTP logits row. */
+  private draftDraw(pos0: number, sample: SampleRequest | undefined): StepVars["draw"] {
+    if (!sample) return undefined;
+    const sampler = this.samplingScratch();
+    const s = this.gpu.scratch;
+    const counts = this.countsBinding(sample);
+    return (ctx: EncodeContext, j: number) =>
+      encodeSample(ctx, rowAt(s.head.logits, 0), sampler, {
+        params: sample.params,
+        seed: sample.seed,
+        rows: 1,
+        position: pos0 + 1 + j,
+        draw: Draw.draft,
+        counts,
+        extras: bind(s.mtp.drafts.buffer, s.mtp.drafts.offset),
+        extrasBase: j,
+        verify: null,
+        qRow: j,
+        topLogprobs: null,
+        ids: bind(s.mtp.drafts.buffer, s.mtp.drafts.offset + 4 * j),
+      });
+  }
+
+  /**
+   * Encodes a speculative cycle's trunk and MTP work through `seq`'s recordings (its sampling
+   * is the caller's): the pending rollback of row `rollback`, the catch-up of `catchUp` MTP
+   * rows before pos0 and the chained drafts (drafts copied after the token at pos0), the verify
+   * batch of 1 + drafts rows at pos0. Returns whether it came from a tape.
+   */
+  private encodeCycle(
+    ctx: EncodeContext,
+    plan: SitePlan,
+    seq: SequenceState,
+    key: string | null,
+    c: { pos0: number; catchUp: number; drafts: number; rollback: number | null; draw?: StepVars["draw"] },
+  ): boolean {
+    const gpu = this.gpu;
+    const { catchUp, drafts, rollback } = c;
+    const logits = { from: 0, count: 1 + drafts };
+    const vars: StepVars = { pos0: c.pos0, ...(c.draw ? { draw: c.draw } : {}) };
+    return this.recordingsOf(seq).encode(ctx, plan, key, vars, (ctx, plan, vars) => {
+      if (rollback !== null) gpu.snapshots!.encodeRestore(ctx, seq, rollback);
+      // The MTP positions lie `catchUp` rows before the verify's.
+      shiftedLive(ctx, -catchUp, () => encodeDrafts(ctx, gpu, seq, plan, { ...vars, pos0: vars.pos0 - catchUp }, { rows: catchUp, drafts }));
+      encodeTrunkStep(ctx, gpu, seq, { nb: 1 + drafts, pos0: vars.pos0, verify: true, logits }, plan);
+    });
   }
 
   /**
@@ -315,24 +566,12 @@ export class Engine {
     return { next, ...(sample.logprobs !== null ? { logprobs: sampler.logprobs(0, sample.logprobs) } : {}) };
   }
 
-  /** @internal Rolls `seq` back to row `row` of the verify batch that started at pos0. */
-  rollback(seq: SequenceState, row: number, pos0: number): void {
-    const snaps = this.gpu.snapshots;
-    if (!snaps) throw new Error("rollback: this engine has no rollback planes");
-    try {
-      runNow(this.gpu.device, (ctx) => snaps.encodeRollback(ctx, seq, row, pos0));
-    } catch (e) {
-      seq.reset();
-      throw e;
-    }
-  }
-
   /** A failed step leaves the sequence's state half-written: reset it so the caller can replay. */
   private async guarded<T>(seq: SequenceState, fn: () => Promise<T>): Promise<T> {
     try {
       return await fn();
     } catch (e) {
-      seq.reset();
+      this.resetState(seq);
       throw e;
     }
   }
@@ -368,7 +607,8 @@ export class Engine {
     if (this.closed) return;
     await this.lock;
     this.closed = true;
-    for (const p of this.prepared.values()) p.step.cb.release();
+    this.pendingRollback = null;
+    for (const list of this.prepared.values()) for (const p of list) p.step.cb.release();
     this.prepared.clear();
     for (const s of this.sequences) s.releaseNow();
     this.sequences.clear();
@@ -447,12 +687,23 @@ export class EngineSequence {
   checkpoint(): EngineCheckpoint {
     this.check();
     if (this.running > 0) throw new Error("checkpoint: a step of this sequence is in flight (await it first)");
+    this.settle();
     return new EngineCheckpoint(this.engine, this.state.capture());
+  }
+
+  /**
+   * @internal Runs a rollback the last speculative cycle left pending (it waits for the next
+   * step otherwise): for a reader of the device state itself. None of this sequence's steps may be in flight.
+   */
+  settle(): void {
+    this.check();
+    this.engine.settle(this.state);
   }
 
   /**
    * Drafts up to `drafts` tokens with the MTP head after `next`, verifies [next, ...drafts] as
    * one row batch and rolls back to the last accepted row: the same tokens as greedy decoding.
+   * One command buffer (Engine.speculateCycle).
    */
   async speculate(next: number, drafts: number, signal?: AbortSignal, sample?: SampleRequest): Promise<SpeculativeResult> {
     this.check();
@@ -467,29 +718,13 @@ export class EngineSequence {
       return { next: r.next, margins: r.margins, ...(r.logprobs ? { logprobs: r.logprobs } : {}), proposed: 0 };
     }
     this.state.checkRoom(1 + k);
-    return this.track(this.engine.exclusive(async () => {
-      const seq = this.state;
-      const ds = await this.engine.draftStep(seq, next, k, sample);
-      const pos0 = seq.length;
-      // Every row of the batch is verified (or is the bonus row): all need their logits.
-      const r = await this.engine.trunkStep(seq, [next, ...ds], true, { from: 0, count: 1 + k }, sample, sample ? k : 0);
-      let a = 0;
-      // Sampling: the kernel verified each draft (rejection sampling); greedy: equal to the argmax.
-      if (r.accepted) while (a < k && r.accepted[a] === 1) a++;
-      else while (a < k && r.next[a] === ds[a]) a++;
-      if (a < k) {
-        this.engine.rollback(seq, a, pos0);
-        g.activity.noteRolledBack(k - a);
-      }
-      const accepted = [...ds.slice(0, a), r.next[a]!];
-      return { next: accepted, margins: r.margins.slice(0, a + 1), proposed: k, ...(r.logprobs ? { logprobs: r.logprobs.slice(0, a + 1) } : {}) };
-    }));
+    return this.track(this.engine.exclusive(() => this.engine.speculateCycle(this.state, next, k, sample)));
   }
 
   reset(): void {
     this.check();
     // Behind any step in flight for this sequence (nothing to do once the engine is closed).
-    void this.engine.exclusive(async () => this.state.reset()).catch(() => {});
+    void this.engine.exclusive(async () => this.engine.resetSequence(this.state)).catch(() => {});
     this.state.length = 0;
     this.state.mtpLength = 0;
   }

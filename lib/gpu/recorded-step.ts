@@ -28,8 +28,12 @@ interface Recording {
   readonly routeBytes: number;
 }
 
-/** Recordings a sequence keeps (the least recently used goes first): a decode row, a verify shape, the prompt chunks'. */
-export const MAX_RECORDINGS = 8;
+/**
+ * Recordings a sequence keeps (the least recently used goes first): a decode row, the prompt
+ * chunks', and a speculative run's cycles: one per (pending rollback row, catch-up rows) for
+ * its draft count, k + 1 of them (engine.ts cycleKey).
+ */
+export const MAX_RECORDINGS = 16;
 
 export class StepRecordings {
   /** Compare every replay with a fresh encode (tests; CHERENKOV_CHECK_RECORDING=1). */
@@ -46,19 +50,20 @@ export class StepRecordings {
 
   /**
    * Encodes the step into ctx.cb: replayed when a recording of `key` exists, else recorded
-   * (when it can be) and encoded from the tape. key null: encoded directly.
+   * (when it can be) and encoded from the tape. key null: encoded directly. Returns whether
+   * the step came from a tape (replayed or just recorded).
    */
-  encode(ctx: EncodeContext, plan: SitePlan, key: string | null, vars: StepVars, encode: StepEncode): void {
+  encode(ctx: EncodeContext, plan: SitePlan, key: string | null, vars: StepVars, encode: StepEncode): boolean {
     if (key === null || !StepRecordings.enabled || ctx.tape || plan.handshakeAll) {
       encode(ctx, plan, vars);
-      return;
+      return false;
     }
     const known = this.#byKey.get(key);
     this.#byKey.delete(key); // re-inserted below: the map's order is the order of last use
     if (known && known.tape.releasedBuffer() === null) {
       this.#byKey.set(key, known);
       this.#replay(ctx, plan, known, vars, encode);
-      return;
+      return true;
     }
     const tape = new Tape();
     try {
@@ -67,13 +72,14 @@ export class StepRecordings {
       if (!(e instanceof NotRecordable)) throw e;
       plan.reset();
       encode(ctx, plan, vars);
-      return;
+      return false;
     }
     ctx.cb.encodeTape(tape.words, tape.commands);
     this.#byKey.set(key, { tape, sites: plan.sites.slice(), routeBytes: plan.routeBytes });
     // A tape is ~100 KB on the 30b shape; prompts of many lengths must not pile them up.
     if (this.#byKey.size > MAX_RECORDINGS) this.#byKey.delete(this.#byKey.keys().next().value!);
     this.counts.recorded++;
+    return true;
   }
 
   /** The keys held, least recently used first (tests). */

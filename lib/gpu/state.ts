@@ -12,7 +12,7 @@ import { deltanetStateFloats, encodeDeltaNetRestore } from "./deltanet.ts";
 import type { EncodeContext } from "./dispatch.ts";
 import { MAX_SNAP } from "./limits.ts";
 import { pleHistoryFloats } from "./ple.ts";
-import { allocatePlanes, encodeRestore, planesLayout, SNAPSHOT_PLANES, type SnapshotPlanes } from "./snapshots.ts";
+import { allocatePlanes, encodeRestore, planesLayout, SNAPSHOT_PLANES, type RestoreRegion, type SnapshotPlanes } from "./snapshots.ts";
 
 /** The sequence would grow past the capacity it was allocated with. */
 export class ContextFullError extends RangeError {
@@ -129,7 +129,7 @@ export class SequenceState {
       if (kv.scales) this.#buffers.push(kv.scales as Buffer);
       return kv;
     };
-    this.tokens = buf((capacity + SPARE) * 4, "shared"); // written by the host before each step
+    this.tokens = buf((capacity + SPARE) * 4, "shared"); // written by the host before each step (a cycle's drafts: by the GPU)
     this.deltanet = c.layer_types.map((t) => (t === "deltanet" ? { S: buf(s.S * 4), conv: buf(Math.max(1, s.conv) * 4) } : null));
     this.attention = c.layer_types.map((t) =>
       t === "attention"
@@ -249,9 +249,10 @@ export class SequenceState {
 }
 
 /**
- * The rollback planes of a verify batch, shared by every sequence of an engine (a verify
- * step and its rollback run back to back under the engine's lock): per DeltaNet layer S and
- * the conv window, per PLE layer the conv history, SNAPSHOT_PLANES rows each.
+ * The rollback planes of a verify batch, shared by every sequence of an engine: per DeltaNet
+ * layer S and the conv window, per PLE layer the conv history, SNAPSHOT_PLANES rows each. A
+ * rollback may wait until the sequence's next step, but runs before any other step (the next
+ * verify overwrites the planes): engine.ts, pending rollbacks.
  */
 export class SnapshotSet {
   readonly deltanet: ({ S: SnapshotPlanes; conv: SnapshotPlanes } | null)[];
@@ -286,19 +287,23 @@ export class SnapshotSet {
   }
 
   /**
-   * Rolls `seq` back to the state right after row `row` of the verify batch that started at
-   * `pos0` (its planes are the last ones written): fixed-size state from the planes, lengths cut.
+   * Restores `seq`'s fixed-size state (DeltaNet S and conv windows, PLE histories) to right
+   * after row `row` of the last verify batch (its planes are the last ones written). The
+   * caller cuts the lengths (caches roll back by length). Binds only fixed regions: a
+   * speculative cycle records it (engine.ts).
    */
-  encodeRollback(ctx: EncodeContext, seq: SequenceState, row: number, pos0: number): void {
+  encodeRestore(ctx: EncodeContext, seq: SequenceState, row: number): void {
     if (!Number.isInteger(row) || row < 0 || row >= SNAPSHOT_PLANES) throw new RangeError(`rollback: row ${row} outside 0..${SNAPSHOT_PLANES - 1}`);
     this.deltanet.forEach((p, l) => {
       const live = seq.deltanet[l];
       if (p && live) encodeDeltaNetRestore(ctx, row, { planes: p.S, live: live.S }, { planes: p.conv, live: live.conv });
     });
+    // PLE histories two to a dispatch (the kernel copies two regions).
+    const ple: RestoreRegion[] = [];
     this.ple.forEach((p, l) => {
       const live = seq.ple[l];
-      if (p && live) encodeRestore(ctx, { planes: p, plane: row, live });
+      if (p && live) ple.push({ planes: p, plane: row, live });
     });
-    seq.length = pos0 + row + 1;
+    for (let i = 0; i < ple.length; i += 2) encodeRestore(ctx, ple[i]!, ple[i + 1]);
   }
 }

@@ -8,9 +8,14 @@ import type { EncodeContext } from "./dispatch.ts";
 /** Words of a command's header (CK_TAPE_HEADER_WORDS). */
 const HEADER = 11;
 
-/** What a live range depends on: the position of the step's first row. */
+/** What a live range depends on: the position of the step's first row (and a draft step's draws). */
 export interface StepVars {
   readonly pos0: number;
+  /**
+   * A draft step's sampling (draft.ts): draws draft j from the MTP logits row just computed.
+   * Its seed, penalties and positions change from call to call, so it is a var, encoded live.
+   */
+  readonly draw?: (ctx: EncodeContext, j: number) => void;
 }
 
 /** Encodes the dispatches of a live range for the step `vars` (again, at each replay). */
@@ -38,6 +43,8 @@ export class Tape {
   /** Kernel names of the commands recorded by dispatch() (diagnostics). */
   readonly #kernels: string[] = [];
   #liveStart: { start: number; firstCommand: number } | null = null;
+  /** Rows the live ranges being recorded lie past the step's pos0 (shifted()). */
+  #shift = 0;
 
   /** The recorded words (a view: valid until the next record). */
   get words(): Uint32Array {
@@ -88,16 +95,32 @@ export class Tape {
     for (const b of src.buffers) this.buffers.add(b);
   }
 
-  /** Records what `encode` dispatches for `vars` as a live range. */
+  /**
+   * Records what `encode` dispatches for `vars` as a live range. Inside shifted(delta), vars
+   * are the shifted ones (pos0 = the step's pos0 + delta): a replay passes them shifted too.
+   */
   recordLive(ctx: EncodeContext, vars: StepVars, encode: LiveEncode): void {
     if (this.#liveStart) throw new Error("tape: a live range inside another");
     this.#liveStart = { start: this.length, firstCommand: this.commands };
+    const delta = this.#shift;
     try {
       encode(ctx, vars);
     } finally {
       const { start, firstCommand } = this.#liveStart;
       this.#liveStart = null;
-      this.live.push({ start, end: this.length, firstCommand, endCommand: this.commands, encode });
+      const replayed: LiveEncode = delta === 0 ? encode : (ctx, v) => encode(ctx, { ...v, pos0: v.pos0 + delta });
+      this.live.push({ start, end: this.length, firstCommand, endCommand: this.commands, encode: replayed });
+    }
+  }
+
+  /** Runs `fn` with the live ranges it records `delta` rows past the step's pos0 (a draft step's MTP rows). */
+  shifted(delta: number, fn: () => void): void {
+    const outer = this.#shift;
+    this.#shift = outer + delta;
+    try {
+      fn();
+    } finally {
+      this.#shift = outer;
     }
   }
 

@@ -1,0 +1,232 @@
+// The speculative cycle (docs/engine.md "The speculative cycle"): a cycle is one command
+// buffer (the last cycle's pending rollback, the MTP drafts copied into the token buffer on the
+// GPU, the verify batch), recorded once per (rollback row, catch-up rows, drafts), prepared
+// while the cycle before it runs and replayed; every replay here is compared word for word with
+// a fresh encode (StepRecordings.check). The tokens are greedy's token for token (also over a
+// streamed pool, with handshakes, and a catch-up in chunks), sampled drafts draw what a direct
+// encode draws, and a pending rollback runs before anything else reads the state (a plain
+// step, a checkpoint, another sequence's verify, which overwrites the shared planes).
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { join } from "node:path";
+import type { SampleRequest } from "../../lib/api/backend.ts";
+import { Engine, type EngineSequence } from "../../lib/gpu/engine.ts";
+import { StepRecordings } from "../../lib/gpu/recorded-step.ts";
+import { openModel, type ModelFiles } from "../../lib/model/format.ts";
+import { loadTokenizer } from "../../lib/model/tokenizer.ts";
+import { samplingParams } from "../../lib/reference/sampling.ts";
+import { BACKEND } from "../selected-backend.ts";
+
+const DIR = join(import.meta.dir, "..", "..", "examples", "models", "qwen4-exp-tiny");
+const N = 24;
+
+let files: ModelFiles;
+let engine: Engine;
+let plain: number[];
+/** A plain text prompt: the trained MTP head's drafts are often, not always, accepted. */
+let PROMPT: number[];
+
+beforeAll(async () => {
+  StepRecordings.check = true;
+  PROMPT = (await loadTokenizer(DIR)).encode("The cat sat on the mat. The dog sat on the");
+  files = await openModel(DIR);
+  engine = await Engine.load(files, BACKEND); // pool 100%, preloaded: every layer resident
+  plain = await greedy(engine.newSequence(), N);
+});
+afterAll(async () => {
+  StepRecordings.check = false;
+  StepRecordings.enabled = true;
+  await engine.close();
+  files.close();
+});
+
+/** Plain greedy decoding (one row a step) of n tokens after PROMPT. */
+async function greedy(seq: EngineSequence, n: number): Promise<number[]> {
+  const first = await seq.forward(PROMPT);
+  const tokens = [first.next[first.next.length - 1]!];
+  while (tokens.length < n) tokens.push((await seq.forward([tokens[tokens.length - 1]!])).next[0]!);
+  seq.dispose();
+  return tokens;
+}
+
+/** Speculative decoding with `drafts` a cycle until n tokens, counting command buffers per cycle and accepts. */
+async function speculative(seq: EngineSequence, drafts: number, n: number, sample?: SampleRequest | ((cycle: number) => SampleRequest)) {
+  const request = (cycle: number) => (typeof sample === "function" ? sample(cycle) : sample);
+  const device = engine.gpu.device;
+  const first = await seq.forward(PROMPT, sample ? { sample: request(0) } : {});
+  const tokens = [first.next[first.next.length - 1]!];
+  const buffers: number[] = [];
+  const accepts: number[] = [];
+  while (tokens.length < n) {
+    const before = device.commandBuffersCommitted;
+    const r = await seq.speculate(tokens[tokens.length - 1]!, drafts, undefined, request(buffers.length));
+    buffers.push(device.commandBuffersCommitted - before);
+    accepts.push(r.next.length - 1);
+    tokens.push(...r.next);
+  }
+  return { tokens: tokens.slice(0, n), buffers, accepts };
+}
+
+for (const drafts of [2, 3]) {
+  test(`${drafts} drafts: greedy's tokens, one command buffer a cycle, every cycle after the first replayed from a recording (checked)`, async () => {
+    const totals = engine.recordedSteps;
+    const cycles = engine.speculativeCycles;
+    const seq = engine.newSequence();
+    const r = await speculative(seq, drafts, N);
+    seq.dispose();
+    expect(r.tokens).toEqual(plain);
+    // Partial accepts (a rollback left pending, run in the next cycle's buffer) and full ones.
+    expect(r.accepts.some((a) => a < drafts)).toBe(true);
+    expect(r.accepts.some((a) => a > 0)).toBe(true);
+    // The draft step, the copy of the drafts, the verify batch and the rollback: one buffer.
+    expect(r.buffers).toEqual(r.buffers.map(() => 1));
+    const now = engine.speculativeCycles;
+    expect(now.cycles - cycles.cycles).toBe(r.buffers.length);
+    // The first cycle catches the MTP head up on the whole prompt: a one-off shape, encoded
+    // directly. Every later one was prepared (replayed) while the cycle before it ran.
+    expect(now.recorded - cycles.recorded).toBe(r.buffers.length - 1);
+    expect(now.prepared - cycles.prepared).toBe(r.buffers.length - 1);
+    // At most drafts + 1 cycle shapes (catch-up rows 1..drafts + 1) are recorded; the rest replay.
+    const steps = engine.recordedSteps;
+    const recorded = steps.recorded - totals.recorded;
+    const replayed = steps.replayed - totals.replayed;
+    expect(recorded).toBeLessThanOrEqual(drafts + 1 + 2); // + the prompt's shape and the decode row prepared after it
+    expect(replayed).toBeGreaterThanOrEqual(r.buffers.length - 1 - (drafts + 1));
+  }, 120_000);
+}
+
+test("sampled drafts: a recorded and prepared cycle draws what a direct encode draws (the draw is live), and commits one buffer a cycle", async () => {
+  const sample = (): SampleRequest => ({ params: samplingParams({ temperature: 0.8, topK: 20 }), seed: 7, counts: null, logprobs: null });
+  const before = engine.speculativeCycles;
+  // One request for the whole generation, as Model.generate keeps it: the cycles are prepared with its draws.
+  const recorded = await speculative(engine.newSequence(), 3, N, sample());
+  const afterRecorded = engine.speculativeCycles;
+  expect(afterRecorded.recorded - before.recorded).toBe(recorded.buffers.length - 1);
+  expect(afterRecorded.prepared - before.prepared).toBe(recorded.buffers.length - 1);
+  StepRecordings.enabled = false;
+  try {
+    const direct = await speculative(engine.newSequence(), 3, N, sample());
+    expect(engine.speculativeCycles.recorded).toBe(afterRecorded.recorded);
+    expect(recorded.tokens).toEqual(direct.tokens);
+    expect(recorded.accepts).toEqual(direct.accepts);
+  } finally {
+    StepRecordings.enabled = true;
+  }
+  expect(recorded.buffers).toEqual(recorded.buffers.map(() => 1));
+  expect(recorded.tokens).not.toEqual(plain);
+  // A new request (another seed) every cycle: a cycle prepared with the last one's draws is not used.
+  const seeded = (cycle: number): SampleRequest => ({ ...sample(), seed: 100 + cycle });
+  const beforeSeeded = engine.speculativeCycles;
+  const changing = await speculative(engine.newSequence(), 3, N, seeded);
+  expect(engine.speculativeCycles.prepared).toBe(beforeSeeded.prepared);
+  StepRecordings.enabled = false;
+  try {
+    expect(changing.tokens).toEqual((await speculative(engine.newSequence(), 3, N, seeded)).tokens);
+  } finally {
+    StepRecordings.enabled = true;
+  }
+}, 120_000);
+
+test("a pending rollback runs before another sequence's cycle, a plain step and a checkpoint read the state", async () => {
+  // Two sequences speculating in turns: each cycle's verify overwrites the shared planes, so
+  // the other sequence's pending rollback must have run before it.
+  const a = engine.newSequence();
+  const b = engine.newSequence();
+  const ta = [(await a.forward(PROMPT)).next.at(-1)!];
+  const tb = [(await b.forward(PROMPT)).next.at(-1)!];
+  let rolledBack = 0;
+  while (ta.length < N || tb.length < N) {
+    for (const [seq, t] of [[a, ta], [b, tb]] as const) {
+      if (t.length >= N) continue;
+      const r = await seq.speculate(t.at(-1)!, 3);
+      if (r.next.length < 4) rolledBack++;
+      t.push(...r.next);
+    }
+  }
+  expect(rolledBack).toBeGreaterThan(0);
+  expect(ta.slice(0, N)).toEqual(plain);
+  expect(tb.slice(0, N)).toEqual(plain);
+  a.dispose();
+  b.dispose();
+
+  // After a partial accept: a plain step folds the rollback into its buffer; a checkpoint runs
+  // it first; both continue as greedy does.
+  const s = engine.newSequence();
+  const t = [(await s.forward(PROMPT)).next.at(-1)!];
+  let partial = false;
+  while (!partial && t.length < N - 4) {
+    const r = await s.speculate(t.at(-1)!, 3);
+    partial = r.next.length < 4;
+    t.push(...r.next);
+  }
+  expect(partial).toBe(true);
+  // The plain step commits one buffer: the rollback runs inside it.
+  const device = engine.gpu.device;
+  const before = device.commandBuffersCommitted;
+  t.push((await s.forward([t.at(-1)!])).next[0]!);
+  expect(device.commandBuffersCommitted - before).toBe(1);
+  expect(t).toEqual(plain.slice(0, t.length));
+  // A checkpoint taken with a rollback pending holds the rolled-back state.
+  partial = false;
+  while (!partial && t.length < N - 4) {
+    const r = await s.speculate(t.at(-1)!, 3);
+    partial = r.next.length < 4;
+    t.push(...r.next);
+  }
+  expect(partial).toBe(true);
+  const resumed = engine.newSequence(s.checkpoint());
+  const fromCheckpoint = await resumed.forward([t.at(-1)!]);
+  const fromSequence = await s.forward([t.at(-1)!]);
+  expect(fromCheckpoint.next).toEqual(fromSequence.next);
+  t.push(fromSequence.next[0]!);
+  expect(t).toEqual(plain.slice(0, t.length));
+  s.dispose();
+  resumed.dispose();
+}, 120_000);
+
+test("a catch-up longer than the scratch's rows (4-row chunks): the earlier chunks only fill the MTP cache; greedy's tokens", async () => {
+  const small = await Engine.load(files, BACKEND, { prefillChunk: 4 });
+  try {
+    expect(small.gpu.rows).toBe(4);
+    const first = await greedy(small.newSequence(), N);
+    const seq = small.newSequence();
+    const t = [(await seq.forward(PROMPT)).next.at(-1)!];
+    let accepted = 0;
+    while (t.length < N) {
+      const r = await seq.speculate(t.at(-1)!, 3);
+      accepted += r.next.length - 1;
+      t.push(...r.next);
+    }
+    seq.dispose();
+    expect(t.slice(0, N)).toEqual(first);
+    expect(accepted).toBeGreaterThan(0);
+    expect(PROMPT.length).toBeGreaterThan(2 * small.gpu.rows);
+  } finally {
+    await small.close();
+  }
+}, 120_000);
+
+test("a streamed pool (50%): the cycle's MTP and trunk sites are served at handshakes in its one buffer; greedy's tokens", async () => {
+  const streamed = await Engine.load(files, BACKEND, { pool: "50%" });
+  try {
+    const want = await greedy(streamed.newSequence(), N);
+    const before = streamed.speculativeCycles;
+    const handshakes = () => (streamed.stats() as { handshake: { all: { count: number } } }).handshake.all.count;
+    const seq = streamed.newSequence();
+    const t = [(await seq.forward(PROMPT)).next.at(-1)!];
+    const device = streamed.gpu.device;
+    const h0 = handshakes();
+    while (t.length < N) {
+      const b = device.commandBuffersCommitted;
+      const r = await seq.speculate(t.at(-1)!, 2);
+      expect(device.commandBuffersCommitted - b).toBe(1);
+      t.push(...r.next);
+    }
+    seq.dispose();
+    expect(t.slice(0, N)).toEqual(want);
+    expect(handshakes()).toBeGreaterThan(h0);
+    // Not every layer is held: nothing is recorded.
+    expect(streamed.speculativeCycles.recorded).toBe(before.recorded);
+  } finally {
+    await streamed.close();
+  }
+}, 120_000);
