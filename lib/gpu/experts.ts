@@ -155,12 +155,21 @@ export interface RoutedScratch {
 }
 
 /**
+ * Rows up to which a step's routed experts run per routed pair (moe_gate_up_pairs, then
+ * moe_down_combine): a decode row, and a verify batch of up to 3 drafts, whose rows then get a
+ * decode row's bits (one row's pairs are computed the same way whatever the batch) in 2
+ * dispatches instead of the lists, the expert-major kernels and the combine. Past it a batch
+ * reads each active expert once for all its rows (moe_gate_up / moe_down over the pair lists).
+ */
+export const PAIR_ROWS = 4;
+
+/**
  * Whether a layer's routed experts can end in moe_down_combine (the down projections and the
- * combine in one dispatch): a decode step (one row) over q4 records in a one-buffer pool. The
+ * combine in one dispatch): up to PAIR_ROWS rows over q4 records in a one-buffer pool. The
  * caller then skips encodeMoeCombine; the results are the same bits.
  */
 export function fusesDownCombine(pool: ExpertPool, nb: number): boolean {
-  return nb === 1 && pool.buffers.length === 1 && pool.parts.every((p) => p.dtype === "q4");
+  return nb <= PAIR_ROWS && pool.buffers.length === 1 && pool.parts.every((p) => p.dtype === "q4");
 }
 
 /** Simdgroups of a moe_down_combine threadgroup, each on its own experts of the row (MOE_DC_SG). */
@@ -216,7 +225,7 @@ export function encodeRoutedExperts(
   // A decode step that ends in moe_down_combine: gate and up per routed pair straight from
   // the router's ids (no pair lists), then the fused down + combine.
   if (combine) {
-    if (!fusesDownCombine(pool, nb)) throw new Error("moe_down_combine: needs one row, q4 records and a one-buffer pool (fusesDownCombine)");
+    if (!fusesDownCombine(pool, nb)) throw new Error(`moe_down_combine: needs at most ${PAIR_ROWS} rows, q4 records and a one-buffer pool (fusesDownCombine)`);
     const values = { rows: nb, top_k: topK, experts, slots: pool.slots, record_stride: pool.stride, in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: x.stride, y_stride: scratch.h.stride };
     const io = [slotOf, pool.buffers[0]!, bind(x.buffer, x.offset), bind(scratch.h.buffer, scratch.h.offset)];
     const grid: [number, number] = [Math.ceil(I / (T.rows * T.simdgroups)), nb * topK];

@@ -4,7 +4,8 @@
 // the on-disk layout, shared expert, combine) for every record dtype, plus a missing slot.
 import { afterAll, describe, expect, test } from "bun:test";
 
-import { encodeExpertLists, encodeMoeCombine, encodeRouter, encodeRouterTopK, encodeRoutedExperts, encodeSharedExpert, fusesDownCombine, type ExpertPool } from "../../lib/gpu/experts.ts";
+import { encodeExpertLists, encodeMoeCombine, encodeRouter, encodeRouterTopK, encodeRoutedExperts, encodeSharedExpert, fusesDownCombine,
+  PAIR_ROWS, type ExpertPool } from "../../lib/gpu/experts.ts";
 import type { DType } from "../../lib/model/config.ts";
 import { PART_ALIGN } from "../../lib/model/manifest.ts";
 import { moeRow, routerTopK, type MoeWeights } from "../../lib/reference/moe.ts";
@@ -132,7 +133,7 @@ interface StreamsInto {
 }
 
 /** Runs a whole MoE on nb rows of x and returns y with the reference's y per row. */
-function runMoe(nb: number, dims: MoeDims, dtype: DType, opts: { missing?: number; fused?: boolean; shared?: boolean; into?: StreamsInto } = {}) {
+function runMoe(nb: number, dims: MoeDims, dtype: DType, opts: { missing?: number; fused?: boolean; shared?: boolean; into?: StreamsInto; x?: Float32Array } = {}) {
   const { d, E, k, I, SI } = dims;
   const slots = E + 3;
   const perm = [...Array(E).keys()].map((e) => (e * 7 + 3) % slots); // slots are not expert ids
@@ -147,7 +148,7 @@ function runMoe(nb: number, dims: MoeDims, dtype: DType, opts: { missing?: numbe
     expertGate: hostTensor(randomF32(d, 11, 0.5, "seg"), "bf16", [1, d]),
   };
   const { refs } = uploadWeights(dev, dense);
-  const x = randomF32(nb * d, nb + 1, 1.5, "moe-x");
+  const x = opts.x ?? randomF32(nb * d, nb + 1, 1.5, "moe-x");
   const xb = uploadF32(dev, x);
   const input = rows(xb, d);
   const logits = outputF32(dev, nb * E);
@@ -231,6 +232,21 @@ describe("whole MoE: router, lists, routed experts through slots, shared expert,
     expect(m.y.every(Number.isNaN)).toBe(true); // a missing expert makes its row NaN, as the combine does
   });
 
+  // A verify batch (2..PAIR_ROWS rows) runs per routed pair too: each row gets the bits it gets
+  // alone (a decode step), so accepting a draft cannot change a greedy token.
+  test.each([2, 3, PAIR_ROWS])("the pair path over %i rows: each row's bits as a decode step's, and the reference", (nb) => {
+    const dims: MoeDims = { d: 64, E: 16, k: 4, I: 96, SI: 64 };
+    const x = randomF32(nb * dims.d, 60 + nb, 1.5, "verify-x");
+    const batch = runMoe(nb, dims, "q4", { fused: true, x });
+    const bits = (a: Float32Array) => [...new Uint32Array(a.buffer, a.byteOffset, a.length)];
+    for (let r = 0; r < nb; r++) {
+      const alone = runMoe(1, dims, "q4", { fused: true, x: x.slice(r * dims.d, (r + 1) * dims.d) });
+      expect(bits(batch.y.subarray(r * dims.d, (r + 1) * dims.d))).toEqual(bits(alone.y));
+      expect([...batch.ids.subarray(r * dims.k, (r + 1) * dims.k)]).toEqual([...alone.ids]);
+      expectClose(batch.y.subarray(r * dims.d, (r + 1) * dims.d), batch.ref[r]!.y, MOE_TOL, `pair path row ${r} vs reference`);
+    }
+  });
+
   // The site's write done by moe_down_combine_hc (the decode MoE site): the same bits as
   // moe_down_combine into y, then hc_write_f32 (n > 1) or the residual add (n = 1).
   test.each([4, 2, 1].flatMap((n) => [true, false].map((sh) => [n, sh] as const)))("moe_down_combine_hc, n = %i, shared expert %p: the same bits as moe_down_combine + the site's write", (n, withShared) => {
@@ -284,11 +300,12 @@ describe("whole MoE: router, lists, routed experts through slots, shared expert,
     expect(bits(fusedP, hcFoldCount(n, d)).some((v) => v !== 0)).toBe(true);
   });
 
-  test("fusesDownCombine: one row, q4 records, one pool buffer", () => {
+  test("fusesDownCombine: up to PAIR_ROWS rows (a decode row, a verify batch), q4 records, one pool buffer", () => {
     const dims: MoeDims = { d: 64, E: 4, k: 2, I: 32, SI: 32 };
     const { pool } = buildPool(dims, "q4", 100, [0, 1, 2, 3], 4);
     expect(fusesDownCombine(pool, 1)).toBe(true);
-    expect(fusesDownCombine(pool, 2)).toBe(false);
+    expect(fusesDownCombine(pool, PAIR_ROWS)).toBe(true);
+    expect(fusesDownCombine(pool, PAIR_ROWS + 1)).toBe(false);
     expect(fusesDownCombine({ ...pool, buffers: [pool.buffers[0]!, pool.buffers[0]!] }, 1)).toBe(false);
     expect(fusesDownCombine(buildPool(dims, "bf16", 100, [0, 1, 2, 3], 4).pool, 1)).toBe(false);
   });
