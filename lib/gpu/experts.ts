@@ -13,6 +13,7 @@ import { encodeGemmGateUp, GEMM_TILE, gemmMinRows, usesGemm } from "./gemm.ts";
 import type { SiteWrite } from "./hyperconnection.ts";
 import { hcFoldBindings, hcFoldParams } from "./hc-fold.ts";
 import { HC_MAX_STREAMS, SIMD_WIDTH } from "./limits.ts";
+import { encodeSiteProjections, type SiteRead } from "./site-read.ts";
 
 /** Largest expert count and top-k the router and list kernels hold. */
 export const MOE_MAX_EXPERTS = 1024;
@@ -52,15 +53,17 @@ export function encodeRouter(
   nb: number,
   cfg: RouterConfig,
   sharedGate?: SharedGate,
+  read?: SiteRead,
 ): void {
-  encodeRouterLogits(ctx, router, x, logits, nb, cfg, sharedGate);
+  encodeRouterLogits(ctx, router, x, logits, nb, cfg, sharedGate, read);
   encodeRouterTopK(ctx, logits, routes, nb, cfg);
 }
 
 /**
  * logits = W_router x alone (a step whose gate_up routes itself: moe_gate_up_pairs_routed).
  * With `sharedGate`, the shared expert's gate logit of the same rows in the same dispatch
- * (matvec_multi, when the dtypes match: the same bits as a matvec each in that form).
+ * (matvec_multi, when the dtypes match: the same bits as a matvec each in that form). With
+ * `read`, x is that site read, which the router's dispatch may form itself (site-read.ts).
  */
 export function encodeRouterLogits(
   ctx: EncodeContext,
@@ -70,10 +73,12 @@ export function encodeRouterLogits(
   nb: number,
   cfg: RouterConfig,
   sharedGate?: SharedGate,
+  read?: SiteRead,
 ): void {
   const [E] = matrixShape(router, "router");
   if (E !== cfg.experts) throw new Error(`router has ${E} rows, config says ${cfg.experts} experts`);
-  if (sharedGate) encodeMatvecs(ctx, [{ w: router, y: logits }, { w: sharedGate.w, y: sharedGate.sg }], x, nb);
+  if (read) encodeSiteProjections(ctx, sharedGate ? [{ w: router, y: logits }, { w: sharedGate.w, y: sharedGate.sg }] : [{ w: router, y: logits }], read, x, nb);
+  else if (sharedGate) encodeMatvecs(ctx, [{ w: router, y: logits }, { w: sharedGate.w, y: sharedGate.sg }], x, nb);
   else encodeMatvec(ctx, router, x, logits, nb);
 }
 

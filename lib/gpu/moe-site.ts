@@ -22,6 +22,7 @@ import {
 } from "./experts.ts";
 import type { SiteRoute } from "./handshake.ts";
 import { encodeSiteRead, encodeWriteOf, siteWrite, type HcConfig, type HcFold, type HcSiteRefs } from "./hyperconnection.ts";
+import type { SiteRead } from "./site-read.ts";
 import type { MoeRefs } from "./refs.ts";
 import type { Scratch } from "./scratch.ts";
 
@@ -62,16 +63,20 @@ export function foldsRouter(pool: KernelPool, nb: number, route: SiteRoute): boo
 export function encodeMoeRoute(ctx: EncodeContext, a: MoeSiteArgs, pool: KernelPool, route: SiteRoute): void {
   const { config: c, nb, scratch: s } = a;
   const d = c.hidden_size;
-  encodeSiteRead(ctx, a.X, a.site, s.hc, s.xn, nb, a.hc, d, { w: a.norm, eps: c.rms_norm_eps }, a.folded);
+  const norm = { w: a.norm, eps: c.rms_norm_eps };
+  // The router's dispatch encodes the read (site-read.ts: formed by it where it can take it,
+  // which needs the partials a folded write left); the experts then read s.xn.
+  const read: SiteRead | undefined = a.site && a.folded ? { X: a.X, site: a.site, scratch: s.hc, xn: s.xn, cfg: a.hc, d, norm, folded: a.folded } : undefined;
+  if (!read) encodeSiteRead(ctx, a.X, a.site, s.hc, s.xn, nb, a.hc, d, norm, a.folded);
   const m = s.moe;
   // The shared expert's gate logit rides in the router's dispatch (the same input).
   const sharedGate = a.moe.shared ? { w: a.moe.shared.expertGate, sg: m.sg } : undefined;
   if (foldsRouter(pool, nb, route)) {
-    encodeRouterLogits(ctx, a.moe.router, s.xn, m.logits, nb, routerConfig(c), sharedGate);
+    encodeRouterLogits(ctx, a.moe.router, s.xn, m.logits, nb, routerConfig(c), sharedGate, read);
     return;
   }
   const ids = bind(route.ids.buffer, route.ids.offset);
-  encodeRouter(ctx, a.moe.router, s.xn, m.logits, { ids, weights: bind(route.weights.buffer, route.weights.offset) }, nb, routerConfig(c), sharedGate);
+  encodeRouter(ctx, a.moe.router, s.xn, m.logits, { ids, weights: bind(route.weights.buffer, route.weights.offset) }, nb, routerConfig(c), sharedGate, read);
   if (fusesDownCombine(pool, nb)) return;
   const L = m.lists;
   encodeExpertLists(

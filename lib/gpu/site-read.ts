@@ -59,21 +59,25 @@ export function encodeSiteProjections(ctx: EncodeContext, items: readonly Projec
   encodeMatvecs(ctx, items, x, nb);
 }
 
+/** How many of `items` (bf16 first: encodeSiteProjections orders them) are bf16. */
+const denseCountOf = (items: readonly Projection[]) => items.filter((it) => it.w.dtype === "bf16").length;
+
 /**
- * bf16 weights first, then q4, all of input width d, at most MATVEC_MULTI, with at least one
- * q4; and the forms the fused kernel computes are the ones encodeMatvecs would choose for a
- * decode row here (the q4 ones in the rows form, the bf16 ones in the split form), so that a
- * verify batch, which runs those, keeps a decode step's bits.
+ * bf16 weights first, then q4 (either part may be empty: the MoE site's router and shared gate
+ * are bf16 alone), all of input width d, at most MATVEC_MULTI; and the forms the fused kernel
+ * computes are the ones encodeMatvecs would choose for a decode row here (the q4 ones in the
+ * rows form, the bf16 ones in the split form), so that a verify batch, which runs those, keeps
+ * a decode step's bits.
  */
 function fits(backend: string, items: readonly Projection[], read: SiteRead): boolean {
   const { d, cfg } = read;
   if (d > MV_STAGE_COLS || d % 16 !== 0 || cfg.streams < 2 || cfg.streams > HC_MAX_STREAMS) return false;
   if (items.length === 0 || items.length > MATVEC_MULTI) return false;
-  const dense = items.findIndex((it) => it.w.dtype !== "bf16");
-  if (dense < 0 || items.slice(dense).some((it) => it.w.dtype !== "q4")) return false;
+  const dense = denseCountOf(items);
+  if (items.slice(dense).some((it) => it.w.dtype !== "q4")) return false;
   if (!items.every((it) => matrixShape(it.w, "site projections")[1] === d)) return false;
   const outs = (its: readonly Projection[]) => its.reduce((n, it) => n + it.w.shape[0]!, 0);
-  if (prefersSplit(backend, outs(items.slice(dense)), "q4")) return false;
+  if (dense < items.length && prefersSplit(backend, outs(items.slice(dense)), "q4")) return false;
   return dense === 0 || prefersSplit(backend, outs(items.slice(0, dense)), "bf16") || process.env.CHERENKOV_HC_READ_FUSED === "1";
 }
 
@@ -86,7 +90,7 @@ const tilesPerSimdgroup = () => Number(process.env.CHERENKOV_HC_READ_TILES ?? 2)
 
 function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: SiteRead): void {
   const { d, cfg, site, norm } = read;
-  const denseCount = items.findIndex((it) => it.w.dtype !== "bf16");
+  const denseCount = denseCountOf(items);
   const outs = items.map((it) => matrixShape(it.w, "site projections")[0]);
   const pad = <T>(a: T[]): T[] => [...a, ...Array<T>(MATVEC_MULTI - a.length).fill(a[a.length - 1]!)];
   const R = MATVEC_TILE.rows;

@@ -59,7 +59,9 @@ function bothWays(n: number, d: number, weights: [DType, number][], seed: number
   run(dev, (ctx) => {
     const c = recordingNames(ctx, plain.names);
     encodeSiteRead(c, rows(site.X, n * d), site.refs, plain.s, rows(plain.xn, d), 1, site.cfg, d, { w: site.refs.norm, eps: 1e-6 }, site.folded);
-    encodeMatvecs(c, items(plain.ys), rows(plain.xn, d), 1, { mixed: true });
+    // bf16 alone: the split form a GPU gives them (the fused kernel's; a CPU would take rows).
+    const bf16Only = weights.every(([dt]) => dt === "bf16");
+    encodeMatvecs(c, items(plain.ys), rows(plain.xn, d), 1, bf16Only ? { form: "split" } : { mixed: true });
   });
   return { ws, fused, plain, M: site.M, site };
 }
@@ -73,13 +75,17 @@ describe("matvec_multi_q4_r1_read_f32: the read kernel and the decode projection
     ["attention's four q4, three tiles a simdgroup", 4, 64, [["q4", 1024], ["q4", 1024], ["q4", 516], ["q4", 512]], "3"],
     ["one q4, two streams", 2, 32, [["q4", 3076]], "2"],
     ["a row of 2,048 (two turns of the read a thread)", 4, 2048, [["q4", 3072], ["bf16", 4]], "2"],
+    ["the MoE site's router and shared gate (bf16 alone)", 4, 64, [["bf16", 16], ["bf16", 1]], "2"],
+    ["a router alone", 4, 96, [["bf16", 128]], "2"],
   ];
   test.each(cases)("%s: n = %i, d = %i", (_, n, d, weights, tiles) => {
     process.env.CHERENKOV_HC_READ_TILES = tiles;
     const { ws, fused, plain, M } = bothWays(n, d, weights, 3 + n + d);
     expect(fused.names).toEqual(["matvec_multi_q4_r1_read_f32"]);
     // (a lone projection is a matvec of its own: matvec_q4_r1_f32, the same pass over x)
-    expect(plain.names).toEqual(["hc_coeffs_read_norm_f32", ws.length > 1 ? "matvec_multi_q4_r1_f32" : "matvec_q4_r1_f32"]);
+    const bf16Only = weights.every(([dt]) => dt === "bf16");
+    const plainForm = bf16Only ? (ws.length > 1 ? "matvec_multi_split_bf16_f32" : "matvec_split_bf16_f32") : ws.length > 1 ? "matvec_multi_q4_r1_f32" : "matvec_q4_r1_f32";
+    expect(plain.names).toEqual(["hc_coeffs_read_norm_f32", plainForm]);
     ws.forEach((w, i) => expect(bits(fused.ys[i]!, w.shape[0]!)).toEqual(bits(plain.ys[i]!, w.shape[0]!)));
     expect(bits(fused.xn, d)).toEqual(bits(plain.xn, d));
     expect(bits(fused.s.coeffs.buffer, M)).toEqual(bits(plain.s.coeffs.buffer, M));
@@ -90,7 +96,7 @@ describe("matvec_multi_q4_r1_read_f32: the read kernel and the decode projection
 });
 
 describe("steps the fused dispatch does not take encode the read, then the projections", () => {
-  test("a row wider than the staging (4,096), a batch of rows, a bf16-only group, narrow q4 on a GPU, and CHERENKOV_HC_READ_FUSED=0", () => {
+  test("a row wider than the staging (4,096), a batch of rows, bf16 alone in the rows form, narrow q4 on a GPU, and CHERENKOV_HC_READ_FUSED=0", () => {
     const names = (n: number, d: number, nb: number, weights: [DType, number][], env = "1") => {
       const site = siteCase(n, d, 70 + d + nb);
       const ws = weights.map(([dt, out], i) => uploadWeight(dev, dt, [out, d], 80 + i).ref);
@@ -110,7 +116,8 @@ describe("steps the fused dispatch does not take encode the read, then the proje
       return got[0];
     };
     expect(names(4, 4096, 1, [["q4", 8]])).toBe("hc_coeffs_read_norm_f32");
-    expect(names(4, 64, 1, [["bf16", 8], ["bf16", 8]])).toBe("hc_coeffs_read_norm_f32");
+    // bf16 alone on the CPU backend (the rows form there), unless forced: the read kernel first.
+    expect(names(4, 64, 1, [["bf16", 8], ["bf16", 8]], "")).toBe(dev.backend === "cpu" ? "hc_coeffs_read_norm_f32" : "matvec_multi_q4_r1_read_f32");
     expect(names(4, 64, 3, [["q4", 3072]])).toBe("hc_coeffs_read_norm_f32");
     expect(names(4, 64, 1, [["q4", 3072]], "0")).toBe("hc_coeffs_read_norm_f32");
     expect(names(4, 64, 1, [["q4", 3072]])).toBe("matvec_multi_q4_r1_read_f32");
