@@ -3,10 +3,14 @@
 #include <metal_stdlib>
 #include "params.h"
 #include "matvec.h"
+#include "unroll.h"
 
 using namespace metal;
 
 #define ARGMAX_MAX_SG 32
+// float4 loads a thread issues at once (a row of 151,936 logits is 600 KB for one threadgroup:
+// with one load in flight a thread the H200 took 68 us).
+#define ARGMAX_LOADS 4
 
 // A candidate: best value and its id, and the second best value seen alongside.
 struct Top2 {
@@ -24,12 +28,23 @@ inline Top2 top2_merge(Top2 a, Top2 b) {
   return Top2{w.best, w.id, max(w.second, l.best)};
 }
 
+// Value v at id i after the ids this thread saw (increasing): ties keep the earlier id.
+inline void top2_consider(thread Top2& c, float v, int i) {
+  if (v > c.best || c.id == 0x7FFFFFFF) {
+    c.second = c.id == 0x7FFFFFFF ? -INFINITY : c.best;
+    c.best = v;
+    c.id = i;
+  } else {
+    c.second = max(c.second, v);
+  }
+}
+
 inline Top2 top2_shuffle_xor(Top2 t, ushort mask) {
   return Top2{simd_shuffle_xor(t.best, mask), simd_shuffle_xor(t.id, mask), simd_shuffle_xor(t.second, mask)};
 }
 
 // One threadgroup per row (a multiple of 32 threads, at most 1024): lanes scan strided
-// columns, a butterfly merges each simdgroup, simdgroup 0 merges the simdgroups.
+// columns (float4s where the row allows), a butterfly merges each simdgroup, simdgroup 0 merges the simdgroups.
 // ids[r] = argmax (ties: lowest id), margin[r] = top1 - top2.
 kernel void argmax_f32(
     constant ArgmaxParams& p [[buffer(0)]],
@@ -47,14 +62,28 @@ kernel void argmax_f32(
   threadgroup float tg_second[ARGMAX_MAX_SG];
   device const float* xr = (device const float*)(x + ulong(row) * p.x_stride);
   Top2 c = Top2{-INFINITY, 0x7FFFFFFF, -INFINITY};
-  for (int i = int(t); i < p.cols; i += int(nt)) {
-    float v = xr[i];
-    if (v > c.best || c.id == 0x7FFFFFFF) {
-      c.second = c.id == 0x7FFFFFFF ? -INFINITY : c.best;
-      c.best = v;
-      c.id = i;
-    } else {
-      c.second = max(c.second, v);
+  if (p.vec4 != 0u) {  // uniform: float4s, ARGMAX_LOADS of them in flight a thread
+    device const float4* x4 = (device const float4*)xr;
+    const int n4 = p.cols / 4;
+    const int step = int(nt);
+    for (int i0 = int(t); i0 < n4; i0 += ARGMAX_LOADS * step) {
+      float4 v[ARGMAX_LOADS];
+      CK_UNROLL for (int u = 0; u < ARGMAX_LOADS; u++) {
+        const int i = i0 + u * step;
+        v[u] = i < n4 ? x4[i] : float4(0.0f);
+      }
+      CK_UNROLL for (int u = 0; u < ARGMAX_LOADS; u++) {  // in increasing index order
+        const int i = i0 + u * step;
+        if (i < n4) {
+          CK_UNROLL for (int k = 0; k < 4; k++) {
+            top2_consider(c, v[u][k], 4 * i + k);
+          }
+        }
+      }
+    }
+  } else {
+    for (int i = int(t); i < p.cols; i += int(nt)) {
+      top2_consider(c, xr[i], i);
     }
   }
   for (ushort mask = 16; mask > 0; mask >>= 1) {

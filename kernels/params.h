@@ -587,12 +587,16 @@ typedef struct {
   int32_t rows;                  // offset 0: rows in the batch (nb)
   int32_t cols;                  // offset 4: vocabulary size
   uint64_t x_stride;             // offset 8: bytes between logit rows
+  uint32_t vec4;                 // offset 16: 1: rows 16-byte aligned and cols % 4 == 0 (float4 loads)
+  uint32_t _pad0;                // offset 20
 } ArgmaxParams;
-CK_PARAMS_ASSERT(sizeof(ArgmaxParams) == 16, "ArgmaxParams: size");
+CK_PARAMS_ASSERT(sizeof(ArgmaxParams) == 24, "ArgmaxParams: size");
 #ifndef __METAL_VERSION__
 CK_PARAMS_ASSERT(__builtin_offsetof(ArgmaxParams, rows) == 0, "ArgmaxParams.rows: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(ArgmaxParams, cols) == 4, "ArgmaxParams.cols: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(ArgmaxParams, x_stride) == 8, "ArgmaxParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(ArgmaxParams, vec4) == 16, "ArgmaxParams.vec4: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(ArgmaxParams, _pad0) == 20, "ArgmaxParams._pad0: offset");
 #endif
 
 // Sampling per row (docs/sampling.md): penalties, temperature, top-k, top-p, min-p, a counter-based draw; verification of drafts; logprobs.
@@ -1009,8 +1013,10 @@ typedef struct {
   uint64_t vin_stride;           // offset 32: bytes between rows of W_v e (without bias)
   uint64_t v_stride;             // offset 40: bytes between rows of v (output)
   uint64_t u_stride;             // offset 48: bytes between rows of u (output)
+  uint32_t vec4;                 // offset 56: 1: d % 4 == 0 and every row and vector 16-byte aligned (float4 loads)
+  uint32_t _pad0;                // offset 60
 } PleGateParams;
-CK_PARAMS_ASSERT(sizeof(PleGateParams) == 56, "PleGateParams: size");
+CK_PARAMS_ASSERT(sizeof(PleGateParams) == 64, "PleGateParams: size");
 #ifndef __METAL_VERSION__
 CK_PARAMS_ASSERT(__builtin_offsetof(PleGateParams, rows) == 0, "PleGateParams.rows: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(PleGateParams, dim) == 4, "PleGateParams.dim: offset");
@@ -1021,6 +1027,8 @@ CK_PARAMS_ASSERT(__builtin_offsetof(PleGateParams, q_stride) == 24, "PleGatePara
 CK_PARAMS_ASSERT(__builtin_offsetof(PleGateParams, vin_stride) == 32, "PleGateParams.vin_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(PleGateParams, v_stride) == 40, "PleGateParams.v_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(PleGateParams, u_stride) == 48, "PleGateParams.u_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGateParams, vec4) == 56, "PleGateParams.vec4: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(PleGateParams, _pad0) == 60, "PleGateParams._pad0: offset");
 #endif
 
 // PLE dilated causal conv with history: y = v + SiLU(conv(u)), added to every stream.

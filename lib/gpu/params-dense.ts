@@ -316,6 +316,8 @@ export const denseParams = {
       { name: "rows", type: "i32", doc: "rows in the batch (nb)" },
       { name: "cols", type: "i32", doc: "vocabulary size" },
       { name: "x_stride", type: "u64", doc: "bytes between logit rows" },
+      { name: "vec4", type: "u32", doc: "1: rows 16-byte aligned and cols % 4 == 0 (float4 loads)" },
+      { name: "_pad0", type: "u32" },
     ],
   },
   Sample: {

@@ -217,6 +217,8 @@ export const sequenceParams = {
       { name: "vin_stride", type: "u64", doc: "bytes between rows of W_v e (without bias)" },
       { name: "v_stride", type: "u64", doc: "bytes between rows of v (output)" },
       { name: "u_stride", type: "u64", doc: "bytes between rows of u (output)" },
+      { name: "vec4", type: "u32", doc: "1: d % 4 == 0 and every row and vector 16-byte aligned (float4 loads)" },
+      { name: "_pad0", type: "u32" },
     ],
   },
   PleConv: {

@@ -122,6 +122,7 @@ export function encodePleGate(ctx: EncodeContext, a: PleGateArgs): void {
       vin_stride: a.vIn.stride,
       v_stride: a.v.stride,
       u_stride: a.u.stride,
+      vec4: [a.k, a.q, a.vIn, a.v, a.u].every((r) => r.offset % 16 === 0 && r.stride % 16 === 0) && a.dim % 4 === 0 && a.vBias.offset % 16 === 0 && a.convNorm.offset % 16 === 0 ? 1 : 0,
     },
     [at(a.k), at(a.q), at(a.vIn), bind(a.vBias.buffer, a.vBias.offset), bind(a.convNorm.buffer, a.convNorm.offset), at(a.v), at(a.u)],
     Math.ceil(a.rows / nsg),

@@ -46,13 +46,15 @@ export function encodeLogits(ctx: EncodeContext, lmHead: TensorRef, x: RowsRef, 
 export function encodeArgmax(ctx: EncodeContext, logits: RowsRef, ids: Binding, margin: Binding, nb: number, vocab: number): void {
   checkRows(nb, "argmax");
   if (!Number.isInteger(vocab) || vocab < 1) throw new Error(`argmax: vocab ${vocab} must be a positive integer`);
-  // A simdgroup per row for small vocabularies, 8 of them for large ones (fewer if the pipeline allows fewer).
-  const threads = vocab <= 4096 ? SIMD_WIDTH : threadsWithin(ctx.device.pipeline("argmax_f32"), 8 * SIMD_WIDTH);
+  // A simdgroup per row for small vocabularies, 32 of them for large ones (fewer if the
+  // pipeline allows fewer): one threadgroup reads the whole row, so it needs many loads in flight.
+  const threads = vocab <= 4096 ? SIMD_WIDTH : threadsWithin(ctx.device.pipeline("argmax_f32"), 32 * SIMD_WIDTH);
+  const vec4 = vocab % 4 === 0 && logits.offset % 16 === 0 && logits.stride % 16 === 0;
   dispatch(
     ctx,
     "argmax_f32",
     Params.Argmax,
-    { rows: nb, cols: vocab, x_stride: logits.stride },
+    { rows: nb, cols: vocab, x_stride: logits.stride, vec4: vec4 ? 1 : 0 },
     [bind(logits.buffer, logits.offset), ids, margin],
     nb,
     threads,

@@ -140,8 +140,10 @@ function gateReference(g: ReturnType<typeof gateCase>, nb: number, d: number, ep
 }
 
 describe("ple_gate_f32", () => {
-  test.each(NB_CASES)("nb %i against pleLayer's gate", (nb) => {
-    const d = nb === MAX_NB ? 64 : 256;
+  // float4 loads where d % 4 == 0 and the rows are aligned (256, 64, 2,048: several turns of a
+  // lane's loads), one float at a time otherwise (254).
+  const cases = [...NB_CASES.map((nb) => [nb, nb === MAX_NB ? 64 : 256]), [1, 2048], [3, 254]] as [number, number][];
+  test.each(cases)("nb %i, d %i against pleLayer's gate", (nb, d) => {
     const eps = 1e-6;
     const g = gateCase(nb, d, 40 + nb);
     const ref = gateReference(g, nb, d, eps);
