@@ -6,6 +6,7 @@
 #include <metal_stdlib>
 #include "params.h"
 #include "sequence.h"
+#include "conv.h"
 #include "unroll.h"
 
 using namespace metal;
@@ -46,14 +47,18 @@ inline void conv_block(constant ConvParams& p, device const float* x, device con
   for (int t = t0; t < t1; t++) {
     const float xt = seq_row(x, p.x_stride, uint(t))[c];
     float acc = 0.0f;
-    CK_UNROLL for (int k = 0; k < kn; k++) {
-      if (k == K - 1) {
-        acc = taps[k] * xt;
+    if (KMAX > 0) {  // the register form: conv.h's sum, which the decode projections share
+      acc = conv_acc<KMAX>(taps, win, xt, K);
+    } else {
+      CK_UNROLL for (int k = 0; k < kn; k++) {
+        if (k == K - 1) {
+          acc = taps[k] * xt;
+        }
       }
-    }
-    CK_UNROLL for (int k = 0; k < kn - 1; k++) {
-      if (k < span) {
-        acc = fma(taps[k], win[k], acc);
+      CK_UNROLL for (int k = 0; k < kn - 1; k++) {
+        if (k < span) {
+          acc = fma(taps[k], win[k], acc);
+        }
       }
     }
     seq_row(y, p.y_stride, uint(t))[c] = seq_silu(acc);
@@ -104,8 +109,8 @@ kernel void conv_silu_rows_f32(
   if (c >= uint(p.channels) || t0 >= p.rows) {
     return;
   }
-  if (p.taps <= 4) {
-    conv_block<4>(p, x, w, state, y, snap, c, t0);
+  if (p.taps <= CONV_REG_TAPS) {
+    conv_block<CONV_REG_TAPS>(p, x, w, state, y, snap, c, t0);
   } else {
     conv_block<0>(p, x, w, state, y, snap, c, t0);
   }

@@ -5,6 +5,7 @@
 #include "matvec.h"
 #include "hc.h"
 #include "hc-site.h"
+#include "conv.h"
 
 using namespace metal;
 
@@ -260,6 +261,20 @@ template <typename T, int NR>
   matvec_simdgroup<T, NR>(w, p.in_dim, o0, out_dim, x, p.x_stride, r_begin, r_end, y, y_stride, false, lane);
 }
 
+// A decode q4 tile's MV_R outputs (channels o0..) stored, or with `conv` put through the
+// causal conv + SiLU of conv.h (DeltaNet's qkv: channel c's conv output and state instead of
+// the projection's; conv_silu_rows_f32's bits for a one-row batch).
+inline void mv_store_or_conv(bool conv, int taps, device uchar* y, ulong y_stride, int row, int o0, int out_dim, float4 v,
+                             device const float* conv_w, device float* conv_state, device float* conv_y) {
+  if (!conv) {
+    mv_store(y, y_stride, row, o0, out_dim, v, false);
+    return;
+  }
+  for (int i = 0; i < MV_R && o0 + i < out_dim; i++) {
+    conv_decode_channel(taps, uint(out_dim), uint(o0 + i), v[i], conv_w, conv_state, conv_y);
+  }
+}
+
 // matvec_multi's decode form for q4 (one batch row a threadgroup, one row a pass): the
 // threadgroup stages its input row in threadgroup memory (mv_pass_q4_staged: rows of up to
 // MV_STAGE_COLS columns), and its simdgroups read x from there instead of each reading it
@@ -281,6 +296,9 @@ template <typename T, int NR>
     device uchar* y1         [[buffer(7)]],
     device uchar* y2         [[buffer(8)]],
     device uchar* y3         [[buffer(9)]],
+    device const float* conv_w [[buffer(10)]],
+    device float* conv_state [[buffer(11)]],
+    device float* conv_y     [[buffer(12)]],
     uint2 tg                 [[threadgroup_position_in_grid]],
     ushort sg                [[simdgroup_index_in_threadgroup]],
     ushort lane              [[thread_index_in_simdgroup]],
@@ -330,8 +348,8 @@ template <typename T, int NR>
   if (mv_pass_q4_staged(w, p.in_dim, o0, out_dim, active, xs, x + ulong(r) * p.x_stride, r < p.rows, int(sg) * 32 + int(lane), int(nsg) * 32,
                         acc, int(lane))) {
     mv_reduce<1>(acc, 1);
-    if (lane == 0) {
-      mv_store(y, y_stride, r, o0, out_dim, acc[0], false);
+    if (lane == 0) {  // (the host asks for the conv only where this staged form runs)
+      mv_store_or_conv(i == p.conv_index, p.conv_taps, y, y_stride, r, o0, out_dim, acc[0], conv_w, conv_state, conv_y);
     }
   }
 }
@@ -401,6 +419,9 @@ template <typename T, int NR>
     device uchar* coeffs       [[buffer(13)]],
     device const float* norm   [[buffer(14)]],
     device uchar* xn           [[buffer(15)]],
+    device const float* conv_w [[buffer(16)]],
+    device float* conv_state   [[buffer(17)]],
+    device float* conv_y       [[buffer(18)]],
     uint2 tg                   [[threadgroup_position_in_grid]],
     ushort sg                  [[simdgroup_index_in_threadgroup]],
     ushort lane                [[thread_index_in_simdgroup]],
@@ -487,7 +508,7 @@ template <typename T, int NR>
     mv_pass_q4<false, 1, MV_Q4_BATCH, Q4XStaged>(w, w, cols, o0, out_dim, Q4XStaged{xs}, 1, acc, acc, int(lane), 32);  // mv_pass_q4_staged's load and dot
     mv_reduce<1>(acc, 1);
     if (lane == 0) {
-      mv_store(y, 0, 0, o0, out_dim, acc[0], false);
+      mv_store_or_conv(i == p.conv_index, p.conv_taps, y, 0, 0, o0, out_dim, acc[0], conv_w, conv_state, conv_y);
     }
   }
 }

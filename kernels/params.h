@@ -162,9 +162,11 @@ typedef struct {
   uint64_t x_stride;             // offset 32: bytes between input rows
   uint64_t y_stride[4];          // offset 40: bytes between output rows of each y
   int32_t dense_count;           // offset 72: matvec_multi_q4_r1 only: leading weights stored bf16 (the rest q4)
-  uint32_t _pad0;                // offset 76
+  int32_t conv_index;            // offset 76: matvec_multi_q4_r1 only: the weight whose outputs go through the causal conv + SiLU (conv.h) instead of being stored; -1: none
+  int32_t conv_taps;             // offset 80: the conv's taps K (at most CONV_REG_TAPS)
+  uint32_t _pad0;                // offset 84
 } MatvecMultiParams;
-CK_PARAMS_ASSERT(sizeof(MatvecMultiParams) == 80, "MatvecMultiParams: size");
+CK_PARAMS_ASSERT(sizeof(MatvecMultiParams) == 88, "MatvecMultiParams: size");
 #ifndef __METAL_VERSION__
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, rows) == 0, "MatvecMultiParams.rows: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, in_dim) == 4, "MatvecMultiParams.in_dim: offset");
@@ -174,7 +176,9 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, out_dim) == 16, "MatvecMu
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, x_stride) == 32, "MatvecMultiParams.x_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, y_stride) == 40, "MatvecMultiParams.y_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, dense_count) == 72, "MatvecMultiParams.dense_count: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, _pad0) == 76, "MatvecMultiParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, conv_index) == 76, "MatvecMultiParams.conv_index: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, conv_taps) == 80, "MatvecMultiParams.conv_taps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, _pad0) == 84, "MatvecMultiParams._pad0: offset");
 #endif
 
 // matvec_multi_q4_r1_read_f32: one decode row's projections (as MatvecMulti, dense_count bf16 weights first) of a hyper-connection site's read, which every threadgroup forms itself from the streams and the folded partials (as hc_coeffs_read_norm); threadgroup coeff_tg forms the site's coefficients.
@@ -192,9 +196,11 @@ typedef struct {
   float norm_eps;                // offset 80: rms_norm_eps of the read's norm
   int32_t chunks;                // offset 84: floats a mix in the folded partials (d / 4)
   int32_t tiles_per_sg;          // offset 88: q4 tiles (MV_R rows) each simdgroup computes, one after another
-  uint32_t _pad0;                // offset 92
+  int32_t conv_index;            // offset 92: the weight whose outputs go through the causal conv + SiLU (conv.h) instead of being stored; -1: none
+  int32_t conv_taps;             // offset 96: the conv's taps K (at most CONV_REG_TAPS)
+  uint32_t _pad0;                // offset 100
 } MatvecMultiReadParams;
-CK_PARAMS_ASSERT(sizeof(MatvecMultiReadParams) == 96, "MatvecMultiReadParams: size");
+CK_PARAMS_ASSERT(sizeof(MatvecMultiReadParams) == 104, "MatvecMultiReadParams: size");
 #ifndef __METAL_VERSION__
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, in_dim) == 0, "MatvecMultiReadParams.in_dim: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, count) == 4, "MatvecMultiReadParams.count: offset");
@@ -209,7 +215,9 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, centred) == 76, "Matv
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, norm_eps) == 80, "MatvecMultiReadParams.norm_eps: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, chunks) == 84, "MatvecMultiReadParams.chunks: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, tiles_per_sg) == 88, "MatvecMultiReadParams.tiles_per_sg: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, _pad0) == 92, "MatvecMultiReadParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, conv_index) == 92, "MatvecMultiReadParams.conv_index: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, conv_taps) == 96, "MatvecMultiReadParams.conv_taps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, _pad0) == 100, "MatvecMultiReadParams._pad0: offset");
 #endif
 
 // Hyper-connection mix partials: per (mix m, chunk c) of the flat streams, fn[m] . flat over the chunk (m < mixes) or the chunk's sum of squares (m = mixes).

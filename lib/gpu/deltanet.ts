@@ -285,6 +285,11 @@ export interface DeltaNetBlockArgs extends DeltaNetShape {
   work?: WorkRegion;
   /** Forces the recurrence's form (DeltaNetArgs.chunked). */
   chunked?: boolean;
+  /**
+   * The conv + SiLU was done by the qkv projection's epilogue (a decode row: convOut and the
+   * window are in place, x unwritten); the three-kernel form then starts at the recurrence.
+   */
+  convDone?: boolean;
 }
 
 /**
@@ -323,8 +328,9 @@ export function encodeDeltaNetBlock(ctx: EncodeContext, a: DeltaNetBlockArgs, fu
   const convSnap = a.snapshots && K! > 1 ? { planes: a.snapshots.conv, rows: a.snapshots.rows } : undefined;
   const sSnap = a.snapshots ? { planes: a.snapshots.S, rows: a.snapshots.rows } : undefined;
   const shape = { keyHeads: a.keyHeads, keyDim: a.keyDim, valueHeads: a.valueHeads, valueDim: a.valueDim };
+  if (a.convDone && (fuse || a.rows !== 1 || a.snapshots)) throw new Error("deltanet: a conv done in the projection is for a decode row of the three-kernel form");
   if (!fuse) {
-    encodeConvSilu(ctx, { rows: a.rows, channels: C!, x: a.x, weight: a.convWeight, state: a.convState, y: a.convOut, snapshots: convSnap });
+    if (!a.convDone) encodeConvSilu(ctx, { rows: a.rows, channels: C!, x: a.x, weight: a.convWeight, state: a.convState, y: a.convOut, snapshots: convSnap });
     encodeDeltaNet(ctx, { ...shape, rows: a.rows, qkv: a.convOut, b: a.b, a: a.a, aLog: a.aLog, dtBias: a.dtBias, state: a.state, o: a.o, snapshots: sSnap, work: a.work, chunked: a.chunked });
     encodeRmsNormGated(ctx, a.o, a.z, a.normWeight, a.o, a.rows, a.valueHeads, a.eps);
     return;

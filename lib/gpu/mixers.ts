@@ -6,7 +6,7 @@
 // output projection itself (y then unwritten).
 import type { ModelConfig } from "../model/config.ts";
 import { attnPrepFits, encodeAttention, encodeAttnPrep, encodeKvAppend, encodeQsa, encodeRope } from "./attention.ts";
-import { encodeDeltaNetBlock } from "./deltanet.ts";
+import { deltanetFuses, encodeDeltaNetBlock } from "./deltanet.ts";
 import { bind, live, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { encodeRmsNorm } from "./norms.ts";
 import { encodeProjectionWrite, type SiteWrite } from "./hyperconnection.ts";
@@ -38,8 +38,13 @@ export function encodeDeltaNetMixer(ctx: EncodeContext, a: DeltaNetMixerArgs): v
   const { config: c, w, nb } = a;
   const dn = c.deltanet;
   const s = a.scratch.dn;
-  encodeSiteProjections(ctx, [{ w: w.qkv, y: s.qkv }, { w: w.z, y: s.z }, { w: w.b, y: s.b }, { w: w.a, y: s.a }], a.read, a.x, nb);
+  const qkv = { w: w.qkv, y: s.qkv };
+  // A decode row's qkv projection may run the conv in its epilogue (kernels/conv.h): not with
+  // snapshot rows (verify batches) or the fused DeltaNet kernels, which form the conv themselves.
+  const conv = nb === 1 && !a.snapshots && !deltanetFuses(nb, dn.key_dim) ? { of: qkv, weight: w.conv, state: a.state.conv, y: s.conv } : undefined;
+  const convDone = encodeSiteProjections(ctx, [qkv, { w: w.z, y: s.z }, { w: w.b, y: s.b }, { w: w.a, y: s.a }], a.read, a.x, nb, conv);
   encodeDeltaNetBlock(ctx, {
+    convDone,
     rows: nb,
     keyHeads: dn.key_heads,
     keyDim: dn.key_dim,

@@ -3,6 +3,7 @@
 // A threadgroup serves all the rows of its range with each weight it reads, so a step reads
 // its weights once, not once per row.
 import type { DType } from "../model/config.ts";
+import type { Binding } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { HC_MAX_STREAMS, MAX_NB, SIMD_WIDTH } from "./limits.ts";
 import { encodeGemm, gemmMinRows, usesGemm } from "./gemm.ts";
@@ -255,6 +256,34 @@ export interface Projection {
 }
 
 /**
+ * A causal conv + SiLU over one projection's outputs (DeltaNet's qkv, kernels/conv.h), which a
+ * decode row's q4 projections may do in their epilogue instead of storing them: its output and
+ * window as conv_silu_rows_f32 leaves them for one row (the same bits). `of` is the projection.
+ */
+export interface ProjectionConv {
+  of: Projection;
+  weight: TensorRef;
+  state: Binding;
+  y: RowsRef;
+}
+
+/** The most taps the epilogue's conv takes (CONV_REG_TAPS), and the widest row it runs on (MV_STAGE_COLS). */
+const EPILOGUE_CONV_TAPS = 4;
+const STAGED_COLS = 2048;
+
+/** The bindings of matvec_multi_q4_r1's conv epilogue (x repeated where there is none: every declared buffer is bound). */
+export function convBindings(conv: ProjectionConv | undefined, x: RowsRef): Binding[] {
+  if (!conv) return [bind(x.buffer, x.offset), bind(x.buffer, x.offset), bind(x.buffer, x.offset)];
+  return [bind(conv.weight.buffer, conv.weight.offset), conv.state, bind(conv.y.buffer, conv.y.offset)];
+}
+
+/** Whether a decode row's staged q4 projection of width inDim can take `conv` in its epilogue. */
+export function epilogueTakesConv(conv: ProjectionConv, inDim: number): boolean {
+  const [C, K] = conv.weight.shape as [number, number];
+  return conv.of.w.dtype === "q4" && conv.weight.dtype === "f32" && K <= EPILOGUE_CONV_TAPS && C === conv.of.w.shape[0] && inDim <= STAGED_COLS;
+}
+
+/**
  * Several projections of one input: those of the same dtype and input width go in one
  * matvec_multi dispatch (up to MATVEC_MULTI each), the rest as single matvecs. The same
  * results as a matvec each in the same form: narrow groups (few rows together) take the split
@@ -267,8 +296,10 @@ export function encodeMatvecs(
   items: readonly Projection[],
   x: RowsRef,
   nb: number,
-  opts: { form?: "rows" | "split"; rowsPerGroup?: number; mixed?: boolean } = {},
-): void {
+  opts: { form?: "rows" | "split"; rowsPerGroup?: number; mixed?: boolean; conv?: ProjectionConv } = {},
+): boolean {
+  // Whether opts.conv was done by a projection's epilogue (else its outputs were stored).
+  let convDone = false;
   const minRows = gemmMinRows(ctx.device.backend);
   const groups = new Map<string, Projection[]>();
   for (const it of items) {
@@ -287,7 +318,7 @@ export function encodeMatvecs(
   }
   const mixed = mixedDecodeGroup(ctx, groups, nb, opts);
   if (mixed) {
-    encodeMatvecMulti(ctx, [...mixed.dense, ...mixed.q4], x, nb, "rows", 1, mixed.dense.length);
+    convDone = encodeMatvecMulti(ctx, [...mixed.dense, ...mixed.q4], x, nb, "rows", 1, mixed.dense.length, opts.conv);
     groups.delete(mixed.denseKey);
     groups.delete(mixed.q4Key);
   }
@@ -295,9 +326,11 @@ export function encodeMatvecs(
     for (let i = 0; i < g.length; i += MATVEC_MULTI) {
       const chunk = g.slice(i, i + MATVEC_MULTI);
       if (chunk.length === 1) encodeMatvec(ctx, chunk[0]!.w, x, chunk[0]!.y, nb, opts);
-      else encodeMatvecMulti(ctx, chunk, x, nb, opts.form, opts.rowsPerGroup);
+      // (encoded whatever convDone already is: `||=` would skip the dispatch)
+      else if (encodeMatvecMulti(ctx, chunk, x, nb, opts.form, opts.rowsPerGroup, 0, opts.conv)) convDone = true;
     }
   }
+  return convDone;
 }
 
 /**
@@ -328,6 +361,7 @@ function mixedDecodeGroup(
   return undefined;
 }
 
+/** Returns whether `conv` (when its projection is among `items`) was done in the epilogue. */
 function encodeMatvecMulti(
   ctx: EncodeContext,
   items: readonly Projection[],
@@ -336,7 +370,8 @@ function encodeMatvecMulti(
   form?: "rows" | "split",
   rowsPerGroup?: number,
   denseCount = 0,
-): void {
+  conv?: ProjectionConv,
+): boolean {
   const w0 = items[denseCount]!.w;
   const inDim = checkProjection(w0, x, nb, "matvec_multi")[1];
   const outs = items.map((it) => checkProjection(it.w, x, nb, "matvec_multi")[0]);
@@ -354,9 +389,13 @@ function encodeMatvecMulti(
   const simdgroups = denseCount > 0 ? T.splitSimdgroups : split ? splitSimdgroups(w0.dtype, inDim) : T.simdgroups;
   const rowTiles = denseCount > 0 ? denseTiles + Math.ceil((tiles - denseTiles) / simdgroups) : split ? tiles : Math.ceil(tiles / T.simdgroups);
   const grid: [number, number] = [rowTiles, Math.ceil(nb / groupRows)];
+  const kernel = split ? `matvec_multi_split_${w0.dtype}_f32` : oneRowForm(`matvec_multi_${w0.dtype}_f32`, w0.dtype, groupRows);
+  // The decode form (matvec_multi_q4_r1) may put a projection's outputs through the conv.
+  const decode = kernel === "matvec_multi_q4_r1_f32";
+  const convIndex = decode && conv && nb === 1 && epilogueTakesConv(conv, inDim) ? items.indexOf(conv.of) : -1;
   dispatch(
     ctx,
-    split ? `matvec_multi_split_${w0.dtype}_f32` : oneRowForm(`matvec_multi_${w0.dtype}_f32`, w0.dtype, groupRows),
+    kernel,
     Params.MatvecMulti,
     {
       rows: nb,
@@ -364,6 +403,8 @@ function encodeMatvecMulti(
       count: items.length,
       rows_per_group: groupRows,
       dense_count: denseCount,
+      conv_index: convIndex,
+      conv_taps: convIndex >= 0 ? conv!.weight.shape[1]! : 0,
       out_dim: pad(outs),
       x_stride: x.stride,
       y_stride: pad(items.map((it) => it.y.stride)),
@@ -372,8 +413,10 @@ function encodeMatvecMulti(
       ...pad(items.map((it) => bind(it.w.buffer, it.w.offset))),
       bind(x.buffer, x.offset),
       ...pad(items.map((it) => bind(it.y.buffer, it.y.offset))),
+      ...(decode ? convBindings(convIndex >= 0 ? conv : undefined, x) : []),
     ],
     grid,
     [SIMD_WIDTH * simdgroups, 1],
   );
+  return convIndex >= 0;
 }

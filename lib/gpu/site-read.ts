@@ -11,7 +11,7 @@ import { bind, dispatch, type EncodeContext, type RowsRef } from "./dispatch.ts"
 import { encodeSiteRead, type HcConfig, type HcScratch, type HcSiteRefs, type ReadNorm } from "./hyperconnection.ts";
 import { HC_MAX_STREAMS, SIMD_WIDTH } from "./limits.ts";
 import { Params } from "./params.ts";
-import { encodeMatvecs, MATVEC_MULTI, MATVEC_TILE, matrixShape, prefersSplit, type Projection } from "./projections.ts";
+import { convBindings, encodeMatvecs, epilogueTakesConv, MATVEC_MULTI, MATVEC_TILE, matrixShape, prefersSplit, type Projection, type ProjectionConv } from "./projections.ts";
 
 /** A site's read y = RMSNorm(sum_i pre_i X_i) into `xn`, its partials folded into `folded` by the write before. */
 export interface SiteRead {
@@ -46,17 +46,24 @@ export function fusesSiteRead(backend: string): boolean {
 /**
  * The projections `items` of the row a site reads (`read`; x = read.xn), one decode row: the
  * read and the projections in one dispatch when they fit it (and the backend fuses), else the
- * site's read then encodeMatvecs.
+ * site's read then encodeMatvecs. With `conv` (one of `items`), returns whether the conv was
+ * done in the projections' epilogue (else the caller runs it on the stored outputs).
  */
-export function encodeSiteProjections(ctx: EncodeContext, items: readonly Projection[], read: SiteRead | undefined, x: RowsRef, nb: number): void {
+export function encodeSiteProjections(
+  ctx: EncodeContext,
+  items: readonly Projection[],
+  read: SiteRead | undefined,
+  x: RowsRef,
+  nb: number,
+  conv?: ProjectionConv,
+): boolean {
   // The kernel takes the bf16 weights first (its dense_count), as matvec_multi_q4_r1 does.
   const ordered = [...items.filter((it) => it.w.dtype === "bf16"), ...items.filter((it) => it.w.dtype !== "bf16")];
   if (read && nb === 1 && fusesSiteRead(ctx.device.backend) && fits(ctx.device.backend, ordered, read)) {
-    encodeFused(ctx, ordered, read);
-    return;
+    return encodeFused(ctx, ordered, read, conv);
   }
   if (read) encodeSiteRead(ctx, read.X, read.site, read.scratch, read.xn, nb, read.cfg, read.d, read.norm, read.folded);
-  encodeMatvecs(ctx, items, x, nb);
+  return encodeMatvecs(ctx, items, x, nb, conv ? { conv } : {});
 }
 
 /** How many of `items` (bf16 first: encodeSiteProjections orders them) are bf16. */
@@ -88,7 +95,7 @@ function fits(backend: string, items: readonly Projection[], read: SiteRead): bo
  */
 const tilesPerSimdgroup = () => Number(process.env.CHERENKOV_HC_READ_TILES ?? 2);
 
-function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: SiteRead): void {
+function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: SiteRead, conv?: ProjectionConv): boolean {
   const { d, cfg, site, norm } = read;
   const denseCount = denseCountOf(items);
   const outs = items.map((it) => matrixShape(it.w, "site projections")[0]);
@@ -103,6 +110,7 @@ function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: Sit
   const coeffTg = denseTiles + Math.ceil(q4Tiles / (READ_SIMDGROUPS * per));
   if (norm.w.shape.reduce((a, b) => a * b, 1) !== d) throw new Error(`site read: norm weight of ${norm.w.shape} for hidden size ${d}`);
   if (read.folded.offset % 16 !== 0 || read.X.offset % 16 !== 0) throw new Error("site read: streams and partials must be 16-byte aligned");
+  const convIndex = conv && epilogueTakesConv(conv, d) ? items.indexOf(conv.of) : -1;
   dispatch(
     ctx,
     "matvec_multi_q4_r1_read_f32",
@@ -121,6 +129,8 @@ function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: Sit
       norm_eps: norm.eps,
       chunks: d / 4,
       tiles_per_sg: per,
+      conv_index: convIndex,
+      conv_taps: convIndex >= 0 ? conv!.weight.shape[1]! : 0,
     },
     [
       ...pad(items.map((it) => bind(it.w.buffer, it.w.offset))),
@@ -132,8 +142,10 @@ function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: Sit
       bind(read.scratch.coeffs.buffer, read.scratch.coeffs.offset),
       bind(norm.w.buffer, norm.w.offset),
       bind(read.xn.buffer, read.xn.offset),
+      ...convBindings(convIndex >= 0 ? conv : undefined, read.xn),
     ],
     [coeffTg + 1, 1],
     [SIMD_WIDTH * READ_SIMDGROUPS, 1],
   );
+  return convIndex >= 0;
 }
