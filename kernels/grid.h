@@ -18,11 +18,16 @@
 
 using namespace metal;
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDACC__)
+// The generated entry's wait (metal-shim/cuda/abi.h), called where the kernel chooses.
 inline void ck_inputs_ready() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  ck::after_previous_grid();
 }
+#else
+inline void ck_inputs_ready() {}
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // [p, p + bytes) into L2, one instruction (a bulk prefetch: 16-byte granules, so the range is
 // widened to them; weights live in allocations of 256-byte granules).
 inline void ck_prefetch(device const uchar* p, uint bytes) {
@@ -33,7 +38,6 @@ inline void ck_prefetch(device const uchar* p, uint bytes) {
   }
 }
 #else
-inline void ck_inputs_ready() {}
 inline void ck_prefetch(device const uchar* p, uint bytes) {}
 #endif
 

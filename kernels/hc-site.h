@@ -331,7 +331,7 @@ inline void hc_prefetch_norm(int cols, device const float* w, int t, thread floa
 }
 
 // Where a read puts its row (float4 column c4): device memory, or threadgroup memory in the
-// layout a staged q4 projection reads (mv_stage_x: group g's float4 k at g * 8 + (k ^ g % 8)).
+// layout a staged q4 projection reads (mv_staged_at).
 struct HcOutDevice {
   device float4* y;
   inline void store(int c4, float4 v) const {
@@ -343,15 +343,11 @@ struct HcOutDevice {
 };
 struct HcOutStaged {
   threadgroup float4* xs;
-  inline uint at(int c4) const {
-    const uint g = uint(c4) / 8u;
-    return g * 8u + ((uint(c4) & 7u) ^ (g & 7u));
-  }
   inline void store(int c4, float4 v) const {
-    xs[at(c4)] = v;
+    xs[mv_staged_at(uint(c4))] = v;
   }
   inline float4 load(int c4) const {
-    return xs[at(c4)];
+    return xs[mv_staged_at(uint(c4))];
   }
 };
 

@@ -133,6 +133,15 @@ inline void mv_prefetch_tile(device const uchar* w, int in_dim, int o0, int out_
 // Rows of W past out_dim are clamped (their results are never written); x rows arrive as
 // byte offsets from x so the caller decides where each batch row lives.
 
+// A row staged in threadgroup memory keeps its float4 i (of q4 group g = i / 8, k = i % 8) at
+// g * 8 + (k ^ (g % 8)): the lanes of a q4 pass read consecutive groups at once, and without
+// the rotation their 16-byte reads of one k would all fall on the same banks (groups are 128
+// bytes apart). The one definition of the layout (mv_stage_x, the staged x sources, hc reads).
+inline uint mv_staged_at(uint i) {
+  const uint g = i / 8u;
+  return g * 8u + ((i & 7u) ^ (g & 7u));
+}
+
 // Where a dense pass reads its x: batch rows in device memory (MvXDevice), or one row staged in
 // threadgroup memory in mv_stage_x's layout (MvXStaged). load4(j, c): elements c .. c + 3 of
 // batch row j (c % 4 == 0).
@@ -146,8 +155,7 @@ struct MvXDevice {
 struct MvXStaged {
   threadgroup const float4* xs;
   inline float4 load4(int j, int c) const {
-    const uint i = uint(c) / 4u, g = i / 8u;
-    return xs[g * 8u + ((i & 7u) ^ (g & 7u))];
+    return xs[mv_staged_at(uint(c) / 4u)];
   }
 };
 
@@ -288,13 +296,11 @@ struct Q4XDevice {
   }
 };
 
-// A staged row keeps group g's float4 k at g * 8 + (k ^ (g % 8)): the lanes of a pass read
-// consecutive groups at once, and without the rotation their 16-byte reads of one k would all
-// fall on the same banks (groups are 128 bytes apart).
+// One row staged by mv_stage_x (layout: mv_staged_at).
 struct Q4XStaged {
   threadgroup const float4* xs;
   inline float4 load(int j, uint g, int k) const {
-    return xs[g * 8u + (uint(k) ^ (g & 7u))];
+    return xs[mv_staged_at(g * 8u + uint(k))];
   }
 };
 
@@ -306,8 +312,7 @@ struct Q4XStaged {
 inline void mv_stage_x(threadgroup float4* xs, device const uchar* x, int in_dim, int tid, int threads) {
   device const float4* x4 = (device const float4*)x;
   for (int i = tid; i < in_dim / 4; i += threads) {
-    const uint g = uint(i) / 8u;
-    xs[g * 8u + ((uint(i) & 7u) ^ (g & 7u))] = x4[i];
+    xs[mv_staged_at(uint(i))] = x4[i];
   }
 }
 

@@ -227,6 +227,24 @@ inline int mv_multi_weight(constant P& p, thread int& tile) {
   return i;
 }
 
+// Binding i of a matvec_multi's four weights (or outputs).
+inline device const uchar* mv_pick(int i, device const uchar* a, device const uchar* b, device const uchar* c, device const uchar* d) {
+  return i == 0 ? a : i == 1 ? b : i == 2 ? c : d;
+}
+inline device uchar* mv_pick(int i, device uchar* a, device uchar* b, device uchar* c, device uchar* d) {
+  return i == 0 ? a : i == 1 ? b : i == 2 ? c : d;
+}
+
+// The MV_R tiles of the first p.dense_count (bf16) weights: they come first.
+template <typename P>
+inline int mv_dense_tiles(constant P& p) {
+  int tiles = 0;
+  for (int k = 0; k < p.dense_count; k++) {
+    tiles += (p.out_dim[k] + MV_R - 1) / MV_R;
+  }
+  return tiles;
+}
+
 template <typename T, int NR>
 [[max_total_threads_per_threadgroup(128)]] kernel void matvec_multi(
     constant MatvecMultiParams& p [[buffer(0)]],
@@ -245,8 +263,8 @@ template <typename T, int NR>
   int tile = int(tg.x) * MV_SG + int(sg);
   const int i = mv_multi_weight(p, tile);
   const int out_dim = p.out_dim[i];
-  device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
-  device uchar* y = i == 0 ? y0 : i == 1 ? y1 : i == 2 ? y2 : y3;
+  device const uchar* w = mv_pick(i, w0, w1, w2, w3);
+  device uchar* y = mv_pick(i, y0, y1, y2, y3);
   const ulong y_stride = p.y_stride[i];
   int o0 = tile * MV_R;
   int r_begin = int(tg.y) * p.rows_per_group;
@@ -307,15 +325,12 @@ inline void mv_store_or_conv(bool conv, int taps, device uchar* y, ulong y_strid
   threadgroup float4 part[MV_SPLIT_SG];
   const int r = int(tg.y) * p.rows_per_group;
   const int r_end = min(p.rows, r + p.rows_per_group);
-  int dense_tiles = 0;
-  for (int k = 0; k < p.dense_count; k++) {
-    dense_tiles += (p.out_dim[k] + MV_R - 1) / MV_R;
-  }
+  const int dense_tiles = mv_dense_tiles(p);
   if (int(tg.x) < dense_tiles) {  // uniform per threadgroup: one bf16 tile, split form
     int tile = int(tg.x);
     const int i = mv_multi_weight(p, tile);
-    device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
-    device uchar* y = i == 0 ? y0 : i == 1 ? y1 : i == 2 ? y2 : y3;
+    device const uchar* w = mv_pick(i, w0, w1, w2, w3);
+    device uchar* y = mv_pick(i, y0, y1, y2, y3);
     if (r < r_end) {
       if (sg == 0 && lane == 0) {
         mv_prefetch_tile<bfloat>(w, p.in_dim, tile * MV_R, p.out_dim[i]);
@@ -329,8 +344,8 @@ inline void mv_store_or_conv(bool conv, int taps, device uchar* y, ulong y_strid
   int tile = dense_tiles + (int(tg.x) - dense_tiles) * int(nsg) + int(sg);
   const int i = mv_multi_weight(p, tile);
   const int out_dim = p.out_dim[i];
-  device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
-  device uchar* y = i == 0 ? y0 : i == 1 ? y1 : i == 2 ? y2 : y3;
+  device const uchar* w = mv_pick(i, w0, w1, w2, w3);
+  device uchar* y = mv_pick(i, y0, y1, y2, y3);
   const ulong y_stride = p.y_stride[i];
   const int o0 = tile * MV_R;
   const bool active = i >= p.dense_count && o0 < out_dim && r < r_end;  // uniform per simdgroup
@@ -377,8 +392,8 @@ template <typename T, int NR>
   int tile = int(tg.x);
   const int i = mv_multi_weight(p, tile);
   const int out_dim = p.out_dim[i];
-  device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
-  device uchar* y = i == 0 ? y0 : i == 1 ? y1 : i == 2 ? y2 : y3;
+  device const uchar* w = mv_pick(i, w0, w1, w2, w3);
+  device uchar* y = mv_pick(i, y0, y1, y2, y3);
   int o0 = tile * MV_R;
   int r_begin = int(tg.y) * p.rows_per_group;
   int r_end = min(p.rows, r_begin + p.rows_per_group);
@@ -439,10 +454,7 @@ template <typename T, int NR>
     hc_row_coefficients(n, cols, false, p.iters, p.eps, partials, p.chunks, scale, base, (device float*)coeffs, mix, pre, comb, sg, lane);
     return;
   }
-  int dense_tiles = 0;
-  for (int k = 0; k < p.dense_count; k++) {
-    dense_tiles += (p.out_dim[k] + MV_R - 1) / MV_R;
-  }
+  const int dense_tiles = mv_dense_tiles(p);
   const bool dense = int(tg.x) < dense_tiles;  // uniform per threadgroup: one bf16 tile, split form
   // A q4 threadgroup's simdgroups take p.tiles_per_sg turns, turn k the nsg consecutive tiles
   // from dense_tiles + (j * tiles_per_sg + k) * nsg (fewer threadgroups, each forming the read
@@ -455,7 +467,7 @@ template <typename T, int NR>
     for (int k = 0; k < per; k++) {
       int tile = dense ? int(tg.x) : q4_first + k * int(nsg);
       const int i = mv_multi_weight(p, tile);
-      device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
+      device const uchar* w = mv_pick(i, w0, w1, w2, w3);
       if (dense) {
         mv_prefetch_tile<bfloat>(w, cols, tile * MV_R, p.out_dim[i]);
       } else if (i >= p.dense_count) {
@@ -487,8 +499,8 @@ template <typename T, int NR>
   if (dense) {  // matvec_split_tg<bfloat, 1>'s pass over the staged row
     int tile = int(tg.x);
     const int i = mv_multi_weight(p, tile);
-    device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
-    device uchar* y = i == 0 ? y0 : i == 1 ? y1 : i == 2 ? y2 : y3;
+    device const uchar* w = mv_pick(i, w0, w1, w2, w3);
+    device uchar* y = mv_pick(i, y0, y1, y2, y3);
     float4 acc[1] = {float4(0.0f)};
     mv_pass_dense<Weights<bfloat>, 1>(w, cols, tile * MV_R, p.out_dim[i], MvXStaged{xs}, 1, acc, t, 32 * int(nsg));
     mv_split_finish<1, false>(acc, 1, 0, tile * MV_R, p.out_dim[i], y, 0, false, part, sg, lane, int(nsg), HcTarget());
@@ -502,8 +514,8 @@ template <typename T, int NR>
     if (i < p.dense_count || o0 >= out_dim) {  // uniform per simdgroup: past the last tile
       break;
     }
-    device const uchar* w = i == 0 ? w0 : i == 1 ? w1 : i == 2 ? w2 : w3;
-    device uchar* y = i == 0 ? y0 : i == 1 ? y1 : i == 2 ? y2 : y3;
+    device const uchar* w = mv_pick(i, w0, w1, w2, w3);
+    device uchar* y = mv_pick(i, y0, y1, y2, y3);
     float4 acc[1] = {float4(0.0f)};
     mv_pass_q4<false, 1, MV_Q4_BATCH, Q4XStaged>(w, w, cols, o0, out_dim, Q4XStaged{xs}, 1, acc, acc, int(lane), 32);  // mv_pass_q4_staged's load and dot
     mv_reduce<1>(acc, 1);

@@ -8,8 +8,8 @@ import { encodeEmbed } from "./embed.ts";
 import { bind, live, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import type { RowRange } from "../api/backend.ts";
 import type { SitePlan } from "./handshake.ts";
-import { encodeSiteRead, hcFold, hcFolds, siteWrite, type HcSiteRefs } from "./hyperconnection.ts";
-import type { SiteRead } from "./site-read.ts";
+import { hcFold, hcFolds, siteWrite, type HcSiteRefs } from "./hyperconnection.ts";
+import { deferSiteRead } from "./site-read.ts";
 import type { EngineGpu } from "./load.ts";
 import { encodeAttentionMixer, encodeDeltaNetMixer } from "./mixers.ts";
 import { encodeLookaheadRoute, encodeMoeCompute, encodeMoeRoute, type MoeSiteArgs } from "./moe-site.ts";
@@ -91,9 +91,7 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
     }
     // The mixer's input projections encode the read (site-read.ts: fused into them where they
     // can take it, which needs the partials a folded write left).
-    const read: SiteRead | undefined =
-      w.hcMixer && folded ? { X: s.X, site: w.hcMixer, scratch: s.hc, xn: s.xn, cfg: gpu.hc, d, norm: { w: w.mixerNorm, eps }, folded } : undefined;
-    if (!read) encodeSiteRead(ctx, s.X, w.hcMixer, s.hc, s.xn, nb, gpu.hc, d, { w: w.mixerNorm, eps }, folded);
+    const read = deferSiteRead(ctx, s.X, w.hcMixer, s.hc, s.xn, nb, gpu.hc, d, { w: w.mixerNorm, eps }, folded);
     const x = s.xn;
     // The mixer's output projection does the site's write (fused where it can).
     const write = siteWrite(s.X, w.hcMixer, s.hc, gpu.hc, d, foldInto(w.hcMoe));

@@ -8,7 +8,7 @@ import type { DType } from "../model/config.ts";
 import type { Binding, Buffer } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { Params, type ParamValues } from "./params.ts";
-import { checkRows, encodeMatvec, encodeMatvecs, MATVEC_TILE, matrixShape, oneRowForm } from "./projections.ts";
+import { checkRows, encodeMatvec, MATVEC_TILE, matrixShape, oneRowForm } from "./projections.ts";
 import { encodeGemmGateUp, GEMM_TILE, gemmMinRows, usesGemm } from "./gemm.ts";
 import type { SiteWrite } from "./hyperconnection.ts";
 import { hcFoldBindings, hcFoldParams } from "./hc-fold.ts";
@@ -77,9 +77,8 @@ export function encodeRouterLogits(
 ): void {
   const [E] = matrixShape(router, "router");
   if (E !== cfg.experts) throw new Error(`router has ${E} rows, config says ${cfg.experts} experts`);
-  if (read) encodeSiteProjections(ctx, sharedGate ? [{ w: router, y: logits }, { w: sharedGate.w, y: sharedGate.sg }] : [{ w: router, y: logits }], read, x, nb);
-  else if (sharedGate) encodeMatvecs(ctx, [{ w: router, y: logits }, { w: sharedGate.w, y: sharedGate.sg }], x, nb);
-  else encodeMatvec(ctx, router, x, logits, nb);
+  // (no read: encodeMatvecs, a lone router a matvec of its own)
+  encodeSiteProjections(ctx, sharedGate ? [{ w: router, y: logits }, { w: sharedGate.w, y: sharedGate.sg }] : [{ w: router, y: logits }], read, x, nb);
 }
 
 /** Throws unless the router kernels hold cfg's experts and top_k. */

@@ -22,7 +22,7 @@ import {
 } from "./experts.ts";
 import type { SiteRoute } from "./handshake.ts";
 import { encodeSiteRead, encodeWriteOf, siteWrite, type HcConfig, type HcFold, type HcSiteRefs } from "./hyperconnection.ts";
-import type { SiteRead } from "./site-read.ts";
+import { deferSiteRead } from "./site-read.ts";
 import type { MoeRefs } from "./refs.ts";
 import type { Scratch } from "./scratch.ts";
 
@@ -63,11 +63,9 @@ export function foldsRouter(pool: KernelPool, nb: number, route: SiteRoute): boo
 export function encodeMoeRoute(ctx: EncodeContext, a: MoeSiteArgs, pool: KernelPool, route: SiteRoute): void {
   const { config: c, nb, scratch: s } = a;
   const d = c.hidden_size;
-  const norm = { w: a.norm, eps: c.rms_norm_eps };
   // The router's dispatch encodes the read (site-read.ts: formed by it where it can take it,
   // which needs the partials a folded write left); the experts then read s.xn.
-  const read: SiteRead | undefined = a.site && a.folded ? { X: a.X, site: a.site, scratch: s.hc, xn: s.xn, cfg: a.hc, d, norm, folded: a.folded } : undefined;
-  if (!read) encodeSiteRead(ctx, a.X, a.site, s.hc, s.xn, nb, a.hc, d, norm, a.folded);
+  const read = deferSiteRead(ctx, a.X, a.site, s.hc, s.xn, nb, a.hc, d, { w: a.norm, eps: c.rms_norm_eps }, a.folded);
   const m = s.moe;
   // The shared expert's gate logit rides in the router's dispatch (the same input).
   const sharedGate = a.moe.shared ? { w: a.moe.shared.expertGate, sg: m.sg } : undefined;

@@ -267,9 +267,10 @@ export interface ProjectionConv {
   y: RowsRef;
 }
 
-/** The most taps the epilogue's conv takes (CONV_REG_TAPS), and the widest row it runs on (MV_STAGE_COLS). */
+/** The most taps the epilogue's conv takes (CONV_REG_TAPS in kernels/conv.h). */
 const EPILOGUE_CONV_TAPS = 4;
-const STAGED_COLS = 2048;
+/** The widest row the staged one-row q4 forms take (MV_STAGE_COLS in kernels/matvec.h): the conv epilogue and the fused site read run there. */
+export const MV_STAGE_COLS = 2048;
 
 /** The bindings of matvec_multi_q4_r1's conv epilogue (x repeated where there is none: every declared buffer is bound). */
 export function convBindings(conv: ProjectionConv | undefined, x: RowsRef): Binding[] {
@@ -280,7 +281,7 @@ export function convBindings(conv: ProjectionConv | undefined, x: RowsRef): Bind
 /** Whether a decode row's staged q4 projection of width inDim can take `conv` in its epilogue. */
 export function epilogueTakesConv(conv: ProjectionConv, inDim: number): boolean {
   const [C, K] = conv.weight.shape as [number, number];
-  return conv.of.w.dtype === "q4" && conv.weight.dtype === "f32" && K <= EPILOGUE_CONV_TAPS && C === conv.of.w.shape[0] && inDim <= STAGED_COLS;
+  return conv.of.w.dtype === "q4" && conv.weight.dtype === "f32" && K <= EPILOGUE_CONV_TAPS && C === conv.of.w.shape[0] && inDim <= MV_STAGE_COLS;
 }
 
 /**

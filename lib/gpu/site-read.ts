@@ -11,7 +11,19 @@ import { bind, dispatch, type EncodeContext, type RowsRef } from "./dispatch.ts"
 import { encodeSiteRead, type HcConfig, type HcScratch, type HcSiteRefs, type ReadNorm } from "./hyperconnection.ts";
 import { HC_MAX_STREAMS, SIMD_WIDTH } from "./limits.ts";
 import { Params } from "./params.ts";
-import { convBindings, encodeMatvecs, epilogueTakesConv, MATVEC_MULTI, MATVEC_TILE, matrixShape, prefersSplit, type Projection, type ProjectionConv } from "./projections.ts";
+import {
+  checkVector,
+  convBindings,
+  encodeMatvecs,
+  epilogueTakesConv,
+  MATVEC_MULTI,
+  MATVEC_TILE,
+  matrixShape,
+  MV_STAGE_COLS,
+  prefersSplit,
+  type Projection,
+  type ProjectionConv,
+} from "./projections.ts";
 
 /** A site's read y = RMSNorm(sum_i pre_i X_i) into `xn`, its partials folded into `folded` by the write before. */
 export interface SiteRead {
@@ -25,10 +37,30 @@ export interface SiteRead {
   folded: RowsRef;
 }
 
-/** The widest row a staged q4 projection takes (MV_STAGE_COLS in kernels/matvec.h). */
-const MV_STAGE_COLS = 2048;
 /** Threads of the fused kernel's threadgroups: the read's HC_TG_SG simdgroups (kernels/hc.metal). */
 const READ_SIMDGROUPS = 8;
+
+/**
+ * A site's read handed to the projections that take it (encodeSiteProjections), when the write
+ * before left its partials (`folded`); otherwise (no partials, or n = 1: no site) the read is
+ * encoded here, now, and undefined comes back.
+ */
+export function deferSiteRead(
+  ctx: EncodeContext,
+  X: RowsRef,
+  site: HcSiteRefs | null,
+  scratch: HcScratch,
+  xn: RowsRef,
+  nb: number,
+  cfg: HcConfig,
+  d: number,
+  norm: ReadNorm,
+  folded: RowsRef | undefined,
+): SiteRead | undefined {
+  if (site && folded) return { X, site, scratch, xn, cfg, d, norm, folded };
+  encodeSiteRead(ctx, X, site, scratch, xn, nb, cfg, d, norm, folded);
+  return undefined;
+}
 
 /**
  * Whether decode projections form their site's read themselves: on by default on the GPU
@@ -108,7 +140,7 @@ function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: Sit
   const per = tilesPerSimdgroup();
   if (!Number.isInteger(per) || per < 1) throw new Error(`CHERENKOV_HC_READ_TILES=${per}: expected a positive integer`);
   const coeffTg = denseTiles + Math.ceil(q4Tiles / (READ_SIMDGROUPS * per));
-  if (norm.w.shape.reduce((a, b) => a * b, 1) !== d) throw new Error(`site read: norm weight of ${norm.w.shape} for hidden size ${d}`);
+  checkVector(norm.w, d, "site read norm");
   if (read.folded.offset % 16 !== 0 || read.X.offset % 16 !== 0) throw new Error("site read: streams and partials must be 16-byte aligned");
   const convIndex = conv && epilogueTakesConv(conv, d) ? items.indexOf(conv.of) : -1;
   dispatch(

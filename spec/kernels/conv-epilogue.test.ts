@@ -6,7 +6,7 @@
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 
 import { encodeConvSilu } from "../../lib/gpu/deltanet.ts";
-import { bind } from "../../lib/gpu/dispatch.ts";
+import { bind, type EncodeContext } from "../../lib/gpu/dispatch.ts";
 import { hcFoldCount } from "../../lib/gpu/hc-fold.ts";
 import { encodeHcWrite, hcFold, hcMixCount, hcPartialCount, type HcConfig } from "../../lib/gpu/hyperconnection.ts";
 import { encodeMatvecs, type Projection, type ProjectionConv } from "../../lib/gpu/projections.ts";
@@ -42,7 +42,7 @@ function convCase(C: number, K: number, seed: number) {
  * conv_silu_rows_f32 on what they stored), and without it followed by conv_silu_rows_f32.
  * `encode` runs the projections (x rows of width d) and returns whether the conv was done.
  */
-function bothWays(d: number, C: number, K: number, nb: number, seed: number, encode: (ctx: Parameters<Parameters<typeof run>[1]>[0], items: Projection[], x: Buffer, conv?: ProjectionConv) => boolean) {
+function bothWays(d: number, C: number, K: number, nb: number, seed: number, encode: (ctx: EncodeContext, items: Projection[], x: Buffer, conv?: ProjectionConv) => boolean) {
   const ws = projections(d, C, seed);
   const conv = convCase(C, K, seed + 9);
   const x = uploadF32(dev, randomF32(nb * d, seed + 7, 1, "x"));
@@ -73,7 +73,7 @@ function bothWays(d: number, C: number, K: number, nb: number, seed: number, enc
   return { done, fused, plain, sameBits };
 }
 
-const viaMatvecs = (ctx: Parameters<Parameters<typeof run>[1]>[0], items: Projection[], x: Buffer, conv?: ProjectionConv) =>
+const viaMatvecs = (ctx: EncodeContext, items: Projection[], x: Buffer, conv?: ProjectionConv) =>
   encodeMatvecs(ctx, items, rows(x, items[0]!.w.shape[1]!), 1, conv ? { conv } : {});
 
 describe("encodeMatvecs with a conv: matvec_multi_q4_r1_f32's epilogue", () => {
