@@ -5,8 +5,9 @@
 // threadgroup form the read itself from the streams and the partials the site's folded write
 // left (the same code, so the same bits), one of them also the coefficients for the site's
 // write: one dispatch and one wait a site fewer. The projections must all fit that one
-// dispatch (q4, after at most a few bf16 ones, one decode row, d <= MV_STAGE_COLS); otherwise the
-// read is encoded on its own first and the projections as before.
+// dispatch (bf16 ones first, then q4 ones, either part possibly empty; one decode row;
+// d <= MV_STAGE_COLS); otherwise the read is encoded on its own first and the projections as
+// before.
 import { bind, dispatch, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import { encodeSiteRead, type HcConfig, type HcScratch, type HcSiteRefs, type ReadNorm } from "./hyperconnection.ts";
 import { HC_MAX_STREAMS, SIMD_WIDTH } from "./limits.ts";
