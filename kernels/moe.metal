@@ -392,17 +392,25 @@ template [[host_name("moe_gate_up_pairs_q4_f32")]] kernel decltype(moe_gate_up_p
 template [[host_name("moe_gate_up_pairs_routed_q4_f32")]] kernel decltype(moe_gate_up_pairs_routed<uchar>) moe_gate_up_pairs_routed<uchar>;
 
 // The routed experts' down projections and the combine in one pass, for a decode step (one
-// pair per expert): threadgroup (x, r) computes MV_R outputs of row r. Its MOE_DC_SG
-// simdgroups take the row's top_k experts in turn (expert k on simdgroup k % MOE_DC_SG), so
-// the experts' weights are read in parallel, not one after another; each leaves its reduced
-// outputs and routing weight in threadgroup memory, and the first lane adds
-// w[r][k] * (down_e h[r*k + k]) in k order, then (SHARED) sigmoid(sg[r]) s[r]. The same
-// passes, reductions and sums in the same order as moe_down_q4_r1 + moe_combine, so the same
-// bits, without the per-pair outputs in memory or a second dispatch. A missing slot reads
-// nothing and makes the row NaN.
+// pair per expert): threadgroup (x, r) computes MV_R outputs of row r. Its simdgroups (nsg,
+// chosen by the host: 8, or 4 so that a decode step's threadgroups fit one wave) take the
+// row's top_k experts in turn, expert k on simdgroup k % nsg (a simdgroup asks L2 for its next
+// expert's rows before it reads the current one's: kernels/grid.h ck_prefetch); each leaves
+// its reduced outputs and routing weight in threadgroup memory, and the first lane adds w[r][k] * (down_e h[r*k + k]) in k
+// order, then (SHARED) sigmoid(sg[r]) s[r]. The same passes, reductions and sums in the same
+// order as moe_down_q4_r1 + moe_combine, so the same bits whatever nsg, without the per-pair
+// outputs in memory or a second dispatch. A missing slot reads nothing and makes the row NaN.
 #define MOE_DC_SG 8
 #define MOE_MAX_TOP_K 64
 static_assert(MOE_DC_SG * 32 == 256, "update moe_down_combine's [[max_total_threads_per_threadgroup]]");
+
+// Expert pair q's slot, or -1 when it is missing (an id outside [0, E) or an empty slot).
+template <typename P>
+inline int moe_dc_slot(constant P& p, device const int* ids, device const int* slot_of, int q) {
+  const int e = ids[q];
+  const int slot = e >= 0 && e < p.experts ? slot_of[e] : -1;
+  return slot < 0 || slot >= p.slots ? -1 : slot;
+}
 
 // The combined MV_R outputs `v` of column tg.x of row tg.y, left with every lane of
 // simdgroup 0, which alone returns true (every other thread, and a threadgroup past the
@@ -410,8 +418,8 @@ static_assert(MOE_DC_SG * 32 == 256, "update moe_down_combine's [[max_total_thre
 template <typename T, bool SHARED, typename P>
 inline bool moe_down_combine_at(constant P& p, device const int* ids, device const float* w,
                                 device const int* slot_of, device const uchar* pool, device const uchar* h,
-                                device const uchar* s, device const uchar* sgate, uint2 tg, ushort sg, ushort lane,
-                                thread float4& out) {
+                                device const uchar* s, device const uchar* sgate, uint2 tg, ushort sg, ushort nsg,
+                                ushort lane, thread float4& out) {
   threadgroup float4 part[MOE_MAX_TOP_K];
   threadgroup float wk[MOE_MAX_TOP_K];
   threadgroup int miss[MOE_MAX_TOP_K];
@@ -420,11 +428,19 @@ inline bool moe_down_combine_at(constant P& p, device const int* ids, device con
   if (o0 >= p.out_dim || r >= p.rows) {
     return false;  // uniform per threadgroup
   }
-  for (int k = int(sg); k < p.top_k; k += MOE_DC_SG) {
+  for (int k = int(sg); k < p.top_k; k += int(nsg)) {
     const int q = r * p.top_k + k;
-    const int e = ids[q];
-    const int slot = e >= 0 && e < p.experts ? slot_of[e] : -1;
-    const bool missing = slot < 0 || slot >= p.slots;  // uniform: every lane reads the same ids and table
+    const int slot = moe_dc_slot(p, ids, slot_of, q);  // uniform: every lane reads the same ids and table
+    const bool missing = slot < 0;
+    // The simdgroup's next expert (k + nsg) into L2 while this one is read and computed: its
+    // loads then wait on L2, not on memory (a no-op on Metal and the CPU backend).
+    const int kn = k + int(nsg);
+    if (lane == 0 && kn < p.top_k) {
+      const int next = moe_dc_slot(p, ids, slot_of, r * p.top_k + kn);
+      if (next >= 0) {
+        mv_prefetch_tile<T>(pool + ulong(next) * p.record_stride + p.w_offset, p.in_dim, o0, p.out_dim);
+      }
+    }
     float4 acc[1] = {float4(0.0f)};
     if (!missing) {
       ulong xoff[1] = {ulong(q) * p.h_stride};
@@ -473,9 +489,10 @@ template <typename T>
     device uchar* y              [[buffer(6)]],
     uint2 tg                     [[threadgroup_position_in_grid]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
+    ushort nsg                   [[simdgroups_per_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
   float4 v;
-  if (moe_down_combine_at<T, false>(p, ids, w, slot_of, pool, h, h, h, tg, sg, lane, v) && lane == 0) {
+  if (moe_down_combine_at<T, false>(p, ids, w, slot_of, pool, h, h, h, tg, sg, nsg, lane, v) && lane == 0) {
     mv_store(y, p.y_stride, int(tg.y), int(tg.x) * MV_R, p.out_dim, v, false);
   }
 }
@@ -493,9 +510,10 @@ template <typename T>
     device const uchar* sgate    [[buffer(8)]],
     uint2 tg                     [[threadgroup_position_in_grid]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
+    ushort nsg                   [[simdgroups_per_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
   float4 v;
-  if (moe_down_combine_at<T, true>(p, ids, w, slot_of, pool, h, s, sgate, tg, sg, lane, v) && lane == 0) {
+  if (moe_down_combine_at<T, true>(p, ids, w, slot_of, pool, h, s, sgate, tg, sg, nsg, lane, v) && lane == 0) {
     mv_store(y, p.y_stride, int(tg.y), int(tg.x) * MV_R, p.out_dim, v, false);
   }
 }
@@ -531,9 +549,10 @@ template <typename T>
     device uchar* fold_part      [[buffer(9)]],
     uint2 tg                     [[threadgroup_position_in_grid]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
+    ushort nsg                   [[simdgroups_per_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
   float4 v;
-  if (moe_down_combine_at<T, false>(p, ids, w, slot_of, pool, h, h, h, tg, sg, lane, v)) {
+  if (moe_down_combine_at<T, false>(p, ids, w, slot_of, pool, h, h, h, tg, sg, nsg, lane, v)) {
     hc_store_lanes(moe_hc_target(p, X, coeffs, fold_fn, fold_part), int(tg.y), int(tg.x), v, lane);
   }
 }
@@ -554,9 +573,10 @@ template <typename T>
     device uchar* fold_part      [[buffer(11)]],
     uint2 tg                     [[threadgroup_position_in_grid]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
+    ushort nsg                   [[simdgroups_per_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
   float4 v;
-  if (moe_down_combine_at<T, true>(p, ids, w, slot_of, pool, h, s, sgate, tg, sg, lane, v)) {
+  if (moe_down_combine_at<T, true>(p, ids, w, slot_of, pool, h, s, sgate, tg, sg, nsg, lane, v)) {
     hc_store_lanes(moe_hc_target(p, X, coeffs, fold_fn, fold_part), int(tg.y), int(tg.x), v, lane);
   }
 }

@@ -176,8 +176,14 @@ export function fusesDownCombine(pool: ExpertPool, nb: number): boolean {
   return nb <= PAIR_ROWS && pool.buffers.length === 1 && pool.parts.every((p) => p.dtype === "q4");
 }
 
-/** Simdgroups of a moe_down_combine threadgroup, each on its own experts of the row (MOE_DC_SG). */
-const DOWN_COMBINE_SIMDGROUPS = 8;
+/**
+ * Simdgroups of a moe_down_combine threadgroup (at most MOE_DC_SG), each on its own experts of
+ * the row, two at a time. 4: a decode step's d / 4 threadgroups (512 at the 30b shape, 128
+ * registers a thread on sm_90) fit one wave of the H200 (4 a core), where 8 took two; a
+ * simdgroup with two experts asks for both experts' weights at once. The kernel gives the same
+ * bits for any count. CHERENKOV_MOE_DC_SG overrides it (measurements).
+ */
+const DOWN_COMBINE_SIMDGROUPS = Number(process.env.CHERENKOV_MOE_DC_SG ?? 4);
 /** The largest top_k moe_down_combine holds in threadgroup memory (MOE_MAX_TOP_K). */
 const DOWN_COMBINE_MAX_TOP_K = 64;
 
