@@ -98,7 +98,18 @@ interface ModelResult {
    * Per speculative cycle: commands and signals + waits committed (a cycle's own buffer; the
    * ones prepared for other accept counts and released are not), host/GPU handshakes.
    */
-  speculative?: { drafts: number; tokensPerSecond: number; proposed: number; accepted: number; cycles: number; commandsPerCycle: number; eventsPerCycle: number; handshakesPerCycle: number };
+  speculative?: {
+    drafts: number;
+    tokensPerSecond: number;
+    proposed: number;
+    accepted: number;
+    cycles: number;
+    /** Cycles that committed a buffer prepared while the cycle before ran (the others were encoded when they came). */
+    preparedCycles: number;
+    commandsPerCycle: number;
+    eventsPerCycle: number;
+    handshakesPerCycle: number;
+  };
 }
 
 /** A deterministic prompt of in-vocabulary ids. */
@@ -170,7 +181,7 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
       let accepted = 0;
       let cycles = 0;
       engine.resetTimings();
-      const before = { commands: device.commandsCommitted, events: device.eventsCommitted };
+      const before = { commands: device.commandsCommitted, events: device.eventsCommitted, prepared: engine.speculativeCycles.prepared };
       t0 = performance.now();
       while (made < tokens) {
         const x = await spec.speculate(next, drafts);
@@ -188,6 +199,7 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
         proposed,
         accepted,
         cycles,
+        preparedCycles: engine.speculativeCycles.prepared - before.prepared,
         commandsPerCycle: (device.commandsCommitted - before.commands) / cycles,
         eventsPerCycle: (device.eventsCommitted - before.events) / cycles,
         handshakesPerCycle: handshakes / cycles,
@@ -249,7 +261,7 @@ function printModel(r: ModelResult): void {
   const sp = r.speculative;
   if (sp)
     log(
-      `speculative, ${sp.drafts} drafts: ${fmt(sp.tokensPerSecond, 2)} tok/s (${fmt(sp.tokensPerSecond / r.tokensPerSecond, 2)}x plain), accepted ${sp.accepted}/${sp.proposed} in ${sp.cycles} cycles; ` +
+      `speculative, ${sp.drafts} drafts: ${fmt(sp.tokensPerSecond, 2)} tok/s (${fmt(sp.tokensPerSecond / r.tokensPerSecond, 2)}x plain), accepted ${sp.accepted}/${sp.proposed} in ${sp.cycles} cycles (${sp.preparedCycles} prepared ahead); ` +
         `per cycle ${fmt(sp.commandsPerCycle, 1)} commands committed, ${fmt(sp.eventsPerCycle, 1)} signals + waits, ${fmt(sp.handshakesPerCycle, 1)} handshakes`,
     );
   log("\n| phase (per decode token) | ms |");
