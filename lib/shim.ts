@@ -333,6 +333,13 @@ export class Device {
   commandsEncoded = 0;
   /** Command buffers committed on this device so far (each a host round trip for a step): tests count them per step. */
   commandBuffersCommitted = 0;
+  /**
+   * Commands in the committed command buffers so far: unlike commandsEncoded, not those of
+   * buffers encoded ahead and released unused (a speculative cycle prepares one per accept count).
+   */
+  commandsCommitted = 0;
+  /** Signals and waits in the committed command buffers so far (host/GPU handshakes are a pair each). */
+  eventsCommitted = 0;
   #library: Library | null = null;
   #closed = false;
 
@@ -590,6 +597,9 @@ export class CommandBuffer {
   // ck_binding[31]: {buffer pointer, u64 offset} as four u32 each.
   readonly #bindings = new Uint32Array(MAX_BINDINGS * 4);
   #released = false;
+  /** Commands encoded into this buffer, and of them signals and waits. */
+  #commands = 0;
+  #events = 0;
 
   constructor(
     readonly device: Device,
@@ -634,6 +644,7 @@ export class CommandBuffer {
     );
     check(this.#shim, status);
     this.device.commandsEncoded++;
+    this.#commands++;
     return this;
   }
 
@@ -645,6 +656,7 @@ export class CommandBuffer {
     if (words.length === 0) return this;
     check(this.#shim, this.#shim.symbols.ck_encode_tape(this.handle, words, words.length));
     this.device.commandsEncoded += commands;
+    this.#commands += commands;
     return this;
   }
 
@@ -652,6 +664,8 @@ export class CommandBuffer {
   signal(event: Event, value: number): this {
     check(this.#shim, this.#shim.symbols.ck_encode_signal(this.handle, event.handle, value));
     this.device.commandsEncoded++;
+    this.#commands++;
+    this.#events++;
     return this;
   }
 
@@ -660,12 +674,16 @@ export class CommandBuffer {
     const s = this.#shim.symbols;
     check(this.#shim, (this.device.waitMode === "host" ? s.ck_encode_wait_host : s.ck_encode_wait)(this.handle, event.handle, value));
     this.device.commandsEncoded++;
+    this.#commands++;
+    this.#events++;
     return this;
   }
 
   commit(): this {
     check(this.#shim, this.#shim.symbols.ck_cmdbuf_commit(this.handle));
     this.device.commandBuffersCommitted++;
+    this.device.commandsCommitted += this.#commands;
+    this.device.eventsCommitted += this.#events;
     return this;
   }
 

@@ -8,9 +8,12 @@
 // candidate, so drafting is only chosen when it measured faster. Each count is measured once
 // at the start; afterwards other counts are re-tried round robin from an exploration budget
 // (a share of the measured decode time, default 5%), so a k that looked bad once can recover
-// while exploring never costs more than that share. A draft step right after steps without
-// drafts also runs the MTP head over the rows it skipped: its time is not the steady cost of
-// k, so it only updates the acceptance and the next step repeats k to measure it.
+// while exploring never costs more than that share. A step right after a change of count is
+// not k's steady cost either: a draft step after steps without drafts also runs the MTP head
+// over the rows it skipped, and on the engine any step after a change finds no command buffer
+// prepared for it (a plain step after a cycle also runs the cycle's pending rollback). Such a
+// transition only updates the acceptance, and the next step repeats k to measure it; counted
+// as plain's cost, it would make plain look slower than it is and drafting win where it loses.
 
 /** EWMA weight of an exploration step's observations. */
 const EXPLORE_ALPHA = 0.5;
@@ -92,8 +95,9 @@ export class DraftController {
     for (let i = 0; i <= top; i++) {
       const k = (this.nextExplore + i) % (top + 1);
       if (k === best) continue;
-      if (this.budget < this.cost[k]!) break;
-      this.budget -= this.cost[k]!;
+      // Two steps: the transition into k, then the one measured.
+      if (this.budget < 2 * this.cost[k]!) break;
+      this.budget -= 2 * this.cost[k]!;
       this.nextExplore = k + 1;
       this.exploring = k;
       return k;
@@ -117,18 +121,18 @@ export class DraftController {
 
   /**
    * Records a step that proposed k drafts, accepted `accepted` of them and took `ms`.
-   * `catchUp`: the step's MTP head first ran rows of earlier steps (it drafted nothing for
-   * them), so `ms` is not the steady cost of k.
+   * `transition`: the step followed a step of another count (a draft step's MTP head first ran
+   * the rows of earlier steps), so `ms` is not the steady cost of k: the next step repeats k.
    */
-  observe(k: number, accepted: number, ms: number, catchUp = false): void {
+  observe(k: number, accepted: number, ms: number, transition = false): void {
     if (!Number.isInteger(k) || k < 0 || k > this.maxDrafts) throw new RangeError(`DraftController.observe: k ${k} outside 0..${this.maxDrafts}`);
     if (!Number.isInteger(accepted) || accepted < 0 || accepted > k) throw new RangeError(`DraftController.observe: accepted ${accepted} outside 0..${k}`);
     if (!(ms >= 0)) throw new RangeError(`DraftController.observe: step time ${ms} ms must be >= 0`);
     const a = this.exploring === k ? Math.max(this.alpha, EXPLORE_ALPHA) : this.alpha;
-    if (!(catchUp && k > 0)) this.exploring = null;
+    if (!transition) this.exploring = null;
     this.steps[k]!++;
     this.budget += this.exploreShare * ms;
-    if (catchUp && k > 0) this.repeat = k;
+    if (transition) this.repeat = k;
     else {
       const c = Math.max(ms, 1e-6);
       this.cost[k] = this.cost[k] === null ? c : (1 - a) * this.cost[k]! + a * c;

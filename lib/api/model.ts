@@ -668,6 +668,8 @@ export class Session {
     });
     // The MTP head has not seen the rows run since the last draft step (the prompt included).
     let headBehind = true;
+    // The last step's draft count: a step after one of another count is a transition (DraftController).
+    let lastCount: number | null = null;
     const text = new TextStream(this.model);
     const held = new StopHoldback(opts.stop ?? []);
     const generated: number[] = [];
@@ -725,16 +727,18 @@ export class Session {
           stats.accepted += r.next.length - 1;
           queue = r.next;
           queueLogprobs = r.logprobs;
-          controller?.observe(r.proposed, r.next.length - 1, performance.now() - stepStart, headBehind);
+          controller?.observe(r.proposed, r.next.length - 1, performance.now() - stepStart, headBehind || (lastCount !== null && lastCount !== r.proposed));
           stats.steps[r.proposed]!++;
           headBehind = false;
+          lastCount = r.proposed;
         } else {
           const r = await this.step(this.seq.forward([last], { signal, sample: sample ?? undefined, logits: "last" }));
           queue = [r.next[0]!];
           queueLogprobs = r.logprobs;
-          controller?.observe(0, 0, performance.now() - stepStart);
+          controller?.observe(0, 0, performance.now() - stepStart, lastCount !== null && lastCount !== 0);
           stats.steps[0]!++;
           headBehind = true;
+          lastCount = 0;
         }
       }
     } catch (e) {

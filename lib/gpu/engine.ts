@@ -7,7 +7,7 @@ import { Draw, PenaltyCounts } from "../reference/sampling.ts";
 import { NonFiniteError } from "../model/errors.ts";
 import type { ModelFiles } from "../model/format.ts";
 import { checkTokens } from "../reference/model.ts";
-import type { Backend, Buffer } from "../shim.ts";
+import type { Backend, Buffer, CommandBuffer } from "../shim.ts";
 import { bind, runNow, shiftedLive, type EncodeContext } from "./dispatch.ts";
 import { encodeTrunkStep, type TrunkStep } from "./decode.ts";
 import { encodeDrafts } from "./draft.ts";
@@ -55,6 +55,11 @@ export class Engine {
    * exactly it at once instead of encoding first; the others are released.
    */
   private readonly prepared = new Map<SequenceState, PreparedEntry[]>();
+  /**
+   * Prepared command buffers a step did not use: released once the next step is committed
+   * (releasing one unreferences every buffer it binds: host time better spent while the GPU works).
+   */
+  private readonly unused: CommandBuffer[] = [];
   /** Decode steps that committed a prepared command buffer (stats; tests). */
   private preparedUsed = 0;
   /**
@@ -66,6 +71,8 @@ export class Engine {
   private pendingRollback: { seq: SequenceState; row: number } | null = null;
   /** Speculative cycles run, those encoded from a recording (replayed or just recorded), and those prepared ahead (stats; tests). */
   private readonly cycleCounts = { cycles: 0, recorded: 0, prepared: 0 };
+  /** Per draft count k, how often a cycle accepted a drafts (index a, from 1 each): the order the next cycles are prepared in. */
+  private readonly acceptTally = new Map<number, number[]>();
 
   private constructor(readonly gpu: EngineGpu, tracePath: string | undefined) {
     this.trace = tracePath ? TraceWriter.open(tracePath) : null;
@@ -225,7 +232,7 @@ export class Engine {
     for (const p of list) {
       const same = key !== null && p.pos0 === pos0 && p.key === key && p.draws === draws && p.step.plan.base === this.counter.value;
       if (found === null && same) found = p.step;
-      else p.step.cb.release();
+      else this.unused.push(p.step.cb);
     }
     return found;
   }
@@ -243,35 +250,69 @@ export class Engine {
     this.prepared.delete(seq);
   }
 
+  private releaseUnused(): void {
+    for (const cb of this.unused.splice(0)) cb.release();
+  }
+
   /** Encodes `seq`'s decode row at pos0 ahead (uncommitted), when it can be replayed. Never throws: a step it cannot prepare is encoded when it comes. */
   private prepareNext(seq: SequenceState, pos0: number): void {
     const logits = { from: 0, count: 1 };
     const key = this.recordingKey(1, false, logits);
-    if (key === null || !StepRecordings.enabled || seq.disposed) return;
-    this.dropPrepared(seq);
-    this.prepareOne(seq, pos0, key, undefined, (ctx, plan) => this.encodeTrunk(ctx, plan, seq, key, { nb: 1, pos0, verify: false, logits }));
+    if (key !== null && StepRecordings.enabled && !seq.disposed) {
+      this.dropPrepared(seq);
+      this.prepareOne(seq, pos0, key, undefined, (ctx, plan) => this.encodeTrunk(ctx, plan, seq, key, { nb: 1, pos0, verify: false, logits }));
+    }
+    this.releaseUnused();
   }
 
   /**
-   * After a cycle at pos0 with k drafts is committed: the next cycle of k drafts for every
-   * accept count a it may end with (catch-up a + 1 rows at pos0 + a + 1, the rollback of row a
-   * when a < k), each replayed into a command buffer of its own while the GPU runs. Under
-   * sampling its draft draws are `sample`'s (a generation keeps one request; the verifying
-   * draw is added when the cycle comes).
+   * After a cycle at pos0 with k drafts is committed: the next cycle of k drafts for the
+   * accept counts a it may end with (catch-up a + 1 rows at pos0 + a + 1, the rollback of row
+   * a when a < k), each replayed into a command buffer of its own while the GPU runs
+   * `running`. The likeliest counts go first (acceptTally), and once `running` is done the
+   * rest are left out: replaying all k + 1 (~0.35 ms each on this host) could outlast the
+   * GPU's cycle and hold the next one back; a cycle not prepared is encoded when it comes.
+   * Under sampling its draft draws are `sample`'s (a generation keeps one request; the
+   * verifying draw is added when the cycle comes).
    */
-  private prepareCycles(seq: SequenceState, pos0: number, k: number, sample: SampleRequest | undefined): void {
+  private prepareCycles(seq: SequenceState, pos0: number, k: number, sample: SampleRequest | undefined, running?: CommandBuffer): void {
+    try {
+      this.prepareCyclesFor(seq, pos0, k, sample, running);
+    } finally {
+      this.releaseUnused();
+    }
+  }
+
+  private prepareCyclesFor(seq: SequenceState, pos0: number, k: number, sample: SampleRequest | undefined, running?: CommandBuffer): void {
     if (!StepRecordings.enabled || seq.disposed) return;
     this.dropPrepared(seq);
-    for (let a = 0; a <= k; a++) {
+    let held = 0;
+    for (const a of this.likelyAccepts(k)) {
+      if (held > 0 && running && running.status !== "committed") return;
       const rollback = a < k ? a : null;
       const key = this.cycleKey(rollback, a + 1, k);
       if (key === null) return;
       const next = pos0 + a + 1;
-      if (next + 1 + k > seq.capacity) return;
+      if (next + 1 + k > seq.capacity) continue;
       this.prepareOne(seq, next, key, sample, (ctx, plan) =>
         this.encodeCycle(ctx, plan, seq, key, { pos0: next, catchUp: a + 1, drafts: k, rollback, draw: this.draftDraw(next, sample) }),
       );
+      held++;
     }
+  }
+
+  /** The accept counts 0..k of a k-draft cycle, the most often seen first (ties: more accepted first). */
+  private likelyAccepts(k: number): number[] {
+    const tally = this.acceptTally.get(k);
+    const order = Array.from({ length: k + 1 }, (_, i) => k - i);
+    return tally ? order.sort((x, y) => tally[y]! - tally[x]!) : order;
+  }
+
+  /** Counts a k-draft cycle that accepted a drafts. */
+  private noteAccepted(k: number, a: number): void {
+    let tally = this.acceptTally.get(k);
+    if (!tally) this.acceptTally.set(k, (tally = new Array<number>(k + 1).fill(1)));
+    tally[a]!++;
   }
 
   /** Encodes one step ahead into a command buffer of its own and holds it. Never throws. */
@@ -299,6 +340,7 @@ export class Engine {
     this.dropRollback(s.state);
     s.state.forgotten = true;
     this.dropPrepared(s.state);
+    this.releaseUnused();
   }
 
   /**
@@ -357,7 +399,7 @@ export class Engine {
       known?: () => void;
       prepared: PreparedStep | null;
       /** Runs once the step is committed, while the GPU works (prepares the next step). Must not throw. */
-      afterCommit: (() => void) | undefined;
+      afterCommit: ((running: CommandBuffer) => void) | undefined;
       encode: (ctx: EncodeContext, plan: SitePlan) => void;
     },
   ): Promise<RowsResult & { accepted?: number[] }> {
@@ -464,7 +506,7 @@ export class Engine {
       trace,
       prepared,
       // The next cycle, for each accept count this one may end with.
-      afterCommit: () => this.prepareCycles(seq, pos0, k, sample),
+      afterCommit: (running) => this.prepareCycles(seq, pos0, k, sample, running),
       known: () => {
         ds = Array.from(i32View(s.mtp.drafts, k));
         trace.splice(1, k, ...ds);
@@ -481,6 +523,7 @@ export class Engine {
     // Sampling: the kernel verified each draft (rejection sampling); greedy: equal to the argmax.
     if (r.accepted) while (a < k && r.accepted[a] === 1) a++;
     else while (a < k && r.next[a] === ds[a]) a++;
+    this.noteAccepted(k, a);
     if (a < k) {
       // The caches roll back by length now; the fixed-size state at the next step (or before anything else).
       seq.length = pos0 + a + 1;
@@ -610,6 +653,7 @@ export class Engine {
     this.pendingRollback = null;
     for (const list of this.prepared.values()) for (const p of list) p.step.cb.release();
     this.prepared.clear();
+    this.releaseUnused();
     for (const s of this.sequences) s.releaseNow();
     this.sequences.clear();
     this.trace?.close();

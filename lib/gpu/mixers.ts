@@ -98,6 +98,13 @@ export function encodeAttentionMixer(ctx: EncodeContext, a: AttentionMixerArgs):
     encodeRmsNorm(ctx, s.k, w.kNorm, s.k, nb, eps, { heads: at.kv_heads });
   }
   const rotDim = Math.round(at.head_dim * at.partial_rotary_factor);
+  const qsa = w.qsa && at.qsa;
+  // QSA's index projections do not depend on the position: outside live(), a replay does
+  // not encode them again (they read x only, so they may go ahead of the appends).
+  if (w.qsa && at.qsa && a.state.ik) {
+    encodeMatvecs(ctx, [{ w: w.qsa.iq, y: s.iq }, { w: w.qsa.ik, y: s.ikRaw }, { w: w.qsa.iw, y: s.iw }], a.x, nb);
+    encodeRmsNorm(ctx, s.ikRaw, w.qsa.ikNorm, s.ik, nb, eps);
+  }
   // Everything that depends on the position (RoPE, the cache appends, QSA's scores, the
   // attention's length and splits) takes it from live()'s vars: recorded-step.ts.
   live(ctx, a, (ctx, { pos0 }) => {
@@ -110,11 +117,8 @@ export function encodeAttentionMixer(ctx: EncodeContext, a: AttentionMixerArgs):
       encodeKvAppend(ctx, { rows: nb, pos0, x: s.v, cache: a.state.v });
     }
     let selection: { list: ReturnType<typeof bind>; counts: ReturnType<typeof bind>; topk: number } | undefined;
-    const qsa = w.qsa && at.qsa;
     if (w.qsa && at.qsa && a.state.ik) {
       const q = at.qsa;
-      encodeMatvecs(ctx, [{ w: w.qsa.iq, y: s.iq }, { w: w.qsa.ik, y: s.ikRaw }, { w: w.qsa.iw, y: s.iw }], a.x, nb);
-      encodeRmsNorm(ctx, s.ikRaw, w.qsa.ikNorm, s.ik, nb, eps);
       encodeKvAppend(ctx, { rows: nb, pos0, x: s.ik, cache: a.state.ik });
       const scoreStride = Math.ceil(((pos0 + nb) * 4) / 16) * 16;
       if (scoreStride * nb > s.scores.bytes) throw new RangeError(`qsa: ${nb} rows at position ${pos0} need ${scoreStride * nb} bytes of score scratch, ${s.scores.bytes} allocated`);

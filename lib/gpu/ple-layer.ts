@@ -4,7 +4,7 @@
 // mean are existing kernels with a zero row stride (the bias and 1/n are the same for every
 // row); with n a power of two the mean is exact, as the reference's sum-then-divide is.
 import type { ModelConfig } from "../model/config.ts";
-import type { Buffer } from "../shim.ts";
+import type { Binding, Buffer } from "../shim.ts";
 import { bind, live, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import { encodeElementwise } from "./elementwise.ts";
 import { encodeHcRead } from "./hyperconnection.ts";
@@ -19,7 +19,7 @@ export interface PleLayerArgs {
   config: ModelConfig;
   w: PleRefs;
   /** The layer's live conv history. */
-  history: Buffer;
+  history: Binding;
   scratch: Scratch;
   nb: number;
   pos0: number;

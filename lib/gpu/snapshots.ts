@@ -44,6 +44,18 @@ export function planesAt(buffer: Buffer, floats: number, offset = 0): SnapshotPl
   return { buffer, offset, floats, stride };
 }
 
+/**
+ * Planes of one piece inside a larger plane (the engine's: every piece of a sequence's
+ * fixed-size state, laid out as SequenceState.fixed is): plane r at offset + r * stride.
+ */
+export function planesWithin(buffer: Buffer, offset: number, floats: number, stride: number): SnapshotPlanes {
+  if (offset % 16 !== 0 || stride % PLANE_ALIGN !== 0) throw new Error(`snapshot planes: offset ${offset} or stride ${stride} is misaligned`);
+  if (floats * 4 > stride) throw new Error(`snapshot planes: ${floats} floats do not fit a stride of ${stride} bytes`);
+  if (offset + floats * 4 + (SNAPSHOT_PLANES - 1) * stride > buffer.length)
+    throw new Error(`snapshot planes: ${SNAPSHOT_PLANES} planes of stride ${stride} from offset ${offset} exceed the buffer (${buffer.length} bytes)`);
+  return { buffer, offset, floats, stride };
+}
+
 /** A new buffer holding the planes of a state of `floats` values ("device": only kernels touch it; readPlane downloads). */
 export function allocatePlanes(device: Device, floats: number, storage: Storage = "shared"): SnapshotPlanes {
   return planesAt(device.buffer(planesLayout(floats).bytes, storage), floats);

@@ -5,14 +5,16 @@
 // input), and the MTP layer's K/V. Caches only grow; a verify batch's rollback copies the
 // snapshot planes of its last accepted row over the fixed-size state (S, windows, PLE
 // history) and cuts the lengths back. Commit is the lengths moving forward.
+// The fixed-size state lies in one buffer (fixedLayout), and each snapshot plane is a copy
+// of that layout: a rollback is one copy of plane r over the whole of it, one dispatch.
 import { dims, type ModelConfig } from "../model/config.ts";
 import type { Buffer, Device, Storage } from "../shim.ts";
 import { allocateKvCache, kvCacheBytes, type KvCacheRef } from "./attention.ts";
-import { deltanetStateFloats, encodeDeltaNetRestore } from "./deltanet.ts";
-import type { EncodeContext } from "./dispatch.ts";
+import { deltanetStateFloats } from "./deltanet.ts";
 import { MAX_SNAP } from "./limits.ts";
 import { pleHistoryFloats } from "./ple.ts";
-import { allocatePlanes, encodeRestore, planesLayout, SNAPSHOT_PLANES, type RestoreRegion, type SnapshotPlanes } from "./snapshots.ts";
+import { bind, type EncodeContext as EncodeContext } from "./dispatch.ts";
+import { encodeRestore, planesLayout, planesWithin, SNAPSHOT_PLANES, type SnapshotPlanes } from "./snapshots.ts";
 
 /** The sequence would grow past the capacity it was allocated with. */
 export class ContextFullError extends RangeError {
@@ -23,9 +25,16 @@ export class ContextFullError extends RangeError {
   text = "";
 }
 
+/** A piece of the fixed-size state: `floats` values at `offset` of the sequence's `fixed` buffer (a binding). */
+export interface StatePiece {
+  readonly buffer: Buffer;
+  readonly offset: number;
+  readonly floats: number;
+}
+
 export interface DeltaNetLayerState {
-  S: Buffer;
-  conv: Buffer;
+  S: StatePiece;
+  conv: StatePiece;
 }
 
 export interface AttentionLayerState {
@@ -45,23 +54,36 @@ export function stateShapes(c: ModelConfig) {
   };
 }
 
+/**
+ * Byte offsets of the fixed-size state's pieces in one buffer (and in each snapshot plane):
+ * per DeltaNet layer S and its conv window, per PLE layer the history, each from a 256-byte
+ * boundary (planesLayout's stride); `bytes` in all, a multiple of 256.
+ */
+export function fixedLayout(c: ModelConfig): { bytes: number; deltanet: ({ S: number; conv: number } | null)[]; ple: (number | null)[] } {
+  const s = stateShapes(c);
+  let bytes = 0;
+  const take = (floats: number) => {
+    const at = bytes;
+    bytes += planesLayout(floats).stride;
+    return at;
+  };
+  const deltanet = c.layer_types.map((t) => (t === "deltanet" ? { S: take(s.S), conv: take(Math.max(1, s.conv)) } : null));
+  const ple = c.layer_types.map((_, l) => (c.ple?.layers.includes(l) ? take(s.ple) : null));
+  return { bytes: Math.max(bytes, 256), deltanet, ple };
+}
+
 /** Positions the MTP cache and token buffer hold beyond maxContext (a verify batch's drafts, chained draft rows). */
 const SPARE = MAX_SNAP + 2;
 
 /** Bytes one sequence's state takes (for the budget's fixed buffers). */
 export function sequenceStateBytes(c: ModelConfig, maxContext: number): number {
-  const s = stateShapes(c);
   const at = c.attention;
   const kv = (heads: number, dim: number, cap: number) => {
     const b = kvCacheBytes(at.kv_cache, heads, dim, cap);
     return b.data + b.scales;
   };
-  let bytes = (maxContext + SPARE) * 4;
-  for (const [l, type] of c.layer_types.entries()) {
-    if (type === "deltanet") bytes += (s.S + Math.max(1, s.conv)) * 4;
-    else bytes += 2 * kv(at.kv_heads, at.head_dim, maxContext) + (at.qsa ? kv(1, at.qsa.head_dim, maxContext) : 0);
-    if (c.ple?.layers.includes(l)) bytes += s.ple * 4;
-  }
+  let bytes = (maxContext + SPARE) * 4 + fixedLayout(c).bytes;
+  for (const type of c.layer_types) if (type !== "deltanet") bytes += 2 * kv(at.kv_heads, at.head_dim, maxContext) + (at.qsa ? kv(1, at.qsa.head_dim, maxContext) : 0);
   if (c.mtp) bytes += (maxContext + SPARE) * c.hidden_size * 4 + 2 * kv(at.kv_heads, at.head_dim, maxContext + SPARE);
   return bytes;
 }
@@ -92,9 +114,11 @@ export class SequenceState {
   /** MTP positions processed (entry p pairs trunk hidden p with token p + 1). */
   mtpLength = 0;
   readonly tokens: Buffer;
+  /** The fixed-size state (fixedLayout): the pieces below lie in it. */
+  readonly fixed: Buffer;
   readonly deltanet: (DeltaNetLayerState | null)[];
   readonly attention: (AttentionLayerState | null)[];
-  readonly ple: (Buffer | null)[];
+  readonly ple: (StatePiece | null)[];
   /** Final hidden rows by trunk position [capacity][d] (models with MTP only). */
   readonly hidden: Buffer | null;
   readonly mtp: { k: KvCacheRef; v: KvCacheRef } | null;
@@ -130,13 +154,16 @@ export class SequenceState {
       return kv;
     };
     this.tokens = buf((capacity + SPARE) * 4, "shared"); // written by the host before each step (a cycle's drafts: by the GPU)
-    this.deltanet = c.layer_types.map((t) => (t === "deltanet" ? { S: buf(s.S * 4), conv: buf(Math.max(1, s.conv) * 4) } : null));
+    const layout = fixedLayout(c);
+    const fixed = (this.fixed = buf(layout.bytes));
+    const piece = (offset: number, floats: number): StatePiece => ({ buffer: fixed, offset, floats });
+    this.deltanet = layout.deltanet.map((o) => (o ? { S: piece(o.S, s.S), conv: piece(o.conv, Math.max(1, s.conv)) } : null));
     this.attention = c.layer_types.map((t) =>
       t === "attention"
         ? { k: cache(at.kv_heads, at.head_dim, capacity), v: cache(at.kv_heads, at.head_dim, capacity), ik: at.qsa ? cache(1, at.qsa.head_dim, capacity) : null }
         : null,
     );
-    this.ple = c.layer_types.map((_, l) => (c.ple?.layers.includes(l) ? buf(s.ple * 4) : null));
+    this.ple = layout.ple.map((o) => (o === null ? null : piece(o, s.ple)));
     this.hidden = c.mtp ? buf((capacity + SPARE) * c.hidden_size * 4) : null;
     this.mtp = c.mtp ? { k: cache(at.kv_heads, at.head_dim, capacity + SPARE), v: cache(at.kv_heads, at.head_dim, capacity + SPARE) } : null;
   }
@@ -160,15 +187,14 @@ export class SequenceState {
   reset(): void {
     this.length = 0;
     this.mtpLength = 0;
-    const zero = (b: Buffer) => {
-      b.f32.fill(0);
-      b.upload();
-    };
-    for (const s of this.deltanet) {
-      if (s) zero(s.S);
-      if (s) zero(s.conv);
-    }
-    for (const h of this.ple) if (h) zero(h);
+    this.fixed.f32.fill(0);
+    this.fixed.upload();
+  }
+
+  /** A piece's values, downloaded (tests). */
+  readPiece(p: StatePiece): Float32Array {
+    this.fixed.download(p.offset, p.floats * 4);
+    return this.fixed.f32.slice(p.offset / 4, p.offset / 4 + p.floats);
   }
 
   /**
@@ -188,18 +214,13 @@ export class SequenceState {
       if (kv.scales) out.push({ ...binding(kv.scales), bytes: used.scales });
     };
     out.push({ buffer: this.tokens, offset: 0, bytes: length * 4 });
-    for (const s of this.deltanet) {
-      if (!s) continue;
-      whole(s.S);
-      whole(s.conv);
-    }
+    whole(this.fixed);
     for (const a of this.attention) {
       if (!a) continue;
       cache(a.k, length);
       cache(a.v, length);
       if (a.ik) cache(a.ik, length);
     }
-    for (const h of this.ple) if (h) whole(h);
     if (this.hidden && this.mtp) {
       const row = this.config.hidden_size * 4;
       out.push({ buffer: this.hidden, offset: mtpLength * row, bytes: (length - mtpLength) * row });
@@ -249,61 +270,47 @@ export class SequenceState {
 }
 
 /**
- * The rollback planes of a verify batch, shared by every sequence of an engine: per DeltaNet
- * layer S and the conv window, per PLE layer the conv history, SNAPSHOT_PLANES rows each. A
- * rollback may wait until the sequence's next step, but runs before any other step (the next
- * verify overwrites the planes): engine.ts, pending rollbacks.
+ * The rollback planes of a verify batch, shared by every sequence of an engine: SNAPSHOT_PLANES
+ * copies of the fixed-size state's layout (fixedLayout) in one buffer, plane r = the state
+ * after row r; per DeltaNet layer its S and conv window planes, per PLE layer its history's,
+ * lie in them. A rollback may wait until the sequence's next step, but runs before any other
+ * step (the next verify overwrites the planes): engine.ts, pending rollbacks.
  */
 export class SnapshotSet {
   readonly deltanet: ({ S: SnapshotPlanes; conv: SnapshotPlanes } | null)[];
   readonly ple: (SnapshotPlanes | null)[];
+  /** Every piece at once: a plane is the whole layout. */
+  private readonly whole: SnapshotPlanes;
 
   constructor(device: Device, config: ModelConfig) {
     const s = stateShapes(config);
-    this.deltanet = config.layer_types.map((t) =>
-      t === "deltanet" ? { S: allocatePlanes(device, s.S, "device"), conv: allocatePlanes(device, Math.max(1, s.conv), "device") } : null,
-    );
-    this.ple = config.layer_types.map((_, l) => (config.ple?.layers.includes(l) ? allocatePlanes(device, s.ple, "device") : null));
+    const layout = fixedLayout(config);
+    const buffer = device.buffer(SnapshotSet.bytes(config), "device");
+    const at = (offset: number, floats: number) => planesWithin(buffer, offset, floats, layout.bytes);
+    this.deltanet = layout.deltanet.map((o) => (o ? { S: at(o.S, s.S), conv: at(o.conv, Math.max(1, s.conv)) } : null));
+    this.ple = layout.ple.map((o) => (o === null ? null : at(o, s.ple)));
+    this.whole = at(0, layout.bytes / 4);
   }
 
-  /** Frees the planes' buffers. */
+  /** Frees the planes' buffer. */
   release(): void {
-    for (const p of this.deltanet) {
-      p?.S.buffer.release();
-      p?.conv.buffer.release();
-    }
-    for (const p of this.ple) p?.buffer.release();
+    this.whole.buffer.release();
   }
 
   /** Bytes the planes take for a config. */
   static bytes(config: ModelConfig): number {
-    const s = stateShapes(config);
-    let total = 0;
-    for (const [l, t] of config.layer_types.entries()) {
-      if (t === "deltanet") total += planesLayout(s.S).bytes + planesLayout(Math.max(1, s.conv)).bytes;
-      if (config.ple?.layers.includes(l)) total += planesLayout(s.ple).bytes;
-    }
-    return total;
+    return SNAPSHOT_PLANES * fixedLayout(config).bytes;
   }
 
   /**
    * Restores `seq`'s fixed-size state (DeltaNet S and conv windows, PLE histories) to right
-   * after row `row` of the last verify batch (its planes are the last ones written). The
-   * caller cuts the lengths (caches roll back by length). Binds only fixed regions: a
-   * speculative cycle records it (engine.ts).
+   * after row `row` of the last verify batch (its planes are the last ones written): one copy
+   * of the plane over the whole layout (the alignment gaps and the pieces of layers a step
+   * does not run carry nothing read). The caller cuts the lengths (caches roll back by
+   * length). Binds only fixed regions: a speculative cycle records it (engine.ts).
    */
   encodeRestore(ctx: EncodeContext, seq: SequenceState, row: number): void {
     if (!Number.isInteger(row) || row < 0 || row >= SNAPSHOT_PLANES) throw new RangeError(`rollback: row ${row} outside 0..${SNAPSHOT_PLANES - 1}`);
-    this.deltanet.forEach((p, l) => {
-      const live = seq.deltanet[l];
-      if (p && live) encodeDeltaNetRestore(ctx, row, { planes: p.S, live: live.S }, { planes: p.conv, live: live.conv });
-    });
-    // PLE histories two to a dispatch (the kernel copies two regions).
-    const ple: RestoreRegion[] = [];
-    this.ple.forEach((p, l) => {
-      const live = seq.ple[l];
-      if (p && live) ple.push({ planes: p, plane: row, live });
-    });
-    for (let i = 0; i < ple.length; i += 2) encodeRestore(ctx, ple[i]!, ple[i + 1]);
+    encodeRestore(ctx, { planes: this.whole, plane: row, live: bind(seq.fixed) });
   }
 }

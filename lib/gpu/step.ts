@@ -114,8 +114,8 @@ export async function runStep(
     handshakeAll?: boolean;
     /** A command buffer already holding (part of) the step, encoded while the GPU ran the step before (PreparedSteps); `encode` adds the rest. */
     prepared?: PreparedStep | null;
-    /** Runs once the step is committed, while the GPU works (the engine prepares the next step). Must not throw. */
-    afterCommit?: () => void;
+    /** Runs once the step is committed, while the GPU works on `running` (the engine prepares the next step). Must not throw. */
+    afterCommit?: (running: CommandBuffer) => void;
   } = {},
 ): Promise<StepTimeline> {
   const timeline = new StepTimeline();
@@ -153,7 +153,7 @@ export async function runStep(
     counter.value = plan.end;
     cb.commit();
     timeline.markCommitted();
-    opts.afterCommit?.();
+    opts.afterCommit?.(cb);
     for (let i = 0; i < plan.sites.length; i++) {
       const site = plan.sites[i]!;
       if (site.handshake < 0) continue;

@@ -14,7 +14,8 @@
  * --no-preload (default: the engine's "auto", a preload when the pool holds every record, which
  * makes every MoE layer resident: no handshakes), --drafts N (also
  * time speculative decoding), --model DIR, --only-model (skip the two built-in models; with
- * --model), --json (one JSON object on stdout).
+ * --model), --json (one JSON object on stdout), --no-round-trip (skip the bare event round trip:
+ * its 400 signal/wait pairs would fill a CUDA profile of the run).
  */
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -45,6 +46,7 @@ const { values: opts } = parseArgs({
     model: { type: "string" },
     "only-model": { type: "boolean", default: false },
     json: { type: "boolean", default: false },
+    "no-round-trip": { type: "boolean", default: false },
   },
 });
 const log = (s: string) => {
@@ -90,7 +92,24 @@ interface ModelResult {
   resident: ResidentStats;
   /** Expert bytes read from disk during the timed decode (for the disk bound). */
   decodeIoBytes: number;
-  speculative?: { drafts: number; tokensPerSecond: number; proposed: number; accepted: number };
+  /** Commands and signals + waits in the committed command buffers per decode token. */
+  committedPerToken: { commands: number; events: number };
+  /**
+   * Per speculative cycle: commands and signals + waits committed (a cycle's own buffer; the
+   * ones prepared for other accept counts and released are not), host/GPU handshakes.
+   */
+  speculative?: {
+    drafts: number;
+    tokensPerSecond: number;
+    proposed: number;
+    accepted: number;
+    cycles: number;
+    /** Cycles that committed a buffer prepared while the cycle before ran (the others were encoded when they came). */
+    preparedCycles: number;
+    commandsPerCycle: number;
+    eventsPerCycle: number;
+    handshakesPerCycle: number;
+  };
 }
 
 /** A deterministic prompt of in-vocabulary ids. */
@@ -110,11 +129,14 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
     let next = r.next[r.next.length - 1]!;
     const ioBytes = () => ((engine.stats() as { io: { completedBytes: number } | null }).io?.completedBytes ?? 0);
     const ioBefore = ioBytes();
-    const commandsBefore = engine.gpu.device.commandsEncoded;
+    const device = engine.gpu.device;
+    const commandsBefore = device.commandsEncoded;
+    const committedBefore = { commands: device.commandsCommitted, events: device.eventsCommitted };
     t0 = performance.now();
     for (let i = 0; i < tokens; i++) next = (await seq.forward([next])).next[0]!;
     const decodeMs = performance.now() - t0;
-    const commandsPerToken = (engine.gpu.device.commandsEncoded - commandsBefore) / tokens;
+    const commandsPerToken = (device.commandsEncoded - commandsBefore) / tokens;
+    const committedPerToken = { commands: (device.commandsCommitted - committedBefore.commands) / tokens, events: (device.eventsCommitted - committedBefore.events) / tokens };
     const decodeIoBytes = ioBytes() - ioBefore;
     const s = engine.stats() as {
       phases: PhaseStats;
@@ -144,6 +166,7 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
       lookahead_: s.lookahead,
       handshakeUs: s.handshake,
       commandsPerToken,
+      committedPerToken,
       handshakesPerToken: s.handshake.all.count / tokens,
       resident: s.resident,
       decodeIoBytes,
@@ -156,15 +179,31 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
       let made = 0;
       let proposed = 0;
       let accepted = 0;
+      let cycles = 0;
+      engine.resetTimings();
+      const before = { commands: device.commandsCommitted, events: device.eventsCommitted, prepared: engine.speculativeCycles.prepared };
       t0 = performance.now();
       while (made < tokens) {
         const x = await spec.speculate(next, drafts);
         made += x.next.length;
         proposed += x.proposed;
         accepted += x.next.length - 1;
+        cycles++;
         next = x.next[x.next.length - 1]!;
       }
-      result.speculative = { drafts, tokensPerSecond: made / ((performance.now() - t0) / 1000), proposed, accepted };
+      const tokensPerSecond = made / ((performance.now() - t0) / 1000);
+      const handshakes = (engine.stats() as { handshake: { all: LatencySummary } }).handshake.all.count;
+      result.speculative = {
+        drafts,
+        tokensPerSecond,
+        proposed,
+        accepted,
+        cycles,
+        preparedCycles: engine.speculativeCycles.prepared - before.prepared,
+        commandsPerCycle: (device.commandsCommitted - before.commands) / cycles,
+        eventsPerCycle: (device.eventsCommitted - before.events) / cycles,
+        handshakesPerCycle: handshakes / cycles,
+      };
       spec.dispose();
     }
     return result;
@@ -218,8 +257,13 @@ function printModel(r: ModelResult): void {
   const res = r.resident;
   log(`resident: ${res.fullyResident ? "fully resident" : "not fully resident"}, ${res.residentLayers}/${res.layers} expert layers without handshakes; preload ${res.preload}` +
     (res.preloaded ? `: ${res.preloadRecords} records in ${fmt(res.preloadMs, 0)} ms` : ": none") + (res.unavailable ? ` (${res.unavailable})` : ""));
-  log(`per decode token: ${fmt(r.commandsPerToken, 0)} commands encoded, ${fmt(r.handshakesPerToken, 1)} host/GPU handshakes`);
-  if (r.speculative) log(`speculative, ${r.speculative.drafts} drafts: ${fmt(r.speculative.tokensPerSecond, 2)} tok/s, accepted ${r.speculative.accepted}/${r.speculative.proposed}`);
+  log(`per decode token: ${fmt(r.commandsPerToken, 0)} commands encoded (${fmt(r.committedPerToken.commands, 0)} committed, ${fmt(r.committedPerToken.events, 1)} signals + waits), ${fmt(r.handshakesPerToken, 1)} host/GPU handshakes`);
+  const sp = r.speculative;
+  if (sp)
+    log(
+      `speculative, ${sp.drafts} drafts: ${fmt(sp.tokensPerSecond, 2)} tok/s (${fmt(sp.tokensPerSecond / r.tokensPerSecond, 2)}x plain), accepted ${sp.accepted}/${sp.proposed} in ${sp.cycles} cycles (${sp.preparedCycles} prepared ahead); ` +
+        `per cycle ${fmt(sp.commandsPerCycle, 1)} commands committed, ${fmt(sp.eventsPerCycle, 1)} signals + waits, ${fmt(sp.handshakesPerCycle, 1)} handshakes`,
+    );
   log("\n| phase (per decode token) | ms |");
   log("|---|---|");
   for (const k of ["step", "gpu", "gpu-wait", "handshake", "io-wait", "tail", "encode"]) if (r.phasesPerToken[k] !== undefined) log(`| ${k} | ${fmt(r.phasesPerToken[k]!, 2)} |`);
@@ -243,8 +287,8 @@ try {
     results.push(r);
     printModel(r);
   }
-  const rt = await eventRoundTrip(8, 50);
-  log(`\nbare event round trip (release -> next signal seen, ${rt.pairs} pairs x ${rt.reps}): mean ${fmt(rt.meanUs)} us, p50 ${fmt(rt.p50Us)} us`);
+  const rt = opts["no-round-trip"] ? null : await eventRoundTrip(8, 50);
+  if (rt) log(`\nbare event round trip (release -> next signal seen, ${rt.pairs} pairs x ${rt.reps}): mean ${fmt(rt.meanUs)} us, p50 ${fmt(rt.p50Us)} us`);
   if (opts.json) console.log(JSON.stringify({ backend, tokens, promptTokens: promptLen, models: results, eventRoundTrip: rt }));
 } finally {
   rmSync(tmp, { recursive: true, force: true });

@@ -56,14 +56,18 @@ async function speculative(seq: EngineSequence, drafts: number, n: number, sampl
   const tokens = [first.next[first.next.length - 1]!];
   const buffers: number[] = [];
   const accepts: number[] = [];
+  const commands: number[] = [];
+  const events: number[] = [];
   while (tokens.length < n) {
-    const before = device.commandBuffersCommitted;
+    const before = { buffers: device.commandBuffersCommitted, commands: device.commandsCommitted, events: device.eventsCommitted };
     const r = await seq.speculate(tokens[tokens.length - 1]!, drafts, undefined, request(buffers.length));
-    buffers.push(device.commandBuffersCommitted - before);
+    buffers.push(device.commandBuffersCommitted - before.buffers);
+    commands.push(device.commandsCommitted - before.commands);
+    events.push(device.eventsCommitted - before.events);
     accepts.push(r.next.length - 1);
     tokens.push(...r.next);
   }
-  return { tokens: tokens.slice(0, n), buffers, accepts };
+  return { tokens: tokens.slice(0, n), buffers, accepts, commands, events };
 }
 
 for (const drafts of [2, 3]) {
@@ -77,8 +81,14 @@ for (const drafts of [2, 3]) {
     // Partial accepts (a rollback left pending, run in the next cycle's buffer) and full ones.
     expect(r.accepts.some((a) => a < drafts)).toBe(true);
     expect(r.accepts.some((a) => a > 0)).toBe(true);
-    // The draft step, the copy of the drafts, the verify batch and the rollback: one buffer.
+    // The draft step, the copy of the drafts, the verify batch and the rollback: one buffer,
+    // without a signal or a wait (every expert layer, the MTP head's too, is resident).
     expect(r.buffers).toEqual(r.buffers.map(() => 1));
+    expect(r.events).toEqual(r.events.map(() => 0));
+    // The rollback a partial accept leaves is one dispatch (the whole fixed-size state at
+    // once); the catch-up of 1..drafts + 1 rows is the same dispatches whatever its rows.
+    const base = r.commands.slice(1).map((c, i) => c - (r.accepts[i]! < drafts ? 1 : 0));
+    expect(new Set(base).size).toBe(1);
     const now = engine.speculativeCycles;
     expect(now.cycles - cycles.cycles).toBe(r.buffers.length);
     // The first cycle catches the MTP head up on the whole prompt: a one-off shape, encoded

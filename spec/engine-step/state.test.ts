@@ -45,15 +45,13 @@ function live(s: SequenceState): Map<string, ArrayLike<number>> {
   const n = s.length;
   // Device storage (GPU memory on cuda): the host mirror is current only after a download.
   const fetch = (b: { download(): void }) => b.download();
-  for (const d of s.deltanet) if (d) [d.S, d.conv].forEach(fetch);
-  for (const h of s.ple) if (h) fetch(h);
   for (const a of s.attention) if (a) [a.k, a.v, ...(a.ik ? [a.ik] : [])].forEach((kv) => fetch(kv.data as { download(): void }));
   s.deltanet.forEach((d, l) => {
     if (!d) return;
-    m.set(`dn${l}.S`, d.S.f32.slice());
-    m.set(`dn${l}.conv`, d.conv.f32.slice());
+    m.set(`dn${l}.S`, s.readPiece(d.S));
+    m.set(`dn${l}.conv`, s.readPiece(d.conv));
   });
-  s.ple.forEach((h, l) => h && m.set(`ple${l}`, h.f32.slice()));
+  s.ple.forEach((h, l) => h && m.set(`ple${l}`, s.readPiece(h)));
   s.attention.forEach((a, l) => {
     if (!a) return;
     const codes = (kv: typeof a.k) => new Int8Array((kv.data as { bytes: Uint8Array }).bytes.buffer, (kv.data as { bytes: Uint8Array }).bytes.byteOffset, n * kv.heads * kv.dim);
