@@ -831,7 +831,7 @@ CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, k_stride) == 32, "RopeParams.k_s
 CK_PARAMS_ASSERT(__builtin_offsetof(RopeParams, inv_freq) == 40, "RopeParams.inv_freq: offset");
 #endif
 
-// Per decode/prefill row: q and k per-head RMSNorm, RoPE on both, then the K (normed, rotated) and V appends at pos0.. (one dispatch).
+// Per decode/prefill row: q and k per-head RMSNorm, RoPE on both, then the K (normed, rotated) and V appends at pos0.., and QSA's index key normed and appended (one dispatch).
 typedef struct {
   int32_t rows;                  // offset 0
   int32_t q_heads;               // offset 4
@@ -844,9 +844,12 @@ typedef struct {
   uint64_t q_stride;             // offset 32: bytes between q rows (normed and rotated in place)
   uint64_t k_stride;             // offset 40: bytes between k rows (normed and rotated in place)
   uint64_t v_stride;             // offset 48: bytes between v rows
-  float inv_freq[128];           // offset 56: theta^(-2i/rd) by the f32 rule of lib/model/rope.ts
+  uint64_t ik_stride;            // offset 56: bytes between QSA index-key rows (normed in place; ik_dim > 0)
+  int32_t ik_dim;                // offset 64: QSA index-key width: one more vector a row, normed and appended to the ik cache, not rotated (0: none)
+  float inv_freq[128];           // offset 68: theta^(-2i/rd) by the f32 rule of lib/model/rope.ts
+  uint32_t _pad0;                // offset 580
 } AttnPrepParams;
-CK_PARAMS_ASSERT(sizeof(AttnPrepParams) == 568, "AttnPrepParams: size");
+CK_PARAMS_ASSERT(sizeof(AttnPrepParams) == 584, "AttnPrepParams: size");
 #ifndef __METAL_VERSION__
 CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, rows) == 0, "AttnPrepParams.rows: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, q_heads) == 4, "AttnPrepParams.q_heads: offset");
@@ -859,7 +862,10 @@ CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, eps) == 28, "AttnPrepParams.
 CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, q_stride) == 32, "AttnPrepParams.q_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, k_stride) == 40, "AttnPrepParams.k_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, v_stride) == 48, "AttnPrepParams.v_stride: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, inv_freq) == 56, "AttnPrepParams.inv_freq: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, ik_stride) == 56, "AttnPrepParams.ik_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, ik_dim) == 64, "AttnPrepParams.ik_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, inv_freq) == 68, "AttnPrepParams.inv_freq: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(AttnPrepParams, _pad0) == 580, "AttnPrepParams._pad0: offset");
 #endif
 
 // Writes nb rows of heads x dim vectors into a cache at positions pos0.. (q8 codes + scales, or f32).

@@ -57,10 +57,12 @@ kernel void rope_neox_f32(
 // per-head RMSNorm (rms_norm_f32's arithmetic), RoPE on both (rope_neox_f32's), q and k
 // written back in place, then K (normed, rotated) and V appended at pos0 + t
 // (kv_append_q8's or kv_append_f32's): the same float operations in the same order, so the
-// same bits as those four kernels.
+// same bits as those four kernels. With ik_dim > 0 a row has one more vector, QSA's index
+// key: normed in place (its own weight and width) and appended to the ik cache, not rotated
+// (rms_norm_f32 + kv_append's bits; two dispatches a QSA layer fewer).
 //
 // One simdgroup per (row, vector); a row's vectors are its q heads, then k heads, then v
-// heads. Lane l holds elements l, l + 32, ... (head_dim <= 256); RoPE pairs (i, i + rd/2)
+// heads, then the index key. Lane l holds elements l, l + 32, ... (head_dim <= 256); RoPE pairs (i, i + rd/2)
 // may sit on other lanes, so the normed vector goes through threadgroup memory.
 #define PREP_SG 4  // simdgroups per threadgroup (128 threads, the bound below)
 
@@ -76,24 +78,30 @@ template <bool Q8>
     device float* k_scales      [[buffer(7)]],
     device char* v_data         [[buffer(8)]],
     device float* v_scales      [[buffer(9)]],
+    device float* ik            [[buffer(10)]],
+    device const float* ik_norm [[buffer(11)]],
+    device char* ik_data        [[buffer(12)]],
+    device float* ik_scales     [[buffer(13)]],
     uint tg                     [[threadgroup_position_in_grid]],
     ushort lane                 [[thread_index_in_simdgroup]],
     ushort sg                   [[simdgroup_index_in_threadgroup]]) {
   threadgroup float buf[PREP_SG][SEQ_MAX_PER_LANE * 32];
   const uint H = uint(p.q_heads);
   const uint Hkv = uint(p.kv_heads);
-  const uint per_row = H + 2u * Hkv;
+  const uint per_row = H + 2u * Hkv + (p.ik_dim > 0 ? 1u : 0u);
   const uint vec = tg * PREP_SG + uint(sg);
   if (vec >= uint(p.rows) * per_row) {
     return;  // whole simdgroup; only simdgroup-scope sync follows
   }
   const uint t = vec / per_row;
   const uint u = vec % per_row;
-  const uint dim = uint(p.head_dim);
   const bool is_q = u < H;
-  const bool is_v = u >= H + Hkv;
-  const uint h = is_q ? u : is_v ? u - H - Hkv : u - H;  // head within its kind
+  const bool is_ik = u == H + 2u * Hkv;  // uniform per simdgroup, like every kind below
+  const bool is_v = !is_ik && u >= H + Hkv;
+  const uint h = is_q ? u : is_ik ? 0u : is_v ? u - H - Hkv : u - H;  // head within its kind
+  const uint dim = is_ik ? uint(p.ik_dim) : uint(p.head_dim);
   device float* x = is_q ? seq_row(q, p.q_stride, t) + h * dim
+                  : is_ik ? seq_row(ik, p.ik_stride, t)
                   : is_v ? (device float*)seq_row(v, p.v_stride, t) + h * dim
                          : seq_row(k, p.k_stride, t) + h * dim;
   const uint per = (dim + 31u) / 32u;
@@ -113,7 +121,7 @@ template <bool Q8>
     ss = simd_sum(ss);
     const float r = rsqrt(ss / float(dim) + p.eps);
     const float offset = p.centred != 0 ? 1.0f : 0.0f;
-    device const float* w = is_q ? q_norm : k_norm;
+    device const float* w = is_q ? q_norm : is_ik ? ik_norm : k_norm;
     threadgroup float* b = buf[sg];
     CK_UNROLL for (uint i = 0; i < SEQ_MAX_PER_LANE; i++) {
       const uint c = uint(lane) + 32u * i;
@@ -125,7 +133,7 @@ template <bool Q8>
     // RoPE, one pair per lane at a time, as rope_neox_f32.
     const uint half_rd = uint(p.rot_dim) / 2u;
     const float pos = float(p.pos0 + int(t));
-    for (uint i = uint(lane); i < half_rd; i += 32u) {
+    for (uint i = uint(lane); i < (is_ik ? 0u : half_rd); i += 32u) {
       const float2 cs = rope_cos_sin(pos, p.inv_freq[i]);
       const float x1 = b[i];
       const float x2 = b[i + half_rd];
@@ -144,9 +152,10 @@ template <bool Q8>
       return;
     }
   }
-  // K or V append at position pos0 + t, as kv_append_q8 / kv_append_f32.
-  const ulong slot = ulong(p.pos0 + int(t)) * Hkv + h;
-  device char* data = is_v ? v_data : k_data;
+  // K, V or index-key append at position pos0 + t, as kv_append_q8 / kv_append_f32 (the ik
+  // cache has one head).
+  const ulong slot = ulong(p.pos0 + int(t)) * (is_ik ? 1u : Hkv) + h;
+  device char* data = is_ik ? ik_data : is_v ? v_data : k_data;
   if (Q8) {
     float m = 0.0f;
     CK_UNROLL for (uint i = 0; i < SEQ_MAX_PER_LANE; i++) {
@@ -164,7 +173,7 @@ template <bool Q8>
       }
     }
     if (lane == 0) {
-      (is_v ? v_scales : k_scales)[slot] = scale;
+      (is_ik ? ik_scales : is_v ? v_scales : k_scales)[slot] = scale;
     }
   } else {
     device float* out = (device float*)data + slot * dim;

@@ -189,10 +189,23 @@ export interface AttnPrepArgs {
   /** The K and V caches (same kind, heads Hkv, dim hd). */
   kCache: KvCacheRef;
   vCache: KvCacheRef;
+  /** QSA's index key of each row (attnPrepTakesIk): normed in place by `norm` and appended to `cache`, not rotated. */
+  ik?: AttnPrepIk;
+}
+
+export interface AttnPrepIk {
+  /** [nb][di] raw index keys (normed in place). */
+  x: RowsRef;
+  norm: TensorRef;
+  /** The index-key cache (heads 1, dim di, the K cache's kind). */
+  cache: KvCacheRef;
 }
 
 /** Whether encodeAttnPrep takes these caches (else: the norm, RoPE and append kernels one by one). */
 export const attnPrepFits = (k: KvCacheRef, v: KvCacheRef) => k.kind === v.kind && k.heads === v.heads && k.dim === v.dim;
+
+/** Whether attn_prep can also norm and append QSA's index key into `ik` (one head of at most SEQ_MAX_HEAD_DIM values, the K cache's kind). */
+export const attnPrepTakesIk = (k: KvCacheRef, ik: KvCacheRef) => ik.kind === k.kind && ik.heads === 1 && ik.dim <= SEQ_MAX_HEAD_DIM;
 
 /**
  * Per row: q and k per-head RMSNorm, RoPE on both (in place), K and V appended at pos0..:
@@ -210,7 +223,15 @@ export function encodeAttnPrep(ctx: EncodeContext, a: AttnPrepArgs): void {
   checkRope("attn prep", { rows: a.rows, pos0: a.pos0, headDim: hd, rotDim: a.rotDim });
   if (a.pos0 + a.rows > kc.capacity)
     throw new RangeError(`attn prep: positions ${a.pos0}..${a.pos0 + a.rows - 1} exceed the cache capacity ${kc.capacity}`);
-  const vectors = a.rows * (a.qHeads + 2 * kc.heads);
+  const ik = a.ik;
+  if (ik) {
+    if (!attnPrepTakesIk(kc, ik.cache)) throw new Error(`attn prep: the index-key cache (${ik.cache.kind}, ${ik.cache.heads} heads of ${ik.cache.dim}) needs the K cache's kind, one head and at most ${SEQ_MAX_HEAD_DIM} values`);
+    checkCache(ik.cache, "attn prep ik");
+    checkVector(ik.norm, ik.cache.dim, "attn prep ik norm");
+    if (a.pos0 + a.rows > ik.cache.capacity)
+      throw new RangeError(`attn prep: positions ${a.pos0}..${a.pos0 + a.rows - 1} exceed the index-key cache capacity ${ik.cache.capacity}`);
+  }
+  const vectors = a.rows * (a.qHeads + 2 * kc.heads + (ik ? 1 : 0));
   dispatch(
     ctx,
     kc.kind === "q8" ? "attn_prep_q8" : "attn_prep_f32",
@@ -227,9 +248,15 @@ export function encodeAttnPrep(ctx: EncodeContext, a: AttnPrepArgs): void {
       q_stride: a.q.stride,
       k_stride: a.k.stride,
       v_stride: a.v.stride,
+      ik_stride: ik ? ik.x.stride : 0,
+      ik_dim: ik ? ik.cache.dim : 0,
       inv_freq: ropeFrequencies(a.rotDim, a.theta),
     },
-    [at(a.q), at(a.k), at(a.v), bind(a.qNorm.buffer, a.qNorm.offset), bind(a.kNorm.buffer, a.kNorm.offset), kc.data, kc.scales ?? kc.data, vc.data, vc.scales ?? vc.data],
+    [
+      at(a.q), at(a.k), at(a.v), bind(a.qNorm.buffer, a.qNorm.offset), bind(a.kNorm.buffer, a.kNorm.offset), kc.data, kc.scales ?? kc.data, vc.data, vc.scales ?? vc.data,
+      // Without an index key its bindings repeat q's (never read).
+      ...(ik ? [at(ik.x), bind(ik.norm.buffer, ik.norm.offset), ik.cache.data, ik.cache.scales ?? ik.cache.data] : [at(a.q), at(a.q), at(a.q), at(a.q)]),
+    ],
     Math.ceil(vectors / PREP_SG),
     SIMD_WIDTH * PREP_SG,
   );

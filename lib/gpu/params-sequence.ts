@@ -106,7 +106,7 @@ export const sequenceParams = {
     ],
   },
   AttnPrep: {
-    doc: "Per decode/prefill row: q and k per-head RMSNorm, RoPE on both, then the K (normed, rotated) and V appends at pos0.. (one dispatch).",
+    doc: "Per decode/prefill row: q and k per-head RMSNorm, RoPE on both, then the K (normed, rotated) and V appends at pos0.., and QSA's index key normed and appended (one dispatch).",
     fields: [
       { name: "rows", type: "i32" },
       { name: "q_heads", type: "i32" },
@@ -119,7 +119,10 @@ export const sequenceParams = {
       { name: "q_stride", type: "u64", doc: "bytes between q rows (normed and rotated in place)" },
       { name: "k_stride", type: "u64", doc: "bytes between k rows (normed and rotated in place)" },
       { name: "v_stride", type: "u64", doc: "bytes between v rows" },
+      { name: "ik_stride", type: "u64", doc: "bytes between QSA index-key rows (normed in place; ik_dim > 0)" },
+      { name: "ik_dim", type: "i32", doc: "QSA index-key width: one more vector a row, normed and appended to the ik cache, not rotated (0: none)" },
       { name: "inv_freq", type: "f32", count: ROPE_MAX_PAIRS, doc: "theta^(-2i/rd) by the f32 rule of lib/model/rope.ts" },
+      { name: "_pad0", type: "u32" },
     ],
   },
   KvAppend: {

@@ -1,6 +1,7 @@
 // The attention mixer's fused kernels against the unfused ones they replace, bit for bit
 // (same float operations in the same order): attn_prep (q/k per-head RMSNorm + RoPE + K/V
-// appends) against rms_norm_f32 x2 + rope_neox_f32 + kv_append x2, and attention with the
+// appends, and QSA's index key normed and appended) against rms_norm_f32 x2 (x3) + rope_neox_f32
+// + kv_append x2 (x3), and attention with the
 // output gate (attn_rows' one-split epilogue, attn_combine_f32) against attention followed
 // by ew_sigmoid_mul_f32.
 import { afterAll, describe, expect, test } from "bun:test";
@@ -48,18 +49,20 @@ interface PrepCase {
   hd: number;
   rd: number;
   centred: boolean;
+  /** QSA index-key width: the key rides in the same dispatch. */
+  di?: number;
 }
 
 describe("attn_prep: norms + RoPE + K/V appends in one dispatch", () => {
   const cases: PrepCase[] = [
-    { kind: "q8", nb: 1, pos0: 700, H: 8, Hkv: 2, hd: 128, rd: 32, centred: true }, // decode, partial rotary
-    { kind: "q8", nb: 1, pos0: 100_000, H: 4, Hkv: 1, hd: 256, rd: 256, centred: true }, // 8 values a lane, far position
-    { kind: "q8", nb: 5, pos0: 3, H: 4, Hkv: 2, hd: 48, rd: 24, centred: false }, // pairs across lanes, uneven tail
-    { kind: "q8", nb: 64, pos0: 0, H: 2, Hkv: 1, hd: 16, rd: 16, centred: true }, // prefill chunk
-    { kind: "f32", nb: 1, pos0: 37, H: 4, Hkv: 2, hd: 64, rd: 16, centred: true },
-    { kind: "f32", nb: 5, pos0: 90, H: 6, Hkv: 3, hd: 80, rd: 40, centred: false },
+    { kind: "q8", nb: 1, pos0: 700, H: 8, Hkv: 2, hd: 128, rd: 32, centred: true, di: 128 }, // decode, partial rotary, QSA
+    { kind: "q8", nb: 1, pos0: 100_000, H: 4, Hkv: 1, hd: 256, rd: 256, centred: true, di: 0 }, // 8 values a lane, far position
+    { kind: "q8", nb: 5, pos0: 3, H: 4, Hkv: 2, hd: 48, rd: 24, centred: false, di: 36 }, // pairs across lanes, uneven tail
+    { kind: "q8", nb: 64, pos0: 0, H: 2, Hkv: 1, hd: 16, rd: 16, centred: true, di: 256 }, // prefill chunk, the widest key
+    { kind: "f32", nb: 1, pos0: 37, H: 4, Hkv: 2, hd: 64, rd: 16, centred: true, di: 0 },
+    { kind: "f32", nb: 5, pos0: 90, H: 6, Hkv: 3, hd: 80, rd: 40, centred: false, di: 32 },
   ];
-  test.each(cases)("$kind nb $nb pos0 $pos0 H $H/$Hkv hd $hd rd $rd centred $centred: identical q, k and caches", (c) => {
+  test.each(cases)("$kind nb $nb pos0 $pos0 H $H/$Hkv hd $hd rd $rd centred $centred di $di: identical q, k, index keys and caches", (c) => {
     const { nb, pos0, H, Hkv, hd, rd } = c;
     const theta = 1e6;
     const seed = nb * 7 + hd;
@@ -74,11 +77,20 @@ describe("attn_prep: norms + RoPE + K/V appends in one dispatch", () => {
     const qNorm = normWeight(hd, seed + 1);
     const kNorm = normWeight(hd, seed + 2);
     const cap = pos0 + nb + 2;
+    const di = c.di ?? 0;
+    const ikw = di + 4;
+    const ik = randomF32(nb * ikw, seed, 2, "ik");
+    const ikNorm = di ? normWeight(di, seed + 3) : null;
 
     // Unfused: the kernels the mixer used before.
-    const q1 = uploadF32(dev, q), k1 = uploadF32(dev, k), v1 = uploadF32(dev, v);
+    const q1 = uploadF32(dev, q), k1 = uploadF32(dev, k), v1 = uploadF32(dev, v), ik1 = uploadF32(dev, ik);
     const kc1 = sentinelCache(c.kind, Hkv, hd, cap), vc1 = sentinelCache(c.kind, Hkv, hd, cap);
+    const ikc1 = di ? sentinelCache(c.kind, 1, di, cap) : null;
     run(dev, (ctx) => {
+      if (ikc1) {
+        encodeRmsNorm(ctx, rows(ik1, ikw), ikNorm!, rows(ik1, ikw), nb, eps, { centred: c.centred });
+        encodeKvAppend(ctx, { rows: nb, pos0, x: rows(ik1, ikw), cache: ikc1 });
+      }
       encodeRmsNorm(ctx, rows(q1, qw), qNorm, rows(q1, qw), nb, eps, { heads: H, centred: c.centred });
       encodeRmsNorm(ctx, rows(k1, kw), kNorm, rows(k1, kw), nb, eps, { heads: Hkv, centred: c.centred });
       encodeRope(ctx, { rows: nb, pos0, headDim: hd, rotDim: rd, theta, q: rows(q1, qw), qHeads: H, k: rows(k1, kw), kHeads: Hkv });
@@ -87,13 +99,15 @@ describe("attn_prep: norms + RoPE + K/V appends in one dispatch", () => {
     });
 
     // Fused.
-    const q2 = uploadF32(dev, q), k2 = uploadF32(dev, k), v2 = uploadF32(dev, v);
+    const q2 = uploadF32(dev, q), k2 = uploadF32(dev, k), v2 = uploadF32(dev, v), ik2 = uploadF32(dev, ik);
     const kc2 = sentinelCache(c.kind, Hkv, hd, cap), vc2 = sentinelCache(c.kind, Hkv, hd, cap);
+    const ikc2 = di ? sentinelCache(c.kind, 1, di, cap) : null;
     const before = dev.commandsEncoded;
     run(dev, (ctx) =>
       encodeAttnPrep(ctx, {
         rows: nb, pos0, rotDim: rd, theta, eps, centred: c.centred,
         q: rows(q2, qw), qHeads: H, k: rows(k2, kw), v: rows(v2, vw), qNorm, kNorm, kCache: kc2, vCache: vc2,
+        ik: ikc2 ? { x: rows(ik2, ikw), norm: ikNorm!, cache: ikc2 } : undefined,
       }),
     );
     expect(dev.commandsEncoded - before).toBe(1);
@@ -107,6 +121,16 @@ describe("attn_prep: norms + RoPE + K/V appends in one dispatch", () => {
     expectExact(cacheBytes(vc2), cacheBytes(vc1), `${label} V data`, hd);
     expectExact(cacheScales(kc2), cacheScales(kc1), `${label} K scales`);
     expectExact(cacheScales(vc2), cacheScales(vc1), `${label} V scales`);
+    if (ikc1 && ikc2) {
+      expectExact(new Uint32Array(ik2.f32.buffer, ik2.f32.byteOffset, ik.length), new Uint32Array(ik1.f32.buffer, ik1.f32.byteOffset, ik.length), `${label} ik`, ikw);
+      expectExact(cacheBytes(ikc2), cacheBytes(ikc1), `${label} ik data`, di);
+      expectExact(cacheScales(ikc2), cacheScales(ikc1), `${label} ik scales`);
+      // The key was appended at the last row's position, and nothing after it.
+      if (c.kind === "q8") {
+        expect(cacheScales(ikc2)[pos0 + nb - 1]).not.toBe(-1);
+        expect(cacheScales(ikc2)[pos0 + nb]).toBe(-1);
+      } else expect(ik2.f32[(nb - 1) * ikw]).not.toBe(ik[(nb - 1) * ikw]);
+    }
     // The append wrote something (not sentinel) at the last row's slots and nothing after.
     const last = (pos0 + nb - 1) * Hkv;
     if (c.kind === "q8") {
@@ -129,6 +153,10 @@ describe("attn_prep: norms + RoPE + K/V appends in one dispatch", () => {
     expect(() => run(dev, (ctx) => encodeAttnPrep(ctx, args({ kNorm: normWeight(8, 3) })))).toThrow(/k norm: weight has 8 values, expected 16/);
     expect(() => run(dev, (ctx) => encodeAttnPrep(ctx, args({ rotDim: 15 })))).toThrow(/rotary dim 15/);
     expect(() => run(dev, (ctx) => encodeAttnPrep(ctx, args({ pos0: 4 })))).toThrow(/capacity 4/);
+    const ik = (cache: KvCacheRef, n = 16) => ({ ik: { x: rows(qb, 16), norm: normWeight(n, 4), cache } });
+    expect(() => run(dev, (ctx) => encodeAttnPrep(ctx, args(ik(allocateKvCache(dev, "f32", 1, 16, 4)))))).toThrow(/index-key cache \(f32, 1 heads of 16\) needs the K cache's kind/);
+    expect(() => run(dev, (ctx) => encodeAttnPrep(ctx, args(ik(allocateKvCache(dev, "q8", 1, 16, 4), 8))))).toThrow(/ik norm: weight has 8 values, expected 16/);
+    expect(() => run(dev, (ctx) => encodeAttnPrep(ctx, args({ pos0: 2, ...ik(allocateKvCache(dev, "q8", 1, 16, 2)) })))).toThrow(/index-key cache capacity 2/);
   });
 });
 
