@@ -102,11 +102,23 @@ inline float4 hc_fn_load4(device const uchar* fn, ulong e, int dtype) {
   return Weights<float>::load4(fn, e);
 }
 
+// The raw products of item m < mixes (fn[m] . the new column nv, stream by stream) or of
+// item m = mixes (the column's sum of squares), w holding fn[m]'s values of the column.
+inline float hc_fold_item(int n, bool squares, thread const float4* w, thread const float4* nv) {
+  float v = 0.0f;
+  CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+    if (i < n) {
+      v += squares ? dot(nv[i], nv[i]) : dot(w[i], nv[i]);
+    }
+  }
+  return v;
+}
+
 // hc_store by a whole simdgroup (every lane calls it with the same yv). Without a fold lane 0
 // writes the column. With one, lane j < n forms and writes stream j's new column, the lanes
 // share the n columns by shuffles, and lane m writes item m of the next site's partials for
 // this column (m = lane, lane + 32, ...: 25 items at n = 4 are one turn). Each lane issues its
-// old column's loads at once, then its items' fn values after the write; a simdgroup
+// loads (the old column, its first item's fn values) at once: one trip to memory; a simdgroup
 // barrier keeps the in-place writes after every lane's read. Partials land in a fixed place
 // per (item, column): the gather's order, not the writers', fixes the sum (no atomics).
 inline void hc_store_lanes(HcTarget t, int row, int c4, float4 yv, ushort lane) {
@@ -120,9 +132,12 @@ inline void hc_store_lanes(HcTarget t, int row, int c4, float4 yv, ushort lane) 
   const ulong flat = ulong(n) * ulong(c4s) * 4ul;
   device float4* X = (device float4*)(t.x + ulong(row) * t.x_stride);
   float4 old[HC_MAX_STREAMS];
+  float4 w[HC_MAX_STREAMS];
+  int item = int(lane);
   CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
     if (i < n) {
       old[i] = X[i * c4s + c4];
+      w[i] = item < mixes ? hc_fn_load4(t.fold_fn, ulong(item) * flat + ulong(i * c4s + c4) * 4ul, t.fold_dtype) : float4(0.0f);
     }
   }
   const int j = int(lane) < n ? int(lane) : 0;  // lanes past n shadow stream 0
@@ -131,24 +146,20 @@ inline void hc_store_lanes(HcTarget t, int row, int c4, float4 yv, ushort lane) 
   if (int(lane) < n) {
     X[j * c4s + c4] = mine;
   }
-  device float* part = (device float*)(t.fold_part + ulong(row) * t.p_stride);
-  // Turns of 32 items, every lane in each (the shuffles); a lane past the last item computes
-  // nothing it writes. fn's values are loaded here, after the write, not before it with the
-  // old column: held across the new column they cost 80+ registers (matvec_split_hc_q4_r1:
-  // 255 -> 169 on sm_90, three threadgroups a core instead of two).
-  for (int base = 0; base <= mixes; base += 32) {
-    const int item = base + int(lane);
-    const bool fn_item = item < mixes;
-    float v = 0.0f;
-    CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
-      if (i < n) {  // uniform: every lane takes part in the shuffles
-        const float4 nv = simd_shuffle(mine, ushort(i));
-        const float4 wv = fn_item ? hc_fn_load4(t.fold_fn, ulong(item) * flat + ulong(i * c4s + c4) * 4ul, t.fold_dtype) : nv;
-        v += dot(wv, nv);
-      }
+  float4 nv[HC_MAX_STREAMS];
+  CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+    if (i < n) {  // uniform: every lane takes part in the shuffles
+      nv[i] = simd_shuffle(mine, ushort(i));
     }
-    if (item <= mixes) {
-      part[item * c4s + c4] = v;
+  }
+  device float* part = (device float*)(t.fold_part + ulong(row) * t.p_stride);
+  while (item <= mixes) {
+    part[item * c4s + c4] = hc_fold_item(n, item == mixes, w, nv);
+    item += 32;
+    CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
+      if (i < n && item < mixes) {
+        w[i] = hc_fn_load4(t.fold_fn, ulong(item) * flat + ulong(i * c4s + c4) * 4ul, t.fold_dtype);
+      }
     }
   }
 }
