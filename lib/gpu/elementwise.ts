@@ -18,6 +18,7 @@ export function encodeElementwise(
   nb: number,
   cols: number,
   scale = 1,
+  threads = THREADS,
 ): void {
   checkRows(nb, `ew_${op}`);
   if (!Number.isInteger(cols) || cols < 1) throw new Error(`ew_${op}: cols ${cols} must be a positive integer`);
@@ -27,8 +28,8 @@ export function encodeElementwise(
     Params.Elementwise,
     { rows: nb, cols, scale, a_stride: a.stride, b_stride: b.stride, y_stride: y.stride },
     [bind(a.buffer, a.offset), bind(b.buffer, b.offset), bind(y.buffer, y.offset)],
-    [Math.ceil(cols / THREADS), nb],
-    [THREADS, 1],
+    [Math.ceil(cols / threads), nb],
+    [threads, 1],
   );
 }
 
