@@ -48,7 +48,9 @@ inline void conv_decode_channel(int K, uint C, uint c, float xt, device const fl
   y[c] = seq_silu(conv_acc<CONV_REG_TAPS>(taps, win, xt, K));
   CK_UNROLL for (int k = 0; k < CONV_REG_TAPS - 1; k++) {
     if (k < span) {
-      state[uint(k) * C + c] = k + 1 < span ? win[k + 1] : xt;
+      // (the index is clamped only so that no compiler sees win[CONV_REG_TAPS - 1]: k + 1 < span
+      // already keeps it inside)
+      state[uint(k) * C + c] = k + 1 < span ? win[min(k + 1, CONV_REG_TAPS - 2)] : xt;
     }
   }
 }
