@@ -14,9 +14,13 @@
  * 16M values are random bytes rather than quantized random floats (timing only: the values
  * do not matter, making them would take minutes).
  *
- * Each case records `reps` copies of its dispatches into one command buffer (so commit
- * latency is spread), runs it `iters` times after a warm-up, and reports the fastest run
- * per copy (the least disturbed by other processes on a shared machine) and the median.
+ * Each case records `reps` copies of its dispatches into one command buffer, and 2 x `reps`
+ * into another, runs each `iters` times after a warm-up, and reports per copy the difference
+ * of the fastest runs over `reps` (the least disturbed by other processes on a shared machine),
+ * and likewise of the medians: the command buffer's fixed commit-to-completion cost cancels out.
+ * (Timed as a whole, that cost, some 100-200 us on the H200, added 10-20 us to every copy of a
+ * one-row kernel at 10 reps: docs/performance.md "eleventh run".) `overheadUs` in the JSON is
+ * that fixed cost.
  * A case may be several dispatches (named in `kernels`). Cases that declare their arithmetic
  * (the GEMMs) also print TFLOP/s: 2 * out * in * nb per copy over the fastest run. The GEMM
  * cases (filter "gemm") run the tiled q4 GEMM (gemm_q4_f32: split bf16 operands, the engine's;
@@ -52,8 +56,8 @@ interface BenchCase {
   kernels: string[];
   /** Shape note for the table. */
   shape: string;
-  /** Returns the encode of one copy of the case at nb rows. */
-  setup(nb: number): (ctx: EncodeContext) => void;
+  /** Returns the encode of one copy of the case at nb rows, or null where the case has no such form (left out of the table). */
+  setup(nb: number): ((ctx: EncodeContext) => void) | null;
   /** The fewest bytes one copy must move through device memory (weights read once, inputs read, outputs written). */
   bytes?(nb: number): number;
   /** Floating-point operations of one copy (multiply-adds count 2), for a TFLOP/s column. */
@@ -69,6 +73,8 @@ export interface BenchResult {
   us: number;
   /** Median run, microseconds per copy. */
   medianUs: number;
+  /** The command buffer's fixed cost (commit to completion, outside the copies), microseconds. */
+  overheadUs: number;
   /** The case's byte count (when it declares one) and the bandwidth that makes: bytes / fastest run. */
   bytes?: number;
   gbPerS?: number;
@@ -669,6 +675,7 @@ function sequenceCases(f: Fixture): BenchCase[] {
         kernels: [tiles ? (hd > 128 ? "attn_tiles_wide_q8" : `attn_tiles_${at.kv_cache}`) : `attn_rows_${at.kv_cache}`],
         shape: `${at.heads} / ${at.kv_heads} heads x ${hd}, positions ${pos0}..`,
         setup(nb: number) {
+          if (nb === 1) return null; // one row is decode's attention ("attention (causal)")
           const k = allocateKvCache(f.dev, at.kv_cache, at.kv_heads, hd, pos0 + nb);
           const v = allocateKvCache(f.dev, at.kv_cache, at.kv_heads, hd, pos0 + nb);
           const src = f.rows(MAX_NB, at.kv_heads * hd);
@@ -732,10 +739,17 @@ function sequenceCases(f: Fixture): BenchCase[] {
   ];
 }
 
-function runOnce(dev: Device, encode: (ctx: EncodeContext) => void): void {
+function runOnce(dev: Device, encode: (ctx: EncodeContext) => void, names?: string[]): void {
   const cb = dev.commandBuffer();
   try {
-    encode({ device: dev, cb });
+    // With `names`: the pipelines the encode dispatched, in order (the table's kernels column).
+    const dispatch = (...a: Parameters<typeof cb.dispatch>) => {
+      const name = typeof a[0] === "string" ? a[0] : a[0].name;
+      if (!names!.includes(name)) names!.push(name);
+      return cb.dispatch(...a);
+    };
+    const recording = names && new Proxy(cb, { get: (t, k) => (k === "dispatch" ? dispatch : Reflect.get(t, k, t)) });
+    encode({ device: dev, cb: recording ?? cb });
     cb.commit().waitUntilCompleted(120_000);
   } finally {
     cb.release();
@@ -757,26 +771,39 @@ export function runBench(opts: { nbs: number[]; iters: number; reps: number; fil
       if (c.name === "shared expert" && !SI) continue; // the preset has none (30b-a3b-shape)
       for (const nb of opts.nbs) {
         const encode = c.setup(nb);
-        const once = (ctx: EncodeContext) => {
-          for (let r = 0; r < opts.reps; r++) encode(ctx);
+        if (!encode) continue;
+        const copies = (n: number) => (ctx: EncodeContext) => {
+          for (let r = 0; r < n; r++) encode(ctx);
         };
-        runOnce(dev, once); // warm-up (pipelines, caches)
-        const times: number[] = [];
-        for (let i = 0; i < opts.iters; i++) {
+        const [one, two] = [copies(opts.reps), copies(2 * opts.reps)];
+        // Warm-up: pipelines and caches, and on cuda a graph per shape (built on its second sight).
+        const names: string[] = [];
+        runOnce(dev, encode, names);
+        for (let w = 0; w < 2; w++) for (const run of [one, two]) runOnce(dev, run);
+        const timed = (run: (ctx: EncodeContext) => void) => {
           const t0 = performance.now();
-          runOnce(dev, once);
-          times.push(((performance.now() - t0) * 1000) / opts.reps);
+          runOnce(dev, run);
+          return (performance.now() - t0) * 1000;
+        };
+        const [t1, t2]: number[][] = [[], []];
+        for (let i = 0; i < opts.iters; i++) {
+          t1.push(timed(one));
+          t2.push(timed(two));
         }
-        const us = Math.min(...times);
+        // reps more copies cost (fastest 2R run - fastest R run); the fixed cost is what is left.
+        const us = Math.max(0, (Math.min(...t2) - Math.min(...t1)) / opts.reps);
+        const medianUs = Math.max(0, (median(t2) - median(t1)) / opts.reps);
+        const overheadUs = Math.max(0, Math.min(...t1) - us * opts.reps);
         const bytes = c.bytes?.(nb);
         const flops = c.flops?.(nb);
         out.push({
           name: c.name,
-          kernels: c.kernels,
+          kernels: names.length > 0 ? names : c.kernels,
           shape: c.shape,
           nb,
           us,
-          medianUs: median(times),
+          medianUs,
+          overheadUs,
           bytes,
           gbPerS: bytes === undefined ? undefined : bytes / us / 1000,
           flops,
