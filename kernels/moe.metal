@@ -396,10 +396,11 @@ template [[host_name("moe_gate_up_pairs_routed_q4_f32")]] kernel decltype(moe_ga
 // chosen by the host: 8, or 4 so that a decode step's threadgroups fit one wave) take the
 // row's top_k experts in turn, expert k on simdgroup k % nsg (a simdgroup asks L2 for its next
 // expert's rows before it reads the current one's: kernels/grid.h ck_prefetch); each leaves
-// its reduced outputs and routing weight in threadgroup memory, and the first lane adds w[r][k] * (down_e h[r*k + k]) in k
-// order, then (SHARED) sigmoid(sg[r]) s[r]. The same passes, reductions and sums in the same
-// order as moe_down_q4_r1 + moe_combine, so the same bits whatever nsg, without the per-pair
-// outputs in memory or a second dispatch. A missing slot reads nothing and makes the row NaN.
+// its reduced outputs and routing weight in threadgroup memory, and the first lane adds
+// w[r][k] * (down_e h[r*k + k]) in k order, then (SHARED) sigmoid(sg[r]) s[r]. The same
+// passes, reductions and sums in the same order as moe_down_q4_r1 + moe_combine, so the same
+// bits whatever nsg, without the per-pair outputs in memory or a second dispatch. A missing
+// slot reads nothing and makes the row NaN.
 #define MOE_DC_SG 8
 #define MOE_MAX_TOP_K 64
 static_assert(MOE_DC_SG * 32 == 256, "update moe_down_combine's [[max_total_threads_per_threadgroup]]");

@@ -62,8 +62,9 @@ kernel void rope_neox_f32(
 // (rms_norm_f32 + kv_append's bits; two dispatches a QSA layer fewer).
 //
 // One simdgroup per (row, vector); a row's vectors are its q heads, then k heads, then v
-// heads, then the index key. Lane l holds elements l, l + 32, ... (head_dim <= 256); RoPE pairs (i, i + rd/2)
-// may sit on other lanes, so the normed vector goes through threadgroup memory.
+// heads, then the index key. Lane l holds elements l, l + 32, ... (head_dim <= 256); RoPE
+// pairs (i, i + rd/2) may sit on other lanes, so the normed vector goes through threadgroup
+// memory.
 #define PREP_SG 4  // simdgroups per threadgroup (128 threads, the bound below)
 
 template <bool Q8>

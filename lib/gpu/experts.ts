@@ -177,13 +177,17 @@ export function fusesDownCombine(pool: ExpertPool, nb: number): boolean {
 }
 
 /**
- * Simdgroups of a moe_down_combine threadgroup (at most MOE_DC_SG), each on its own experts of
- * the row, two at a time. 4: a decode step's d / 4 threadgroups (512 at the 30b shape, 128
- * registers a thread on sm_90) fit one wave of the H200 (4 a core), where 8 took two; a
- * simdgroup with two experts asks for both experts' weights at once. The kernel gives the same
- * bits for any count. CHERENKOV_MOE_DC_SG overrides it (measurements).
+ * Simdgroups of a moe_down_combine threadgroup (at most MOE_DC_SG), each taking the row's
+ * experts in turn and asking L2 for its next one's rows first. 4: a decode step's d / 4
+ * threadgroups (512 at the 30b shape, 128 registers a thread on sm_90) fit one wave of the
+ * H200 (4 a core), where 8 took two. The kernel gives the same bits for any count.
+ * CHERENKOV_MOE_DC_SG overrides it (measurements).
  */
-const DOWN_COMBINE_SIMDGROUPS = Number(process.env.CHERENKOV_MOE_DC_SG ?? 4);
+const DOWN_COMBINE_SIMDGROUPS = (() => {
+  const n = Number(process.env.CHERENKOV_MOE_DC_SG ?? 4);
+  if (!Number.isInteger(n) || n < 1 || n > 8) throw new Error(`CHERENKOV_MOE_DC_SG=${process.env.CHERENKOV_MOE_DC_SG}: expected an integer from 1 to 8 (moe_down_combine's simdgroups)`);
+  return n;
+})();
 /** The largest top_k moe_down_combine holds in threadgroup memory (MOE_MAX_TOP_K). */
 const DOWN_COMBINE_MAX_TOP_K = 64;
 

@@ -103,18 +103,17 @@ export function encodeAttentionMixer(ctx: EncodeContext, a: AttentionMixerArgs):
   // not encode them again (they read x only, so they may go ahead of the appends).
   // The index key's norm and append ride in attn_prep where its cache allows it (then it is
   // normed in place in ikRaw); else its own norm here and append below.
-  const ikInPrep = fused && !!a.state.ik && attnPrepTakesIk(a.state.k, a.state.ik);
+  const prepIk = fused && w.qsa && a.state.ik && attnPrepTakesIk(a.state.k, a.state.ik) ? { x: s.ikRaw, norm: w.qsa.ikNorm, cache: a.state.ik } : undefined;
   if (w.qsa && at.qsa && a.state.ik) {
     encodeMatvecs(ctx, [{ w: w.qsa.iq, y: s.iq }, { w: w.qsa.ik, y: s.ikRaw }, { w: w.qsa.iw, y: s.iw }], a.x, nb);
-    if (!ikInPrep) encodeRmsNorm(ctx, s.ikRaw, w.qsa.ikNorm, s.ik, nb, eps);
+    if (!prepIk) encodeRmsNorm(ctx, s.ikRaw, w.qsa.ikNorm, s.ik, nb, eps);
   }
   // Everything that depends on the position (RoPE, the cache appends, QSA's scores, the
   // attention's length and splits) takes it from live()'s vars: recorded-step.ts.
   live(ctx, a, (ctx, { pos0 }) => {
     if (fused) {
       const { k, v } = a.state;
-      const ik = ikInPrep && w.qsa && at.qsa ? { x: s.ikRaw, norm: w.qsa.ikNorm, cache: a.state.ik! } : undefined;
-      encodeAttnPrep(ctx, { rows: nb, pos0, rotDim, theta: at.rope_theta, eps, q: s.q, qHeads: at.heads, k: s.k, v: s.v, qNorm: w.qNorm, kNorm: w.kNorm, kCache: k, vCache: v, ik });
+      encodeAttnPrep(ctx, { rows: nb, pos0, rotDim, theta: at.rope_theta, eps, q: s.q, qHeads: at.heads, k: s.k, v: s.v, qNorm: w.qNorm, kNorm: w.kNorm, kCache: k, vCache: v, ik: prepIk });
     } else {
       encodeRope(ctx, { rows: nb, pos0, headDim: at.head_dim, rotDim, theta: at.rope_theta, q: s.q, qHeads: at.heads, k: s.k, kHeads: at.kv_heads });
       encodeKvAppend(ctx, { rows: nb, pos0, x: s.k, cache: a.state.k });
@@ -123,7 +122,7 @@ export function encodeAttentionMixer(ctx: EncodeContext, a: AttentionMixerArgs):
     let selection: { list: ReturnType<typeof bind>; counts: ReturnType<typeof bind>; topk: number } | undefined;
     if (w.qsa && at.qsa && a.state.ik) {
       const q = at.qsa;
-      if (!ikInPrep) encodeKvAppend(ctx, { rows: nb, pos0, x: s.ik, cache: a.state.ik });
+      if (!prepIk) encodeKvAppend(ctx, { rows: nb, pos0, x: s.ik, cache: a.state.ik });
       const scoreStride = Math.ceil(((pos0 + nb) * 4) / 16) * 16;
       if (scoreStride * nb > s.scores.bytes) throw new RangeError(`qsa: ${nb} rows at position ${pos0} need ${scoreStride * nb} bytes of score scratch, ${s.scores.bytes} allocated`);
       const list = bind(s.selected.buffer, s.selected.offset);

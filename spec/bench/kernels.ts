@@ -47,6 +47,7 @@ import { encodeGemm } from "../../lib/gpu/gemm.ts";
 import { encodeArgmax, encodeFinalRead } from "../../lib/gpu/sampling.ts";
 import { Device, type Buffer, type Storage } from "../../lib/shim.ts";
 import { allocateKvCache, attentionPartialBytes, attentionSplits, encodeAttention, encodeKvAppend, encodeQsa, encodeRope, qsaScoreBytes } from "../../lib/gpu/attention.ts";
+import { recordingNames } from "../dispatch-names.ts";
 import { deltanetChunkBytes, deltanetStateFloats, encodeConvSilu, encodeDeltaNet, encodeDeltaNetBlock } from "../../lib/gpu/deltanet.ts";
 import { encodePleConv, encodePleGate, encodePleGather, pleHistoryFloats } from "../../lib/gpu/ple.ts";
 
@@ -743,13 +744,8 @@ function runOnce(dev: Device, encode: (ctx: EncodeContext) => void, names?: stri
   const cb = dev.commandBuffer();
   try {
     // With `names`: the pipelines the encode dispatched, in order (the table's kernels column).
-    const dispatch = (...a: Parameters<typeof cb.dispatch>) => {
-      const name = typeof a[0] === "string" ? a[0] : a[0].name;
-      if (!names!.includes(name)) names!.push(name);
-      return cb.dispatch(...a);
-    };
-    const recording = names && new Proxy(cb, { get: (t, k) => (k === "dispatch" ? dispatch : Reflect.get(t, k, t)) });
-    encode({ device: dev, cb: recording ?? cb });
+    const ctx = { device: dev, cb };
+    encode(names ? recordingNames(ctx, names) : ctx);
     cb.commit().waitUntilCompleted(120_000);
   } finally {
     cb.release();
@@ -798,7 +794,7 @@ export function runBench(opts: { nbs: number[]; iters: number; reps: number; fil
         const flops = c.flops?.(nb);
         out.push({
           name: c.name,
-          kernels: names.length > 0 ? names : c.kernels,
+          kernels: names.length > 0 ? [...new Set(names)] : c.kernels,
           shape: c.shape,
           nb,
           us,

@@ -15,7 +15,7 @@ import { Rng } from "../../lib/model/rng.ts";
 import { tensorBytes } from "../../lib/model/tensors.ts";
 import { runNow, type EncodeContext, type RowsRef, type TensorRef } from "../../lib/gpu/dispatch.ts";
 import { MAX_NB } from "../../lib/gpu/limits.ts";
-import { Device, type Buffer, type Pipeline } from "../../lib/shim.ts";
+import { Device, type Buffer } from "../../lib/shim.ts";
 
 /** The row counts every kernel runs at: decode, tiny batches, an odd batch, the largest step. */
 export const NB_CASES = [1, 2, 5, MAX_NB] as const;
@@ -167,12 +167,7 @@ export function run(dev: Device, encode: (ctx: EncodeContext) => void): void {
   runNow(dev, encode, 120_000);
 }
 
-/** `ctx` with a command buffer that records the pipeline name of every dispatch in `names`, then passes it on. */
-export function recordingNames(ctx: EncodeContext, names: string[]): EncodeContext {
-  const cb = ctx.cb;
-  const recording = { dispatch: (...a: Parameters<typeof cb.dispatch>) => (names.push((a[0] as Pipeline).name), cb.dispatch(...a)) };
-  return { ...ctx, cb: recording as unknown as typeof cb };
-}
+export { recordingNames } from "../dispatch-names.ts";
 
 // ---- comparison ----------------------------------------------------------------------
 

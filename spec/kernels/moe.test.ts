@@ -341,3 +341,28 @@ describe("moe_combine_f32 (no shared expert)", () => {
     expectClose(readF32(y, nb * d), want, { abs: 2e-6 }, `moe_combine_f32 nb=${nb}`, d); // k f32 products of values <= 2
   });
 });
+
+test("CHERENKOV_MOE_DC_SG outside 1..8 is refused by name when the experts module loads", () => {
+  for (const bad of ["0", "9", "4.5", "x"]) {
+    const p = Bun.spawnSync([process.execPath, "-e", 'await import("./lib/gpu/experts.ts")'], {
+      cwd: `${import.meta.dir}/../..`,
+      env: { ...process.env, CHERENKOV_MOE_DC_SG: bad },
+      stderr: "pipe",
+    });
+    expect(p.exitCode).not.toBe(0);
+    expect(p.stderr.toString()).toContain(`CHERENKOV_MOE_DC_SG=${bad}: expected an integer from 1 to 8`);
+  }
+});
+
+test.each(["8", "2"])("moe_down_combine with CHERENKOV_MOE_DC_SG=%s simdgroups: the same bits as moe_down + moe_combine", (count) => {
+  // The module reads the count once, so the bit-for-bit tests above run again in a process of their own.
+  const p = Bun.spawnSync([process.execPath, "test", "spec/kernels/moe.test.ts", "-t", "moe_down_combine \\(decode\\)"], {
+    cwd: `${import.meta.dir}/../..`,
+    env: { ...process.env, CHERENKOV_MOE_DC_SG: count },
+    stdout: "pipe",
+    stderr: "pipe",
+  });
+  const out = p.stdout.toString() + p.stderr.toString();
+  expect(out).toMatch(/\b2 pass\b/);
+  expect(p.exitCode).toBe(0);
+}, 60_000);
