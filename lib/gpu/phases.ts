@@ -12,6 +12,9 @@
 //   tail        last release -> completion (the last experts, final read, logits)
 //   gpu         step wall time minus the host's handshake and IO time: the GPU working or queued
 //   step        commit -> completion
+//   prepare     encoding the next step ahead while the GPU runs this one (Engine's prepared
+//               steps and cycles); prepare-overran: those that ended after the GPU was done,
+//               so the GPU sat idle for part of them (count = steps, ms = their whole prepare)
 import { LatencyHistogram, type HandshakeSummary, type PhaseTimer } from "./telemetry.ts";
 
 /** What the host observed at one MoE site. */
@@ -30,10 +33,16 @@ export class StepTimeline {
   private released = 0;
   readonly sites: SiteTiming[] = [];
   encodeMs = 0;
+  private prepare: { ms: number; overran: boolean } | null = null;
 
   markCommitted(): void {
     this.committed = performance.now();
     this.encodeMs = this.committed - this.t0;
+  }
+
+  /** The host's work after the commit (the next step encoded ahead); `overran`: the GPU was done before it ended. */
+  markPrepared(ms: number, overran: boolean): void {
+    this.prepare = { ms, overran };
   }
 
   site(timing: SiteTiming): void {
@@ -57,6 +66,10 @@ export class StepTimeline {
     if (this.sites.length) phases.add("tail", end - this.released);
     phases.add("gpu", Math.max(0, stepMs - host));
     phases.add("step", stepMs);
+    if (this.prepare) {
+      phases.add("prepare", this.prepare.ms);
+      if (this.prepare.overran) phases.add("prepare-overran", this.prepare.ms);
+    }
     return { stepMs };
   }
 }

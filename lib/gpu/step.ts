@@ -153,7 +153,11 @@ export async function runStep(
     counter.value = plan.end;
     cb.commit();
     timeline.markCommitted();
-    opts.afterCommit?.(cb);
+    if (opts.afterCommit) {
+      const t0 = performance.now();
+      opts.afterCommit(cb);
+      timeline.markPrepared(performance.now() - t0, cb.status === "completed");
+    }
     for (let i = 0; i < plan.sites.length; i++) {
       const site = plan.sites[i]!;
       if (site.handshake < 0) continue;

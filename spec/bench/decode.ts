@@ -109,6 +109,12 @@ interface ModelResult {
     commandsPerCycle: number;
     eventsPerCycle: number;
     handshakesPerCycle: number;
+    /** Wall ms per cycle (speculate() to speculate()). */
+    msPerCycle: number;
+    /** Per cycle, ms in each phase (phases.ts: step = commit -> completion, prepare = the next cycles encoded while it ran). */
+    phasesPerCycle: Record<string, number>;
+    /** Cycles whose preparing of the next ones ended after the GPU was done (the GPU waited on the host). */
+    preparesOverran: number;
   };
 }
 
@@ -191,8 +197,12 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
         cycles++;
         next = x.next[x.next.length - 1]!;
       }
-      const tokensPerSecond = made / ((performance.now() - t0) / 1000);
-      const handshakes = (engine.stats() as { handshake: { all: LatencySummary } }).handshake.all.count;
+      const specMs = performance.now() - t0;
+      const tokensPerSecond = made / (specMs / 1000);
+      const specStats = engine.stats() as { handshake: { all: LatencySummary }; phases: PhaseStats };
+      const handshakes = specStats.handshake.all.count;
+      const phasesPerCycle: Record<string, number> = {};
+      for (const [k, v] of Object.entries(specStats.phases)) phasesPerCycle[k] = v.totalMs / cycles;
       result.speculative = {
         drafts,
         tokensPerSecond,
@@ -203,6 +213,9 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
         commandsPerCycle: (device.commandsCommitted - before.commands) / cycles,
         eventsPerCycle: (device.eventsCommitted - before.events) / cycles,
         handshakesPerCycle: handshakes / cycles,
+        msPerCycle: specMs / cycles,
+        phasesPerCycle,
+        preparesOverran: specStats.phases["prepare-overran"]?.count ?? 0,
       };
       spec.dispose();
     }
@@ -262,11 +275,13 @@ function printModel(r: ModelResult): void {
   if (sp)
     log(
       `speculative, ${sp.drafts} drafts: ${fmt(sp.tokensPerSecond, 2)} tok/s (${fmt(sp.tokensPerSecond / r.tokensPerSecond, 2)}x plain), accepted ${sp.accepted}/${sp.proposed} in ${sp.cycles} cycles (${sp.preparedCycles} prepared ahead); ` +
-        `per cycle ${fmt(sp.commandsPerCycle, 1)} commands committed, ${fmt(sp.eventsPerCycle, 1)} signals + waits, ${fmt(sp.handshakesPerCycle, 1)} handshakes`,
+        `per cycle ${fmt(sp.commandsPerCycle, 1)} commands committed, ${fmt(sp.eventsPerCycle, 1)} signals + waits, ${fmt(sp.handshakesPerCycle, 1)} handshakes; ` +
+        `${fmt(sp.msPerCycle, 3)} ms a cycle: ${["encode", "step", "gpu", "prepare"].map((k) => `${k} ${fmt(sp.phasesPerCycle[k] ?? 0, 3)}`).join(", ")} ms; ` +
+        `${sp.preparesOverran} of ${sp.cycles} cycles' prepares ended after the GPU was done`,
     );
   log("\n| phase (per decode token) | ms |");
   log("|---|---|");
-  for (const k of ["step", "gpu", "gpu-wait", "handshake", "io-wait", "tail", "encode"]) if (r.phasesPerToken[k] !== undefined) log(`| ${k} | ${fmt(r.phasesPerToken[k]!, 2)} |`);
+  for (const k of ["step", "gpu", "gpu-wait", "handshake", "io-wait", "tail", "encode", "prepare", "prepare-overran"]) if (r.phasesPerToken[k] !== undefined) log(`| ${k} | ${fmt(r.phasesPerToken[k]!, 2)} |`);
   log("\n| layer | handshake mean us | p50 | p99 | max |");
   log("|---|---|---|---|---|");
   r.handshakeUs.perLayer.forEach((h, l) => {
