@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Carrying Bun to the device machine and the issue-18 runs there, in two calls of the `run` tool
+# (spec/bench/h200.sh is the older one-shot bench for a machine that already has Bun).
+# CI never runs this. Bun is not installed on the device machine and one call carries at most
+# 64 MiB (the tracked tree is ~34 MiB), so Bun's xz'd binary (38 MB) travels in two halves.
+#
+# Here, once per checkout (fills ignored folders; needs bun, xz, ../shared/device/ggml-anchor):
+#   bash spec/bench/device-calls.sh prepare
+# Device call A, carry [".dev/p1"]:                        bash spec/bench/device-calls.sh stash
+# Device call B right after (the machine is still warm), carry [".dev/p2", ".dev/small", ".anchor"]:
+#   source spec/bench/device-calls.sh && h200_setup && h200_build && h200_synth && h200_dec head --pool 100% && ...
+# Functions write under $OUT (the run tool brings it back); h200_dec appends one JSON line per
+# run to $OUT/res.jsonl and prints a summary line.
+set -o pipefail
+H200_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+
+h200_prepare() {
+  cd "$H200_ROOT" || return 1
+  mkdir -p .git/info && for d in /.dev/ /.anchor/; do grep -qx "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude; done
+  mkdir -p .dev/p1 .dev/p2 .dev/small
+  local bun_exe; bun_exe=$(command -v bun) || { echo "prepare: bun not found"; return 1; }
+  bun_exe=$(readlink -f "$bun_exe")
+  xz -9e -T2 -c "$bun_exe" > /tmp/cherenkov-bun.xz || return 1
+  (cd /tmp && rm -f cherenkov-bunpart.* && split -b 28m cherenkov-bun.xz cherenkov-bunpart.)
+  mv /tmp/cherenkov-bunpart.aa .dev/p1/bunpart.aa && mv /tmp/cherenkov-bunpart.ab .dev/p2/bunpart.ab || return 1
+  # The runtime dependencies and the ones spec/ imports (the device has no registry).
+  tar -cJf .dev/small/nm.tar.xz -C node_modules $(cd node_modules && ls -d @huggingface zod ollama openai whatwg-fetch 2>/dev/null) || return 1
+  rm -rf .anchor && cp -r ../shared/device/ggml-anchor .anchor || return 1
+  du -sh .dev/p1 .dev/p2 .dev/small .anchor
+}
+
+# Call A: the first half of Bun's binary waits in /tmp for call B.
+h200_stash() { cp "$H200_ROOT/.dev/p1/bunpart.aa" /tmp/ && ls -l /tmp/bunpart.aa; }
+
+h200_setup() {
+  cd "$H200_ROOT" || return 1
+  mkdir -p /tmp/bunbin
+  if [ ! -x /tmp/bunbin/bun ]; then
+    [ -f /tmp/bunpart.aa ] || { echo "setup: /tmp/bunpart.aa missing (run call A first, on this machine)"; return 1; }
+    cat /tmp/bunpart.aa .dev/p2/bunpart.ab | python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.decompress(sys.stdin.buffer.read()))" > /tmp/bunbin/bun || return 1
+    chmod +x /tmp/bunbin/bun
+  fi
+  export PATH=/tmp/bunbin:$PATH
+  [ -d node_modules ] || { mkdir node_modules && tar -xJf .dev/small/nm.tar.xz -C node_modules; } || return 1
+  bun --version && nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+}
+
+# The CUDA and CPU backends (~30 s on 16 cores).
+h200_build() { (cd "$H200_ROOT" && bun metal-shim/build.ts --backend cuda --backend cpu 2>&1 | tail -3); }
+
+# The 30b-a3b-shape q4 model (~60-70 s), unless it is there.
+h200_synth() {
+  local out=${1:-/tmp/m30}
+  [ -f "$out/cherenkov.json" ] || (cd "$H200_ROOT" && bun lib/cli/main.ts synth --preset 30b-a3b-shape --out "$out" --seed 1 > /tmp/synth.log 2>&1) || { tail -5 /tmp/synth.log; return 1; }
+}
+
+# ggml-cuda's test-backend-ops, built in the background (~2.5 min): h200_anchor_start, then later h200_anchor_report.
+h200_anchor_start() { (cd "$H200_ROOT" && nohup bash .anchor/run.sh .anchor > /tmp/anchor.txt 2>&1 &) ; }
+h200_anchor_report() {
+  local i; for i in $(seq 1 240); do grep -q "MUL_MAT(" /tmp/anchor.txt 2>/dev/null && ! pgrep -f "anchor/run.sh" >/dev/null && break; sleep 1; done
+  cp /tmp/anchor.txt "$OUT/anchor.txt"; grep -E "n=1,|n_mats=128.*n=1," /tmp/anchor.txt | head -8
+}
+
+# h200_dec NAME [VAR=VALUE ...] [-- bench args]: bench:decode on the CUDA backend (default
+# args: the 30b model, 64 tokens after a 256-token prompt, pool 100%).
+h200_dec() {
+  local name=$1; shift; local envs=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  [ "$1" = "--" ] && shift
+  local args=("$@"); [ ${#args[@]} -eq 0 ] && args=(--only-model --model /tmp/m30 --tokens 64 --prompt 256 --pool 100% --no-round-trip)
+  (cd "$H200_ROOT" && env CHERENKOV_BACKEND=cuda "${envs[@]}" bun spec/bench/decode.ts --json "${args[@]}" > /tmp/dec.json 2> /tmp/dec.err) || { tail -5 /tmp/dec.err; return 1; }
+  python3 - "$name" "${envs[*]}" <<'PY' >> "$OUT/res.jsonl"
+import json, sys
+r = json.load(open("/tmp/dec.json")); print(json.dumps({"name": sys.argv[1], "env": sys.argv[2], "r": r}))
+PY
+  python3 - "$name" <<'PY'
+import json, sys
+r = json.load(open("/tmp/dec.json")); m = r["models"][-1]; p = m["phasesPerToken"]; s = m.get("speculative")
+line = f"{sys.argv[1]}: {m['tokensPerSecond']:.1f} tok/s, gpu {p.get('gpu', 0):.3f} encode {p.get('encode', 0):.3f} ms/token, {m['commandsPerToken']:.0f} cmds, {m['handshakesPerToken']:.1f} handshakes"
+if s: line += f"; drafts {s['drafts']}: {s['tokensPerSecond']:.1f} tok/s ({s['tokensPerSecond'] / m['tokensPerSecond']:.2f}x), {s['commandsPerCycle']:.0f} cmds/cycle, {s.get('msPerCycle', 0):.3f} ms/cycle, step {s.get('phasesPerCycle', {}).get('step', 0):.3f}, prepare {s.get('phasesPerCycle', {}).get('prepare', 0):.3f}, overran {s.get('preparesOverran', '-')}"
+print(line)
+PY
+}
+
+# bench:kernels at the 30b shape, one decode row, device storage.
+h200_kernels() { (cd "$H200_ROOT" && CHERENKOV_BACKEND=cuda bun spec/bench/kernels.ts --preset 30b-a3b-shape --nb 1 --storage device "$@" 2>&1 | tee "$OUT/kernels.txt" | tail -40); }
+
+# A test directory on the CUDA backend, with a time limit (seconds).
+h200_tests() { (cd "$H200_ROOT" && CHERENKOV_BACKEND=cuda timeout "${2:-300}" bun test --timeout 300000 "$1" > "$OUT/tests-$(basename "$1").txt" 2>&1; grep -E "^\(fail|^ *[0-9]+ (pass|fail|skip)" "$OUT/tests-$(basename "$1").txt"); }
+
+case "${1:-}" in
+  prepare) h200_prepare ;;
+  stash) h200_stash ;;
+  "") ;;
+  *) echo "usage: bash spec/bench/device-calls.sh prepare|stash, or source it for the h200_* functions"; exit 2 ;;
+esac
