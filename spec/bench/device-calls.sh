@@ -85,6 +85,17 @@ PY
 # bench:kernels at the 30b shape, one decode row, device storage.
 h200_kernels() { (cd "$H200_ROOT" && CHERENKOV_BACKEND=cuda bun spec/bench/kernels.ts --preset 30b-a3b-shape --nb 1 --storage device "$@" 2>&1 | tee "$OUT/kernels.txt" | tail -40); }
 
+# h200_ncu FILTER KERNEL_REGEX [LAUNCHES]: Nsight Compute on bench:kernels' case FILTER (one decode
+# row, 30b shape), the first LAUNCHES (default 2) launches whose name matches KERNEL_REGEX after
+# the warm-up's: speed of light, memory, occupancy, launch and warp-state sections (~1 min a kernel).
+h200_ncu() {
+  local filter=$1 kregex=$2 n=${3:-2} f; f="$OUT/ncu-$(echo "$1" | tr -c 'a-zA-Z0-9\n' _).txt"
+  (cd "$H200_ROOT" && CHERENKOV_BACKEND=cuda timeout 400 ncu --target-processes all --kernel-name "regex:$kregex" --launch-skip "$n" --launch-count "$n" \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats \
+    bun spec/bench/kernels.ts --preset 30b-a3b-shape --nb 1 --storage device --filter "$filter" --iters 1 --reps 1 > "$f" 2>&1)
+  grep -E "ckg_|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" "$f" | head -40
+}
+
 # A test directory on the CUDA backend, with a time limit (seconds).
 h200_tests() { (cd "$H200_ROOT" && CHERENKOV_BACKEND=cuda timeout "${2:-300}" bun test --timeout 300000 "$1" > "$OUT/tests-$(basename "$1").txt" 2>&1; grep -E "^\(fail|^ *[0-9]+ (pass|fail|skip)" "$OUT/tests-$(basename "$1").txt"); }
 
