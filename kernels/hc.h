@@ -102,25 +102,21 @@ inline float4 hc_fn_load4(device const uchar* fn, ulong e, int dtype) {
   return Weights<float>::load4(fn, e);
 }
 
-// The raw products of item m < mixes (fn[m] . the new column nv, stream by stream) or of
-// item m = mixes (the column's sum of squares), w holding fn[m]'s values of the column.
-inline float hc_fold_item(int n, bool squares, thread const float4* w, thread const float4* nv) {
-  float v = 0.0f;
-  CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
-    if (i < n) {
-      v += squares ? dot(nv[i], nv[i]) : dot(w[i], nv[i]);
-    }
-  }
-  return v;
-}
+// Turns of hc_store_lanes' fold whose fn values a lane loads with the old column, before
+// the new column is formed (one trip to memory for n <= 4: 25 items x 4 streams are 4 turns);
+// later turns (n > 4) load theirs when they come.
+#define HC_FOLD_AHEAD 4
 
 // hc_store by a whole simdgroup (every lane calls it with the same yv). Without a fold lane 0
-// writes the column. With one, lane j < n forms and writes stream j's new column, the lanes
-// share the n columns by shuffles, and lane m writes item m of the next site's partials for
-// this column (m = lane, lane + 32, ...: 25 items at n = 4 are one turn). Each lane issues its
-// loads (the old column, its first item's fn values) at once: one trip to memory; a simdgroup
-// barrier keeps the in-place writes after every lane's read. Partials land in a fixed place
-// per (item, column): the gather's order, not the writers', fixes the sum (no atomics).
+// writes the column. With one, lane j < n loads old stream j's column and, the columns shared
+// by shuffles, forms and writes stream j's new column (hc_new_column's arithmetic in its order:
+// the same bits); then the next site's partials for this column, item m = sum over streams i
+// of fn[m]_i . new_i (item `mixes`: the sum of squares), are formed one (item, stream) pair a
+// lane, 32 / n items a turn, and the n lanes of an item add their products in stream order
+// into the first one, which writes it (hc_fold_item's order: the same bits). A lane holds one
+// column and HC_FOLD_AHEAD fn values, not n of each (registers: the matvec_hc epilogues ran at
+// 255 on sm_90 with n-sized arrays). Partials land in a fixed place per (item, column): the
+// gather's order, not the writers', fixes the sum (no atomics).
 inline void hc_store_lanes(HcTarget t, int row, int c4, float4 yv, ushort lane) {
   if (t.residual || t.fold_mixes == 0) {  // uniform
     if (lane == 0) {
@@ -131,35 +127,54 @@ inline void hc_store_lanes(HcTarget t, int row, int c4, float4 yv, ushort lane) 
   const int n = t.streams, c4s = t.c4s, mixes = t.fold_mixes;
   const ulong flat = ulong(n) * ulong(c4s) * 4ul;
   device float4* X = (device float4*)(t.x + ulong(row) * t.x_stride);
-  float4 old[HC_MAX_STREAMS];
-  float4 w[HC_MAX_STREAMS];
-  int item = int(lane);
-  CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
-    if (i < n) {
-      old[i] = X[i * c4s + c4];
-      w[i] = item < mixes ? hc_fn_load4(t.fold_fn, ulong(item) * flat + ulong(i * c4s + c4) * 4ul, t.fold_dtype) : float4(0.0f);
-    }
-  }
   const int j = int(lane) < n ? int(lane) : 0;  // lanes past n shadow stream 0
-  const float4 mine = hc_new_column(n, j, (device const float*)(t.coeffs + ulong(row) * t.c_stride), yv, old);
-  simdgroup_barrier(mem_flags::mem_none);
+  // This lane's (item, stream) pair in each turn: items per turn, the lane's place in its item.
+  const int per_turn = 32 / n;
+  const int stream = int(lane) % n;
+  const int slot = int(lane) / n;  // the lane's item within a turn (per_turn: none)
+  const int turns = (mixes + 1 + per_turn - 1) / per_turn;
+  // Loads first, all at once: the old column and the first turns' fn values.
+  const float4 own = X[j * c4s + c4];
+  float4 ahead[HC_FOLD_AHEAD];
+  CK_UNROLL for (int u = 0; u < HC_FOLD_AHEAD; u++) {
+    const int item = u * per_turn + slot;
+    ahead[u] = u < turns && slot < per_turn && item < mixes
+                   ? hc_fn_load4(t.fold_fn, ulong(item) * flat + ulong(stream * c4s + c4) * 4ul, t.fold_dtype)
+                   : float4(0.0f);
+  }
+  device const float* k = (device const float*)(t.coeffs + ulong(row) * t.c_stride);
+  float4 mine = k[n + j] * yv;
+  for (int i = 0; i < n; i++) {  // uniform: every lane takes part in the shuffles
+    const float4 old_i = simd_shuffle(own, ushort(i));
+    mine = fma(float4(k[2 * n + i * n + j]), old_i, mine);
+  }
+  simdgroup_barrier(mem_flags::mem_none);  // every lane has read its old column
   if (int(lane) < n) {
     X[j * c4s + c4] = mine;
   }
-  float4 nv[HC_MAX_STREAMS];
-  CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
-    if (i < n) {  // uniform: every lane takes part in the shuffles
-      nv[i] = simd_shuffle(mine, ushort(i));
-    }
-  }
+  const float4 nv = simd_shuffle(mine, ushort(stream));  // stream `stream`'s new column
   device float* part = (device float*)(t.fold_part + ulong(row) * t.p_stride);
-  while (item <= mixes) {
-    part[item * c4s + c4] = hc_fold_item(n, item == mixes, w, nv);
-    item += 32;
-    CK_UNROLL for (int i = 0; i < HC_MAX_STREAMS; i++) {
-      if (i < n && item < mixes) {
-        w[i] = hc_fn_load4(t.fold_fn, ulong(item) * flat + ulong(i * c4s + c4) * 4ul, t.fold_dtype);
+  for (int u = 0; u < turns; u++) {  // uniform
+    const int item = u * per_turn + slot;
+    const bool live = slot < per_turn && item <= mixes;
+    float4 w = float4(0.0f);
+    CK_UNROLL for (int a = 0; a < HC_FOLD_AHEAD; a++) {
+      if (a == u) {
+        w = ahead[a];
       }
+    }
+    if (u >= HC_FOLD_AHEAD && live && item < mixes) {
+      w = hc_fn_load4(t.fold_fn, ulong(item) * flat + ulong(stream * c4s + c4) * 4ul, t.fold_dtype);
+    }
+    const float prod = item == mixes ? dot(nv, nv) : dot(w, nv);
+    // The item's first lane adds the products in stream order (from 0, as hc_fold_item did).
+    float v = 0.0f + prod;
+    for (int i = 1; i < n; i++) {  // uniform
+      const float next = simd_shuffle_down(prod, ushort(i));
+      v += next;
+    }
+    if (live && stream == 0) {
+      part[item * c4s + c4] = v;
     }
   }
 }
