@@ -26,6 +26,11 @@ h200_prepare() {
   # The runtime dependencies and the ones spec/ imports (the device has no registry).
   tar -cJf .dev/small/nm.tar.xz -C node_modules $(cd node_modules && ls -d @huggingface zod ollama openai whatwg-fetch 2>/dev/null) || return 1
   rm -rf .anchor && cp -r ../shared/device/ggml-anchor .anchor || return 1
+  # A baseline tree to time against (BASE=<rev>; h200_base builds it on the device).
+  if [ -n "${BASE:-}" ]; then
+    git archive "$BASE" lib kernels metal-shim spec/bench spec/golden package.json bunfig.toml tsconfig.json | xz -9 > .dev/small/base.tar.xz || return 1
+    git rev-parse "$BASE" > .dev/small/base.rev
+  fi
   du -sh .dev/p1 .dev/p2 .dev/small .anchor
 }
 
@@ -48,6 +53,14 @@ h200_setup() {
 # The CUDA and CPU backends (~30 s on 16 cores).
 h200_build() { (cd "$H200_ROOT" && bun metal-shim/build.ts --backend cuda --backend cpu 2>&1 | tail -3); }
 
+# The baseline tree of `BASE=<rev> ... prepare` in /tmp/base, built (then TREE=/tmp/base h200_dec NAME ...).
+h200_base() {
+  [ -f "$H200_ROOT/.dev/small/base.tar.xz" ] || { echo "base: no .dev/small/base.tar.xz (prepare with BASE=<rev>)"; return 1; }
+  rm -rf /tmp/base && mkdir -p /tmp/base && tar -xJf "$H200_ROOT/.dev/small/base.tar.xz" -C /tmp/base || return 1
+  ln -s "$H200_ROOT/node_modules" /tmp/base/node_modules
+  (cd /tmp/base && bun metal-shim/build.ts --backend cuda 2>&1 | tail -1) && echo "base: $(cat "$H200_ROOT/.dev/small/base.rev")"
+}
+
 # The 30b-a3b-shape q4 model (~60-70 s), unless it is there.
 h200_synth() {
   local out=${1:-/tmp/m30}
@@ -62,13 +75,14 @@ h200_anchor_report() {
 }
 
 # h200_dec NAME [VAR=VALUE ...] [-- bench args]: bench:decode on the CUDA backend (default
-# args: the 30b model, 64 tokens after a 256-token prompt, pool 100%).
+# args: the 30b model, 64 tokens after a 256-token prompt, pool 100%); TREE=/tmp/base h200_dec ...
+# runs the baseline tree's bench.
 h200_dec() {
   local name=$1; shift; local envs=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
   [ "$1" = "--" ] && shift
   local args=("$@"); [ ${#args[@]} -eq 0 ] && args=(--only-model --model /tmp/m30 --tokens 64 --prompt 256 --pool 100% --no-round-trip)
-  (cd "$H200_ROOT" && env CHERENKOV_BACKEND=cuda "${envs[@]}" bun spec/bench/decode.ts --json "${args[@]}" > /tmp/dec.json 2> /tmp/dec.err) || { tail -5 /tmp/dec.err; return 1; }
+  (cd "${TREE:-$H200_ROOT}" && env CHERENKOV_BACKEND=cuda "${envs[@]}" bun spec/bench/decode.ts --json "${args[@]}" > /tmp/dec.json 2> /tmp/dec.err) || { tail -5 /tmp/dec.err; return 1; }
   python3 - "$name" "${envs[*]}" <<'PY' >> "$OUT/res.jsonl"
 import json, sys
 r = json.load(open("/tmp/dec.json")); print(json.dumps({"name": sys.argv[1], "env": sys.argv[2], "r": r}))
