@@ -4,6 +4,8 @@
 // norm by the router's dispatch and the output norm by the LM head's. A cycle of k drafts runs
 // 3k - 1 dispatches fewer, one more when its catch-up is a single row (the previous cycle
 // accepted nothing); speculative decoding still gives greedy's tokens, with 2 and 3 drafts.
+// A site-less trunk (hc.streams = 1) reads its residual the same way: its golden tokens, and
+// two rms_norm_f32 a layer fewer in a decode step (its final norm stays apart).
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { join } from "node:path";
 import { Engine } from "../../lib/gpu/engine.ts";
@@ -11,7 +13,10 @@ import { StepRecordings } from "../../lib/gpu/recorded-step.ts";
 import { openModel, type ModelFiles } from "../../lib/model/format.ts";
 import { loadTokenizer } from "../../lib/model/tokenizer.ts";
 import { BACKEND } from "../selected-backend.ts";
-import { countDispatches } from "./helpers.ts";
+import { rmSync } from "node:fs";
+import { goldenCases } from "../golden/cases.ts";
+import { buildGoldenModel } from "../golden/golden.ts";
+import { countDispatches, goldenRecord } from "./helpers.ts";
 
 const DIR = join(import.meta.dir, "..", "..", "examples", "models", "qwen4-exp-tiny");
 const N = 20;
@@ -85,3 +90,36 @@ for (const drafts of [2, 3]) {
     }
   }, 300_000);
 }
+
+test("a site-less trunk (tiny-n1-s5): the golden tokens; a decode step's mixer and MoE norms formed by their projections", async () => {
+  const c = goldenCases.find((x) => x.name === "tiny-n1-s5")!;
+  const dir = await buildGoldenModel(c);
+  const want = await goldenRecord(c.name);
+  const decode = async (fused: boolean) => {
+    process.env.CHERENKOV_HC_READ_FUSED = fused ? "1" : "0";
+    const golden = await openModel(dir);
+    const engine = await Engine.load(golden, BACKEND, { lookahead: false });
+    try {
+      const seq = engine.newSequence();
+      const tokens = [(await seq.forward(c.prompt)).next.at(-1)!];
+      const steps: Map<string, number>[] = [];
+      while (tokens.length < c.maxTokens) steps.push(await countDispatches(async () => void tokens.push((await seq.forward([tokens.at(-1)!])).next[0]!)));
+      return { tokens, steps, layers: golden.manifest.config.num_layers };
+    } finally {
+      await engine.close();
+      golden.close();
+    }
+  };
+  try {
+    const fused = await decode(true);
+    const apart = await decode(false);
+    expect(fused.tokens).toEqual(want.tokens);
+    expect(apart.tokens).toEqual(want.tokens);
+    fused.steps.forEach((seen, i) => {
+      expect(seen.get("matvec_multi_q4_r1_norm_f32")).toBe(2 * fused.layers);
+      expect((apart.steps[i]!.get("rms_norm_f32") ?? 0) - (seen.get("rms_norm_f32") ?? 0)).toBe(2 * fused.layers);
+    });
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}, 300_000);
