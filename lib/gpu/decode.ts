@@ -166,7 +166,7 @@ export function encodeGreedy(ctx: EncodeContext, gpu: EngineGpu, hidden: RowsRef
   const s = gpu.scratch;
   const lm = gpu.refs.lmHead;
   const vocab = gpu.config.vocab_size;
-  if (read && (nb !== 1 || read.xn !== hidden)) throw new Error(`greedy: a read serves one row, into the hidden row (${nb} rows)`);
+  if (read && (nb !== 1 || read.xn.buffer !== hidden.buffer || read.xn.offset !== hidden.offset)) throw new Error(`greedy: a read serves one row, into the hidden row (${nb} rows)`);
   for (let r0 = 0; r0 < nb; r0 += LOGIT_ROWS) {
     const rows = Math.min(LOGIT_ROWS, nb - r0);
     if (read && lm.dtype === "q4") encodeSiteProjections(ctx, [{ w: lm, y: s.head.logits }], read, hidden, 1);
