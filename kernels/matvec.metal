@@ -6,6 +6,7 @@
 #include "hc.h"
 #include "hc-site.h"
 #include "conv.h"
+#include "norm.h"
 
 using namespace metal;
 
@@ -407,17 +408,46 @@ template <typename T, int NR>
   matvec_split_tg<T, NR>(w, p.in_dim, o0, out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride[i], false, &part[0][0], sg, lane, int(nsg));
 }
 
-// matvec_multi_q4_r1_f32 whose input row is a hyper-connection site's normalised read: every
-// threadgroup forms it itself into its staging buffer, from the streams X and the partials
-// the site's folded write left (hc_site_read: hc_coeffs_read_norm_f32's read, so the same
-// bits), instead of a read kernel writing it to memory first (one dispatch a site fewer, and
-// the site's read no longer waits for Sinkhorn's chain). Threadgroup coeff_tg forms the site's
-// coefficients for its write (hc_row_coefficients, as that kernel's threadgroup 0), and
-// threadgroup 0 also stores the read to xn for what reads it later (attention's QSA
-// projections). One decode row; 256 threads (the read's HC_TG_SG simdgroups); in_dim <=
-// MV_STAGE_COLS. The projections are computed as matvec_multi_q4_r1_f32 computes them: the
-// same bits. Each threadgroup asks for its weights before it waits for the streams.
-[[max_total_threads_per_threadgroup(256)]] kernel void matvec_multi_q4_r1_read_f32(
+// The plain residual's read (n = 1, no site: the MTP head) as a threadgroup of
+// matvec_multi_q4_r1_read forms it: y = x * rsqrt(mean(x^2) + eps) * (centred ? 1 + w : w)
+// into the staging buffer, the arithmetic of rms_norm_f32 (norm.h), so the same bits: every
+// simdgroup forms the scale itself in rms_norm_vector's order (no barrier to share it), each
+// thread scales its own float4 columns with the norm weights `wk` it loaded early (HC_READ_AHEAD
+// turns of nsg * 32 threads; later ones load here). The caller's barrier ends it.
+inline void mv_plain_read(int cols, float eps, bool centred, device const float* x, device const float* norm, thread const float4* wk,
+                          threadgroup float4* xs, int t, int threads, ushort lane) {
+  const float r = rms_norm_scale(cols, eps, x, lane);
+  const float offset = centred ? 1.0f : 0.0f;
+  device const float4* x4 = (device const float4*)x;
+  MV_UNROLL for (int a = 0; a < HC_READ_AHEAD; a++) {
+    const int c4 = t + a * threads;
+    if (c4 < cols / 4) {
+      HcOutStaged{xs}.store(c4, x4[c4] * r * (offset + wk[a]));
+    }
+  }
+  for (int c4 = t + HC_READ_AHEAD * threads; c4 < cols / 4; c4 += threads) {
+    const float4 wv = float4(norm[4 * c4], norm[4 * c4 + 1], norm[4 * c4 + 2], norm[4 * c4 + 3]);
+    HcOutStaged{xs}.store(c4, x4[c4] * r * (offset + wv));
+  }
+}
+
+// matvec_multi_q4_r1_f32 whose input row is a residual's normalised read: every threadgroup
+// forms it itself into its staging buffer instead of a read kernel writing it to memory first
+// (one dispatch fewer, and no wait for it), and threadgroup 0 also stores it to xn for what
+// reads it later (attention's QSA projections, the MoE site's experts). Two reads:
+// - a hyper-connection site's (matvec_multi_q4_r1_read_f32), from the streams X and the
+//   partials the site's folded write left (hc_site_read: hc_coeffs_read_norm_f32's read, so
+//   the same bits); threadgroup coeff_tg forms the site's coefficients for its write
+//   (hc_row_coefficients, as that kernel's threadgroup 0), and the site's read no longer waits
+//   for Sinkhorn's chain;
+// - PLAIN, the plain residual's RMSNorm of X (matvec_multi_q4_r1_norm_f32: mv_plain_read,
+//   rms_norm_f32's bits); no coefficients (coeff_tg is past the grid), raw/scale/base/coeffs
+//   unused.
+// One decode row; 256 threads (the read's HC_TG_SG simdgroups); in_dim <= MV_STAGE_COLS. The
+// projections are computed as matvec_multi_q4_r1_f32 computes them: the same bits. Each
+// threadgroup asks for its weights before it waits for its input.
+template <bool PLAIN>
+[[max_total_threads_per_threadgroup(256)]] kernel void matvec_multi_q4_r1_read(
     constant MatvecMultiReadParams& p [[buffer(0)]],
     device const uchar* w0     [[buffer(1)]],
     device const uchar* w1     [[buffer(2)]],
@@ -449,7 +479,7 @@ template <typename T, int NR>
   threadgroup float comb[HC_MAX_STREAMS * HC_MAX_STREAMS];
   const int n = p.streams, cols = p.in_dim;
   device const float* partials = (device const float*)raw;
-  if (int(tg.x) == p.coeff_tg) {  // uniform per threadgroup: the site's coefficients
+  if (!PLAIN && int(tg.x) == p.coeff_tg) {  // uniform per threadgroup: the site's coefficients
     ck_inputs_ready();
     hc_row_coefficients(n, cols, false, p.iters, p.eps, partials, p.chunks, scale, base, (device float*)coeffs, mix, pre, comb, sg, lane);
     return;
@@ -476,20 +506,29 @@ template <typename T, int NR>
     }
   }
   const int t = int(sg) * 32 + int(lane);
+  const int threads = PLAIN ? 32 * int(nsg) : 32 * HC_TG_SG;  // (the hc read's columns assume its HC_TG_SG simdgroups)
   float4 wk[HC_READ_AHEAD];
-  hc_prefetch_norm(cols, norm, t, wk);
-  float b[HC_MAX_STREAMS];
-  CK_UNROLL for (int k = 0; k < HC_MAX_STREAMS; k++) {
-    b[k] = k < n ? base[k] : 0.0f;
+  CK_UNROLL for (int a = 0; a < HC_READ_AHEAD; a++) {  // hc_prefetch_norm's columns at the read's stride
+    const int c4 = t + a * threads;
+    wk[a] = c4 < cols / 4 ? float4(norm[4 * c4], norm[4 * c4 + 1], norm[4 * c4 + 2], norm[4 * c4 + 3]) : float4(0.0f);
   }
-  const float scale0 = scale[0];
-  ck_inputs_ready();
-  // The read, into xs in the staged layout (every thread's columns; the barrier after).
-  device const float* flat = (device const float*)X;
-  float4 xr[HC_READ_AHEAD * HC_PF_STREAMS];
-  hc_prefetch(n, cols, flat, t, xr);
-  hc_site_read(n, cols, false, p.eps, p.norm_eps, p.centred != 0, flat, partials, p.chunks, b, scale0, xr, norm, wk, HcOutStaged{xs}, mix,
-               partial, sg, lane);
+  if (PLAIN) {
+    ck_inputs_ready();
+    mv_plain_read(cols, p.norm_eps, p.centred != 0, (device const float*)X, norm, wk, xs, t, threads, lane);
+  } else {
+    float b[HC_MAX_STREAMS];
+    CK_UNROLL for (int k = 0; k < HC_MAX_STREAMS; k++) {
+      b[k] = k < n ? base[k] : 0.0f;
+    }
+    const float scale0 = scale[0];
+    ck_inputs_ready();
+    // The read, into xs in the staged layout (every thread's columns; the barrier after).
+    device const float* flat = (device const float*)X;
+    float4 xr[HC_READ_AHEAD * HC_PF_STREAMS];
+    hc_prefetch(n, cols, flat, t, xr);
+    hc_site_read(n, cols, false, p.eps, p.norm_eps, p.centred != 0, flat, partials, p.chunks, b, scale0, xr, norm, wk, HcOutStaged{xs}, mix,
+                 partial, sg, lane);
+  }
   threadgroup_barrier(mem_flags::mem_threadgroup);
   if (tg.x == 0u) {
     for (int c4 = t; c4 < cols / 4; c4 += 32 * int(nsg)) {
@@ -556,3 +595,7 @@ template [[host_name("matvec_multi_split_f32_f32")]] kernel decltype(matvec_mult
 template [[host_name("matvec_multi_split_bf16_f32")]] kernel decltype(matvec_multi_split<bfloat, MV_NR>) matvec_multi_split<bfloat, MV_NR>;
 template [[host_name("matvec_multi_split_f16_f32")]] kernel decltype(matvec_multi_split<half, MV_NR>) matvec_multi_split<half, MV_NR>;
 template [[host_name("matvec_multi_split_q4_f32")]] kernel decltype(matvec_multi_split<uchar, MV_NR>) matvec_multi_split<uchar, MV_NR>;
+// Decode projections that form their input row themselves: a hyper-connection site's read, or
+// the plain residual's RMSNorm.
+template [[host_name("matvec_multi_q4_r1_read_f32")]] kernel decltype(matvec_multi_q4_r1_read<false>) matvec_multi_q4_r1_read<false>;
+template [[host_name("matvec_multi_q4_r1_norm_f32")]] kernel decltype(matvec_multi_q4_r1_read<true>) matvec_multi_q4_r1_read<true>;

@@ -8,17 +8,24 @@ using namespace metal;
 
 #define NORM_SG 4  // simdgroups (vectors) per threadgroup
 
-// y = x * rsqrt(mean(x^2) + eps) * (centred ? 1 + w : w), times SiLU(z) when GATED.
-template <bool GATED>
-inline void rms_norm_vector(int dim, float eps, bool centred, device const float* xv, device const float* w,
-                            device float* yv, device const float* zv, ushort lane) {
+// rsqrt(mean(x^2) + eps) of a vector as one simdgroup forms it (every lane calls it and gets
+// it): lane l sums x[l]^2, x[l + 32]^2, ... in that order, simd_sum joins them. The plain read
+// of the projections that form their input (matvec.metal) calls it too, for the same bits.
+inline float rms_norm_scale(int dim, float eps, device const float* xv, ushort lane) {
   float ss = 0.0f;
   for (int c = int(lane); c < dim; c += 32) {
     float v = xv[c];
     ss += v * v;
   }
   ss = simd_sum(ss);
-  float r = rsqrt(ss / float(dim) + eps);
+  return rsqrt(ss / float(dim) + eps);
+}
+
+// y = x * rsqrt(mean(x^2) + eps) * (centred ? 1 + w : w), times SiLU(z) when GATED.
+template <bool GATED>
+inline void rms_norm_vector(int dim, float eps, bool centred, device const float* xv, device const float* w,
+                            device float* yv, device const float* zv, ushort lane) {
+  float r = rms_norm_scale(dim, eps, xv, lane);
   float offset = centred ? 1.0f : 0.0f;
   for (int c = int(lane); c < dim; c += 32) {
     float v = xv[c] * r * (offset + w[c]);

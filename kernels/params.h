@@ -181,12 +181,12 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, conv_taps) == 80, "Matvec
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, _pad0) == 84, "MatvecMultiParams._pad0: offset");
 #endif
 
-// matvec_multi_q4_r1_read_f32: one decode row's projections (as MatvecMulti, dense_count bf16 weights first) of a hyper-connection site's read, which every threadgroup forms itself from the streams and the folded partials (as hc_coeffs_read_norm); threadgroup coeff_tg forms the site's coefficients.
+// matvec_multi_q4_r1_read_f32: one decode row's projections (as MatvecMulti, dense_count bf16 weights first) of a hyper-connection site's read, which every threadgroup forms itself from the streams and the folded partials (as hc_coeffs_read_norm); threadgroup coeff_tg forms the site's coefficients. matvec_multi_q4_r1_norm_f32: the same of a plain residual's RMSNorm (as rms_norm_f32; streams 1, no coefficients: coeff_tg past the grid).
 typedef struct {
   int32_t in_dim;                // offset 0: hidden size d (the streams' width)
   int32_t count;                 // offset 4: weights used (1..4); unused bindings repeat the last
   int32_t dense_count;           // offset 8: leading weights stored bf16 (the rest q4)
-  int32_t coeff_tg;              // offset 12: the threadgroup that forms the coefficients (the last)
+  int32_t coeff_tg;              // offset 12: the threadgroup that forms the coefficients (the last; a plain read: the grid's size)
   int32_t out_dim[4];            // offset 16: output rows of each weight
   uint64_t y_stride[4];          // offset 32: bytes between output rows of each y (one row: unused but kept like MatvecMulti)
   int32_t streams;               // offset 64: n

@@ -9,7 +9,8 @@ import { bind, live, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import type { RowRange } from "../api/backend.ts";
 import type { SitePlan } from "./handshake.ts";
 import { hcFold, hcFolds, siteWrite, type HcSiteRefs } from "./hyperconnection.ts";
-import { deferSiteRead } from "./site-read.ts";
+import { deferSiteRead, encodeSiteProjections, type PlainRead } from "./site-read.ts";
+import { encodeRmsNorm } from "./norms.ts";
 import type { EngineGpu } from "./load.ts";
 import { encodeAttentionMixer, encodeDeltaNetMixer } from "./mixers.ts";
 import { encodeLookaheadRoute, encodeMoeCompute, encodeMoeRoute, type MoeSiteArgs } from "./moe-site.ts";
@@ -156,15 +157,24 @@ export function encodeTrunkStep(ctx: EncodeContext, gpu: EngineGpu, seq: Sequenc
 
 /**
  * Logits and argmax of nb hidden rows, LOGIT_ROWS rows at a time (the logits scratch holds
- * that many): ids[r] and margins[r] for r < nb (packed i32 / f32 regions).
+ * that many): ids[r] and margins[r] for r < nb (packed i32 / f32 regions). With `read` (one
+ * row; read.xn is `hidden`), the hidden row is that plain residual's norm, which a q4 LM head's
+ * dispatch forms itself where it can (site-read.ts: sixteen q4 tiles a threadgroup, each
+ * threadgroup forming the norm of d columns); otherwise rms_norm_f32 first.
  */
-export function encodeGreedy(ctx: EncodeContext, gpu: EngineGpu, hidden: RowsRef, nb: number, ids: RowsRef, margins: RowsRef): void {
+export function encodeGreedy(ctx: EncodeContext, gpu: EngineGpu, hidden: RowsRef, nb: number, ids: RowsRef, margins: RowsRef, read?: PlainRead): void {
   const s = gpu.scratch;
   const lm = gpu.refs.lmHead;
   const vocab = gpu.config.vocab_size;
+  if (read && (nb !== 1 || read.xn.buffer !== hidden.buffer || read.xn.offset !== hidden.offset)) throw new Error(`greedy: a read serves one row, into the hidden row (${nb} rows)`);
   for (let r0 = 0; r0 < nb; r0 += LOGIT_ROWS) {
     const rows = Math.min(LOGIT_ROWS, nb - r0);
-    encodeLogits(ctx, lm, rowAt(hidden, r0), s.head.logits, rows);
+    if (read && lm.dtype === "q4") encodeSiteProjections(ctx, [{ w: lm, y: s.head.logits }], read, hidden, 1);
+    else {
+      // (a bf16 head would take a threadgroup per MV_R rows, each forming the norm: apart)
+      if (read) encodeRmsNorm(ctx, read.X, read.norm.w, hidden, 1, read.norm.eps, { centred: read.norm.centred ?? true });
+      encodeLogits(ctx, lm, rowAt(hidden, r0), s.head.logits, rows);
+    }
     encodeArgmax(ctx, s.head.logits, bind(ids.buffer, ids.offset + r0 * 4), bind(margins.buffer, margins.offset + r0 * 4), rows, vocab);
   }
 }

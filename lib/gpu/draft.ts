@@ -15,10 +15,10 @@ import type { SitePlan } from "./handshake.ts";
 import type { EngineGpu } from "./load.ts";
 import { encodeMoeCompute, encodeMoeRoute, type MoeSiteArgs } from "./moe-site.ts";
 import { encodeMtpInput } from "./mtp.ts";
-import { encodeRmsNorm } from "./norms.ts";
 import { encodeMatvec } from "./projections.ts";
 import { Params } from "./params.ts";
 import { rowAt } from "./scratch.ts";
+import { plainRead } from "./site-read.ts";
 import type { SequenceState } from "./state.ts";
 import type { StepVars } from "./tape.ts";
 
@@ -63,12 +63,14 @@ function encodeMtpRows(
   } else encodeMtpInput(ctx, gpu.refs.embed, input.ids, input.hidden, norms, s.mtp.fuse, nb, eps);
   encodeMatvec(ctx, w.fc, s.mtp.fuse, s.mtp.X, nb);
 
-  // Attention with a plain residual (n = 1).
-  encodeRmsNorm(ctx, s.mtp.X, w.mixerNorm, s.xn, nb, eps);
+  // Attention with a plain residual (n = 1). Its norm is formed by the q/gate/k/v projections'
+  // dispatch where they take it (one row: site-read.ts), else rms_norm_f32 before them; in
+  // any form they like (the head's rows only propose: no batch must repeat their bits).
+  const read = plainRead(s.mtp.X, s.xn, d, { w: w.mixerNorm, eps }, true);
   const at = w.attention;
   // Its o projection adds its output to the residual (X += y, fused into the matvec).
   const write = { X: s.mtp.X, coeffs: null, streams: 1, d };
-  encodeAttentionMixer(ctx, { config: c, w: at, state: { ...seq.mtp!, ik: null }, scratch: s, nb, pos0: vars.pos0, x: s.xn, y: s.y, write });
+  encodeAttentionMixer(ctx, { config: c, w: at, state: { ...seq.mtp!, ik: null }, scratch: s, nb, pos0: vars.pos0, x: s.xn, read, y: s.y, write });
 
   // Only the last catch-up row's output feeds a draft: the rows before it are run for their
   // K/V (appended above). Its MoE and norm run for it alone (a single row's path, and its
@@ -92,8 +94,10 @@ function encodeMtpRows(
   plan.encode(ctx, { layer: c.num_layers, rows: 1, predicts: null, trunkLayer: null });
   encodeMoeCompute(ctx, site, gpu.kernelPool, route);
 
-  encodeRmsNorm(ctx, X, w.norm, rowAt(s.mtp.out, last), 1, eps);
-  encodeGreedy(ctx, gpu, rowAt(s.mtp.out, last), 1, draftTo.id, draftTo.margin);
+  // The output norm, formed by the LM head's dispatch where it takes it (encodeGreedy), also
+  // stored to its row of mtp.out (a chained row's input).
+  const out = rowAt(s.mtp.out, last);
+  encodeGreedy(ctx, gpu, out, 1, draftTo.id, draftTo.margin, plainRead(X, out, d, { w: w.norm, eps }, true));
   // Sampling: the draft is drawn from the logits row just computed, over the argmax.
   const j = draftTo.j;
   live(ctx, vars, (ctx, v) => v.draw?.(ctx, j));

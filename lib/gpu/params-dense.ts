@@ -88,12 +88,12 @@ export const denseParams = {
     ],
   },
   MatvecMultiRead: {
-    doc: "matvec_multi_q4_r1_read_f32: one decode row's projections (as MatvecMulti, dense_count bf16 weights first) of a hyper-connection site's read, which every threadgroup forms itself from the streams and the folded partials (as hc_coeffs_read_norm); threadgroup coeff_tg forms the site's coefficients.",
+    doc: "matvec_multi_q4_r1_read_f32: one decode row's projections (as MatvecMulti, dense_count bf16 weights first) of a hyper-connection site's read, which every threadgroup forms itself from the streams and the folded partials (as hc_coeffs_read_norm); threadgroup coeff_tg forms the site's coefficients. matvec_multi_q4_r1_norm_f32: the same of a plain residual's RMSNorm (as rms_norm_f32; streams 1, no coefficients: coeff_tg past the grid).",
     fields: [
       { name: "in_dim", type: "i32", doc: "hidden size d (the streams' width)" },
       { name: "count", type: "i32", doc: "weights used (1..4); unused bindings repeat the last" },
       { name: "dense_count", type: "i32", doc: "leading weights stored bf16 (the rest q4)" },
-      { name: "coeff_tg", type: "i32", doc: "the threadgroup that forms the coefficients (the last)" },
+      { name: "coeff_tg", type: "i32", doc: "the threadgroup that forms the coefficients (the last; a plain read: the grid's size)" },
       { name: "out_dim", type: "i32", count: 4, doc: "output rows of each weight" },
       { name: "y_stride", type: "u64", count: 4, doc: "bytes between output rows of each y (one row: unused but kept like MatvecMulti)" },
       { name: "streams", type: "i32", doc: "n" },

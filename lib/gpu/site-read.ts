@@ -7,8 +7,10 @@
 // write: one dispatch and one wait a site fewer. The projections must all fit that one
 // dispatch (bf16 ones first, then q4 ones, either part possibly empty; one decode row;
 // d <= MV_STAGE_COLS); otherwise the read is encoded on its own first and the projections as
-// before.
+// before. A plain residual (n = 1: no site; the MTP head) has a read too, its RMSNorm
+// (rms_norm_f32), which matvec_multi_q4_r1_norm_f32 forms the same way.
 import { bind, dispatch, type EncodeContext, type RowsRef } from "./dispatch.ts";
+import { encodeRmsNorm } from "./norms.ts";
 import { encodeSiteRead, type HcConfig, type HcScratch, type HcSiteRefs, type ReadNorm } from "./hyperconnection.ts";
 import { HC_MAX_STREAMS, SIMD_WIDTH } from "./limits.ts";
 import { Params } from "./params.ts";
@@ -26,8 +28,12 @@ import {
   type ProjectionConv,
 } from "./projections.ts";
 
+/** A residual's read into `xn`: a hyper-connection site's or the plain residual's. */
+export type SiteRead = HcSiteRead | PlainRead;
+
 /** A site's read y = RMSNorm(sum_i pre_i X_i) into `xn`, its partials folded into `folded` by the write before. */
-export interface SiteRead {
+export interface HcSiteRead {
+  plain?: undefined;
   X: RowsRef;
   site: HcSiteRefs;
   scratch: HcScratch;
@@ -38,13 +44,32 @@ export interface SiteRead {
   folded: RowsRef;
 }
 
+/**
+ * The plain residual's read (n = 1, no site): y = RMSNorm(X) into `xn`, rms_norm_f32's
+ * arithmetic. `anyForm`: its q4 projections may take the fused kernel's rows form where the
+ * backend would split them (the MTP head: its rows only propose drafts, so no batch has to
+ * repeat its bits; on the H200 the tiny model's attention q/gate/k/v, 640 rows, split).
+ */
+export interface PlainRead {
+  plain: true;
+  X: RowsRef;
+  xn: RowsRef;
+  d: number;
+  norm: ReadNorm;
+  anyForm: boolean;
+}
+
+export function plainRead(X: RowsRef, xn: RowsRef, d: number, norm: ReadNorm, anyForm = false): PlainRead {
+  return { plain: true, X, xn, d, norm, anyForm };
+}
+
 /** Threads of the fused kernel's threadgroups: the read's HC_TG_SG simdgroups (kernels/hc.metal). */
 const READ_SIMDGROUPS = 8;
 
 /**
  * A site's read handed to the projections that take it (encodeSiteProjections), when the write
- * before left its partials (`folded`); otherwise (no partials, or n = 1: no site) the read is
- * encoded here, now, and undefined comes back.
+ * before left its partials (`folded`), or the plain residual's (n = 1: no site); otherwise (no
+ * partials) the read is encoded here, now, and undefined comes back.
  */
 export function deferSiteRead(
   ctx: EncodeContext,
@@ -59,6 +84,7 @@ export function deferSiteRead(
   folded: RowsRef | undefined,
 ): SiteRead | undefined {
   if (site && folded) return { X, site, scratch, xn, cfg, d, norm, folded };
+  if (!site && cfg.streams === 1) return plainRead(X, xn, d, norm);
   encodeSiteRead(ctx, X, site, scratch, xn, nb, cfg, d, norm, folded);
   return undefined;
 }
@@ -95,8 +121,14 @@ export function encodeSiteProjections(
   if (read && nb === 1 && fusesSiteRead(ctx.device.backend) && fits(ctx.device.backend, ordered, read)) {
     return encodeFused(ctx, ordered, read, conv);
   }
-  if (read) encodeSiteRead(ctx, read.X, read.site, read.scratch, read.xn, nb, read.cfg, read.d, read.norm, read.folded);
+  if (read) encodeReadApart(ctx, read, nb);
   return encodeMatvecs(ctx, items, x, nb, conv ? { conv } : {});
+}
+
+/** The read on its own: the site's read kernel, or the plain residual's rms_norm_f32. */
+function encodeReadApart(ctx: EncodeContext, read: SiteRead, nb: number): void {
+  if (read.plain) encodeRmsNorm(ctx, read.X, read.norm.w, read.xn, nb, read.norm.eps, { centred: read.norm.centred ?? true });
+  else encodeSiteRead(ctx, read.X, read.site, read.scratch, read.xn, nb, read.cfg, read.d, read.norm, read.folded);
 }
 
 /** How many of `items` (bf16 first: encodeSiteProjections orders them) are bf16. */
@@ -107,15 +139,17 @@ const denseCountOf = (items: readonly Projection[]) => items.filter((it) => it.w
  * are bf16 alone), all of input width d, at most MATVEC_MULTI; and the forms the fused kernel
  * computes are the ones encodeMatvecs would choose for a decode row here (the q4 ones in the
  * rows form, the bf16 ones in the split form), so that a verify batch, which runs those, keeps
- * a decode step's bits.
+ * a decode step's bits (a plain read with anyForm: any bf16 and q4, in those forms).
  */
 function fits(backend: string, items: readonly Projection[], read: SiteRead): boolean {
-  const { d, cfg } = read;
-  if (d > MV_STAGE_COLS || d % 16 !== 0 || cfg.streams < 2 || cfg.streams > HC_MAX_STREAMS) return false;
+  const { d } = read;
+  if (d > MV_STAGE_COLS || d % 16 !== 0) return false;
+  if (!read.plain && (read.cfg.streams < 2 || read.cfg.streams > HC_MAX_STREAMS)) return false;
   if (items.length === 0 || items.length > MATVEC_MULTI) return false;
   const dense = denseCountOf(items);
   if (items.slice(dense).some((it) => it.w.dtype !== "q4")) return false;
   if (!items.every((it) => matrixShape(it.w, "site projections")[1] === d)) return false;
+  if (read.plain && read.anyForm) return true;
   const outs = (its: readonly Projection[]) => its.reduce((n, it) => n + it.w.shape[0]!, 0);
   if (dense < items.length && prefersSplit(backend, outs(items.slice(dense)), "q4")) return false;
   return dense === 0 || prefersSplit(backend, outs(items.slice(0, dense)), "bf16") || process.env.CHERENKOV_HC_READ_FUSED === "1";
@@ -129,7 +163,7 @@ function fits(backend: string, items: readonly Projection[], read: SiteRead): bo
 const tilesPerSimdgroup = () => Number(process.env.CHERENKOV_HC_READ_TILES ?? 2);
 
 function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: SiteRead, conv?: ProjectionConv): boolean {
-  const { d, cfg, site, norm } = read;
+  const { d, norm } = read;
   const denseCount = denseCountOf(items);
   const outs = items.map((it) => matrixShape(it.w, "site projections")[0]);
   const pad = <T>(a: T[]): T[] => [...a, ...Array<T>(MATVEC_MULTI - a.length).fill(a[a.length - 1]!)];
@@ -137,16 +171,27 @@ function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: Sit
   const denseTiles = outs.slice(0, denseCount).reduce((n, o) => n + Math.ceil(o / R), 0);
   const q4Tiles = outs.slice(denseCount).reduce((n, o) => n + Math.ceil(o / R), 0);
   // A threadgroup per bf16 tile (the split form's shape), READ_SIMDGROUPS q4 tiles a
-  // threadgroup, then the coefficients' threadgroup.
+  // threadgroup, then a site's coefficients' threadgroup (a plain read has none).
   const per = tilesPerSimdgroup();
   if (!Number.isInteger(per) || per < 1) throw new Error(`CHERENKOV_HC_READ_TILES=${per}: expected a positive integer`);
   const coeffTg = denseTiles + Math.ceil(q4Tiles / (READ_SIMDGROUPS * per));
   checkVector(norm.w, d, "site read norm");
-  if (read.folded.offset % 16 !== 0 || read.X.offset % 16 !== 0) throw new Error("site read: streams and partials must be 16-byte aligned");
+  if ((!read.plain && read.folded.offset % 16 !== 0) || read.X.offset % 16 !== 0) throw new Error("site read: streams and partials must be 16-byte aligned");
   const convIndex = conv && epilogueTakesConv(conv, d) ? items.indexOf(conv.of) : -1;
+  // A plain read has no site: its slots are bound to what the kernel reads or writes anyway
+  // (X as the partials, the norm weights as scale and base, xn as the coefficients), untouched.
+  const cfg = read.plain ? { streams: 1, sinkhorn_iters: 0, eps: 0 } : read.cfg;
+  const siteBindings = read.plain
+    ? [bind(read.X.buffer, read.X.offset), bind(norm.w.buffer, norm.w.offset), bind(norm.w.buffer, norm.w.offset), bind(read.xn.buffer, read.xn.offset)]
+    : [
+        bind(read.folded.buffer, read.folded.offset),
+        bind(read.site.scale.buffer, read.site.scale.offset),
+        bind(read.site.base.buffer, read.site.base.offset),
+        bind(read.scratch.coeffs.buffer, read.scratch.coeffs.offset),
+      ];
   dispatch(
     ctx,
-    "matvec_multi_q4_r1_read_f32",
+    read.plain ? "matvec_multi_q4_r1_norm_f32" : "matvec_multi_q4_r1_read_f32",
     Params.MatvecMultiRead,
     {
       in_dim: d,
@@ -160,7 +205,7 @@ function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: Sit
       eps: cfg.eps,
       centred: (norm.centred ?? true) ? 1 : 0,
       norm_eps: norm.eps,
-      chunks: d / 4,
+      chunks: read.plain ? 0 : d / 4,
       tiles_per_sg: per,
       conv_index: convIndex,
       conv_taps: convIndex >= 0 ? conv!.weight.shape[1]! : 0,
@@ -169,15 +214,12 @@ function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: Sit
       ...pad(items.map((it) => bind(it.w.buffer, it.w.offset))),
       bind(read.X.buffer, read.X.offset),
       ...pad(items.map((it) => bind(it.y.buffer, it.y.offset))),
-      bind(read.folded.buffer, read.folded.offset),
-      bind(site.scale.buffer, site.scale.offset),
-      bind(site.base.buffer, site.base.offset),
-      bind(read.scratch.coeffs.buffer, read.scratch.coeffs.offset),
+      ...siteBindings,
       bind(norm.w.buffer, norm.w.offset),
       bind(read.xn.buffer, read.xn.offset),
       ...convBindings(convIndex >= 0 ? conv : undefined, read.xn),
     ],
-    [coeffTg + 1, 1],
+    [read.plain ? coeffTg : coeffTg + 1, 1],
     [SIMD_WIDTH * READ_SIMDGROUPS, 1],
   );
   return convIndex >= 0;
