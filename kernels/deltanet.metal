@@ -2,7 +2,10 @@
 // of snapshot planes. With CHERENKOV_DELTANET_FUSE_ROWS=N (off by default: slower on the
 // H200, lib/gpu/deltanet.ts says why) batches of up to N rows run the mixer's conv,
 // recurrence and gated norm as two kernels instead (deltanet_conv_rows_f32, then
-// rms_norm_gated_conv_window_f32; lib/gpu/deltanet.ts encodeDeltaNetBlock).
+// rms_norm_gated_conv_window_f32; lib/gpu/deltanet.ts encodeDeltaNetBlock). With
+// CHERENKOV_DELTANET_NORM_FUSED=1 (off by default until timed) decode rows and verify batches
+// of the three-kernel form run the recurrence and the gated norm in one dispatch
+// (deltanet_rows_norm_f32: one threadgroup per value head).
 //
 // State S per sequence, stored [Hv][dv][dk]: the transpose of each head of lib/reference's
 // DeltaNetState.S ([Hv][dk][dv]), so that a column is contiguous. Column j of a value head's S
@@ -73,11 +76,29 @@ inline void dn_load_row(thread const DnInput& in, device const float* b, ulong b
   at = seq_row(a, a_stride, t)[h];
 }
 
+// Where deltanet_column puts o_j of row t (lane 0 stores it): the output rows o [nb][Hv*dv]
+// (device), or the head's rows [nb][dv] staged in threadgroup memory for the gated norm that
+// follows in the same threadgroup (deltanet_rows_norm_f32).
+struct DnRowsOut {
+  device float* o;
+  ulong stride;
+};
+struct DnStagedOut {
+  threadgroup float* o;
+};
+
+inline void dn_store_o(thread const DnRowsOut& out, uint t, uint h, uint j, uint dv, float oj) {
+  seq_row(out.o, out.stride, t)[h * dv + j] = oj;
+}
+inline void dn_store_o(thread const DnStagedOut& out, uint t, uint h, uint j, uint dv, float oj) {
+  out.o[t * dv + j] = oj;
+}
+
 // One simdgroup's state column j of value head h over the p.rows rows (grid: see below). A
 // lane holds at most PER rows of the column (dk <= 32 PER).
-template <bool CONV, uint PER, typename P>
+template <bool CONV, uint PER, typename P, typename OUT>
 inline void deltanet_column(constant P& p, thread const DnInput& in, device const float* b, device const float* a,
-                            device const float* A_log, device const float* dt_bias, device float* S, device float* o,
+                            device const float* A_log, device const float* dt_bias, device float* S, thread const OUT& o,
                             device float* snap, uint h, uint j, ushort lane) {
   const uint dk = uint(p.key_dim);
   const uint dv = uint(p.value_dim);
@@ -145,7 +166,7 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
       }
     }
     if (lane == 0) {
-      seq_row(o, p.o_stride, uint(t))[h * dv + j] = oj;
+      dn_store_o(o, uint(t), h, j, dv, oj);
     }
     if (t < p.snap_rows) {
       device float* plane = seq_row(snap, p.plane_stride, uint(t));
@@ -188,7 +209,56 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
     return;  // whole simdgroup: no SIMD function is left waiting
   }
   const DnInput in = {qkv, p.qkv_stride, qkv, qkv, 0u, 0};
-  deltanet_column<false, SEQ_MAX_PER_LANE>(p, in, b, a, A_log, dt_bias, S, o, snap, tg.y, j, lane);
+  const DnRowsOut out = {o, p.o_stride};
+  deltanet_column<false, SEQ_MAX_PER_LANE>(p, in, b, a, A_log, dt_bias, S, out, snap, tg.y, j, lane);
+}
+
+// Most rows and value dim of deltanet_rows_norm_f32 (its staged o: 2 KiB of threadgroup
+// memory), and the most rows of a state column a lane holds there (dk <= 128).
+#define DN_NORM_MAX_ROWS 4
+#define DN_NORM_MAX_DV 128
+#define DN_NORM_PER 4
+
+// deltanet_rows_f32 and rms_norm_gated_f32 in one dispatch (decode rows, verify batches): one
+// threadgroup per value head h, its simdgroups taking the head's dv state columns in turn
+// (column j: simdgroup j % simdgroups), each running deltanet_column over all rows with o
+// staged in threadgroup memory; after one barrier simdgroup r normalises row r, r + simdgroups..
+// (rms_norm_vector, as rms_norm_gated_f32). Both halves are the replaced kernels' arithmetic in
+// their order, so y, S and the snapshot planes are theirs bit for bit (a lane's PER = 4 rows
+// against 8 only drops guarded-off terms). y: o's place, [nb][Hv*dv] (in encodeDeltaNetBlock
+// the buffer the unfused o went to). The host keeps rows <= DN_NORM_MAX_ROWS, dv <=
+// DN_NORM_MAX_DV, dk <= 32 DN_NORM_PER. At most 512 threads (16 simdgroups, 8 columns each at
+// dv = 128): the CUDA bound of 1,024 leaves 64 registers a thread, and the norm's pointers,
+// live across the column loop, then spilled 16 bytes on sm_90 (73 registers at 512).
+[[max_total_threads_per_threadgroup(512)]] kernel void deltanet_rows_norm_f32(
+    constant DeltaNetNormParams& p [[buffer(0)]],
+    device const float* qkv        [[buffer(1)]],
+    device const float* b          [[buffer(2)]],
+    device const float* a          [[buffer(3)]],
+    device const float* A_log      [[buffer(4)]],
+    device const float* dt_bias    [[buffer(5)]],
+    device float* S                [[buffer(6)]],
+    device const float* norm_w     [[buffer(7)]],
+    device const float* z          [[buffer(8)]],
+    device float* y                [[buffer(9)]],
+    device float* snap             [[buffer(10)]],
+    uint h                         [[threadgroup_position_in_grid]],
+    ushort lane                    [[thread_index_in_simdgroup]],
+    ushort sg                      [[simdgroup_index_in_threadgroup]],
+    ushort nsg                     [[simdgroups_per_threadgroup]]) {
+  threadgroup float staged[DN_NORM_MAX_ROWS * DN_NORM_MAX_DV];  // o of row t at t * dv
+  const uint dv = uint(p.value_dim);
+  const DnInput in = {qkv, p.qkv_stride, qkv, qkv, 0u, 0};
+  const DnStagedOut out = {staged};
+  for (uint j = uint(sg); j < dv; j += uint(nsg)) {  // uniform per simdgroup
+    deltanet_column<false, DN_NORM_PER>(p, in, b, a, A_log, dt_bias, S, out, snap, h, j, lane);
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (uint t = uint(sg); t < uint(p.rows); t += uint(nsg)) {
+    const ulong head = ulong(h) * dv;
+    rms_norm_vector<true>(p.value_dim, p.eps, false, staged + t * dv, norm_w, seq_row(y, p.o_stride, t) + head,
+                          seq_row(z, p.z_stride, t) + head, lane);
+  }
 }
 
 // deltanet_rows_f32 with the causal conv + SiLU of conv_silu_rows_f32 formed where the
@@ -217,7 +287,8 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
   }
   const uint C = 2u * uint(p.key_heads) * uint(p.key_dim) + uint(p.value_heads) * uint(p.value_dim);
   const DnInput in = {x, p.qkv_stride, w, window, C, p.taps};
-  deltanet_column<true, DN_CONV_MAX_PER_LANE>(p, in, b, a, A_log, dt_bias, S, o, snap, tg.y, j, lane);
+  const DnRowsOut out = {o, p.o_stride};
+  deltanet_column<true, DN_CONV_MAX_PER_LANE>(p, in, b, a, A_log, dt_bias, S, out, snap, tg.y, j, lane);
 }
 
 // The DeltaNet mixer's tail after deltanet_conv_rows_f32, two independent jobs in one grid:

@@ -1,6 +1,6 @@
-// One RMSNorm vector per simdgroup (kernels/norm.metal, and the DeltaNet tail in
-// kernels/deltanet.metal): lanes stride over it, simd_sum joins the squares, no barriers.
-// In place is fine (each lane rewrites only the elements it read).
+// One RMSNorm vector per simdgroup (kernels/norm.metal, and the DeltaNet tail and
+// deltanet_rows_norm_f32 in kernels/deltanet.metal): lanes stride over it, simd_sum joins the
+// squares, no barriers. In place is fine (each lane rewrites only the elements it read).
 #pragma once
 #include <metal_stdlib>
 
@@ -11,7 +11,9 @@ using namespace metal;
 // rsqrt(mean(x^2) + eps) of a vector as one simdgroup forms it (every lane calls it and gets
 // it): lane l sums x[l]^2, x[l + 32]^2, ... in that order, simd_sum joins them. The plain read
 // of the projections that form their input (matvec.metal) calls it too, for the same bits.
-inline float rms_norm_scale(int dim, float eps, device const float* xv, ushort lane) {
+// X is the pointer to x: device memory, or threadgroup memory where a kernel staged x.
+template <typename X>
+inline float rms_norm_scale(int dim, float eps, X xv, ushort lane) {
   float ss = 0.0f;
   for (int c = int(lane); c < dim; c += 32) {
     float v = xv[c];
@@ -21,9 +23,10 @@ inline float rms_norm_scale(int dim, float eps, device const float* xv, ushort l
   return rsqrt(ss / float(dim) + eps);
 }
 
-// y = x * rsqrt(mean(x^2) + eps) * (centred ? 1 + w : w), times SiLU(z) when GATED.
-template <bool GATED>
-inline void rms_norm_vector(int dim, float eps, bool centred, device const float* xv, device const float* w,
+// y = x * rsqrt(mean(x^2) + eps) * (centred ? 1 + w : w), times SiLU(z) when GATED (the same
+// arithmetic whichever memory X points into).
+template <bool GATED, typename X>
+inline void rms_norm_vector(int dim, float eps, bool centred, X xv, device const float* w,
                             device float* yv, device const float* zv, ushort lane) {
   float r = rms_norm_scale(dim, eps, xv, lane);
   float offset = centred ? 1.0f : 0.0f;

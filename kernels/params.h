@@ -725,6 +725,45 @@ CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetParams, o_stride) == 56, "DeltaNetPa
 CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetParams, plane_stride) == 64, "DeltaNetParams.plane_stride: offset");
 #endif
 
+// DeltaNet recurrence and its gated RMSNorm in one dispatch: one threadgroup per value head, o staged in threadgroup memory.
+typedef struct {
+  int32_t rows;                  // offset 0: rows in the batch (nb <= DN_NORM_MAX_ROWS)
+  int32_t key_heads;             // offset 4
+  int32_t key_dim;               // offset 8
+  int32_t value_heads;           // offset 12
+  int32_t value_dim;             // offset 16: also the norm's dim (the norm weight's length)
+  int32_t snap_rows;             // offset 20: store S after each of the first snap_rows rows (0: none)
+  float q_scale;                 // offset 24: key_dim^-0.5
+  float l2_eps;                  // offset 28: eps of the q/k L2 normalisation (1e-6)
+  float eps;                     // offset 32: eps of the gated RMSNorm
+  uint32_t _pad0;                // offset 36
+  uint64_t qkv_stride;           // offset 40: bytes between rows of the conv output [q | k | v]
+  uint64_t b_stride;             // offset 48: bytes between rows of b (beta logits)
+  uint64_t a_stride;             // offset 56: bytes between rows of a (decay inputs)
+  uint64_t o_stride;             // offset 64: bytes between output rows (y: o normalised and gated)
+  uint64_t z_stride;             // offset 72: bytes between gate rows
+  uint64_t plane_stride;         // offset 80: bytes between snapshot planes of S
+} DeltaNetNormParams;
+CK_PARAMS_ASSERT(sizeof(DeltaNetNormParams) == 88, "DeltaNetNormParams: size");
+#ifndef __METAL_VERSION__
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetNormParams, rows) == 0, "DeltaNetNormParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetNormParams, key_heads) == 4, "DeltaNetNormParams.key_heads: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetNormParams, key_dim) == 8, "DeltaNetNormParams.key_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetNormParams, value_heads) == 12, "DeltaNetNormParams.value_heads: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetNormParams, value_dim) == 16, "DeltaNetNormParams.value_dim: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetNormParams, snap_rows) == 20, "DeltaNetNormParams.snap_rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetNormParams, q_scale) == 24, "DeltaNetNormParams.q_scale: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetNormParams, l2_eps) == 28, "DeltaNetNormParams.l2_eps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetNormParams, eps) == 32, "DeltaNetNormParams.eps: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetNormParams, _pad0) == 36, "DeltaNetNormParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetNormParams, qkv_stride) == 40, "DeltaNetNormParams.qkv_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetNormParams, b_stride) == 48, "DeltaNetNormParams.b_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetNormParams, a_stride) == 56, "DeltaNetNormParams.a_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetNormParams, o_stride) == 64, "DeltaNetNormParams.o_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetNormParams, z_stride) == 72, "DeltaNetNormParams.z_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(DeltaNetNormParams, plane_stride) == 80, "DeltaNetNormParams.plane_stride: offset");
+#endif
+
 // DeltaNet with the causal conv + SiLU formed where the recurrence reads q, k, v (the window only read).
 typedef struct {
   int32_t rows;                  // offset 0

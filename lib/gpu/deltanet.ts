@@ -4,7 +4,9 @@
 // planes (lib/gpu/snapshots.ts) for a verify batch's rollback. The projections before and
 // the output projection after are the dense kernels'. encodeDeltaNetBlock runs conv,
 // recurrence and gated RMSNorm as the three kernels, or as two fused dispatches for batches up
-// to CHERENKOV_DELTANET_FUSE_ROWS rows (off by default: DELTANET_FUSE_MAX_ROWS says why).
+// to CHERENKOV_DELTANET_FUSE_ROWS rows (off by default: DELTANET_FUSE_MAX_ROWS says why); in the
+// three-kernel form, CHERENKOV_DELTANET_NORM_FUSED=1 runs a decode row's or verify batch's
+// recurrence and gated RMSNorm as one dispatch (encodeDeltaNetNormed).
 import type { Binding, Buffer } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { SIMD_WIDTH, threadsWithin } from "./limits.ts";
@@ -258,6 +260,95 @@ export function encodeDeltaNet(ctx: EncodeContext, a: DeltaNetArgs): void {
   );
 }
 
+// ---- The recurrence and its gated RMSNorm in one dispatch -------------------------------
+// deltanet_rows_norm_f32: one threadgroup per value head runs the row scan's columns
+// (deltanet_column) with o staged in threadgroup memory, then rms_norm_gated_f32's norm of each
+// row; y, S and the snapshot planes equal deltanet_rows_f32 + rms_norm_gated_f32 bit for bit
+// (spec/kernels/deltanet-norm.test.ts). It saves the norm's dispatch (on the H200 ~6.9 us a
+// DeltaNet layer of a decode token, pure latency) at the price of one threadgroup per head
+// walking its dv columns in turn instead of dv / 4 threadgroups: not yet timed, so off by default.
+
+/** Most rows deltanet_rows_norm_f32 takes (DN_NORM_MAX_ROWS): the decode row and the MTP verify batch. */
+export const DELTANET_NORM_MAX_ROWS = 4;
+/** Largest value dim (DN_NORM_MAX_DV: the threadgroup memory of the staged o) and key dim (32 DN_NORM_PER) of deltanet_rows_norm_f32. */
+export const DELTANET_NORM_MAX_VALUE_DIM = 128;
+export const DELTANET_NORM_MAX_KEY_DIM = 128;
+/** Threads a threadgroup of deltanet_rows_norm_f32 asks (its bound in kernels/deltanet.metal): 16 simdgroups. */
+const DELTANET_NORM_THREADS = 512;
+
+/**
+ * Whether the three-kernel form runs a batch of up to DELTANET_NORM_MAX_ROWS rows' recurrence
+ * and gated norm as one dispatch: CHERENKOV_DELTANET_NORM_FUSED=1 on, =0 or unset off (the
+ * default until it is timed on the H200). Read at each call, so tests can force both forms.
+ */
+export function deltanetNormFused(): boolean {
+  const env = process.env.CHERENKOV_DELTANET_NORM_FUSED;
+  if (env === undefined || env === "" || env === "0") return false;
+  if (env === "1") return true;
+  throw new RangeError(`CHERENKOV_DELTANET_NORM_FUSED=${env}: expected 0 (two dispatches) or 1 (one)`);
+}
+
+/** The gated RMSNorm that follows the recurrence: gate rows z [nb][Hv*dv], the plain weight [dv], eps. */
+export interface DeltaNetNorm {
+  z: RowsRef;
+  weight: TensorRef;
+  eps: number;
+}
+
+/**
+ * encodeDeltaNet's row scan, then y = o * rsqrt(mean(o^2) + eps) * w * SiLU(z) per (row, value
+ * head) written over a.o (encodeRmsNormGated in place), in one dispatch: Hv threadgroups.
+ */
+export function encodeDeltaNetNormed(ctx: EncodeContext, a: DeltaNetArgs, norm: DeltaNetNorm): void {
+  checkDeltaNet(a);
+  const { keyHeads: Hk, keyDim: dk, valueHeads: Hv, valueDim: dv } = a;
+  const what = "deltanet (norm fused, deltanet_rows_norm_f32)";
+  if (a.rows > DELTANET_NORM_MAX_ROWS) throw new Error(`${what}: ${a.rows} rows exceed ${DELTANET_NORM_MAX_ROWS}`);
+  if (dv > DELTANET_NORM_MAX_VALUE_DIM) throw new Error(`${what}: value dim ${dv} exceeds ${DELTANET_NORM_MAX_VALUE_DIM} (its threadgroup memory holds ${DELTANET_NORM_MAX_ROWS} rows of at most ${DELTANET_NORM_MAX_VALUE_DIM})`);
+  if (dk > DELTANET_NORM_MAX_KEY_DIM) throw new Error(`${what}: key dim ${dk} exceeds ${DELTANET_NORM_MAX_KEY_DIM}`);
+  checkVector(norm.weight, dv, "deltanet norm");
+  const snap = snapshotArgs(a.snapshots, deltanetStateFloats(a), a.rows, a.state, "deltanet");
+  // Any number of simdgroups serves (each takes columns sg, sg + simdgroups, ..): a pipeline
+  // limit below 512 threads only lengthens their walk.
+  const threads = threadsWithin(ctx.device.pipeline("deltanet_rows_norm_f32"), Math.min(DELTANET_NORM_THREADS, SIMD_WIDTH * dv));
+  dispatch(
+    ctx,
+    "deltanet_rows_norm_f32",
+    Params.DeltaNetNorm,
+    {
+      rows: a.rows,
+      key_heads: Hk,
+      key_dim: dk,
+      value_heads: Hv,
+      value_dim: dv,
+      snap_rows: snap.snapRows,
+      q_scale: 1 / Math.sqrt(dk),
+      l2_eps: 1e-6,
+      eps: norm.eps,
+      qkv_stride: a.qkv.stride,
+      b_stride: a.b.stride,
+      a_stride: a.a.stride,
+      o_stride: a.o.stride,
+      z_stride: norm.z.stride,
+      plane_stride: snap.planeStride,
+    },
+    [
+      at(a.qkv),
+      at(a.b),
+      at(a.a),
+      bind(a.aLog.buffer, a.aLog.offset),
+      bind(a.dtBias.buffer, a.dtBias.offset),
+      a.state,
+      bind(norm.weight.buffer, norm.weight.offset),
+      at(norm.z),
+      at(a.o),
+      snap.binding,
+    ],
+    Hv,
+    threads,
+  );
+}
+
 export interface DeltaNetBlockArgs extends DeltaNetShape {
   rows: number;
   /** Projection rows [nb][C] (q | k | v before the conv), C = 2 Hk dk + Hv dv. */
@@ -290,6 +381,8 @@ export interface DeltaNetBlockArgs extends DeltaNetShape {
    * window are in place, x unwritten); the three-kernel form then starts at the recurrence.
    */
   convDone?: boolean;
+  /** Forces the recurrence and its gated norm into one dispatch or two (tests); default deltanetNormFused(). */
+  normFused?: boolean;
 }
 
 /**
@@ -331,7 +424,12 @@ export function encodeDeltaNetBlock(ctx: EncodeContext, a: DeltaNetBlockArgs, fu
   if (a.convDone && (fuse || a.rows !== 1 || a.snapshots)) throw new Error("deltanet: a conv done in the projection is for a decode row of the three-kernel form");
   if (!fuse) {
     if (!a.convDone) encodeConvSilu(ctx, { rows: a.rows, channels: C!, x: a.x, weight: a.convWeight, state: a.convState, y: a.convOut, snapshots: convSnap });
-    encodeDeltaNet(ctx, { ...shape, rows: a.rows, qkv: a.convOut, b: a.b, a: a.a, aLog: a.aLog, dtBias: a.dtBias, state: a.state, o: a.o, snapshots: sSnap, work: a.work, chunked: a.chunked });
+    const dn: DeltaNetArgs = { ...shape, rows: a.rows, qkv: a.convOut, b: a.b, a: a.a, aLog: a.aLog, dtBias: a.dtBias, state: a.state, o: a.o, snapshots: sSnap, work: a.work, chunked: a.chunked };
+    if (takesNormFused(ctx, a, dn)) {
+      encodeDeltaNetNormed(ctx, dn, { z: a.z, weight: a.normWeight, eps: a.eps });
+      return;
+    }
+    encodeDeltaNet(ctx, dn);
     encodeRmsNormGated(ctx, a.o, a.z, a.normWeight, a.o, a.rows, a.valueHeads, a.eps);
     return;
   }
@@ -390,6 +488,16 @@ export function encodeDeltaNetBlock(ctx: EncodeContext, a: DeltaNetBlockArgs, fu
     Math.max(Math.ceil((a.rows * Hv) / TAIL_SIMDGROUPS), Math.ceil(C! / tg)),
     tg,
   );
+}
+
+/**
+ * Whether the three-kernel form's recurrence and norm run as deltanet_rows_norm_f32: the option
+ * on (a.normFused, else deltanetNormFused()), up to DELTANET_NORM_MAX_ROWS rows, and the row scan
+ * chosen (prompt chunks, and batches the chunked form takes, keep their kernels).
+ */
+function takesNormFused(ctx: EncodeContext, a: DeltaNetBlockArgs, dn: DeltaNetArgs): boolean {
+  if (!(a.normFused ?? deltanetNormFused()) || a.rows > DELTANET_NORM_MAX_ROWS) return false;
+  return !(dn.chunked ?? deltanetTakesChunked(dn, deltanetChunkedMinRows(ctx.device.backend)));
 }
 
 /** Simdgroups per threadgroup of rms_norm_gated_conv_window_f32 (NORM_SG in kernels/norm.h). */

@@ -46,6 +46,27 @@ export const sequenceParams = {
       { name: "plane_stride", type: "u64", doc: "bytes between snapshot planes" },
     ],
   },
+  DeltaNetNorm: {
+    doc: "DeltaNet recurrence and its gated RMSNorm in one dispatch: one threadgroup per value head, o staged in threadgroup memory.",
+    fields: [
+      { name: "rows", type: "i32", doc: "rows in the batch (nb <= DN_NORM_MAX_ROWS)" },
+      { name: "key_heads", type: "i32" },
+      { name: "key_dim", type: "i32" },
+      { name: "value_heads", type: "i32" },
+      { name: "value_dim", type: "i32", doc: "also the norm's dim (the norm weight's length)" },
+      { name: "snap_rows", type: "i32", doc: "store S after each of the first snap_rows rows (0: none)" },
+      { name: "q_scale", type: "f32", doc: "key_dim^-0.5" },
+      { name: "l2_eps", type: "f32", doc: "eps of the q/k L2 normalisation (1e-6)" },
+      { name: "eps", type: "f32", doc: "eps of the gated RMSNorm" },
+      { name: "_pad0", type: "u32" },
+      { name: "qkv_stride", type: "u64", doc: "bytes between rows of the conv output [q | k | v]" },
+      { name: "b_stride", type: "u64", doc: "bytes between rows of b (beta logits)" },
+      { name: "a_stride", type: "u64", doc: "bytes between rows of a (decay inputs)" },
+      { name: "o_stride", type: "u64", doc: "bytes between output rows (y: o normalised and gated)" },
+      { name: "z_stride", type: "u64", doc: "bytes between gate rows" },
+      { name: "plane_stride", type: "u64", doc: "bytes between snapshot planes of S" },
+    ],
+  },
   DeltaNetConv: {
     doc: "DeltaNet with the causal conv + SiLU formed where the recurrence reads q, k, v (the window only read).",
     fields: [
