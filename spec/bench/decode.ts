@@ -15,7 +15,9 @@
  * makes every MoE layer resident: no handshakes), --drafts N (also
  * time speculative decoding), --model DIR, --only-model (skip the two built-in models; with
  * --model), --json (one JSON object on stdout), --no-round-trip (skip the bare event round trip:
- * its 400 signal/wait pairs would fill a CUDA profile of the run).
+ * its 400 signal/wait pairs would fill a CUDA profile of the run), --auto (also generate
+ * `--tokens` tokens through the Model API with `drafts: "auto"` and without, alternately, twice
+ * each after a warm-up: issue 18 asks that auto never be slower than plain).
  */
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -27,6 +29,7 @@ import { waitForSignal } from "../../lib/gpu/handshake.ts";
 import type { EngineOptions } from "../../lib/gpu/load.ts";
 import type { ResidentStats } from "../../lib/gpu/resident.ts";
 import type { LatencySummary, PhaseStats } from "../../lib/gpu/telemetry.ts";
+import { Model } from "../../lib/api/model.ts";
 import { openModel } from "../../lib/model/format.ts";
 import { defaultBackend, Device } from "../../lib/shim.ts";
 
@@ -47,6 +50,7 @@ const { values: opts } = parseArgs({
     "only-model": { type: "boolean", default: false },
     json: { type: "boolean", default: false },
     "no-round-trip": { type: "boolean", default: false },
+    auto: { type: "boolean", default: false },
   },
 });
 const log = (s: string) => {
@@ -116,6 +120,30 @@ interface ModelResult {
     /** Cycles whose preparing of the next ones ended after the GPU was done (the GPU waited on the host). */
     preparesOverran: number;
   };
+  /** --auto: decode tok/s through the Model API without drafts and with drafts "auto" (two runs each), and the counts auto chose. */
+  auto?: { plain: number[]; auto: number[]; steps: number[]; accepted: number; proposed: number };
+}
+
+/** Decode tok/s of `tokens` tokens after `prompt` through the Model API, plain and with drafts "auto", alternately. */
+async function autoDrafts(dir: string, prompt: number[]): Promise<NonNullable<ModelResult["auto"]>> {
+  const model = await Model.load(dir, { backend: backend as "cpu", engine: engineOptions(), prefillChunk: Math.max(prompt.length, 1) });
+  try {
+    const run = (drafts: "auto" | undefined) => model.generate(prompt, { maxTokens: tokens, stopAtEos: false, ...(drafts ? { drafts } : {}) });
+    await run(undefined);
+    await run("auto");
+    const out: NonNullable<ModelResult["auto"]> = { plain: [], auto: [], steps: [], accepted: 0, proposed: 0 };
+    for (let i = 0; i < 2; i++) {
+      out.plain.push((await run(undefined)).timings.tokensPerSecond);
+      const a = await run("auto");
+      out.auto.push(a.timings.tokensPerSecond);
+      out.steps = a.drafts?.steps ?? [];
+      out.accepted = a.drafts?.accepted ?? 0;
+      out.proposed = a.drafts?.proposed ?? 0;
+    }
+    return out;
+  } finally {
+    await model.close();
+  }
 }
 
 /** A deterministic prompt of in-vocabulary ids. */
@@ -219,6 +247,8 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
       };
       spec.dispose();
     }
+    await engine.close();
+    if (opts.auto) result.auto = await autoDrafts(dir, prompt);
     return result;
   } finally {
     await engine.close();
@@ -278,6 +308,12 @@ function printModel(r: ModelResult): void {
         `per cycle ${fmt(sp.commandsPerCycle, 1)} commands committed, ${fmt(sp.eventsPerCycle, 1)} signals + waits, ${fmt(sp.handshakesPerCycle, 1)} handshakes; ` +
         `${fmt(sp.msPerCycle, 3)} ms a cycle: ${["encode", "step", "gpu", "prepare"].map((k) => `${k} ${fmt(sp.phasesPerCycle[k] ?? 0, 3)}`).join(", ")} ms; ` +
         `${sp.preparesOverran} of ${sp.cycles} cycles' prepares ended after the GPU was done`,
+    );
+  const au = r.auto;
+  if (au)
+    log(
+      `drafts "auto" through the Model API: ${au.auto.map((x) => fmt(x, 1)).join(" / ")} tok/s against plain ${au.plain.map((x) => fmt(x, 1)).join(" / ")} ` +
+        `(${fmt(Math.min(...au.auto) / Math.max(...au.plain), 2)}x at worst); the last auto run's steps by draft count ${JSON.stringify(au.steps)}, accepted ${au.accepted}/${au.proposed}`,
     );
   log("\n| phase (per decode token) | ms |");
   log("|---|---|");
