@@ -286,9 +286,10 @@ export class Engine {
   private prepareCyclesFor(seq: SequenceState, pos0: number, k: number, sample: SampleRequest | undefined, running?: CommandBuffer): void {
     if (!StepRecordings.enabled || seq.disposed) return;
     this.dropPrepared(seq);
+    const most = preparedCyclesLimit();
     let held = 0;
     for (const a of this.likelyAccepts(k)) {
-      if (held > 0 && running && running.status !== "committed") return;
+      if (held >= most || (held > 0 && running && running.status !== "committed")) return;
       const rollback = a < k ? a : null;
       const key = this.cycleKey(rollback, a + 1, k);
       if (key === null) return;
@@ -785,4 +786,17 @@ export class EngineSequence {
     this.disposed = true;
     this.state.dispose();
   }
+}
+
+/**
+ * The most next cycles prepared while one runs (CHERENKOV_PREPARED_CYCLES=N, read at each
+ * cycle; default: every accept count, k + 1): each replay is host time (~0.25-0.35 ms a cycle
+ * on the H200's host), and one that ends after the GPU is done holds the next commit back
+ * (bench:decode's prepare-overran count says whether it does). 0 prepares none.
+ */
+export function preparedCyclesLimit(env: string | undefined = process.env.CHERENKOV_PREPARED_CYCLES): number {
+  if (env === undefined || env === "") return Infinity;
+  const n = Number(env);
+  if (!Number.isInteger(n) || n < 0) throw new Error(`CHERENKOV_PREPARED_CYCLES: "${env}" is not a count of cycles (an integer >= 0)`);
+  return n;
 }

@@ -9,7 +9,7 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { join } from "node:path";
 import type { SampleRequest } from "../../lib/api/backend.ts";
-import { Engine, type EngineSequence } from "../../lib/gpu/engine.ts";
+import { Engine, preparedCyclesLimit, type EngineSequence } from "../../lib/gpu/engine.ts";
 import { StepRecordings } from "../../lib/gpu/recorded-step.ts";
 import { fusesSiteRead } from "../../lib/gpu/site-read.ts";
 import { openModel, type ModelFiles } from "../../lib/model/format.ts";
@@ -107,6 +107,32 @@ for (const drafts of [2, 3]) {
     expect(replayed).toBeGreaterThanOrEqual(r.buffers.length - 1 - (drafts + 1));
   }, 120_000);
 }
+
+test("CHERENKOV_PREPARED_CYCLES caps the cycles prepared while one runs: 0 prepares none, 1 only the likeliest accept count; greedy's tokens either way", async () => {
+  expect(preparedCyclesLimit(undefined)).toBe(Infinity);
+  expect(preparedCyclesLimit("2")).toBe(2);
+  for (const bad of ["-1", "1.5", "many"]) expect(() => preparedCyclesLimit(bad)).toThrow(`CHERENKOV_PREPARED_CYCLES: "${bad}"`);
+  const saved = process.env.CHERENKOV_PREPARED_CYCLES;
+  try {
+    process.env.CHERENKOV_PREPARED_CYCLES = "0";
+    let before = engine.speculativeCycles;
+    const none = await speculative(engine.newSequence(), 2, N);
+    expect(none.tokens).toEqual(plain);
+    expect(engine.speculativeCycles.prepared - before.prepared).toBe(0);
+    process.env.CHERENKOV_PREPARED_CYCLES = "1";
+    before = engine.speculativeCycles;
+    const one = await speculative(engine.newSequence(), 2, N);
+    expect(one.tokens).toEqual(plain);
+    const used = engine.speculativeCycles.prepared - before.prepared;
+    // Only a cycle whose accept count was the one prepared commits a prepared buffer: some, not all.
+    expect(used).toBeGreaterThan(0);
+    expect(used).toBeLessThan(one.buffers.length - 1);
+    expect(one.buffers).toEqual(one.buffers.map(() => 1));
+  } finally {
+    if (saved === undefined) delete process.env.CHERENKOV_PREPARED_CYCLES;
+    else process.env.CHERENKOV_PREPARED_CYCLES = saved;
+  }
+}, 120_000);
 
 test("sampled drafts: a recorded and prepared cycle draws what a direct encode draws (the draw is live), and commits one buffer a cycle", async () => {
   const sample = (): SampleRequest => ({ params: samplingParams({ temperature: 0.8, topK: 20 }), seed: 7, counts: null, logprobs: null });
