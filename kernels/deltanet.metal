@@ -212,8 +212,8 @@ inline void dn_load_group(thread const DnInput& in, device const float* b, ulong
 #define DN_GROUP_SUMS(COLS) (2u * (COLS) + 3u)
 #define DN_GROUP_SUM4S(COLS) ((DN_GROUP_SUMS(COLS) + 3u) / 4u)
 
-// deltanet_column for the COLS adjacent columns j0 .. j0 + COLS - 1 of value head h in one
-// simdgroup (columns from dv on: guarded off), so that a simdgroup walking several columns makes
+// deltanet_column (conv output rows: no CONV form) for the COLS adjacent columns j0 .. j0 +
+// COLS - 1 of value head h in one simdgroup (columns from dv on: guarded off), so that a simdgroup walking several columns makes
 // one pass over the rows per COLS of them. What the columns share is loaded, and reduced, once
 // per row: the lane's q and k, b and a, |q|^2, |k|^2, q.k. Every other quantity is per column and
 // formed by deltanet_column's operations in its order (the partial sums as its float4 `part`
@@ -388,7 +388,7 @@ inline void deltanet_columns(constant P& p, thread const DnInput& in, device con
 // the unfused o went to). The host keeps rows <= DN_NORM_MAX_ROWS, dv <= DN_NORM_MAX_DV, dk <=
 // 32 DN_NORM_PER. At most 512 threads (16 simdgroups): the CUDA bound of 1,024 leaves 64
 // registers a thread, and the norm's pointers, live across the column loop, then spilled 16
-// bytes on sm_90 (73 registers at 512, COLS = 1).
+// bytes on sm_90 (at 512: 73 registers a thread at COLS = 1, 95 at 2, 111 at 4; no spills).
 template <uint COLS>
 [[max_total_threads_per_threadgroup(512)]] kernel void deltanet_rows_norm(
     constant DeltaNetNormParams& p [[buffer(0)]],
