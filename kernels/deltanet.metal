@@ -61,16 +61,23 @@ inline float dn_input(thread const DnInput& in, uint t, uint ch) {
   return seq_silu(acc);
 }
 
-// Row t's inputs of one state column: lane's q and k elements, v_j, and the head's b and a.
+// Row t's inputs that all state columns of value head h share: the lane's q and k elements.
 template <bool CONV, uint PER>
-inline void dn_load_row(thread const DnInput& in, device const float* b, ulong b_stride, device const float* a, ulong a_stride,
-                        uint t, uint h, uint q_off, uint k_off, uint v_off, uint dk, uint per, ushort lane,
-                        thread float* q, thread float* k, thread float& v, thread float& bt, thread float& at) {
+inline void dn_load_qk(thread const DnInput& in, uint t, uint q_off, uint k_off, uint dk, uint per, ushort lane,
+                       thread float* q, thread float* k) {
   CK_UNROLL for (uint m = 0; m < PER; m++) {
     const uint i = lane + 32u * m;
     q[m] = m < per && i < dk ? dn_input<CONV>(in, t, q_off + i) : 0.0f;
     k[m] = m < per && i < dk ? dn_input<CONV>(in, t, k_off + i) : 0.0f;
   }
+}
+
+// Row t's inputs of one state column: lane's q and k elements, v_j, and the head's b and a.
+template <bool CONV, uint PER>
+inline void dn_load_row(thread const DnInput& in, device const float* b, ulong b_stride, device const float* a, ulong a_stride,
+                        uint t, uint h, uint q_off, uint k_off, uint v_off, uint dk, uint per, ushort lane,
+                        thread float* q, thread float* k, thread float& v, thread float& bt, thread float& at) {
+  dn_load_qk<CONV, PER>(in, t, q_off, k_off, dk, per, lane, q, k);
   v = dn_input<CONV>(in, t, v_off);
   bt = seq_row(b, b_stride, t)[h];
   at = seq_row(a, a_stride, t)[h];
@@ -186,6 +193,154 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
   }
 }
 
+// Row t's inputs of the COLS adjacent columns from v_off's (deltanet_columns): the shared q, k, b
+// and a once, v of each of the `live` first columns (the rest 0).
+template <uint COLS, uint PER>
+inline void dn_load_group(thread const DnInput& in, device const float* b, ulong b_stride, device const float* a, ulong a_stride,
+                          uint t, uint h, uint q_off, uint k_off, uint v_off, uint dk, uint live, uint per, ushort lane,
+                          thread float* q, thread float* k, thread float* v, thread float& bt, thread float& at) {
+  dn_load_qk<false, PER>(in, t, q_off, k_off, dk, per, lane, q, k);
+  CK_UNROLL for (uint c = 0; c < COLS; c++) {
+    v[c] = c < live ? dn_input<false>(in, t, v_off + c) : 0.0f;
+  }
+  bt = seq_row(b, b_stride, t)[h];
+  at = seq_row(a, a_stride, t)[h];
+}
+
+// Floats deltanet_columns reduces per row for COLS columns (|q|^2, |k|^2, then S.k and S.q of
+// each column, then q.k), and the float4s they travel in (the last one zero-padded).
+#define DN_GROUP_SUMS(COLS) (2u * (COLS) + 3u)
+#define DN_GROUP_SUM4S(COLS) ((DN_GROUP_SUMS(COLS) + 3u) / 4u)
+
+// deltanet_column (conv output rows: no CONV form) for the COLS adjacent columns j0 .. j0 +
+// COLS - 1 of value head h in one simdgroup (columns from dv on: guarded off), so that a simdgroup walking several columns makes
+// one pass over the rows per COLS of them. What the columns share is loaded, and reduced, once
+// per row: the lane's q and k, b and a, |q|^2, |k|^2, q.k. Every other quantity is per column and
+// formed by deltanet_column's operations in its order (the partial sums as its float4 `part`
+// forms them, here in float2s: products first, then a vector add), and simd_sum is componentwise
+// on every backend (Metal; metal-shim's CPU and CUDA preludes), so a column's o, S and snapshot
+// planes are deltanet_column's bit for bit however the sums are packed into float4s.
+template <uint COLS, uint PER, typename P, typename OUT>
+inline void deltanet_columns(constant P& p, thread const DnInput& in, device const float* b, device const float* a,
+                             device const float* A_log, device const float* dt_bias, device float* S, thread const OUT& o,
+                             device float* snap, uint h, uint j0, ushort lane) {
+  const uint dk = uint(p.key_dim);
+  const uint dv = uint(p.value_dim);
+  const uint kh = h / uint(p.value_heads / p.key_heads);
+  const uint per = (dk + 31u) / 32u;
+  const uint q_off = kh * dk;
+  const uint k_off = uint(p.key_heads) * dk + kh * dk;
+  const uint v_off = 2u * uint(p.key_heads) * dk + h * dv + j0;
+  const ulong col0 = ulong(h) * dk * dv + ulong(j0) * dk;  // column j0 + c at col0 + c dk
+
+  float s[COLS * PER];  // [c][m]
+  float kr[PER];
+  CK_UNROLL for (uint c = 0; c < COLS; c++) {
+    CK_UNROLL for (uint m = 0; m < PER; m++) {
+      const uint i = lane + 32u * m;
+      s[c * PER + m] = j0 + c < dv && m < per && i < dk ? S[col0 + c * dk + i] : 0.0f;
+    }
+  }
+  CK_UNROLL for (uint m = 0; m < PER; m++) {
+    kr[m] = 0.0f;
+  }
+  const float A = exp(A_log[h]);
+  const float dtb = dt_bias[h];
+
+  // Row t + 1's inputs load during row t, as in deltanet_column.
+  float qn[PER], kn[PER], vn[COLS];
+  float bn = 0.0f, an = 0.0f;
+  if (p.rows > 0) {
+    dn_load_group<COLS, PER>(in, b, p.b_stride, a, p.a_stride, 0u, h, q_off, k_off, v_off, dk, dv - j0, per, lane, qn, kn, vn, bn, an);
+  }
+  for (int t = 0; t < p.rows; t++) {
+    float qc[PER], vc[COLS];
+    CK_UNROLL for (uint m = 0; m < PER; m++) {
+      qc[m] = qn[m];
+      kr[m] = kn[m];
+    }
+    CK_UNROLL for (uint c = 0; c < COLS; c++) {
+      vc[c] = vn[c];
+    }
+    const float bc = bn, ac = an;
+    if (t + 1 < p.rows) {
+      dn_load_group<COLS, PER>(in, b, p.b_stride, a, p.a_stride, uint(t + 1), h, q_off, k_off, v_off, dk, dv - j0, per, lane, qn, kn, vn, bn, an);
+    }
+    float2 norms = float2(0.0f);  // |q|^2, |k|^2
+    float2 dots[COLS];            // S.k, S.q of each column
+    float qk = 0.0f;
+    CK_UNROLL for (uint c = 0; c < COLS; c++) {
+      dots[c] = float2(0.0f);
+    }
+    CK_UNROLL for (uint m = 0; m < PER; m++) {
+      if (m < per) {
+        const float qi = qc[m];
+        const float ki = kr[m];
+        norms = norms + float2(qi * qi, ki * ki);
+        CK_UNROLL for (uint c = 0; c < COLS; c++) {
+          dots[c] = dots[c] + float2(s[c * PER + m] * ki, s[c * PER + m] * qi);
+        }
+        qk = fma(qi, ki, qk);
+      }
+    }
+    float sums[4u * DN_GROUP_SUM4S(COLS)];
+    sums[0] = norms.x;
+    sums[1] = norms.y;
+    CK_UNROLL for (uint c = 0; c < COLS; c++) {
+      sums[2u + 2u * c] = dots[c].x;
+      sums[3u + 2u * c] = dots[c].y;
+    }
+    CK_UNROLL for (uint i = DN_GROUP_SUMS(COLS) - 1u; i < 4u * DN_GROUP_SUM4S(COLS); i++) {
+      sums[i] = 0.0f;
+    }
+    sums[DN_GROUP_SUMS(COLS) - 1u] = qk;
+    CK_UNROLL for (uint r = 0; r < DN_GROUP_SUM4S(COLS); r++) {
+      const float4 sum = simd_sum(float4(sums[4u * r], sums[4u * r + 1u], sums[4u * r + 2u], sums[4u * r + 3u]));
+      sums[4u * r] = sum.x;
+      sums[4u * r + 1u] = sum.y;
+      sums[4u * r + 2u] = sum.z;
+      sums[4u * r + 3u] = sum.w;
+    }
+    const float rq = rsqrt(sums[0] + p.l2_eps) * p.q_scale;
+    const float rk = rsqrt(sums[1] + p.l2_eps);
+    const float beta = seq_sigmoid(bc);
+    const float decay = exp(-A * seq_softplus(ac + dtb));
+    const float qk_sum = sums[DN_GROUP_SUMS(COLS) - 1u];
+    CK_UNROLL for (uint c = 0; c < COLS; c++) {
+      const float mj = decay * rk * sums[2u + 2u * c];
+      const float delta = beta * (vc[c] - mj);
+      const float oj = decay * rq * sums[3u + 2u * c] + delta * (rq * rk * qk_sum);
+      const float kd = rk * delta;
+      CK_UNROLL for (uint m = 0; m < PER; m++) {
+        if (m < per) {
+          s[c * PER + m] = fma(decay, s[c * PER + m], kr[m] * kd);
+        }
+      }
+      const bool live = j0 + c < dv;
+      if (lane == 0 && live) {
+        dn_store_o(o, uint(t), h, j0 + c, dv, oj);
+      }
+      if (t < p.snap_rows && live) {
+        device float* plane = seq_row(snap, p.plane_stride, uint(t));
+        CK_UNROLL for (uint m = 0; m < PER; m++) {
+          const uint i = lane + 32u * m;
+          if (m < per && i < dk) {
+            plane[col0 + c * dk + i] = s[c * PER + m];
+          }
+        }
+      }
+    }
+  }
+  CK_UNROLL for (uint c = 0; c < COLS; c++) {
+    CK_UNROLL for (uint m = 0; m < PER; m++) {
+      const uint i = lane + 32u * m;
+      if (j0 + c < dv && m < per && i < dk) {
+        S[col0 + c * dk + i] = s[c * PER + m];
+      }
+    }
+  }
+}
+
 // Grid: (ceil(dv / simdgroups per threadgroup), Hv) threadgroups of 32 x simdgroups threads.
 // Inputs: the conv output qkv [nb][q: Hk*dk | k: Hk*dk | v: Hv*dv] (after SiLU, not yet
 // normalised), b and a [nb][Hv] (raw projections), A_log and dt_bias [Hv].
@@ -220,17 +375,22 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
 #define DN_NORM_PER 4
 
 // deltanet_rows_f32 and rms_norm_gated_f32 in one dispatch (decode rows, verify batches): one
-// threadgroup per value head h, its simdgroups taking the head's dv state columns in turn
-// (column j: simdgroup j % simdgroups), each running deltanet_column over all rows with o
-// staged in threadgroup memory; after one barrier simdgroup r normalises row r, r + simdgroups..
-// (rms_norm_vector, as rms_norm_gated_f32). Both halves are the replaced kernels' arithmetic in
-// their order, so y, S and the snapshot planes are theirs bit for bit (a lane's PER = 4 rows
-// against 8 only drops guarded-off terms). y: o's place, [nb][Hv*dv] (in encodeDeltaNetBlock
-// the buffer the unfused o went to). The host keeps rows <= DN_NORM_MAX_ROWS, dv <=
-// DN_NORM_MAX_DV, dk <= 32 DN_NORM_PER. At most 512 threads (16 simdgroups, 8 columns each at
-// dv = 128): the CUDA bound of 1,024 leaves 64 registers a thread, and the norm's pointers,
-// live across the column loop, then spilled 16 bytes on sm_90 (73 registers at 512).
-[[max_total_threads_per_threadgroup(512)]] kernel void deltanet_rows_norm_f32(
+// threadgroup per value head h, its simdgroups taking the head's dv state columns in groups of
+// COLS adjacent ones (group g: columns COLS g ..; simdgroup g % simdgroups), each running
+// deltanet_column (COLS = 1) or deltanet_columns over all rows with o staged in threadgroup
+// memory; after one barrier simdgroup r normalises row r, r + simdgroups.. (rms_norm_vector, as
+// rms_norm_gated_f32). Both halves are the replaced kernels' arithmetic in their order, so y, S
+// and the snapshot planes are theirs bit for bit, for every COLS (a lane's PER = 4 rows against
+// 8 only drops guarded-off terms). COLS trades registers for passes: at the 30b shape (dv 128,
+// 16 simdgroups) a simdgroup walks 8 columns, one after another at COLS = 1 (8 chains of memory
+// round trips), in 4 or 2 passes at COLS = 2 or 4 (lib/gpu/deltanet.ts
+// CHERENKOV_DELTANET_NORM_COLS). y: o's place, [nb][Hv*dv] (in encodeDeltaNetBlock the buffer
+// the unfused o went to). The host keeps rows <= DN_NORM_MAX_ROWS, dv <= DN_NORM_MAX_DV, dk <=
+// 32 DN_NORM_PER. At most 512 threads (16 simdgroups): the CUDA bound of 1,024 leaves 64
+// registers a thread, and the norm's pointers, live across the column loop, then spilled 16
+// bytes on sm_90 (at 512: 73 registers a thread at COLS = 1, 95 at 2, 111 at 4; no spills).
+template <uint COLS>
+[[max_total_threads_per_threadgroup(512)]] kernel void deltanet_rows_norm(
     constant DeltaNetNormParams& p [[buffer(0)]],
     device const float* qkv        [[buffer(1)]],
     device const float* b          [[buffer(2)]],
@@ -250,8 +410,12 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
   const uint dv = uint(p.value_dim);
   const DnInput in = {qkv, p.qkv_stride, qkv, qkv, 0u, 0};
   const DnStagedOut out = {staged};
-  for (uint j = uint(sg); j < dv; j += uint(nsg)) {  // uniform per simdgroup
-    deltanet_column<false, DN_NORM_PER>(p, in, b, a, A_log, dt_bias, S, out, snap, h, j, lane);
+  for (uint j = uint(sg) * COLS; j < dv; j += uint(nsg) * COLS) {  // uniform per simdgroup
+    if (COLS == 1u) {
+      deltanet_column<false, DN_NORM_PER>(p, in, b, a, A_log, dt_bias, S, out, snap, h, j, lane);
+    } else {
+      deltanet_columns<COLS, DN_NORM_PER>(p, in, b, a, A_log, dt_bias, S, out, snap, h, j, lane);
+    }
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
   for (uint t = uint(sg); t < uint(p.rows); t += uint(nsg)) {
@@ -260,6 +424,10 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
                           seq_row(z, p.z_stride, t) + head, lane);
   }
 }
+
+template [[host_name("deltanet_rows_norm_f32")]] kernel decltype(deltanet_rows_norm<1>) deltanet_rows_norm<1>;
+template [[host_name("deltanet_rows_norm_c2_f32")]] kernel decltype(deltanet_rows_norm<2>) deltanet_rows_norm<2>;
+template [[host_name("deltanet_rows_norm_c4_f32")]] kernel decltype(deltanet_rows_norm<4>) deltanet_rows_norm<4>;
 
 // deltanet_rows_f32 with the causal conv + SiLU of conv_silu_rows_f32 formed where the
 // recurrence reads q, k and v (DnInput): x is the projection rows [nb][C] (C = 2 Hk dk + Hv dv),

@@ -267,6 +267,8 @@ export function encodeDeltaNet(ctx: EncodeContext, a: DeltaNetArgs): void {
 // (spec/kernels/deltanet-norm.test.ts). It saves the norm's dispatch (on the H200 ~6.9 us a
 // DeltaNet layer of a decode token, pure latency) at the price of one threadgroup per head
 // walking its dv columns in turn instead of dv / 4 threadgroups: not yet timed, so off by default.
+// A simdgroup walks its columns COLS at a time (deltanet_rows_norm_c2_f32, _c4_f32: the row's
+// shared loads and sums once for COLS columns, same bits): CHERENKOV_DELTANET_NORM_COLS.
 
 /** Most rows deltanet_rows_norm_f32 takes (DN_NORM_MAX_ROWS): the decode row and the MTP verify batch. */
 export const DELTANET_NORM_MAX_ROWS = 4;
@@ -286,6 +288,39 @@ export function deltanetNormFused(): boolean {
   if (env === undefined || env === "" || env === "0") return false;
   if (env === "1") return true;
   throw new RangeError(`CHERENKOV_DELTANET_NORM_FUSED=${env}: expected 0 (two dispatches) or 1 (one)`);
+}
+
+/** Columns a simdgroup of deltanet_rows_norm_f32 takes at once, and the kernel of each (kernels/deltanet.metal). */
+export type DeltaNetNormCols = 1 | 2 | 4;
+export const DELTANET_NORM_KERNEL: Record<DeltaNetNormCols, string> = {
+  1: "deltanet_rows_norm_f32",
+  2: "deltanet_rows_norm_c2_f32",
+  4: "deltanet_rows_norm_c4_f32",
+};
+
+/**
+ * CHERENKOV_DELTANET_NORM_COLS: 1, 2 or 4 forces the columns a simdgroup of the fused kernel
+ * walks at once; unset, undefined (deltanetNormColsFor chooses). Read at each call.
+ */
+export function deltanetNormCols(): DeltaNetNormCols | undefined {
+  const env = process.env.CHERENKOV_DELTANET_NORM_COLS;
+  if (env === undefined || env === "") return undefined;
+  if (env === "1" || env === "2" || env === "4") return Number(env) as DeltaNetNormCols;
+  throw new RangeError(`CHERENKOV_DELTANET_NORM_COLS=${env}: expected 1, 2 or 4 (state columns a simdgroup walks at once)`);
+}
+
+/**
+ * The default columns at once: the largest of 4 and 2 that divides the columns each of
+ * `simdgroups` simdgroups walks (dv / simdgroups, when whole), else 1; encodeDeltaNetNormed
+ * asks with the simdgroups of its 512-thread bound (a lower pipeline limit, e.g. 256 threads,
+ * only doubles each one's columns). Every COLS fits sm_90's 128 registers a thread at 512
+ * threads without spills (111 at 4); at the 30b shape (dv 128, 16 simdgroups: 8 columns each)
+ * that is 4, two passes over the rows instead of eight. Not yet timed.
+ */
+export function deltanetNormColsFor(dv: number, simdgroups: number): DeltaNetNormCols {
+  if (dv % simdgroups !== 0) return 1;
+  const each = dv / simdgroups;
+  return each % 4 === 0 ? 4 : each % 2 === 0 ? 2 : 1;
 }
 
 /** The gated RMSNorm that follows the recurrence: gate rows z [nb][Hv*dv], the plain weight [dv], eps. */
@@ -308,12 +343,14 @@ export function encodeDeltaNetNormed(ctx: EncodeContext, a: DeltaNetArgs, norm: 
   if (dk > DELTANET_NORM_MAX_KEY_DIM) throw new Error(`${what}: key dim ${dk} exceeds ${DELTANET_NORM_MAX_KEY_DIM}`);
   checkVector(norm.weight, dv, "deltanet norm");
   const snap = snapshotArgs(a.snapshots, deltanetStateFloats(a), a.rows, a.state, "deltanet");
-  // Any number of simdgroups serves (each takes columns sg, sg + simdgroups, ..): a pipeline
-  // limit below 512 threads only lengthens their walk.
-  const threads = threadsWithin(ctx.device.pipeline("deltanet_rows_norm_f32"), Math.min(DELTANET_NORM_THREADS, SIMD_WIDTH * dv));
+  // Any number of simdgroups serves (each takes column groups sg, sg + simdgroups, ..): a
+  // pipeline limit below 512 threads only lengthens their walk. No more simdgroups than groups.
+  const cols = deltanetNormCols() ?? deltanetNormColsFor(dv, Math.min(DELTANET_NORM_THREADS / SIMD_WIDTH, dv));
+  const kernel = DELTANET_NORM_KERNEL[cols];
+  const threads = threadsWithin(ctx.device.pipeline(kernel), Math.min(DELTANET_NORM_THREADS, SIMD_WIDTH * Math.ceil(dv / cols)));
   dispatch(
     ctx,
-    "deltanet_rows_norm_f32",
+    kernel,
     Params.DeltaNetNorm,
     {
       rows: a.rows,

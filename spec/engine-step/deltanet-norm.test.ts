@@ -4,9 +4,12 @@
 // the prompt's step (more than 4 rows) keeps its kernels; the tokens stay the golden ones, with
 // recorded steps replayed (every replay checked against a fresh encode), and a speculative run
 // on the shipped tiny model (verify batches of 3 and 4 rows with snapshot planes) equals greedy.
+// All of it for every number of columns a simdgroup walks at once (CHERENKOV_DELTANET_NORM_COLS
+// 1, 2, 4: deltanet_rows_norm_f32, _c2_f32, _c4_f32), which changes nothing else.
 import { afterAll, describe, expect, test } from "bun:test";
 import { rmSync } from "node:fs";
 import { join } from "node:path";
+import { DELTANET_NORM_KERNEL, type DeltaNetNormCols } from "../../lib/gpu/deltanet.ts";
 import { Engine, type EngineSequence } from "../../lib/gpu/engine.ts";
 import { StepRecordings } from "../../lib/gpu/recorded-step.ts";
 import { openModel } from "../../lib/model/format.ts";
@@ -23,20 +26,28 @@ afterAll(() => {
   StepRecordings.enabled = true;
 });
 
-/** Runs `body` with CHERENKOV_DELTANET_NORM_FUSED set to `value`, restoring it after. */
-async function withOption<T>(value: "0" | "1", body: () => Promise<T>): Promise<T> {
-  const before = process.env.CHERENKOV_DELTANET_NORM_FUSED;
+const COLS: DeltaNetNormCols[] = [1, 2, 4];
+/** Every variant of the fused kernel: a run must dispatch only the one its COLS names. */
+const NORM_KERNELS = Object.values(DELTANET_NORM_KERNEL);
+
+/** Runs `body` with CHERENKOV_DELTANET_NORM_FUSED set to `value` (and CHERENKOV_DELTANET_NORM_COLS to `cols`, else unset), restoring both after. */
+async function withOption<T>(value: "0" | "1", body: () => Promise<T>, cols?: DeltaNetNormCols): Promise<T> {
+  const before = { fused: process.env.CHERENKOV_DELTANET_NORM_FUSED, cols: process.env.CHERENKOV_DELTANET_NORM_COLS };
   process.env.CHERENKOV_DELTANET_NORM_FUSED = value;
+  if (cols === undefined) delete process.env.CHERENKOV_DELTANET_NORM_COLS;
+  else process.env.CHERENKOV_DELTANET_NORM_COLS = String(cols);
   try {
     return await body();
   } finally {
-    if (before === undefined) delete process.env.CHERENKOV_DELTANET_NORM_FUSED;
-    else process.env.CHERENKOV_DELTANET_NORM_FUSED = before;
+    for (const [name, was] of [["CHERENKOV_DELTANET_NORM_FUSED", before.fused], ["CHERENKOV_DELTANET_NORM_COLS", before.cols]] as const) {
+      if (was === undefined) delete process.env[name];
+      else process.env[name] = was;
+    }
   }
 }
 
 /** Greedy tokens of golden case `name` and the dispatches of its prompt's step and its decode steps; `recorded`: steps replayed (and checked). */
-async function decode(dir: string, name: string, option: "0" | "1", recorded: boolean) {
+async function decode(dir: string, name: string, option: "0" | "1", recorded: boolean, cols?: DeltaNetNormCols) {
   const c = goldenCases.find((x) => x.name === name)!;
   return withOption(option, async () => {
     const enabled = StepRecordings.enabled;
@@ -61,53 +72,55 @@ async function decode(dir: string, name: string, option: "0" | "1", recorded: bo
       StepRecordings.enabled = enabled;
       StepRecordings.check = false;
     }
-  });
+  }, cols);
 }
 
 const count = (seen: Map<string, number>, name: string) => seen.get(name) ?? 0;
 const total = (seen: Map<string, number>) => [...seen.values()].reduce((a, b) => a + b, 0);
 
 describe("CHERENKOV_DELTANET_NORM_FUSED=1: one dispatch fewer a DeltaNet layer of a decode step, golden tokens", () => {
-  test.each(["tiny-all-s1", "tiny-plain-s4"])("%s", async (name) => {
+  test.each(["tiny-all-s1", "tiny-plain-s4"])("%s, COLS 1, 2 and 4", async (name) => {
     const c = goldenCases.find((x) => x.name === name)!;
     const dir = await buildGoldenModel(c);
     dirs.push(dir);
     const want = await goldenRecord(name);
     // Every step encoded afresh, so every dispatch is seen (a recorded step replays its tape).
-    const fused = await decode(dir, name, "1", false);
     const plain = await decode(dir, name, "0", false);
-    expect(fused.tokens).toEqual(want.tokens);
     expect(plain.tokens).toEqual(want.tokens);
-    const layers = fused.config.layer_types.filter((t) => t === "deltanet").length;
+    const layers = plain.config.layer_types.filter((t) => t === "deltanet").length;
     expect(layers).toBeGreaterThan(0);
-    const steps = fused.steps;
-    expect(count(fused.seen, "deltanet_rows_norm_f32")).toBe(layers * steps);
-    expect(count(fused.seen, "deltanet_rows_f32")).toBe(0);
-    expect(count(fused.seen, "rms_norm_gated_f32")).toBe(0);
-    expect(count(plain.seen, "deltanet_rows_norm_f32")).toBe(0);
+    const steps = plain.steps;
+    for (const kernel of NORM_KERNELS) expect(count(plain.seen, kernel)).toBe(0);
     expect(count(plain.seen, "deltanet_rows_f32")).toBe(layers * steps);
     expect(count(plain.seen, "rms_norm_gated_f32")).toBe(layers * steps);
-    expect(total(plain.seen) - total(fused.seen)).toBe(layers * steps);
-    // The decode row's conv ran in the qkv projection's epilogue (convDone): no conv dispatch.
-    expect(count(fused.seen, "conv_silu_rows_f32")).toBe(0);
-    // Nothing else changed: the other pipelines' counts are the same.
-    const others = (seen: Map<string, number>) => [...seen].filter(([k]) => !["deltanet_rows_norm_f32", "deltanet_rows_f32", "rms_norm_gated_f32"].includes(k)).sort();
-    expect(others(fused.seen)).toEqual(others(plain.seen));
-    // The prompt's step (more rows than the kernel takes) keeps the two kernels.
-    expect(c.prompt.length).toBeGreaterThan(4);
-    expect(fused.prompt).toEqual(plain.prompt);
-    expect(count(fused.prompt, "deltanet_rows_norm_f32")).toBe(0);
-  }, 300_000);
+    for (const cols of COLS) {
+      const fused = await decode(dir, name, "1", false, cols);
+      expect(fused.tokens).toEqual(want.tokens);
+      for (const kernel of NORM_KERNELS) expect(count(fused.seen, kernel)).toBe(kernel === DELTANET_NORM_KERNEL[cols] ? layers * steps : 0);
+      expect(count(fused.seen, "deltanet_rows_f32")).toBe(0);
+      expect(count(fused.seen, "rms_norm_gated_f32")).toBe(0);
+      expect(total(plain.seen) - total(fused.seen)).toBe(layers * steps);
+      // The decode row's conv ran in the qkv projection's epilogue (convDone): no conv dispatch.
+      expect(count(fused.seen, "conv_silu_rows_f32")).toBe(0);
+      // Nothing else changed: the other pipelines' counts are the same.
+      const others = (seen: Map<string, number>) => [...seen].filter(([k]) => ![...NORM_KERNELS, "deltanet_rows_f32", "rms_norm_gated_f32"].includes(k)).sort();
+      expect(others(fused.seen)).toEqual(others(plain.seen));
+      // The prompt's step (more rows than the kernel takes) keeps the two kernels.
+      expect(c.prompt.length).toBeGreaterThan(4);
+      expect(fused.prompt).toEqual(plain.prompt);
+      for (const kernel of NORM_KERNELS) expect(count(fused.prompt, kernel)).toBe(0);
+    }
+  }, 600_000);
 
-  test("recorded steps replay the fused kernel (every replay checked word for word); golden tokens", async () => {
+  test.each(COLS)("recorded steps replay the fused kernel (every replay checked word for word); golden tokens; COLS %i", async (cols) => {
     const c = goldenCases.find((x) => x.name === "tiny-all-s1")!;
     const dir = await buildGoldenModel(c);
     dirs.push(dir);
-    const r = await decode(dir, c.name, "1", true);
+    const r = await decode(dir, c.name, "1", true, cols);
     expect(r.tokens).toEqual((await goldenRecord(c.name)).tokens);
     expect(r.replayed).toBeGreaterThan(0);
     const layers = r.config.layer_types.filter((t) => t === "deltanet").length;
-    expect(count(r.seen, "deltanet_rows_norm_f32")).toBe(layers * r.steps); // replayed from the tape or encoded
+    expect(count(r.seen, DELTANET_NORM_KERNEL[cols])).toBe(layers * r.steps); // replayed from the tape or encoded
     expect(count(r.seen, "rms_norm_gated_f32")).toBe(0);
   }, 300_000);
 });
@@ -137,7 +150,7 @@ describe("CHERENKOV_DELTANET_NORM_FUSED=1: speculative decoding on qwen4-exp-tin
     return { tokens: tokens.slice(0, n), accepts };
   }
 
-  test("2 and 3 drafts (verify batches of 3 and 4 rows, snapshot planes, rollbacks), cycles replayed and checked", async () => {
+  test.each(COLS)("2 and 3 drafts (verify batches of 3 and 4 rows, snapshot planes, rollbacks), cycles replayed and checked; COLS %i", async (cols) => {
     const prompt = (await loadTokenizer(DIR)).encode("The cat sat on the mat. The dog sat on the");
     const files = await openModel(DIR);
     StepRecordings.check = true;
@@ -164,14 +177,17 @@ describe("CHERENKOV_DELTANET_NORM_FUSED=1: speculative decoding on qwen4-exp-tin
             // Partial accepts (rollbacks to a snapshot plane) and full ones.
             expect(r!.accepts.some((a) => a < drafts)).toBe(true);
             expect(r!.accepts.some((a) => a > 0)).toBe(true);
-            // The verify batches' DeltaNet layers ran the fused kernel (the prompt's step, counted
-            // too, its two kernels).
-            expect(seen.get("deltanet_rows_norm_f32") ?? 0).toBeGreaterThan(0);
+            // The verify batches' DeltaNet layers ran the fused kernel of this COLS (the prompt's
+            // step, counted too, its two kernels).
+            for (const kernel of NORM_KERNELS) {
+              if (kernel === DELTANET_NORM_KERNEL[cols]) expect(seen.get(kernel) ?? 0).toBeGreaterThan(0);
+              else expect(seen.get(kernel) ?? 0).toBe(0);
+            }
           }
         } finally {
           await engine.close();
         }
-      });
+      }, cols);
     } finally {
       StepRecordings.check = false;
       files.close();

@@ -2,20 +2,26 @@
 // RMSNorm in one dispatch, one threadgroup per value head) against the two kernels it replaces
 // (deltanet_rows_f32, then rms_norm_gated_f32 in place) bit for bit: y, the final S and the
 // snapshot planes, over value dims 8 to 128, Hv/Hk 1, 2 and 4, rows 1..4, with and without
-// snapshot rows; again under a 256-thread pipeline limit (CHERENKOV_CPU_MAX_THREADS, the limit
-// spec/native/apple-limits.test.ts holds the engine to), where a simdgroup walks more columns.
-// Then encodeDeltaNetBlock's choice of form (CHERENKOV_DELTANET_NORM_FUSED) and its refusals.
+// snapshot rows, for every number of columns a simdgroup walks at once (COLS 1, 2, 4:
+// CHERENKOV_DELTANET_NORM_COLS, kernels deltanet_rows_norm_f32, _c2_f32, _c4_f32); again under a
+// 256-thread pipeline limit (CHERENKOV_CPU_MAX_THREADS, the limit spec/native/apple-limits.test.ts
+// holds the engine to), where a simdgroup walks more columns. Then the COLS option and its
+// default, and encodeDeltaNetBlock's choice of form (CHERENKOV_DELTANET_NORM_FUSED) and its refusals.
 import { afterAll, describe, expect, test } from "bun:test";
 import { join } from "node:path";
 
 import {
+  DELTANET_NORM_KERNEL,
   DELTANET_NORM_MAX_ROWS,
+  deltanetNormCols,
+  deltanetNormColsFor,
   deltanetNormFused,
   deltanetStateToGpu,
   encodeDeltaNet,
   encodeDeltaNetBlock,
   encodeDeltaNetNormed,
   type DeltaNetArgs,
+  type DeltaNetNormCols,
   type DeltaNetShape,
 } from "../../lib/gpu/deltanet.ts";
 import type { EncodeContext } from "../../lib/gpu/dispatch.ts";
@@ -30,6 +36,20 @@ afterAll(() => dev.close());
 
 const EPS = 1e-6;
 const KERNEL = "deltanet_rows_norm_f32";
+const COLS: DeltaNetNormCols[] = [1, 2, 4];
+
+/** Runs `body` with environment variable `name` set to `value` (unset: undefined), restoring it after. */
+function withEnvVar<T>(name: string, value: string | undefined, body: () => T): T {
+  const before = process.env[name];
+  if (value === undefined) delete process.env[name];
+  else process.env[name] = value;
+  try {
+    return body();
+  } finally {
+    if (before === undefined) delete process.env[name];
+    else process.env[name] = before;
+  }
+}
 
 /** A recurrence case with the gated norm's inputs: gate rows z and the plain weight [dv]. */
 interface NormCase extends DnCase {
@@ -98,14 +118,15 @@ function runSeen(encode: (ctx: EncodeContext) => void): { names: string[]; threa
   return { names, threads };
 }
 
-/** Fused and unfused on two copies of the case; y, S and every snapshot plane bit for bit. */
-function expectFusedEqualsPair(c: NormCase, snapRows: number, label: string): void {
+/** Fused (COLS columns at once) and unfused on two copies of the case; y, S and every snapshot plane bit for bit. */
+function expectFusedEqualsPair(c: NormCase, cols: DeltaNetNormCols, snapRows: number, label: string): void {
   const fused = onDevice(c);
   const pair = onDevice(c);
-  const seen = runSeen((ctx) => encodeDeltaNetNormed(ctx, fused.args(snapRows), fused.norm));
-  expect(seen.names).toEqual([KERNEL]);
-  // As many threads as the pipeline allows, up to 512 (16 simdgroups) and one simdgroup a column.
-  expect(seen.threads).toEqual([Math.min(512, dev.pipeline(KERNEL).maxThreads, 32 * c.valueDim)]);
+  const seen = withEnvVar("CHERENKOV_DELTANET_NORM_COLS", String(cols), () => runSeen((ctx) => encodeDeltaNetNormed(ctx, fused.args(snapRows), fused.norm)));
+  const kernel = DELTANET_NORM_KERNEL[cols];
+  expect(seen.names).toEqual([kernel]);
+  // As many threads as the pipeline allows, up to 512 (16 simdgroups) and one simdgroup a group of COLS columns.
+  expect(seen.threads).toEqual([Math.min(512, dev.pipeline(kernel).maxThreads, 32 * Math.ceil(c.valueDim / cols))]);
   const plain = runSeen((ctx) => {
     encodeDeltaNet(ctx, pair.args(snapRows));
     encodeRmsNormGated(ctx, pair.args(0).o, pair.norm.z, pair.norm.weight, pair.args(0).o, c.nb, c.valueHeads, EPS);
@@ -130,17 +151,20 @@ const SHAPES: [string, DeltaNetShape][] = [
 
 describe("deltanet_rows_norm_f32 = deltanet_rows_f32 + rms_norm_gated_f32, bit for bit", () => {
   for (const [name, shape] of SHAPES) {
-    test.each([1, 2, 3, 4])(`${name}: %i rows, with and without snapshot rows`, (nb) => {
-      const c = normCase(nb, shape, 700 + 10 * nb + shape.valueDim);
-      expectFusedEqualsPair(c, 0, `${name} nb=${nb}`);
-      expectFusedEqualsPair(c, nb, `${name} nb=${nb} snapshots`);
-      if (nb > 1) expectFusedEqualsPair(c, nb - 1, `${name} nb=${nb} snapshots of all but the last row`);
-    });
+    for (const cols of COLS) {
+      test.each([1, 2, 3, 4])(`${name}, COLS ${cols}: %i rows, with and without snapshot rows`, (nb) => {
+        const c = normCase(nb, shape, 700 + 10 * nb + shape.valueDim);
+        const label = `${name} COLS=${cols} nb=${nb}`;
+        expectFusedEqualsPair(c, cols, 0, label);
+        expectFusedEqualsPair(c, cols, nb, `${label} snapshots`);
+        if (nb > 1) expectFusedEqualsPair(c, cols, nb - 1, `${label} snapshots of all but the last row`);
+      });
+    }
   }
 
-  test("the pipeline limit this run has (CHERENKOV_CPU_MAX_THREADS, when set) is the kernel's", () => {
+  test("the pipeline limit this run has (CHERENKOV_CPU_MAX_THREADS, when set) is every variant's", () => {
     const limit = process.env.CHERENKOV_CPU_MAX_THREADS;
-    expect(dev.pipeline(KERNEL).maxThreads).toBe(Math.min(512, limit ? Number(limit) : 512));
+    for (const cols of COLS) expect(dev.pipeline(DELTANET_NORM_KERNEL[cols]).maxThreads).toBe(Math.min(512, limit ? Number(limit) : 512));
   });
 });
 
@@ -153,8 +177,47 @@ test("under a 256-thread pipeline limit (8 simdgroups, 16 columns each at dv 128
   if (proc.exitCode !== 0) console.error(output.slice(-4000));
   expect(proc.exitCode).toBe(0);
   expect(output).toMatch(/^\s*0 fail$/m);
-  expect(output).toMatch(new RegExp(`^\\s*${SHAPES.length * 4 + 1} pass$`, "m")); // every shape case and the limit's check
-}, 600_000);
+  expect(output).toMatch(new RegExp(`^\\s*${SHAPES.length * COLS.length * 4 + 1} pass$`, "m")); // every shape and COLS case, and the limit's check
+}, 1_200_000);
+
+describe("CHERENKOV_DELTANET_NORM_COLS", () => {
+  test("1, 2 or 4 force it, unset or empty leave the choice to the shape, anything else refused by name", () => {
+    const read = (v: string | undefined) => withEnvVar("CHERENKOV_DELTANET_NORM_COLS", v, deltanetNormCols);
+    expect(read(undefined)).toBeUndefined();
+    expect(read("")).toBeUndefined();
+    expect(read("1")).toBe(1);
+    expect(read("2")).toBe(2);
+    expect(read("4")).toBe(4);
+    for (const bad of ["3", "8", "0", "two"]) expect(() => read(bad)).toThrow(new RegExp(`CHERENKOV_DELTANET_NORM_COLS=${bad}: expected 1, 2 or 4`));
+  });
+
+  test("default: the largest of 4 and 2 dividing the columns each simdgroup walks, else 1", () => {
+    expect(deltanetNormColsFor(128, 16)).toBe(4); // the 30b head: 8 columns a simdgroup
+    expect(deltanetNormColsFor(64, 16)).toBe(4);
+    expect(deltanetNormColsFor(32, 16)).toBe(2);
+    expect(deltanetNormColsFor(16, 16)).toBe(1);
+    expect(deltanetNormColsFor(24, 16)).toBe(1); // not whole
+    expect(deltanetNormColsFor(8, 8)).toBe(1);
+  });
+
+  test("unset, the 30b head shape runs deltanet_rows_norm_c4_f32 (same bits), dv 16 deltanet_rows_norm_f32", () => {
+    for (const [dv, kernel] of [[128, "deltanet_rows_norm_c4_f32"], [16, KERNEL]] as const) {
+      const c = normCase(2, { keyHeads: 1, keyDim: 32, valueHeads: 2, valueDim: dv }, 90 + dv);
+      const fused = onDevice(c);
+      const pair = onDevice(c);
+      const seen = withEnvVar("CHERENKOV_DELTANET_NORM_COLS", undefined, () => runSeen((ctx) => encodeDeltaNetNormed(ctx, fused.args(1), fused.norm)));
+      expect(seen.names).toEqual([kernel]);
+      run(dev, (ctx) => {
+        encodeDeltaNet(ctx, pair.args(1));
+        encodeRmsNormGated(ctx, pair.args(0).o, pair.norm.z, pair.norm.weight, pair.args(0).o, c.nb, c.valueHeads, EPS);
+      });
+      const ow = c.valueHeads * dv;
+      expectExact(fused.o.f32.subarray(0, c.nb * ow), pair.o.f32.subarray(0, c.nb * ow), `default dv=${dv} y`, ow);
+      expectExact(fused.S.f32.subarray(0, c.S.length), pair.S.f32.subarray(0, c.S.length), `default dv=${dv} S`);
+      expectExact(readPlane(fused.planes, 0), readPlane(pair.planes, 0), `default dv=${dv} S plane 0`);
+    }
+  });
+});
 
 // ---- encodeDeltaNetBlock's choice -------------------------------------------------------
 
@@ -177,17 +240,7 @@ function blockOnDevice(c: NormCase) {
 }
 
 describe("encodeDeltaNetBlock: the recurrence and its norm in one dispatch", () => {
-  const withEnv = <T>(value: string | undefined, body: () => T): T => {
-    const before = process.env.CHERENKOV_DELTANET_NORM_FUSED;
-    if (value === undefined) delete process.env.CHERENKOV_DELTANET_NORM_FUSED;
-    else process.env.CHERENKOV_DELTANET_NORM_FUSED = value;
-    try {
-      return body();
-    } finally {
-      if (before === undefined) delete process.env.CHERENKOV_DELTANET_NORM_FUSED;
-      else process.env.CHERENKOV_DELTANET_NORM_FUSED = before;
-    }
-  };
+  const withEnv = <T>(value: string | undefined, body: () => T): T => withEnvVar("CHERENKOV_DELTANET_NORM_FUSED", value, body);
 
   test("CHERENKOV_DELTANET_NORM_FUSED: 1 on, 0 or unset off, anything else refused by name", () => {
     expect(withEnv(undefined, deltanetNormFused)).toBe(false);
