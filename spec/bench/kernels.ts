@@ -339,6 +339,9 @@ function cases(f: Fixture): BenchCase[] {
     proj("dn.b (small) projection", dn.value_heads, d, "bf16"),
     proj("router logits", E, d, "bf16"),
     proj("f32 projection", d, d, "f32"),
+    // ggml's anchor case (test-backend-ops MUL_MAT q4_0, m = 4096, k = 14336: a [4096, 14336]
+    // weight), so issue 18's bandwidth comparison can also be made at the same shape.
+    proj("q4 matvec at ggml's anchor shape", 4096, 14336, q4),
     {
       name: "attention gate",
       kernels: ["ew_sigmoid_mul_f32"],
