@@ -9,6 +9,8 @@
 // d <= MV_STAGE_COLS); otherwise the read is encoded on its own first and the projections as
 // before. A plain residual (n = 1: no site; the MTP head) has a read too, its RMSNorm
 // (rms_norm_f32), which matvec_multi_q4_r1_norm_f32 forms the same way.
+// CHERENKOV_HC_READ_FUSED_ROWS > 1 extends both to batches of up to 4 rows staged together (a
+// verify batch: matvec_multi_q4_read_f32 / _norm_f32, in the batch's projection forms).
 import { bind, dispatch, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import { encodeRmsNorm } from "./norms.ts";
 import { encodeSiteRead, type HcConfig, type HcScratch, type HcSiteRefs, type ReadNorm } from "./hyperconnection.ts";
