@@ -158,6 +158,15 @@ struct MvXStaged {
     return xs[mv_staged_at(uint(c) / 4u)];
   }
 };
+// Several rows staged one after another, row j from float4 j * c4s (c4s = in_dim / 4, a
+// multiple of 8: each row keeps mv_staged_at's layout; the rows forms of the fused reads).
+struct MvXStagedRows {
+  threadgroup const float4* xs;
+  int c4s;
+  inline float4 load4(int j, int c) const {
+    return xs[j * c4s + int(mv_staged_at(uint(c) / 4u))];
+  }
+};
 
 // `lane` of `lanes` splits the input dimension: a simdgroup's 32 lanes (lanes = 32), or every
 // lane of a threadgroup that shares its weight rows (matvec_split).
@@ -301,6 +310,14 @@ struct Q4XStaged {
   threadgroup const float4* xs;
   inline float4 load(int j, uint g, int k) const {
     return xs[mv_staged_at(g * 8u + uint(k))];
+  }
+};
+// Rows staged one after another (as MvXStagedRows).
+struct Q4XStagedRows {
+  threadgroup const float4* xs;
+  int c4s;
+  inline float4 load(int j, uint g, int k) const {
+    return xs[j * c4s + int(mv_staged_at(g * 8u + uint(k)))];
   }
 };
 

@@ -564,6 +564,136 @@ template <bool PLAIN>
   }
 }
 
+// matvec_multi_q4_r1_read for a batch of `rows` rows (a verify batch: 1 + k, k drafts; rows *
+// in_dim <= MV_STAGE_COLS): every threadgroup forms each row's read in turn (the same code as
+// the one-row kernel, so the same bits a row) into its staging buffer, row j from float4
+// j * in_dim / 4, and threadgroup 0 stores them to xn; threadgroups coeff_tg + j form row j's
+// coefficients (hc_coeffs_read_norm_f32's grid [2, rows] has a coefficients threadgroup a row
+// too). The projections are computed as the batch's unfused dispatches compute them: bf16
+// tiles in matvec_multi_split's form (a threadgroup a tile), q4 tiles in matvec_multi_q4's
+// (a simdgroup a tile, all the rows in one pass: the same per-row sums as the r1 form and, at
+// in_dim <= 1024, as the one-simdgroup split form). No conv epilogue: the rows' conv runs
+// after (it needs them in order in one thread). A kernel of its own: MV_NR accumulators a
+// thread would raise the one-row kernels' registers.
+template <bool PLAIN>
+[[max_total_threads_per_threadgroup(256)]] kernel void matvec_multi_q4_rows_read(
+    constant MatvecMultiReadParams& p [[buffer(0)]],
+    device const uchar* w0     [[buffer(1)]],
+    device const uchar* w1     [[buffer(2)]],
+    device const uchar* w2     [[buffer(3)]],
+    device const uchar* w3     [[buffer(4)]],
+    device const uchar* X      [[buffer(5)]],
+    device uchar* y0           [[buffer(6)]],
+    device uchar* y1           [[buffer(7)]],
+    device uchar* y2           [[buffer(8)]],
+    device uchar* y3           [[buffer(9)]],
+    device const uchar* raw    [[buffer(10)]],
+    device const float* scale  [[buffer(11)]],
+    device const float* base   [[buffer(12)]],
+    device uchar* coeffs       [[buffer(13)]],
+    device const float* norm   [[buffer(14)]],
+    device uchar* xn           [[buffer(15)]],
+    uint2 tg                   [[threadgroup_position_in_grid]],
+    ushort sg                  [[simdgroup_index_in_threadgroup]],
+    ushort lane                [[thread_index_in_simdgroup]],
+    ushort nsg                 [[simdgroups_per_threadgroup]]) {
+  threadgroup float4 xs[MV_STAGE_COLS / 4];
+  threadgroup float4 part[MV_SPLIT_SG * MV_NR];
+  threadgroup float partial[HC_TG_SG];
+  threadgroup float mix[HC_MAX_MIXES + 1];
+  threadgroup float pre[HC_MAX_STREAMS];
+  threadgroup float comb[HC_MAX_STREAMS * HC_MAX_STREAMS];
+  const int n = p.streams, cols = p.in_dim, rows = min(p.rows, MV_NR), c4s = cols / 4;
+  if (!PLAIN && int(tg.x) >= p.coeff_tg) {  // uniform per threadgroup: row tg.x - coeff_tg's coefficients
+    const int row = int(tg.x) - p.coeff_tg;
+    if (row >= rows) {
+      return;
+    }
+    ck_inputs_ready();
+    hc_row_coefficients(n, cols, false, p.iters, p.eps, (device const float*)(raw + ulong(row) * p.raw_stride), p.chunks, scale, base,
+                        (device float*)(coeffs + ulong(row) * p.c_stride), mix, pre, comb, sg, lane);
+    return;
+  }
+  const int dense_tiles = mv_dense_tiles(p);
+  const bool dense = int(tg.x) < dense_tiles;  // uniform per threadgroup: one bf16 tile, split form
+  const int per = dense ? 1 : p.tiles_per_sg;
+  const int q4_first = dense_tiles + (int(tg.x) - dense_tiles) * per * int(nsg) + int(sg);
+  if (lane == 0 && (sg == 0 || !dense)) {  // the tiles' weights first, as the one-row kernel
+    for (int k = 0; k < per; k++) {
+      int tile = dense ? int(tg.x) : q4_first + k * int(nsg);
+      const int i = mv_multi_weight(p, tile);
+      device const uchar* w = mv_pick(i, w0, w1, w2, w3);
+      if (dense) {
+        mv_prefetch_tile<bfloat>(w, cols, tile * MV_R, p.out_dim[i]);
+      } else if (i >= p.dense_count) {
+        mv_prefetch_tile<uchar>(w, cols, tile * MV_R, p.out_dim[i]);
+      }
+    }
+  }
+  const int t = int(sg) * 32 + int(lane);
+  const int threads = PLAIN ? 32 * int(nsg) : 32 * HC_TG_SG;
+  float4 wk[HC_READ_AHEAD];
+  CK_UNROLL for (int a = 0; a < HC_READ_AHEAD; a++) {
+    const int c4 = t + a * threads;
+    wk[a] = c4 < c4s ? float4(norm[4 * c4], norm[4 * c4 + 1], norm[4 * c4 + 2], norm[4 * c4 + 3]) : float4(0.0f);
+  }
+  float b[HC_MAX_STREAMS];
+  CK_UNROLL for (int k = 0; k < HC_MAX_STREAMS; k++) {
+    b[k] = !PLAIN && k < n ? base[k] : 0.0f;
+  }
+  const float scale0 = PLAIN ? 0.0f : scale[0];
+  ck_inputs_ready();
+  for (int r = 0; r < rows; r++) {  // uniform: each row's read in turn (their barriers end each)
+    device const float* flat = (device const float*)(X + ulong(r) * p.x_stride);
+    if (PLAIN) {
+      mv_plain_read(cols, p.norm_eps, p.centred != 0, flat, norm, wk, xs + r * c4s, t, threads, lane);
+    } else {
+      float4 xr[HC_READ_AHEAD * HC_PF_STREAMS];
+      hc_prefetch(n, cols, flat, t, xr);
+      hc_site_read(n, cols, false, p.eps, p.norm_eps, p.centred != 0, flat, (device const float*)(raw + ulong(r) * p.raw_stride), p.chunks,
+                   b, scale0, xr, norm, wk, HcOutStaged{xs + r * c4s}, mix, partial, sg, lane);
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (tg.x == 0u) {
+    for (int r = 0; r < rows; r++) {
+      for (int c4 = t; c4 < c4s; c4 += 32 * int(nsg)) {
+        ((device float4*)(xn + ulong(r) * p.xn_stride))[c4] = HcOutStaged{xs + r * c4s}.load(c4);
+      }
+    }
+  }
+  float4 acc[MV_NR];
+  if (dense) {  // matvec_split_tg<bfloat, MV_NR>'s pass over the staged rows
+    int tile = int(tg.x);
+    const int i = mv_multi_weight(p, tile);
+    device const uchar* w = mv_pick(i, w0, w1, w2, w3);
+    device uchar* y = mv_pick(i, y0, y1, y2, y3);
+    mv_clear<MV_NR>(acc);
+    mv_pass_dense<Weights<bfloat>, MV_NR>(w, cols, tile * MV_R, p.out_dim[i], MvXStagedRows{xs, c4s}, rows, acc, t, 32 * int(nsg));
+    mv_split_finish<MV_NR, false>(acc, rows, 0, tile * MV_R, p.out_dim[i], y, p.y_stride[i], false, part, sg, lane, int(nsg), HcTarget());
+    return;
+  }
+  CK_ROLLED for (int k = 0; k < per; k++) {
+    int tile = q4_first + k * int(nsg);
+    const int i = mv_multi_weight(p, tile);
+    const int out_dim = p.out_dim[i];
+    const int o0 = tile * MV_R;
+    if (i < p.dense_count || o0 >= out_dim) {  // uniform per simdgroup: past the last tile
+      break;
+    }
+    device const uchar* w = mv_pick(i, w0, w1, w2, w3);
+    device uchar* y = mv_pick(i, y0, y1, y2, y3);
+    mv_clear<MV_NR>(acc);
+    mv_pass_q4<false, MV_NR, 1, Q4XStagedRows>(w, w, cols, o0, out_dim, Q4XStagedRows{xs, c4s}, rows, acc, acc, int(lane), 32);
+    mv_reduce<MV_NR>(acc, rows);
+    if (lane == 0) {
+      for (int j = 0; j < MV_NR; j++) if (j < rows) {
+        mv_store(y, p.y_stride[i], j, o0, out_dim, acc[j], false);
+      }
+    }
+  }
+}
+
 template [[host_name("matvec_f32_f32")]] kernel decltype(matvec<float, MV_NR>) matvec<float, MV_NR>;
 template [[host_name("matvec_bf16_f32")]] kernel decltype(matvec<bfloat, MV_NR>) matvec<bfloat, MV_NR>;
 template [[host_name("matvec_f16_f32")]] kernel decltype(matvec<half, MV_NR>) matvec<half, MV_NR>;
@@ -599,3 +729,6 @@ template [[host_name("matvec_multi_split_q4_f32")]] kernel decltype(matvec_multi
 // the plain residual's RMSNorm.
 template [[host_name("matvec_multi_q4_r1_read_f32")]] kernel decltype(matvec_multi_q4_r1_read<false>) matvec_multi_q4_r1_read<false>;
 template [[host_name("matvec_multi_q4_r1_norm_f32")]] kernel decltype(matvec_multi_q4_r1_read<true>) matvec_multi_q4_r1_read<true>;
+// The same for a batch of up to MV_NR rows (a verify batch).
+template [[host_name("matvec_multi_q4_read_f32")]] kernel decltype(matvec_multi_q4_rows_read<false>) matvec_multi_q4_rows_read<false>;
+template [[host_name("matvec_multi_q4_norm_f32")]] kernel decltype(matvec_multi_q4_rows_read<true>) matvec_multi_q4_rows_read<true>;

@@ -181,7 +181,7 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, conv_taps) == 80, "Matvec
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, _pad0) == 84, "MatvecMultiParams._pad0: offset");
 #endif
 
-// matvec_multi_q4_r1_read_f32: one decode row's projections (as MatvecMulti, dense_count bf16 weights first) of a hyper-connection site's read, which every threadgroup forms itself from the streams and the folded partials (as hc_coeffs_read_norm); threadgroup coeff_tg forms the site's coefficients. matvec_multi_q4_r1_norm_f32: the same of a plain residual's RMSNorm (as rms_norm_f32; streams 1, no coefficients: coeff_tg past the grid).
+// matvec_multi_q4_r1_read_f32: one decode row's projections (as MatvecMulti, dense_count bf16 weights first) of a hyper-connection site's read, which every threadgroup forms itself from the streams and the folded partials (as hc_coeffs_read_norm); threadgroup coeff_tg forms the site's coefficients. matvec_multi_q4_r1_norm_f32: the same of a plain residual's RMSNorm (as rms_norm_f32; streams 1, no coefficients: coeff_tg past the grid). matvec_multi_q4_read_f32 and matvec_multi_q4_norm_f32: the same for a batch of `rows` rows (a verify batch), threadgroups coeff_tg .. coeff_tg + rows - 1 forming each row's coefficients.
 typedef struct {
   int32_t in_dim;                // offset 0: hidden size d (the streams' width)
   int32_t count;                 // offset 4: weights used (1..4); unused bindings repeat the last
@@ -199,8 +199,14 @@ typedef struct {
   int32_t conv_index;            // offset 92: the weight whose outputs go through the causal conv + SiLU (conv.h) instead of being stored; -1: none
   int32_t conv_taps;             // offset 96: the conv's taps K (at most CONV_REG_TAPS)
   uint32_t _pad0;                // offset 100
+  int32_t rows;                  // offset 104: batch rows (the rows forms matvec_multi_q4_read_f32 / _norm_f32: rows * in_dim <= MV_STAGE_COLS; the r1 forms: 1, unused)
+  uint32_t _pad1;                // offset 108
+  uint64_t x_stride;             // offset 112: bytes between rows of the streams X (rows forms)
+  uint64_t raw_stride;           // offset 120: bytes between rows of the folded partials (rows forms)
+  uint64_t c_stride;             // offset 128: bytes between rows of the coefficients (rows forms)
+  uint64_t xn_stride;            // offset 136: bytes between rows of the stored read xn (rows forms)
 } MatvecMultiReadParams;
-CK_PARAMS_ASSERT(sizeof(MatvecMultiReadParams) == 104, "MatvecMultiReadParams: size");
+CK_PARAMS_ASSERT(sizeof(MatvecMultiReadParams) == 144, "MatvecMultiReadParams: size");
 #ifndef __METAL_VERSION__
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, in_dim) == 0, "MatvecMultiReadParams.in_dim: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, count) == 4, "MatvecMultiReadParams.count: offset");
@@ -218,6 +224,12 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, tiles_per_sg) == 88, 
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, conv_index) == 92, "MatvecMultiReadParams.conv_index: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, conv_taps) == 96, "MatvecMultiReadParams.conv_taps: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, _pad0) == 100, "MatvecMultiReadParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, rows) == 104, "MatvecMultiReadParams.rows: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, _pad1) == 108, "MatvecMultiReadParams._pad1: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, x_stride) == 112, "MatvecMultiReadParams.x_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, raw_stride) == 120, "MatvecMultiReadParams.raw_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, c_stride) == 128, "MatvecMultiReadParams.c_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiReadParams, xn_stride) == 136, "MatvecMultiReadParams.xn_stride: offset");
 #endif
 
 // Hyper-connection mix partials: per (mix m, chunk c) of the flat streams, fn[m] . flat over the chunk (m < mixes) or the chunk's sum of squares (m = mixes).

@@ -88,7 +88,7 @@ export const denseParams = {
     ],
   },
   MatvecMultiRead: {
-    doc: "matvec_multi_q4_r1_read_f32: one decode row's projections (as MatvecMulti, dense_count bf16 weights first) of a hyper-connection site's read, which every threadgroup forms itself from the streams and the folded partials (as hc_coeffs_read_norm); threadgroup coeff_tg forms the site's coefficients. matvec_multi_q4_r1_norm_f32: the same of a plain residual's RMSNorm (as rms_norm_f32; streams 1, no coefficients: coeff_tg past the grid).",
+    doc: "matvec_multi_q4_r1_read_f32: one decode row's projections (as MatvecMulti, dense_count bf16 weights first) of a hyper-connection site's read, which every threadgroup forms itself from the streams and the folded partials (as hc_coeffs_read_norm); threadgroup coeff_tg forms the site's coefficients. matvec_multi_q4_r1_norm_f32: the same of a plain residual's RMSNorm (as rms_norm_f32; streams 1, no coefficients: coeff_tg past the grid). matvec_multi_q4_read_f32 and matvec_multi_q4_norm_f32: the same for a batch of `rows` rows (a verify batch), threadgroups coeff_tg .. coeff_tg + rows - 1 forming each row's coefficients.",
     fields: [
       { name: "in_dim", type: "i32", doc: "hidden size d (the streams' width)" },
       { name: "count", type: "i32", doc: "weights used (1..4); unused bindings repeat the last" },
@@ -106,6 +106,12 @@ export const denseParams = {
       { name: "conv_index", type: "i32", doc: "the weight whose outputs go through the causal conv + SiLU (conv.h) instead of being stored; -1: none" },
       { name: "conv_taps", type: "i32", doc: "the conv's taps K (at most CONV_REG_TAPS)" },
       { name: "_pad0", type: "u32" },
+      { name: "rows", type: "i32", doc: "batch rows (the rows forms matvec_multi_q4_read_f32 / _norm_f32: rows * in_dim <= MV_STAGE_COLS; the r1 forms: 1, unused)" },
+      { name: "_pad1", type: "u32" },
+      { name: "x_stride", type: "u64", doc: "bytes between rows of the streams X (rows forms)" },
+      { name: "raw_stride", type: "u64", doc: "bytes between rows of the folded partials (rows forms)" },
+      { name: "c_stride", type: "u64", doc: "bytes between rows of the coefficients (rows forms)" },
+      { name: "xn_stride", type: "u64", doc: "bytes between rows of the stored read xn (rows forms)" },
     ],
   },
   HcMix: {

@@ -9,6 +9,8 @@
 // d <= MV_STAGE_COLS); otherwise the read is encoded on its own first and the projections as
 // before. A plain residual (n = 1: no site; the MTP head) has a read too, its RMSNorm
 // (rms_norm_f32), which matvec_multi_q4_r1_norm_f32 forms the same way.
+// CHERENKOV_HC_READ_FUSED_ROWS > 1 extends both to batches of up to 4 rows staged together (a
+// verify batch: matvec_multi_q4_read_f32 / _norm_f32, in the batch's projection forms).
 import { bind, dispatch, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import { encodeRmsNorm } from "./norms.ts";
 import { encodeSiteRead, type HcConfig, type HcScratch, type HcSiteRefs, type ReadNorm } from "./hyperconnection.ts";
@@ -24,6 +26,8 @@ import {
   matrixShape,
   MV_STAGE_COLS,
   prefersSplit,
+  projectionUsesGemm,
+  splitSimdgroups,
   type Projection,
   type ProjectionConv,
 } from "./projections.ts";
@@ -102,6 +106,24 @@ export function fusesSiteRead(backend: string): boolean {
   return backend !== "cpu";
 }
 
+/** The most rows the fused kernels' rows forms serve (their MV_NR rows a pass). */
+export const MAX_FUSED_READ_ROWS = 4;
+
+/**
+ * The most rows whose projections form their read themselves (CHERENKOV_HC_READ_FUSED_ROWS,
+ * 1..MAX_FUSED_READ_ROWS; default 1: decode rows only). More serves a speculative cycle's
+ * verify batch (1 + k rows) with matvec_multi_q4_read_f32: untimed on a GPU, so off until it is.
+ */
+export function fusedReadRows(): number {
+  const env = process.env.CHERENKOV_HC_READ_FUSED_ROWS;
+  if (env === undefined || env === "") return 1;
+  const rows = Number(env);
+  if (!Number.isInteger(rows) || rows < 1 || rows > MAX_FUSED_READ_ROWS) {
+    throw new Error(`CHERENKOV_HC_READ_FUSED_ROWS=${env}: expected an integer in 1..${MAX_FUSED_READ_ROWS}`);
+  }
+  return rows;
+}
+
 /**
  * The projections `items` of the row a site reads (`read`; x = read.xn), one decode row: the
  * read and the projections in one dispatch when they fit it (and the backend fuses), else the
@@ -118,8 +140,8 @@ export function encodeSiteProjections(
 ): boolean {
   // The kernel takes the bf16 weights first (its dense_count), as matvec_multi_q4_r1 does.
   const ordered = [...items.filter((it) => it.w.dtype === "bf16"), ...items.filter((it) => it.w.dtype !== "bf16")];
-  if (read && nb === 1 && fusesSiteRead(ctx.device.backend) && fits(ctx.device.backend, ordered, read)) {
-    return encodeFused(ctx, ordered, read, conv);
+  if (read && nb <= fusedReadRows() && fusesSiteRead(ctx.device.backend) && fits(ctx, ordered, read, nb)) {
+    return encodeFused(ctx, ordered, read, nb, conv);
   }
   if (read) encodeReadApart(ctx, read, nb);
   return encodeMatvecs(ctx, items, x, nb, conv ? { conv } : {});
@@ -139,11 +161,16 @@ const denseCountOf = (items: readonly Projection[]) => items.filter((it) => it.w
  * are bf16 alone), all of input width d, at most MATVEC_MULTI; and the forms the fused kernel
  * computes are the ones encodeMatvecs would choose for a decode row here (the q4 ones in the
  * rows form, the bf16 ones in the split form), so that a verify batch, which runs those, keeps
- * a decode step's bits (a plain read with anyForm: any bf16 and q4, in those forms).
+ * a decode step's bits (a plain read with anyForm: any bf16 and q4, in those forms). A batch
+ * of nb > 1 rows (the rows forms) must be staged whole (nb * d <= MV_STAGE_COLS: not the 30b
+ * shape's d = 2048) and computes its q4 tiles in the batch's rows form (matvec_multi_q4_f32),
+ * whose bits the split form's also are where that has one simdgroup (d <= 1024).
  */
-function fits(backend: string, items: readonly Projection[], read: SiteRead): boolean {
+function fits(ctx: EncodeContext, items: readonly Projection[], read: SiteRead, nb: number): boolean {
+  const backend = ctx.device.backend;
   const { d } = read;
-  if (d > MV_STAGE_COLS || d % 16 !== 0) return false;
+  if (nb * d > MV_STAGE_COLS || d % 16 !== 0 || (nb > 1 && d % 32 !== 0)) return false;
+  if (items.some((it) => projectionUsesGemm(ctx, it.w, nb))) return false;
   if (!read.plain && (read.cfg.streams < 2 || read.cfg.streams > HC_MAX_STREAMS)) return false;
   if (items.length === 0 || items.length > MATVEC_MULTI) return false;
   const dense = denseCountOf(items);
@@ -151,7 +178,8 @@ function fits(backend: string, items: readonly Projection[], read: SiteRead): bo
   if (!items.every((it) => matrixShape(it.w, "site projections")[1] === d)) return false;
   if (read.plain && read.anyForm) return true;
   const outs = (its: readonly Projection[]) => its.reduce((n, it) => n + it.w.shape[0]!, 0);
-  if (dense < items.length && prefersSplit(backend, outs(items.slice(dense)), "q4")) return false;
+  const q4Split = dense < items.length && prefersSplit(backend, outs(items.slice(dense)), "q4");
+  if (q4Split && (nb === 1 || splitSimdgroups("q4", d) !== 1)) return false;
   return dense === 0 || prefersSplit(backend, outs(items.slice(0, dense)), "bf16") || process.env.CHERENKOV_HC_READ_FUSED === "1";
 }
 
@@ -162,7 +190,13 @@ function fits(backend: string, items: readonly Projection[], read: SiteRead): bo
  */
 const tilesPerSimdgroup = () => Number(process.env.CHERENKOV_HC_READ_TILES ?? 2);
 
-function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: SiteRead, conv?: ProjectionConv): boolean {
+/** The fused kernel: the one-row (r1) form, or for a batch the rows form (matvec_multi_q4_read_f32). */
+function fusedKernel(read: SiteRead, nb: number): string {
+  if (nb === 1) return read.plain ? "matvec_multi_q4_r1_norm_f32" : "matvec_multi_q4_r1_read_f32";
+  return read.plain ? "matvec_multi_q4_norm_f32" : "matvec_multi_q4_read_f32";
+}
+
+function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: SiteRead, nb: number, conv?: ProjectionConv): boolean {
   const { d, norm } = read;
   const denseCount = denseCountOf(items);
   const outs = items.map((it) => matrixShape(it.w, "site projections")[0]);
@@ -176,8 +210,10 @@ function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: Sit
   if (!Number.isInteger(per) || per < 1) throw new Error(`CHERENKOV_HC_READ_TILES=${per}: expected a positive integer`);
   const coeffTg = denseTiles + Math.ceil(q4Tiles / (READ_SIMDGROUPS * per));
   checkVector(norm.w, d, "site read norm");
-  if ((!read.plain && read.folded.offset % 16 !== 0) || read.X.offset % 16 !== 0) throw new Error("site read: streams and partials must be 16-byte aligned");
-  const convIndex = conv && epilogueTakesConv(conv, d) ? items.indexOf(conv.of) : -1;
+  const aligned = (r: RowsRef) => r.offset % 16 === 0 && (nb === 1 || r.stride % 16 === 0);
+  if ((!read.plain && !aligned(read.folded)) || !aligned(read.X) || !aligned(read.xn)) throw new Error("site read: streams, partials and read rows must be 16-byte aligned");
+  // (a batch's conv runs after its projections: it needs the rows in order in one thread)
+  const convIndex = nb === 1 && conv && epilogueTakesConv(conv, d) ? items.indexOf(conv.of) : -1;
   // A plain read has no site: its slots are bound to what the kernel reads or writes anyway
   // (X as the partials, the norm weights as scale and base, xn as the coefficients), untouched.
   const cfg = read.plain ? { streams: 1, sinkhorn_iters: 0, eps: 0 } : read.cfg;
@@ -191,7 +227,7 @@ function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: Sit
       ];
   dispatch(
     ctx,
-    read.plain ? "matvec_multi_q4_r1_norm_f32" : "matvec_multi_q4_r1_read_f32",
+    fusedKernel(read, nb),
     Params.MatvecMultiRead,
     {
       in_dim: d,
@@ -209,6 +245,11 @@ function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: Sit
       tiles_per_sg: per,
       conv_index: convIndex,
       conv_taps: convIndex >= 0 ? conv!.weight.shape[1]! : 0,
+      rows: nb,
+      x_stride: read.X.stride,
+      raw_stride: read.plain ? 0 : read.folded.stride,
+      c_stride: read.plain ? 0 : read.scratch.coeffs.stride,
+      xn_stride: read.xn.stride,
     },
     [
       ...pad(items.map((it) => bind(it.w.buffer, it.w.offset))),
@@ -217,9 +258,11 @@ function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: Sit
       ...siteBindings,
       bind(norm.w.buffer, norm.w.offset),
       bind(read.xn.buffer, read.xn.offset),
-      ...convBindings(convIndex >= 0 ? conv : undefined, read.xn),
+      // (the rows forms have no conv epilogue)
+      ...(nb === 1 ? convBindings(convIndex >= 0 ? conv : undefined, read.xn) : []),
     ],
-    [read.plain ? coeffTg : coeffTg + 1, 1],
+    // A site's coefficients: a threadgroup a row after the projections' (a plain read: none).
+    [read.plain ? coeffTg : coeffTg + nb, 1],
     [SIMD_WIDTH * READ_SIMDGROUPS, 1],
   );
   return convIndex >= 0;
