@@ -68,7 +68,7 @@ h200_synth() {
 }
 
 # ggml-cuda's test-backend-ops, built in the background (~2.5 min): h200_anchor_start, then later h200_anchor_report.
-h200_anchor_start() { (cd "$H200_ROOT" && nohup bash .anchor/run.sh .anchor > /tmp/anchor.txt 2>&1 &) ; }
+h200_anchor_start() { (cd "$H200_ROOT" && setsid nohup bash .anchor/run.sh .anchor > /tmp/anchor.txt 2>&1 &) ; }  # setsid: it outlives the call
 h200_anchor_report() {
   local i; for i in $(seq 1 240); do grep -q "MUL_MAT(" /tmp/anchor.txt 2>/dev/null && ! pgrep -f "anchor/run.sh" >/dev/null && break; sleep 1; done
   cp /tmp/anchor.txt "$OUT/anchor.txt"; grep -E "n=1,|n_mats=128.*n=1," /tmp/anchor.txt | head -8
