@@ -5,6 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Backend } from "../../lib/api/backend.ts";
 import { EngineBackend, type EngineOptions } from "../../lib/api/engine-backend.ts";
+import type { Engine } from "../../lib/gpu/engine.ts";
 import { Tape } from "../../lib/gpu/tape.ts";
 import { openModel } from "../../lib/model/format.ts";
 import { CommandBuffer, type Pipeline } from "../../lib/shim.ts";
@@ -96,4 +97,27 @@ export function maxWeightError(a: number[][][], b: number[][][]): number {
   let max = 0;
   a.forEach((rows, l) => rows.forEach((ws, r) => ws.forEach((w, k) => (max = Math.max(max, Math.abs(w - b[l]![r]![k]!))))));
   return max;
+}
+
+/**
+ * On `engine`: plain greedy decoding of n tokens after `prompt`, then speculative decoding with
+ * `drafts` a cycle to n tokens, with each cycle's accepted drafts and dispatches (countDispatches).
+ */
+export async function greedyThenSpeculative(engine: Engine, prompt: number[], n: number, drafts: number) {
+  const g = engine.newSequence();
+  const greedy = [(await g.forward(prompt)).next.at(-1)!];
+  while (greedy.length < n) greedy.push((await g.forward([greedy.at(-1)!])).next[0]!);
+  g.dispose();
+  const seq = engine.newSequence();
+  const tokens = [(await seq.forward(prompt)).next.at(-1)!];
+  const accepts: number[] = [];
+  const cycles: Map<string, number>[] = [];
+  while (tokens.length < n) {
+    let next: number[] = [];
+    cycles.push(await countDispatches(async () => void (next = (await seq.speculate(tokens.at(-1)!, drafts)).next)));
+    accepts.push(next.length - 1);
+    tokens.push(...next);
+  }
+  seq.dispose();
+  return { greedy, tokens: tokens.slice(0, n), accepts, cycles };
 }

@@ -16,7 +16,7 @@ import { BACKEND } from "../selected-backend.ts";
 import { rmSync } from "node:fs";
 import { goldenCases } from "../golden/cases.ts";
 import { buildGoldenModel } from "../golden/golden.ts";
-import { countDispatches, goldenRecord } from "./helpers.ts";
+import { countDispatches, goldenRecord, greedyThenSpeculative } from "./helpers.ts";
 
 const DIR = join(import.meta.dir, "..", "..", "examples", "models", "qwen4-exp-tiny");
 const N = 20;
@@ -45,22 +45,7 @@ async function run(fused: boolean, drafts: number) {
   process.env.CHERENKOV_HC_READ_FUSED = fused ? "1" : "0";
   const engine = await Engine.load(files, BACKEND);
   try {
-    const g = engine.newSequence();
-    const greedy = [(await g.forward(PROMPT)).next.at(-1)!];
-    while (greedy.length < N) greedy.push((await g.forward([greedy.at(-1)!])).next[0]!);
-    g.dispose();
-    const seq = engine.newSequence();
-    const tokens = [(await seq.forward(PROMPT)).next.at(-1)!];
-    const accepts: number[] = [];
-    const cycles: Map<string, number>[] = [];
-    while (tokens.length < N) {
-      let next: number[] = [];
-      cycles.push(await countDispatches(async () => void (next = (await seq.speculate(tokens.at(-1)!, drafts)).next)));
-      accepts.push(next.length - 1);
-      tokens.push(...next);
-    }
-    seq.dispose();
-    return { greedy, tokens: tokens.slice(0, N), accepts, cycles };
+    return await greedyThenSpeculative(engine, PROMPT, N, drafts);
   } finally {
     await engine.close();
   }

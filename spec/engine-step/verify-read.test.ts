@@ -9,7 +9,7 @@ import { StepRecordings } from "../../lib/gpu/recorded-step.ts";
 import { openModel, type ModelFiles } from "../../lib/model/format.ts";
 import { loadTokenizer } from "../../lib/model/tokenizer.ts";
 import { BACKEND } from "../selected-backend.ts";
-import { countDispatches } from "./helpers.ts";
+import { greedyThenSpeculative } from "./helpers.ts";
 
 const DIR = join(import.meta.dir, "..", "..", "examples", "models", "qwen4-exp-tiny");
 const N = 20;
@@ -44,22 +44,7 @@ async function run(rows: string | undefined, drafts: number, recorded = false) {
   StepRecordings.check = recorded;
   const engine = await Engine.load(files, BACKEND);
   try {
-    const g = engine.newSequence();
-    const greedy = [(await g.forward(PROMPT)).next.at(-1)!];
-    while (greedy.length < N) greedy.push((await g.forward([greedy.at(-1)!])).next[0]!);
-    g.dispose();
-    const seq = engine.newSequence();
-    const tokens = [(await seq.forward(PROMPT)).next.at(-1)!];
-    const accepts: number[] = [];
-    const cycles: Map<string, number>[] = [];
-    while (tokens.length < N) {
-      let next: number[] = [];
-      cycles.push(await countDispatches(async () => void (next = (await seq.speculate(tokens.at(-1)!, drafts)).next)));
-      accepts.push(next.length - 1);
-      tokens.push(...next);
-    }
-    seq.dispose();
-    return { greedy, tokens: tokens.slice(0, N), accepts, cycles, replayed: engine.recordedSteps.replayed };
+    return { ...(await greedyThenSpeculative(engine, PROMPT, N, drafts)), replayed: engine.recordedSteps.replayed };
   } finally {
     await engine.close();
   }
