@@ -112,6 +112,21 @@ h200_ncu() {
   grep -E "ckg_|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" "$f" | head -40
 }
 
+# h200_profile NAME [bench args]: a per-kernel CUDA profile of a decode run (default: 16 tokens of
+# the 30b model after a 1-token prompt), its top rows printed (spec/bench/profile.ts).
+h200_profile() {
+  local name=$1; shift; local args=("$@")
+  [ ${#args[@]} -eq 0 ] && args=(--only-model --model /tmp/m30 --tokens 16 --prompt 1 --pool 100% --no-round-trip)
+  (cd "$H200_ROOT" && CHERENKOV_BACKEND=cuda CHERENKOV_CUDA_PROFILE="$OUT/profile-$name.json" bun spec/bench/decode.ts --json "${args[@]}" > /tmp/prof.json 2> /tmp/prof.err) || { tail -5 /tmp/prof.err; return 1; }
+  (cd "$H200_ROOT" && bun spec/bench/profile.ts "$OUT/profile-$name.json" --top 25 | tee "$OUT/profile-$name.txt")
+}
+
+# h200_memcheck TEST_FILE...: compute-sanitizer's memcheck over kernel tests on the CUDA backend.
+h200_memcheck() {
+  (cd "$H200_ROOT" && CHERENKOV_BACKEND=cuda timeout 500 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 3 \
+    bun test --timeout 300000 "$@" > "$OUT/memcheck.txt" 2>&1; echo "memcheck exit $?"; grep -E "ERROR SUMMARY|^ *[0-9]+ (pass|fail)" "$OUT/memcheck.txt" | tail -4)
+}
+
 # A test directory on the CUDA backend, with a time limit (seconds).
 h200_tests() { (cd "$H200_ROOT" && CHERENKOV_BACKEND=cuda timeout "${2:-300}" bun test --timeout 300000 "$1" > "$OUT/tests-$(basename "$1").txt" 2>&1; grep -E "^\(fail|^ *[0-9]+ (pass|fail|skip)" "$OUT/tests-$(basename "$1").txt"); }
 
