@@ -112,6 +112,17 @@ h200_ncu() {
   grep -E "ckg_|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" "$f" | head -40
 }
 
+# h200_ncu_decode KERNEL_REGEX [LAUNCHES]: Nsight Compute on a 30b decode run's kernels (4 tokens
+# after a 1-token prompt), the first LAUNCHES (default 2) matching launches after 48 skipped (the
+# prompt's): for kernels bench:kernels runs in another form (the out projections' hc epilogue).
+h200_ncu_decode() {
+  local kregex=$1 n=${2:-2} f; f="$OUT/ncu-decode-$(echo "$1" | tr -c 'a-zA-Z0-9\n' _).txt"
+  (cd "$H200_ROOT" && CHERENKOV_BACKEND=cuda CHERENKOV_RECORDED_STEPS=0 timeout 400 ncu --target-processes all --kernel-name "regex:$kregex" --launch-skip 48 --launch-count "$n" \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats \
+    bun spec/bench/decode.ts --only-model --model /tmp/m30 --tokens 4 --prompt 1 --pool 100% --no-round-trip > "$f" 2>&1)
+  grep -E "ckg_|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" "$f" | head -40
+}
+
 # h200_profile NAME [bench args]: a per-kernel CUDA profile of a decode run (default: 16 tokens of
 # the 30b model after a 1-token prompt), its top rows printed (spec/bench/profile.ts).
 h200_profile() {
