@@ -164,7 +164,8 @@ const denseCountOf = (items: readonly Projection[]) => items.filter((it) => it.w
  * a decode step's bits (a plain read with anyForm: any bf16 and q4, in those forms). A batch
  * of nb > 1 rows (the rows forms) must be staged whole (nb * d <= MV_STAGE_COLS: not the 30b
  * shape's d = 2048) and computes its q4 tiles in the batch's rows form (matvec_multi_q4_f32),
- * whose bits the split form's also are where that has one simdgroup (d <= 1024).
+ * whose bits the split form's also are where that has one simdgroup (d <= 1024); so does a
+ * decode row's (the r1 kernel), so a GPU fuses the tiny model's sites too, whose q4 groups split.
  */
 function fits(ctx: EncodeContext, items: readonly Projection[], read: SiteRead, nb: number): boolean {
   const backend = ctx.device.backend;
@@ -179,7 +180,8 @@ function fits(ctx: EncodeContext, items: readonly Projection[], read: SiteRead, 
   if (read.plain && read.anyForm) return true;
   const outs = (its: readonly Projection[]) => its.reduce((n, it) => n + it.w.shape[0]!, 0);
   const q4Split = dense < items.length && prefersSplit(backend, outs(items.slice(dense)), "q4");
-  if (q4Split && (nb === 1 || splitSimdgroups("q4", d) !== 1)) return false;
+  // A split form of one simdgroup sums a row as the rows form does (spec/kernels/site-read-rows.test.ts).
+  if (q4Split && splitSimdgroups("q4", d) !== 1) return false;
   return dense === 0 || prefersSplit(backend, outs(items.slice(0, dense)), "bf16") || process.env.CHERENKOV_HC_READ_FUSED === "1";
 }
 

@@ -121,6 +121,21 @@ describe("matvec_multi_q4_read_f32: a verify batch's read and its projections in
   });
 });
 
+test("a decode row's fused read (matvec_multi_q4_r1_read_f32 / _norm_f32) gives the bits of the read + the one-simdgroup split form a GPU runs for narrow q4 groups (d <= 1,024)", () => {
+  for (const [n, d, weights] of [
+    [4, 256, [["q4", 512], ["q4", 256], ["bf16", 8], ["bf16", 8]]],
+    [4, 1024, [["q4", 520]]],
+    [1, 256, [["q4", 256], ["q4", 64]]],
+  ] as [number, number, [DType, number][]][]) {
+    process.env.CHERENKOV_HC_READ_TILES = "2";
+    const { ws, fused, apart } = bothWays(n, d, 1, weights, 31 + n + d, "split");
+    expect(fused.names).toEqual([n === 1 ? "matvec_multi_q4_r1_norm_f32" : "matvec_multi_q4_r1_read_f32"]);
+    expect(apart.names.some((name) => /split_q4/.test(name))).toBe(true); // the q4 ones in the split form
+    ws.forEach((w, i) => expect(bits(fused.ys[i]!, w.shape[0]!)).toEqual(bits(apart.ys[i]!, w.shape[0]!)));
+    expect(bits(fused.ys[0]!, ws[0]!.shape[0]!).some((v) => v !== 0)).toBe(true);
+  }
+});
+
 describe("a batch the rows form does not take encodes the read, then the projections", () => {
   const first = (nb: number, d: number, weights: [DType, number][], rowsEnv: string | undefined) => {
     const site = siteCase(4, d, nb, 90 + d + nb);
