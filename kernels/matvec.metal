@@ -408,6 +408,36 @@ template <typename T, int NR>
   matvec_split_tg<T, NR>(w, p.in_dim, o0, out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride[i], false, &part[0][0], sg, lane, int(nsg));
 }
 
+// The fused reads' tiles, asked of L2 before the kernel waits for its input (nothing before it
+// writes them): by lane 0 of every simdgroup of a q4 threadgroup (its `per` turns of tiles from
+// `first`, nsg apart) and of the first simdgroup of a bf16 one (its one tile, `first`).
+template <typename P>
+inline void mv_read_prefetch_tiles(constant P& p, bool dense, int first, int per, int nsg, int cols, device const uchar* w0,
+                                   device const uchar* w1, device const uchar* w2, device const uchar* w3, ushort sg, ushort lane) {
+  if (lane != 0 || (sg != 0 && dense)) {
+    return;
+  }
+  for (int k = 0; k < per; k++) {
+    int tile = first + k * nsg;
+    const int i = mv_multi_weight(p, tile);
+    device const uchar* w = mv_pick(i, w0, w1, w2, w3);
+    if (dense) {
+      mv_prefetch_tile<bfloat>(w, cols, tile * MV_R, p.out_dim[i]);
+    } else if (i >= p.dense_count) {
+      mv_prefetch_tile<uchar>(w, cols, tile * MV_R, p.out_dim[i]);
+    }
+  }
+}
+
+// The norm weights of a thread's first HC_READ_AHEAD float4 columns (t, t + threads, ..: the
+// read's stride; hc_prefetch_norm's columns), loaded before the wait.
+inline void mv_read_norm_ahead(device const float* norm, int cols, int t, int threads, thread float4* wk) {
+  CK_UNROLL for (int a = 0; a < HC_READ_AHEAD; a++) {
+    const int c4 = t + a * threads;
+    wk[a] = c4 < cols / 4 ? float4(norm[4 * c4], norm[4 * c4 + 1], norm[4 * c4 + 2], norm[4 * c4 + 3]) : float4(0.0f);
+  }
+}
+
 // The plain residual's read (n = 1, no site: the MTP head) as a threadgroup of
 // matvec_multi_q4_r1_read forms it: y = x * rsqrt(mean(x^2) + eps) * (centred ? 1 + w : w)
 // into the staging buffer, the arithmetic of rms_norm_f32 (norm.h), so the same bits: every
@@ -493,25 +523,11 @@ template <bool PLAIN>
   const int q4_first = dense_tiles + (int(tg.x) - dense_tiles) * per * int(nsg) + int(sg);
   // What no dispatch writes, asked for first: the tiles' weights (into L2), the norm's weights
   // and the site's base.
-  if (lane == 0 && (sg == 0 || !dense)) {
-    for (int k = 0; k < per; k++) {
-      int tile = dense ? int(tg.x) : q4_first + k * int(nsg);
-      const int i = mv_multi_weight(p, tile);
-      device const uchar* w = mv_pick(i, w0, w1, w2, w3);
-      if (dense) {
-        mv_prefetch_tile<bfloat>(w, cols, tile * MV_R, p.out_dim[i]);
-      } else if (i >= p.dense_count) {
-        mv_prefetch_tile<uchar>(w, cols, tile * MV_R, p.out_dim[i]);
-      }
-    }
-  }
+  mv_read_prefetch_tiles(p, dense, dense ? int(tg.x) : q4_first, per, int(nsg), cols, w0, w1, w2, w3, sg, lane);
   const int t = int(sg) * 32 + int(lane);
   const int threads = PLAIN ? 32 * int(nsg) : 32 * HC_TG_SG;  // (the hc read's columns assume its HC_TG_SG simdgroups)
   float4 wk[HC_READ_AHEAD];
-  CK_UNROLL for (int a = 0; a < HC_READ_AHEAD; a++) {  // hc_prefetch_norm's columns at the read's stride
-    const int c4 = t + a * threads;
-    wk[a] = c4 < cols / 4 ? float4(norm[4 * c4], norm[4 * c4 + 1], norm[4 * c4 + 2], norm[4 * c4 + 3]) : float4(0.0f);
-  }
+  mv_read_norm_ahead(norm, cols, t, threads, wk);
   if (PLAIN) {
     ck_inputs_ready();
     mv_plain_read(cols, p.norm_eps, p.centred != 0, (device const float*)X, norm, wk, xs, t, threads, lane);
@@ -618,25 +634,12 @@ template <bool PLAIN>
   const bool dense = int(tg.x) < dense_tiles;  // uniform per threadgroup: one bf16 tile, split form
   const int per = dense ? 1 : p.tiles_per_sg;
   const int q4_first = dense_tiles + (int(tg.x) - dense_tiles) * per * int(nsg) + int(sg);
-  if (lane == 0 && (sg == 0 || !dense)) {  // the tiles' weights first, as the one-row kernel
-    for (int k = 0; k < per; k++) {
-      int tile = dense ? int(tg.x) : q4_first + k * int(nsg);
-      const int i = mv_multi_weight(p, tile);
-      device const uchar* w = mv_pick(i, w0, w1, w2, w3);
-      if (dense) {
-        mv_prefetch_tile<bfloat>(w, cols, tile * MV_R, p.out_dim[i]);
-      } else if (i >= p.dense_count) {
-        mv_prefetch_tile<uchar>(w, cols, tile * MV_R, p.out_dim[i]);
-      }
-    }
-  }
+  // The tiles' weights and the norm's first, as the one-row kernel.
+  mv_read_prefetch_tiles(p, dense, dense ? int(tg.x) : q4_first, per, int(nsg), cols, w0, w1, w2, w3, sg, lane);
   const int t = int(sg) * 32 + int(lane);
   const int threads = PLAIN ? 32 * int(nsg) : 32 * HC_TG_SG;
   float4 wk[HC_READ_AHEAD];
-  CK_UNROLL for (int a = 0; a < HC_READ_AHEAD; a++) {
-    const int c4 = t + a * threads;
-    wk[a] = c4 < c4s ? float4(norm[4 * c4], norm[4 * c4 + 1], norm[4 * c4 + 2], norm[4 * c4 + 3]) : float4(0.0f);
-  }
+  mv_read_norm_ahead(norm, cols, t, threads, wk);
   float b[HC_MAX_STREAMS];
   CK_UNROLL for (int k = 0; k < HC_MAX_STREAMS; k++) {
     b[k] = !PLAIN && k < n ? base[k] : 0.0f;
