@@ -9,8 +9,7 @@ import { bind, live, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import type { RowRange } from "../api/backend.ts";
 import type { SitePlan } from "./handshake.ts";
 import { hcFold, hcFolds, siteWrite, type HcSiteRefs } from "./hyperconnection.ts";
-import { deferSiteRead, encodeSiteProjections, type PlainRead } from "./site-read.ts";
-import { encodeRmsNorm } from "./norms.ts";
+import { deferSiteRead, encodeReadApart, encodeSiteProjections, type PlainRead } from "./site-read.ts";
 import type { EngineGpu } from "./load.ts";
 import { encodeAttentionMixer, encodeDeltaNetMixer } from "./mixers.ts";
 import { encodeLookaheadRoute, encodeMoeCompute, encodeMoeRoute, type MoeSiteArgs } from "./moe-site.ts";
@@ -172,7 +171,7 @@ export function encodeGreedy(ctx: EncodeContext, gpu: EngineGpu, hidden: RowsRef
     if (read && lm.dtype === "q4") encodeSiteProjections(ctx, [{ w: lm, y: s.head.logits }], read, hidden, 1);
     else {
       // (a bf16 head would take a threadgroup per MV_R rows, each forming the norm: apart)
-      if (read) encodeRmsNorm(ctx, read.X, read.norm.w, hidden, 1, read.norm.eps, { centred: read.norm.centred ?? true });
+      if (read) encodeReadApart(ctx, read, 1);
       encodeLogits(ctx, lm, rowAt(hidden, r0), s.head.logits, rows);
     }
     encodeArgmax(ctx, s.head.logits, bind(ids.buffer, ids.offset + r0 * 4), bind(margins.buffer, margins.offset + r0 * 4), rows, vocab);

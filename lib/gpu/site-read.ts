@@ -148,7 +148,7 @@ export function encodeSiteProjections(
 }
 
 /** The read on its own: the site's read kernel, or the plain residual's rms_norm_f32. */
-function encodeReadApart(ctx: EncodeContext, read: SiteRead, nb: number): void {
+export function encodeReadApart(ctx: EncodeContext, read: SiteRead, nb: number): void {
   if (read.plain) encodeRmsNorm(ctx, read.X, read.norm.w, read.xn, nb, read.norm.eps, { centred: read.norm.centred ?? true });
   else encodeSiteRead(ctx, read.X, read.site, read.scratch, read.xn, nb, read.cfg, read.d, read.norm, read.folded);
 }
