@@ -16,7 +16,7 @@ import { openModel } from "../../lib/model/format.ts";
 import { loadTokenizer } from "../../lib/model/tokenizer.ts";
 import { goldenCases } from "../golden/cases.ts";
 import { buildGoldenModel } from "../golden/golden.ts";
-import { countDispatches, goldenRecord } from "./helpers.ts";
+import { countDispatches, decodeCountingDispatches, goldenRecord } from "./helpers.ts";
 import { BACKEND } from "../selected-backend.ts";
 
 const dirs: string[] = [];
@@ -56,15 +56,7 @@ async function decode(dir: string, name: string, option: "0" | "1", recorded: bo
     const files = await openModel(dir);
     const engine = await Engine.load(files, BACKEND, { lookahead: false });
     try {
-      const seq = engine.newSequence();
-      let first: Awaited<ReturnType<typeof seq.forward>> | undefined;
-      const prompt = await countDispatches(async () => {
-        first = await seq.forward(c.prompt);
-      });
-      const tokens = [first!.next[first!.next.length - 1]!];
-      const seen = await countDispatches(async () => {
-        while (tokens.length < c.maxTokens) tokens.push((await seq.forward([tokens[tokens.length - 1]!])).next[0]!);
-      });
+      const { tokens, prompt, seen } = await decodeCountingDispatches(engine.newSequence(), c.prompt, c.maxTokens);
       return { tokens, prompt, seen, steps: c.maxTokens - 1, config: files.manifest.config, replayed: engine.recordedSteps.replayed };
     } finally {
       await engine.close();

@@ -11,7 +11,7 @@ import { openModel } from "../../lib/model/format.ts";
 import { fusesSiteRead } from "../../lib/gpu/site-read.ts";
 import { goldenCases } from "../golden/cases.ts";
 import { buildGoldenModel } from "../golden/golden.ts";
-import { countDispatches, goldenRecord } from "./helpers.ts";
+import { decodeCountingDispatches, goldenRecord } from "./helpers.ts";
 import { BACKEND } from "../selected-backend.ts";
 import { gemmMinRows } from "../../lib/gpu/gemm.ts";
 
@@ -29,15 +29,7 @@ async function decode(dir: string, name: string, fold: boolean) {
   const files = await openModel(dir);
   const engine = await Engine.load(files, BACKEND, { lookahead: false });
   try {
-    const seq = engine.newSequence();
-    let first: Awaited<ReturnType<typeof seq.forward>> | undefined;
-    const prompt = await countDispatches(async () => {
-      first = await seq.forward(c.prompt);
-    });
-    const tokens = [first!.next[first!.next.length - 1]!];
-    const seen = await countDispatches(async () => {
-      while (tokens.length < c.maxTokens) tokens.push((await seq.forward([tokens[tokens.length - 1]!])).next[0]!);
-    });
+    const { tokens, prompt, seen } = await decodeCountingDispatches(engine.newSequence(), c.prompt, c.maxTokens);
     return { tokens, prompt, seen, steps: c.maxTokens - 1, config: files.manifest.config };
   } finally {
     await engine.close();

@@ -5,7 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Backend } from "../../lib/api/backend.ts";
 import { EngineBackend, type EngineOptions } from "../../lib/api/engine-backend.ts";
-import type { Engine } from "../../lib/gpu/engine.ts";
+import type { Engine, EngineSequence } from "../../lib/gpu/engine.ts";
 import { Tape } from "../../lib/gpu/tape.ts";
 import { openModel } from "../../lib/model/format.ts";
 import { CommandBuffer, type Pipeline } from "../../lib/shim.ts";
@@ -97,6 +97,19 @@ export function maxWeightError(a: number[][][], b: number[][][]): number {
   let max = 0;
   a.forEach((rows, l) => rows.forEach((ws, r) => ws.forEach((w, k) => (max = Math.max(max, Math.abs(w - b[l]![r]![k]!))))));
   return max;
+}
+
+/** Greedy decoding on `seq` to maxTokens tokens: the tokens, the prompt step's dispatches and the decode steps' (countDispatches). */
+export async function decodeCountingDispatches(seq: EngineSequence, promptTokens: number[], maxTokens: number) {
+  let first: Awaited<ReturnType<typeof seq.forward>> | undefined;
+  const prompt = await countDispatches(async () => {
+    first = await seq.forward(promptTokens);
+  });
+  const tokens = [first!.next[first!.next.length - 1]!];
+  const seen = await countDispatches(async () => {
+    while (tokens.length < maxTokens) tokens.push((await seq.forward([tokens[tokens.length - 1]!])).next[0]!);
+  });
+  return { tokens, prompt, seen };
 }
 
 /**

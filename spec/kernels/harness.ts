@@ -5,7 +5,7 @@
 // Stable API (other kernel families import it): NB_CASES, rng, randomF32, randomTokens,
 // openDevice, hostTensor, uploadWeights, uploadWeight, uploadF32, uploadI32, outputF32,
 // outputI32, readF32, readI32, run, expectClose, compareClose, expectExact, rows, worstErrors.
-import { expect } from "bun:test";
+import { afterEach, expect } from "bun:test";
 import { appendFileSync } from "node:fs";
 
 import type { DType } from "../../lib/model/config.ts";
@@ -157,6 +157,19 @@ export function expectGuard(b: Buffer, n: number, guard = 16): void {
 
 /** A copy of n floats from `offset` floats into the buffer. */
 export const readF32 = (b: Buffer, n: number, offset = 0) => b.f32.slice(offset, offset + n);
+/** The bit patterns of `count` 32-bit words of `b` from byte `offset` (bit-for-bit comparisons). */
+export const bitsOf = (b: Buffer, count: number, offset = 0) => [...new Uint32Array(b.bytes.buffer, b.bytes.byteOffset + offset, count)];
+
+/** Puts each of these environment variables back as it was when the file loaded, after every test (the tests set them). */
+export function restoreEnvAfterEach(...names: string[]): void {
+  const saved = Object.fromEntries(names.map((k) => [k, process.env[k]]));
+  afterEach(() => {
+    for (const k of names) {
+      if (saved[k] === undefined) delete process.env[k];
+      else process.env[k] = saved[k];
+    }
+  });
+}
 export const readI32 = (b: Buffer, n: number, offset = 0) => b.i32.slice(offset, offset + n);
 
 /** A RowsRef over a contiguous [nb][width] f32 region of `buffer`. */

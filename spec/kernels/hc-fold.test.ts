@@ -15,7 +15,7 @@ import type { DType } from "../../lib/model/config.ts";
 import { hcCoefficients, hcFinalRead, hcMixes, hcRead } from "../../lib/reference/hyperconnection.ts";
 import { rmsNorm } from "../../lib/reference/ops.ts";
 import type { Buffer } from "../../lib/shim.ts";
-import { expectClose, hostTensor, openDevice, outputF32, randomF32, readF32, rows, run, uploadF32, uploadWeight, uploadWeights } from "./harness.ts";
+import { bitsOf as bits, expectClose, hostTensor, openDevice, outputF32, randomF32, readF32, rows, run, uploadF32, uploadWeight, uploadWeights } from "./harness.ts";
 
 const dev = openDevice();
 afterAll(() => dev.close());
@@ -29,7 +29,6 @@ const STREAM_TOL = { abs: 1e-5, rel: 1e-5 };
 // One partial: 4n products of values up to ~3 in f32 against their f64 sum.
 const PARTIAL_TOL = { abs: 1e-5, rel: 1e-5 };
 
-const bits = (b: Buffer, count: number, offset = 0) => [...new Uint32Array(b.bytes.buffer, b.bytes.byteOffset + offset, count)];
 
 /** The next site's weights (fn in `dtype`) and the host values the reference uses. */
 function nextSite(n: number, d: number, dtype: DType, seed: number, head = false) {

@@ -3,7 +3,7 @@
 // bit for bit, what rms_norm_f32 followed by the decode projections give (the projections and
 // the norm stored to xn), with a conv in the epilogue too; steps it cannot take fall back to
 // those two.
-import { afterAll, afterEach, describe, expect, test } from "bun:test";
+import { afterAll, describe, expect, test } from "bun:test";
 
 import { encodeConvSilu } from "../../lib/gpu/deltanet.ts";
 import { bind } from "../../lib/gpu/dispatch.ts";
@@ -11,20 +11,11 @@ import { encodeRmsNorm } from "../../lib/gpu/norms.ts";
 import { encodeMatvecs, type Projection } from "../../lib/gpu/projections.ts";
 import { encodeSiteProjections, plainRead } from "../../lib/gpu/site-read.ts";
 import type { DType } from "../../lib/model/config.ts";
-import type { Buffer } from "../../lib/shim.ts";
-import { hostTensor, openDevice, outputF32, randomF32, recordingNames, rows, run, uploadF32, uploadWeight, uploadWeights } from "./harness.ts";
+import { bitsOf as bits, hostTensor, openDevice, outputF32, randomF32, recordingNames, restoreEnvAfterEach, rows, run, uploadF32, uploadWeight, uploadWeights } from "./harness.ts";
 
 const dev = openDevice();
 afterAll(() => dev.close());
-const saved = { fused: process.env.CHERENKOV_HC_READ_FUSED, tiles: process.env.CHERENKOV_HC_READ_TILES };
-afterEach(() => {
-  if (saved.fused === undefined) delete process.env.CHERENKOV_HC_READ_FUSED;
-  else process.env.CHERENKOV_HC_READ_FUSED = saved.fused;
-  if (saved.tiles === undefined) delete process.env.CHERENKOV_HC_READ_TILES;
-  else process.env.CHERENKOV_HC_READ_TILES = saved.tiles;
-});
-
-const bits = (b: Buffer, count: number) => [...new Uint32Array(b.bytes.buffer, b.bytes.byteOffset, count)];
+restoreEnvAfterEach("CHERENKOV_HC_READ_FUSED", "CHERENKOV_HC_READ_TILES");
 
 /** A residual row X (at a 16-byte offset inside its buffer) and its norm weights. */
 function residual(d: number, seed: number, centred: boolean) {

@@ -4,7 +4,7 @@
 // followed by the batch's projections give (bf16 ones in matvec_multi_split's form, q4 ones in
 // matvec_multi_q4's rows form, or the one-simdgroup split form): the projections of every row,
 // every row's read stored to xn, and every row's coefficients. Steps it cannot take fall back.
-import { afterAll, afterEach, describe, expect, test } from "bun:test";
+import { afterAll, describe, expect, test } from "bun:test";
 
 import { encodeHcWrite, encodeSiteRead, hcFold, hcMixCount, hcPartialCount, type HcConfig, type HcScratch } from "../../lib/gpu/hyperconnection.ts";
 import { hcFoldCount } from "../../lib/gpu/hc-fold.ts";
@@ -13,20 +13,11 @@ import { encodeMatvecs, type Projection } from "../../lib/gpu/projections.ts";
 import { encodeSiteProjections, plainRead, type SiteRead } from "../../lib/gpu/site-read.ts";
 import type { DType } from "../../lib/model/config.ts";
 import type { Buffer } from "../../lib/shim.ts";
-import { hostTensor, openDevice, outputF32, randomF32, recordingNames, rows, run, uploadF32, uploadWeight, uploadWeights } from "./harness.ts";
+import { bitsOf as bits, hostTensor, openDevice, outputF32, randomF32, recordingNames, restoreEnvAfterEach, rows, run, uploadF32, uploadWeight, uploadWeights } from "./harness.ts";
 
 const dev = openDevice();
 afterAll(() => dev.close());
-const ENV = ["CHERENKOV_HC_READ_FUSED", "CHERENKOV_HC_READ_TILES", "CHERENKOV_HC_READ_FUSED_ROWS"] as const;
-const saved = Object.fromEntries(ENV.map((k) => [k, process.env[k]]));
-afterEach(() => {
-  for (const k of ENV) {
-    if (saved[k] === undefined) delete process.env[k];
-    else process.env[k] = saved[k];
-  }
-});
-
-const bits = (b: Buffer, count: number) => [...new Uint32Array(b.bytes.buffer, b.bytes.byteOffset, count)];
+restoreEnvAfterEach("CHERENKOV_HC_READ_FUSED", "CHERENKOV_HC_READ_TILES", "CHERENKOV_HC_READ_FUSED_ROWS");
 
 /** nb rows of streams after a folded write (so their partials exist), the site's weights and its norm. */
 function siteCase(n: number, d: number, nb: number, seed: number) {

@@ -3,7 +3,7 @@
 // (hc_coeffs_read_norm_f32, from the folded partials) followed by the decode projections
 // (matvec_multi_q4_r1_f32, bf16 ones first in the split form) give: the projections, the read
 // stored to xn, and the site's coefficients. Steps it cannot take fall back to those two.
-import { afterAll, afterEach, describe, expect, test } from "bun:test";
+import { afterAll, describe, expect, test } from "bun:test";
 
 import { hcFoldCount } from "../../lib/gpu/hc-fold.ts";
 import { encodeHcWrite, encodeSiteRead, hcFold, hcMixCount, hcPartialCount, type HcConfig, type HcScratch } from "../../lib/gpu/hyperconnection.ts";
@@ -11,19 +11,11 @@ import { encodeMatvecs, type Projection } from "../../lib/gpu/projections.ts";
 import { encodeSiteProjections, type SiteRead } from "../../lib/gpu/site-read.ts";
 import type { DType } from "../../lib/model/config.ts";
 import type { Buffer } from "../../lib/shim.ts";
-import { hostTensor, openDevice, outputF32, randomF32, recordingNames, rows, run, uploadF32, uploadWeight, uploadWeights } from "./harness.ts";
+import { bitsOf as bits, hostTensor, openDevice, outputF32, randomF32, recordingNames, restoreEnvAfterEach, rows, run, uploadF32, uploadWeight, uploadWeights } from "./harness.ts";
 
 const dev = openDevice();
 afterAll(() => dev.close());
-const saved = { fused: process.env.CHERENKOV_HC_READ_FUSED, tiles: process.env.CHERENKOV_HC_READ_TILES };
-afterEach(() => {
-  if (saved.fused === undefined) delete process.env.CHERENKOV_HC_READ_FUSED;
-  else process.env.CHERENKOV_HC_READ_FUSED = saved.fused;
-  if (saved.tiles === undefined) delete process.env.CHERENKOV_HC_READ_TILES;
-  else process.env.CHERENKOV_HC_READ_TILES = saved.tiles;
-});
-
-const bits = (b: Buffer, count: number) => [...new Uint32Array(b.bytes.buffer, b.bytes.byteOffset, count)];
+restoreEnvAfterEach("CHERENKOV_HC_READ_FUSED", "CHERENKOV_HC_READ_TILES");
 
 /** Streams after a folded write (so their partials exist), the site's weights and its norm. */
 function siteCase(n: number, d: number, seed: number) {
