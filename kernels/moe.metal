@@ -304,12 +304,24 @@ template [[host_name("moe_down_q4_r1_f32")]] kernel decltype(moe_down<uchar, 1>)
 // Gate and up of routed pair q (expert e, batch row q / top_k) for this simdgroup's MV_R
 // outputs from o0: h[q] = SiLU(gate_e x) * up_e x, one pair per pass. A missing slot (or an
 // id outside [0, E)) reads nothing and writes NaN. P: the plain or the routed params.
+// `asks` (one lane of each threadgroup of the pair's ntg): with p.prefetch_w2, the threadgroup's
+// share of the expert's down rows into L2 before it reads gate and up (kernels/grid.h
+// ck_prefetch), so moe_down_combine, the next dispatch, finds them there instead of waiting on
+// memory; the memory is otherwise idle while this kernel routes and computes.
 template <typename T, typename P>
 inline void moe_gate_up_pair(constant P& p, int q, int e, int o0, device const int* slot_of, device const uchar* pool,
-                             device const uchar* x, device uchar* y, ushort lane) {
+                             device const uchar* x, device uchar* y, ushort lane, bool asks, uint tgx, uint ntg) {
   const int slot = e >= 0 && e < p.experts ? slot_of[e] : -1;
   const bool missing = slot < 0 || slot >= p.slots;
   device const uchar* record = pool + (missing ? 0ul : ulong(slot) * p.record_stride);
+  if (asks && !missing && p.prefetch_w2 != 0u) {
+    // down is [in_dim rows of out_dim]: threadgroup tgx of ntg takes rows [tgx * per, ...).
+    const int per = (p.in_dim + int(ntg) - 1) / int(ntg);
+    const int r0 = int(tgx) * per;
+    if (r0 < p.in_dim) {
+      mv_prefetch_rows(record + p.w2_offset, ulong(p.out_dim), r0, min(per, p.in_dim - r0), p.in_dim, (thread const T*)nullptr);
+    }
+  }
   ulong xoff[1] = {ulong(q / p.top_k) * p.x_stride};
   float4 acc[1] = {float4(0.0f)};
   float4 up[1] = {float4(0.0f)};
@@ -343,6 +355,7 @@ template <typename T>
     device const uchar* x        [[buffer(4)]],
     device uchar* y              [[buffer(5)]],
     uint2 tg                     [[threadgroup_position_in_grid]],
+    uint2 ntg                    [[threadgroups_per_grid]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
   const int q = int(tg.y);
@@ -350,7 +363,7 @@ template <typename T>
   if (q >= p.rows * p.top_k || o0 >= p.out_dim) {
     return;  // uniform per simdgroup
   }
-  moe_gate_up_pair<T>(p, q, ids[q], o0, slot_of, pool, x, y, lane);
+  moe_gate_up_pair<T>(p, q, ids[q], o0, slot_of, pool, x, y, lane, sg == 0 && lane == 0, tg.x, ntg.x);
 }
 
 // moe_gate_up_pairs with the router's softmax + top-k folded in (a resident decode step: no
@@ -370,6 +383,7 @@ template <typename T>
     device const uchar* x        [[buffer(6)]],
     device uchar* y              [[buffer(7)]],
     uint2 tg                     [[threadgroup_position_in_grid]],
+    uint2 ntg                    [[threadgroups_per_grid]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
   const int q = int(tg.y);
@@ -385,7 +399,7 @@ template <typename T>
   device int* row_ids = ids + r * p.top_k;
   device float* row_w = weights + r * p.top_k;
   const int e = router_route(l, p.experts, p.top_k, p.norm_topk != 0, picks, k, writes, row_ids, row_w, lane);
-  moe_gate_up_pair<T>(p, q, e, o0, slot_of, pool, x, y, lane);
+  moe_gate_up_pair<T>(p, q, e, o0, slot_of, pool, x, y, lane, sg == 0 && lane == 0, tg.x, ntg.x);
 }
 
 template [[host_name("moe_gate_up_pairs_q4_f32")]] kernel decltype(moe_gate_up_pairs<uchar>) moe_gate_up_pairs<uchar>;

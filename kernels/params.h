@@ -454,8 +454,11 @@ typedef struct {
   uint64_t w1_offset;            // offset 40: up part inside a record (gate_up only)
   uint64_t x_stride;             // offset 48: bytes between input rows: per batch row (gate_up), per pair (down)
   uint64_t y_stride;             // offset 56: bytes between output rows (per pair)
+  uint64_t w2_offset;            // offset 64: down part inside a record, which a decode gate_up asks L2 for (prefetch_w2)
+  uint32_t prefetch_w2;          // offset 72: 1: moe_gate_up_pairs prefetches its expert's down rows into L2 (CUDA; a no-op elsewhere)
+  uint32_t _pad0;                // offset 76
 } MoeExpertsParams;
-CK_PARAMS_ASSERT(sizeof(MoeExpertsParams) == 64, "MoeExpertsParams: size");
+CK_PARAMS_ASSERT(sizeof(MoeExpertsParams) == 80, "MoeExpertsParams: size");
 #ifndef __METAL_VERSION__
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, rows) == 0, "MoeExpertsParams.rows: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, top_k) == 4, "MoeExpertsParams.top_k: offset");
@@ -468,6 +471,9 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, w0_offset) == 32, "MoeExpe
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, w1_offset) == 40, "MoeExpertsParams.w1_offset: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, x_stride) == 48, "MoeExpertsParams.x_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, y_stride) == 56, "MoeExpertsParams.y_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, w2_offset) == 64, "MoeExpertsParams.w2_offset: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, prefetch_w2) == 72, "MoeExpertsParams.prefetch_w2: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, _pad0) == 76, "MoeExpertsParams._pad0: offset");
 #endif
 
 // Decode gate_up per routed pair (MoeExperts' fields) that routes its row itself from the router logits (Router's softmax + top-k) and writes the row's ids and weights.
@@ -484,10 +490,11 @@ typedef struct {
   uint64_t x_stride;             // offset 48: bytes between input rows (per batch row)
   uint64_t y_stride;             // offset 56: bytes between output rows (per pair)
   uint32_t norm_topk;            // offset 64: 1: divide the chosen p by their sum
-  uint32_t _pad0;                // offset 68
+  uint32_t prefetch_w2;          // offset 68: as MoeExperts.prefetch_w2
   uint64_t logits_stride;        // offset 72: bytes between logit rows
+  uint64_t w2_offset;            // offset 80: down part inside a record (prefetch_w2)
 } MoeRoutedGateUpParams;
-CK_PARAMS_ASSERT(sizeof(MoeRoutedGateUpParams) == 80, "MoeRoutedGateUpParams: size");
+CK_PARAMS_ASSERT(sizeof(MoeRoutedGateUpParams) == 88, "MoeRoutedGateUpParams: size");
 #ifndef __METAL_VERSION__
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, rows) == 0, "MoeRoutedGateUpParams.rows: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, top_k) == 4, "MoeRoutedGateUpParams.top_k: offset");
@@ -501,8 +508,9 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, w1_offset) == 40, "Mo
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, x_stride) == 48, "MoeRoutedGateUpParams.x_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, y_stride) == 56, "MoeRoutedGateUpParams.y_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, norm_topk) == 64, "MoeRoutedGateUpParams.norm_topk: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, _pad0) == 68, "MoeRoutedGateUpParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, prefetch_w2) == 68, "MoeRoutedGateUpParams.prefetch_w2: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, logits_stride) == 72, "MoeRoutedGateUpParams.logits_stride: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, w2_offset) == 80, "MoeRoutedGateUpParams.w2_offset: offset");
 #endif
 
 // Decode MoE output in one pass: y[r] = sum_k w[r][k] down_{e_k} h[r*k + k] (+ sigmoid(sg[r]) s[r]), experts through the slot table.

@@ -266,7 +266,7 @@ export function encodeDeltaNet(ctx: EncodeContext, a: DeltaNetArgs): void {
 // row; y, S and the snapshot planes equal deltanet_rows_f32 + rms_norm_gated_f32 bit for bit
 // (spec/kernels/deltanet-norm.test.ts). It saves the norm's dispatch (on the H200 ~6.9 us a
 // DeltaNet layer of a decode token, pure latency) at the price of one threadgroup per head
-// walking its dv columns in turn instead of dv / 4 threadgroups: not yet timed, so off by default.
+// walking its dv columns in turn instead of dv / 4 threadgroups: on by default on the GPU backends.
 // A simdgroup walks its columns COLS at a time (deltanet_rows_norm_c2_f32, _c4_f32: the row's
 // shared loads and sums once for COLS columns, same bits): CHERENKOV_DELTANET_NORM_COLS.
 
@@ -280,13 +280,17 @@ const DELTANET_NORM_THREADS = 512;
 
 /**
  * Whether the three-kernel form runs a batch of up to DELTANET_NORM_MAX_ROWS rows' recurrence
- * and gated norm as one dispatch: CHERENKOV_DELTANET_NORM_FUSED=1 on, =0 or unset off (the
- * default until it is timed on the H200). Read at each call, so tests can force both forms.
+ * and gated norm as one dispatch: CHERENKOV_DELTANET_NORM_FUSED=1 on, =0 off; unset, on for the
+ * GPU backends (on the H200 the 30b decode step went from 408 to 372 commands and 4.73 to 4.58
+ * ms, docs/performance.md "twelfth run") and off on the CPU backend, whose threadgroups run in
+ * turn, so a head's one threadgroup gains nothing from the norm's saved launch. Read at each
+ * call, so tests can force both forms.
  */
-export function deltanetNormFused(): boolean {
+export function deltanetNormFused(backend: string): boolean {
   const env = process.env.CHERENKOV_DELTANET_NORM_FUSED;
-  if (env === undefined || env === "" || env === "0") return false;
   if (env === "1") return true;
+  if (env === "0") return false;
+  if (env === undefined || env === "") return backend !== "cpu";
   throw new RangeError(`CHERENKOV_DELTANET_NORM_FUSED=${env}: expected 0 (two dispatches) or 1 (one)`);
 }
 
@@ -315,7 +319,7 @@ export function deltanetNormCols(): DeltaNetNormCols | undefined {
  * asks with the simdgroups of its 512-thread bound (a lower pipeline limit, e.g. 256 threads,
  * only doubles each one's columns). Every COLS fits sm_90's 128 registers a thread at 512
  * threads without spills (111 at 4); at the 30b shape (dv 128, 16 simdgroups: 8 columns each)
- * that is 4, two passes over the rows instead of eight. Not yet timed.
+ * that is 4, two passes over the rows instead of eight. On the H200: 4 beat 2 and 1 (docs/performance.md "twelfth run").
  */
 export function deltanetNormColsFor(dv: number, simdgroups: number): DeltaNetNormCols {
   if (dv % simdgroups !== 0) return 1;
@@ -418,7 +422,7 @@ export interface DeltaNetBlockArgs extends DeltaNetShape {
    * window are in place, x unwritten); the three-kernel form then starts at the recurrence.
    */
   convDone?: boolean;
-  /** Forces the recurrence and its gated norm into one dispatch or two (tests); default deltanetNormFused(). */
+  /** Forces the recurrence and its gated norm into one dispatch or two (tests); default deltanetNormFused(backend). */
   normFused?: boolean;
 }
 
@@ -529,11 +533,11 @@ export function encodeDeltaNetBlock(ctx: EncodeContext, a: DeltaNetBlockArgs, fu
 
 /**
  * Whether the three-kernel form's recurrence and norm run as deltanet_rows_norm_f32: the option
- * on (a.normFused, else deltanetNormFused()), up to DELTANET_NORM_MAX_ROWS rows, and the row scan
+ * on (a.normFused, else deltanetNormFused(backend)), up to DELTANET_NORM_MAX_ROWS rows, and the row scan
  * chosen (prompt chunks, and batches the chunked form takes, keep their kernels).
  */
 function takesNormFused(ctx: EncodeContext, a: DeltaNetBlockArgs, dn: DeltaNetArgs): boolean {
-  if (!(a.normFused ?? deltanetNormFused()) || a.rows > DELTANET_NORM_MAX_ROWS) return false;
+  if (!(a.normFused ?? deltanetNormFused(ctx.device.backend)) || a.rows > DELTANET_NORM_MAX_ROWS) return false;
   return !(dn.chunked ?? deltanetTakesChunked(dn, deltanetChunkedMinRows(ctx.device.backend)));
 }
 

@@ -188,6 +188,22 @@ const DOWN_COMBINE_SIMDGROUPS = (() => {
   if (!Number.isInteger(n) || n < 1 || n > 8) throw new Error(`CHERENKOV_MOE_DC_SG=${process.env.CHERENKOV_MOE_DC_SG}: expected an integer from 1 to 8 (moe_down_combine's simdgroups)`);
   return n;
 })();
+/**
+ * Whether a decode step's gate and up (moe_gate_up_pairs, _routed) ask L2 for their experts'
+ * down rows, each threadgroup a share, so moe_down_combine reads them from L2 instead of
+ * memory (a prefetch on CUDA; nothing on Metal and the CPU backend, which have no such
+ * instruction): CHERENKOV_MOE_PREFETCH_DOWN=0 off, =1 or unset on. Read at each call.
+ */
+export function prefetchesDown(): boolean {
+  const env = process.env.CHERENKOV_MOE_PREFETCH_DOWN;
+  if (env === undefined || env === "" || env === "1") return true;
+  if (env === "0") return false;
+  throw new RangeError(`CHERENKOV_MOE_PREFETCH_DOWN=${env}: expected 0 (off) or 1 (on)`);
+}
+
+/** The list-based expert kernels' params prefetch nothing. */
+const NO_PREFETCH = { w2_offset: 0, prefetch_w2: 0 } as const;
+
 /** The largest top_k moe_down_combine holds in threadgroup memory (MOE_MAX_TOP_K). */
 const DOWN_COMBINE_MAX_TOP_K = 64;
 
@@ -240,7 +256,10 @@ export function encodeRoutedExperts(
   // the router's ids (no pair lists), then the fused down + combine.
   if (combine) {
     if (!fusesDownCombine(pool, nb)) throw new Error(`moe_down_combine: needs at most ${PAIR_ROWS} rows, q4 records and a one-buffer pool (fusesDownCombine)`);
-    const values = { rows: nb, top_k: topK, experts, slots: pool.slots, record_stride: pool.stride, in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: x.stride, y_stride: scratch.h.stride };
+    const values = {
+      rows: nb, top_k: topK, experts, slots: pool.slots, record_stride: pool.stride, in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset,
+      x_stride: x.stride, y_stride: scratch.h.stride, w2_offset: down.offset, prefetch_w2: prefetchesDown() ? 1 : 0,
+    };
     const io = [slotOf, pool.buffers[0]!, bind(x.buffer, x.offset), bind(scratch.h.buffer, scratch.h.offset)];
     const grid: [number, number] = [Math.ceil(I / (T.rows * T.simdgroups)), nb * topK];
     const route = combine.route;
@@ -294,7 +313,7 @@ export function encodeRoutedExperts(
   };
   run(
     gemm ? `moe_gemm_gate_up_${dtype}_f32` : oneRowForm(`moe_gate_up_${dtype}_f32`, dtype, pairsPerPass),
-    { in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: x.stride, y_stride: scratch.h.stride },
+    { in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset, x_stride: x.stride, y_stride: scratch.h.stride, ...NO_PREFETCH },
     x,
     scratch.h,
     I,
@@ -302,7 +321,7 @@ export function encodeRoutedExperts(
   );
   run(
     gemm ? `moe_gemm_down_${dtype}_f32` : oneRowForm(`moe_down_${dtype}_f32`, dtype, pairsPerPass),
-    { in_dim: I, out_dim: d, w0_offset: down.offset, w1_offset: 0, x_stride: scratch.h.stride, y_stride: scratch.o.stride },
+    { in_dim: I, out_dim: d, w0_offset: down.offset, w1_offset: 0, x_stride: scratch.h.stride, y_stride: scratch.o.stride, ...NO_PREFETCH },
     scratch.h,
     scratch.o,
     d,

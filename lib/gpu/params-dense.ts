@@ -246,6 +246,9 @@ export const denseParams = {
       { name: "w1_offset", type: "u64", doc: "up part inside a record (gate_up only)" },
       { name: "x_stride", type: "u64", doc: "bytes between input rows: per batch row (gate_up), per pair (down)" },
       { name: "y_stride", type: "u64", doc: "bytes between output rows (per pair)" },
+      { name: "w2_offset", type: "u64", doc: "down part inside a record, which a decode gate_up asks L2 for (prefetch_w2)" },
+      { name: "prefetch_w2", type: "u32", doc: "1: moe_gate_up_pairs prefetches its expert's down rows into L2 (CUDA; a no-op elsewhere)" },
+      { name: "_pad0", type: "u32" },
     ],
   },
   MoeRoutedGateUp: {
@@ -263,8 +266,9 @@ export const denseParams = {
       { name: "x_stride", type: "u64", doc: "bytes between input rows (per batch row)" },
       { name: "y_stride", type: "u64", doc: "bytes between output rows (per pair)" },
       { name: "norm_topk", type: "u32", doc: "1: divide the chosen p by their sum" },
-      { name: "_pad0", type: "u32" },
+      { name: "prefetch_w2", type: "u32", doc: "as MoeExperts.prefetch_w2" },
       { name: "logits_stride", type: "u64", doc: "bytes between logit rows" },
+      { name: "w2_offset", type: "u64", doc: "down part inside a record (prefetch_w2)" },
     ],
   },
   MoeDownCombine: {

@@ -4,7 +4,7 @@
  * (nb = 1) and a 32-row batch. Weights are random, stored as a q4 model stores them
  * (matrices q4, small tensors bf16, norms f32); all experts are resident.
  *
- *   bun spec/bench/kernels.ts [--json] [--iters N] [--reps N] [--nb 1,32] [--filter text]
+ *   bun spec/bench/kernels.ts [--json] [--iters N] [--reps N] [--nb 1,32] [--filter text[|text...]]
  *                             [--preset small|30b-a3b-shape|...] [--storage shared|device]
  * (--reps: dispatches per timed command buffer, 10; 1 with --iters 1 suits a profiler such as ncu)
  *
@@ -766,7 +766,7 @@ export function runBench(opts: { nbs: number[]; iters: number; reps: number; fil
   const out: BenchResult[] = [];
   try {
     for (const c of [...cases(f), ...sequenceCases(f)]) {
-      if (opts.filter && !c.name.includes(opts.filter)) continue;
+      if (opts.filter && !opts.filter.split("|").some((f) => c.name.includes(f))) continue;
       if (c.name === "shared expert" && !SI) continue; // the preset has none (30b-a3b-shape)
       for (const nb of opts.nbs) {
         const encode = c.setup(nb);

@@ -242,12 +242,15 @@ function blockOnDevice(c: NormCase) {
 describe("encodeDeltaNetBlock: the recurrence and its norm in one dispatch", () => {
   const withEnv = <T>(value: string | undefined, body: () => T): T => withEnvVar("CHERENKOV_DELTANET_NORM_FUSED", value, body);
 
-  test("CHERENKOV_DELTANET_NORM_FUSED: 1 on, 0 or unset off, anything else refused by name", () => {
-    expect(withEnv(undefined, deltanetNormFused)).toBe(false);
-    expect(withEnv("", deltanetNormFused)).toBe(false);
-    expect(withEnv("0", deltanetNormFused)).toBe(false);
-    expect(withEnv("1", deltanetNormFused)).toBe(true);
-    expect(() => withEnv("yes", deltanetNormFused)).toThrow(/CHERENKOV_DELTANET_NORM_FUSED=yes: expected 0/);
+  test("CHERENKOV_DELTANET_NORM_FUSED: 1 on, 0 off, unset on for the GPU backends and off on the CPU backend, anything else refused by name", () => {
+    for (const backend of ["cpu", "cuda", "metal"]) {
+      const on = (v: string | undefined) => withEnv(v, () => deltanetNormFused(backend));
+      expect(on(undefined)).toBe(backend !== "cpu");
+      expect(on("")).toBe(backend !== "cpu");
+      expect(on("0")).toBe(false);
+      expect(on("1")).toBe(true);
+      expect(() => on("yes")).toThrow(/CHERENKOV_DELTANET_NORM_FUSED=yes: expected 0/);
+    }
   });
 
   test("up to 4 rows of the row scan take it (the option read at each call); 5 rows, and the chunked form, keep their kernels; same bits", () => {
