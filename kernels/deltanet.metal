@@ -101,6 +101,23 @@ inline void dn_store_o(thread const DnStagedOut& out, uint t, uint h, uint j, ui
   out.o[t * dv + j] = oj;
 }
 
+// A column's row step once its sums are reduced: o_j and the scale kd of k in the state update
+// (S_j = decay S_j + kd k). `sk`, `sq`: S_j.k and S_j.q; rqk = rq rk q.k. deltanet_column and
+// deltanet_columns both call it, and the partial sums before it are explicit fmas in both:
+// left to the compiler, nvcc contracted the same expressions differently in the two kernels
+// (outputs 1 ulp apart on the H200).
+struct DnColumnStep {
+  float oj;
+  float kd;
+};
+inline DnColumnStep dn_column_step(float decay, float rq, float rk, float beta, float v, float sk, float sq, float rqk) {
+  const float delta = beta * fma(-(decay * rk), sk, v);
+  DnColumnStep r;
+  r.oj = fma(decay * rq, sq, delta * rqk);
+  r.kd = rk * delta;
+  return r;
+}
+
 // One simdgroup's state column j of value head h over the p.rows rows (grid: see below). A
 // lane holds at most PER rows of the column (dk <= 32 PER).
 template <bool CONV, uint PER, typename P, typename OUT>
@@ -153,7 +170,7 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
       if (m < per) {
         const float qi = qc[m];
         const float ki = kr[m];
-        part = part + float4(qi * qi, ki * ki, s[m] * ki, s[m] * qi);
+        part = fma(float4(qi, ki, s[m], s[m]), float4(qi, ki, ki, qi), part);
         qk = fma(qi, ki, qk);
       }
     }
@@ -163,17 +180,14 @@ inline void deltanet_column(constant P& p, thread const DnInput& in, device cons
     const float rk = rsqrt(part.y + p.l2_eps);
     const float beta = seq_sigmoid(bc);
     const float decay = exp(-A * seq_softplus(ac + dtb));
-    const float mj = decay * rk * part.z;
-    const float delta = beta * (vc - mj);
-    const float oj = decay * rq * part.w + delta * (rq * rk * qk);
-    const float kd = rk * delta;
+    const DnColumnStep step = dn_column_step(decay, rq, rk, beta, vc, part.z, part.w, rq * rk * qk);
     CK_UNROLL for (uint m = 0; m < PER; m++) {
       if (m < per) {
-        s[m] = fma(decay, s[m], kr[m] * kd);
+        s[m] = fma(decay, s[m], kr[m] * step.kd);
       }
     }
     if (lane == 0) {
-      dn_store_o(o, uint(t), h, j, dv, oj);
+      dn_store_o(o, uint(t), h, j, dv, step.oj);
     }
     if (t < p.snap_rows) {
       device float* plane = seq_row(snap, p.plane_stride, uint(t));
@@ -217,7 +231,7 @@ inline void dn_load_group(thread const DnInput& in, device const float* b, ulong
 // one pass over the rows per COLS of them. What the columns share is loaded, and reduced, once
 // per row: the lane's q and k, b and a, |q|^2, |k|^2, q.k. Every other quantity is per column and
 // formed by deltanet_column's operations in its order (the partial sums as its float4 `part`
-// forms them, here in float2s: products first, then a vector add), and simd_sum is componentwise
+// forms them, here in float2s: the same fmas; then dn_column_step), and simd_sum is componentwise
 // on every backend (Metal; metal-shim's CPU and CUDA preludes), so a column's o, S and snapshot
 // planes are deltanet_column's bit for bit however the sums are packed into float4s.
 template <uint COLS, uint PER, typename P, typename OUT>
@@ -276,9 +290,9 @@ inline void deltanet_columns(constant P& p, thread const DnInput& in, device con
       if (m < per) {
         const float qi = qc[m];
         const float ki = kr[m];
-        norms = norms + float2(qi * qi, ki * ki);
+        norms = fma(float2(qi, ki), float2(qi, ki), norms);
         CK_UNROLL for (uint c = 0; c < COLS; c++) {
-          dots[c] = dots[c] + float2(s[c * PER + m] * ki, s[c * PER + m] * qi);
+          dots[c] = fma(float2(s[c * PER + m]), float2(ki, qi), dots[c]);
         }
         qk = fma(qi, ki, qk);
       }
@@ -306,19 +320,17 @@ inline void deltanet_columns(constant P& p, thread const DnInput& in, device con
     const float beta = seq_sigmoid(bc);
     const float decay = exp(-A * seq_softplus(ac + dtb));
     const float qk_sum = sums[DN_GROUP_SUMS(COLS) - 1u];
+    const float rqk = rq * rk * qk_sum;
     CK_UNROLL for (uint c = 0; c < COLS; c++) {
-      const float mj = decay * rk * sums[2u + 2u * c];
-      const float delta = beta * (vc[c] - mj);
-      const float oj = decay * rq * sums[3u + 2u * c] + delta * (rq * rk * qk_sum);
-      const float kd = rk * delta;
+      const DnColumnStep step = dn_column_step(decay, rq, rk, beta, vc[c], sums[2u + 2u * c], sums[3u + 2u * c], rqk);
       CK_UNROLL for (uint m = 0; m < PER; m++) {
         if (m < per) {
-          s[c * PER + m] = fma(decay, s[c * PER + m], kr[m] * kd);
+          s[c * PER + m] = fma(decay, s[c * PER + m], kr[m] * step.kd);
         }
       }
       const bool live = j0 + c < dv;
       if (lane == 0 && live) {
-        dn_store_o(o, uint(t), h, j0 + c, dv, oj);
+        dn_store_o(o, uint(t), h, j0 + c, dv, step.oj);
       }
       if (t < p.snap_rows && live) {
         device float* plane = seq_row(snap, p.plane_stride, uint(t));

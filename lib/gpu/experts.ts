@@ -192,12 +192,15 @@ const DOWN_COMBINE_SIMDGROUPS = (() => {
  * Whether a decode step's gate and up (moe_gate_up_pairs, _routed) ask L2 for their experts'
  * down rows, each threadgroup a share, so moe_down_combine reads them from L2 instead of
  * memory (a prefetch on CUDA; nothing on Metal and the CPU backend, which have no such
- * instruction): CHERENKOV_MOE_PREFETCH_DOWN=0 off, =1 or unset on. Read at each call.
+ * instruction): CHERENKOV_MOE_PREFETCH_DOWN=1 on, =0 or unset off. On the H200 it took
+ * bench:kernels' routed experts from 31.8 to 25.9 us but gave a 30b decode step nothing
+ * (4.59-4.64 ms on, 4.56-4.59 off: docs/performance.md "twelfth run"), so it is off.
+ * Read at each call.
  */
 export function prefetchesDown(): boolean {
   const env = process.env.CHERENKOV_MOE_PREFETCH_DOWN;
-  if (env === undefined || env === "" || env === "1") return true;
-  if (env === "0") return false;
+  if (env === "1") return true;
+  if (env === undefined || env === "" || env === "0") return false;
   throw new RangeError(`CHERENKOV_MOE_PREFETCH_DOWN=${env}: expected 0 (off) or 1 (on)`);
 }
 

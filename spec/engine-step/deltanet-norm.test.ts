@@ -92,8 +92,11 @@ describe("CHERENKOV_DELTANET_NORM_FUSED=1: one dispatch fewer a DeltaNet layer o
       expect(count(fused.seen, "deltanet_rows_f32")).toBe(0);
       expect(count(fused.seen, "rms_norm_gated_f32")).toBe(0);
       expect(total(plain.seen) - total(fused.seen)).toBe(layers * steps);
-      // The decode row's conv ran in the qkv projection's epilogue (convDone): no conv dispatch.
-      expect(count(fused.seen, "conv_silu_rows_f32")).toBe(0);
+      // On the CPU backend the decode row's conv ran in the qkv projection's epilogue
+      // (convDone): no conv dispatch. (A GPU forms an hc site's read in the qkv projection,
+      // matvec_multi_q4_r1_read, which has no conv epilogue: the conv stays a dispatch there, in
+      // both runs alike, as `others` below checks.)
+      if (BACKEND === "cpu") expect(count(fused.seen, "conv_silu_rows_f32")).toBe(0);
       // Nothing else changed: the other pipelines' counts are the same.
       const others = (seen: Map<string, number>) => [...seen].filter(([k]) => ![...NORM_KERNELS, "deltanet_rows_f32", "rms_norm_gated_f32"].includes(k)).sort();
       expect(others(fused.seen)).toEqual(others(plain.seen));

@@ -247,7 +247,7 @@ describe("whole MoE: router, lists, routed experts through slots, shared expert,
       });
       expect(bits(runs[0]!.y)).toEqual(bits(runs[1]!.y));
       delete process.env.CHERENKOV_MOE_PREFETCH_DOWN;
-      expect(prefetchesDown()).toBe(true);
+      expect(prefetchesDown()).toBe(false);
       process.env.CHERENKOV_MOE_PREFETCH_DOWN = "yes";
       expect(() => prefetchesDown()).toThrow(/CHERENKOV_MOE_PREFETCH_DOWN=yes: expected 0/);
     } finally {
