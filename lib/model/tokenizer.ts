@@ -1,7 +1,7 @@
 // The text side of a model directory: tokenizer.json through @huggingface/tokenizers and the
 // chat template of tokenizer_config.json through @huggingface/jinja.
 import { Template } from "@huggingface/jinja";
-import { Tokenizer } from "@huggingface/tokenizers";
+import { ByteLevelDecoder, type Decoder, Tokenizer } from "@huggingface/tokenizers";
 import { join } from "node:path";
 import { renderChatTemplateAsync, renderChatTemplateSync } from "./chat-template.ts";
 import { CONFIG_LIMITS } from "./config.ts";
@@ -35,6 +35,11 @@ export interface TextTokenizer {
   encodeText(text: string): number[];
   /** The strings of the special added tokens (<|im_start|>, <|endoftext|>, ...). */
   readonly specialTokens: string[];
+  /**
+   * The text of `ids`, as @huggingface/tokenizers decodes them, in time linear in the ids
+   * (see linearDecode). Ids without a piece (past the tokenizer's last piece: the padding rows
+   * of an LM head) are skipped, as Hugging Face's Rust tokenizers skip them.
+   */
   decode(ids: number[], opts?: { skipSpecialTokens?: boolean }): string;
   /**
    * The prompt text the chat template makes of `messages` (and of `tools`, for templates that
@@ -209,9 +214,12 @@ export function tokenizerFromSource(source: TokenizerSource): TextTokenizer {
   let maxId = -1;
   let longest = 1;
   for (const [piece, id] of tokenizer.get_vocab(true)) {
+    if (piece === undefined) continue; // ids missing from a vocabulary that skips some (the library lists them as undefined)
     if (id > maxId) maxId = id;
     if (piece.length > longest) longest = piece.length;
   }
+
+  const decode = linearDecode(tokenizer);
 
   const specialText = (key: string) => tokenText(config[key]) ?? undefined;
   const specialTokens = [...tokenizer.get_added_tokens_decoder().values()].filter((t) => t.special).map((t) => t.content);
@@ -247,8 +255,7 @@ export function tokenizerFromSource(source: TokenizerSource): TextTokenizer {
     vocabSize: maxId + 1,
     hasChatTemplate: chatTemplate !== null,
     encode: (text, opts = {}) => tokenizer.encode(text, { add_special_tokens: opts.addSpecialTokens ?? true }).ids,
-    // (the library refuses an empty list)
-    decode: (ids, opts = {}) => (ids.length === 0 ? "" : tokenizer.decode(ids, { skip_special_tokens: opts.skipSpecialTokens ?? false })),
+    decode: (ids, opts = {}) => decode(ids, opts.skipSpecialTokens ?? false),
     applyChatTemplate(messages, opts = {}) {
       return renderChatTemplateSync(requireTemplate(), context(messages, opts));
     },
@@ -259,5 +266,96 @@ export function tokenizerFromSource(source: TokenizerSource): TextTokenizer {
         return Promise.reject(e);
       }
     },
+  };
+}
+
+/** What linearDecode reads of the library's Tokenizer (0.2.0) beyond its typings. */
+interface TokenizerInternals {
+  model: { vocab: unknown[] };
+  decoder: Decoder | null;
+  /** Contents (strings) of the special added tokens and of the config's additional_special_tokens. */
+  special_tokens: unknown[];
+  clean_up_tokenization_spaces: boolean;
+}
+
+/** Flags per id: the id has a piece; the piece passes the ByteLevel decoder verbatim (an added token's); it is special. */
+const HAS_PIECE = 1;
+const VERBATIM = 2;
+const SPECIAL = 4;
+
+/**
+ * @huggingface/tokenizers 0.2.0's Tokenizer.decode, in time linear in the ids. The library's
+ * decode looks every token up in its list of added tokens (Array.includes for
+ * skip_special_tokens; the ByteLevel decoder's added_tokens.find), so one decode of a few ids
+ * costs milliseconds with 151,680 reserved added tokens (the byte tokenizer at vocab 151,936).
+ * Those lookups are by the piece's string; they are made here once per id, into a byte per id.
+ * Then the same steps as the library's: pieces of the ids, the specials dropped when skipping,
+ * the decoder (the ByteLevel decoder's split at added tokens done here with the flags, its
+ * runs of ordinary pieces through its own convert_tokens_to_string; any other decoder, which
+ * looks up no added token, called as is), and the library's decode itself for what it does
+ * after the decoder (end_of_word_suffix, clean_up_tokenization_spaces).
+ * One difference, by design: an id without a piece is skipped (the library would use the
+ * model's unk_token, or null, on which some decoders throw).
+ */
+function linearDecode(tokenizer: Tokenizer): (ids: number[], skipSpecial: boolean) => string {
+  const lib = tokenizer as unknown as TokenizerInternals;
+  const vocab = lib.model.vocab;
+  const decoder = lib.decoder;
+  const byteLevel = decoder instanceof ByteLevelDecoder ? decoder : null;
+  const flags = pieceFlags(vocab, byteLevel ? byteLevel.added_tokens.map((t) => t.content) : [], lib.special_tokens);
+  const afterDecoder = libraryAfterDecoder(lib);
+  return (ids, skipSpecial) => {
+    if (ids.length === 0) return ""; // (the library refuses an empty list)
+    const drop = skipSpecial ? SPECIAL : 0;
+    // (flags[id] is undefined for an id that is no index into the vocabulary)
+    const kept = ids.filter((id) => ((flags[id] ?? 0) & (HAS_PIECE | drop)) === HAS_PIECE);
+    let text: string;
+    if (byteLevel) {
+      // The ByteLevel decoder's decode_chain: added tokens' pieces as they are, each run of
+      // other pieces as the bytes they spell.
+      text = "";
+      let run: string[] = [];
+      for (const id of kept) {
+        if (flags[id]! & VERBATIM) {
+          if (run.length > 0) text += byteLevel.convert_tokens_to_string(run);
+          run = [];
+          text += vocab[id] as string;
+        } else run.push(vocab[id] as string);
+      }
+      if (run.length > 0) text += byteLevel.convert_tokens_to_string(run);
+    } else {
+      const pieces = kept.map((id) => vocab[id] as string);
+      text = decoder ? decoder(pieces) : pieces.join(" ");
+    }
+    return afterDecoder(text, skipSpecial);
+  };
+}
+
+/** The flags of every id of `vocab` (the library's model.vocab: added tokens included). */
+function pieceFlags(vocab: unknown[], verbatim: unknown[], special: unknown[]): Uint8Array {
+  // Set.has matches as the library's includes/find(===) do (SameValueZero; the pieces are strings).
+  const isVerbatim = new Set(verbatim);
+  const isSpecial = new Set(special);
+  const flags = new Uint8Array(vocab.length);
+  for (let id = 0; id < vocab.length; id++) {
+    const piece = vocab[id];
+    if (piece === undefined || piece === null) continue;
+    flags[id] = HAS_PIECE | (isVerbatim.has(piece) ? VERBATIM : 0) | (isSpecial.has(piece) ? SPECIAL : 0);
+  }
+  return flags;
+}
+
+/**
+ * The library's decode after its decoder ran, applied to `text`: its own decode, called on a
+ * view of the tokenizer whose one piece is `text` and whose decoder passes it through (with
+ * the real decoder's end_of_word_suffix), so the suffix replacement, the trim when skipping and
+ * clean_up_tokenization are the library's code, on the whole text as it applies them.
+ */
+function libraryAfterDecoder(lib: TokenizerInternals): (text: string, skipSpecial: boolean) => string {
+  const passThrough = lib.decoder && Object.assign((pieces: string[]) => pieces[0], { end_of_word_suffix: lib.decoder.end_of_word_suffix });
+  const libraryDecode = Tokenizer.prototype.decode;
+  return (text, skipSpecial) => {
+    const view = { model: { vocab: [text] }, decoder: passThrough, special_tokens: [], clean_up_tokenization_spaces: lib.clean_up_tokenization_spaces };
+    return libraryDecode.call(view as unknown as Tokenizer, [0], { skip_special_tokens: skipSpecial });
   };
 }
