@@ -171,7 +171,8 @@ describe("deltanet_rows_norm_f32 = deltanet_rows_f32 + rms_norm_gated_f32, bit f
 test("under a 256-thread pipeline limit (8 simdgroups, 16 columns each at dv 128): the same comparisons pass", () => {
   const proc = Bun.spawnSync([process.execPath, "test", "--timeout", "300000", import.meta.path, "-t", "rms_norm_gated_f32, bit for bit"], {
     cwd: join(import.meta.dir, "..", ".."),
-    env: { ...process.env, CHERENKOV_CPU_MAX_THREADS: "256" },
+    // (the CPU backend's emulated limit, whichever backend this run tests)
+    env: { ...process.env, CHERENKOV_BACKEND: "cpu", CHERENKOV_CPU_MAX_THREADS: "256" },
   });
   const output = proc.stdout.toString() + proc.stderr.toString();
   if (proc.exitCode !== 0) console.error(output.slice(-4000));

@@ -127,9 +127,12 @@ describe("steps the fused dispatch does not take encode rms_norm_f32, then the p
     expect(first(64, 1, [["q4", 64]], "0")[0]).toBe("rms_norm_f32");
     expect(first(64, 1, [["f32", 64]], "1")[0]).toBe("rms_norm_f32");
     expect(first(64, 1, [["q4", 64]], "1")).toEqual(["matvec_multi_q4_r1_norm_f32"]);
-    // A GPU computes a group of 64 q4 rows in the split form (prefersSplit): a strict read
-    // (a trunk's, whose verify batch must repeat its bits) leaves it apart there.
-    expect(first(64, 1, [["q4", 64]], "1", false)[0]).toBe(dev.backend === "cpu" ? "matvec_multi_q4_r1_norm_f32" : "rms_norm_f32");
+    // A GPU computes a group of 64 q4 rows in the split form (prefersSplit). A strict read (a
+    // trunk's, whose verify batch must repeat its bits) is fused there only where that split
+    // has one simdgroup (d <= 1,024: it sums a row as the rows form does); at d = 2,048 (two
+    // simdgroups) it stays apart.
+    expect(first(64, 1, [["q4", 64]], "1", false)[0]).toBe("matvec_multi_q4_r1_norm_f32");
+    expect(first(2048, 1, [["q4", 64]], "1", false)[0]).toBe(dev.backend === "cpu" ? "matvec_multi_q4_r1_norm_f32" : "rms_norm_f32");
     // On the CPU backend the fused read is off unless forced.
     expect(first(64, 1, [["q4", 64]], "")[0]).toBe(dev.backend === "cpu" ? "rms_norm_f32" : "matvec_multi_q4_r1_norm_f32");
   });
