@@ -7,8 +7,13 @@
 // wall time of a step with k drafts (k = 0: a plain decode step). k = 0 is always a
 // candidate, so drafting is only chosen when it measured faster. Each count is measured once
 // at the start; afterwards other counts are re-tried round robin from an exploration budget
-// (a share of the measured decode time, default 5%), so a k that looked bad once can recover
-// while exploring never costs more than that share. A step right after a change of count is
+// (a share of the measured decode time, default 5%), so a k that looked bad once can recover.
+// An exploration is charged what its steps actually took (the transition into k catches the
+// MTP head up over every row since the last draft step, which can cost many steady steps), and
+// each exploration that finds k clearly beaten (under 90% of the best rate) doubles what the
+// next one of k must save up (up to MAX_BACKOFF times; reset on a close call): where drafting never pays (an MTP head
+// that proposes nothing useful) exploring costs ~5% / 8 of the time instead of 5%, at the
+// price of a slower recovery when the world changes (a few hundred steps more). A step right after a change of count is
 // not k's steady cost either: a draft step after steps without drafts also runs the MTP head
 // over the rows it skipped, and on the engine any step after a change finds no command buffer
 // prepared for it (a plain step after a cycle also runs the cycle's pending rollback). Such a
@@ -17,6 +22,10 @@
 
 /** EWMA weight of an exploration step's observations. */
 const EXPLORE_ALPHA = 0.5;
+/** The most an exploration's budget is multiplied by after explorations that changed nothing. */
+const MAX_BACKOFF = 8;
+/** An explored count whose rate is at least this share of the best's is a close call: no backoff. */
+const BACKOFF_MARGIN = 0.9;
 
 export interface DraftControllerOptions {
   /** The largest draft count the backend verifies. */
@@ -51,6 +60,8 @@ export class DraftController {
   private readonly acceptance: number[];
   private readonly cost: (number | null)[];
   private readonly steps: number[];
+  /** Per count: the multiple of two steps' cost its next exploration must have saved up. */
+  private readonly backoff: number[];
   private nextExplore = 0;
 
   constructor(opts: DraftControllerOptions) {
@@ -65,6 +76,7 @@ export class DraftController {
     this.acceptance = new Array(maxDrafts).fill(prior);
     this.cost = new Array(maxDrafts + 1).fill(null);
     this.steps = new Array(maxDrafts + 1).fill(0);
+    this.backoff = new Array(maxDrafts + 1).fill(1);
   }
 
   /** Expected tokens a step with k drafts yields (accepted drafts plus the bonus). */
@@ -95,9 +107,10 @@ export class DraftController {
     for (let i = 0; i <= top; i++) {
       const k = (this.nextExplore + i) % (top + 1);
       if (k === best) continue;
-      // Two steps: the transition into k, then the one measured.
-      if (this.budget < 2 * this.cost[k]!) break;
-      this.budget -= 2 * this.cost[k]!;
+      // Two steps (the transition into k, then the one measured), times k's backoff: what
+      // they take is charged as they are observed, the backoff's surplus now.
+      if (this.budget < 2 * this.cost[k]! * this.backoff[k]!) continue;
+      this.budget -= 2 * this.cost[k]! * (this.backoff[k]! - 1);
       this.nextExplore = k + 1;
       this.exploring = k;
       return k;
@@ -108,9 +121,9 @@ export class DraftController {
   /** The count with the most expected tokens per ms among 0..top (all measured). */
   private best(top: number): number {
     let best = 0;
-    let bestRate = 1 / this.cost[0]!;
+    let bestRate = this.rate(0);
     for (let k = 1; k <= top; k++) {
-      const rate = this.expectedTokens(k) / this.cost[k]!;
+      const rate = this.rate(k);
       if (rate > bestRate) {
         best = k;
         bestRate = rate;
@@ -128,10 +141,12 @@ export class DraftController {
     if (!Number.isInteger(k) || k < 0 || k > this.maxDrafts) throw new RangeError(`DraftController.observe: k ${k} outside 0..${this.maxDrafts}`);
     if (!Number.isInteger(accepted) || accepted < 0 || accepted > k) throw new RangeError(`DraftController.observe: accepted ${accepted} outside 0..${k}`);
     if (!(ms >= 0)) throw new RangeError(`DraftController.observe: step time ${ms} ms must be >= 0`);
-    const a = this.exploring === k ? Math.max(this.alpha, EXPLORE_ALPHA) : this.alpha;
+    const explored = this.exploring === k;
+    const a = explored ? Math.max(this.alpha, EXPLORE_ALPHA) : this.alpha;
     if (!transition) this.exploring = null;
     this.steps[k]!++;
     this.budget += this.exploreShare * ms;
+    if (explored) this.budget -= ms;
     if (transition) this.repeat = k;
     else {
       const c = Math.max(ms, 1e-6);
@@ -142,6 +157,18 @@ export class DraftController {
       const hit = j < accepted ? 1 : 0;
       this.acceptance[j] = (1 - a) * this.acceptance[j]! + a * hit;
     }
+    // An exploration's verdict: k within BACKOFF_MARGIN of the best rate (a close call that
+    // noise in the estimates may have decided) keeps exploring at the full rate; k clearly
+    // beaten doubles its backoff.
+    if (explored && !transition && this.cost.every((x) => x !== null)) {
+      const close = this.rate(k) >= BACKOFF_MARGIN * this.rate(this.best(this.maxDrafts));
+      this.backoff[k] = close ? 1 : Math.min(2 * this.backoff[k]!, MAX_BACKOFF);
+    }
+  }
+
+  /** Expected tokens per ms of k drafts (k measured). */
+  private rate(k: number): number {
+    return this.expectedTokens(k) / this.cost[k]!;
   }
 
   stats(): DraftControllerStats {
