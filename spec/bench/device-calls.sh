@@ -7,8 +7,9 @@
 # Here, once per checkout (fills ignored folders; needs bun, xz, ../shared/device/ggml-anchor):
 #   bash spec/bench/device-calls.sh prepare
 # Device call A, carry [".dev/p1"]:                        bash spec/bench/device-calls.sh stash
-# Device call B right after (the machine is still warm), carry [".dev/p2", ".dev/small", ".anchor"]:
-#   source spec/bench/device-calls.sh && h200_setup && h200_build && h200_synth && h200_dec head --pool 100% && ...
+# Device call B right after (the machine is still warm: it goes back after ~30 s idle), carry
+# [".dev/p2", ".dev/small", ".anchor"]:
+#   source spec/bench/device-calls.sh && h200_standard && h200_dec variant VAR=1 && ...
 # Functions write under $OUT (the run tool brings it back); h200_dec appends one JSON line per
 # run to $OUT/res.jsonl and prints a summary line. Every call copies the tree afresh (newer
 # mtimes than the last call's build), so each call that runs the library starts with h200_build.
@@ -140,10 +141,25 @@ h200_ncu_decode() {
 # h200_profile NAME [bench args]: a per-kernel CUDA profile of a decode run (default: 16 tokens of
 # the 30b model after a 1-token prompt), its top rows printed (spec/bench/profile.ts).
 h200_profile() {
-  local name=$1; shift; local args=("$@")
+  local name=$1; shift; [ "${1:-}" = "--" ] && shift; local args=("$@")
   [ ${#args[@]} -eq 0 ] && args=(--only-model --model /tmp/m30 --tokens 16 --prompt 1 --pool 100% --no-round-trip)
   (cd "$H200_ROOT" && CHERENKOV_BACKEND=cuda CHERENKOV_CUDA_PROFILE="$OUT/profile-$name.json" bun spec/bench/decode.ts --json "${args[@]}" > /tmp/prof.json 2> /tmp/prof.err) || { tail -5 /tmp/prof.err; return 1; }
   (cd "$H200_ROOT" && bun spec/bench/profile.ts "$OUT/profile-$name.json" --top 25 | tee "$OUT/profile-$name.txt")
+}
+
+# h200_standard: the measurements every session's first call after `stash` repeats (~5-6 min
+# with the model's synthesis; the anchor is built meanwhile and timed alone at the end): the 30b
+# decode twice, drafts "auto" through the Model API, the tiny model's 2- and 3-draft cycles,
+# bench:kernels' issue-18 cases, ggml's anchor. Extra variants go after it in the same call:
+#   source spec/bench/device-calls.sh && h200_standard && h200_dec name VAR=1 ...
+h200_standard() {
+  local tiny="--only-model --model $H200_ROOT/examples/models/qwen4-exp-tiny --tokens 64 --prompt 16 --no-round-trip"
+  h200_setup && h200_anchor_start && h200_build && h200_synth || return 1
+  h200_dec head1 && h200_dec head2 || return 1
+  h200_dec auto -- --only-model --model /tmp/m30 --tokens 64 --prompt 256 --pool 100% --auto --no-round-trip
+  local d; for d in 2 3; do h200_dec "tiny-d$d" -- $tiny --drafts $d; done
+  h200_kernels --filter "stream|routed experts|projection|anchor|logits" | grep -v "^gemm"
+  h200_anchor_report
 }
 
 # h200_memcheck TEST_FILE...: compute-sanitizer's memcheck over kernel tests on the CUDA backend.
