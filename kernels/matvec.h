@@ -121,6 +121,17 @@ inline void mv_prefetch_rows(device const uchar* w, ulong n, int o0, int rows, i
   ck_prefetch(w + total / 2 + ulong(o0) * n / 16, uint(ulong(rows) * n / 16));
   ck_prefetch(w + total / 2 + total / 16 + ulong(o0) * n / 16, uint(ulong(rows) * n / 16));
 }
+// A bench-only storage tag (bench:kernels' "loads only" cases): a q4 weight read exactly as
+// the q4 pass reads it (the same tiles, x loads and reductions) with its arithmetic cut to one
+// XOR and two FMAs a row-group, so its time against the q4 kernel's says how much of that is
+// the nibble arithmetic: the speed of light of the tiling. Its results mean nothing. The tag is
+// `char` (no weight is stored as char), so kernels instantiate on a type every backend's
+// generated tables name as written.
+using q4_loads_only = char;
+inline void mv_prefetch_rows(device const uchar* w, ulong n, int o0, int rows, int out_dim, thread const q4_loads_only*) {
+  mv_prefetch_rows(w, n, o0, rows, out_dim, (thread const uchar*)nullptr);
+}
+
 template <typename T>
 inline void mv_prefetch_tile(device const uchar* w, int in_dim, int o0, int out_dim) {
   const int rows = min(MV_R, out_dim - o0);
@@ -385,9 +396,36 @@ inline void q4_tile_dot(thread const Q4Tile<TWO, U>& t, uint g0, uint groups, in
   }
 }
 
+// q4_tile_dot with the nibble arithmetic cut (q4_loads_only): every loaded word, scale, bias
+// and x value still feeds the accumulators, so no load is dropped.
+template <bool TWO, int NR, int U, typename XS>
+inline void q4_tile_touch(thread const Q4Tile<TWO, U>& t, uint g0, uint groups, int lanes, XS xsrc, int nx,
+                          thread float4* acc0, thread float4* acc1) {
+  MV_UNROLL for (int u = 0; u < U; u++) {
+    const uint g = g0 + uint(u * lanes);
+    if (g >= groups) {
+      break;
+    }
+    MV_UNROLL for (int j = 0; j < NR; j++) if (j < nx) {
+      float4 xs = float4(0.0f);
+      MV_UNROLL for (int k = 0; k < 8; k++) {
+        xs += xsrc.load(j, g, k);
+      }
+      MV_UNROLL for (int i = 0; i < MV_R; i++) {
+        const uint4 n0 = t.n0[u][i];
+        acc0[j][i] += as_type<float>((n0.x ^ n0.y ^ n0.z ^ n0.w) & 0x3F7FFFFFu) * t.s0[u][i] + t.b0[u][i] * xs.x;
+        if (TWO) {
+          const uint4 n1 = t.n1[u][i];
+          acc1[j][i] += as_type<float>((n1.x ^ n1.y ^ n1.z ^ n1.w) & 0x3F7FFFFFu) * t.s1[u][i] + t.b1[u][i] * xs.y;
+        }
+      }
+    }
+  }
+}
+
 // The pass over groups first, first + U * lanes, ... (first = lane; a kernel that loaded the
-// first tile itself continues from lane + U * lanes).
-template <bool TWO, int NR, int U = (NR == 1 ? MV_Q4_BATCH : 1), typename XS = Q4XDevice>
+// first tile itself continues from lane + U * lanes). LOADS_ONLY: q4_tile_touch (q4_loads_only).
+template <bool TWO, int NR, int U = (NR == 1 ? MV_Q4_BATCH : 1), typename XS = Q4XDevice, bool LOADS_ONLY = false>
 inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim,
                        XS xsrc, int nx, thread float4* acc0, thread float4* acc1, int first, int lanes) {
   const uint groups = uint(in_dim) / 32u;
@@ -396,7 +434,11 @@ inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_di
   for (uint g0 = uint(first); g0 < groups; g0 += uint(U * lanes)) {
     Q4Tile<TWO, U> t;
     q4_tile_load<TWO, U>(t, r0, r1, g0, groups, lanes);
-    q4_tile_dot<TWO, NR, U, XS>(t, g0, groups, lanes, xsrc, nx, acc0, acc1);
+    if (LOADS_ONLY) {
+      q4_tile_touch<TWO, NR, U, XS>(t, g0, groups, lanes, xsrc, nx, acc0, acc1);
+    } else {
+      q4_tile_dot<TWO, NR, U, XS>(t, g0, groups, lanes, xsrc, nx, acc0, acc1);
+    }
   }
 }
 
@@ -464,6 +506,22 @@ struct MvPass<uchar, NR> {
   static void run_split(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
                         thread const ulong* xoff, int nx, thread float4* acc, int lane, int lanes) {
     mv_pass_q4<false, NR, 1>(w, w, in_dim, o0, out_dim, Q4XDevice{x, xoff}, nx, acc, acc, lane, lanes);
+  }
+};
+
+template <int NR>
+struct MvPass<q4_loads_only, NR> {
+  static void run(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
+                  thread const ulong* xoff, int nx, thread float4* acc, ushort lane) {
+    mv_pass_q4<false, NR, (NR == 1 ? MV_Q4_BATCH : 1), Q4XDevice, true>(w, w, in_dim, o0, out_dim, Q4XDevice{x, xoff}, nx, acc, acc, int(lane), 32);
+  }
+  static void run2(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim, device const uchar* x,
+                   thread const ulong* xoff, int nx, thread float4* acc0, thread float4* acc1, ushort lane) {
+    mv_pass_q4<true, NR, (NR == 1 ? MV_Q4_BATCH : 1), Q4XDevice, true>(w0, w1, in_dim, o0, out_dim, Q4XDevice{x, xoff}, nx, acc0, acc1, int(lane), 32);
+  }
+  static void run_split(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
+                        thread const ulong* xoff, int nx, thread float4* acc, int lane, int lanes) {
+    mv_pass_q4<false, NR, 1, Q4XDevice, true>(w, w, in_dim, o0, out_dim, Q4XDevice{x, xoff}, nx, acc, acc, lane, lanes);
   }
 };
 

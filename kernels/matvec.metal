@@ -708,6 +708,8 @@ template [[host_name("matvec_split_q4_f32")]] kernel decltype(matvec_split<uchar
 // Decode forms (one batch row per pass: a quarter of the registers, so more simdgroups per
 // core hide the memory latency); the host picks them when a dispatch has one row.
 template [[host_name("matvec_q4_r1_f32")]] kernel decltype(matvec<uchar, 1>) matvec<uchar, 1>;
+// bench:kernels only: the one-row q4 matvec's loads without its arithmetic (q4_loads_only, matvec.h).
+template [[host_name("matvec_q4_loads_r1_f32")]] kernel decltype(matvec<char, 1>) matvec<char, 1>;
 template [[host_name("matvec_split_q4_r1_f32")]] kernel decltype(matvec_split<uchar, 1>) matvec_split<uchar, 1>;
 // The same forms writing into hyper-connection streams (the mixers' output projections).
 template [[host_name("matvec_hc_f32_f32")]] kernel decltype(matvec_hc<float, MV_NR>) matvec_hc<float, MV_NR>;

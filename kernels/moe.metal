@@ -403,6 +403,8 @@ template <typename T>
 }
 
 template [[host_name("moe_gate_up_pairs_q4_f32")]] kernel decltype(moe_gate_up_pairs<uchar>) moe_gate_up_pairs<uchar>;
+// bench:kernels only: the pairs' loads without the q4 arithmetic (q4_loads_only, matvec.h).
+template [[host_name("moe_gate_up_pairs_q4_loads_f32")]] kernel decltype(moe_gate_up_pairs<char>) moe_gate_up_pairs<char>;
 template [[host_name("moe_gate_up_pairs_routed_q4_f32")]] kernel decltype(moe_gate_up_pairs_routed<uchar>) moe_gate_up_pairs_routed<uchar>;
 
 // The routed experts' down projections and the combine in one pass, for a decode step (one
@@ -597,6 +599,7 @@ template <typename T>
 }
 
 template [[host_name("moe_down_combine_q4_f32")]] kernel decltype(moe_down_combine<uchar>) moe_down_combine<uchar>;
+template [[host_name("moe_down_combine_q4_loads_f32")]] kernel decltype(moe_down_combine<char>) moe_down_combine<char>;
 template [[host_name("moe_down_combine_shared_q4_f32")]] kernel decltype(moe_down_combine_shared<uchar>) moe_down_combine_shared<uchar>;
 template [[host_name("moe_down_combine_hc_q4_f32")]] kernel decltype(moe_down_combine_hc<uchar>) moe_down_combine_hc<uchar>;
 template [[host_name("moe_down_combine_shared_hc_q4_f32")]] kernel decltype(moe_down_combine_shared_hc<uchar>) moe_down_combine_shared_hc<uchar>;

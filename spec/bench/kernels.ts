@@ -204,7 +204,7 @@ function cases(f: Fixture): BenchCase[] {
   // what a memory-bound kernel of this backend can reach (the "copy bandwidth" of the table).
   const STREAM_FLOATS = f.dev.backend === "cpu" ? 1 << 20 : 1 << 25;
   const STREAM_COLS = STREAM_FLOATS / 1024; // 1024 rows: a step's most
-  return [
+  const list: BenchCase[] = [
     {
       name: "stream (a + b)",
       kernels: ["ew_add_f32"],
@@ -487,6 +487,45 @@ function cases(f: Fixture): BenchCase[] {
       },
     },
   ];
+  return [...list, ...loadsOnly(f, list)];
+}
+
+// The q4 kernels' loads without their arithmetic (q4_loads_only, kernels/matvec.h): the same
+// dispatches with each q4 kernel swapped for its loads-only form, so the difference to the case
+// itself is what the nibble arithmetic costs (issue 18: is a decode GEMV bound by its
+// instructions or by its memory trips?). Their outputs mean nothing.
+const LOADS_ONLY: Record<string, string> = {
+  matvec_q4_r1_f32: "matvec_q4_loads_r1_f32",
+  moe_gate_up_pairs_q4_f32: "moe_gate_up_pairs_q4_loads_f32",
+  moe_down_combine_q4_f32: "moe_down_combine_q4_loads_f32",
+};
+const LOADS_ONLY_CASES = ["dn.qkv projection", "q4 matvec at ggml's anchor shape", "routed experts"];
+
+function loadsOnly(f: Fixture, list: BenchCase[]): BenchCase[] {
+  return list
+    .filter((c) => LOADS_ONLY_CASES.includes(c.name))
+    .map((c) => ({
+      ...c,
+      name: `loads only: ${c.name}`,
+      kernels: c.kernels.map((k) => LOADS_ONLY[k] ?? k),
+      setup(nb: number) {
+        // One row only: the loads-only forms are the one-row kernels'.
+        const encode = nb === 1 ? c.setup(nb) : null;
+        return encode && ((ctx: EncodeContext) => encode(swapped(ctx, f.dev, LOADS_ONLY)));
+      },
+    }));
+}
+
+/** ctx whose dispatches of the kernels `map` names run the kernels it maps them to (the same params and bindings). */
+function swapped(ctx: EncodeContext, dev: Device, map: Record<string, string>): EncodeContext {
+  const cb = ctx.cb;
+  const dispatch = (...a: Parameters<typeof cb.dispatch>) => {
+    const name = typeof a[0] === "string" ? a[0] : a[0].name;
+    const to = map[name];
+    if (to !== undefined) a[0] = typeof a[0] === "string" ? to : dev.pipeline(to);
+    return cb.dispatch(...a);
+  };
+  return { ...ctx, cb: new Proxy(cb, { get: (t, k) => (k === "dispatch" ? dispatch : Reflect.get(t, k, t)) }) };
 }
 
 /** Positions already in the caches when a sequence case runs (a short decode context). */
