@@ -370,8 +370,10 @@ inline void q4_tile_load(thread Q4Tile<TWO, U>& t, thread const Q4Rows& r0, thre
   }
 }
 
-// acc[j] += the tile's rows . x_j over its groups, in g order.
-template <bool TWO, int NR, int U, typename XS>
+// acc[j] += the tile's rows . x_j over its groups, in g order. LOADS_ONLY (q4_loads_only):
+// the nibble arithmetic cut to one XOR and two FMAs a row-group, every loaded word, scale,
+// bias and x value still feeding the accumulators, so no load is dropped.
+template <bool TWO, int NR, int U, typename XS, bool LOADS_ONLY = false>
 inline void q4_tile_dot(thread const Q4Tile<TWO, U>& t, uint g0, uint groups, int lanes, XS xsrc, int nx,
                         thread float4* acc0, thread float4* acc1) {
   MV_UNROLL for (int u = 0; u < U; u++) {
@@ -383,6 +385,21 @@ inline void q4_tile_dot(thread const Q4Tile<TWO, U>& t, uint g0, uint groups, in
       float4 xv[8];
       MV_UNROLL for (int k = 0; k < 8; k++) {
         xv[k] = xsrc.load(j, g, k);
+      }
+      if (LOADS_ONLY) {
+        float4 xs = float4(0.0f);
+        MV_UNROLL for (int k = 0; k < 8; k++) {
+          xs += xv[k];
+        }
+        MV_UNROLL for (int i = 0; i < MV_R; i++) {
+          const uint4 n0 = t.n0[u][i];
+          acc0[j][i] += as_type<float>((n0.x ^ n0.y ^ n0.z ^ n0.w) & 0x3F7FFFFFu) * t.s0[u][i] + t.b0[u][i] * xs.x;
+          if (TWO) {
+            const uint4 n1 = t.n1[u][i];
+            acc1[j][i] += as_type<float>((n1.x ^ n1.y ^ n1.z ^ n1.w) & 0x3F7FFFFFu) * t.s1[u][i] + t.b1[u][i] * xs.y;
+          }
+        }
+        continue;
       }
       float gs = q4_group_sum(xv);
       const Q4X xq = q4_prescale(xv);
@@ -396,35 +413,8 @@ inline void q4_tile_dot(thread const Q4Tile<TWO, U>& t, uint g0, uint groups, in
   }
 }
 
-// q4_tile_dot with the nibble arithmetic cut (q4_loads_only): every loaded word, scale, bias
-// and x value still feeds the accumulators, so no load is dropped.
-template <bool TWO, int NR, int U, typename XS>
-inline void q4_tile_touch(thread const Q4Tile<TWO, U>& t, uint g0, uint groups, int lanes, XS xsrc, int nx,
-                          thread float4* acc0, thread float4* acc1) {
-  MV_UNROLL for (int u = 0; u < U; u++) {
-    const uint g = g0 + uint(u * lanes);
-    if (g >= groups) {
-      break;
-    }
-    MV_UNROLL for (int j = 0; j < NR; j++) if (j < nx) {
-      float4 xs = float4(0.0f);
-      MV_UNROLL for (int k = 0; k < 8; k++) {
-        xs += xsrc.load(j, g, k);
-      }
-      MV_UNROLL for (int i = 0; i < MV_R; i++) {
-        const uint4 n0 = t.n0[u][i];
-        acc0[j][i] += as_type<float>((n0.x ^ n0.y ^ n0.z ^ n0.w) & 0x3F7FFFFFu) * t.s0[u][i] + t.b0[u][i] * xs.x;
-        if (TWO) {
-          const uint4 n1 = t.n1[u][i];
-          acc1[j][i] += as_type<float>((n1.x ^ n1.y ^ n1.z ^ n1.w) & 0x3F7FFFFFu) * t.s1[u][i] + t.b1[u][i] * xs.y;
-        }
-      }
-    }
-  }
-}
-
 // The pass over groups first, first + U * lanes, ... (first = lane; a kernel that loaded the
-// first tile itself continues from lane + U * lanes). LOADS_ONLY: q4_tile_touch (q4_loads_only).
+// first tile itself continues from lane + U * lanes). LOADS_ONLY: q4_tile_dot's (q4_loads_only).
 template <bool TWO, int NR, int U = (NR == 1 ? MV_Q4_BATCH : 1), typename XS = Q4XDevice, bool LOADS_ONLY = false>
 inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim,
                        XS xsrc, int nx, thread float4* acc0, thread float4* acc1, int first, int lanes) {
@@ -434,11 +424,7 @@ inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_di
   for (uint g0 = uint(first); g0 < groups; g0 += uint(U * lanes)) {
     Q4Tile<TWO, U> t;
     q4_tile_load<TWO, U>(t, r0, r1, g0, groups, lanes);
-    if (LOADS_ONLY) {
-      q4_tile_touch<TWO, NR, U, XS>(t, g0, groups, lanes, xsrc, nx, acc0, acc1);
-    } else {
-      q4_tile_dot<TWO, NR, U, XS>(t, g0, groups, lanes, xsrc, nx, acc0, acc1);
-    }
+    q4_tile_dot<TWO, NR, U, XS, LOADS_ONLY>(t, g0, groups, lanes, xsrc, nx, acc0, acc1);
   }
 }
 
@@ -493,37 +479,27 @@ struct MvPass {
   }
 };
 
-template <int NR>
-struct MvPass<uchar, NR> {
+// q4 (uchar), and the bench-only q4_loads_only (char) through the same passes.
+template <int NR, bool LOADS_ONLY>
+struct MvPassQ4 {
+  static constexpr int U = NR == 1 ? MV_Q4_BATCH : 1;
   static void run(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
                   thread const ulong* xoff, int nx, thread float4* acc, ushort lane) {
-    mv_pass_q4<false, NR>(w, w, in_dim, o0, out_dim, Q4XDevice{x, xoff}, nx, acc, acc, int(lane), 32);
+    mv_pass_q4<false, NR, U, Q4XDevice, LOADS_ONLY>(w, w, in_dim, o0, out_dim, Q4XDevice{x, xoff}, nx, acc, acc, int(lane), 32);
   }
   static void run2(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim, device const uchar* x,
                    thread const ulong* xoff, int nx, thread float4* acc0, thread float4* acc1, ushort lane) {
-    mv_pass_q4<true, NR>(w0, w1, in_dim, o0, out_dim, Q4XDevice{x, xoff}, nx, acc0, acc1, int(lane), 32);
+    mv_pass_q4<true, NR, U, Q4XDevice, LOADS_ONLY>(w0, w1, in_dim, o0, out_dim, Q4XDevice{x, xoff}, nx, acc0, acc1, int(lane), 32);
   }
   static void run_split(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
                         thread const ulong* xoff, int nx, thread float4* acc, int lane, int lanes) {
-    mv_pass_q4<false, NR, 1>(w, w, in_dim, o0, out_dim, Q4XDevice{x, xoff}, nx, acc, acc, lane, lanes);
+    mv_pass_q4<false, NR, 1, Q4XDevice, LOADS_ONLY>(w, w, in_dim, o0, out_dim, Q4XDevice{x, xoff}, nx, acc, acc, lane, lanes);
   }
 };
-
 template <int NR>
-struct MvPass<q4_loads_only, NR> {
-  static void run(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
-                  thread const ulong* xoff, int nx, thread float4* acc, ushort lane) {
-    mv_pass_q4<false, NR, (NR == 1 ? MV_Q4_BATCH : 1), Q4XDevice, true>(w, w, in_dim, o0, out_dim, Q4XDevice{x, xoff}, nx, acc, acc, int(lane), 32);
-  }
-  static void run2(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim, device const uchar* x,
-                   thread const ulong* xoff, int nx, thread float4* acc0, thread float4* acc1, ushort lane) {
-    mv_pass_q4<true, NR, (NR == 1 ? MV_Q4_BATCH : 1), Q4XDevice, true>(w0, w1, in_dim, o0, out_dim, Q4XDevice{x, xoff}, nx, acc0, acc1, int(lane), 32);
-  }
-  static void run_split(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
-                        thread const ulong* xoff, int nx, thread float4* acc, int lane, int lanes) {
-    mv_pass_q4<false, NR, 1, Q4XDevice, true>(w, w, in_dim, o0, out_dim, Q4XDevice{x, xoff}, nx, acc, acc, lane, lanes);
-  }
-};
+struct MvPass<uchar, NR> : MvPassQ4<NR, false> {};
+template <int NR>
+struct MvPass<q4_loads_only, NR> : MvPassQ4<NR, true> {};
 
 // Sums the first nx accumulators over the simdgroup (each lane then holds the totals).
 // nx is uniform across the simdgroup, so every lane makes the same simd_sum calls.

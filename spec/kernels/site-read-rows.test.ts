@@ -6,37 +6,17 @@
 // every row's read stored to xn, and every row's coefficients. Steps it cannot take fall back.
 import { afterAll, describe, expect, test } from "bun:test";
 
-import { encodeHcWrite, encodeSiteRead, hcFold, hcMixCount, hcPartialCount, type HcConfig, type HcScratch } from "../../lib/gpu/hyperconnection.ts";
-import { hcFoldCount } from "../../lib/gpu/hc-fold.ts";
+import { encodeSiteRead, hcMixCount } from "../../lib/gpu/hyperconnection.ts";
 import { encodeRmsNorm } from "../../lib/gpu/norms.ts";
 import { encodeMatvecs, type Projection } from "../../lib/gpu/projections.ts";
-import { encodeSiteProjections, plainRead, type SiteRead } from "../../lib/gpu/site-read.ts";
+import { encodeSiteProjections, plainRead } from "../../lib/gpu/site-read.ts";
 import type { DType } from "../../lib/model/config.ts";
-import type { Buffer } from "../../lib/shim.ts";
 import { bitsOf as bits, hostTensor, openDevice, outputF32, randomF32, recordingNames, restoreEnvAfterEach, rows, run, uploadF32, uploadWeight, uploadWeights } from "./harness.ts";
+import { siteCase } from "./site-case.ts";
 
 const dev = openDevice();
 afterAll(() => dev.close());
 restoreEnvAfterEach("CHERENKOV_HC_READ_FUSED", "CHERENKOV_HC_READ_TILES", "CHERENKOV_HC_READ_FUSED_ROWS");
-
-/** nb rows of streams after a folded write (so their partials exist), the site's weights and its norm. */
-function siteCase(n: number, d: number, nb: number, seed: number) {
-  const cfg: HcConfig = { streams: n, eps: 1e-6, sinkhorn_iters: 20 };
-  const M = hcMixCount(n);
-  const { refs } = uploadWeights(dev, {
-    fn: hostTensor(randomF32(M * n * d, seed, 0.2, "fn"), "bf16", [M, n * d]),
-    base: hostTensor(randomF32(M, seed, 1, "base"), "f32", [M]),
-    scale: hostTensor(new Float32Array([0.7, 1.3, 2.1]), "f32", [3]),
-    norm: hostTensor(randomF32(d, seed, 0.3, "norm"), "f32", [d]),
-  });
-  const X = uploadF32(dev, randomF32(nb * n * d, seed, 2, "X"));
-  const folded = rows(outputF32(dev, nb * hcFoldCount(n, d)), hcFoldCount(n, d));
-  const k = rows(uploadF32(dev, randomF32(nb * M, seed, 1.5, "k")), M);
-  run(dev, (ctx) => encodeHcWrite(ctx, rows(X, n * d), k, rows(uploadF32(dev, randomF32(nb * d, seed, 1, "y")), d), nb, n, d, hcFold(refs, folded, cfg, d)));
-  const scratch = (): HcScratch => ({ raw: rows(outputF32(dev, nb * hcPartialCount(n, d)), hcPartialCount(n, d)), coeffs: rows(outputF32(dev, nb * M), M) });
-  const read = (s: HcScratch, xn: Buffer): SiteRead => ({ X: rows(X, n * d), site: refs, scratch: s, xn: rows(xn, d), cfg, d, norm: { w: refs.norm, eps: 1e-6 }, folded });
-  return { cfg, M, refs, X, folded, scratch, read };
-}
 
 /** How the unfused batch computes its q4 projections: the rows form, or the split form (a GPU's, for narrow groups). */
 type Q4Form = "rows" | "split";
@@ -70,7 +50,7 @@ function bothWays(n: number, d: number, nb: number, weights: [DType, number][], 
     });
     return { ws, fused, apart, coeffs: undefined };
   }
-  const site = siteCase(n, d, nb, seed);
+  const site = siteCase(dev, n, d, nb, seed);
   const fs = site.scratch();
   const as = site.scratch();
   run(dev, (ctx) => encodeSiteProjections(recordingNames(ctx, fused.names), fused.items, site.read(fs, fused.xn), rows(fused.xn, d), nb));
@@ -129,7 +109,7 @@ test("a decode row's fused read (matvec_multi_q4_r1_read_f32 / _norm_f32) gives 
 
 describe("a batch the rows form does not take encodes the read, then the projections", () => {
   const first = (nb: number, d: number, weights: [DType, number][], rowsEnv: string | undefined) => {
-    const site = siteCase(4, d, nb, 90 + d + nb);
+    const site = siteCase(dev, 4, d, nb, 90 + d + nb);
     const ws = weights.map(([dt, out], i) => uploadWeight(dev, dt, [out, d], 95 + i).ref);
     const got: string[] = [];
     process.env.CHERENKOV_HC_READ_FUSED = "1";

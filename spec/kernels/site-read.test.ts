@@ -5,42 +5,21 @@
 // stored to xn, and the site's coefficients. Steps it cannot take fall back to those two.
 import { afterAll, describe, expect, test } from "bun:test";
 
-import { hcFoldCount } from "../../lib/gpu/hc-fold.ts";
-import { encodeHcWrite, encodeSiteRead, hcFold, hcMixCount, hcPartialCount, type HcConfig, type HcScratch } from "../../lib/gpu/hyperconnection.ts";
+import { encodeSiteRead } from "../../lib/gpu/hyperconnection.ts";
 import { encodeMatvecs, type Projection } from "../../lib/gpu/projections.ts";
-import { encodeSiteProjections, type SiteRead } from "../../lib/gpu/site-read.ts";
+import { encodeSiteProjections } from "../../lib/gpu/site-read.ts";
 import type { DType } from "../../lib/model/config.ts";
 import type { Buffer } from "../../lib/shim.ts";
-import { bitsOf as bits, hostTensor, openDevice, outputF32, randomF32, recordingNames, restoreEnvAfterEach, rows, run, uploadF32, uploadWeight, uploadWeights } from "./harness.ts";
+import { bitsOf as bits, openDevice, outputF32, recordingNames, restoreEnvAfterEach, rows, run, uploadWeight } from "./harness.ts";
+import { siteCase } from "./site-case.ts";
 
 const dev = openDevice();
 afterAll(() => dev.close());
 restoreEnvAfterEach("CHERENKOV_HC_READ_FUSED", "CHERENKOV_HC_READ_TILES");
 
-/** Streams after a folded write (so their partials exist), the site's weights and its norm. */
-function siteCase(n: number, d: number, seed: number) {
-  const cfg: HcConfig = { streams: n, eps: 1e-6, sinkhorn_iters: 20 };
-  const M = hcMixCount(n);
-  const { refs } = uploadWeights(dev, {
-    fn: hostTensor(randomF32(M * n * d, seed, 0.2, "fn"), "bf16", [M, n * d]),
-    base: hostTensor(randomF32(M, seed, 1, "base"), "f32", [M]),
-    scale: hostTensor(new Float32Array([0.7, 1.3, 2.1]), "f32", [3]),
-    norm: hostTensor(randomF32(d, seed, 0.3, "norm"), "f32", [d]),
-  });
-  const X = uploadF32(dev, randomF32(n * d, seed, 2, "X"));
-  const part = outputF32(dev, hcFoldCount(n, d));
-  const folded = rows(part, hcFoldCount(n, d));
-  run(dev, (ctx) =>
-    encodeHcWrite(ctx, rows(X, n * d), rows(uploadF32(dev, randomF32(M, seed, 1.5, "k")), M), rows(uploadF32(dev, randomF32(d, seed, 1, "y")), d), 1, n, d, hcFold(refs, folded, cfg, d)),
-  );
-  const scratch = (): HcScratch => ({ raw: rows(outputF32(dev, hcPartialCount(n, d)), hcPartialCount(n, d)), coeffs: rows(outputF32(dev, M), M) });
-  const read = (s: HcScratch, xn: Buffer): SiteRead => ({ X: rows(X, n * d), site: refs, scratch: s, xn: rows(xn, d), cfg, d, norm: { w: refs.norm, eps: 1e-6 }, folded });
-  return { cfg, M, refs, X, folded, scratch, read };
-}
-
 /** The projections both ways: the fused dispatch and the read kernel + matvec_multi_q4_r1. */
 function bothWays(n: number, d: number, weights: [DType, number][], seed: number) {
-  const site = siteCase(n, d, seed);
+  const site = siteCase(dev, n, d, 1, seed);
   const ws = weights.map(([dt, out], i) => uploadWeight(dev, dt, [out, d], seed + 10 + i).ref);
   const outs = (): Buffer[] => ws.map((w) => outputF32(dev, w.shape[0]!));
   const items = (ys: Buffer[]): Projection[] => ws.map((w, i) => ({ w, y: rows(ys[i]!, w.shape[0]!) }));
@@ -90,7 +69,7 @@ describe("matvec_multi_q4_r1_read_f32: the read kernel and the decode projection
 describe("steps the fused dispatch does not take encode the read, then the projections", () => {
   test("a row wider than the staging (4,096), a batch of rows, bf16 alone in the rows form, narrow q4 on a GPU, and CHERENKOV_HC_READ_FUSED=0", () => {
     const names = (n: number, d: number, nb: number, weights: [DType, number][], env = "1") => {
-      const site = siteCase(n, d, 70 + d + nb);
+      const site = siteCase(dev, n, d, 1, 70 + d + nb);
       const ws = weights.map(([dt, out], i) => uploadWeight(dev, dt, [out, d], 80 + i).ref);
       const got: string[] = [];
       process.env.CHERENKOV_HC_READ_FUSED = env;
