@@ -432,8 +432,10 @@ template <uint COLS>
   threadgroup_barrier(mem_flags::mem_threadgroup);
   for (uint t = uint(sg); t < uint(p.rows); t += uint(nsg)) {
     const ulong head = ulong(h) * dv;
-    rms_norm_vector<true>(p.value_dim, p.eps, false, staged + t * dv, norm_w, seq_row(y, p.o_stride, t) + head,
-                          seq_row(z, p.z_stride, t) + head, lane);
+    // One element at a time (L = 1): the row is in threadgroup memory, nothing to keep in
+    // flight, and the batched form's registers spilled the COLS 1 kernel on sm_90.
+    rms_norm_vector<true, 1>(p.value_dim, p.eps, false, staged + t * dv, norm_w, seq_row(y, p.o_stride, t) + head,
+                                seq_row(z, p.z_stride, t) + head, lane);
   }
 }
 

@@ -3,21 +3,37 @@
 // squares, no barriers. In place is fine (each lane rewrites only the elements it read).
 #pragma once
 #include <metal_stdlib>
+#include "unroll.h"
 
 using namespace metal;
 
 #define NORM_SG 4  // simdgroups (vectors) per threadgroup
 
+// Elements a lane loads before it uses any (NORM_LOADS turns of 32): the loads of a turn are
+// in flight together, so a 2,048-wide vector is 8 trips to memory a pass instead of 64 (one
+// simdgroup walking a row an element at a time is a chain of dependent trips: ~25 us for the
+// PLE layer's k norm on the H200). The sums keep the one-at-a-time order, so the same bits.
+#define NORM_LOADS 8
+
 // rsqrt(mean(x^2) + eps) of a vector as one simdgroup forms it (every lane calls it and gets
 // it): lane l sums x[l]^2, x[l + 32]^2, ... in that order, simd_sum joins them. The plain read
 // of the projections that form their input (matvec.metal) calls it too, for the same bits.
 // X is the pointer to x: device memory, or threadgroup memory where a kernel staged x.
-template <typename X>
+// L: the turns a lane loads at once (NORM_LOADS; fewer where registers are short).
+template <int L = NORM_LOADS, typename X>
 inline float rms_norm_scale(int dim, float eps, X xv, ushort lane) {
   float ss = 0.0f;
-  for (int c = int(lane); c < dim; c += 32) {
-    float v = xv[c];
-    ss += v * v;
+  for (int c0 = int(lane); c0 < dim; c0 += 32 * L) {
+    float v[L];
+    CK_UNROLL for (int u = 0; u < L; u++) {
+      const int c = c0 + 32 * u;
+      v[u] = c < dim ? xv[c] : 0.0f;
+    }
+    CK_UNROLL for (int u = 0; u < L; u++) {
+      if (c0 + 32 * u < dim) {
+        ss += v[u] * v[u];
+      }
+    }
   }
   ss = simd_sum(ss);
   return rsqrt(ss / float(dim) + eps);
@@ -25,17 +41,28 @@ inline float rms_norm_scale(int dim, float eps, X xv, ushort lane) {
 
 // y = x * rsqrt(mean(x^2) + eps) * (centred ? 1 + w : w), times SiLU(z) when GATED (the same
 // arithmetic whichever memory X points into).
-template <bool GATED, typename X>
+template <bool GATED, int L = NORM_LOADS, typename X>
 inline void rms_norm_vector(int dim, float eps, bool centred, X xv, device const float* w,
                             device float* yv, device const float* zv, ushort lane) {
-  float r = rms_norm_scale(dim, eps, xv, lane);
+  float r = rms_norm_scale<L>(dim, eps, xv, lane);
   float offset = centred ? 1.0f : 0.0f;
-  for (int c = int(lane); c < dim; c += 32) {
-    float v = xv[c] * r * (offset + w[c]);
-    if (GATED) {
-      float g = zv[c];
-      v *= g / (1.0f + exp(-g));
+  for (int c0 = int(lane); c0 < dim; c0 += 32 * L) {
+    float xs[L], ws[L], zs[L];
+    CK_UNROLL for (int u = 0; u < L; u++) {
+      const int c = c0 + 32 * u;
+      xs[u] = c < dim ? xv[c] : 0.0f;
+      ws[u] = c < dim ? w[c] : 0.0f;
+      zs[u] = GATED && c < dim ? zv[c] : 0.0f;
     }
-    yv[c] = v;
+    CK_UNROLL for (int u = 0; u < L; u++) {
+      const int c = c0 + 32 * u;
+      float v = xs[u] * r * (offset + ws[u]);
+      if (GATED) {
+        v *= zs[u] / (1.0f + exp(-zs[u]));
+      }
+      if (c < dim) {
+        yv[c] = v;
+      }
+    }
   }
 }

@@ -7,13 +7,17 @@
 // wall time of a step with k drafts (k = 0: a plain decode step). k = 0 is always a
 // candidate, so drafting is only chosen when it measured faster. Each count is measured once
 // at the start; afterwards other counts are re-tried round robin from an exploration budget
-// (a share of the measured decode time, default 5%), so a k that looked bad once can recover.
-// An exploration is charged what its steps actually took (the transition into k catches the
-// MTP head up over every row since the last draft step, which can cost many steady steps), and
-// each exploration that finds k clearly beaten (under 90% of the best rate) doubles what the
-// next one of k must save up (up to MAX_BACKOFF times; reset on a close call): where drafting never pays (an MTP head
-// that proposes nothing useful) exploring costs ~5% / 8 of the time instead of 5%, at the
-// price of a slower recovery when the world changes (a few hundred steps more). A step right after a change of count is
+// (a share of the measured decode time, default 2%), so a k that looked bad once can recover.
+// An exploration is priced and charged what its steps take: the transition into k catches the
+// MTP head up over every row since the last draft step and finds no command buffer prepared,
+// which can cost many steady steps (on the H200's 30b shape ~3 plain steps), so the price is
+// k's last transition time plus its steady time, not twice the steady time: priced at the
+// steady time alone, explorations came about three times as often as the share allowed and
+// drafts "auto" ran at 0.93x plain there. Each exploration that finds k clearly beaten (under
+// 90% of the best rate) doubles what the next one of k must save up (up to MAX_BACKOFF times;
+// reset on a close call): where drafting never pays (an MTP head that proposes nothing useful)
+// exploring costs ~2% / 8 of the time, at the price of a slower recovery when the world
+// changes (several hundred steps). A step right after a change of count is
 // not k's steady cost either: a draft step after steps without drafts also runs the MTP head
 // over the rows it skipped, and on the engine any step after a change finds no command buffer
 // prepared for it (a plain step after a cycle also runs the cycle's pending rollback). Such a
@@ -34,7 +38,7 @@ export interface DraftControllerOptions {
   alpha?: number;
   /** Acceptance assumed before a position has been observed (default 0.5). */
   priorAcceptance?: number;
-  /** Share of the measured step time spent re-trying other counts (default 0.05). */
+  /** Share of the measured step time spent re-trying other counts (default 0.02). */
   exploreShare?: number;
 }
 
@@ -59,6 +63,8 @@ export class DraftController {
   private exploring: number | null = null;
   private readonly acceptance: number[];
   private readonly cost: (number | null)[];
+  /** EWMA of the time of a step into k from another count (null = none seen yet). */
+  private readonly transitionCost: (number | null)[];
   private readonly steps: number[];
   /** Per count: the multiple of two steps' cost its next exploration must have saved up. */
   private readonly backoff: number[];
@@ -70,11 +76,12 @@ export class DraftController {
     this.maxDrafts = maxDrafts;
     this.alpha = opts.alpha ?? 0.1;
     if (!(this.alpha > 0 && this.alpha <= 1)) throw new RangeError(`DraftController: alpha ${this.alpha} must be in (0, 1]`);
-    this.exploreShare = opts.exploreShare ?? 0.05;
+    this.exploreShare = opts.exploreShare ?? 0.02;
     if (!(this.exploreShare >= 0 && this.exploreShare < 1)) throw new RangeError(`DraftController: exploreShare ${this.exploreShare} must be in [0, 1)`);
     const prior = opts.priorAcceptance ?? 0.5;
     this.acceptance = new Array(maxDrafts).fill(prior);
     this.cost = new Array(maxDrafts + 1).fill(null);
+    this.transitionCost = new Array(maxDrafts + 1).fill(null);
     this.steps = new Array(maxDrafts + 1).fill(0);
     this.backoff = new Array(maxDrafts + 1).fill(1);
   }
@@ -109,13 +116,19 @@ export class DraftController {
       if (k === best) continue;
       // Two steps (the transition into k, then the one measured), times k's backoff: what
       // they take is charged as they are observed, the backoff's surplus now.
-      if (this.budget < 2 * this.cost[k]! * this.backoff[k]!) continue;
-      this.budget -= 2 * this.cost[k]! * (this.backoff[k]! - 1);
+      const price = this.explorationPrice(k);
+      if (this.budget < price * this.backoff[k]!) continue;
+      this.budget -= price * (this.backoff[k]! - 1);
       this.nextExplore = k + 1;
       this.exploring = k;
       return k;
     }
     return best;
+  }
+
+  /** What re-trying k costs: a step into k (as the last one took) and a steady one. */
+  private explorationPrice(k: number): number {
+    return (this.transitionCost[k] ?? this.cost[k]!) + this.cost[k]!;
   }
 
   /** The count with the most expected tokens per ms among 0..top (all measured). */
@@ -147,8 +160,10 @@ export class DraftController {
     this.steps[k]!++;
     this.budget += this.exploreShare * ms;
     if (explored) this.budget -= ms;
-    if (transition) this.repeat = k;
-    else {
+    if (transition) {
+      this.repeat = k;
+      this.transitionCost[k] = this.transitionCost[k] === null ? ms : (1 - a) * this.transitionCost[k]! + a * ms;
+    } else {
       const c = Math.max(ms, 1e-6);
       this.cost[k] = this.cost[k] === null ? c : (1 - a) * this.cost[k]! + a * c;
     }

@@ -668,7 +668,9 @@ export class Session {
     });
     // The MTP head has not seen the rows run since the last draft step (the prompt included).
     let headBehind = true;
-    // The last step's draft count: a step after one of another count is a transition (DraftController).
+    // The last step's draft count: a step after one of another count is a transition
+    // (DraftController), and so is a generation's first step (nothing was prepared for it: on
+    // the engine it records or encodes its step, several steady steps' time).
     let lastCount: number | null = null;
     const text = new TextStream(this.model);
     const held = new StopHoldback(opts.stop ?? []);
@@ -735,7 +737,7 @@ export class Session {
           const r = await this.step(this.seq.forward([last], { signal, sample: sample ?? undefined, logits: "last" }));
           queue = [r.next[0]!];
           queueLogprobs = r.logprobs;
-          controller?.observe(0, 0, performance.now() - stepStart, lastCount !== null && lastCount !== 0);
+          controller?.observe(0, 0, performance.now() - stepStart, lastCount !== 0);
           stats.steps[0]!++;
           headBehind = true;
           lastCount = 0;

@@ -16,8 +16,9 @@
  * time speculative decoding), --model DIR, --only-model (skip the two built-in models; with
  * --model), --json (one JSON object on stdout), --no-round-trip (skip the bare event round trip:
  * its 400 signal/wait pairs would fill a CUDA profile of the run), --auto (also generate
- * `--tokens` tokens through the Model API with `drafts: "auto"` and without, alternately, twice
- * each after a warm-up: issue 18 asks that auto never be slower than plain).
+ * `--tokens` tokens through the Model API with `drafts: "auto"` and without, alternately,
+ * --auto-runs times each (default 4) after a warm-up: issue 18 asks that auto never be slower
+ * than plain; the medians are compared, single runs swing by a few percent).
  */
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -51,6 +52,7 @@ const { values: opts } = parseArgs({
     json: { type: "boolean", default: false },
     "no-round-trip": { type: "boolean", default: false },
     auto: { type: "boolean", default: false },
+    "auto-runs": { type: "string", default: "4" },
   },
 });
 const log = (s: string) => {
@@ -58,6 +60,8 @@ const log = (s: string) => {
 };
 const backend = defaultBackend();
 const tokens = Number(opts.tokens);
+const autoRuns = Number(opts["auto-runs"]);
+if (!Number.isInteger(autoRuns) || autoRuns < 1) throw new Error(`--auto-runs ${opts["auto-runs"]}: expected a whole number >= 1`);
 const promptLen = Number(opts.prompt);
 const drafts = Number(opts.drafts);
 
@@ -120,7 +124,7 @@ interface ModelResult {
     /** Cycles whose preparing of the next ones ended after the GPU was done (the GPU waited on the host). */
     preparesOverran: number;
   };
-  /** --auto: decode tok/s through the Model API without drafts and with drafts "auto" (two runs each), and the counts auto chose. */
+  /** --auto: decode tok/s through the Model API without drafts and with drafts "auto" (--auto-runs runs each), and the counts auto chose. */
   auto?: { plain: number[]; auto: number[]; steps: number[]; accepted: number; proposed: number };
 }
 
@@ -132,7 +136,7 @@ async function autoDrafts(dir: string, prompt: number[]): Promise<NonNullable<Mo
     await run(undefined);
     await run("auto");
     const out: NonNullable<ModelResult["auto"]> = { plain: [], auto: [], steps: [], accepted: 0, proposed: 0 };
-    for (let i = 0; i < 2; i++) {
+    for (let i = 0; i < autoRuns; i++) {
       out.plain.push((await run(undefined)).timings.tokensPerSecond);
       const a = await run("auto");
       out.auto.push(a.timings.tokensPerSecond);
@@ -145,6 +149,12 @@ async function autoDrafts(dir: string, prompt: number[]): Promise<NonNullable<Mo
     await model.close();
   }
 }
+
+/** The middle value (the mean of the two middle ones for an even count). */
+const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[s.length >> 1]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
+};
 
 /** A deterministic prompt of in-vocabulary ids. */
 const promptFor = (vocab: number) => Array.from({ length: promptLen }, (_, i) => (37 * i + 11) % Math.min(vocab, 256));
@@ -313,7 +323,7 @@ function printModel(r: ModelResult): void {
   if (au)
     log(
       `drafts "auto" through the Model API: ${au.auto.map((x) => fmt(x, 1)).join(" / ")} tok/s against plain ${au.plain.map((x) => fmt(x, 1)).join(" / ")} ` +
-        `(${fmt(Math.min(...au.auto) / Math.max(...au.plain), 2)}x at worst); the last auto run's steps by draft count ${JSON.stringify(au.steps)}, accepted ${au.accepted}/${au.proposed}`,
+        `(medians ${fmt(median(au.auto) / median(au.plain), 3)}x, ${fmt(Math.min(...au.auto) / Math.max(...au.plain), 2)}x at worst); the last auto run's steps by draft count ${JSON.stringify(au.steps)}, accepted ${au.accepted}/${au.proposed}`,
     );
   log("\n| phase (per decode token) | ms |");
   log("|---|---|");

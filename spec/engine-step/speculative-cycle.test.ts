@@ -71,6 +71,18 @@ async function speculative(seq: EngineSequence, drafts: number, n: number, sampl
   return { tokens: tokens.slice(0, n), buffers, accepts, commands, events };
 }
 
+/**
+ * How many of a run's cycles after the first were prepared (replayed into a buffer while the
+ * cycle before ran): the likeliest accept count's cycle always is, the others only while that
+ * cycle still runs (lib/gpu/engine.ts prepareCyclesFor), so on a GPU that finishes a tiny
+ * model's cycle before the host has replayed every count (the H200) some come unprepared and
+ * are replayed when they come. The count depends on that race; that some are prepared does not.
+ */
+function expectPrepared(prepared: number, later: number): void {
+  expect(prepared).toBeGreaterThan(0);
+  expect(prepared).toBeLessThanOrEqual(later);
+}
+
 for (const drafts of [2, 3]) {
   test(`${drafts} drafts: greedy's tokens, one command buffer a cycle, every cycle after the first replayed from a recording (checked)`, async () => {
     const totals = engine.recordedSteps;
@@ -97,9 +109,9 @@ for (const drafts of [2, 3]) {
     const now = engine.speculativeCycles;
     expect(now.cycles - cycles.cycles).toBe(r.buffers.length);
     // The first cycle catches the MTP head up on the whole prompt: a one-off shape, encoded
-    // directly. Every later one was prepared (replayed) while the cycle before it ran.
+    // directly. Every later one replays a recording.
     expect(now.recorded - cycles.recorded).toBe(r.buffers.length - 1);
-    expect(now.prepared - cycles.prepared).toBe(r.buffers.length - 1);
+    expectPrepared(now.prepared - cycles.prepared, r.buffers.length - 1);
     // At most drafts + 1 cycle shapes (catch-up rows 1..drafts + 1) are recorded; the rest replay.
     const steps = engine.recordedSteps;
     const recorded = steps.recorded - totals.recorded;
@@ -142,7 +154,7 @@ test("sampled drafts: a recorded and prepared cycle draws what a direct encode d
   const recorded = await speculative(engine.newSequence(), 3, N, sample());
   const afterRecorded = engine.speculativeCycles;
   expect(afterRecorded.recorded - before.recorded).toBe(recorded.buffers.length - 1);
-  expect(afterRecorded.prepared - before.prepared).toBe(recorded.buffers.length - 1);
+  expectPrepared(afterRecorded.prepared - before.prepared, recorded.buffers.length - 1);
   StepRecordings.enabled = false;
   try {
     const direct = await speculative(engine.newSequence(), 3, N, sample());
