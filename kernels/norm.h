@@ -39,6 +39,16 @@ inline float rms_norm_scale(int dim, float eps, X xv, ushort lane) {
   return rsqrt(ss / float(dim) + eps);
 }
 
+// A row read as x + b (rms_norm_bias_f32): each element the one f32 add ew_add_f32 makes, so
+// the norm of it has the bits of the norm of the added row.
+struct BiasedRow {
+  device const float* x;
+  device const float* b;
+  inline float operator[](int c) const {
+    return x[c] + b[c];
+  }
+};
+
 // y = x * rsqrt(mean(x^2) + eps) * (centred ? 1 + w : w), times SiLU(z) when GATED (the same
 // arithmetic whichever memory X points into).
 template <bool GATED, int L = NORM_LOADS, typename X>

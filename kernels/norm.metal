@@ -35,6 +35,30 @@ kernel void rms_norm_f32(
   rms_norm_unit<false>(p, x, w, y, x, unit, lane);
 }
 
+// RMSNorm of x + b, b one vector for every row (bound as z with z_stride 0; per head at
+// head * dim): the PLE layer's k = RMSNorm(W_k e + b_k) in one dispatch instead of ew_add_f32
+// then rms_norm_f32, the same bits (BiasedRow).
+kernel void rms_norm_bias_f32(
+    constant RmsNormParams& p [[buffer(0)]],
+    device const uchar* x     [[buffer(1)]],
+    device const float* w     [[buffer(2)]],
+    device uchar* y           [[buffer(3)]],
+    device const uchar* b     [[buffer(4)]],
+    uint tg                   [[threadgroup_position_in_grid]],
+    ushort sg                 [[simdgroup_index_in_threadgroup]],
+    ushort lane               [[thread_index_in_simdgroup]]) {
+  const uint unit = tg * NORM_SG + sg;
+  if (unit >= uint(p.rows * p.heads)) {
+    return;  // uniform per simdgroup
+  }
+  const int row = int(unit) / p.heads;
+  const int head = int(unit) % p.heads;
+  device const float* xv = (device const float*)(x + ulong(row) * p.x_stride) + head * p.dim;
+  device const float* bv = (device const float*)(b + ulong(row) * p.z_stride) + head * p.dim;
+  device float* yv = (device float*)(y + ulong(row) * p.y_stride) + head * p.dim;
+  rms_norm_vector<false>(p.dim, p.eps, p.centred != 0, BiasedRow{xv, bv}, w, yv, yv, lane);
+}
+
 // o * rsqrt(mean(o^2) + eps) * w * SiLU(z) per head (DeltaNet output; w plain when centred = 0).
 kernel void rms_norm_gated_f32(
     constant RmsNormParams& p [[buffer(0)]],

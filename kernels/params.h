@@ -64,7 +64,7 @@ typedef struct {
   uint32_t _pad0;                // offset 20
   uint64_t x_stride;             // offset 24: bytes between input rows
   uint64_t y_stride;             // offset 32: bytes between output rows
-  uint64_t z_stride;             // offset 40: bytes between gate rows (gated form only)
+  uint64_t z_stride;             // offset 40: bytes between gate rows (gated form), or between bias rows (rms_norm_bias_f32: 0, one bias for every row)
 } RmsNormParams;
 CK_PARAMS_ASSERT(sizeof(RmsNormParams) == 48, "RmsNormParams: size");
 #ifndef __METAL_VERSION__

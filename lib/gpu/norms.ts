@@ -15,6 +15,11 @@ export interface RmsNormOptions {
   centred?: boolean;
   /** Vectors per row, each of `dim` values, normalised separately with the same weight (default 1). */
   heads?: number;
+  /**
+   * A bias added to every row before the norm (heads x dim values: y = RMSNorm(x + b)), in
+   * the same dispatch (rms_norm_bias_f32; the bits of ew_add_f32 then rms_norm_f32).
+   */
+  bias?: TensorRef;
 }
 
 function encodeNorm(
@@ -53,7 +58,14 @@ function encodeNorm(
  */
 export function encodeRmsNorm(ctx: EncodeContext, x: RowsRef, w: TensorRef, y: RowsRef, nb: number, eps: number, opts: RmsNormOptions = {}): void {
   const dim = w.shape.reduce((a, b) => a * b, 1);
-  encodeNorm(ctx, "rms_norm_f32", x, w, y, null, nb, opts.heads ?? 1, dim, eps, opts.centred ?? true);
+  const heads = opts.heads ?? 1;
+  if (opts.bias) {
+    checkVector(opts.bias, heads * dim, "rms_norm_bias_f32");
+    const bias = { buffer: opts.bias.buffer, offset: opts.bias.offset, stride: 0 };
+    encodeNorm(ctx, "rms_norm_bias_f32", x, w, y, bias, nb, heads, dim, eps, opts.centred ?? true);
+    return;
+  }
+  encodeNorm(ctx, "rms_norm_f32", x, w, y, null, nb, heads, dim, eps, opts.centred ?? true);
 }
 
 /** y = o * rsqrt(mean(o^2) + eps) * w * SiLU(z) per head of dim = w's length (plain w). y may be o. */

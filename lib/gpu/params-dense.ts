@@ -27,7 +27,7 @@ export const denseParams = {
       { name: "_pad0", type: "u32" },
       { name: "x_stride", type: "u64", doc: "bytes between input rows" },
       { name: "y_stride", type: "u64", doc: "bytes between output rows" },
-      { name: "z_stride", type: "u64", doc: "bytes between gate rows (gated form only)" },
+      { name: "z_stride", type: "u64", doc: "bytes between gate rows (gated form), or between bias rows (rms_norm_bias_f32: 0, one bias for every row)" },
     ],
   },
   Matvec: {

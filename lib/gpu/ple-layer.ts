@@ -1,12 +1,11 @@
 // The PLE injection of a layer (MODEL.md "N-gram memory") as one dispatch sequence: gather
 // the n-gram rows, k = RMSNorm(W_k e + b_k), q = RMSNorm(mean of the streams), the gate,
-// then the dilated conv whose output is added to every stream of X. The bias add and the
-// mean are existing kernels with a zero row stride (the bias and 1/n are the same for every
-// row); with n a power of two the mean is exact, as the reference's sum-then-divide is.
+// then the dilated conv whose output is added to every stream of X. The bias add is the norm's
+// (rms_norm_bias_f32), the mean an existing kernel with a zero row stride (1/n is the same for
+// every row); with n a power of two the mean is exact, as the reference's sum-then-divide is.
 import type { ModelConfig } from "../model/config.ts";
 import type { Binding, Buffer } from "../shim.ts";
 import { bind, live, type EncodeContext, type RowsRef } from "./dispatch.ts";
-import { encodeElementwise } from "./elementwise.ts";
 import { encodeHcRead } from "./hyperconnection.ts";
 import { encodeRmsNorm } from "./norms.ts";
 import { encodePleConv, encodePleGate, encodePleGather } from "./ple.ts";
@@ -52,8 +51,7 @@ export function encodePleLayer(ctx: EncodeContext, a: PleLayerArgs): void {
     });
   });
   encodeMatvec(ctx, w.k, s.e, s.kRaw, nb);
-  encodeElementwise(ctx, "add", s.kRaw, { buffer: w.kBias.buffer, offset: w.kBias.offset, stride: 0 }, s.kRaw, nb, d);
-  encodeRmsNorm(ctx, s.kRaw, w.kNorm, s.k, nb, eps);
+  encodeRmsNorm(ctx, s.kRaw, w.kNorm, s.k, nb, eps, { bias: w.kBias });
   if (n === 1) encodeRmsNorm(ctx, a.X, w.qNorm, s.q, nb, eps);
   else encodeHcRead(ctx, a.X, a.scratch.meanCoeffs, s.q, nb, n, d, { w: w.qNorm, eps });
   encodeMatvec(ctx, w.v, s.e, s.vIn, nb);

@@ -139,6 +139,29 @@ h200_ncu_decode() {
   grep -E "ckg_|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" "$f" | head -40
 }
 
+# h200_ncu_stalls KERNEL_REGEX [LAUNCHES]: where a decode step's kernel spends its warps' cycles
+# (as h200_ncu_decode, ~1 min a kernel): instructions executed and warps launched (their ratio
+# is a warp's instruction count) and the stall reasons per issued instruction, largest first.
+h200_ncu_stalls() {
+  local kregex=$1 n=${2:-1} f; f="$OUT/ncu-stalls-$(echo "$1" | tr -c 'a-zA-Z0-9\n' _).txt"
+  (cd "$H200_ROOT" && CHERENKOV_BACKEND=cuda CHERENKOV_RECORDED_STEPS=0 timeout 400 ncu --target-processes all --kernel-name "regex:$kregex" --launch-skip 48 --launch-count "$n" \
+    --metrics "smsp__inst_executed.sum,sm__warps_launched.sum,gpu__time_duration.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+    bun spec/bench/decode.ts --only-model --model /tmp/m30 --tokens 4 --prompt 1 --pool 100% --no-round-trip > "$f" 2>&1)
+  python3 - "$f" <<'PY'
+import re, sys
+kernel = None; rows = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"\s+(ckg_\w+)", line)
+    if m: kernel = m.group(1); rows.setdefault(kernel, {}); continue
+    m = re.match(r"\s+(\S+)\s+(\S+)?\s+([\d.,]+)$", line)
+    if kernel and m: rows[kernel][m.group(1)] = float(m.group(3).replace(",", "")) * {"ns": 1e-3, "ms": 1e3, "s": 1e6}.get(m.group(2) or "", 1)
+for k, r in rows.items():
+    inst, warps = r.get("smsp__inst_executed.sum", 0), r.get("sm__warps_launched.sum", 1)
+    stalls = sorted(((v, n.replace("smsp__average_warps_issue_stalled_", "").replace("_per_issue_active.ratio", "")) for n, v in r.items() if "stalled" in n), reverse=True)
+    print(f"{k}: {r.get('gpu__time_duration.sum', 0):.2f} us, {inst / warps:.0f} instructions a warp ({warps:.0f} warps); stalls per issue: " + ", ".join(f"{n} {v:.2f}" for v, n in stalls[:7]))
+PY
+}
+
 # h200_profile NAME [bench args]: a per-kernel CUDA profile of a decode run (default: 16 tokens of
 # the 30b model after a 1-token prompt), its top rows printed (spec/bench/profile.ts).
 h200_profile() {
