@@ -533,11 +533,14 @@ export function encodeDeltaNetBlock(ctx: EncodeContext, a: DeltaNetBlockArgs, fu
 
 /**
  * Whether the three-kernel form's recurrence and norm run as deltanet_rows_norm_f32: the option
- * on (a.normFused, else deltanetNormFused(backend)), up to DELTANET_NORM_MAX_ROWS rows, and the row scan
- * chosen (prompt chunks, and batches the chunked form takes, keep their kernels).
+ * on (a.normFused, else deltanetNormFused(backend)), up to DELTANET_NORM_MAX_ROWS rows, heads the
+ * kernel holds (key and value dims up to DELTANET_NORM_MAX_KEY_DIM / _VALUE_DIM: wider ones keep
+ * the two kernels, as the default must run every model), and the row scan chosen (prompt
+ * chunks, and batches the chunked form takes, keep their kernels).
  */
 function takesNormFused(ctx: EncodeContext, a: DeltaNetBlockArgs, dn: DeltaNetArgs): boolean {
   if (!(a.normFused ?? deltanetNormFused(ctx.device.backend)) || a.rows > DELTANET_NORM_MAX_ROWS) return false;
+  if (a.keyDim > DELTANET_NORM_MAX_KEY_DIM || a.valueDim > DELTANET_NORM_MAX_VALUE_DIM) return false;
   return !(dn.chunked ?? deltanetTakesChunked(dn, deltanetChunkedMinRows(ctx.device.backend)));
 }
 

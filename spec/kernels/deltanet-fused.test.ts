@@ -7,6 +7,7 @@ import { afterAll, describe, expect, test } from "bun:test";
 
 import {
   deltanetFuses,
+  deltanetNormFused,
   deltanetStateFloats,
   deltanetStateFromGpu,
   deltanetStateToGpu,
@@ -21,6 +22,7 @@ import { allocatePlanes, readPlane, SNAPSHOT_PLANES } from "../../lib/gpu/snapsh
 import type { Buffer } from "../../lib/shim.ts";
 import { deltanetStep } from "../../lib/reference/deltanet.ts";
 import { causalConvStep, l2Normalize, rmsNormGated, sigmoid, silu, softplus } from "../../lib/reference/ops.ts";
+import { recordingNames } from "../dispatch-names.ts";
 import { expectClose, expectExact, hostTensor, NB_CASES, openDevice, outputF32, randomF32, rows, run, uploadF32, uploadWeights } from "./harness.ts";
 
 const dev = openDevice();
@@ -265,10 +267,38 @@ describe("choosing the form", () => {
     expectFusedEqualsUnfusedDefault(c);
   });
 
-  test("the fused form is two dispatches, the three kernels three", () => {
+  test("a head wider than the recurrence + norm kernel holds keeps the two kernels where that fusion is on (it never refuses a model)", () => {
+    const saved = process.env.CHERENKOV_DELTANET_NORM_FUSED;
+    process.env.CHERENKOV_DELTANET_NORM_FUSED = "1";
+    try {
+      for (const shape of [
+        { keyHeads: 1, keyDim: 160, valueHeads: 1, valueDim: 8 },
+        { keyHeads: 1, keyDim: 16, valueHeads: 1, valueDim: 160 },
+      ]) {
+        const c = blockCase(1, shape, 4, 10);
+        const names: string[] = [];
+        const g = blockOnDevice(c);
+        run(dev, (ctx) => g.encode(recordingNames(ctx, names), 0, 1, false));
+        expect(names.some((n) => n.startsWith("deltanet_rows_norm"))).toBe(false);
+        expect(names).toContain("rms_norm_gated_f32");
+        // A head the kernel holds takes it.
+        const small = blockOnDevice(blockCase(1, TINY, 4, 10));
+        const seen: string[] = [];
+        run(dev, (ctx) => small.encode(recordingNames(ctx, seen), 0, 1, false));
+        expect(seen.some((n) => n.startsWith("deltanet_rows_norm"))).toBe(true);
+      }
+    } finally {
+      if (saved === undefined) delete process.env.CHERENKOV_DELTANET_NORM_FUSED;
+      else process.env.CHERENKOV_DELTANET_NORM_FUSED = saved;
+    }
+  });
+
+  test("the fused form is two dispatches, the three kernels three (two where the recurrence takes its norm)", () => {
     const c = blockCase(1, TINY, 4, 12);
     const g = blockOnDevice(c);
-    for (const [fuse, want] of [[true, 2], [false, 3]] as const) {
+    // The GPU backends run a decode row's recurrence and gated norm as one dispatch by default
+    // (deltanetNormFused: deltanet_rows_norm_f32 after the conv).
+    for (const [fuse, want] of [[true, 2], [false, deltanetNormFused(dev.backend) ? 2 : 3]] as const) {
       const before = dev.commandsEncoded;
       run(dev, (ctx) => g.encode(ctx, 0, 1, fuse));
       expect(dev.commandsEncoded - before).toBe(want);
