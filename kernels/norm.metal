@@ -3,6 +3,7 @@
 // per vector: lanes stride over it, simd_sum joins the squares, no barriers. In place is
 // fine (each lane rewrites only the elements it read).
 #include <metal_stdlib>
+#include "grid.h"
 #include "params.h"
 #include "norm.h"
 
@@ -56,7 +57,14 @@ kernel void rms_norm_bias_f32(
   device const float* xv = (device const float*)(x + ulong(row) * p.x_stride) + head * p.dim;
   device const float* bv = (device const float*)(b + ulong(row) * p.z_stride) + head * p.dim;
   device float* yv = (device float*)(y + ulong(row) * p.y_stride) + head * p.dim;
-  rms_norm_vector<false>(p.dim, p.eps, p.centred != 0, BiasedRow{xv, bv}, w, yv, yv, lane);
+  // The norm weight and the bias are weights: into L2 while the dispatch before finishes.
+  if (lane == 0) {
+    ck_prefetch((device const uchar*)w, uint(p.dim) * 4u);
+    ck_prefetch((device const uchar*)bv, uint(p.dim) * 4u);
+  }
+  ck_inputs_ready();
+  // Twice a plain norm's loads in flight: a decode row is this one simdgroup's chain of trips.
+  rms_norm_vector<false, 2 * NORM_LOADS>(p.dim, p.eps, p.centred != 0, BiasedRow{xv, bv}, w, yv, yv, lane);
 }
 
 // o * rsqrt(mean(o^2) + eps) * w * SiLU(z) per head (DeltaNet output; w plain when centred = 0).

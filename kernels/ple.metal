@@ -8,6 +8,7 @@
 // The conv history is the last (K-1) D inputs u, oldest first, [(K-1) D][d] (the layout of
 // lib/reference's PleState.history); snapshot plane r holds it after row r.
 #include <metal_stdlib>
+#include "grid.h"
 #include "unroll.h"
 #include "params.h"
 #include "sequence.h"
@@ -142,6 +143,13 @@ kernel void ple_gate_f32(
     return;  // whole simdgroup
   }
   const uint d = uint(p.dim);
+  // The bias and the conv norm's weight (weights: no dispatch writes them) into L2 while the
+  // dispatch before finishes: the second and third passes then wait on L2, not memory.
+  if (lane == 0) {
+    ck_prefetch((device const uchar*)v_bias, d * 4u);
+    ck_prefetch((device const uchar*)cnorm, d * 4u);
+  }
+  ck_inputs_ready();
   device const float* kr = seq_row(k, p.k_stride, t);
   device const float* qr = seq_row(q, p.q_stride, t);
   device const float* vr = seq_row(vin, p.vin_stride, t);
