@@ -102,6 +102,23 @@ inline float4 hc_fn_load4(device const uchar* fn, ulong e, int dtype) {
   return Weights<float>::load4(fn, e);
 }
 
+// Threadgroup tg of ntg asks L2 for its share (a contiguous 1/ntg) of the fold's fn, the next
+// site's weights, before the writer waits for its inputs (one lane calls it; grid.h): together
+// the threadgroups bring all of fn, so each one's epilogue (hc_store_lanes: its column of every
+// item and stream) reads L2 instead of waiting on memory at the end of the kernel. A no-op
+// without a fold, and on Metal and the CPU backend (ck_prefetch).
+inline void hc_fold_prefetch(device const uchar* fn, int mixes, int streams, int d, int dtype, bool residual, uint tg, uint ntg) {
+  if (residual || mixes <= 0) {
+    return;
+  }
+  const ulong bytes = ulong(mixes) * ulong(streams) * ulong(d) * (dtype == HC_FN_F32 ? 4ul : 2ul);
+  const ulong per = ((bytes + ulong(ntg) - 1ul) / ulong(ntg) + 15ul) & ~15ul;
+  const ulong at = ulong(tg) * per;
+  if (at < bytes) {
+    ck_prefetch(fn + at, uint(min(per, bytes - at)));
+  }
+}
+
 // Turns of hc_store_lanes' fold whose fn values a lane loads with the old column, before
 // the new column is formed (one trip to memory for n <= 4: 25 items x 4 streams are 4 turns);
 // later turns (n > 4) load theirs when they come.

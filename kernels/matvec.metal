@@ -167,6 +167,7 @@ template <typename T, int NR>
     device const uchar* fold_fn [[buffer(5)]],
     device uchar* fold_part    [[buffer(6)]],
     uint2 tg                   [[threadgroup_position_in_grid]],
+    uint2 ntg                  [[threadgroups_per_grid]],
     ushort sg                  [[simdgroup_index_in_threadgroup]],
     ushort lane                [[thread_index_in_simdgroup]]) {
   int o0 = (int(tg.x) * MV_SG + int(sg)) * MV_R;
@@ -177,6 +178,9 @@ template <typename T, int NR>
   }
   if (lane == 0) {
     mv_prefetch_tile<T>(w, p.in_dim, o0, p.out_dim);
+    if (sg == 0 && tg.y == 0u) {
+      hc_fold_prefetch(fold_fn, p.fold_mixes, p.streams, p.out_dim, p.fold_dtype, false, tg.x, ntg.x);
+    }
   }
   ck_inputs_ready();
   matvec_simdgroup<T, NR, true>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, X, 0, false, lane,
@@ -194,6 +198,7 @@ template <typename T, int NR>
     device const uchar* fold_fn [[buffer(5)]],
     device uchar* fold_part    [[buffer(6)]],
     uint2 tg                   [[threadgroup_position_in_grid]],
+    uint2 ntg                  [[threadgroups_per_grid]],
     ushort sg                  [[simdgroup_index_in_threadgroup]],
     ushort lane                [[thread_index_in_simdgroup]],
     ushort nsg                 [[simdgroups_per_threadgroup]]) {
@@ -206,6 +211,9 @@ template <typename T, int NR>
   }
   if (sg == 0 && lane == 0) {
     mv_prefetch_tile<T>(w, p.in_dim, o0, p.out_dim);
+  }
+  if (sg == 1 && lane == 0 && tg.y == 0u) {
+    hc_fold_prefetch(fold_fn, p.fold_mixes, p.streams, p.out_dim, p.fold_dtype, false, tg.x, ntg.x);
   }
   ck_inputs_ready();
   matvec_split_tg<T, NR, true>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, X, 0, false, &part[0][0], sg, lane,

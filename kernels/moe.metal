@@ -565,9 +565,14 @@ template <typename T>
     device const uchar* fold_fn  [[buffer(8)]],
     device uchar* fold_part      [[buffer(9)]],
     uint2 tg                     [[threadgroup_position_in_grid]],
+    uint2 ntg                    [[threadgroups_per_grid]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort nsg                   [[simdgroups_per_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
+  if (sg == 0 && lane == 0 && tg.y == 0u) {  // the fold's fn: hc_fold_prefetch
+    hc_fold_prefetch(fold_fn, p.fold_mixes, p.streams, p.out_dim, p.fold_dtype, p.residual != 0, tg.x, ntg.x);
+  }
+  ck_inputs_ready();
   float4 v;
   if (moe_down_combine_at<T, false>(p, ids, w, slot_of, pool, h, h, h, tg, sg, nsg, lane, v)) {
     hc_store_lanes(moe_hc_target(p, X, coeffs, fold_fn, fold_part), int(tg.y), int(tg.x), v, lane);
@@ -589,9 +594,14 @@ template <typename T>
     device const uchar* fold_fn  [[buffer(10)]],
     device uchar* fold_part      [[buffer(11)]],
     uint2 tg                     [[threadgroup_position_in_grid]],
+    uint2 ntg                    [[threadgroups_per_grid]],
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort nsg                   [[simdgroups_per_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
+  if (sg == 0 && lane == 0 && tg.y == 0u) {  // the fold's fn: hc_fold_prefetch
+    hc_fold_prefetch(fold_fn, p.fold_mixes, p.streams, p.out_dim, p.fold_dtype, p.residual != 0, tg.x, ntg.x);
+  }
+  ck_inputs_ready();
   float4 v;
   if (moe_down_combine_at<T, true>(p, ids, w, slot_of, pool, h, s, sgate, tg, sg, nsg, lane, v)) {
     hc_store_lanes(moe_hc_target(p, X, coeffs, fold_fn, fold_part), int(tg.y), int(tg.x), v, lane);
