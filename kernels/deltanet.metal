@@ -18,6 +18,7 @@
 // which is the reference's order of operations rewritten (equal up to f32 rounding), and
 // costs two SIMD sums per row.
 #include <metal_stdlib>
+#include "grid.h"
 #include "params.h"
 #include "sequence.h"
 #include "norm.h"
@@ -420,6 +421,16 @@ template <uint COLS>
     ushort nsg                     [[simdgroups_per_threadgroup]]) {
   threadgroup float staged[DN_NORM_MAX_ROWS * DN_NORM_MAX_DV];  // o of row t at t * dv
   const uint dv = uint(p.value_dim);
+  // The head's state (dk x dv floats, 64 KB at the 30b shape: 2 MB a layer, more than L2 keeps
+  // between tokens) into L2 while the projections before finish, so the column walk's loads
+  // wait on L2, not memory. A prefetch is only a hint: L2 holds the newest data whoever last
+  // wrote it (the previous step, a rollback), so asking early is safe though dispatches write
+  // the state; what the kernel reads, it reads after ck_inputs_ready.
+  // (Not at COLS 1, whose 73 registers then became 64 and a spill on sm_90.)
+  if (COLS > 1u && sg == 0 && lane == 0) {
+    ck_prefetch((device const uchar*)(S + ulong(h) * uint(p.key_dim) * dv), uint(p.key_dim) * dv * 4u);
+  }
+  ck_inputs_ready();
   const DnInput in = {qkv, p.qkv_stride, qkv, qkv, 0u, 0};
   const DnStagedOut out = {staged};
   for (uint j = uint(sg) * COLS; j < dv; j += uint(nsg) * COLS) {  // uniform per simdgroup

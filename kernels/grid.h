@@ -7,7 +7,9 @@
 // call), so it can ask for its weights first: ck_prefetch brings bytes into L2 while the
 // previous kernel (often a latency-bound one that leaves the memory idle) finishes. Before the
 // call a kernel may read only what no dispatch writes (weights; params are by value) and may
-// write nothing; every path that touches other memory must pass through the call.
+// write nothing; every path that touches other memory must pass through the call. A prefetch
+// is not a read: L2 holds the newest data whoever wrote it, so a kernel may ask early for what
+// dispatches write (DeltaNet's state), and reads it after the call.
 //
 // Metal runs the dispatches of a serial compute encoder one after the other and has no such
 // launch, and the CPU backend runs them in order: both functions do nothing there.
