@@ -391,6 +391,12 @@ template <typename T>
   if (q >= p.rows * p.top_k || o0 >= p.out_dim) {
     return;  // uniform per simdgroup
   }
+  // The layer's slot table (a few hundred bytes the weights streaming through L2 evict between
+  // tokens) into L2 while the router finishes: the lookup after the routing then waits on L2.
+  if (sg == 0 && lane == 0) {
+    ck_prefetch((device const uchar*)slot_of, uint(p.experts) * 4u);
+  }
+  ck_inputs_ready();
   const int r = q / p.top_k;
   const int k = q - r * p.top_k;
   const bool writes = tg.x == 0 && sg == 0 && k == 0;  // uniform per simdgroup
@@ -569,8 +575,11 @@ template <typename T>
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort nsg                   [[simdgroups_per_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
-  if (sg == 0 && lane == 0 && tg.y == 0u) {  // the fold's fn: hc_fold_prefetch
-    hc_fold_prefetch(fold_fn, p.fold_mixes, p.streams, p.out_dim, p.fold_dtype, p.residual != 0, tg.x, ntg.x);
+  if (sg == 0 && lane == 0) {
+    ck_prefetch((device const uchar*)slot_of, uint(p.experts) * 4u);  // as moe_gate_up_pairs_routed
+    if (tg.y == 0u) {  // the fold's fn: hc_fold_prefetch
+      hc_fold_prefetch(fold_fn, p.fold_mixes, p.streams, p.out_dim, p.fold_dtype, p.residual != 0, tg.x, ntg.x);
+    }
   }
   ck_inputs_ready();
   float4 v;
@@ -598,8 +607,11 @@ template <typename T>
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort nsg                   [[simdgroups_per_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
-  if (sg == 0 && lane == 0 && tg.y == 0u) {  // the fold's fn: hc_fold_prefetch
-    hc_fold_prefetch(fold_fn, p.fold_mixes, p.streams, p.out_dim, p.fold_dtype, p.residual != 0, tg.x, ntg.x);
+  if (sg == 0 && lane == 0) {
+    ck_prefetch((device const uchar*)slot_of, uint(p.experts) * 4u);  // as moe_gate_up_pairs_routed
+    if (tg.y == 0u) {  // the fold's fn: hc_fold_prefetch
+      hc_fold_prefetch(fold_fn, p.fold_mixes, p.streams, p.out_dim, p.fold_dtype, p.residual != 0, tg.x, ntg.x);
+    }
   }
   ck_inputs_ready();
   float4 v;
