@@ -180,7 +180,7 @@ h200_standard() {
   local tiny="--only-model --model $H200_ROOT/examples/models/qwen4-exp-tiny --tokens 64 --prompt 16 --no-round-trip"
   h200_setup && h200_anchor_start && h200_build && h200_synth || return 1
   h200_dec head1 && h200_dec head2 || return 1
-  h200_dec auto -- --only-model --model /tmp/m30 --tokens 64 --prompt 256 --pool 100% --auto --no-round-trip
+  h200_dec auto -- --only-model --model /tmp/m30 --tokens 64 --prompt 256 --pool 100% --auto --auto-runs 5 --no-round-trip
   local d; for d in 2 3; do h200_dec "tiny-d$d" -- $tiny --drafts $d; done
   h200_kernels --filter "stream|routed experts|projection|anchor|logits|loads only" | grep -v "^gemm"
   h200_anchor_report
