@@ -173,13 +173,22 @@ h200_profile() {
 
 # h200_standard: the measurements every session's first call after `stash` repeats (~5-6 min
 # with the model's synthesis; the anchor is built meanwhile and timed alone at the end): the 30b
-# decode twice, drafts "auto" through the Model API, the tiny model's 2- and 3-draft cycles,
-# bench:kernels' issue-18 cases, ggml's anchor. Extra variants go after it in the same call:
+# decode twice (and the baseline tree's twice, when prepared), drafts "auto" through the Model
+# API, the tiny model's 2- and 3-draft cycles, bench:kernels' issue-18 cases, ggml's anchor.
+# Extra variants go after it in the same call:
 #   source spec/bench/device-calls.sh && h200_standard && h200_dec name VAR=1 ...
 h200_standard() {
   local tiny="--only-model --model $H200_ROOT/examples/models/qwen4-exp-tiny --tokens 64 --prompt 16 --no-round-trip"
-  h200_setup && h200_anchor_start && h200_build && h200_synth || return 1
-  h200_dec head1 && h200_dec head2 || return 1
+  h200_setup && h200_anchor_start && h200_build || return 1
+  # With a baseline tree (.dev/small/base.tar.xz: `BASE=<rev> ... prepare`), it is built while
+  # the model is made, and timed alternately with this tree's rows (base1, base2).
+  local base=""; [ -f "$H200_ROOT/.dev/small/base.tar.xz" ] && { h200_base > /tmp/base.log 2>&1 & base=$!; }
+  h200_synth || return 1
+  [ -n "$base" ] && { wait "$base"; tail -1 /tmp/base.log; }
+  h200_dec head1 || return 1
+  [ -n "$base" ] && TREE=/tmp/base h200_dec base1
+  h200_dec head2 || return 1
+  [ -n "$base" ] && TREE=/tmp/base h200_dec base2
   h200_dec auto -- --only-model --model /tmp/m30 --tokens 64 --prompt 256 --pool 100% --auto --auto-runs 5 --no-round-trip
   local d; for d in 2 3; do h200_dec "tiny-d$d" -- $tiny --drafts $d; done
   h200_kernels --filter "stream|routed experts|projection|anchor|logits|loads only" | grep -v "^gemm"
