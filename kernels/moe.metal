@@ -555,6 +555,20 @@ inline HcTarget moe_hc_target(constant MoeDownCombineHcParams& p, device uchar* 
   return t;
 }
 
+// What the _hc down-combine kernels ask of L2 before they wait (grid.h): the layer's slot
+// table (as moe_gate_up_pairs_routed) and, from the first row of threadgroups, their shares of
+// the fold's fn (hc_fold_prefetch).
+inline void moe_dc_hc_prefetch(constant MoeDownCombineHcParams& p, device const int* slot_of, device const uchar* fold_fn, uint2 tg, uint2 ntg,
+                               ushort sg, ushort lane) {
+  if (sg != 0 || lane != 0) {
+    return;
+  }
+  ck_prefetch((device const uchar*)slot_of, uint(p.experts) * 4u);
+  if (tg.y == 0u) {
+    hc_fold_prefetch(fold_fn, p.fold_mixes, p.streams, p.out_dim, p.fold_dtype, p.residual != 0, tg.x, ntg.x);
+  }
+}
+
 // moe_down_combine writing its output into hyper-connection streams (hc.h; out_dim = d, a
 // multiple of 4: a threadgroup's MV_R outputs are one whole float4 column) or, with
 // p.residual, adding it to X (n = 1).
@@ -575,12 +589,7 @@ template <typename T>
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort nsg                   [[simdgroups_per_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
-  if (sg == 0 && lane == 0) {
-    ck_prefetch((device const uchar*)slot_of, uint(p.experts) * 4u);  // as moe_gate_up_pairs_routed
-    if (tg.y == 0u) {  // the fold's fn: hc_fold_prefetch
-      hc_fold_prefetch(fold_fn, p.fold_mixes, p.streams, p.out_dim, p.fold_dtype, p.residual != 0, tg.x, ntg.x);
-    }
-  }
+  moe_dc_hc_prefetch(p, slot_of, fold_fn, tg, ntg, sg, lane);
   ck_inputs_ready();
   float4 v;
   if (moe_down_combine_at<T, false>(p, ids, w, slot_of, pool, h, h, h, tg, sg, nsg, lane, v)) {
@@ -607,12 +616,7 @@ template <typename T>
     ushort sg                    [[simdgroup_index_in_threadgroup]],
     ushort nsg                   [[simdgroups_per_threadgroup]],
     ushort lane                  [[thread_index_in_simdgroup]]) {
-  if (sg == 0 && lane == 0) {
-    ck_prefetch((device const uchar*)slot_of, uint(p.experts) * 4u);  // as moe_gate_up_pairs_routed
-    if (tg.y == 0u) {  // the fold's fn: hc_fold_prefetch
-      hc_fold_prefetch(fold_fn, p.fold_mixes, p.streams, p.out_dim, p.fold_dtype, p.residual != 0, tg.x, ntg.x);
-    }
-  }
+  moe_dc_hc_prefetch(p, slot_of, fold_fn, tg, ntg, sg, lane);
   ck_inputs_ready();
   float4 v;
   if (moe_down_combine_at<T, true>(p, ids, w, slot_of, pool, h, s, sgate, tg, sg, nsg, lane, v)) {

@@ -9,16 +9,28 @@
 
 using namespace metal;
 
-// Vector `unit` (row unit / heads, head unit % heads) of the batch.
+// Where vector `unit` (row unit / heads, head unit % heads) of the batch lives in x, y and z.
+struct NormUnit {
+  device const float* x;
+  device float* y;
+  device const float* z;
+};
+
+inline NormUnit norm_unit(constant RmsNormParams& p, device const uchar* x, device uchar* y, device const uchar* z, uint unit) {
+  const int row = int(unit) / p.heads;
+  const int head = int(unit) % p.heads;
+  NormUnit u;
+  u.x = (device const float*)(x + ulong(row) * p.x_stride) + head * p.dim;
+  u.y = (device float*)(y + ulong(row) * p.y_stride) + head * p.dim;
+  u.z = (device const float*)(z + ulong(row) * p.z_stride) + head * p.dim;
+  return u;
+}
+
 template <bool GATED>
 inline void rms_norm_unit(constant RmsNormParams& p, device const uchar* x, device const float* w, device uchar* y,
                           device const uchar* z, uint unit, ushort lane) {
-  int row = int(unit) / p.heads;
-  int head = int(unit) % p.heads;
-  device const float* xv = (device const float*)(x + ulong(row) * p.x_stride) + head * p.dim;
-  device float* yv = (device float*)(y + ulong(row) * p.y_stride) + head * p.dim;
-  device const float* zv = (device const float*)(z + ulong(row) * p.z_stride) + head * p.dim;
-  rms_norm_vector<GATED>(p.dim, p.eps, p.centred != 0, xv, w, yv, zv, lane);
+  const NormUnit u = norm_unit(p, x, y, z, unit);
+  rms_norm_vector<GATED>(p.dim, p.eps, p.centred != 0, u.x, w, u.y, u.z, lane);
 }
 
 kernel void rms_norm_f32(
@@ -52,19 +64,15 @@ kernel void rms_norm_bias_f32(
   if (unit >= uint(p.rows * p.heads)) {
     return;  // uniform per simdgroup
   }
-  const int row = int(unit) / p.heads;
-  const int head = int(unit) % p.heads;
-  device const float* xv = (device const float*)(x + ulong(row) * p.x_stride) + head * p.dim;
-  device const float* bv = (device const float*)(b + ulong(row) * p.z_stride) + head * p.dim;
-  device float* yv = (device float*)(y + ulong(row) * p.y_stride) + head * p.dim;
+  const NormUnit u = norm_unit(p, x, y, b, unit);  // the bias is z
   // The norm weight and the bias are weights: into L2 while the dispatch before finishes.
   if (lane == 0) {
     ck_prefetch((device const uchar*)w, uint(p.dim) * 4u);
-    ck_prefetch((device const uchar*)bv, uint(p.dim) * 4u);
+    ck_prefetch((device const uchar*)u.z, uint(p.dim) * 4u);
   }
   ck_inputs_ready();
   // Twice a plain norm's loads in flight: a decode row is this one simdgroup's chain of trips.
-  rms_norm_vector<false, 2 * NORM_LOADS>(p.dim, p.eps, p.centred != 0, BiasedRow{xv, bv}, w, yv, yv, lane);
+  rms_norm_vector<false, 2 * NORM_LOADS>(p.dim, p.eps, p.centred != 0, BiasedRow{u.x, u.z}, w, u.y, u.y, lane);
 }
 
 // o * rsqrt(mean(o^2) + eps) * w * SiLU(z) per head (DeltaNet output; w plain when centred = 0).

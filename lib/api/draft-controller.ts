@@ -24,6 +24,9 @@
 // transition only updates the acceptance, and the next step repeats k to measure it; counted
 // as plain's cost, it would make plain look slower than it is and drafting win where it loses.
 
+/** The EWMA of `prev` (null: nothing seen yet, so x itself) after observing x with weight a. */
+const ewma = (prev: number | null, x: number, a: number) => (prev === null ? x : (1 - a) * prev + a * x);
+
 /** EWMA weight of an exploration step's observations. */
 const EXPLORE_ALPHA = 0.5;
 /** The most an exploration's budget is multiplied by after explorations that changed nothing. */
@@ -66,7 +69,7 @@ export class DraftController {
   /** EWMA of the time of a step into k from another count (null = none seen yet). */
   private readonly transitionCost: (number | null)[];
   private readonly steps: number[];
-  /** Per count: the multiple of two steps' cost its next exploration must have saved up. */
+  /** Per count: the multiple of its exploration price its next exploration must have saved up. */
   private readonly backoff: number[];
   private nextExplore = 0;
 
@@ -162,10 +165,9 @@ export class DraftController {
     if (explored) this.budget -= ms;
     if (transition) {
       this.repeat = k;
-      this.transitionCost[k] = this.transitionCost[k] === null ? ms : (1 - a) * this.transitionCost[k]! + a * ms;
+      this.transitionCost[k] = ewma(this.transitionCost[k] ?? null, ms, a);
     } else {
-      const c = Math.max(ms, 1e-6);
-      this.cost[k] = this.cost[k] === null ? c : (1 - a) * this.cost[k]! + a * c;
+      this.cost[k] = ewma(this.cost[k] ?? null, Math.max(ms, 1e-6), a);
     }
     // Positions 1..accepted were accepted; position accepted+1 (if proposed) was rejected; later ones are unobserved.
     for (let j = 0; j < Math.min(k, accepted + 1); j++) {

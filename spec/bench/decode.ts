@@ -33,6 +33,7 @@ import type { LatencySummary, PhaseStats } from "../../lib/gpu/telemetry.ts";
 import { Model } from "../../lib/api/model.ts";
 import { openModel } from "../../lib/model/format.ts";
 import { defaultBackend, Device } from "../../lib/shim.ts";
+import { median } from "./stats.ts";
 
 const ROOT = join(import.meta.dir, "..", "..");
 const { values: opts } = parseArgs({
@@ -163,12 +164,6 @@ async function autoDrafts(dir: string, prompt: number[]): Promise<NonNullable<Mo
     await model.close();
   }
 }
-
-/** The middle value (the mean of the two middle ones for an even count). */
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[s.length >> 1]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
-};
 
 /** A deterministic prompt of in-vocabulary ids. */
 const promptFor = (vocab: number) => Array.from({ length: promptLen }, (_, i) => (37 * i + 11) % Math.min(vocab, 256));

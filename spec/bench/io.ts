@@ -29,6 +29,7 @@ import { closeSync, existsSync, fsyncSync, mkdtempSync, openSync, readFileSync, 
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
+import { median } from "./stats.ts";
 
 const SWEEP_THREADS = 64;
 if (!process.env.UV_THREADPOOL_SIZE) {
@@ -250,11 +251,6 @@ async function runRaw(model: ExpertSource, device: DeviceT | undefined, inFlight
   await io.close();
   return (records * stride * repeat) / seconds / 1e6;
 }
-
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
-};
 
 /** Record sizes to measure: preset names (their q4 expert record size) or byte counts. */
 function parseSizes(spec: string): { label: string; stride: number }[] {
