@@ -45,9 +45,9 @@ struct GemmWeights<uchar> {
   static void load16(device const uchar* w, int in_dim, int out_dim, int o, int k, thread float* v) {
     const Q4Rows r = q4_rows(w, in_dim, o, out_dim);
     const uint g = uint(k) / 32u;
-    const uint2 nib = ((device const uint2*)(r.w + r.nib_at[0] + 16u * g))[(uint(k) / 16u) & 1u];
-    const float s = r.scale(0, g);
-    const float b = r.bias(0, g);
+    const uint2 nib = ((device const uint2*)(r.nib[0] + g))[(uint(k) / 16u) & 1u];
+    const float s = bf16_to_f32(r.sc[0][g]);
+    const float b = bf16_to_f32(r.bi[0][g]);
     const uint words[2] = {nib.x, nib.y};
     MV_UNROLL for (int m = 0; m < 2; m++) {
       float4 lo = q4_nibbles4(words[m]);

@@ -268,37 +268,24 @@ inline float q4_group_sum(thread const float4* xv) {
   return sum;
 }
 
-// A q4 weight's MV_R rows from o0 (clamped to out_dim - 1): three base pointers and 32-bit
-// row offsets, where 12 64-bit row pointers took 24 registers a weight on sm_90 (a q4 tensor
-// stays under 4 GiB of nibbles: lib/model/format.ts refuses a bigger one, Q4_MAX_NIBBLE_BYTES).
+// A q4 weight's MV_R rows from o0 (clamped to out_dim - 1): nibble, scale and bias rows.
 struct Q4Rows {
-  device const uchar* w;   // nibbles
-  device const ushort* sc; // bf16 scales, a group each
-  device const ushort* bi; // bf16 biases
-  uint nib_at[MV_R];       // row * in_dim / 2 (bytes)
-  uint g_at[MV_R];         // row * groups
-  inline uint4 nibbles(int i, uint g) const {
-    return ((device const uint4*)(w + nib_at[i]))[g];
-  }
-  inline float scale(int i, uint g) const {
-    return bf16_to_f32(sc[g_at[i] + g]);
-  }
-  inline float bias(int i, uint g) const {
-    return bf16_to_f32(bi[g_at[i] + g]);
-  }
+  device const uint4* nib[MV_R];
+  device const ushort* sc[MV_R];
+  device const ushort* bi[MV_R];
 };
 
 inline Q4Rows q4_rows(device const uchar* w, int in_dim, int o0, int out_dim) {
   const uint groups = uint(in_dim) / 32u;
   const ulong total = ulong(out_dim) * ulong(in_dim);
+  device const ushort* scales = (device const ushort*)(w + total / 2);
+  device const ushort* biases = scales + total / 32;
   Q4Rows r;
-  r.w = w;
-  r.sc = (device const ushort*)(w + total / 2);
-  r.bi = r.sc + total / 32;
   MV_UNROLL for (int i = 0; i < MV_R; i++) {
-    const uint row = uint(min(o0 + i, out_dim - 1));
-    r.nib_at[i] = row * uint(in_dim / 2);
-    r.g_at[i] = row * groups;
+    ulong row = ulong(min(o0 + i, out_dim - 1));
+    r.nib[i] = (device const uint4*)(w + row * ulong(in_dim / 2));
+    r.sc[i] = scales + row * groups;
+    r.bi[i] = biases + row * groups;
   }
   return r;
 }
@@ -371,13 +358,13 @@ inline void q4_tile_load(thread Q4Tile<TWO, U>& t, thread const Q4Rows& r0, thre
   MV_UNROLL for (int u = 0; u < U; u++) {
     const uint g = g0 + uint(u * lanes) < groups ? g0 + uint(u * lanes) : g0;
     MV_UNROLL for (int i = 0; i < MV_R; i++) {
-      t.n0[u][i] = r0.nibbles(i, g);
-      t.s0[u][i] = r0.scale(i, g);
-      t.b0[u][i] = r0.bias(i, g);
+      t.n0[u][i] = r0.nib[i][g];
+      t.s0[u][i] = bf16_to_f32(r0.sc[i][g]);
+      t.b0[u][i] = bf16_to_f32(r0.bi[i][g]);
       if (TWO) {
-        t.n1[u][i] = r1.nibbles(i, g);
-        t.s1[u][i] = r1.scale(i, g);
-        t.b1[u][i] = r1.bias(i, g);
+        t.n1[u][i] = r1.nib[i][g];
+        t.s1[u][i] = bf16_to_f32(r1.sc[i][g]);
+        t.b1[u][i] = bf16_to_f32(r1.bi[i][g]);
       }
     }
   }

@@ -219,9 +219,6 @@ function checkDenseIndex(m: ValidManifest) {
   });
 }
 
-/** The most nibble bytes one q4 tensor may have: kernels/matvec.h's Q4Rows offsets are 32-bit. */
-export const Q4_MAX_NIBBLE_BYTES = 2 ** 32 - 16;
-
 /** Shape, dtype and byte count of one index entry against what the config needs. */
 function checkEntry(t: { dtype: string; shape: number[]; bytes: number }, shape: readonly number[], field: string, tensor: string) {
   if (!sameShape(t.shape, shape))
@@ -231,13 +228,6 @@ function checkEntry(t: { dtype: string; shape: number[]; bytes: number }, shape:
     });
   if (t.dtype === "q4" && (shape.length !== 2 || shape[1]! % 32 !== 0))
     fail(`${MANIFEST_FILE}: tensor ${tensor}: q4 needs a 2-d shape with a multiple of 32 columns`, MANIFEST_FILE, { tensor, field: `${field}.dtype` });
-  // The kernels address a q4 tensor's rows by 32-bit byte offsets into its nibbles (kernels/matvec.h Q4Rows).
-  if (t.dtype === "q4" && (shape[0]! * shape[1]!) / 2 > Q4_MAX_NIBBLE_BYTES)
-    fail(
-      `${MANIFEST_FILE}: tensor ${tensor}: q4 ${shapeText(shape)} has ${(shape[0]! * shape[1]!) / 2} bytes of nibbles; the kernels address at most ${Q4_MAX_NIBBLE_BYTES} (4 GiB) in one q4 tensor`,
-      MANIFEST_FILE,
-      { tensor, field: `${field}.shape` },
-    );
   const want = tensorBytes(shape, t.dtype as TensorEntry["dtype"]);
   if (t.bytes !== want)
     fail(`${MANIFEST_FILE}: tensor ${tensor}: ${t.bytes} bytes in the index, ${t.dtype} ${shapeText(shape)} takes ${want}`, MANIFEST_FILE, {
