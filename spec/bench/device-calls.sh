@@ -30,7 +30,7 @@ h200_prepare() {
   rm -rf .anchor && cp -r ../shared/device/ggml-anchor .anchor || return 1
   # A baseline tree to time against (BASE=<rev>; h200_base builds it on the device).
   if [ -n "${BASE:-}" ]; then
-    git archive "$BASE" lib kernels metal-shim spec/bench spec/golden package.json bunfig.toml tsconfig.json | xz -9 > .dev/small/base.tar.xz || return 1
+    git archive "$BASE" lib kernels metal-shim spec/bench spec/golden spec/dispatch-names.ts package.json bunfig.toml tsconfig.json | xz -9 > .dev/small/base.tar.xz || return 1
     git rev-parse "$BASE" > .dev/small/base.rev
   fi
   du -sh .dev/p1 .dev/p2 .dev/small .anchor
