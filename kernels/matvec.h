@@ -480,9 +480,6 @@ struct MvPass {
 };
 
 // q4 (uchar), and the bench-only q4_loads_only (char) through the same passes.
-// run2 (gate and up) loads one group a lane at a time: its tile already holds two weights, and
-// with MV_Q4_BATCH groups nvcc issued most of the 16 nibble loads one by one between the
-// arithmetic (168 registers; a trip to memory each) instead of together.
 template <int NR, bool LOADS_ONLY>
 struct MvPassQ4 {
   static constexpr int U = NR == 1 ? MV_Q4_BATCH : 1;
@@ -492,7 +489,7 @@ struct MvPassQ4 {
   }
   static void run2(device const uchar* w0, device const uchar* w1, int in_dim, int o0, int out_dim, device const uchar* x,
                    thread const ulong* xoff, int nx, thread float4* acc0, thread float4* acc1, ushort lane) {
-    mv_pass_q4<true, NR, 1, Q4XDevice, LOADS_ONLY>(w0, w1, in_dim, o0, out_dim, Q4XDevice{x, xoff}, nx, acc0, acc1, int(lane), 32);
+    mv_pass_q4<true, NR, U, Q4XDevice, LOADS_ONLY>(w0, w1, in_dim, o0, out_dim, Q4XDevice{x, xoff}, nx, acc0, acc1, int(lane), 32);
   }
   static void run_split(device const uchar* w, int in_dim, int o0, int out_dim, device const uchar* x,
                         thread const ulong* xoff, int nx, thread float4* acc, int lane, int lanes) {
