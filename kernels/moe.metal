@@ -322,6 +322,12 @@ inline void moe_gate_up_pair(constant P& p, int q, int e, int o0, device const i
       mv_prefetch_rows(record + p.w2_offset, ulong(p.out_dim), r0, min(per, p.in_dim - r0), p.in_dim, (thread const T*)nullptr);
     }
   }
+  // This simdgroup's rows of gate and up into L2 (p.prefetch_tile): nvcc issues many of the
+  // pass's loads one at a time between its arithmetic, and each then waits on L2, not memory.
+  if (lane == 0 && !missing && p.prefetch_tile != 0u) {
+    mv_prefetch_tile<T>(record + p.w0_offset, p.in_dim, o0, p.out_dim);
+    mv_prefetch_tile<T>(record + p.w1_offset, p.in_dim, o0, p.out_dim);
+  }
   ulong xoff[1] = {ulong(q / p.top_k) * p.x_stride};
   float4 acc[1] = {float4(0.0f)};
   float4 up[1] = {float4(0.0f)};

@@ -456,7 +456,7 @@ typedef struct {
   uint64_t y_stride;             // offset 56: bytes between output rows (per pair)
   uint64_t w2_offset;            // offset 64: down part inside a record, which a decode gate_up asks L2 for (prefetch_w2)
   uint32_t prefetch_w2;          // offset 72: 1: moe_gate_up_pairs prefetches its expert's down rows into L2 (CUDA; a no-op elsewhere)
-  uint32_t _pad0;                // offset 76
+  uint32_t prefetch_tile;        // offset 76: 1: a decode gate_up asks L2 for its simdgroup's gate and up rows once it has the slot (CUDA; a no-op elsewhere)
 } MoeExpertsParams;
 CK_PARAMS_ASSERT(sizeof(MoeExpertsParams) == 80, "MoeExpertsParams: size");
 #ifndef __METAL_VERSION__
@@ -473,7 +473,7 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, x_stride) == 48, "MoeExper
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, y_stride) == 56, "MoeExpertsParams.y_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, w2_offset) == 64, "MoeExpertsParams.w2_offset: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, prefetch_w2) == 72, "MoeExpertsParams.prefetch_w2: offset");
-CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, _pad0) == 76, "MoeExpertsParams._pad0: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeExpertsParams, prefetch_tile) == 76, "MoeExpertsParams.prefetch_tile: offset");
 #endif
 
 // Decode gate_up per routed pair (MoeExperts' fields) that routes its row itself from the router logits (Router's softmax + top-k) and writes the row's ids and weights.
@@ -493,8 +493,10 @@ typedef struct {
   uint32_t prefetch_w2;          // offset 68: as MoeExperts.prefetch_w2
   uint64_t logits_stride;        // offset 72: bytes between logit rows
   uint64_t w2_offset;            // offset 80: down part inside a record (prefetch_w2)
+  uint32_t prefetch_tile;        // offset 88: as MoeExperts.prefetch_tile
+  uint32_t _pad0;                // offset 92
 } MoeRoutedGateUpParams;
-CK_PARAMS_ASSERT(sizeof(MoeRoutedGateUpParams) == 88, "MoeRoutedGateUpParams: size");
+CK_PARAMS_ASSERT(sizeof(MoeRoutedGateUpParams) == 96, "MoeRoutedGateUpParams: size");
 #ifndef __METAL_VERSION__
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, rows) == 0, "MoeRoutedGateUpParams.rows: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, top_k) == 4, "MoeRoutedGateUpParams.top_k: offset");
@@ -511,6 +513,8 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, norm_topk) == 64, "Mo
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, prefetch_w2) == 68, "MoeRoutedGateUpParams.prefetch_w2: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, logits_stride) == 72, "MoeRoutedGateUpParams.logits_stride: offset");
 CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, w2_offset) == 80, "MoeRoutedGateUpParams.w2_offset: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, prefetch_tile) == 88, "MoeRoutedGateUpParams.prefetch_tile: offset");
+CK_PARAMS_ASSERT(__builtin_offsetof(MoeRoutedGateUpParams, _pad0) == 92, "MoeRoutedGateUpParams._pad0: offset");
 #endif
 
 // Decode MoE output in one pass: y[r] = sum_k w[r][k] down_{e_k} h[r*k + k] (+ sigmoid(sg[r]) s[r]), experts through the slot table.

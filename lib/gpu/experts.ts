@@ -198,14 +198,31 @@ const DOWN_COMBINE_SIMDGROUPS = (() => {
  * Read at each call.
  */
 export function prefetchesDown(): boolean {
-  const env = process.env.CHERENKOV_MOE_PREFETCH_DOWN;
+  return envOnOff("CHERENKOV_MOE_PREFETCH_DOWN");
+}
+
+/**
+ * Whether a decode step's gate and up (moe_gate_up_pairs, _routed) ask L2 for their own rows
+ * (each simdgroup its MV_R rows of gate and of up) as soon as they know the expert's slot:
+ * nvcc issues many of the kernel's weight loads one at a time between its arithmetic (the
+ * H200's SASS), and each then waits on memory; after the prefetch they wait on L2. A
+ * prefetch on CUDA, nothing on Metal and the CPU backend. CHERENKOV_MOE_PREFETCH_TILE=1 on,
+ * =0 or unset off (untimed on the H200 so far). Read at each call.
+ */
+export function prefetchesTile(): boolean {
+  return envOnOff("CHERENKOV_MOE_PREFETCH_TILE");
+}
+
+/** A 0/1 switch from the environment: 1 on; 0, empty or unset off; anything else refused by name. */
+function envOnOff(name: string): boolean {
+  const env = process.env[name];
   if (env === "1") return true;
   if (env === undefined || env === "" || env === "0") return false;
-  throw new RangeError(`CHERENKOV_MOE_PREFETCH_DOWN=${env}: expected 0 (off) or 1 (on)`);
+  throw new RangeError(`${name}=${env}: expected 0 (off) or 1 (on)`);
 }
 
 /** The list-based expert kernels' params prefetch nothing. */
-const NO_PREFETCH = { w2_offset: 0, prefetch_w2: 0 } as const;
+const NO_PREFETCH = { w2_offset: 0, prefetch_w2: 0, prefetch_tile: 0 } as const;
 
 /** The largest top_k moe_down_combine holds in threadgroup memory (MOE_MAX_TOP_K). */
 const DOWN_COMBINE_MAX_TOP_K = 64;
@@ -262,6 +279,7 @@ export function encodeRoutedExperts(
     const values = {
       rows: nb, top_k: topK, experts, slots: pool.slots, record_stride: pool.stride, in_dim: d, out_dim: I, w0_offset: gate.offset, w1_offset: up.offset,
       x_stride: x.stride, y_stride: scratch.h.stride, w2_offset: down.offset, prefetch_w2: prefetchesDown() ? 1 : 0,
+      prefetch_tile: prefetchesTile() ? 1 : 0,
     };
     const io = [slotOf, pool.buffers[0]!, bind(x.buffer, x.offset), bind(scratch.h.buffer, scratch.h.offset)];
     const grid: [number, number] = [Math.ceil(I / (T.rows * T.simdgroups)), nb * topK];

@@ -248,7 +248,7 @@ export const denseParams = {
       { name: "y_stride", type: "u64", doc: "bytes between output rows (per pair)" },
       { name: "w2_offset", type: "u64", doc: "down part inside a record, which a decode gate_up asks L2 for (prefetch_w2)" },
       { name: "prefetch_w2", type: "u32", doc: "1: moe_gate_up_pairs prefetches its expert's down rows into L2 (CUDA; a no-op elsewhere)" },
-      { name: "_pad0", type: "u32" },
+      { name: "prefetch_tile", type: "u32", doc: "1: a decode gate_up asks L2 for its simdgroup's gate and up rows once it has the slot (CUDA; a no-op elsewhere)" },
     ],
   },
   MoeRoutedGateUp: {
@@ -269,6 +269,8 @@ export const denseParams = {
       { name: "prefetch_w2", type: "u32", doc: "as MoeExperts.prefetch_w2" },
       { name: "logits_stride", type: "u64", doc: "bytes between logit rows" },
       { name: "w2_offset", type: "u64", doc: "down part inside a record (prefetch_w2)" },
+      { name: "prefetch_tile", type: "u32", doc: "as MoeExperts.prefetch_tile" },
+      { name: "_pad0", type: "u32" },
     ],
   },
   MoeDownCombine: {

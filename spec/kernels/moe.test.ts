@@ -5,7 +5,7 @@
 import { afterAll, describe, expect, test } from "bun:test";
 
 import { encodeExpertLists, encodeMoeCombine, encodeRouter, encodeRouterTopK, encodeRoutedExperts, encodeSharedExpert, fusesDownCombine,
-  PAIR_ROWS, prefetchesDown, type ExpertPool } from "../../lib/gpu/experts.ts";
+  PAIR_ROWS, prefetchesDown, prefetchesTile, type ExpertPool } from "../../lib/gpu/experts.ts";
 import type { DType } from "../../lib/model/config.ts";
 import { PART_ALIGN } from "../../lib/model/manifest.ts";
 import { moeRow, routerTopK, type MoeWeights } from "../../lib/reference/moe.ts";
@@ -232,29 +232,37 @@ describe("whole MoE: router, lists, routed experts through slots, shared expert,
     expect(m.y.every(Number.isNaN)).toBe(true); // a missing expert makes its row NaN, as the combine does
   });
 
-  // The down rows' L2 prefetch in moe_gate_up_pairs (CHERENKOV_MOE_PREFETCH_DOWN) reads and
-  // writes nothing a kernel sees: on and off give the same bits (on CUDA it runs, with a
-  // threadgroup count that does not divide d: 4128 rows over 4 threadgroups of the gate/up grid).
-  test.each([64, 4128])("the down prefetch of moe_gate_up_pairs, d = %i: on and off give the same bits; the option parses or names itself", (d) => {
-    const dims: MoeDims = { d, E: 8, k: 2, I: 64, SI: 32 };
-    const bits = (a: Float32Array) => [...new Uint32Array(a.buffer, a.byteOffset, a.length)];
-    const was = process.env.CHERENKOV_MOE_PREFETCH_DOWN;
-    try {
-      const runs = ["1", "0"].map((v) => {
-        process.env.CHERENKOV_MOE_PREFETCH_DOWN = v;
-        expect(prefetchesDown()).toBe(v === "1");
-        return runMoe(1, dims, "q4", { fused: true });
-      });
-      expect(bits(runs[0]!.y)).toEqual(bits(runs[1]!.y));
-      delete process.env.CHERENKOV_MOE_PREFETCH_DOWN;
-      expect(prefetchesDown()).toBe(false);
-      process.env.CHERENKOV_MOE_PREFETCH_DOWN = "yes";
-      expect(() => prefetchesDown()).toThrow(/CHERENKOV_MOE_PREFETCH_DOWN=yes: expected 0/);
-    } finally {
-      if (was === undefined) delete process.env.CHERENKOV_MOE_PREFETCH_DOWN;
-      else process.env.CHERENKOV_MOE_PREFETCH_DOWN = was;
-    }
-  });
+  // The L2 prefetches of moe_gate_up_pairs (CHERENKOV_MOE_PREFETCH_DOWN: the down rows;
+  // CHERENKOV_MOE_PREFETCH_TILE: its own gate and up rows) read and write nothing a kernel
+  // sees: on and off give the same bits (on CUDA they run, with a threadgroup count that does
+  // not divide d: 4128 rows over 4 threadgroups of the gate/up grid).
+  const switches = [
+    ["CHERENKOV_MOE_PREFETCH_DOWN", prefetchesDown],
+    ["CHERENKOV_MOE_PREFETCH_TILE", prefetchesTile],
+  ] as const;
+  test.each(switches.flatMap(([name, read]) => [64, 4128].map((d) => [name, d, read] as const)))(
+    "the prefetch switch %s of moe_gate_up_pairs (d = %i): on and off give the same bits; the option parses or names itself",
+    (name, d, read) => {
+      const dims: MoeDims = { d, E: 8, k: 2, I: 64, SI: 32 };
+      const bits = (a: Float32Array) => [...new Uint32Array(a.buffer, a.byteOffset, a.length)];
+      const was = process.env[name];
+      try {
+        const runs = ["1", "0"].map((v) => {
+          process.env[name] = v;
+          expect(read()).toBe(v === "1");
+          return runMoe(1, dims, "q4", { fused: true });
+        });
+        expect(bits(runs[0]!.y)).toEqual(bits(runs[1]!.y));
+        delete process.env[name];
+        expect(read()).toBe(false);
+        process.env[name] = "yes";
+        expect(() => read()).toThrow(new RegExp(`${name}=yes: expected 0`));
+      } finally {
+        if (was === undefined) delete process.env[name];
+        else process.env[name] = was;
+      }
+    },
+  );
 
   // A verify batch (2..PAIR_ROWS rows) runs per routed pair too: each row gets the bits it gets
   // alone (a decode step), so accepting a draft cannot change a greedy token.
