@@ -6,7 +6,9 @@
  *
  *   bun spec/bench/kernels.ts [--json] [--iters N] [--reps N] [--nb 1,32] [--filter text[|text...]]
  *                             [--preset small|30b-a3b-shape|...] [--storage shared|device]
- * (--reps: dispatches per timed command buffer, 10; 1 with --iters 1 suits a profiler such as ncu)
+ * (--reps N: exactly N dispatches per timed command buffer, 1 with --iters 1 suits a profiler such
+ * as ncu; without it each case takes 10 or more, as many as make one buffer last --min-ms, 2 ms,
+ * up to 400: the host's timing jitter, tens of microseconds, is then spread over that many copies)
  *
  * --preset picks the shapes (default small); --storage device puts every buffer in device
  * storage (HBM on cuda, uploaded after the host fills it), as the engine does; the default,
@@ -70,6 +72,8 @@ export interface BenchResult {
   kernels: string[];
   shape: string;
   nb: number;
+  /** Copies of the case in the shorter timed command buffer (the longer one has twice as many). */
+  reps: number;
   /** Fastest run, microseconds per copy. */
   us: number;
   /** Median run, microseconds per copy. */
@@ -799,7 +803,15 @@ function median(xs: number[]): number {
   return s[Math.floor(s.length / 2)]!;
 }
 
-export function runBench(opts: { nbs: number[]; iters: number; reps: number; filter?: string }): BenchResult[] {
+/** The most copies a timed command buffer takes when the count adapts (runBench's minMs). */
+const MAX_REPS = 400;
+
+/**
+ * minMs: when set, the copies per timed buffer grow from `reps` until one buffer of them lasts
+ * about minMs (estimated from a run of `reps` copies, whose fixed cost makes it an
+ * overestimate per copy, so the count errs low), up to MAX_REPS.
+ */
+export function runBench(opts: { nbs: number[]; iters: number; reps: number; filter?: string; minMs?: number }): BenchResult[] {
   const dev = Device.open();
   const f = new Fixture(dev);
   const out: BenchResult[] = [];
@@ -813,25 +825,30 @@ export function runBench(opts: { nbs: number[]; iters: number; reps: number; fil
         const copies = (n: number) => (ctx: EncodeContext) => {
           for (let r = 0; r < n; r++) encode(ctx);
         };
-        const [one, two] = [copies(opts.reps), copies(2 * opts.reps)];
-        // Warm-up: pipelines and caches, and on cuda a graph per shape (built on its second sight).
-        const names: string[] = [];
-        runOnce(dev, encode, names);
-        for (let w = 0; w < 2; w++) for (const run of [one, two]) runOnce(dev, run);
         const timed = (run: (ctx: EncodeContext) => void) => {
           const t0 = performance.now();
           runOnce(dev, run);
           return (performance.now() - t0) * 1000;
         };
+        // Warm-up: pipelines and caches, and on cuda a graph per shape (built on its second sight).
+        const names: string[] = [];
+        runOnce(dev, encode, names);
+        let reps = opts.reps;
+        if (opts.minMs) {
+          runOnce(dev, copies(reps));
+          reps = Math.min(MAX_REPS, Math.max(reps, Math.ceil((opts.minMs * 1000 * reps) / timed(copies(reps)))));
+        }
+        const [one, two] = [copies(reps), copies(2 * reps)];
+        for (let w = 0; w < 2; w++) for (const run of [one, two]) runOnce(dev, run);
         const [t1, t2]: number[][] = [[], []];
         for (let i = 0; i < opts.iters; i++) {
           t1.push(timed(one));
           t2.push(timed(two));
         }
         // reps more copies cost (fastest 2R run - fastest R run); the fixed cost is what is left.
-        const us = Math.max(0, (Math.min(...t2) - Math.min(...t1)) / opts.reps);
-        const medianUs = Math.max(0, (median(t2) - median(t1)) / opts.reps);
-        const overheadUs = Math.max(0, Math.min(...t1) - us * opts.reps);
+        const us = Math.max(0, (Math.min(...t2) - Math.min(...t1)) / reps);
+        const medianUs = Math.max(0, (median(t2) - median(t1)) / reps);
+        const overheadUs = Math.max(0, Math.min(...t1) - us * reps);
         const bytes = c.bytes?.(nb);
         const flops = c.flops?.(nb);
         out.push({
@@ -839,6 +856,7 @@ export function runBench(opts: { nbs: number[]; iters: number; reps: number; fil
           kernels: names.length > 0 ? [...new Set(names)] : c.kernels,
           shape: c.shape,
           nb,
+          reps,
           us,
           medianUs,
           overheadUs,
@@ -895,12 +913,15 @@ if (import.meta.main) {
   if (nbs.some((x) => !Number.isInteger(x) || x < 1)) throw new Error(`--nb: expected row counts like 1,32`);
   const iters = Number(value("--iters") ?? 5);
   const reps = Number(value("--reps") ?? 10);
+  const minMs = value("--reps") === undefined ? Number(value("--min-ms") ?? 2) : 0;
   if (!Number.isInteger(iters) || iters < 1 || !Number.isInteger(reps) || reps < 1) throw new Error("--iters and --reps: expected positive integers");
-  const results = runBench({ nbs, iters, reps, filter: value("--filter") });
+  if (!(minMs >= 0)) throw new Error("--min-ms: expected a duration in milliseconds (0: exactly --reps copies)");
+  const results = runBench({ nbs, iters, reps, filter: value("--filter"), minMs });
   if (args.includes("--json")) {
     console.log(JSON.stringify({ preset: PRESET, storage: STORAGE, backend: process.env.CHERENKOV_BACKEND ?? "default", results }, null, 2));
   } else {
-    console.log(`Kernel times at presetConfig("${PRESET}") shapes (d ${d}, n ${n}), ${STORAGE} storage; fastest of ${iters} runs, per dispatch group:\n`);
+    const copiesNote = minMs > 0 ? `${reps}-${MAX_REPS} copies a buffer, as many as last ${minMs} ms` : `${reps} copies a buffer`;
+    console.log(`Kernel times at presetConfig("${PRESET}") shapes (d ${d}, n ${n}), ${STORAGE} storage; fastest of ${iters} runs (${copiesNote}), per dispatch group:\n`);
     console.log(table(results, nbs));
   }
 }
