@@ -114,6 +114,22 @@ print(line)
 PY
 }
 
+# h200_sweep "NAME VAR=VALUE [VAR=VALUE ...]" ...: the default and each variant of environment
+# switches (docs/engine.md's table) alternately in one call: base, variant 1, variant 2, base,
+# ... (a base row after every two variants), so a variant's rows sit beside a base row timed
+# moments before or after it on the same machine.
+h200_sweep() {
+  local i=0 v
+  h200_dec sweep-base0 || return 1
+  for v in "$@"; do
+    # shellcheck disable=SC2086
+    h200_dec $v
+    i=$((i + 1)); [ $((i % 2)) -eq 0 ] && h200_dec "sweep-base$i"
+  done
+  [ $((i % 2)) -eq 1 ] && h200_dec "sweep-base$i"
+  return 0
+}
+
 # bench:kernels at the 30b shape, one decode row, device storage (KNAME=name: $OUT/name.txt instead of kernels.txt).
 h200_kernels() { (cd "$H200_ROOT" && CHERENKOV_BACKEND=cuda bun spec/bench/kernels.ts --preset 30b-a3b-shape --nb 1 --storage device "$@" 2>&1 | tee "$OUT/${KNAME:-kernels}.txt" | tail -40); }
 
