@@ -374,11 +374,14 @@ template <typename T>
 
 // moe_gate_up_pairs with the router's softmax + top-k folded in (a resident decode step: no
 // host step between the router and the experts), one dispatch fewer: every simdgroup routes
-// its row from the logits itself (router_route: registers up to 512 experts, a few shuffles
-// a pick) and takes pick k = q % top_k; simdgroup 0 of threadgroup (0, r * top_k)
-// makes every pick and writes row r's ids and weights for moe_down_combine and the host. The
-// same routing (router_topk_f32's bits) and the same pass as moe_gate_up_pairs.
-template <typename T>
+// its row from the logits itself (router_row<PER>: a few shuffles a pick) and takes pick
+// k = q % top_k; simdgroup 0 of threadgroup (0, r * top_k) makes every pick and writes row r's
+// ids and weights for moe_down_combine and the host. The same routing (router_topk_f32's bits)
+// and the same pass as moe_gate_up_pairs. One kernel per router form (PER: the host picks by
+// the expert count, lib/gpu/experts.ts routedGateUpKernel), not router_route's three in one:
+// on sm_90 the forms a model never takes were half of the kernel's 118 KB of code, and ncu
+// counted its warps waiting on instruction fetch for ~1.0-1.4 cycles an instruction.
+template <typename T, int PER>
 [[max_total_threads_per_threadgroup(128)]] kernel void moe_gate_up_pairs_routed(
     constant MoeRoutedGateUpParams& p [[buffer(0)]],
     device const uchar* logits   [[buffer(1)]],
@@ -410,14 +413,17 @@ template <typename T>
   device const float* l = (device const float*)(logits + ulong(r) * p.logits_stride);
   device int* row_ids = ids + r * p.top_k;
   device float* row_w = weights + r * p.top_k;
-  const int e = router_route(l, p.experts, p.top_k, p.norm_topk != 0, picks, k, writes, row_ids, row_w, lane);
+  const int e = router_row<PER>(l, p.experts, p.top_k, p.norm_topk != 0, picks, k, writes, row_ids, row_w, lane);
   moe_gate_up_pair<T>(p, q, e, o0, slot_of, pool, x, y, lane, sg == 0 && lane == 0, tg.x, ntg.x);
 }
 
 template [[host_name("moe_gate_up_pairs_q4_f32")]] kernel decltype(moe_gate_up_pairs<uchar>) moe_gate_up_pairs<uchar>;
 // bench:kernels only: the pairs' loads without the q4 arithmetic (q4_loads_only, matvec.h).
 template [[host_name("moe_gate_up_pairs_q4_loads_f32")]] kernel decltype(moe_gate_up_pairs<char>) moe_gate_up_pairs<char>;
-template [[host_name("moe_gate_up_pairs_routed_q4_f32")]] kernel decltype(moe_gate_up_pairs_routed<uchar>) moe_gate_up_pairs_routed<uchar>;
+// Up to 32 * ROUTER_FAST_SLOTS experts (128), up to 32 * ROUTER_WIDE_SLOTS (512), any up to MOE_MAX_EXPERTS.
+template [[host_name("moe_gate_up_pairs_routed_q4_f32")]] kernel decltype(moe_gate_up_pairs_routed<uchar, ROUTER_FAST_SLOTS>) moe_gate_up_pairs_routed<uchar, ROUTER_FAST_SLOTS>;
+template [[host_name("moe_gate_up_pairs_routed_wide_q4_f32")]] kernel decltype(moe_gate_up_pairs_routed<uchar, ROUTER_WIDE_SLOTS>) moe_gate_up_pairs_routed<uchar, ROUTER_WIDE_SLOTS>;
+template [[host_name("moe_gate_up_pairs_routed_any_q4_f32")]] kernel decltype(moe_gate_up_pairs_routed<uchar, 0>) moe_gate_up_pairs_routed<uchar, 0>;
 
 // The routed experts' down projections and the combine in one pass, for a decode step (one
 // pair per expert): threadgroup (x, r) computes MV_R outputs of row r. Its simdgroups (nsg,

@@ -221,6 +221,17 @@ function envOnOff(name: string): boolean {
   throw new RangeError(`${name}=${env}: expected 0 (off) or 1 (on)`);
 }
 
+/**
+ * The routed gate/up kernel for a layer of `experts` (kernels/moe.metal: one kernel per router
+ * form, so the forms a model never takes add no code to the one it runs): a lane's logits in
+ * registers up to 128 experts (ROUTER_FAST_SLOTS) or 512 (ROUTER_WIDE_SLOTS), else re-read.
+ */
+export function routedGateUpKernel(experts: number): string {
+  if (experts <= 32 * 4) return "moe_gate_up_pairs_routed_q4_f32";
+  if (experts <= 32 * 16) return "moe_gate_up_pairs_routed_wide_q4_f32";
+  return "moe_gate_up_pairs_routed_any_q4_f32";
+}
+
 /** The list-based expert kernels' params prefetch nothing. */
 const NO_PREFETCH = { w2_offset: 0, prefetch_w2: 0, prefetch_tile: 0 } as const;
 
@@ -288,7 +299,7 @@ export function encodeRoutedExperts(
       checkRouterConfig({ experts, top_k: topK, norm_topk_prob: route.norm_topk_prob });
       dispatch(
         ctx,
-        "moe_gate_up_pairs_routed_q4_f32",
+        routedGateUpKernel(experts),
         Params.MoeRoutedGateUp,
         { ...values, norm_topk: route.norm_topk_prob ? 1 : 0, logits_stride: route.logits.stride },
         [bind(route.logits.buffer, route.logits.offset), combine.ids, combine.weights, ...io],

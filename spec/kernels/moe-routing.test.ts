@@ -5,7 +5,7 @@
 // router_topk_f32 + moe_gate_up_pairs.
 import { afterAll, describe, expect, test } from "bun:test";
 
-import { encodeRouterLogits, encodeRouterTopK, encodeRoutedExperts, encodeSharedExpert, fusesDownCombine, type ExpertPool } from "../../lib/gpu/experts.ts";
+import { encodeRouterLogits, encodeRouterTopK, encodeRoutedExperts, encodeSharedExpert, fusesDownCombine, routedGateUpKernel, type ExpertPool } from "../../lib/gpu/experts.ts";
 import { encodeMatvec } from "../../lib/gpu/projections.ts";
 import { hcMixCount } from "../../lib/gpu/hyperconnection.ts";
 import { PART_ALIGN } from "../../lib/model/manifest.ts";
@@ -190,6 +190,18 @@ function decodeLayer(c: FoldCase, logits: Float32Array, folded: boolean) {
 }
 
 describe("moe_gate_up_pairs_routed: router_topk folded into the decode gate and up", () => {
+  // One kernel per router form: the cases below cover each (128, 160 and 520 experts).
+  test("the kernel for an expert count: logits in registers to 128 and 512 experts, re-read past that", () => {
+    expect([1, 128, 129, 512, 513, 1024].map(routedGateUpKernel)).toEqual([
+      "moe_gate_up_pairs_routed_q4_f32",
+      "moe_gate_up_pairs_routed_q4_f32",
+      "moe_gate_up_pairs_routed_wide_q4_f32",
+      "moe_gate_up_pairs_routed_wide_q4_f32",
+      "moe_gate_up_pairs_routed_any_q4_f32",
+      "moe_gate_up_pairs_routed_any_q4_f32",
+    ]);
+  });
+
   test.each([
     { what: "30b shape: 4 streams, shared expert", E: 128, k: 8, norm: true, streams: 4, shared: true },
     { what: "plain y, no shared expert, p_k unnormalised", E: 128, k: 8, norm: false, streams: 0, shared: false },
