@@ -179,6 +179,37 @@ for k, r in rows.items():
 PY
 }
 
+# h200_ncu_source KERNEL_REGEX: where in its SASS a decode step's kernel stalls (as
+# h200_ncu_stalls, one launch): Nsight Compute's warp-state sampling per instruction (the
+# SourceCounters section), printed as the 30 instructions with the most samples and the
+# samples summed over 16-instruction windows (which code the warps wait in: a long straight
+# run waiting on instruction fetch shows as one hot window after another). CSV kept in $OUT.
+h200_ncu_source() {
+  local kregex=$1 f; f="$OUT/ncu-source-$(echo "$1" | tr -c 'a-zA-Z0-9\n' _)"
+  (cd "$H200_ROOT" && CHERENKOV_BACKEND=cuda CHERENKOV_RECORDED_STEPS=0 timeout 400 ncu --target-processes all --kernel-name "regex:$kregex" --launch-skip 48 --launch-count 1 \
+    --section SourceCounters --section WarpStateStats --export "$f" --force-overwrite \
+    bun spec/bench/decode.ts --only-model --model /tmp/m30 --tokens 4 --prompt 1 --pool 100% --no-round-trip > "$f.log" 2>&1)
+  ncu --import "$f.ncu-rep" --page source --print-source sass --csv > "$f.csv" 2> "$f.err" || { tail -3 "$f.err" "$f.log"; return 1; }
+  python3 - "$f.csv" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+head = next((i for i, r in enumerate(rows) if any("Sampling" in c for c in r)), None)
+if head is None:
+    print("no sampling columns; header:", rows[:2]); sys.exit(0)
+cols = rows[head]
+num = lambda v: float(v.replace(",", "") or 0) if v.replace(",", "").replace(".", "").isdigit() else 0.0
+samp = next(i for i, c in enumerate(cols) if "Sampling" in c and "All" in c) if any("Sampling" in c and "All" in c for c in cols) else next(i for i, c in enumerate(cols) if "Sampling" in c)
+src = next((i for i, c in enumerate(cols) if c.strip() in ("Source", "# Source")), 1)
+body = [r for r in rows[head + 1:] if len(r) == len(cols)]
+total = sum(num(r[samp]) for r in body) or 1
+print(f"{len(body)} instructions, {total:.0f} samples ({cols[samp]})")
+for k, r in sorted(enumerate(body), key=lambda kr: -num(kr[1][samp]))[:30]:
+    print(f"  #{k:5d} {100 * num(r[samp]) / total:5.1f}%  {r[src][:70]}")
+win = [sum(num(r[samp]) for r in body[i:i + 16]) for i in range(0, len(body), 16)]
+print("by 16-instruction windows (start, share):", ", ".join(f"{16 * i}:{100 * w / total:.1f}%" for i, w in sorted(enumerate(win), key=lambda iw: -iw[1])[:20]))
+PY
+}
+
 # h200_profile NAME [bench args]: a per-kernel CUDA profile of a decode run (default: 16 tokens of
 # the 30b model after a 1-token prompt), its top rows printed (spec/bench/profile.ts).
 h200_profile() {
