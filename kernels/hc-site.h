@@ -18,6 +18,13 @@ using namespace metal;
 // each walked eight columns one load at a time (19 us a site). 512 threads would cover
 // d = 2048 in one turn, but nvcc then caps registers at 64 and spills the columns.
 #define HC_TG_SG 8
+// Sites of at most this many streams gather their mixes in the first form (2n + n^2 + 1 <= 32
+// items) and run Sinkhorn in the lane form (n^2 <= 32): kernels instantiated for them
+// (NMAX = HC_SMALL_STREAMS) leave out the other forms' code (on sm_90, 66 of the 178 KB of
+// matvec_multi_q4_r1_read_f32).
+#define HC_SMALL_STREAMS 4
+static_assert(2 * HC_SMALL_STREAMS + HC_SMALL_STREAMS * HC_SMALL_STREAMS + 1 <= 4 * HC_TG_SG && HC_SMALL_STREAMS * HC_SMALL_STREAMS <= 32,
+              "HC_SMALL_STREAMS: the first gather form and the lane form of Sinkhorn must hold such a site");
 static_assert(HC_TG_SG * 32 == 256, "update the hc read kernels' [[max_total_threads_per_threadgroup]]");
 // The raw products fn . flat are summed in chunks of HC_CHUNK flat values, one simdgroup per
 // (mix, chunk): a lane takes 8 consecutive values. The partials spread the 24 x 8192 weights
@@ -240,13 +247,14 @@ inline void hc_coeffs_lanes(int n, bool head, int iters, float eps, float rs, Hc
 // One row's coefficients from its raw mixes and the streams' rms: simdgroup 0 of the row's
 // threadgroup (lane-parallel for n * n <= 32, with the constants `k` it loaded early, else its
 // thread 0 serially). pre also lands in threadgroup memory for a read in the same threadgroup.
+template <int NMAX = HC_MAX_STREAMS>
 inline void hc_coeffs_row(int n, bool head, int iters, float eps, float rs, device const float* scale,
                           device const float* base, HcLaneConsts k, threadgroup const float* mix, device float* out,
                           threadgroup float* pre, threadgroup float* comb, ushort sg, ushort lane) {
   if (sg != 0) {
     return;
   }
-  if (n * n <= 32) {
+  if (NMAX <= HC_SMALL_STREAMS || n * n <= 32) {
     hc_coeffs_lanes(n, head, iters, eps, rs, k, mix, out, pre, lane);
   } else if (lane == 0) {
     hc_coeffs_serial(n, head, iters, eps, rs, scale, base, mix, out, pre, comb);
@@ -296,8 +304,11 @@ inline void hc_gather_turns(device const float* part, int mixes, int chunks, int
 // The most items a gather takes, and its turns for up to 32 items (n <= 4: 25 a site) and
 // for any (n <= 8: 81; one float4 a turn per trip to bound the registers).
 #define HC_GATHER_TURNS ((HC_MAX_MIXES + 1 + HC_TG_SG - 1) / HC_TG_SG)
+// NMAX: the most streams the calling kernel serves (HC_SMALL_STREAMS: the second form, whose
+// code a small site never runs, is not compiled in).
+template <int NMAX = HC_MAX_STREAMS>
 inline void hc_gather_mixes(device const float* part, int mixes, int chunks, int count, threadgroup float* mix, ushort sg, ushort lane) {
-  if (count <= 4 * HC_TG_SG) {  // uniform
+  if (NMAX <= HC_SMALL_STREAMS || count <= 4 * HC_TG_SG) {  // uniform
     hc_gather_turns<4, 4>(part, mixes, chunks, count, mix, sg, lane);
   } else {
     hc_gather_turns<HC_GATHER_TURNS, 1>(part, mixes, chunks, count, mix, sg, lane);
@@ -412,6 +423,7 @@ inline void hc_read_row(int n, int cols, float eps, bool centred, device const f
 // One row's coefficients from its partials (both coefficient kernels): simdgroup 0 loads the
 // lane form's scale and base, the threadgroup gathers the mixes (loads issued together, then a
 // barrier), and simdgroup 0 forms pre, post and comb into `out` and pre into threadgroup memory.
+template <int NMAX = HC_MAX_STREAMS>
 inline void hc_row_coefficients(int n, int cols, bool head, int iters, float eps, device const float* part, int chunks,
                                 device const float* scale, device const float* base, device float* out,
                                 threadgroup float* mix, threadgroup float* pre, threadgroup float* comb, ushort sg, ushort lane) {
@@ -420,9 +432,9 @@ inline void hc_row_coefficients(int n, int cols, bool head, int iters, float eps
     k = hc_lane_consts(n, head, scale, base, lane);
   }
   const int mixes = head ? n : 2 * n + n * n;
-  hc_gather_mixes(part, mixes, chunks, mixes + 1, mix, sg, lane);
+  hc_gather_mixes<NMAX>(part, mixes, chunks, mixes + 1, mix, sg, lane);
   const float rs = rsqrt(mix[mixes] / float(n * cols) + eps);
-  hc_coeffs_row(n, head, iters, eps, rs, scale, base, k, mix, out, pre, comb, sg, lane);
+  hc_coeffs_row<NMAX>(n, head, iters, eps, rs, scale, base, k, mix, out, pre, comb, sg, lane);
 }
 
 

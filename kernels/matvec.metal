@@ -484,7 +484,9 @@ inline void mv_plain_read(int cols, float eps, bool centred, device const float*
 // One decode row; 256 threads (the read's HC_TG_SG simdgroups); in_dim <= MV_STAGE_COLS. The
 // projections are computed as matvec_multi_q4_r1_f32 computes them: the same bits. Each
 // threadgroup asks for its weights before it waits for its input.
-template <bool PLAIN>
+// NMAX: the most streams of the sites this instantiation serves (hc-site.h HC_SMALL_STREAMS:
+// the coefficient threadgroup's code for wider sites left out; the host picks by the site).
+template <bool PLAIN, int NMAX>
 [[max_total_threads_per_threadgroup(256)]] kernel void matvec_multi_q4_r1_read(
     constant MatvecMultiReadParams& p [[buffer(0)]],
     device const uchar* w0     [[buffer(1)]],
@@ -519,7 +521,7 @@ template <bool PLAIN>
   device const float* partials = (device const float*)raw;
   if (!PLAIN && int(tg.x) == p.coeff_tg) {  // uniform per threadgroup: the site's coefficients
     ck_inputs_ready();
-    hc_row_coefficients(n, cols, false, p.iters, p.eps, partials, p.chunks, scale, base, (device float*)coeffs, mix, pre, comb, sg, lane);
+    hc_row_coefficients<NMAX>(n, cols, false, p.iters, p.eps, partials, p.chunks, scale, base, (device float*)coeffs, mix, pre, comb, sg, lane);
     return;
   }
   const int dense_tiles = mv_dense_tiles(p);
@@ -740,8 +742,9 @@ template [[host_name("matvec_multi_split_f16_f32")]] kernel decltype(matvec_mult
 template [[host_name("matvec_multi_split_q4_f32")]] kernel decltype(matvec_multi_split<uchar, MV_NR>) matvec_multi_split<uchar, MV_NR>;
 // Decode projections that form their input row themselves: a hyper-connection site's read, or
 // the plain residual's RMSNorm.
-template [[host_name("matvec_multi_q4_r1_read_f32")]] kernel decltype(matvec_multi_q4_r1_read<false>) matvec_multi_q4_r1_read<false>;
-template [[host_name("matvec_multi_q4_r1_norm_f32")]] kernel decltype(matvec_multi_q4_r1_read<true>) matvec_multi_q4_r1_read<true>;
+template [[host_name("matvec_multi_q4_r1_read_f32")]] kernel decltype(matvec_multi_q4_r1_read<false, HC_MAX_STREAMS>) matvec_multi_q4_r1_read<false, HC_MAX_STREAMS>;
+template [[host_name("matvec_multi_q4_r1_read_hc4_f32")]] kernel decltype(matvec_multi_q4_r1_read<false, HC_SMALL_STREAMS>) matvec_multi_q4_r1_read<false, HC_SMALL_STREAMS>;
+template [[host_name("matvec_multi_q4_r1_norm_f32")]] kernel decltype(matvec_multi_q4_r1_read<true, 1>) matvec_multi_q4_r1_read<true, 1>;
 // The same for a batch of up to MV_NR rows (a verify batch).
 template [[host_name("matvec_multi_q4_read_f32")]] kernel decltype(matvec_multi_q4_rows_read<false>) matvec_multi_q4_rows_read<false>;
 template [[host_name("matvec_multi_q4_norm_f32")]] kernel decltype(matvec_multi_q4_rows_read<true>) matvec_multi_q4_rows_read<true>;

@@ -192,9 +192,18 @@ function fits(ctx: EncodeContext, items: readonly Projection[], read: SiteRead, 
  */
 const tilesPerSimdgroup = () => Number(process.env.CHERENKOV_HC_READ_TILES ?? 2);
 
+/**
+ * The one-row fused read of an hc site of `streams` streams: up to HC_SMALL_STREAMS (4,
+ * kernels/hc-site.h) the form without the coefficient code wider sites need (on sm_90 66 of
+ * the kernel's 178 KB), else the general one.
+ */
+export function r1ReadKernel(streams: number): string {
+  return streams <= 4 ? "matvec_multi_q4_r1_read_hc4_f32" : "matvec_multi_q4_r1_read_f32";
+}
+
 /** The fused kernel: the one-row (r1) form, or for a batch the rows form (matvec_multi_q4_read_f32). */
 function fusedKernel(read: SiteRead, nb: number): string {
-  if (nb === 1) return read.plain ? "matvec_multi_q4_r1_norm_f32" : "matvec_multi_q4_r1_read_f32";
+  if (nb === 1) return read.plain ? "matvec_multi_q4_r1_norm_f32" : r1ReadKernel(read.cfg.streams);
   return read.plain ? "matvec_multi_q4_norm_f32" : "matvec_multi_q4_read_f32";
 }
 

@@ -9,7 +9,7 @@ import { afterAll, describe, expect, test } from "bun:test";
 import { encodeSiteRead, hcMixCount } from "../../lib/gpu/hyperconnection.ts";
 import { encodeRmsNorm } from "../../lib/gpu/norms.ts";
 import { encodeMatvecs, type Projection } from "../../lib/gpu/projections.ts";
-import { encodeSiteProjections, plainRead } from "../../lib/gpu/site-read.ts";
+import { encodeSiteProjections, plainRead, r1ReadKernel } from "../../lib/gpu/site-read.ts";
 import type { DType } from "../../lib/model/config.ts";
 import { bitsOf as bits, hostTensor, openDevice, outputF32, randomF32, recordingNames, restoreEnvAfterEach, rows, run, uploadF32, uploadWeight, uploadWeights } from "./harness.ts";
 import { siteCase } from "./site-case.ts";
@@ -100,7 +100,7 @@ test("a decode row's fused read (matvec_multi_q4_r1_read_f32 / _norm_f32) gives 
   ] as [number, number, [DType, number][]][]) {
     process.env.CHERENKOV_HC_READ_TILES = "2";
     const { ws, fused, apart } = bothWays(n, d, 1, weights, 31 + n + d, "split");
-    expect(fused.names).toEqual([n === 1 ? "matvec_multi_q4_r1_norm_f32" : "matvec_multi_q4_r1_read_f32"]);
+    expect(fused.names).toEqual([n === 1 ? "matvec_multi_q4_r1_norm_f32" : r1ReadKernel(n)]);
     expect(apart.names.some((name) => /split_q4/.test(name))).toBe(true); // the q4 ones in the split form
     ws.forEach((w, i) => expect(bits(fused.ys[i]!, w.shape[0]!)).toEqual(bits(apart.ys[i]!, w.shape[0]!)));
     expect(bits(fused.ys[0]!, ws[0]!.shape[0]!).some((v) => v !== 0)).toBe(true);
@@ -134,7 +134,7 @@ describe("a batch the rows form does not take encodes the read, then the project
     expect(first(2, 2048, [["q4", 512]], "4")).toBe("hc_coeffs_read_norm_f32");
     // A decode row: fused on the CPU backend (the rows form); a GPU computes 512 q4 rows in the
     // split form (prefersSplit), which forms its read itself only up to d = 1,024.
-    expect(first(1, 2048, [["q4", 512]], "4")).toBe(dev.backend === "cpu" ? "matvec_multi_q4_r1_read_f32" : "hc_coeffs_read_norm_f32");
+    expect(first(1, 2048, [["q4", 512]], "4")).toBe(dev.backend === "cpu" ? r1ReadKernel(4) : "hc_coeffs_read_norm_f32");
   });
   test("CHERENKOV_HC_READ_FUSED_ROWS refuses what is not a row count in 1..4, by name", () => {
     for (const bad of ["0", "5", "2.5", "x"]) expect(() => first(2, 256, [["q4", 512]], bad)).toThrow(/CHERENKOV_HC_READ_FUSED_ROWS/);

@@ -7,7 +7,7 @@ import { afterAll, describe, expect, test } from "bun:test";
 
 import { encodeSiteRead } from "../../lib/gpu/hyperconnection.ts";
 import { encodeMatvecs, type Projection } from "../../lib/gpu/projections.ts";
-import { encodeSiteProjections } from "../../lib/gpu/site-read.ts";
+import { encodeSiteProjections, r1ReadKernel } from "../../lib/gpu/site-read.ts";
 import type { DType } from "../../lib/model/config.ts";
 import type { Buffer } from "../../lib/shim.ts";
 import { bitsOf as bits, openDevice, outputF32, recordingNames, restoreEnvAfterEach, rows, run, uploadWeight } from "./harness.ts";
@@ -48,11 +48,15 @@ describe("matvec_multi_q4_r1_read_f32: the read kernel and the decode projection
     ["a row of 2,048 (two turns of the read a thread)", 4, 2048, [["q4", 3072], ["bf16", 4]], "2"],
     ["the MoE site's router and shared gate (bf16 alone)", 4, 64, [["bf16", 16], ["bf16", 1]], "2"],
     ["a router alone", 4, 96, [["bf16", 128]], "2"],
+    // Wider sites take the general form (the coefficients' second gather and serial Sinkhorn).
+    ["five streams (the second gather, Sinkhorn in lanes)", 5, 64, [["q4", 3072], ["bf16", 4]], "2"],
+    ["eight streams (the second gather, serial Sinkhorn)", 8, 64, [["q4", 3072]], "2"],
   ];
   test.each(cases)("%s: n = %i, d = %i", (_, n, d, weights, tiles) => {
     process.env.CHERENKOV_HC_READ_TILES = tiles;
     const { ws, fused, plain, M } = bothWays(n, d, weights, 3 + n + d);
-    expect(fused.names).toEqual(["matvec_multi_q4_r1_read_f32"]);
+    expect(fused.names).toEqual([r1ReadKernel(n)]);
+    expect(r1ReadKernel(n)).toBe(n <= 4 ? "matvec_multi_q4_r1_read_hc4_f32" : "matvec_multi_q4_r1_read_f32");
     // (a lone projection is a matvec of its own: matvec_q4_r1_f32, the same pass over x)
     const bf16Only = weights.every(([dt]) => dt === "bf16");
     const plainForm = bf16Only ? (ws.length > 1 ? "matvec_multi_split_bf16_f32" : "matvec_split_bf16_f32") : ws.length > 1 ? "matvec_multi_q4_r1_f32" : "matvec_q4_r1_f32";
@@ -88,14 +92,14 @@ describe("steps the fused dispatch does not take encode the read, then the proje
     };
     expect(names(4, 4096, 1, [["q4", 8]])).toBe("hc_coeffs_read_norm_f32");
     // bf16 alone on the CPU backend (the rows form there), unless forced: the read kernel first.
-    expect(names(4, 64, 1, [["bf16", 8], ["bf16", 8]], "")).toBe(dev.backend === "cpu" ? "hc_coeffs_read_norm_f32" : "matvec_multi_q4_r1_read_f32");
+    expect(names(4, 64, 1, [["bf16", 8], ["bf16", 8]], "")).toBe(dev.backend === "cpu" ? "hc_coeffs_read_norm_f32" : r1ReadKernel(4));
     expect(names(4, 64, 3, [["q4", 3072]])).toBe("hc_coeffs_read_norm_f32");
     expect(names(4, 64, 1, [["q4", 3072]], "0")).toBe("hc_coeffs_read_norm_f32");
-    expect(names(4, 64, 1, [["q4", 3072]])).toBe("matvec_multi_q4_r1_read_f32");
+    expect(names(4, 64, 1, [["q4", 3072]])).toBe(r1ReadKernel(4));
     // A GPU computes a group of 8 q4 rows in the split form (prefersSplit): fused there only
     // where the split form is one simdgroup (d <= 1,024), whose sums the r1 kernel's are
     // (spec/kernels/site-read-rows.test.ts); at d = 2,048 two simdgroups split a row: not fused.
-    expect(names(4, 64, 1, [["q4", 8]])).toBe("matvec_multi_q4_r1_read_f32");
-    expect(names(4, 2048, 1, [["q4", 8]])).toBe(dev.backend === "cpu" ? "matvec_multi_q4_r1_read_f32" : "hc_coeffs_read_norm_f32");
+    expect(names(4, 64, 1, [["q4", 8]])).toBe(r1ReadKernel(4));
+    expect(names(4, 2048, 1, [["q4", 8]])).toBe(dev.backend === "cpu" ? r1ReadKernel(4) : "hc_coeffs_read_norm_f32");
   });
 });
