@@ -10,7 +10,7 @@ import { bind, type EncodeContext } from "../../lib/gpu/dispatch.ts";
 import { hcFoldCount } from "../../lib/gpu/hc-fold.ts";
 import { encodeHcWrite, hcFold, hcMixCount, hcPartialCount, type HcConfig } from "../../lib/gpu/hyperconnection.ts";
 import { encodeMatvecs, type Projection, type ProjectionConv } from "../../lib/gpu/projections.ts";
-import { encodeSiteProjections, type SiteRead } from "../../lib/gpu/site-read.ts";
+import { encodeSiteProjections, r1ReadKernel, type SiteRead } from "../../lib/gpu/site-read.ts";
 import type { DType } from "../../lib/model/config.ts";
 import type { Buffer } from "../../lib/shim.ts";
 import { hostTensor, openDevice, outputF32, randomF32, recordingNames, rows, run, uploadF32, uploadWeight, uploadWeights } from "./harness.ts";
@@ -133,7 +133,7 @@ describe("the fused site read with a conv (matvec_multi_q4_r1_read_f32's epilogu
       return encodeSiteProjections(ctx, items, s, s.xn, 1, conv);
     });
     expect(r.done).toBe(true);
-    expect(r.fused.names).toEqual(["matvec_multi_q4_r1_read_f32"]);
+    expect(r.fused.names).toEqual([r1ReadKernel(n)]);
     r.sameBits();
   });
 });
