@@ -379,7 +379,7 @@ template <typename T>
 // ids and weights for moe_down_combine and the host. The same routing (router_topk_f32's bits)
 // and the same pass as moe_gate_up_pairs. One kernel per router form (PER: the host picks by
 // the expert count, lib/gpu/experts.ts routedGateUpKernel), not router_route's three in one:
-// on sm_90 the forms a model never takes were half of the kernel's 118 KB of code, and ncu
+// on sm_90 the forms a model never takes were 32 of the kernel's 118 KB of code, and ncu
 // counted its warps waiting on instruction fetch for ~1.0-1.4 cycles an instruction.
 template <typename T, int PER>
 [[max_total_threads_per_threadgroup(128)]] kernel void moe_gate_up_pairs_routed(
