@@ -18,6 +18,9 @@ import { encodeSiteProjections, type SiteRead } from "./site-read.ts";
 /** Largest expert count and top-k the router and list kernels hold. */
 export const MOE_MAX_EXPERTS = 1024;
 export const MOE_MAX_TOPK = 32;
+/** Logits a lane of the routed gate/up holds in registers in its two register forms (ROUTER_FAST_SLOTS, ROUTER_WIDE_SLOTS in kernels/moe.metal). */
+export const ROUTER_FAST_SLOTS = 4;
+export const ROUTER_WIDE_SLOTS = 16;
 const ROUTER_SG = 4;
 const LIST_THREADS = 256;
 const COMBINE_THREADS = 64;
@@ -227,8 +230,8 @@ function envOnOff(name: string): boolean {
  * registers up to 128 experts (ROUTER_FAST_SLOTS) or 512 (ROUTER_WIDE_SLOTS), else re-read.
  */
 export function routedGateUpKernel(experts: number): string {
-  if (experts <= 32 * 4) return "moe_gate_up_pairs_routed_q4_f32";
-  if (experts <= 32 * 16) return "moe_gate_up_pairs_routed_wide_q4_f32";
+  if (experts <= SIMD_WIDTH * ROUTER_FAST_SLOTS) return "moe_gate_up_pairs_routed_q4_f32";
+  if (experts <= SIMD_WIDTH * ROUTER_WIDE_SLOTS) return "moe_gate_up_pairs_routed_wide_q4_f32";
   return "moe_gate_up_pairs_routed_any_q4_f32";
 }
 

@@ -6,6 +6,8 @@ export const MAX_NB = 1024;
 export const MAX_SNAP = 8;
 /** The most hyper-connection streams the hc kernels hold (HC_MAX_STREAMS in kernels/hc.h). */
 export const HC_MAX_STREAMS = 8;
+/** The most streams of a site the small-site kernel forms serve (HC_SMALL_STREAMS in kernels/hc-site.h). */
+export const HC_SMALL_STREAMS = 4;
 /** SIMD width every backend runs with (Metal's on Apple silicon; the CPU emulator's). */
 export const SIMD_WIDTH = 32;
 

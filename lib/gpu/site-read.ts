@@ -14,7 +14,7 @@
 import { bind, dispatch, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import { encodeRmsNorm } from "./norms.ts";
 import { encodeSiteRead, type HcConfig, type HcScratch, type HcSiteRefs, type ReadNorm } from "./hyperconnection.ts";
-import { HC_MAX_STREAMS, SIMD_WIDTH } from "./limits.ts";
+import { HC_MAX_STREAMS, HC_SMALL_STREAMS, SIMD_WIDTH } from "./limits.ts";
 import { Params } from "./params.ts";
 import {
   checkVector,
@@ -193,12 +193,12 @@ function fits(ctx: EncodeContext, items: readonly Projection[], read: SiteRead, 
 const tilesPerSimdgroup = () => Number(process.env.CHERENKOV_HC_READ_TILES ?? 2);
 
 /**
- * The one-row fused read of an hc site of `streams` streams: up to HC_SMALL_STREAMS (4,
- * kernels/hc-site.h) the form without the coefficient code wider sites need (on sm_90 66 of
- * the kernel's 178 KB), else the general one.
+ * The one-row fused read of an hc site of `streams` streams: up to HC_SMALL_STREAMS the form
+ * without the coefficient code wider sites need (on sm_90 66 of the kernel's 178 KB), else the
+ * general one.
  */
 export function r1ReadKernel(streams: number): string {
-  return streams <= 4 ? "matvec_multi_q4_r1_read_hc4_f32" : "matvec_multi_q4_r1_read_f32";
+  return streams <= HC_SMALL_STREAMS ? "matvec_multi_q4_r1_read_hc4_f32" : "matvec_multi_q4_r1_read_f32";
 }
 
 /** The fused kernel: the one-row (r1) form, or for a batch the rows form (matvec_multi_q4_read_f32). */
