@@ -236,13 +236,14 @@ describe("whole MoE: router, lists, routed experts through slots, shared expert,
   // CHERENKOV_MOE_PREFETCH_TILE: its own gate and up rows) read and write nothing a kernel
   // sees: on and off give the same bits (on CUDA they run, with a threadgroup count that does
   // not divide d: 4128 rows over 4 threadgroups of the gate/up grid).
+  // The third field: the switch's value when unset (the tile prefetch is on by default).
   const switches = [
-    ["CHERENKOV_MOE_PREFETCH_DOWN", prefetchesDown],
-    ["CHERENKOV_MOE_PREFETCH_TILE", prefetchesTile],
+    ["CHERENKOV_MOE_PREFETCH_DOWN", prefetchesDown, false],
+    ["CHERENKOV_MOE_PREFETCH_TILE", prefetchesTile, true],
   ] as const;
-  test.each(switches.flatMap(([name, read]) => [64, 4128].map((d) => [name, d, read] as const)))(
+  test.each(switches.flatMap(([name, read, unset]) => [64, 4128].map((d) => [name, d, read, unset] as const)))(
     "the prefetch switch %s of moe_gate_up_pairs (d = %i): on and off give the same bits; the option parses or names itself",
-    (name, d, read) => {
+    (name, d, read, unset) => {
       const dims: MoeDims = { d, E: 8, k: 2, I: 64, SI: 32 };
       const bits = (a: Float32Array) => [...new Uint32Array(a.buffer, a.byteOffset, a.length)];
       const was = process.env[name];
@@ -254,7 +255,9 @@ describe("whole MoE: router, lists, routed experts through slots, shared expert,
         });
         expect(bits(runs[0]!.y)).toEqual(bits(runs[1]!.y));
         delete process.env[name];
-        expect(read()).toBe(false);
+        expect(read()).toBe(unset);
+        process.env[name] = "";
+        expect(read()).toBe(unset);
         process.env[name] = "yes";
         expect(() => read()).toThrow(new RegExp(`${name}=yes: expected 0`));
       } finally {
