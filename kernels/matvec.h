@@ -211,22 +211,67 @@ inline float4 q4_nibbles4(uint w) {
 }
 
 // A group's 32 x values arranged and pre-scaled for q4_group_dot: word m of the nibbles holds
-// elements 8m .. 8m + 7 (nibble k at bits 4k .. 4k + 3). q4_group_dot takes each nibble in
-// place (masked, not shifted down), as the exact float q * 2^s, so x is scaled by 2^-s here,
-// once per group and batch row, for every weight row that uses it. The products are the same
-// real numbers as q * x (scaling by powers of two is exact), so the sums keep their bits.
-// Nibbles 6 and 7 and nibble 5 come from the word shifted down by 12 (a nibble must sit below
-// bit 23 to be a float's mantissa).
+// elements 8m .. 8m + 7 (nibble k at bits 4k .. 4k + 3), even[m] elements 8m + 0, 2, 4, 6 and
+// odd[m] elements 8m + 1, 3, 5, 7. q4_group_dot takes each nibble in place (masked, not shifted
+// down) as an exact float q * 2^s, so x is scaled by 2^-s here, once per group and batch row,
+// for every weight row that uses it. Scaling by powers of two is exact, so the products are
+// the same real numbers as q * x times one power of two, and the sums keep their bits.
 struct Q4X {
-  float4 even[4];  // elements 8m + 0, 2, 4, 6 scaled by 1, 2^-8, 2^-16, 2^-12
-  float4 odd[4];   // elements 8m + 1, 3, 5, 7 scaled by 2^-4, 2^-12, 2^-8, 2^-16
+  float4 even[4];
+  float4 odd[4];
 };
 
+#if defined(__CUDA_ARCH__)
+// CUDA: a nibble masked in place within bits 0 .. 23 of a word IS an exact float without
+// arithmetic: the word q * 2^b (b + 4 <= 24) reads as the denormal (or, for bit 23 set, the
+// smallest normal) q * 2^(b - 149). Each nibble is brought to bit 12, 16 or 20 (of w << 12, w
+// or w >> 12) and x scaled by 2^(109 - b), so every product is q x 2^-40, and the group's sum
+// is scaled back by 2^40 at the end: one AND and one FMA a weight, where the magic-number form
+// below needs an AND, an OR (a second LOP3 on sm_90: both constants are immediates) and a
+// subtraction as well. The bits are those of the form below unless x holds values so small
+// (|x| < ~2^-60, the products' scaled sums below 2^-126) that a denormal sum rounds, or as large
+// as 2^31 (x 2^97 overflows). It needs IEEE denormals in FMA (nvcc without -ftz/fast math:
+// metal-shim/cuda/build.ts); spec/kernels' q4 cases check the bits against the reference.
 inline Q4X q4_prescale(thread const float4* xv) {
   Q4X r;
   MV_UNROLL for (int m = 0; m < 4; m++) {
     const float4 a = xv[2 * m];
     const float4 b = xv[2 * m + 1];
+    // elements 0, 3, 6 at bit 12 (x 2^97); 1, 4, 7 at bit 16 (x 2^93); 2, 5 at bit 20 (x 2^89)
+    r.even[m] = float4(a.x * 0x1p97f, a.z * 0x1p89f, b.x * 0x1p93f, b.z * 0x1p97f);
+    r.odd[m] = float4(a.y * 0x1p93f, a.w * 0x1p97f, b.y * 0x1p89f, b.w * 0x1p93f);
+  }
+  return r;
+}
+
+// sum_{j in group} q_j x_j for one q4 group: its 16 nibble bytes (byte b holds elements 2b
+// and 2b + 1) against the group's x from q4_prescale.
+inline float q4_group_dot(uint4 nib, thread const Q4X& x) {
+  float q = 0.0f;
+  const uint words[4] = {nib.x, nib.y, nib.z, nib.w};
+  MV_UNROLL for (int m = 0; m < 4; m++) {
+    const uint w = words[m];
+    const uint l = w << 12;  // nibbles 0, 1, 2 at bits 12, 16, 20
+    const uint h = w >> 12;  // nibbles 6, 7 at bits 12, 16
+    const float4 even = float4(as_type<float>(l & 0xF000u), as_type<float>(l & 0xF00000u), as_type<float>(w & 0xF0000u),
+                               as_type<float>(h & 0xF000u));
+    const float4 odd = float4(as_type<float>(l & 0xF0000u), as_type<float>(w & 0xF000u), as_type<float>(w & 0xF00000u),
+                              as_type<float>(h & 0xF0000u));
+    q += dot(even, x.even[m]) + dot(odd, x.odd[m]);
+  }
+  return q * 0x1p40f;
+}
+#else
+// Metal and the CPU backend: the masked nibble becomes a normal float by the 2^23 magic
+// number (2^23 + v is exact for v < 2^23; subtracting 2^23 leaves v), since Metal's fast math
+// may flush denormals and x86 takes a slow path on them. Nibbles 6 and 7 and nibble 5 come
+// from the word shifted down by 12 (a nibble must sit below bit 23 to be a float's mantissa).
+inline Q4X q4_prescale(thread const float4* xv) {
+  Q4X r;
+  MV_UNROLL for (int m = 0; m < 4; m++) {
+    const float4 a = xv[2 * m];
+    const float4 b = xv[2 * m + 1];
+    // elements 8m + 0, 2, 4, 6 scaled by 1, 2^-8, 2^-16, 2^-12; 1, 3, 5, 7 by 2^-4, 2^-12, 2^-8, 2^-16
     r.even[m] = float4(a.x, a.z * 0x1p-8f, b.x * 0x1p-16f, b.z * 0x1p-12f);
     r.odd[m] = float4(a.y * 0x1p-4f, a.w * 0x1p-12f, b.y * 0x1p-8f, b.w * 0x1p-16f);
   }
@@ -255,6 +300,7 @@ inline float q4_group_dot(uint4 nib, thread const Q4X& x) {
   }
   return q;
 }
+#endif
 
 // The sum of a group's 32 x values, in a fixed order (row results do not depend on which
 // kernel formed it).
