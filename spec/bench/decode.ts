@@ -126,7 +126,16 @@ interface ModelResult {
     preparesOverran: number;
   };
   /** --auto: decode tok/s through the Model API without drafts and with drafts "auto" (--auto-runs runs each), and the counts auto chose. */
-  auto?: { plain: number[]; auto: number[]; steps: number[]; accepted: number; proposed: number };
+  auto?: {
+    plain: number[];
+    auto: number[];
+    /** The last auto run's steps by draft count. */
+    steps: number[];
+    /** Every timed auto run's steps by draft count, in run order (which runs explored drafts). */
+    stepsPerRun: number[][];
+    accepted: number;
+    proposed: number;
+  };
 }
 
 /** Decode tok/s of `tokens` tokens after `prompt` through the Model API, plain and with drafts "auto", alternately. */
@@ -136,7 +145,7 @@ async function autoDrafts(dir: string, prompt: number[]): Promise<NonNullable<Mo
     const run = (drafts: "auto" | undefined) => model.generate(prompt, { maxTokens: tokens, stopAtEos: false, ...(drafts ? { drafts } : {}) });
     await run(undefined);
     await run("auto");
-    const out: NonNullable<ModelResult["auto"]> = { plain: [], auto: [], steps: [], accepted: 0, proposed: 0 };
+    const out: NonNullable<ModelResult["auto"]> = { plain: [], auto: [], steps: [], stepsPerRun: [], accepted: 0, proposed: 0 };
     // Pairs in ABBA order (plain first in even pairs, auto first in odd ones): on the H200 the
     // auto runs, always second, came 1-2% behind with no exploration in them; this tells
     // whether the order is why.
@@ -144,6 +153,7 @@ async function autoDrafts(dir: string, prompt: number[]): Promise<NonNullable<Mo
       const a = await run("auto");
       out.auto.push(a.timings.tokensPerSecond);
       out.steps = a.drafts?.steps ?? [];
+      out.stepsPerRun.push(out.steps);
       out.accepted = a.drafts?.accepted ?? 0;
       out.proposed = a.drafts?.proposed ?? 0;
     };
@@ -332,7 +342,7 @@ function printModel(r: ModelResult): void {
   if (au)
     log(
       `drafts "auto" through the Model API: ${au.auto.map((x) => fmt(x, 1)).join(" / ")} tok/s against plain ${au.plain.map((x) => fmt(x, 1)).join(" / ")} ` +
-        `(medians ${fmt(median(au.auto) / median(au.plain), 3)}x, ${fmt(Math.min(...au.auto) / Math.max(...au.plain), 2)}x at worst); the last auto run's steps by draft count ${JSON.stringify(au.steps)}, accepted ${au.accepted}/${au.proposed}`,
+        `(medians ${fmt(median(au.auto) / median(au.plain), 3)}x, ${fmt(Math.min(...au.auto) / Math.max(...au.plain), 2)}x at worst); each auto run's steps by draft count ${au.stepsPerRun.map((x) => JSON.stringify(x)).join(" ")}, the last run accepted ${au.accepted}/${au.proposed}`,
     );
   log("\n| phase (per decode token) | ms |");
   log("|---|---|");
