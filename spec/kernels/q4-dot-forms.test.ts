@@ -8,6 +8,7 @@
 import { describe, expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
+import { cudaCompileFlags } from "../../metal-shim/cuda/build.ts";
 
 const SRC = readFileSync(join(import.meta.dir, "..", "..", "kernels", "matvec.h"), "utf8");
 
@@ -96,4 +97,10 @@ test("the CUDA form's range: x up to 2^31 stays finite once scaled, products nor
   expect(Number.isFinite(Math.fround(2 ** 31 * (1 - 2 ** -24) * 2 ** maxExp))).toBe(true);
   expect(Math.fround(2 ** 31 * 2 ** maxExp)).toBe(Infinity);
   expect(2 ** -86 * 2 ** -40).toBe(2 ** -126); // the smallest normal f32
+});
+
+test("the CUDA build keeps IEEE denormals, which the CUDA form needs (no -ftz=true, no fast math)", () => {
+  const flags = cudaCompileFlags("sm_90").join(" ");
+  const build = readFileSync(join(import.meta.dir, "..", "..", "metal-shim", "cuda", "build.ts"), "utf8");
+  for (const text of [flags, build]) expect(text).not.toMatch(/ftz=true|use_fast_math|-ftz\b/);
 });
