@@ -231,7 +231,8 @@ struct Q4X {
 // subtraction as well. The bits are those of the form below unless x holds values so small
 // (|x| < ~2^-60, the products' scaled sums below 2^-126) that a denormal sum rounds, or as large
 // as 2^31 (x 2^97 overflows). It needs IEEE denormals in FMA (nvcc without -ftz/fast math:
-// metal-shim/cuda/build.ts); spec/kernels' q4 cases check the bits against the reference.
+// metal-shim/cuda/build.ts). spec/kernels/q4-dot-forms.test.ts checks both forms' masks and
+// scales (and those flags) on any machine; the q4 kernel tests check the results on CUDA.
 inline Q4X q4_prescale(thread const float4* xv) {
   Q4X r;
   MV_UNROLL for (int m = 0; m < 4; m++) {
