@@ -225,22 +225,23 @@ struct Q4X {
 // CUDA: a nibble masked in place within bits 0 .. 23 of a word IS an exact float without
 // arithmetic: the word q * 2^b (b + 4 <= 24) reads as the denormal (or, for bit 23 set, the
 // smallest normal) q * 2^(b - 149). Each nibble is brought to bit 12, 16 or 20 (of w << 12, w
-// or w >> 12) and x scaled by 2^(109 - b), so every product is q x 2^-40, and the group's sum
-// is scaled back by 2^40 at the end: one AND and one FMA a weight, where the magic-number form
+// or w >> 12) and x scaled by 2^(85 - b), so every product is q x 2^-64, and the group's sum
+// is scaled back by 2^64 at the end: one AND and one FMA a weight, where the magic-number form
 // below needs an AND, an OR (a second LOP3 on sm_90: both constants are immediates) and a
-// subtraction as well. The bits are those of the form below unless x holds values so small
-// (|x| < ~2^-60, the products' scaled sums below 2^-126) that a denormal sum rounds, or as large
-// as 2^31 (x 2^97 overflows). It needs IEEE denormals in FMA (nvcc without -ftz/fast math:
-// metal-shim/cuda/build.ts). spec/kernels/q4-dot-forms.test.ts checks both forms' masks and
-// scales (and those flags) on any machine; the q4 kernel tests check the results on CUDA.
+// subtraction as well. The scale keeps x finite up to 2^55 (x 2^73) and leaves a sum that
+// falls below the normal range an absolute error of at most 2^-85; the bits are the form
+// below's unless x holds values under ~2^-38 (where a scaled partial sum can be denormal). It
+// needs IEEE denormals in FMA (nvcc without -ftz/fast math: metal-shim/cuda/build.ts).
+// spec/kernels/q4-dot-forms.test.ts checks both forms' masks and scales (and those flags) on
+// any machine; the q4 kernel tests check the results on CUDA.
 inline Q4X q4_prescale(thread const float4* xv) {
   Q4X r;
   MV_UNROLL for (int m = 0; m < 4; m++) {
     const float4 a = xv[2 * m];
     const float4 b = xv[2 * m + 1];
-    // elements 0, 3, 6 at bit 12 (x 2^97); 1, 4, 7 at bit 16 (x 2^93); 2, 5 at bit 20 (x 2^89)
-    r.even[m] = float4(a.x * 0x1p97f, a.z * 0x1p89f, b.x * 0x1p93f, b.z * 0x1p97f);
-    r.odd[m] = float4(a.y * 0x1p93f, a.w * 0x1p97f, b.y * 0x1p89f, b.w * 0x1p93f);
+    // elements 0, 3, 6 at bit 12 (x 2^73); 1, 4, 7 at bit 16 (x 2^69); 2, 5 at bit 20 (x 2^65)
+    r.even[m] = float4(a.x * 0x1p73f, a.z * 0x1p65f, b.x * 0x1p69f, b.z * 0x1p73f);
+    r.odd[m] = float4(a.y * 0x1p69f, a.w * 0x1p73f, b.y * 0x1p65f, b.w * 0x1p69f);
   }
   return r;
 }
@@ -260,7 +261,7 @@ inline float q4_group_dot(uint4 nib, thread const Q4X& x) {
                               as_type<float>(h & 0xF0000u));
     q += dot(even, x.even[m]) + dot(odd, x.odd[m]);
   }
-  return q * 0x1p40f;
+  return q * 0x1p64f;
 }
 #else
 // Metal and the CPU backend: the masked nibble becomes a normal float by the 2^23 magic

@@ -3,7 +3,7 @@
 // backend make it a normal float with the 2^23 magic number. Only the H200 runs the first, so
 // this test reads both forms' masks and scale factors out of the source and checks, for every
 // nibble value, that each slot of each word multiplies the element the prescale put there and
-// that every product is q * x times the same power of two (2^-40 for CUDA, 1 for the other):
+// that every product is q * x times the same power of two (2^-64 for CUDA, 1 for the other):
 // a wrong mask, shift or exponent in either form fails here, on any machine.
 import { describe, expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
@@ -61,7 +61,7 @@ function nibbleFloats(src: string, cuda: boolean): ((w: number) => number)[] {
 }
 
 describe.each([
-  ["CUDA (denormal nibbles)", true, -40],
+  ["CUDA (denormal nibbles)", true, -64],
   ["Metal and CPU (2^23 magic number)", false, 0],
 ] as const)("the q4 group dot, %s", (_name, cuda, scale) => {
   const src = form(cuda);
@@ -91,12 +91,14 @@ describe.each([
 
 });
 
-test("the CUDA form's range: x up to 2^31 stays finite once scaled, products normal down to |q x| = 2^-86", () => {
+test("the CUDA form's range: x up to 2^55 stays finite once scaled; below the normal range a sum is off by at most 2^-85", () => {
   const slots = prescale(form(true));
   const maxExp = Math.max(...slots.map((s) => s.exp));
-  expect(Number.isFinite(Math.fround(2 ** 31 * (1 - 2 ** -24) * 2 ** maxExp))).toBe(true);
-  expect(Math.fround(2 ** 31 * 2 ** maxExp)).toBe(Infinity);
-  expect(2 ** -86 * 2 ** -40).toBe(2 ** -126); // the smallest normal f32
+  expect(Number.isFinite(Math.fround(2 ** 55 * (1 - 2 ** -24) * 2 ** maxExp))).toBe(true);
+  expect(Math.fround(2 ** 55 * 2 ** maxExp)).toBe(Infinity);
+  // The denormal spacing (2^-149) scaled back by the form's 2^64.
+  const back = Number(/return q \* 0x1p(\d+)f;/.exec(form(true))?.[1] ?? NaN);
+  expect(2 ** -149 * 2 ** back).toBe(2 ** -85);
 });
 
 test("the CUDA build keeps IEEE denormals, which the CUDA form needs (no -ftz=true, no fast math)", () => {
