@@ -12,6 +12,7 @@ import { checkRows, encodeMatvec, MATVEC_TILE, matrixShape, oneRowForm } from ".
 import { encodeGemmGateUp, GEMM_TILE, gemmMinRows, usesGemm } from "./gemm.ts";
 import type { SiteWrite } from "./hyperconnection.ts";
 import { hcFoldBindings, hcFoldParams } from "./hc-fold.ts";
+import { envOnOff } from "./env-switch.ts";
 import { HC_MAX_STREAMS, SIMD_WIDTH } from "./limits.ts";
 import { encodeSiteProjections, type SiteRead } from "./site-read.ts";
 
@@ -216,15 +217,6 @@ export function prefetchesDown(): boolean {
  */
 export function prefetchesTile(): boolean {
   return envOnOff("CHERENKOV_MOE_PREFETCH_TILE", true);
-}
-
-/** A 0/1 switch from the environment: 1 on, 0 off, empty or unset `fallback`; anything else refused by name. */
-function envOnOff(name: string, fallback = false): boolean {
-  const env = process.env[name];
-  if (env === "1") return true;
-  if (env === "0") return false;
-  if (env === undefined || env === "") return fallback;
-  throw new RangeError(`${name}=${env}: expected 0 (off) or 1 (on)`);
 }
 
 /**

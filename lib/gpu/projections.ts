@@ -6,6 +6,7 @@ import type { DType } from "../model/config.ts";
 import type { Binding } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { HC_MAX_STREAMS, MAX_NB, SIMD_WIDTH } from "./limits.ts";
+import { envOnOff } from "./env-switch.ts";
 import { encodeGemm, gemmMinRows, usesGemm } from "./gemm.ts";
 import { hcFoldBindings, hcFoldParams, type HcFold } from "./hc-fold.ts";
 import { Params } from "./params.ts";
@@ -192,7 +193,9 @@ export function encodeMatvec(
   const T = MATVEC_TILE;
   const split = opts.form === undefined ? prefersSplit(ctx.device.backend, out, w.dtype) : opts.form === "split";
   const grid: [number, number] = [Math.ceil(out / (split ? T.rows : T.rows * T.simdgroups)), Math.ceil(nb / rowsPerGroup)];
-  const threads: [number, number] = [SIMD_WIDTH * (split ? splitSimdgroups(w.dtype, inDim) : T.simdgroups), 1];
+  const kernel = split ? oneRowForm(MATVEC_SPLIT_KERNELS[w.dtype], w.dtype, rowsPerGroup) : rowsFormKernel(w.dtype, inDim, rowsPerGroup);
+  const simdgroups = split ? splitSimdgroups(w.dtype, inDim) : rowsFormSimdgroups(kernel);
+  const threads: [number, number] = [SIMD_WIDTH * simdgroups, 1];
   if (opts.hc) {
     const hc = checkHcTarget(opts.hc, out, opts);
     dispatch(
@@ -218,7 +221,7 @@ export function encodeMatvec(
   }
   dispatch(
     ctx,
-    oneRowForm(split ? MATVEC_SPLIT_KERNELS[w.dtype] : MATVEC_KERNELS[w.dtype], w.dtype, rowsPerGroup),
+    kernel,
     Params.Matvec,
     {
       rows: nb,
@@ -233,6 +236,34 @@ export function encodeMatvec(
     grid,
     threads,
   );
+}
+
+/**
+ * The rows form's kernel: a one-row q4 dispatch whose input fits the staging (MV_STAGE_COLS)
+ * takes matvec_q4_staged_r1, its input row read once per threadgroup into threadgroup memory
+ * (the same bits as matvec_q4_r1; kernels/matvec.metal says why). CHERENKOV_Q4_STAGE_X=0 keeps
+ * matvec_q4_r1 (measurements). Read at each call.
+ */
+export function rowsFormKernel(dtype: DType, inDim: number, rowsPerGroup: number): string {
+  if (dtype === "q4" && rowsPerGroup === 1 && inDim <= MV_STAGE_COLS && envOnOff("CHERENKOV_Q4_STAGE_X", true))
+    return stagesTwo(inDim) ? Q4_STAGED2_KERNEL : Q4_STAGED_KERNEL;
+  return oneRowForm(MATVEC_KERNELS[dtype], dtype, rowsPerGroup);
+}
+const Q4_STAGED_KERNEL = "matvec_q4_staged_r1_f32";
+const Q4_STAGED2_KERNEL = "matvec_q4_staged2_r1_f32";
+
+/**
+ * Whether a staged one-row q4 matvec gives each tile two simdgroups (matvec_q4_staged2_r1: a
+ * lane's second q4 group in the second): rows of more than 1,024 columns, with
+ * CHERENKOV_Q4_STAGE_TWO=1. Read at each call.
+ */
+function stagesTwo(inDim: number): boolean {
+  return inDim > 32 * SIMD_WIDTH && envOnOff("CHERENKOV_Q4_STAGE_TWO", false);
+}
+
+/** Simdgroups of a threadgroup of the rows-form kernel `kernel` (the staged forms: their tiles' simdgroups). */
+export function rowsFormSimdgroups(kernel: string): number {
+  return MATVEC_TILE.simdgroups * (kernel === Q4_STAGED2_KERNEL ? 2 : 1);
 }
 
 /** A matvec_hc's target, checked against the projection's `out` rows (the hidden size d). */

@@ -79,9 +79,44 @@ test("q4 split form sized by the input: 1 to 8 simdgroups, against the reference
   }
 });
 
+// The one-row q4 rows form stages its input row in threadgroup memory up to 2,048 columns
+// (matvec_q4_staged_r1; MV_STAGE_COLS, kernels/matvec.h); CHERENKOV_Q4_STAGE_X=0 keeps
+// matvec_q4_r1, which reads x from device memory, as wider rows do: the same bits either way,
+// accumulating too, over rows served one per threadgroup.
+// With CHERENKOV_Q4_STAGE_TWO=1 a tile's lanes' second groups go to a second simdgroup (rows
+// over 1,024 columns): the same bits again.
+test.each([[37, 1088], [64, 2048], [9, 4160], [21, 1024]])("one-row q4 [%i, %i]: staged (one or two simdgroups a tile) and device-memory x give the same bits", (out, inDim) => {
+  const nb = 3;
+  const { ref, host } = uploadWeight(dev, "q4", [out, inDim], 70 + inDim);
+  const xv = randomF32(nb * inDim, 71, 1, "stage1-x");
+  const x = uploadF32(dev, xv);
+  const y0 = randomF32(nb * out, 72, 1, "stage1-y");
+  const forms = [["1", "0"], ["1", "1"], ["0", "0"]] as const;
+  const ys = forms.map(() => uploadF32(dev, y0));
+  const names: string[][] = forms.map(() => []);
+  forms.forEach(([stage, two], i) => {
+    process.env.CHERENKOV_Q4_STAGE_X = stage;
+    process.env.CHERENKOV_Q4_STAGE_TWO = two;
+    try {
+      run(dev, (ctx) => encodeMatvec(recordingNames(ctx, names[i]!), ref, rows(x, inDim), rows(ys[i]!, out), nb, { rowsPerGroup: 1, form: "rows", accumulate: true }));
+    } finally {
+      delete process.env.CHERENKOV_Q4_STAGE_X;
+      delete process.env.CHERENKOV_Q4_STAGE_TWO;
+    }
+  });
+  const staged = inDim <= 2048 ? "matvec_q4_staged_r1_f32" : "matvec_q4_r1_f32";
+  const staged2 = inDim > 2048 ? "matvec_q4_r1_f32" : inDim > 1024 ? "matvec_q4_staged2_r1_f32" : staged;
+  expect(names).toEqual([[staged], [staged2], ["matvec_q4_r1_f32"]]);
+  const got = ys.map((y) => readF32(y, nb * out));
+  expect(got[0]).toEqual(got[2]!);
+  expect(got[1]).toEqual(got[2]!);
+  const want = matmulRows(host.values, xv, nb, out, inDim).map((v, i) => v + y0[i]!);
+  expectClose(got[0]!, want, dotTolerance(inDim), `matvec_q4_staged_r1 in ${inDim}`, out);
+});
+
 // matvec_multi's q4 decode form stages its input row in threadgroup memory up to 2,048
 // columns (MV_STAGE_COLS, kernels/matvec.h); wider rows read x from device memory. Both give
-// the bits of separate one-row matvecs (which read x from device memory).
+// the bits of separate one-row matvecs.
 test.each([1088, 4160])("matvec_multi q4 one-row form, in = %i: the same bits as separate matvecs", (inDim) => {
   const outs = [21, 8];
   const ws = outs.map((o, i) => uploadWeight(dev, "q4", [o, inDim], 60 + i).ref);
@@ -220,7 +255,7 @@ describe("encodeMatvecs (matvec_multi: several projections of one input)", () =>
     const ys = all.map((w) => outputF32(dev, w.shape[0]!));
     const names: string[] = [];
     run(dev, (ctx) => encodeMatvecs(recordingNames(ctx, names), all.map((w, i) => ({ w, y: rows(ys[i]!, w.shape[0]!) })), rows(x, inDim), 1));
-    expect(names).toEqual(dev.backend === "cpu" ? ["matvec_q4_r1_f32", "matvec_multi_bf16_f32"] : ["matvec_multi_q4_r1_f32"]);
+    expect(names).toEqual(dev.backend === "cpu" ? ["matvec_q4_staged_r1_f32", "matvec_multi_bf16_f32"] : ["matvec_multi_q4_r1_f32"]);
   });
 
   test("groups by dtype and input width: a lone projection stays a matvec, five of one kind take two dispatches", () => {

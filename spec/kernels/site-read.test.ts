@@ -57,9 +57,9 @@ describe("matvec_multi_q4_r1_read_f32: the read kernel and the decode projection
     const { ws, fused, plain, M } = bothWays(n, d, weights, 3 + n + d);
     expect(fused.names).toEqual([r1ReadKernel(n)]);
     expect(r1ReadKernel(n)).toBe(n <= 4 ? "matvec_multi_q4_r1_read_hc4_f32" : "matvec_multi_q4_r1_read_f32");
-    // (a lone projection is a matvec of its own: matvec_q4_r1_f32, the same pass over x)
+    // (a lone projection is a matvec of its own: matvec_q4_staged_r1_f32, the same pass over x)
     const bf16Only = weights.every(([dt]) => dt === "bf16");
-    const plainForm = bf16Only ? (ws.length > 1 ? "matvec_multi_split_bf16_f32" : "matvec_split_bf16_f32") : ws.length > 1 ? "matvec_multi_q4_r1_f32" : "matvec_q4_r1_f32";
+    const plainForm = bf16Only ? (ws.length > 1 ? "matvec_multi_split_bf16_f32" : "matvec_split_bf16_f32") : ws.length > 1 ? "matvec_multi_q4_r1_f32" : "matvec_q4_staged_r1_f32";
     expect(plain.names).toEqual(["hc_coeffs_read_norm_f32", plainForm]);
     ws.forEach((w, i) => expect(bits(fused.ys[i]!, w.shape[0]!)).toEqual(bits(plain.ys[i]!, w.shape[0]!)));
     expect(bits(fused.xn, d)).toEqual(bits(plain.xn, d));

@@ -60,7 +60,7 @@ test("every pipeline of kernels/ gets one __global__ entry point and one table r
     // except when it must read the cancel word; every other kernel waits there first.
     const entry = (name: string) => text.slice(text.indexOf(`ckg_${name}(`)).split("\n")[1]!.trim();
     const waiting = pipelines.filter((k) => k.waitsForInputs).map((k) => k.name);
-    expect(waiting).toEqual(expect.arrayContaining(["matvec_multi_q4_r1_f32", "matvec_split_hc_q4_r1_f32", "matvec_split_bf16_f32", "matvec_q4_r1_f32"]));
+    expect(waiting).toEqual(expect.arrayContaining(["matvec_multi_q4_r1_f32", "matvec_split_hc_q4_r1_f32", "matvec_split_bf16_f32", "matvec_q4_r1_f32", "matvec_q4_staged_r1_f32"]));
     for (const k of pipelines)
       expect(entry(k.name)).toBe(k.waitsForInputs ? "if (L.cancel != nullptr) ck::after_previous_grid();" : "ck::after_previous_grid();");
   } finally {
