@@ -234,16 +234,10 @@ struct Q4X {
 // needs IEEE denormals in FMA (nvcc without -ftz/fast math: metal-shim/cuda/build.ts).
 // spec/kernels/q4-dot-forms.test.ts checks both forms' masks and scales (and those flags) on
 // any machine; the q4 kernel tests check the results on CUDA.
-inline Q4X q4_prescale(thread const float4* xv) {
-  Q4X r;
-  MV_UNROLL for (int m = 0; m < 4; m++) {
-    const float4 a = xv[2 * m];
-    const float4 b = xv[2 * m + 1];
-    // elements 0, 3, 6 at bit 12 (x 2^73); 1, 4, 7 at bit 16 (x 2^69); 2, 5 at bit 20 (x 2^65)
-    r.even[m] = float4(a.x * 0x1p73f, a.z * 0x1p65f, b.x * 0x1p69f, b.z * 0x1p73f);
-    r.odd[m] = float4(a.y * 0x1p69f, a.w * 0x1p73f, b.y * 0x1p65f, b.w * 0x1p69f);
-  }
-  return r;
+inline void q4_prescale_word(float4 a, float4 b, thread float4& even, thread float4& odd) {
+  // elements 0, 3, 6 at bit 12 (x 2^73); 1, 4, 7 at bit 16 (x 2^69); 2, 5 at bit 20 (x 2^65)
+  even = float4(a.x * 0x1p73f, a.z * 0x1p65f, b.x * 0x1p69f, b.z * 0x1p73f);
+  odd = float4(a.y * 0x1p69f, a.w * 0x1p73f, b.y * 0x1p65f, b.w * 0x1p69f);
 }
 
 // sum_{j in group} q_j x_j for one q4 group: its 16 nibble bytes (byte b holds elements 2b
@@ -268,16 +262,10 @@ inline float q4_group_dot(uint4 nib, thread const Q4X& x) {
 // number (2^23 + v is exact for v < 2^23; subtracting 2^23 leaves v), since Metal's fast math
 // may flush denormals and x86 takes a slow path on them. Nibbles 6 and 7 and nibble 5 come
 // from the word shifted down by 12 (a nibble must sit below bit 23 to be a float's mantissa).
-inline Q4X q4_prescale(thread const float4* xv) {
-  Q4X r;
-  MV_UNROLL for (int m = 0; m < 4; m++) {
-    const float4 a = xv[2 * m];
-    const float4 b = xv[2 * m + 1];
-    // elements 8m + 0, 2, 4, 6 scaled by 1, 2^-8, 2^-16, 2^-12; 1, 3, 5, 7 by 2^-4, 2^-12, 2^-8, 2^-16
-    r.even[m] = float4(a.x, a.z * 0x1p-8f, b.x * 0x1p-16f, b.z * 0x1p-12f);
-    r.odd[m] = float4(a.y * 0x1p-4f, a.w * 0x1p-12f, b.y * 0x1p-8f, b.w * 0x1p-16f);
-  }
-  return r;
+inline void q4_prescale_word(float4 a, float4 b, thread float4& even, thread float4& odd) {
+  // elements 8m + 0, 2, 4, 6 scaled by 1, 2^-8, 2^-16, 2^-12; 1, 3, 5, 7 by 2^-4, 2^-12, 2^-8, 2^-16
+  even = float4(a.x, a.z * 0x1p-8f, b.x * 0x1p-16f, b.z * 0x1p-12f);
+  odd = float4(a.y * 0x1p-4f, a.w * 0x1p-12f, b.y * 0x1p-8f, b.w * 0x1p-16f);
 }
 
 // Four masked nibbles as exact floats without int-to-float conversions (a quarter-rate
@@ -304,14 +292,33 @@ inline float q4_group_dot(uint4 nib, thread const Q4X& x) {
 }
 #endif
 
-// The sum of a group's 32 x values, in a fixed order (row results do not depend on which
-// kernel formed it).
+// A group's x for q4_group_dot: word m's elements (xv[2m], xv[2m + 1]) by q4_prescale_word.
+inline Q4X q4_prescale(thread const float4* xv) {
+  Q4X r;
+  MV_UNROLL for (int m = 0; m < 4; m++) {
+    q4_prescale_word(xv[2 * m], xv[2 * m + 1], r.even[m], r.odd[m]);
+  }
+  return r;
+}
+
+// The sum of a word's 8 x values (elements 8m .. 8m + 7 as a and b), and of a group's 32 as
+// the sum of its words' in word order: a fixed order, so row results do not depend on which
+// kernel formed it (q4_group_sum, or mv_stage_q4x's per-word sums added by q4_words_sum).
+inline float q4_word_sum(float4 a, float4 b) {
+  return (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
+}
+inline float q4_words_sum(float4 words) {
+  float sum = 0.0f;
+  sum += words.x;
+  sum += words.y;
+  sum += words.z;
+  sum += words.w;
+  return sum;
+}
 inline float q4_group_sum(thread const float4* xv) {
   float sum = 0.0f;
-  MV_UNROLL for (int k = 0; k < 4; k++) {
-    float4 a = xv[2 * k];
-    float4 b = xv[2 * k + 1];
-    sum += (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
+  MV_UNROLL for (int m = 0; m < 4; m++) {
+    sum += q4_word_sum(xv[2 * m], xv[2 * m + 1]);
   }
   return sum;
 }
@@ -380,6 +387,60 @@ struct Q4XStagedRows {
   }
 };
 
+// One row staged by mv_stage_q4x: each group already in q4_group_dot's form (Q4X: its words'
+// even and odd elements, pre-scaled; float4 k < 4 is even[k], k >= 4 odd[k - 4], at
+// mv_staged_at's places) and its words' sums (gsums[g]). The lanes of a one-row q4 pass then
+// load a group's x and form no products or sums of their own for it: the staging did that
+// once for the threadgroup, not once per simdgroup (exact scalings and the same sums in the
+// same order: the same bits).
+struct Q4XPrescaled {
+  threadgroup const float4* xs;
+  threadgroup const float4* gsums;
+  // Float4 k of group g as staged (pre-scaled, even/odd order): the loads a pass makes, for
+  // q4_tile_dot's loads-only form; q4_group_x reads the group whole.
+  inline float4 load(int j, uint g, int k) const {
+    return xs[mv_staged_at(g * 8u + uint(k))];
+  }
+};
+
+// Stages one input row of in_dim floats (a multiple of 32, at most MV_STAGE_COLS) for
+// Q4XPrescaled: thread t takes words t, t + threads, ... (a word: 8 x values, two float4s),
+// every thread of the threadgroup; the caller puts the barrier after it.
+inline void mv_stage_q4x(threadgroup float4* xs, threadgroup float4* gsums, device const uchar* x, int in_dim, int tid, int threads) {
+  device const float4* x4 = (device const float4*)x;
+  threadgroup float* sums = (threadgroup float*)gsums;
+  for (int i = tid; i < in_dim / 8; i += threads) {
+    const float4 a = x4[2 * i];
+    const float4 b = x4[2 * i + 1];
+    const uint g = uint(i) / 4u;
+    const uint m = uint(i) % 4u;
+    float4 even, odd;
+    q4_prescale_word(a, b, even, odd);
+    xs[mv_staged_at(g * 8u + m)] = even;
+    xs[mv_staged_at(g * 8u + 4u + m)] = odd;
+    sums[i] = q4_word_sum(a, b);
+  }
+}
+
+// A group's sum and pre-scaled x for q4_tile_dot, from any x source (loaded, then formed) or
+// from a Q4XPrescaled row (loaded only).
+template <typename XS>
+inline void q4_group_x(XS xsrc, int j, uint g, thread float& gs, thread Q4X& xq) {
+  float4 xv[8];
+  MV_UNROLL for (int k = 0; k < 8; k++) {
+    xv[k] = xsrc.load(j, g, k);
+  }
+  gs = q4_group_sum(xv);
+  xq = q4_prescale(xv);
+}
+inline void q4_group_x(Q4XPrescaled xsrc, int j, uint g, thread float& gs, thread Q4X& xq) {
+  MV_UNROLL for (int m = 0; m < 4; m++) {
+    xq.even[m] = xsrc.xs[mv_staged_at(g * 8u + uint(m))];
+    xq.odd[m] = xsrc.xs[mv_staged_at(g * 8u + 4u + uint(m))];
+  }
+  gs = q4_words_sum(xsrc.gsums[g]);
+}
+
 // Stages one input row of in_dim floats (a multiple of 32) for Q4XStaged, every thread of the
 // threadgroup taking float4s tid, tid + threads, ...; the caller puts the barrier after it.
 // A decode projection's simdgroups all read the same x, and from device memory those reads
@@ -430,11 +491,11 @@ inline void q4_tile_dot(thread const Q4Tile<TWO, U>& t, uint g0, uint groups, in
       break;
     }
     MV_UNROLL for (int j = 0; j < NR; j++) if (j < nx) {
-      float4 xv[8];
-      MV_UNROLL for (int k = 0; k < 8; k++) {
-        xv[k] = xsrc.load(j, g, k);
-      }
       if (LOADS_ONLY) {
+        float4 xv[8];
+        MV_UNROLL for (int k = 0; k < 8; k++) {
+          xv[k] = xsrc.load(j, g, k);
+        }
         float4 xs = float4(0.0f);
         MV_UNROLL for (int k = 0; k < 8; k++) {
           xs += xv[k];
@@ -449,8 +510,9 @@ inline void q4_tile_dot(thread const Q4Tile<TWO, U>& t, uint g0, uint groups, in
         }
         continue;
       }
-      float gs = q4_group_sum(xv);
-      const Q4X xq = q4_prescale(xv);
+      float gs;
+      Q4X xq;
+      q4_group_x(xsrc, j, g, gs, xq);
       MV_UNROLL for (int i = 0; i < MV_R; i++) {
         acc0[j][i] += t.s0[u][i] * q4_group_dot(t.n0[u][i], xq) + t.b0[u][i] * gs;
         if (TWO) {
@@ -476,8 +538,8 @@ inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_di
   }
 }
 
-// A one-row q4 pass whose input row is staged in threadgroup memory (mv_stage_x) by the
-// threadgroup, for rows of at most MV_STAGE_COLS columns: one tile a lane covers them, and the
+// A one-row q4 pass whose input row is staged in threadgroup memory (mv_stage_q4x: pre-scaled,
+// with its words' sums) by the threadgroup, for rows of at most MV_STAGE_COLS columns: one tile a lane covers them, and the
 // lane loads it before the staging and its barrier, so the two trips to memory overlap, then
 // takes the dot on the staged row. (With a second tile after the barrier, for wider rows, a
 // gate/up kernel rose from 168 to 248 registers on sm_90: wider rows read x from device
@@ -486,7 +548,8 @@ inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_di
 // reaches the barrier. Returns `active`.
 #define MV_STAGE_COLS (MV_Q4_BATCH * 32 * 32)
 inline bool mv_pass_q4_staged(device const uchar* w, int in_dim, int o0, int out_dim, bool active, threadgroup float4* xs,
-                              device const uchar* x_row, bool has_row, int tid, int threads, thread float4* acc, int lane) {
+                              threadgroup float4* gsums, device const uchar* x_row, bool has_row, int tid, int threads,
+                              thread float4* acc, int lane) {
   constexpr int U = MV_Q4_BATCH;
   const uint groups = uint(in_dim) / 32u;
   const Q4Rows r = q4_rows(w, in_dim, o0, out_dim);
@@ -496,14 +559,14 @@ inline bool mv_pass_q4_staged(device const uchar* w, int in_dim, int o0, int out
     q4_tile_load<false, U>(t, r, r, g0, groups, 32);
   }
   if (has_row) {
-    mv_stage_x(xs, x_row, in_dim, tid, threads);
+    mv_stage_q4x(xs, gsums, x_row, in_dim, tid, threads);
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
   if (!active) {
     return false;
   }
   if (g0 < groups) {
-    q4_tile_dot<false, 1, U, Q4XStaged>(t, g0, groups, 32, Q4XStaged{xs}, 1, acc, acc);
+    q4_tile_dot<false, 1, U, Q4XPrescaled>(t, g0, groups, 32, Q4XPrescaled{xs, gsums}, 1, acc, acc);
   }
   return true;
 }

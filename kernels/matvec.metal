@@ -61,83 +61,41 @@ template <typename T, int NR>
   matvec_simdgroup<T, NR>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride, p.accumulate != 0, lane);
 }
 
-// matvec's decode forms for q4 rows of at most MV_STAGE_COLS columns (the host picks one for a
+// matvec's decode form for q4 rows of at most MV_STAGE_COLS columns (the host picks it for a
 // one-row dispatch): the threadgroup stages its input row in threadgroup memory and its
-// simdgroups read x from there. From device memory a lane's 32 x values are 128 bytes from its
-// neighbours', so each of a group's eight 16-byte x loads touched 32 cache lines: in a decode
-// projection that is most of an L1's work, the weights being one 16-byte load a row and group.
-// The threadgroup holds MV_SG tiles of MV_R rows; with TWO (2 * MV_SG simdgroups) each tile
-// has two, the second taking its lanes' second groups (lane + 32), which it
-// hands over in threadgroup memory: twice the simdgroups, each with half the loads and half
-// the registers in flight. Either way a lane's sum is its first group's plus its second's, so
-// the same bits as matvec<uchar, 1> (mv_pass_q4_staged, q4_tile_dot). A row wider than the
+// simdgroups read x from there (mv_pass_q4_staged). From device memory a lane's 32 x values
+// are 128 bytes from its neighbours', so each of a group's eight 16-byte x loads touched 32
+// cache lines: in a decode projection that was most of an L1's work, the weights being one
+// 16-byte load a row and group (H200, [8192, 2048]: 8.9 -> 6.5 us; the LM head 113 -> 72-80).
+// The same pass, reduction and store as matvec<uchar, 1>: the same bits. A row wider than the
 // staging takes that form.
-template <bool TWO>
-[[max_total_threads_per_threadgroup(256)]] kernel void matvec_q4_staged_r1(
+[[max_total_threads_per_threadgroup(128)]] kernel void matvec_q4_staged_r1_f32(
     constant MatvecParams& p [[buffer(0)]],
     device const uchar* w    [[buffer(1)]],
     device const uchar* x    [[buffer(2)]],
     device uchar* y          [[buffer(3)]],
     uint2 tg                 [[threadgroup_position_in_grid]],
     ushort sg                [[simdgroup_index_in_threadgroup]],
-    ushort lane              [[thread_index_in_simdgroup]],
-    ushort nsg               [[simdgroups_per_threadgroup]]) {
+    ushort lane              [[thread_index_in_simdgroup]]) {
   threadgroup float4 xs[MV_STAGE_COLS / 4];
-  threadgroup float4 second[TWO ? MV_SG * 32 : 1];
-  const int tile = int(sg) % MV_SG;
-  const bool first = int(sg) < MV_SG;  // a tile's first simdgroup (its only one unless TWO)
-  const int o0 = (int(tg.x) * MV_SG + tile) * MV_R;
+  threadgroup float4 gsums[MV_STAGE_COLS / 32];
+  const int o0 = (int(tg.x) * MV_SG + int(sg)) * MV_R;
   const int r_begin = int(tg.y) * p.rows_per_group;
   const int r_end = min(p.rows, r_begin + p.rows_per_group);
   const bool active = o0 < p.out_dim && r_begin < r_end;  // uniform per simdgroup
-  if (active && first && lane == 0) {
+  if (active && lane == 0) {
     mv_prefetch_tile<uchar>(w, p.in_dim, o0, p.out_dim);
   }
   ck_inputs_ready();
   if (p.in_dim > MV_STAGE_COLS || p.rows_per_group != 1) {  // uniform: x from device memory (not the host's choice)
-    for (int r = r_begin; active && first && r < r_end; r++) {
-      const ulong xoff[1] = {ulong(r) * p.x_stride};
-      float4 acc[1] = {float4(0.0f)};
-      // One group a lane at a time (U = 1) under TWO, to keep its registers: the same bits.
-      mv_pass_q4<false, 1, TWO ? 1 : MV_Q4_BATCH>(w, w, p.in_dim, o0, p.out_dim, Q4XDevice{x, xoff}, 1, acc, acc, int(lane), 32);
-      mv_reduce<1>(acc, 1);
-      if (lane == 0) {
-        mv_store(y, p.y_stride, r, o0, p.out_dim, acc[0], p.accumulate != 0);
-      }
+    if (active) {
+      matvec_simdgroup<uchar, 1>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride, p.accumulate != 0, lane);
     }
     return;
   }
-  device const uchar* x_row = x + ulong(r_begin) * p.x_stride;
-  const int tid = int(sg) * 32 + int(lane);
   float4 acc[1] = {float4(0.0f)};
-  bool mine = active;
-  if (!TWO) {
-    mine = mv_pass_q4_staged(w, p.in_dim, o0, p.out_dim, active, xs, x_row, r_begin < p.rows, tid, int(nsg) * 32, acc, int(lane));
-  } else {
-    const uint groups = uint(p.in_dim) / 32u;
-    const uint g = uint(lane) + (first ? 0u : 32u);
-    const Q4Rows r = q4_rows(w, p.in_dim, o0, p.out_dim);
-    Q4Tile<false, 1> t = {};  // (only read when loaded)
-    if (active && g < groups) {
-      q4_tile_load<false, 1>(t, r, r, g, groups, 32);
-    }
-    if (r_begin < p.rows) {
-      mv_stage_x(xs, x_row, p.in_dim, tid, int(nsg) * 32);
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    if (active && g < groups) {
-      q4_tile_dot<false, 1, 1, Q4XStaged>(t, g, groups, 32, Q4XStaged{xs}, 1, acc, acc);
-      if (!first) {
-        second[tile * 32 + int(lane)] = acc[0];
-      }
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    if (active && first && g + 32u < groups) {
-      acc[0] += second[tile * 32 + int(lane)];
-    }
-    mine = active && first;
-  }
-  if (mine) {
+  if (mv_pass_q4_staged(w, p.in_dim, o0, p.out_dim, active, xs, gsums, x + ulong(r_begin) * p.x_stride, r_begin < p.rows,
+                        int(sg) * 32 + int(lane), MV_SG * 32, acc, int(lane))) {
     mv_reduce<1>(acc, 1);
     if (lane == 0) {
       mv_store(y, p.y_stride, r_begin, o0, p.out_dim, acc[0], p.accumulate != 0);
@@ -415,6 +373,7 @@ inline void mv_store_or_conv(bool conv, int taps, device uchar* y, ulong y_strid
     ushort lane              [[thread_index_in_simdgroup]],
     ushort nsg               [[simdgroups_per_threadgroup]]) {
   threadgroup float4 xs[MV_STAGE_COLS / 4];
+  threadgroup float4 gsums[MV_STAGE_COLS / 32];
   threadgroup float4 part[MV_SPLIT_SG];
   const int r = int(tg.y) * p.rows_per_group;
   const int r_end = min(p.rows, r + p.rows_per_group);
@@ -453,7 +412,7 @@ inline void mv_store_or_conv(bool conv, int taps, device uchar* y, ulong y_strid
     return;
   }
   float4 acc[1] = {float4(0.0f)};
-  if (mv_pass_q4_staged(w, p.in_dim, o0, out_dim, active, xs, x + ulong(r) * p.x_stride, r < p.rows, int(sg) * 32 + int(lane), int(nsg) * 32,
+  if (mv_pass_q4_staged(w, p.in_dim, o0, out_dim, active, xs, gsums, x + ulong(r) * p.x_stride, r < p.rows, int(sg) * 32 + int(lane), int(nsg) * 32,
                         acc, int(lane))) {
     mv_reduce<1>(acc, 1);
     if (lane == 0) {  // (the host asks for the conv only where this staged form runs)
@@ -804,8 +763,6 @@ template [[host_name("matvec_split_q4_f32")]] kernel decltype(matvec_split<uchar
 template [[host_name("matvec_q4_r1_f32")]] kernel decltype(matvec<uchar, 1>) matvec<uchar, 1>;
 // bench:kernels only: the one-row q4 matvec's loads without its arithmetic (q4_loads_only, matvec.h).
 template [[host_name("matvec_q4_loads_r1_f32")]] kernel decltype(matvec<char, 1>) matvec<char, 1>;
-template [[host_name("matvec_q4_staged_r1_f32")]] kernel decltype(matvec_q4_staged_r1<false>) matvec_q4_staged_r1<false>;
-template [[host_name("matvec_q4_staged2_r1_f32")]] kernel decltype(matvec_q4_staged_r1<true>) matvec_q4_staged_r1<true>;
 template [[host_name("matvec_split_q4_r1_f32")]] kernel decltype(matvec_split<uchar, 1>) matvec_split<uchar, 1>;
 // The same forms writing into hyper-connection streams (the mixers' output projections).
 template [[host_name("matvec_hc_f32_f32")]] kernel decltype(matvec_hc<float, MV_NR>) matvec_hc<float, MV_NR>;

@@ -194,7 +194,7 @@ export function encodeMatvec(
   const split = opts.form === undefined ? prefersSplit(ctx.device.backend, out, w.dtype) : opts.form === "split";
   const grid: [number, number] = [Math.ceil(out / (split ? T.rows : T.rows * T.simdgroups)), Math.ceil(nb / rowsPerGroup)];
   const kernel = split ? oneRowForm(MATVEC_SPLIT_KERNELS[w.dtype], w.dtype, rowsPerGroup) : rowsFormKernel(w.dtype, inDim, rowsPerGroup);
-  const simdgroups = split ? splitSimdgroups(w.dtype, inDim) : rowsFormSimdgroups(kernel);
+  const simdgroups = split ? splitSimdgroups(w.dtype, inDim) : T.simdgroups;
   const threads: [number, number] = [SIMD_WIDTH * simdgroups, 1];
   if (opts.hc) {
     const hc = checkHcTarget(opts.hc, out, opts);
@@ -245,25 +245,8 @@ export function encodeMatvec(
  * matvec_q4_r1 (measurements). Read at each call.
  */
 export function rowsFormKernel(dtype: DType, inDim: number, rowsPerGroup: number): string {
-  if (dtype === "q4" && rowsPerGroup === 1 && inDim <= MV_STAGE_COLS && envOnOff("CHERENKOV_Q4_STAGE_X", true))
-    return stagesTwo(inDim) ? Q4_STAGED2_KERNEL : Q4_STAGED_KERNEL;
+  if (dtype === "q4" && rowsPerGroup === 1 && inDim <= MV_STAGE_COLS && envOnOff("CHERENKOV_Q4_STAGE_X", true)) return "matvec_q4_staged_r1_f32";
   return oneRowForm(MATVEC_KERNELS[dtype], dtype, rowsPerGroup);
-}
-const Q4_STAGED_KERNEL = "matvec_q4_staged_r1_f32";
-const Q4_STAGED2_KERNEL = "matvec_q4_staged2_r1_f32";
-
-/**
- * Whether a staged one-row q4 matvec gives each tile two simdgroups (matvec_q4_staged2_r1: a
- * lane's second q4 group in the second): rows of more than 1,024 columns, with
- * CHERENKOV_Q4_STAGE_TWO=1. Read at each call.
- */
-function stagesTwo(inDim: number): boolean {
-  return inDim > 32 * SIMD_WIDTH && envOnOff("CHERENKOV_Q4_STAGE_TWO", false);
-}
-
-/** Simdgroups of a threadgroup of the rows-form kernel `kernel` (the staged forms: their tiles' simdgroups). */
-export function rowsFormSimdgroups(kernel: string): number {
-  return MATVEC_TILE.simdgroups * (kernel === Q4_STAGED2_KERNEL ? 2 : 1);
 }
 
 /** A matvec_hc's target, checked against the projection's `out` rows (the hidden size d). */

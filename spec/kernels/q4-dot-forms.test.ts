@@ -25,16 +25,16 @@ const f32 = new Float32Array(1);
 const u32 = new Uint32Array(f32.buffer);
 const asFloat = (bits: number) => ((u32[0] = bits >>> 0), f32[0]!);
 
-/** The prescale's eight slots (even 0..3, odd 0..3): which element of the 8 (a.x .. b.w) and its power of two. */
+/** The prescale's (q4_prescale_word's) eight slots (even 0..3, odd 0..3): which element of the 8 (a.x .. b.w) and its power of two. */
 function prescale(src: string): { elem: number; exp: number }[] {
   const lane = { x: 0, y: 1, z: 2, w: 3 } as const;
   const slots: { elem: number; exp: number }[] = [];
   for (const half of ["even", "odd"]) {
-    const m = new RegExp(`r\\.${half}\\[m\\] = float4\\(([^;]+)\\);`).exec(src);
-    if (!m) throw new Error(`q4_prescale: no r.${half}[m]`);
+    const m = new RegExp(`\\n  ${half} = float4\\(([^;]+)\\);`).exec(src);
+    if (!m) throw new Error(`q4_prescale_word: no ${half}`);
     for (const term of m[1]!.split(",").map((t) => t.trim())) {
       const t = /^([ab])\.([xyzw])(?: \* 0x1p(-?\d+)f)?$/.exec(term);
-      if (!t) throw new Error(`q4_prescale: cannot read "${term}"`);
+      if (!t) throw new Error(`q4_prescale_word: cannot read "${term}"`);
       slots.push({ elem: (t[1] === "b" ? 4 : 0) + lane[t[2] as keyof typeof lane], exp: Number(t[3] ?? 0) });
     }
   }
