@@ -545,8 +545,9 @@ inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_di
 // gate/up kernel rose from 168 to 248 registers on sm_90: wider rows read x from device
 // memory. Staging did not pay for moe_gate_up_pairs at all: 22-25 us against 18 on the H200.)
 // `active` (uniform per simdgroup): whether this simdgroup has rows to compute; every thread
-// reaches the barrier. Returns `active`.
+// reaches the barrier. Returns `active`. LOADS_ONLY: q4_tile_dot's (bench:kernels).
 #define MV_STAGE_COLS (MV_Q4_BATCH * 32 * 32)
+template <bool LOADS_ONLY = false>
 inline bool mv_pass_q4_staged(device const uchar* w, int in_dim, int o0, int out_dim, bool active, threadgroup float4* xs,
                               threadgroup float4* gsums, device const uchar* x_row, bool has_row, int tid, int threads,
                               thread float4* acc, int lane) {
@@ -566,7 +567,7 @@ inline bool mv_pass_q4_staged(device const uchar* w, int in_dim, int o0, int out
     return false;
   }
   if (g0 < groups) {
-    q4_tile_dot<false, 1, U, Q4XPrescaled>(t, g0, groups, 32, Q4XPrescaled{xs, gsums}, 1, acc, acc);
+    q4_tile_dot<false, 1, U, Q4XPrescaled, LOADS_ONLY>(t, g0, groups, 32, Q4XPrescaled{xs, gsums}, 1, acc, acc);
   }
   return true;
 }

@@ -69,7 +69,9 @@ template <typename T, int NR>
 // 16-byte load a row and group (H200, [8192, 2048]: 8.9 -> 6.5 us; the LM head 113 -> 72-80).
 // The same pass, reduction and store as matvec<uchar, 1>: the same bits. A row wider than the
 // staging takes that form.
-[[max_total_threads_per_threadgroup(128)]] kernel void matvec_q4_staged_r1_f32(
+// LOADS_ONLY: bench:kernels' loads-only form (q4_loads_only, matvec.h).
+template <bool LOADS_ONLY>
+[[max_total_threads_per_threadgroup(128)]] kernel void matvec_q4_staged_r1(
     constant MatvecParams& p [[buffer(0)]],
     device const uchar* w    [[buffer(1)]],
     device const uchar* x    [[buffer(2)]],
@@ -88,13 +90,15 @@ template <typename T, int NR>
   }
   ck_inputs_ready();
   if (p.in_dim > MV_STAGE_COLS || p.rows_per_group != 1) {  // uniform: x from device memory (not the host's choice)
-    if (active) {
+    if (active && LOADS_ONLY) {
+      matvec_simdgroup<q4_loads_only, 1>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride, p.accumulate != 0, lane);
+    } else if (active) {
       matvec_simdgroup<uchar, 1>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride, p.accumulate != 0, lane);
     }
     return;
   }
   float4 acc[1] = {float4(0.0f)};
-  if (mv_pass_q4_staged(w, p.in_dim, o0, p.out_dim, active, xs, gsums, x + ulong(r_begin) * p.x_stride, r_begin < p.rows,
+  if (mv_pass_q4_staged<LOADS_ONLY>(w, p.in_dim, o0, p.out_dim, active, xs, gsums, x + ulong(r_begin) * p.x_stride, r_begin < p.rows,
                         int(sg) * 32 + int(lane), MV_SG * 32, acc, int(lane))) {
     mv_reduce<1>(acc, 1);
     if (lane == 0) {
@@ -763,6 +767,8 @@ template [[host_name("matvec_split_q4_f32")]] kernel decltype(matvec_split<uchar
 template [[host_name("matvec_q4_r1_f32")]] kernel decltype(matvec<uchar, 1>) matvec<uchar, 1>;
 // bench:kernels only: the one-row q4 matvec's loads without its arithmetic (q4_loads_only, matvec.h).
 template [[host_name("matvec_q4_loads_r1_f32")]] kernel decltype(matvec<char, 1>) matvec<char, 1>;
+template [[host_name("matvec_q4_staged_r1_f32")]] kernel decltype(matvec_q4_staged_r1<false>) matvec_q4_staged_r1<false>;
+template [[host_name("matvec_q4_staged_loads_r1_f32")]] kernel decltype(matvec_q4_staged_r1<true>) matvec_q4_staged_r1<true>;
 template [[host_name("matvec_split_q4_r1_f32")]] kernel decltype(matvec_split<uchar, 1>) matvec_split<uchar, 1>;
 // The same forms writing into hyper-connection streams (the mixers' output projections).
 template [[host_name("matvec_hc_f32_f32")]] kernel decltype(matvec_hc<float, MV_NR>) matvec_hc<float, MV_NR>;

@@ -500,6 +500,7 @@ function cases(f: Fixture): BenchCase[] {
 // instructions or by its memory trips?). Their outputs mean nothing.
 const LOADS_ONLY: Record<string, string> = {
   matvec_q4_r1_f32: "matvec_q4_loads_r1_f32",
+  matvec_q4_staged_r1_f32: "matvec_q4_staged_loads_r1_f32",
   moe_gate_up_pairs_q4_f32: "moe_gate_up_pairs_q4_loads_f32",
   moe_down_combine_q4_f32: "moe_down_combine_q4_loads_f32",
 };
@@ -515,21 +516,41 @@ function loadsOnly(f: Fixture, list: BenchCase[]): BenchCase[] {
       setup(nb: number) {
         // One row only: the loads-only forms are the one-row kernels'.
         const encode = nb === 1 ? c.setup(nb) : null;
-        return encode && ((ctx: EncodeContext) => encode(swapped(ctx, f.dev, LOADS_ONLY)));
+        return (
+          encode &&
+          ((ctx: EncodeContext) => {
+            const sw = swapped(ctx, f.dev, LOADS_ONLY);
+            encode(sw);
+            sw.done();
+          })
+        );
       },
     }));
 }
 
-/** ctx whose dispatches of the kernels `map` names run the kernels it maps them to (the same params and bindings). */
-function swapped(ctx: EncodeContext, dev: Device, map: Record<string, string>): EncodeContext {
+/**
+ * ctx whose dispatches of the kernels `map` names run the kernels it maps them to (the same
+ * params and bindings). Throws at the end of an encode that swapped nothing (`done`): a case
+ * whose kernel has no loads-only form would otherwise time the kernel itself under that name.
+ */
+function swapped(ctx: EncodeContext, dev: Device, map: Record<string, string>): EncodeContext & { done(): void } {
   const cb = ctx.cb;
+  const seen: string[] = [];
+  let swaps = 0;
   const dispatch = (...a: Parameters<typeof cb.dispatch>) => {
     const name = typeof a[0] === "string" ? a[0] : a[0].name;
     const to = map[name];
-    if (to !== undefined) a[0] = typeof a[0] === "string" ? to : dev.pipeline(to);
+    seen.push(name);
+    if (to !== undefined) {
+      a[0] = typeof a[0] === "string" ? to : dev.pipeline(to);
+      swaps++;
+    }
     return cb.dispatch(...a);
   };
-  return { ...ctx, cb: new Proxy(cb, { get: (t, k) => (k === "dispatch" ? dispatch : Reflect.get(t, k, t)) }) };
+  const done = () => {
+    if (swaps === 0) throw new Error(`bench:kernels: no loads-only form of ${[...new Set(seen)].join(" + ")} (LOADS_ONLY)`);
+  };
+  return { ...ctx, cb: new Proxy(cb, { get: (t, k) => (k === "dispatch" ? dispatch : Reflect.get(t, k, t)) }), done };
 }
 
 /** Positions already in the caches when a sequence case runs (a short decode context). */
