@@ -795,7 +795,13 @@ export class Session {
     this.closer.abort(new SessionClosedError(running ? `${running.name}: ${why} while it ran` : why));
     for (const f of this.closeListeners.splice(0)) f();
     // The sequence goes once the step in flight is done (a stream suspended between tokens
-    // has none; its generator fails with SessionClosedError when it resumes).
+    // has none; its generator fails with SessionClosedError when it resumes). With none in
+    // flight, at once: model.generate() returns after this, and the engine hands the state
+    // to the next call's sequence only once it has it back (lib/gpu/engine.ts retire).
+    if (this.inflight === null) {
+      this.seq.dispose();
+      return settled;
+    }
     return settled.then(() => this.seq.dispose());
   }
 

@@ -90,23 +90,43 @@ export class Engine {
 
   /** Runs `fn` once every earlier operation has finished (steps never overlap). */
   exclusive<T>(fn: () => Promise<T>): Promise<T> {
-    const run = this.lock.then(() => {
-      if (this.closed) throw new Error("the engine is closed");
-      return fn();
+    this.queued++;
+    const run = this.lock.then(async () => {
+      try {
+        if (this.closed) throw new Error("the engine is closed");
+        return await fn();
+      } finally {
+        this.queued--;
+      }
     });
     this.lock = run.catch(() => {});
     return run;
   }
 
+  /** Operations queued or running under the lock (exclusive): 0 when nothing can touch a sequence's state. */
+  private queued = 0;
+  /**
+   * The state of a disposed sequence, reset, kept for the next newSequence (at most one). A
+   * Model's generate() runs each call in a new sequence: each allocated its own state (~6.5 MB
+   * on qwen4-exp-tiny, zero-filled; far more at the 30b shape), recorded its steps again (the
+   * recordings are the state's), and the last call's state was released only after the next
+   * one's was allocated, so consecutive calls alternated between two sets of buffers (and of
+   * CUDA graph shapes, whose bindings are addresses). Reused, every call runs on the same state,
+   * as a Session after reset() does.
+   */
+  private spare: SequenceState | null = null;
+
   /** A new sequence, empty or continuing from a checkpoint of this engine's sequences. */
   newSequence(from?: EngineCheckpoint): EngineSequence {
     if (this.closed) throw new Error("the engine is closed");
     if (from && from.engine !== this) throw new Error("the checkpoint was made by another engine (another model): it resumes only where it was made");
-    const state = new SequenceState(this.gpu.device, this.gpu.config, this.gpu.maxContext);
+    const state = this.spare ?? new SequenceState(this.gpu.device, this.gpu.config, this.gpu.maxContext);
+    this.spare = null;
+    state.forgotten = false;
     try {
       if (from) state.restoreImage(from.image);
     } catch (e) {
-      state.dispose();
+      this.retire(state);
       throw e;
     }
     const s = new EngineSequence(this, state);
@@ -342,6 +362,27 @@ export class Engine {
     s.state.forgotten = true;
     this.dropPrepared(s.state);
     this.releaseUnused();
+  }
+
+  /**
+   * @internal The state of a forgotten sequence: reset and kept as the spare (or released when
+   * there is one already, or the engine is closed). At once when no operation is queued or
+   * running (none of its steps can be in flight or waiting), else at the lock's next turn.
+   */
+  retire(state: SequenceState): void {
+    state.forgotten = true;
+    const keep = () => {
+      if (this.logitsHeld?.seq === state) this.logitsHeld = null;
+      if (this.closed || this.spare !== null) return state.dispose();
+      try {
+        state.reset();
+      } catch {
+        return state.dispose();
+      }
+      this.spare = state;
+    };
+    if (this.queued === 0) keep();
+    else void this.exclusive(async () => keep()).catch(() => state.dispose());
   }
 
   /**
@@ -657,6 +698,8 @@ export class Engine {
     this.releaseUnused();
     for (const s of this.sequences) s.releaseNow();
     this.sequences.clear();
+    this.spare?.dispose();
+    this.spare = null;
     this.trace?.close();
     this.sampling?.release();
     await this.gpu.close();
@@ -778,7 +821,7 @@ export class EngineSequence {
     if (this.disposed) return;
     this.disposed = true;
     this.engine.forget(this);
-    void this.engine.exclusive(async () => this.state.dispose()).catch(() => this.state.dispose());
+    this.engine.retire(this.state);
   }
 
   /** @internal Frees the state now (the engine is closing, nothing is in flight). */
