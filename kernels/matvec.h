@@ -539,9 +539,13 @@ inline void mv_pass_q4(device const uchar* w0, device const uchar* w1, int in_di
 }
 
 // A one-row q4 pass whose input row is staged in threadgroup memory (mv_stage_q4x: pre-scaled,
-// with its words' sums) by the threadgroup, for rows of at most MV_STAGE_COLS columns: one tile a lane covers them, and the
-// lane loads it before the staging and its barrier, so the two trips to memory overlap, then
-// takes the dot on the staged row. (With a second tile after the barrier, for wider rows, a
+// with its words' sums) by the threadgroup, for rows of at most MV_STAGE_COLS columns: one tile a
+// lane covers them, and the lane loads it before the staging and its barrier, so the two trips
+// to memory overlap, then takes the dot on the staged row. The tile is loaded before the wait
+// for the previous dispatch, which this pass makes (ck_inputs_ready, kernels/grid.h): on CUDA a
+// threadgroup that starts while that dispatch still runs has its weights in registers when it
+// ends, where the L2 prefetch alone left a trip from L2 after the wait. Callers do not wait
+// before it. (With a second tile after the barrier, for wider rows, a
 // gate/up kernel rose from 168 to 248 registers on sm_90: wider rows read x from device
 // memory. Staging did not pay for moe_gate_up_pairs at all: 22-25 us against 18 on the H200.)
 // `active` (uniform per simdgroup): whether this simdgroup has rows to compute; every thread
@@ -559,6 +563,7 @@ inline bool mv_pass_q4_staged(device const uchar* w, int in_dim, int o0, int out
   if (active && g0 < groups) {
     q4_tile_load<false, U>(t, r, r, g0, groups, 32);
   }
+  ck_inputs_ready();  // the weights are nobody's output; x is the previous dispatch's
   if (has_row) {
     mv_stage_q4x(xs, gsums, x_row, in_dim, tid, threads);
   }

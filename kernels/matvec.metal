@@ -88,8 +88,8 @@ template <bool LOADS_ONLY>
   if (active && lane == 0) {
     mv_prefetch_tile<uchar>(w, p.in_dim, o0, p.out_dim);
   }
-  ck_inputs_ready();
   if (p.in_dim > MV_STAGE_COLS || p.rows_per_group != 1) {  // uniform: x from device memory (not the host's choice)
+    ck_inputs_ready();
     if (active && LOADS_ONLY) {
       matvec_simdgroup<q4_loads_only, 1>(w, p.in_dim, o0, p.out_dim, x, p.x_stride, r_begin, r_end, y, p.y_stride, p.accumulate != 0, lane);
     } else if (active) {
@@ -97,7 +97,7 @@ template <bool LOADS_ONLY>
     }
     return;
   }
-  float4 acc[1] = {float4(0.0f)};
+  float4 acc[1] = {float4(0.0f)};  // (the pass waits for the previous dispatch after loading its weights)
   if (mv_pass_q4_staged<LOADS_ONLY>(w, p.in_dim, o0, p.out_dim, active, xs, gsums, x + ulong(r_begin) * p.x_stride, r_begin < p.rows,
                         int(sg) * 32 + int(lane), MV_SG * 32, acc, int(lane))) {
     mv_reduce<1>(acc, 1);
@@ -408,14 +408,14 @@ inline void mv_store_or_conv(bool conv, int taps, device uchar* y, ulong y_strid
   if (active && lane == 0) {
     mv_prefetch_tile<uchar>(w, p.in_dim, o0, out_dim);
   }
-  ck_inputs_ready();  // every simdgroup stages x
   if (p.in_dim > MV_STAGE_COLS || p.rows_per_group != 1) {  // uniform: x from device memory
+    ck_inputs_ready();
     if (active) {
       matvec_simdgroup<uchar, 1>(w, p.in_dim, o0, out_dim, x, p.x_stride, r, r_end, y, y_stride, false, lane);
     }
     return;
   }
-  float4 acc[1] = {float4(0.0f)};
+  float4 acc[1] = {float4(0.0f)};  // (the pass waits for the previous dispatch after loading its weights; every simdgroup stages x)
   if (mv_pass_q4_staged(w, p.in_dim, o0, out_dim, active, xs, gsums, x + ulong(r) * p.x_stride, r < p.rows, int(sg) * 32 + int(lane), int(nsg) * 32,
                         acc, int(lane))) {
     mv_reduce<1>(acc, 1);
