@@ -147,14 +147,15 @@ inline void mv_prefetch_tile(device const uchar* w, int in_dim, int o0, int out_
 // A row staged in threadgroup memory keeps its float4 i (of q4 group g = i / 8, k = i % 8) at
 // g * 8 + (k ^ (g % 8)): the lanes of a q4 pass read consecutive groups at once, and without
 // the rotation their 16-byte reads of one k would all fall on the same banks (groups are 128
-// bytes apart). The one definition of the layout (mv_stage_x, the staged x sources, hc reads).
+// bytes apart). The one definition of the layout (mv_stage_q4x, the staged x sources, the
+// site and plain reads).
 inline uint mv_staged_at(uint i) {
   const uint g = i / 8u;
   return g * 8u + ((i & 7u) ^ (g & 7u));
 }
 
 // Where a dense pass reads its x: batch rows in device memory (MvXDevice), or one row staged in
-// threadgroup memory in mv_stage_x's layout (MvXStaged). load4(j, c): elements c .. c + 3 of
+// threadgroup memory in mv_staged_at's layout (MvXStaged). load4(j, c): elements c .. c + 3 of
 // batch row j (c % 4 == 0).
 struct MvXDevice {
   device const uchar* x;
@@ -362,7 +363,8 @@ inline Q4Rows q4_rows(device const uchar* w, int in_dim, int o0, int out_dim) {
 #define MV_Q4_BATCH 2
 
 // Where a q4 pass finds float4 k (0..7) of group g of batch row j: the rows in device memory
-// (Q4XDevice), or one row staged in threadgroup memory by mv_stage_x (Q4XStaged).
+// (Q4XDevice), or one row staged in threadgroup memory as it is (Q4XStaged: the fused site and
+// plain reads write it) or pre-scaled (Q4XPrescaled, below).
 struct Q4XDevice {
   device const uchar* x;
   thread const ulong* xoff;
@@ -371,7 +373,7 @@ struct Q4XDevice {
   }
 };
 
-// One row staged by mv_stage_x (layout: mv_staged_at).
+// One row staged in mv_staged_at's layout.
 struct Q4XStaged {
   threadgroup const float4* xs;
   inline float4 load(int j, uint g, int k) const {
@@ -439,18 +441,6 @@ inline void q4_group_x(Q4XPrescaled xsrc, int j, uint g, thread float& gs, threa
     xq.odd[m] = xsrc.xs[mv_staged_at(g * 8u + 4u + uint(m))];
   }
   gs = q4_words_sum(xsrc.gsums[g]);
-}
-
-// Stages one input row of in_dim floats (a multiple of 32) for Q4XStaged, every thread of the
-// threadgroup taking float4s tid, tid + threads, ...; the caller puts the barrier after it.
-// A decode projection's simdgroups all read the same x, and from device memory those reads
-// competed in L1 with the weights streaming through it (ncu on the H200: most of a q4 kernel's
-// stalls waited on L1TEX).
-inline void mv_stage_x(threadgroup float4* xs, device const uchar* x, int in_dim, int tid, int threads) {
-  device const float4* x4 = (device const float4*)x;
-  for (int i = tid; i < in_dim / 4; i += threads) {
-    xs[mv_staged_at(uint(i))] = x4[i];
-  }
 }
 
 // The weights a lane loads at once: U groups (g0, g0 + lanes, ...) of MV_R rows, and of the

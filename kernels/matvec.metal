@@ -66,7 +66,8 @@ template <typename T, int NR>
 // simdgroups read x from there (mv_pass_q4_staged). From device memory a lane's 32 x values
 // are 128 bytes from its neighbours', so each of a group's eight 16-byte x loads touched 32
 // cache lines: in a decode projection that was most of an L1's work, the weights being one
-// 16-byte load a row and group (H200, [8192, 2048]: 8.9 -> 6.5 us; the LM head 113 -> 72-80).
+// 16-byte load a row and group (H200, [8192, 2048]: 8.9 -> a median of 6.8 us; the LM head
+// 113 -> 72-81).
 // The same pass, reduction and store as matvec<uchar, 1>: the same bits. A row wider than the
 // staging takes that form.
 // LOADS_ONLY: bench:kernels' loads-only form (q4_loads_only, matvec.h).
@@ -629,7 +630,7 @@ template <bool PLAIN, int NMAX>
     device const uchar* w = mv_pick(i, w0, w1, w2, w3);
     device uchar* y = mv_pick(i, y0, y1, y2, y3);
     float4 acc[1] = {float4(0.0f)};
-    mv_pass_q4<false, 1, MV_Q4_BATCH, Q4XStaged>(w, w, cols, o0, out_dim, Q4XStaged{xs}, 1, acc, acc, int(lane), 32);  // mv_pass_q4_staged's load and dot
+    mv_pass_q4<false, 1, MV_Q4_BATCH, Q4XStaged>(w, w, cols, o0, out_dim, Q4XStaged{xs}, 1, acc, acc, int(lane), 32);  // mv_pass_q4_staged's load and dot, on x as the read staged it
     mv_reduce<1>(acc, 1);
     if (lane == 0) {
       mv_store_or_conv(i == p.conv_index, p.conv_taps, y, 0, 0, o0, out_dim, acc[0], conv_w, conv_state, conv_y);

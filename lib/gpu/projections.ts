@@ -193,9 +193,7 @@ export function encodeMatvec(
   const T = MATVEC_TILE;
   const split = opts.form === undefined ? prefersSplit(ctx.device.backend, out, w.dtype) : opts.form === "split";
   const grid: [number, number] = [Math.ceil(out / (split ? T.rows : T.rows * T.simdgroups)), Math.ceil(nb / rowsPerGroup)];
-  const kernel = split ? oneRowForm(MATVEC_SPLIT_KERNELS[w.dtype], w.dtype, rowsPerGroup) : rowsFormKernel(w.dtype, inDim, rowsPerGroup);
-  const simdgroups = split ? splitSimdgroups(w.dtype, inDim) : T.simdgroups;
-  const threads: [number, number] = [SIMD_WIDTH * simdgroups, 1];
+  const threads: [number, number] = [SIMD_WIDTH * (split ? splitSimdgroups(w.dtype, inDim) : T.simdgroups), 1];
   if (opts.hc) {
     const hc = checkHcTarget(opts.hc, out, opts);
     dispatch(
@@ -221,7 +219,7 @@ export function encodeMatvec(
   }
   dispatch(
     ctx,
-    kernel,
+    split ? oneRowForm(MATVEC_SPLIT_KERNELS[w.dtype], w.dtype, rowsPerGroup) : rowsFormKernel(w.dtype, inDim, rowsPerGroup),
     Params.Matvec,
     {
       rows: nb,
