@@ -138,6 +138,8 @@ interface ModelResult {
     steps: number[];
     /** Every timed auto run's steps by draft count, in run order (which runs explored drafts). */
     stepsPerRun: number[][];
+    /** The geometric mean of auto / plain over the pairs (each pair timed back to back). */
+    pairedRatio: number;
     accepted: number;
     proposed: number;
   };
@@ -156,7 +158,7 @@ async function autoDrafts(dir: string, prompt: number[]): Promise<NonNullable<Mo
     const run = (drafts: "auto" | undefined) => model.generate(prompt, { maxTokens: tokens, stopAtEos: false, ...(drafts ? { drafts } : {}) });
     await run(undefined);
     await run("auto");
-    const out: NonNullable<ModelResult["auto"]> = { plain: [], auto: [], steps: [], stepsPerRun: [], accepted: 0, proposed: 0 };
+    const out: NonNullable<ModelResult["auto"]> = { plain: [], auto: [], steps: [], stepsPerRun: [], pairedRatio: NaN, accepted: 0, proposed: 0 };
     // Pairs in ABBA order (plain first in even pairs, auto first in odd ones): on the H200 the
     // auto runs, always second, came 1-2% behind with no exploration in them; this tells
     // whether the order is why.
@@ -180,6 +182,7 @@ async function autoDrafts(dir: string, prompt: number[]): Promise<NonNullable<Mo
         await runPlain();
       }
     }
+    out.pairedRatio = pairedRatio(out);
     return out;
   } finally {
     await model.close();
@@ -353,7 +356,7 @@ function printModel(r: ModelResult): void {
   if (au)
     log(
       `drafts "auto" through the Model API: ${au.auto.map((x) => fmt(x, 1)).join(" / ")} tok/s against plain ${au.plain.map((x) => fmt(x, 1)).join(" / ")} ` +
-        `(medians ${fmt(median(au.auto) / median(au.plain), 3)}x, pairs ${fmt(pairedRatio(au), 3)}x, ${fmt(Math.min(...au.auto) / Math.max(...au.plain), 2)}x at worst); each auto run's steps by draft count ${au.stepsPerRun.map((x) => JSON.stringify(x)).join(" ")}, the last run accepted ${au.accepted}/${au.proposed}`,
+        `(medians ${fmt(median(au.auto) / median(au.plain), 3)}x, pairs ${fmt(au.pairedRatio, 3)}x, ${fmt(Math.min(...au.auto) / Math.max(...au.plain), 2)}x at worst); each auto run's steps by draft count ${au.stepsPerRun.map((x) => JSON.stringify(x)).join(" ")}, the last run accepted ${au.accepted}/${au.proposed}`,
     );
   log("\n| phase (per decode token) | ms |");
   log("|---|---|");

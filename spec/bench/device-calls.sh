@@ -110,8 +110,7 @@ line = f"{sys.argv[1]}: {m['tokensPerSecond']:.1f} tok/s, gpu {p.get('gpu', 0):.
 if s: line += f"; drafts {s['drafts']}: {s['tokensPerSecond']:.1f} tok/s ({s['tokensPerSecond'] / m['tokensPerSecond']:.2f}x), {s['commandsPerCycle']:.0f} cmds/cycle, {s.get('msPerCycle', 0):.3f} ms/cycle, step {s.get('phasesPerCycle', {}).get('step', 0):.3f}, prepare {s.get('phasesPerCycle', {}).get('prepare', 0):.3f}, overran {s.get('preparesOverran', '-')}"
 a = m.get("auto")
 med = lambda xs: sorted(xs)[len(xs) // 2] if len(xs) % 2 else sum(sorted(xs)[len(xs) // 2 - 1:len(xs) // 2 + 1]) / 2
-import math
-if a: line += f"; auto {'/'.join(f'{x:.1f}' for x in a['auto'])} vs plain {'/'.join(f'{x:.1f}' for x in a['plain'])} tok/s (medians {med(a['auto']) / med(a['plain']):.3f}x, pairs {math.exp(sum(math.log(x / y) for x, y in zip(a['auto'], a['plain'])) / len(a['auto'])):.3f}x), steps {a.get('stepsPerRun', a['steps'])}"
+if a: line += f"; auto {'/'.join(f'{x:.1f}' for x in a['auto'])} vs plain {'/'.join(f'{x:.1f}' for x in a['plain'])} tok/s (medians {med(a['auto']) / med(a['plain']):.3f}x, pairs {a.get('pairedRatio', float('nan')):.3f}x), steps {a.get('stepsPerRun', a['steps'])}"
 print(line)
 PY
 }
