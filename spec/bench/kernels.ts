@@ -4,11 +4,12 @@
  * (nb = 1) and a 32-row batch. Weights are random, stored as a q4 model stores them
  * (matrices q4, small tensors bf16, norms f32); all experts are resident.
  *
- *   bun spec/bench/kernels.ts [--json] [--iters N] [--reps N] [--nb 1,32] [--filter text[|text...]]
+ *   bun spec/bench/kernels.ts [--json] [--iters N] [--reps N] [--nb 1,32] [--filter text[|text...]] [--warmup-ms T]
  *                             [--preset small|30b-a3b-shape|...] [--storage shared|device]
  * (--reps N: exactly N dispatches per timed command buffer, 1 with --iters 1 suits a profiler such
  * as ncu; without it each case takes 10 or more, as many as make one buffer last --min-ms, 2 ms,
- * up to 400: the host's timing jitter, tens of microseconds, is then spread over that many copies)
+ * up to 400: the host's timing jitter, tens of microseconds, is then spread over that many copies;
+ * --warmup-ms T keeps each case running for T ms before its timed runs)
  *
  * --preset picks the shapes (default small); --storage device puts every buffer in device
  * storage (HBM on cuda, uploaded after the host fills it), as the engine does; the default,
@@ -832,7 +833,7 @@ const MAX_REPS = 400;
  * about minMs (estimated from a run of `reps` copies, whose fixed cost makes it an
  * overestimate per copy, so the count errs low), up to MAX_REPS.
  */
-export function runBench(opts: { nbs: number[]; iters: number; reps: number; filter?: string; minMs?: number }): BenchResult[] {
+export function runBench(opts: { nbs: number[]; iters: number; reps: number; filter?: string; minMs?: number; warmupMs?: number }): BenchResult[] {
   const dev = Device.open();
   const f = new Fixture(dev);
   const out: BenchResult[] = [];
@@ -861,6 +862,9 @@ export function runBench(opts: { nbs: number[]; iters: number; reps: number; fil
         }
         const [one, two] = [copies(reps), copies(2 * reps)];
         for (let w = 0; w < 2; w++) for (const run of [one, two]) runOnce(dev, run);
+        // Busy for warmupMs before the timed runs: a GPU that idled between cases (the set-up
+        // of the next case's random weights) is back at its working clocks.
+        for (const t0 = performance.now(); performance.now() - t0 < (opts.warmupMs ?? 0); ) runOnce(dev, two);
         const [t1, t2]: number[][] = [[], []];
         for (let i = 0; i < opts.iters; i++) {
           t1.push(timed(one));
@@ -935,9 +939,11 @@ if (import.meta.main) {
   const iters = Number(value("--iters") ?? 5);
   const reps = Number(value("--reps") ?? 10);
   const minMs = value("--reps") === undefined ? Number(value("--min-ms") ?? 2) : 0;
+  const warmupMs = Number(value("--warmup-ms") ?? 0);
+  if (!(warmupMs >= 0)) throw new Error("--warmup-ms: expected a duration in milliseconds");
   if (!Number.isInteger(iters) || iters < 1 || !Number.isInteger(reps) || reps < 1) throw new Error("--iters and --reps: expected positive integers");
   if (!(minMs >= 0)) throw new Error("--min-ms: expected a duration in milliseconds (0: exactly --reps copies)");
-  const results = runBench({ nbs, iters, reps, filter: value("--filter"), minMs });
+  const results = runBench({ nbs, iters, reps, filter: value("--filter"), minMs, warmupMs });
   if (args.includes("--json")) {
     console.log(JSON.stringify({ preset: PRESET, storage: STORAGE, backend: process.env.CHERENKOV_BACKEND ?? "default", results }, null, 2));
   } else {
