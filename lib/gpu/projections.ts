@@ -100,7 +100,19 @@ const Q4_SPLIT_COLS = Number(process.env.CHERENKOV_Q4_SPLIT_COLS ?? 32 * SIMD_WI
  */
 const MATVEC_GROUP_ROWS = 32;
 export function defaultRowsPerGroup(backend: string, nb: number): number {
+  const forced = groupRowsOverride(process.env.CHERENKOV_MATVEC_GROUP_ROWS);
+  if (forced !== undefined) return Math.min(nb, forced);
   return backend === "cpu" ? nb : Math.min(nb, MATVEC_GROUP_ROWS);
+}
+
+/** CHERENKOV_MATVEC_GROUP_ROWS=N (tuning): N batch rows a threadgroup on every backend; unset, the default above. */
+let lastOverride: { env: string | undefined; rows: number | undefined } = { env: undefined, rows: undefined };
+function groupRowsOverride(env: string | undefined): number | undefined {
+  if (env === lastOverride.env) return lastOverride.rows;
+  const rows = env === undefined || env === "" ? undefined : Number(env);
+  if (rows !== undefined && (!Number.isInteger(rows) || rows < 1)) throw new RangeError(`CHERENKOV_MATVEC_GROUP_ROWS=${env}: expected a row count >= 1`);
+  lastOverride = { env, rows };
+  return rows;
 }
 
 /** Throws unless nb is a row count a step may have. */

@@ -9,7 +9,7 @@
  * (--reps N: exactly N dispatches per timed command buffer, 1 with --iters 1 suits a profiler such
  * as ncu; without it each case takes 10 or more, as many as make one buffer last --min-ms, 2 ms,
  * up to 400: the host's timing jitter, tens of microseconds, is then spread over that many copies;
- * --warmup-ms T keeps each case running for T ms before its timed runs)
+ * --warmup-ms T keeps each case running for T ms before its timed runs: 300 unless --reps is given)
  *
  * --preset picks the shapes (default small); --storage device puts every buffer in device
  * storage (HBM on cuda, uploaded after the host fills it), as the engine does; the default,
@@ -939,7 +939,10 @@ if (import.meta.main) {
   const iters = Number(value("--iters") ?? 5);
   const reps = Number(value("--reps") ?? 10);
   const minMs = value("--reps") === undefined ? Number(value("--min-ms") ?? 2) : 0;
-  const warmupMs = Number(value("--warmup-ms") ?? 0);
+  // Warm by default (not in the profiler's --reps form): timed straight after its set-up, the
+  // H200's [8192, 2048] took 6.8-10.0 us a copy where 300 ms busy first gave 5.3-5.6, its SM
+  // clock at 1,980 MHz throughout (docs/performance.md, seventeenth run).
+  const warmupMs = Number(value("--warmup-ms") ?? (value("--reps") === undefined ? 300 : 0));
   if (!(warmupMs >= 0)) throw new Error("--warmup-ms: expected a duration in milliseconds");
   if (!Number.isInteger(iters) || iters < 1 || !Number.isInteger(reps) || reps < 1) throw new Error("--iters and --reps: expected positive integers");
   if (!(minMs >= 0)) throw new Error("--min-ms: expected a duration in milliseconds (0: exactly --reps copies)");
