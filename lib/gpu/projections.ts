@@ -99,13 +99,23 @@ const Q4_SPLIT_COLS = Number(process.env.CHERENKOV_Q4_SPLIT_COLS ?? 32 * SIMD_WI
  * threadgroups are fibers, and more of them only cost).
  */
 const MATVEC_GROUP_ROWS = 32;
+/**
+ * Batches of up to this many rows (a verify batch: the next token and up to 3 drafts) run one
+ * row a threadgroup on a GPU: each row then takes a decode row's kernels (the staged and
+ * fused one-row forms, a decode row's bits by construction) and its latency, the weights read
+ * once a row (from L2 after the first). On the H200 a 2-draft cycle of the tiny model took
+ * 1.34 ms of GPU against 1.51 (medians of 5; MTP 0.91x -> 1.01x plain), 3 drafts 1.57 against
+ * 1.72, and the 30b shape's 2-draft cycle 9.34 against 9.88 (docs/performance.md, seventeenth run).
+ */
+const ONE_ROW_BATCH = 4;
 export function defaultRowsPerGroup(backend: string, nb: number): number {
   const forced = groupRowsOverride(process.env.CHERENKOV_MATVEC_GROUP_ROWS);
   if (forced !== undefined) return Math.min(nb, forced);
-  return backend === "cpu" ? nb : Math.min(nb, MATVEC_GROUP_ROWS);
+  if (backend === "cpu") return nb;
+  return nb <= ONE_ROW_BATCH ? 1 : Math.min(nb, MATVEC_GROUP_ROWS);
 }
 
-/** CHERENKOV_MATVEC_GROUP_ROWS=N (tuning): N batch rows a threadgroup on every backend; unset, the default above. */
+/** CHERENKOV_MATVEC_GROUP_ROWS=N (tuning): N batch rows a threadgroup on every backend; unset, the defaults above. */
 let lastOverride: { env: string | undefined; rows: number | undefined } = { env: undefined, rows: undefined };
 function groupRowsOverride(env: string | undefined): number | undefined {
   if (env === lastOverride.env) return lastOverride.rows;

@@ -1,0 +1,93 @@
+// A verify batch one row a threadgroup (a GPU's default for batches of up to 4 rows,
+// lib/gpu/projections.ts defaultRowsPerGroup; CHERENKOV_MATVEC_GROUP_ROWS=1 asks for it on any
+// backend): each row takes a decode row's kernels, so speculative decoding keeps greedy's
+// tokens (2 and 3 drafts) with the verify's projections in their one-row forms, counted here.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { join } from "node:path";
+import { Engine } from "../../lib/gpu/engine.ts";
+import { defaultRowsPerGroup } from "../../lib/gpu/projections.ts";
+import { StepRecordings } from "../../lib/gpu/recorded-step.ts";
+import { openModel, type ModelFiles } from "../../lib/model/format.ts";
+import { loadTokenizer } from "../../lib/model/tokenizer.ts";
+import { BACKEND } from "../selected-backend.ts";
+import { greedyThenSpeculative } from "./helpers.ts";
+
+const DIR = join(import.meta.dir, "..", "..", "examples", "models", "qwen4-exp-tiny");
+const N = 16;
+const KEY = "CHERENKOV_MATVEC_GROUP_ROWS";
+const saved = { env: process.env[KEY], recorded: StepRecordings.enabled };
+
+let files: ModelFiles;
+let PROMPT: number[];
+beforeAll(async () => {
+  PROMPT = (await loadTokenizer(DIR)).encode("The cat sat on the mat. The dog sat on the");
+  files = await openModel(DIR);
+});
+afterAll(() => {
+  files.close();
+  StepRecordings.enabled = saved.recorded;
+  if (saved.env === undefined) delete process.env[KEY];
+  else process.env[KEY] = saved.env;
+});
+
+function withRows<T>(rows: string | undefined, f: () => T): T {
+  const before = process.env[KEY];
+  if (rows === undefined) delete process.env[KEY];
+  else process.env[KEY] = rows;
+  try {
+    return f();
+  } finally {
+    if (before === undefined) delete process.env[KEY];
+    else process.env[KEY] = before;
+  }
+}
+
+describe("rows a matvec threadgroup takes by default", () => {
+  test("GPUs: batches of up to 4 rows one a threadgroup, then up to 32; the CPU backend: all in one", () => {
+    withRows(undefined, () => {
+      for (const backend of ["cuda", "metal"]) {
+        expect([1, 2, 3, 4, 5, 32, 33, 512].map((nb) => defaultRowsPerGroup(backend, nb))).toEqual([1, 1, 1, 1, 5, 32, 32, 32]);
+      }
+      expect([1, 4, 5, 512].map((nb) => defaultRowsPerGroup("cpu", nb))).toEqual([1, 4, 5, 512]);
+    });
+  });
+  test(`${KEY} overrides it on every backend, and a bad value is refused by name`, () => {
+    withRows("2", () => expect([1, 3, 40].map((nb) => defaultRowsPerGroup("cpu", nb))).toEqual([1, 2, 2]));
+    withRows("1", () => expect(defaultRowsPerGroup("cuda", 4)).toBe(1));
+    for (const bad of ["0", "1.5", "x"]) withRows(bad, () => expect(() => defaultRowsPerGroup("cuda", 4)).toThrow(KEY));
+  });
+});
+
+async function run(rows: string | undefined, drafts: number) {
+  process.env[KEY] = rows;
+  if (rows === undefined) delete process.env[KEY];
+  StepRecordings.enabled = false; // every cycle encoded, so each is counted
+  const engine = await Engine.load(files, BACKEND);
+  try {
+    return await greedyThenSpeculative(engine, PROMPT, N, drafts);
+  } finally {
+    await engine.close();
+  }
+}
+
+const count = (m: Map<string, number>, re: RegExp) => [...m].filter(([k]) => re.test(k)).reduce((a, [, v]) => a + v, 0);
+
+for (const drafts of [2, 3]) {
+  test(`${drafts} drafts, one verify row a threadgroup: greedy's tokens and accepts; the q4 projections in their one-row forms`, async () => {
+    const one = await run("1", drafts);
+    const all = await run("4", drafts);
+    expect(one.tokens).toEqual(one.greedy);
+    expect(all.greedy).toEqual(one.greedy);
+    expect(one.accepts).toEqual(all.accepts);
+    expect(one.accepts.some((a) => a > 0)).toBe(true);
+    // After the first cycle (whose MTP catch-up is the whole prompt) a cycle's batches are its
+    // verify rows and a catch-up of 1 + accepted rows: in their one-row forms only...
+    const batchForms = /^matvec\w*_q4_f32$/; // (one-row forms end _q4_r1_f32)
+    for (let i = 1; i < one.cycles.length; i++) {
+      expect(count(one.cycles[i]!, batchForms)).toBe(0);
+      expect(count(one.cycles[i]!, /^matvec\w*_q4_r1_f32$/)).toBeGreaterThan(0);
+      // ... where 4 rows a threadgroup take the batch forms.
+      expect(count(all.cycles[i]!, batchForms)).toBeGreaterThan(0);
+    }
+  }, 300_000);
+}
