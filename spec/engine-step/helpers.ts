@@ -7,7 +7,8 @@ import type { Backend } from "../../lib/api/backend.ts";
 import { EngineBackend, type EngineOptions } from "../../lib/api/engine-backend.ts";
 import type { Engine, EngineSequence } from "../../lib/gpu/engine.ts";
 import { Tape } from "../../lib/gpu/tape.ts";
-import { openModel } from "../../lib/model/format.ts";
+import { openModel, type ModelFiles } from "../../lib/model/format.ts";
+import { loadTokenizer } from "../../lib/model/tokenizer.ts";
 import { CommandBuffer, type Pipeline } from "../../lib/shim.ts";
 import { goldenPath, type GoldenRecord } from "../golden/golden.ts";
 import { BACKEND } from "../selected-backend.ts";
@@ -133,4 +134,13 @@ export async function greedyThenSpeculative(engine: Engine, prompt: number[], n:
   }
   seq.dispose();
   return { greedy, tokens: tokens.slice(0, n), accepts, cycles };
+}
+
+/** The shipped tiny model's directory (it has an MTP head). */
+export const TINY_DIR = join(import.meta.dir, "..", "..", "examples", "models", "qwen4-exp-tiny");
+
+/** The tiny model's files and the prompt the speculative tests decode after (close the files). */
+export async function openTinyForDrafts(): Promise<{ files: ModelFiles; prompt: number[] }> {
+  const prompt = (await loadTokenizer(TINY_DIR)).encode("The cat sat on the mat. The dog sat on the");
+  return { files: await openModel(TINY_DIR), prompt };
 }

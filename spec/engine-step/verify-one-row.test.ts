@@ -3,16 +3,14 @@
 // backend): each row takes a decode row's kernels, so speculative decoding keeps greedy's
 // tokens (2 and 3 drafts) with the verify's projections in their one-row forms, counted here.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { join } from "node:path";
 import { Engine } from "../../lib/gpu/engine.ts";
 import { defaultRowsPerGroup } from "../../lib/gpu/projections.ts";
 import { StepRecordings } from "../../lib/gpu/recorded-step.ts";
-import { openModel, type ModelFiles } from "../../lib/model/format.ts";
-import { loadTokenizer } from "../../lib/model/tokenizer.ts";
+import type { ModelFiles } from "../../lib/model/format.ts";
 import { BACKEND } from "../selected-backend.ts";
-import { greedyThenSpeculative } from "./helpers.ts";
+import { withEnvVar } from "../env-var.ts";
+import { greedyThenSpeculative, openTinyForDrafts } from "./helpers.ts";
 
-const DIR = join(import.meta.dir, "..", "..", "examples", "models", "qwen4-exp-tiny");
 const N = 16;
 const KEY = "CHERENKOV_MATVEC_GROUP_ROWS";
 const saved = { env: process.env[KEY], recorded: StepRecordings.enabled };
@@ -20,8 +18,7 @@ const saved = { env: process.env[KEY], recorded: StepRecordings.enabled };
 let files: ModelFiles;
 let PROMPT: number[];
 beforeAll(async () => {
-  PROMPT = (await loadTokenizer(DIR)).encode("The cat sat on the mat. The dog sat on the");
-  files = await openModel(DIR);
+  ({ files, prompt: PROMPT } = await openTinyForDrafts());
 });
 afterAll(() => {
   files.close();
@@ -30,17 +27,7 @@ afterAll(() => {
   else process.env[KEY] = saved.env;
 });
 
-function withRows<T>(rows: string | undefined, f: () => T): T {
-  const before = process.env[KEY];
-  if (rows === undefined) delete process.env[KEY];
-  else process.env[KEY] = rows;
-  try {
-    return f();
-  } finally {
-    if (before === undefined) delete process.env[KEY];
-    else process.env[KEY] = before;
-  }
-}
+const withRows = <T>(rows: string | undefined, f: () => T): T => withEnvVar(KEY, rows, f);
 
 describe("rows a matvec threadgroup takes by default", () => {
   test("GPUs: batches of up to 4 rows one a threadgroup, then up to 32; the CPU backend: all in one", () => {

@@ -3,15 +3,12 @@
 // decoding on the tiny model still gives greedy's tokens (2 and 3 drafts), and a cycle runs the
 // dispatches of its separate reads fewer, counted here; recorded cycles replay it (checked).
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { join } from "node:path";
 import { Engine } from "../../lib/gpu/engine.ts";
 import { StepRecordings } from "../../lib/gpu/recorded-step.ts";
-import { openModel, type ModelFiles } from "../../lib/model/format.ts";
-import { loadTokenizer } from "../../lib/model/tokenizer.ts";
+import type { ModelFiles } from "../../lib/model/format.ts";
 import { BACKEND } from "../selected-backend.ts";
-import { greedyThenSpeculative } from "./helpers.ts";
+import { greedyThenSpeculative, openTinyForDrafts } from "./helpers.ts";
 
-const DIR = join(import.meta.dir, "..", "..", "examples", "models", "qwen4-exp-tiny");
 const N = 20;
 
 let files: ModelFiles;
@@ -20,8 +17,7 @@ const ENV = ["CHERENKOV_HC_READ_FUSED", "CHERENKOV_HC_READ_FUSED_ROWS"] as const
 const saved = { env: Object.fromEntries(ENV.map((k) => [k, process.env[k]])), recorded: StepRecordings.enabled, check: StepRecordings.check };
 
 beforeAll(async () => {
-  PROMPT = (await loadTokenizer(DIR)).encode("The cat sat on the mat. The dog sat on the");
-  files = await openModel(DIR);
+  ({ files, prompt: PROMPT } = await openTinyForDrafts());
 });
 afterAll(() => {
   files.close();

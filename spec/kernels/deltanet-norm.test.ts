@@ -28,6 +28,7 @@ import type { EncodeContext } from "../../lib/gpu/dispatch.ts";
 import { encodeRmsNormGated } from "../../lib/gpu/norms.ts";
 import { allocatePlanes, readPlane } from "../../lib/gpu/snapshots.ts";
 import type { Buffer } from "../../lib/shim.ts";
+import { withEnvVar } from "../env-var.ts";
 import { dnCase, width, type DnCase } from "./deltanet-util.ts";
 import { expectExact, hostTensor, openDevice, outputF32, randomF32, recordingNames, rows, run, uploadF32, uploadWeights } from "./harness.ts";
 
@@ -38,18 +39,6 @@ const EPS = 1e-6;
 const KERNEL = "deltanet_rows_norm_f32";
 const COLS: DeltaNetNormCols[] = [1, 2, 4];
 
-/** Runs `body` with environment variable `name` set to `value` (unset: undefined), restoring it after. */
-function withEnvVar<T>(name: string, value: string | undefined, body: () => T): T {
-  const before = process.env[name];
-  if (value === undefined) delete process.env[name];
-  else process.env[name] = value;
-  try {
-    return body();
-  } finally {
-    if (before === undefined) delete process.env[name];
-    else process.env[name] = before;
-  }
-}
 
 /** A recurrence case with the gated norm's inputs: gate rows z and the plain weight [dv]. */
 interface NormCase extends DnCase {
