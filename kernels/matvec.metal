@@ -531,7 +531,9 @@ inline void mv_plain_read(int cols, float eps, bool centred, device const float*
 //   unused.
 // One decode row; 256 threads (the read's HC_TG_SG simdgroups); in_dim <= MV_STAGE_COLS. The
 // projections are computed as matvec_multi_q4_r1_f32 computes them: the same bits. Each
-// threadgroup asks for its weights before it waits for its input.
+// threadgroup asks for its weights before it waits for its input. A grid of height nb runs
+// batch row tg.y in the same way (its streams, partials, coefficients, xn and outputs at the
+// params' row strides): a verify batch one row a threadgroup, each row a decode row's bits.
 // NMAX: the most streams of the sites this instantiation serves (hc-site.h HC_SMALL_STREAMS:
 // the coefficient threadgroup's code for wider sites left out; the host picks by the site).
 template <bool PLAIN, int NMAX>
@@ -566,7 +568,15 @@ template <bool PLAIN, int NMAX>
   threadgroup float pre[HC_MAX_STREAMS];
   threadgroup float comb[HC_MAX_STREAMS * HC_MAX_STREAMS];
   const int n = p.streams, cols = p.in_dim;
-  device const float* partials = (device const float*)raw;
+  const ulong row = ulong(tg.y);  // (0 for a decode row)
+  X += row * p.x_stride;
+  xn += row * p.xn_stride;
+  device const float* partials = (device const float*)(raw + row * p.raw_stride);
+  coeffs += row * p.c_stride;
+  y0 += row * p.y_stride[0];
+  y1 += row * p.y_stride[1];
+  y2 += row * p.y_stride[2];
+  y3 += row * p.y_stride[3];
   if (!PLAIN && int(tg.x) == p.coeff_tg) {  // uniform per threadgroup: the site's coefficients
     ck_inputs_ready();
     hc_row_coefficients<NMAX>(n, cols, false, p.iters, p.eps, partials, p.chunks, scale, base, (device float*)coeffs, mix, pre, comb, sg, lane);

@@ -181,14 +181,14 @@ CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, conv_taps) == 80, "Matvec
 CK_PARAMS_ASSERT(__builtin_offsetof(MatvecMultiParams, _pad0) == 84, "MatvecMultiParams._pad0: offset");
 #endif
 
-// matvec_multi_q4_r1_read_f32: one decode row's projections (as MatvecMulti, dense_count bf16 weights first) of a hyper-connection site's read, which every threadgroup forms itself from the streams and the folded partials (as hc_coeffs_read_norm); threadgroup coeff_tg forms the site's coefficients. matvec_multi_q4_r1_norm_f32: the same of a plain residual's RMSNorm (as rms_norm_f32; streams 1, no coefficients: coeff_tg past the grid). matvec_multi_q4_read_f32 and matvec_multi_q4_norm_f32: the same for a batch of `rows` rows (a verify batch), threadgroups coeff_tg .. coeff_tg + rows - 1 forming each row's coefficients.
+// matvec_multi_q4_r1_read_f32: one decode row's projections (as MatvecMulti, dense_count bf16 weights first) of a hyper-connection site's read, which every threadgroup forms itself from the streams and the folded partials (as hc_coeffs_read_norm); threadgroup coeff_tg forms the site's coefficients; a grid of height nb runs batch row tg.y the same way (a verify batch one row a threadgroup). matvec_multi_q4_r1_norm_f32: the same of a plain residual's RMSNorm (as rms_norm_f32; streams 1, no coefficients: coeff_tg past the grid). matvec_multi_q4_read_f32 and matvec_multi_q4_norm_f32: the same for a batch of `rows` rows (a verify batch), threadgroups coeff_tg .. coeff_tg + rows - 1 forming each row's coefficients.
 typedef struct {
   int32_t in_dim;                // offset 0: hidden size d (the streams' width)
   int32_t count;                 // offset 4: weights used (1..4); unused bindings repeat the last
   int32_t dense_count;           // offset 8: leading weights stored bf16 (the rest q4)
   int32_t coeff_tg;              // offset 12: the threadgroup that forms the coefficients (the last; a plain read: the grid's size)
   int32_t out_dim[4];            // offset 16: output rows of each weight
-  uint64_t y_stride[4];          // offset 32: bytes between output rows of each y (one row: unused but kept like MatvecMulti)
+  uint64_t y_stride[4];          // offset 32: bytes between output rows of each y
   int32_t streams;               // offset 64: n
   int32_t iters;                 // offset 68: hc.sinkhorn_iters
   float eps;                     // offset 72: hc.eps
@@ -199,12 +199,12 @@ typedef struct {
   int32_t conv_index;            // offset 92: the weight whose outputs go through the causal conv + SiLU (conv.h) instead of being stored; -1: none
   int32_t conv_taps;             // offset 96: the conv's taps K (at most CONV_REG_TAPS)
   uint32_t _pad0;                // offset 100
-  int32_t rows;                  // offset 104: batch rows (the rows forms matvec_multi_q4_read_f32 / _norm_f32: rows * in_dim <= MV_STAGE_COLS; the r1 forms: 1, unused)
+  int32_t rows;                  // offset 104: batch rows (the rows forms matvec_multi_q4_read_f32 / _norm_f32: rows * in_dim <= MV_STAGE_COLS; the r1 forms: unused, the grid's height is the rows)
   uint32_t _pad1;                // offset 108
-  uint64_t x_stride;             // offset 112: bytes between rows of the streams X (rows forms)
-  uint64_t raw_stride;           // offset 120: bytes between rows of the folded partials (rows forms)
-  uint64_t c_stride;             // offset 128: bytes between rows of the coefficients (rows forms)
-  uint64_t xn_stride;            // offset 136: bytes between rows of the stored read xn (rows forms)
+  uint64_t x_stride;             // offset 112: bytes between rows of the streams X
+  uint64_t raw_stride;           // offset 120: bytes between rows of the folded partials
+  uint64_t c_stride;             // offset 128: bytes between rows of the coefficients
+  uint64_t xn_stride;            // offset 136: bytes between rows of the stored read xn
 } MatvecMultiReadParams;
 CK_PARAMS_ASSERT(sizeof(MatvecMultiReadParams) == 144, "MatvecMultiReadParams: size");
 #ifndef __METAL_VERSION__

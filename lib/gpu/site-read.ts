@@ -9,8 +9,11 @@
 // d <= MV_STAGE_COLS); otherwise the read is encoded on its own first and the projections as
 // before. A plain residual (n = 1: no site; the MTP head) has a read too, its RMSNorm
 // (rms_norm_f32), which matvec_multi_q4_r1_norm_f32 forms the same way.
-// CHERENKOV_HC_READ_FUSED_ROWS > 1 extends both to batches of up to 4 rows staged together (a
-// verify batch: matvec_multi_q4_read_f32 / _norm_f32, in the batch's projection forms).
+// A batch of up to 4 rows run one row a threadgroup (a GPU's verify batch: projections.ts
+// defaultRowsPerGroup) takes the one-row kernels with a grid of one row of threadgroups a batch
+// row: each row a decode row's read and projections, so a decode row's bits.
+// CHERENKOV_HC_READ_FUSED_ROWS > 1 instead stages the batch's rows together in each threadgroup
+// (matvec_multi_q4_read_f32 / _norm_f32, in the batch's projection forms; lost on the H200).
 import { bind, dispatch, type EncodeContext, type RowsRef } from "./dispatch.ts";
 import { encodeRmsNorm } from "./norms.ts";
 import { encodeSiteRead, type HcConfig, type HcScratch, type HcSiteRefs, type ReadNorm } from "./hyperconnection.ts";
@@ -19,6 +22,7 @@ import { Params } from "./params.ts";
 import {
   checkVector,
   convBindings,
+  defaultRowsPerGroup,
   encodeMatvecs,
   epilogueTakesConv,
   MATVEC_MULTI,
@@ -140,8 +144,9 @@ export function encodeSiteProjections(
 ): boolean {
   // The kernel takes the bf16 weights first (its dense_count), as matvec_multi_q4_r1 does.
   const ordered = [...items.filter((it) => it.w.dtype === "bf16"), ...items.filter((it) => it.w.dtype !== "bf16")];
-  if (read && nb <= fusedReadRows() && fusesSiteRead(ctx.device.backend) && fits(ctx, ordered, read, nb)) {
-    return encodeFused(ctx, ordered, read, nb, conv);
+  const perRow = nb > 1 && nb <= MAX_FUSED_READ_ROWS && fusedReadRows() === 1 && defaultRowsPerGroup(ctx.device.backend, nb) === 1;
+  if (read && (nb <= fusedReadRows() || perRow) && fusesSiteRead(ctx.device.backend) && fits(ctx, ordered, read, nb, perRow)) {
+    return encodeFused(ctx, ordered, read, nb, perRow, conv);
   }
   if (read) encodeReadApart(ctx, read, nb);
   return encodeMatvecs(ctx, items, x, nb, conv ? { conv } : {});
@@ -162,15 +167,17 @@ const denseCountOf = (items: readonly Projection[]) => items.filter((it) => it.w
  * computes are the ones encodeMatvecs would choose for a decode row here (the q4 ones in the
  * rows form, the bf16 ones in the split form), so that a verify batch, which runs those, keeps
  * a decode step's bits (a plain read with anyForm: any bf16 and q4, in those forms). A batch
- * of nb > 1 rows (the rows forms) must be staged whole (nb * d <= MV_STAGE_COLS: not the 30b
+ * of nb > 1 rows staged together (the rows forms; not perRow, where each threadgroup stages one
+ * row as for a decode row) must be staged whole (nb * d <= MV_STAGE_COLS: not the 30b
  * shape's d = 2048) and computes its q4 tiles in the batch's rows form (matvec_multi_q4_f32),
  * whose bits the split form's also are where that has one simdgroup (d <= 1024); so does a
  * decode row's (the r1 kernel), so a GPU fuses the tiny model's sites too, whose q4 groups split.
  */
-function fits(ctx: EncodeContext, items: readonly Projection[], read: SiteRead, nb: number): boolean {
+function fits(ctx: EncodeContext, items: readonly Projection[], read: SiteRead, nb: number, perRow: boolean): boolean {
   const backend = ctx.device.backend;
   const { d } = read;
-  if (nb * d > MV_STAGE_COLS || d % 16 !== 0 || (nb > 1 && d % 32 !== 0)) return false;
+  const staged = perRow ? 1 : nb; // rows a threadgroup stages
+  if (staged * d > MV_STAGE_COLS || d % 16 !== 0 || (staged > 1 && d % 32 !== 0)) return false;
   if (items.some((it) => projectionUsesGemm(ctx, it.w, nb))) return false;
   if (!read.plain && (read.cfg.streams < 2 || read.cfg.streams > HC_MAX_STREAMS)) return false;
   if (items.length === 0 || items.length > MATVEC_MULTI) return false;
@@ -201,13 +208,13 @@ export function r1ReadKernel(streams: number): string {
   return streams <= HC_SMALL_STREAMS ? "matvec_multi_q4_r1_read_hc4_f32" : "matvec_multi_q4_r1_read_f32";
 }
 
-/** The fused kernel: the one-row (r1) form, or for a batch the rows form (matvec_multi_q4_read_f32). */
-function fusedKernel(read: SiteRead, nb: number): string {
-  if (nb === 1) return read.plain ? "matvec_multi_q4_r1_norm_f32" : r1ReadKernel(read.cfg.streams);
+/** The fused kernel: the one-row (r1) form (a row a grid row when perRow), or for a batch staged together the rows form (matvec_multi_q4_read_f32). */
+function fusedKernel(read: SiteRead, nb: number, perRow: boolean): string {
+  if (nb === 1 || perRow) return read.plain ? "matvec_multi_q4_r1_norm_f32" : r1ReadKernel(read.cfg.streams);
   return read.plain ? "matvec_multi_q4_norm_f32" : "matvec_multi_q4_read_f32";
 }
 
-function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: SiteRead, nb: number, conv?: ProjectionConv): boolean {
+function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: SiteRead, nb: number, perRow: boolean, conv?: ProjectionConv): boolean {
   const { d, norm } = read;
   const denseCount = denseCountOf(items);
   const outs = items.map((it) => matrixShape(it.w, "site projections")[0]);
@@ -238,7 +245,7 @@ function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: Sit
       ];
   dispatch(
     ctx,
-    fusedKernel(read, nb),
+    fusedKernel(read, nb, perRow),
     Params.MatvecMultiRead,
     {
       in_dim: d,
@@ -269,11 +276,12 @@ function encodeFused(ctx: EncodeContext, items: readonly Projection[], read: Sit
       ...siteBindings,
       bind(norm.w.buffer, norm.w.offset),
       bind(read.xn.buffer, read.xn.offset),
-      // (the rows forms have no conv epilogue)
-      ...(nb === 1 ? convBindings(convIndex >= 0 ? conv : undefined, read.xn) : []),
+      // (the rows forms have no conv epilogue; the r1 form's, for a batch row a grid row, unused)
+      ...(nb === 1 || perRow ? convBindings(convIndex >= 0 ? conv : undefined, read.xn) : []),
     ],
-    // A site's coefficients: a threadgroup a row after the projections' (a plain read: none).
-    [read.plain ? coeffTg : coeffTg + nb, 1],
+    // A site's coefficients: a threadgroup a row after the projections' (a plain read: none);
+    // one row of threadgroups a batch row when perRow.
+    perRow ? [read.plain ? coeffTg : coeffTg + 1, nb] : [read.plain ? coeffTg : coeffTg + nb, 1],
     [SIMD_WIDTH * READ_SIMDGROUPS, 1],
   );
   return convIndex >= 0;

@@ -13,7 +13,8 @@ import { greedyThenSpeculative, openTinyForDrafts } from "./helpers.ts";
 
 const N = 16;
 const KEY = "CHERENKOV_MATVEC_GROUP_ROWS";
-const saved = { env: process.env[KEY], recorded: StepRecordings.enabled };
+const FUSED = "CHERENKOV_HC_READ_FUSED";
+const saved = { env: process.env[KEY], fused: process.env[FUSED], recorded: StepRecordings.enabled, check: StepRecordings.check };
 
 let files: ModelFiles;
 let PROMPT: number[];
@@ -23,8 +24,11 @@ beforeAll(async () => {
 afterAll(() => {
   files.close();
   StepRecordings.enabled = saved.recorded;
+  StepRecordings.check = saved.check;
   if (saved.env === undefined) delete process.env[KEY];
   else process.env[KEY] = saved.env;
+  if (saved.fused === undefined) delete process.env[FUSED];
+  else process.env[FUSED] = saved.fused;
 });
 
 const withRows = <T>(rows: string | undefined, f: () => T): T => withEnvVar(KEY, rows, f);
@@ -45,13 +49,14 @@ describe("rows a matvec threadgroup takes by default", () => {
   });
 });
 
-async function run(rows: string | undefined, drafts: number) {
+async function run(rows: string, drafts: number, fusedReads = "0", recorded = false) {
   process.env[KEY] = rows;
-  if (rows === undefined) delete process.env[KEY];
-  StepRecordings.enabled = false; // every cycle encoded, so each is counted
+  process.env[FUSED] = fusedReads; // (on by default on a GPU; the CPU backend's threadgroups would each repeat a read)
+  StepRecordings.enabled = recorded; // off: every cycle encoded, so each is counted
+  StepRecordings.check = recorded; // on: each replay checked word for word against a fresh encode
   const engine = await Engine.load(files, BACKEND);
   try {
-    return await greedyThenSpeculative(engine, PROMPT, N, drafts);
+    return { ...(await greedyThenSpeculative(engine, PROMPT, N, drafts)), replayed: engine.recordedSteps.replayed };
   } finally {
     await engine.close();
   }
@@ -78,3 +83,24 @@ for (const drafts of [2, 3]) {
     }
   }, 300_000);
 }
+
+test("2 drafts, one verify row a threadgroup with the reads fused (a GPU's default): each verify row's 14 site reads formed by its projections' one-row kernel; greedy's tokens", async () => {
+  const fused = await run("1", 2, "1");
+  const apart = await run("1", 2, "0");
+  expect(fused.tokens).toEqual(fused.greedy);
+  expect(fused.accepts).toEqual(apart.accepts);
+  for (let i = 1; i < fused.cycles.length; i++) {
+    // The trunk's 16 sites but the 2 PLE layers' mixer sites (no folded write before them).
+    expect(count(fused.cycles[i]!, /^matvec_multi_q4_r1_read/)).toBe(14);
+    expect(count(apart.cycles[i]!, /^matvec_multi_q4_r1_read/)).toBe(0);
+    expect(count(apart.cycles[i]!, /^hc_coeffs_read_norm_f32$/) - count(fused.cycles[i]!, /^hc_coeffs_read_norm_f32$/)).toBe(14);
+    expect(count(fused.cycles[i]!, /^matvec_multi_q4_read_f32$/)).toBe(0); // (not the rows form)
+  }
+}, 300_000);
+
+test("3 drafts, one verify row a threadgroup with the reads fused, recorded cycles replayed and checked against a fresh encode: greedy's tokens", async () => {
+  const r = await run("1", 3, "1", true);
+  expect(r.replayed).toBeGreaterThan(0);
+  expect(r.tokens).toEqual(r.greedy);
+  expect(r.accepts.some((a) => a > 0)).toBe(true);
+}, 300_000);

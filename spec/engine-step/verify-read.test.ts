@@ -13,7 +13,7 @@ const N = 20;
 
 let files: ModelFiles;
 let PROMPT: number[];
-const ENV = ["CHERENKOV_HC_READ_FUSED", "CHERENKOV_HC_READ_FUSED_ROWS"] as const;
+const ENV = ["CHERENKOV_HC_READ_FUSED", "CHERENKOV_HC_READ_FUSED_ROWS", "CHERENKOV_MATVEC_GROUP_ROWS"] as const;
 const saved = { env: Object.fromEntries(ENV.map((k) => [k, process.env[k]])), recorded: StepRecordings.enabled, check: StepRecordings.check };
 
 beforeAll(async () => {
@@ -34,6 +34,9 @@ const total = (seen: Map<string, number>) => [...seen.values()].reduce((a, b) =>
 /** Greedy tokens, then speculative decoding's tokens, accepts and per-cycle dispatches (every cycle encoded afresh unless `recorded`). */
 async function run(rows: string | undefined, drafts: number, recorded = false) {
   process.env.CHERENKOV_HC_READ_FUSED = "1";
+  // The batch forms on every backend (a GPU runs up to 4 rows one a threadgroup by default:
+  // verify-one-row.test.ts), so that "unset" means reads apart here.
+  process.env.CHERENKOV_MATVEC_GROUP_ROWS = "4";
   if (rows === undefined) delete process.env.CHERENKOV_HC_READ_FUSED_ROWS;
   else process.env.CHERENKOV_HC_READ_FUSED_ROWS = rows;
   StepRecordings.enabled = recorded;

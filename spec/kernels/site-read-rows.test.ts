@@ -16,13 +16,17 @@ import { siteCase } from "./site-case.ts";
 
 const dev = openDevice();
 afterAll(() => dev.close());
-restoreEnvAfterEach("CHERENKOV_HC_READ_FUSED", "CHERENKOV_HC_READ_TILES", "CHERENKOV_HC_READ_FUSED_ROWS");
+restoreEnvAfterEach("CHERENKOV_HC_READ_FUSED", "CHERENKOV_HC_READ_TILES", "CHERENKOV_HC_READ_FUSED_ROWS", "CHERENKOV_MATVEC_GROUP_ROWS");
 
 /** How the unfused batch computes its q4 projections: the rows form, or the split form (a GPU's, for narrow groups). */
 type Q4Form = "rows" | "split";
 
-/** The projections of nb rows both ways: the fused dispatch, and the read kernel + the batch's matvecs. */
-function bothWays(n: number, d: number, nb: number, weights: [DType, number][], seed: number, q4Form: Q4Form) {
+/**
+ * The projections of nb rows both ways: the fused dispatch, and the read kernel + the batch's
+ * matvecs. fusedRows: CHERENKOV_HC_READ_FUSED_ROWS (null: unset, where a batch run one row a
+ * threadgroup takes the one-row kernels a row each).
+ */
+function bothWays(n: number, d: number, nb: number, weights: [DType, number][], seed: number, q4Form: Q4Form, fusedRows: string | null = "4") {
   const ws = weights.map(([dt, out], i) => uploadWeight(dev, dt, [out, d], seed + 10 + i).ref);
   const side = () => {
     const ys = ws.map((w) => outputF32(dev, nb * w.shape[0]!));
@@ -38,7 +42,8 @@ function bothWays(n: number, d: number, nb: number, weights: [DType, number][], 
     if (q4.length) encodeMatvecs(c, q4, rows(apart.xn, d), nb, { form: q4Form });
   };
   process.env.CHERENKOV_HC_READ_FUSED = "1";
-  process.env.CHERENKOV_HC_READ_FUSED_ROWS = "4";
+  if (fusedRows === null) delete process.env.CHERENKOV_HC_READ_FUSED_ROWS;
+  else process.env.CHERENKOV_HC_READ_FUSED_ROWS = fusedRows;
   if (n === 1) {
     const X = { buffer: uploadF32(dev, randomF32(nb * d, seed, 2, "X")), offset: 0, stride: d * 4 };
     const norm = { w: uploadWeights(dev, { norm: hostTensor(randomF32(d, seed, 0.3, "norm"), "f32", [d]) }).refs.norm, eps: 1e-6 };
@@ -107,6 +112,38 @@ test("a decode row's fused read (matvec_multi_q4_r1_read_f32 / _norm_f32) gives 
   }
 });
 
+describe("a batch one row a threadgroup (a GPU's verify batch): the one-row fused kernel, a grid row a batch row, gives each row a decode row's bits", () => {
+  const cases: [string, number, number, number, [DType, number][]][] = [
+    ["DeltaNet's four (bf16 b, a beside q4 qkv, z)", 4, 256, 2, [["q4", 512], ["q4", 256], ["bf16", 8], ["bf16", 8]]],
+    ["DeltaNet's four, four rows", 4, 256, 4, [["q4", 512], ["q4", 256], ["bf16", 8], ["bf16", 8]]],
+    ["attention's four q4, three rows", 4, 256, 3, [["q4", 256], ["q4", 256], ["q4", 68], ["q4", 64]]],
+    ["the MoE site's router and shared gate (bf16 alone), two streams", 2, 512, 3, [["bf16", 16], ["bf16", 1]]],
+    ["rows of 1,024", 4, 1024, 2, [["q4", 520]]],
+    ["the plain residual's read (n = 1: matvec_multi_q4_r1_norm_f32)", 1, 256, 3, [["q4", 256], ["q4", 256], ["q4", 64], ["q4", 64]]],
+  ];
+  test.each(cases)("%s: n = %i, d = %i, %i rows", (_, n, d, nb, weights) => {
+    process.env.CHERENKOV_HC_READ_TILES = "2";
+    process.env.CHERENKOV_MATVEC_GROUP_ROWS = "1"; // every backend: what a GPU does for up to 4 rows
+    const { ws, fused, apart, coeffs } = bothWays(n, d, nb, weights, 53 + n + d + nb, "rows", null);
+    expect(fused.names).toEqual([n === 1 ? "matvec_multi_q4_r1_norm_f32" : r1ReadKernel(n)]);
+    // Apart: the read, then the q4 projections one row a threadgroup in their one-row forms.
+    expect(apart.names[0]).toBe(n === 1 ? "rms_norm_f32" : "hc_coeffs_read_norm_f32");
+    expect(apart.names.filter((k) => k.includes("q4")).every((k) => k.includes("_r1_"))).toBe(true);
+    ws.forEach((w, i) => expect(bits(fused.ys[i]!, nb * w.shape[0]!)).toEqual(bits(apart.ys[i]!, nb * w.shape[0]!)));
+    expect(bits(fused.xn, nb * d)).toEqual(bits(apart.xn, nb * d));
+    if (coeffs) expect(coeffs.fused).toEqual(coeffs.apart);
+    // Every row's outputs, read and coefficients were written (and differ row to row).
+    const out0 = ws[0]!.shape[0]!;
+    const y0 = bits(fused.ys[0]!, nb * out0);
+    for (let r = 0; r < nb; r++) {
+      expect(bits(fused.xn, nb * d).slice(r * d, (r + 1) * d).some((v) => v !== 0)).toBe(true);
+      expect(y0.slice(r * out0, (r + 1) * out0).some((v) => v !== 0)).toBe(true);
+      if (r > 0) expect(y0.slice(r * out0, (r + 1) * out0)).not.toEqual(y0.slice(0, out0));
+      if (coeffs) expect(coeffs.fused.slice(r * hcMixCount(n), (r + 1) * hcMixCount(n)).some((v) => v !== 0)).toBe(true);
+    }
+  });
+});
+
 describe("a batch the rows form does not take encodes the read, then the projections", () => {
   const first = (nb: number, d: number, weights: [DType, number][], rowsEnv: string | undefined) => {
     const site = siteCase(dev, 4, d, nb, 90 + d + nb);
@@ -128,7 +165,8 @@ describe("a batch the rows form does not take encodes the read, then the project
     return got[0];
   };
   test("unset (the default: decode rows only), more rows than the option allows, rows past the staging (the 30b shape's d = 2,048)", () => {
-    expect(first(2, 256, [["q4", 512]], undefined)).toBe("hc_coeffs_read_norm_f32");
+    // (a GPU runs 2 rows one a threadgroup, each in the one-row fused kernel: below)
+    expect(first(2, 256, [["q4", 512]], undefined)).toBe(dev.backend === "cpu" ? "hc_coeffs_read_norm_f32" : r1ReadKernel(4));
     expect(first(3, 256, [["q4", 512]], "2")).toBe("hc_coeffs_read_norm_f32");
     expect(first(2, 256, [["q4", 512]], "2")).toBe("matvec_multi_q4_read_f32");
     expect(first(2, 2048, [["q4", 512]], "4")).toBe("hc_coeffs_read_norm_f32");
