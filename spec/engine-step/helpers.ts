@@ -1,11 +1,13 @@
 // Shared by the engine-step tests: greedy generation straight on a Backend (so the margins
 // of every step come back too), golden records, engine option sets, and dispatch counting.
+import { afterAll, beforeAll } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Backend } from "../../lib/api/backend.ts";
 import { EngineBackend, type EngineOptions } from "../../lib/api/engine-backend.ts";
 import type { Engine, EngineSequence } from "../../lib/gpu/engine.ts";
+import { StepRecordings } from "../../lib/gpu/recorded-step.ts";
 import { Tape } from "../../lib/gpu/tape.ts";
 import { openModel, type ModelFiles } from "../../lib/model/format.ts";
 import { loadTokenizer } from "../../lib/model/tokenizer.ts";
@@ -143,4 +145,27 @@ export const TINY_DIR = join(import.meta.dir, "..", "..", "examples", "models", 
 export async function openTinyForDrafts(): Promise<{ files: ModelFiles; prompt: number[] }> {
   const prompt = (await loadTokenizer(TINY_DIR)).encode("The cat sat on the mat. The dog sat on the");
   return { files: await openModel(TINY_DIR), prompt };
+}
+
+/**
+ * A test file's tiny model for speculative runs: opens its files and prompt before the tests,
+ * and after them closes the files and puts back the recording switches and `env` (which the
+ * tests may set).
+ */
+export function tinyDraftsFixture(env: readonly string[]): { files(): ModelFiles; prompt(): number[] } {
+  const saved = { env: Object.fromEntries(env.map((k) => [k, process.env[k]])), recorded: StepRecordings.enabled, check: StepRecordings.check };
+  let opened: { files: ModelFiles; prompt: number[] } | undefined;
+  beforeAll(async () => {
+    opened = await openTinyForDrafts();
+  });
+  afterAll(() => {
+    opened?.files.close();
+    StepRecordings.enabled = saved.recorded;
+    StepRecordings.check = saved.check;
+    for (const k of env) {
+      if (saved.env[k] === undefined) delete process.env[k];
+      else process.env[k] = saved.env[k];
+    }
+  });
+  return { files: () => opened!.files, prompt: () => opened!.prompt };
 }

@@ -2,34 +2,18 @@
 // lib/gpu/projections.ts defaultRowsPerGroup; CHERENKOV_MATVEC_GROUP_ROWS=1 asks for it on any
 // backend): each row takes a decode row's kernels, so speculative decoding keeps greedy's
 // tokens (2 and 3 drafts) with the verify's projections in their one-row forms, counted here.
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { describe, expect, test } from "bun:test";
 import { Engine } from "../../lib/gpu/engine.ts";
 import { defaultRowsPerGroup } from "../../lib/gpu/projections.ts";
 import { StepRecordings } from "../../lib/gpu/recorded-step.ts";
-import type { ModelFiles } from "../../lib/model/format.ts";
 import { BACKEND } from "../selected-backend.ts";
 import { withEnvVar } from "../env-var.ts";
-import { greedyThenSpeculative, openTinyForDrafts } from "./helpers.ts";
+import { greedyThenSpeculative, tinyDraftsFixture } from "./helpers.ts";
 
 const N = 16;
 const KEY = "CHERENKOV_MATVEC_GROUP_ROWS";
 const FUSED = "CHERENKOV_HC_READ_FUSED";
-const saved = { env: process.env[KEY], fused: process.env[FUSED], recorded: StepRecordings.enabled, check: StepRecordings.check };
-
-let files: ModelFiles;
-let PROMPT: number[];
-beforeAll(async () => {
-  ({ files, prompt: PROMPT } = await openTinyForDrafts());
-});
-afterAll(() => {
-  files.close();
-  StepRecordings.enabled = saved.recorded;
-  StepRecordings.check = saved.check;
-  if (saved.env === undefined) delete process.env[KEY];
-  else process.env[KEY] = saved.env;
-  if (saved.fused === undefined) delete process.env[FUSED];
-  else process.env[FUSED] = saved.fused;
-});
+const tiny = tinyDraftsFixture([KEY, FUSED]);
 
 const withRows = <T>(rows: string | undefined, f: () => T): T => withEnvVar(KEY, rows, f);
 
@@ -54,9 +38,9 @@ async function run(rows: string, drafts: number, fusedReads = "0", recorded = fa
   process.env[FUSED] = fusedReads; // (on by default on a GPU; the CPU backend's threadgroups would each repeat a read)
   StepRecordings.enabled = recorded; // off: every cycle encoded, so each is counted
   StepRecordings.check = recorded; // on: each replay checked word for word against a fresh encode
-  const engine = await Engine.load(files, BACKEND);
+  const engine = await Engine.load(tiny.files(), BACKEND);
   try {
-    return { ...(await greedyThenSpeculative(engine, PROMPT, N, drafts)), replayed: engine.recordedSteps.replayed };
+    return { ...(await greedyThenSpeculative(engine, tiny.prompt(), N, drafts)), replayed: engine.recordedSteps.replayed };
   } finally {
     await engine.close();
   }

@@ -2,32 +2,15 @@
 // with CHERENKOV_HC_READ_FUSED_ROWS=4: matvec_multi_q4_read_f32 for the 1 + k rows): speculative
 // decoding on the tiny model still gives greedy's tokens (2 and 3 drafts), and a cycle runs the
 // dispatches of its separate reads fewer, counted here; recorded cycles replay it (checked).
-import { afterAll, beforeAll, expect, test } from "bun:test";
+import { expect, test } from "bun:test";
 import { Engine } from "../../lib/gpu/engine.ts";
 import { StepRecordings } from "../../lib/gpu/recorded-step.ts";
-import type { ModelFiles } from "../../lib/model/format.ts";
 import { BACKEND } from "../selected-backend.ts";
-import { greedyThenSpeculative, openTinyForDrafts } from "./helpers.ts";
+import { greedyThenSpeculative, tinyDraftsFixture } from "./helpers.ts";
 
 const N = 20;
 
-let files: ModelFiles;
-let PROMPT: number[];
-const ENV = ["CHERENKOV_HC_READ_FUSED", "CHERENKOV_HC_READ_FUSED_ROWS", "CHERENKOV_MATVEC_GROUP_ROWS"] as const;
-const saved = { env: Object.fromEntries(ENV.map((k) => [k, process.env[k]])), recorded: StepRecordings.enabled, check: StepRecordings.check };
-
-beforeAll(async () => {
-  ({ files, prompt: PROMPT } = await openTinyForDrafts());
-});
-afterAll(() => {
-  files.close();
-  StepRecordings.enabled = saved.recorded;
-  StepRecordings.check = saved.check;
-  for (const k of ENV) {
-    if (saved.env[k] === undefined) delete process.env[k];
-    else process.env[k] = saved.env[k];
-  }
-});
+const tiny = tinyDraftsFixture(["CHERENKOV_HC_READ_FUSED", "CHERENKOV_HC_READ_FUSED_ROWS", "CHERENKOV_MATVEC_GROUP_ROWS"]);
 
 const total = (seen: Map<string, number>) => [...seen.values()].reduce((a, b) => a + b, 0);
 
@@ -41,16 +24,16 @@ async function run(rows: string | undefined, drafts: number, recorded = false) {
   else process.env.CHERENKOV_HC_READ_FUSED_ROWS = rows;
   StepRecordings.enabled = recorded;
   StepRecordings.check = recorded;
-  const engine = await Engine.load(files, BACKEND);
+  const engine = await Engine.load(tiny.files(), BACKEND);
   try {
-    return { ...(await greedyThenSpeculative(engine, PROMPT, N, drafts)), replayed: engine.recordedSteps.replayed };
+    return { ...(await greedyThenSpeculative(engine, tiny.prompt(), N, drafts)), replayed: engine.recordedSteps.replayed };
   } finally {
     await engine.close();
   }
 }
 
 /** The MTP head's catch-up in cycle i: the whole prompt in the first, then the last cycle's accepted rows and its next token. */
-const catchUpRows = (accepts: number[], i: number) => (i === 0 ? PROMPT.length : accepts[i - 1]! + 1);
+const catchUpRows = (accepts: number[], i: number) => (i === 0 ? tiny.prompt().length : accepts[i - 1]! + 1);
 
 for (const drafts of [2, 3]) {
   test(`${drafts} drafts: greedy's tokens; a cycle runs its verify batch's 14 reads, and 4 projection dispatches, fewer`, async () => {
