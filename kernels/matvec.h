@@ -317,11 +317,7 @@ inline float q4_words_sum(float4 words) {
   return sum;
 }
 inline float q4_group_sum(thread const float4* xv) {
-  float sum = 0.0f;
-  MV_UNROLL for (int m = 0; m < 4; m++) {
-    sum += q4_word_sum(xv[2 * m], xv[2 * m + 1]);
-  }
-  return sum;
+  return q4_words_sum(float4(q4_word_sum(xv[0], xv[1]), q4_word_sum(xv[2], xv[3]), q4_word_sum(xv[4], xv[5]), q4_word_sum(xv[6], xv[7])));
 }
 
 // A q4 weight's MV_R rows from o0 (clamped to out_dim - 1): nibble, scale and bias rows.

@@ -66,8 +66,8 @@ template <typename T, int NR>
 // simdgroups read x from there (mv_pass_q4_staged). From device memory a lane's 32 x values
 // are 128 bytes from its neighbours', so each of a group's eight 16-byte x loads touched 32
 // cache lines: in a decode projection that was most of an L1's work, the weights being one
-// 16-byte load a row and group (H200, [8192, 2048]: 8.9 -> a median of 6.8 us; the LM head
-// 113 -> 72-81).
+// 16-byte load a row and group (H200, [8192, 2048]: 8.9 -> a median of 6.8 us timed cold, 5.5
+// warm with the weights loaded before the wait; the LM head 113 -> 72-81).
 // The same pass, reduction and store as matvec<uchar, 1>: the same bits. A row wider than the
 // staging takes that form.
 // LOADS_ONLY: bench:kernels' loads-only form (q4_loads_only, matvec.h).

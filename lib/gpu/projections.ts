@@ -116,12 +116,10 @@ export function defaultRowsPerGroup(backend: string, nb: number): number {
 }
 
 /** CHERENKOV_MATVEC_GROUP_ROWS=N (tuning): N batch rows a threadgroup on every backend; unset, the defaults above. */
-let lastOverride: { env: string | undefined; rows: number | undefined } = { env: undefined, rows: undefined };
 function groupRowsOverride(env: string | undefined): number | undefined {
-  if (env === lastOverride.env) return lastOverride.rows;
-  const rows = env === undefined || env === "" ? undefined : Number(env);
-  if (rows !== undefined && (!Number.isInteger(rows) || rows < 1)) throw new RangeError(`CHERENKOV_MATVEC_GROUP_ROWS=${env}: expected a row count >= 1`);
-  lastOverride = { env, rows };
+  if (env === undefined || env === "") return undefined;
+  const rows = Number(env);
+  if (!Number.isInteger(rows) || rows < 1) throw new RangeError(`CHERENKOV_MATVEC_GROUP_ROWS=${env}: expected a row count >= 1`);
   return rows;
 }
 

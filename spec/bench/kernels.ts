@@ -862,8 +862,9 @@ export function runBench(opts: { nbs: number[]; iters: number; reps: number; fil
         }
         const [one, two] = [copies(reps), copies(2 * reps)];
         for (let w = 0; w < 2; w++) for (const run of [one, two]) runOnce(dev, run);
-        // Busy for warmupMs before the timed runs: a GPU that idled between cases (the set-up
-        // of the next case's random weights) is back at its working clocks.
+        // Busy for warmupMs before the timed runs, as a GPU is in a decode step: timed straight
+        // after its set-up (the GPU idle while the host made the case's weights), a kernel ran
+        // up to 80% slower on the H200 with its SM clock unchanged (cause not known).
         for (const t0 = performance.now(); performance.now() - t0 < (opts.warmupMs ?? 0); ) runOnce(dev, two);
         const [t1, t2]: number[][] = [[], []];
         for (let i = 0; i < opts.iters; i++) {
