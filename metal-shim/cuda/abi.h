@@ -33,7 +33,26 @@ struct Launch {
   // out, so that every later command of it does nothing, as the other backends skip them.
   // Null for a dispatch before the command buffer's first wait (nothing can cancel it).
   const volatile uint32_t *cancel;
+  // CHERENKOV_CUDA_STAMPS (profile.h "Stamps"): where this command of a graph replay records
+  // the GPU clock at which its threadgroups end (the latest of their first threads). Null
+  // otherwise.
+  unsigned long long *stamp;
 };
+
+// A threadgroup's end, for the stamps: its first thread's clock, the largest over the grid.
+// Thread 0 only (no barrier, which threads that returned early would not reach): a
+// threadgroup's other simdgroups may end a little later. Called by the generated entries of a
+// profiling build only (CHERENKOV_CUDA_STAMPS_BUILD=1 defines CK_STAMPS): in every build it
+// made hot kernels spill (hc_coeffs_read_norm_f32: 180 bytes).
+__device__ __forceinline__ void stamp_end(unsigned long long *stamp) {
+#if defined(__CUDA_ARCH__)
+  if (stamp != nullptr && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    atomicMax(stamp, t);
+  }
+#endif
+}
 
 // One compiled kernel, as the generated table describes it.
 struct KernelInfo {

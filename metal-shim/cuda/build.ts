@@ -94,7 +94,10 @@ export async function buildCuda(opts: { force?: boolean; outDir: string }): Prom
   const generated = generateCuda(ROOT, GEN_DIR);
   const newestInput = Math.max(...cudaInputs().map(mtime));
   const include = cudaIncludes(GEN_DIR);
-  const flags = [...cudaCompileFlags(ARCH), "-Xcompiler", "-fPIC,-fvisibility=hidden", "-Xptxas", "-warn-spills"];
+  // CHERENKOV_CUDA_STAMPS_BUILD=1: a profiling build whose kernels record their end clocks
+  // (metal-shim/cuda/profile.h "Stamps"); rebuild with --force when switching.
+  const stamps = process.env.CHERENKOV_CUDA_STAMPS_BUILD === "1" ? ["-DCK_STAMPS"] : [];
+  const flags = [...cudaCompileFlags(ARCH), ...stamps, "-Xcompiler", "-fPIC,-fvisibility=hidden", "-Xptxas", "-warn-spills"];
   const jobs = [
     ...generated.sources.map((s) => ({ source: s, object: join(OBJ_DIR, `${basename(s, ".cu")}.o`), extra: include })),
     { source: join(CUDA_DIR, "runtime.cu"), object: join(OBJ_DIR, "runtime.o"), extra: [] as string[] },

@@ -85,6 +85,10 @@ export function generateCuda(root: string, genDir: string): { sources: string[];
           `  ck::Builtins b;`,
           `  if ((L.cancel != nullptr && *L.cancel) || !ck::setup(L, b)) return;`,
           `  ck::Invoke<&${ns}::${k.fn}>::run<${binders(k)}>(L, b);`,
+          // Only in a profiling build (CHERENKOV_CUDA_STAMPS_BUILD=1): the call costs registers.
+          `#ifdef CK_STAMPS`,
+          `  ck::stamp_end(L.stamp);`,
+          `#endif`,
           `}`,
         ].join("\n"),
       ),

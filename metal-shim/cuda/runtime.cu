@@ -323,11 +323,13 @@ struct KernelCall {
 };
 
 // `events` counts the event commands before `c` (its value slot); an event command advances it.
+// `stamps`: a graph's end clocks (CHERENKOV_CUDA_STAMPS), command i's at stamps[i]; else null.
 static void kernel_call(const ck_cmdbuf *cb, const Command &c, const SliceLayout &lay, unsigned char *base,
-                        uint32_t &events, KernelCall &k) {
+                        uint32_t &events, KernelCall &k, unsigned long long *stamps = nullptr) {
   k.cancel = reinterpret_cast<const volatile uint32_t *>(base);
   if (c.kind == Command::kDispatch) {
     std::memset(k.L.buf, 0, sizeof k.L.buf);
+    k.L.stamp = stamps ? stamps + (&c - cb->commands.data()) : nullptr;
     for (int i = 0; i < 3; i++) {
       k.L.tg[i] = c.tg[i];
       k.L.threads[i] = c.threads[i];
@@ -484,6 +486,8 @@ static bool differing_commands(const Graph *g, const std::vector<uint64_t> &s, c
 }
 
 static void release_graph(Graph *g) {
+  if (g->stamps) Reaper::post({Release::kDevice, g->stamps, 0});
+  if (g->stamps_host) Reaper::post({Release::kHost, g->stamps_host, 0});
   if (g->exec) Reaper::post({Release::kGraphExec, static_cast<void *>(g->exec), 0});
   if (g->graph) Reaper::post({Release::kGraph, static_cast<void *>(g->graph), 0});
   if (g->area) Reaper::post({Release::kDevice, g->area, 0});
@@ -566,6 +570,18 @@ static bool build_graph(ck_device *dev, const ck_cmdbuf *cb, const SliceLayout &
     return false;
   }
   g->area = static_cast<unsigned char *>(area);
+  if (dev->graphs.stamps) {
+    const size_t bytes = 8 * cb->commands.size();
+    void *stamps = nullptr;
+    e = device_alloc(dev, &stamps, bytes, nullptr);
+    if (e == cudaSuccess) g->stamps = static_cast<unsigned long long *>(stamps);
+    if (e == cudaSuccess) e = cudaHostAlloc((void **)&g->stamps_host, bytes, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      err = std::string("its stamps (CHERENKOV_CUDA_STAMPS): ") + cudaGetErrorString(e);
+      return false;
+    }
+  }
   e = cudaGraphCreate(&g->graph, 0);
   if (e != cudaSuccess) {
     cudaGetLastError();
@@ -578,7 +594,7 @@ static bool build_graph(ck_device *dev, const ck_cmdbuf *cb, const SliceLayout &
   uint32_t events = 0;
   for (size_t i = 0; i < cb->commands.size(); i++) {
     KernelCall k;
-    kernel_call(cb, cb->commands[i], lay, g->area, events, k);
+    kernel_call(cb, cb->commands[i], lay, g->area, events, k, g->stamps);
     const cudaKernelNodeParams p = node_params(k);
     e = cudaGraphAddKernelNode(&g->nodes[i], g->graph, nullptr, 0, &p);
     if (e != cudaSuccess) {
@@ -689,7 +705,7 @@ static std::string update_nodes(GraphCache &G, Graph *g, const ck_cmdbuf *cb, co
     }
     next++;
     KernelCall k;
-    kernel_call(cb, c, lay, g->area, events, k);
+    kernel_call(cb, c, lay, g->area, events, k, g->stamps);
     const cudaKernelNodeParams p = node_params(k);
     cudaError_t e = cudaGraphExecKernelNodeSetParams(g->exec, g->nodes[i], &p);
     if (e != cudaSuccess) return command_name(cb, i) + ": cudaGraphExecKernelNodeSetParams: " + cudaGetErrorString(e);
@@ -722,9 +738,19 @@ static bool replay(ck_device *dev, ck_cmdbuf *cb, const SliceLayout &lay, const 
     e = cudaMemcpyAsync(g->area, staged, lay.bytes, cudaMemcpyHostToDevice, dev->stream);
     if (e != cudaSuccess) failed = std::string("copying its bytes to the graph's area: ") + cudaGetErrorString(e);
   }
+  const size_t stamp_bytes = 8 * cb->commands.size();
+  if (failed.empty() && g->stamps) {
+    e = cudaMemsetAsync(g->stamps, 0, stamp_bytes, dev->stream);
+    if (e != cudaSuccess) failed = std::string("clearing its stamps: ") + cudaGetErrorString(e);
+  }
   if (failed.empty()) {
     e = cudaGraphLaunch(g->exec, dev->stream);
     if (e != cudaSuccess) failed = std::string("cudaGraphLaunch: ") + cudaGetErrorString(e);
+  }
+  if (failed.empty() && g->stamps) {
+    cb->t_launched = Profiler::host_ns();
+    e = cudaMemcpyAsync(g->stamps_host, g->stamps, stamp_bytes, cudaMemcpyDeviceToHost, dev->stream);
+    if (e != cudaSuccess) failed = std::string("reading its stamps: ") + cudaGetErrorString(e);
   }
   if (failed.empty()) {
     cb->cancel_word = g->area;
@@ -832,6 +858,14 @@ static bool enqueue(ck_device *dev, ck_cmdbuf *cb) {
 // CHERENKOV_CUDA_PROFILE: the command buffer's per-command times go to the profile (after
 // completion, before its commands are released).
 static void profile_completed(ck_cmdbuf *cb, bool ok) {
+  if (ok && cb->graph && cb->graph->stamps_host) {
+    std::vector<const char *> names(cb->commands.size());
+    for (size_t i = 0; i < names.size(); i++) {
+      const ck::Command &c = cb->commands[i];
+      names[i] = c.kind == ck::Command::kDispatch ? c.kernel->name : c.kind == ck::Command::kSignal ? "(signal)" : "(wait)";
+    }
+    ck::Profiler::get().add_stamps(names, cb->graph->stamps_host, cb->t_commit, cb->t_launched, cb->t_done);
+  }
   if (cb->marks.empty()) return;
   std::vector<std::string> names;
   if (ok && cb->marks.size() == cb->commands.size() + 1) {
@@ -912,7 +946,10 @@ static void complete_loop(ck_device *dev) {
     cudaError_t e;
     for (;;) {
       e = cudaEventQuery(cb->done);
-      if (e != cudaErrorNotReady) break;
+      if (e != cudaErrorNotReady) {
+        if (dev->graphs.stamps) cb->t_done = ck::Profiler::host_ns();
+        break;
+      }
       if (++spins < 20000) {
         std::this_thread::yield();
         continue;
@@ -1046,6 +1083,12 @@ CK_API ck_device *ck_device_open(void) {
   int major = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev->ordinal);
   dev->graphs.pdl = major >= 9 && !(pdl && std::strcmp(pdl, "0") == 0) && !ck::Profiler::get().on();
+#ifdef CK_STAMPS
+  dev->graphs.stamps = dev->graphs.enabled && ck::Profiler::get().stamps_on();
+#else
+  if (ck::Profiler::get().stamps_on())
+    std::fprintf(stderr, "cherenkov cuda: CHERENKOV_CUDA_STAMPS is ignored: this library was not built with CHERENKOV_CUDA_STAMPS_BUILD=1\n");
+#endif
   dev->submitter = std::thread(submit_loop, dev);
   dev->completer = std::thread(complete_loop, dev);
   return dev;
@@ -1227,6 +1270,7 @@ CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *cb) {
   if (ck::check_encoding(cb, "commit") != CK_OK) return CK_ERROR;
   ck_device *dev = cb->dev;
   cb->retain();
+  if (dev->graphs.stamps) cb->t_commit = ck::Profiler::host_ns();
   {
     std::lock_guard<std::mutex> lk(dev->qm);
     cb->status.store(CK_CMDBUF_COMMITTED);

@@ -37,6 +37,10 @@ struct Graph {
   uint64_t last_use = 0;  // LRU tick
   bool broken = false;    // a replay failed: never used again, evicted first
   bool busy = false;      // a command buffer that used `area` has not completed (guarded by ck_device::qm)
+  // CHERENKOV_CUDA_STAMPS: each node's end clock (device, zeroed before each replay) and its
+  // copy after the replay (pinned host memory, read at completion). Null otherwise.
+  unsigned long long *stamps = nullptr;
+  unsigned long long *stamps_host = nullptr;
 };
 
 constexpr size_t kGraphCacheSize = 8;  // instantiated graphs per device
@@ -49,6 +53,7 @@ struct GraphCache {
   // Programmatic dependent launch between consecutive kernels (CHERENKOV_CUDA_PDL != 0, a GPU
   // of compute capability 9.0 or newer, no profiler): runtime.cu "Programmatic launch".
   bool pdl = false;
+  bool stamps = false;  // CHERENKOV_CUDA_STAMPS set: graph replays record each node's end (profile.h)
   std::vector<Graph *> entries;  // owned; only the submit thread adds or removes
   uint64_t seen[kSeenShapes] = {};
   size_t seen_next = 0;
@@ -132,6 +137,9 @@ struct ck_cmdbuf : ck::Counted {
   ck::Graph *graph = nullptr;            // the graph whose area it claimed (busy until it completes), or null
   bool submit_failed = false;
   std::vector<cudaEvent_t> marks;  // CHERENKOV_CUDA_PROFILE: an event before each command and after the last
+  // CHERENKOV_CUDA_STAMPS: host clock (ck::Profiler::host_ns) at commit, after its graph's
+  // launch was enqueued, and when the completion thread saw it done.
+  uint64_t t_commit = 0, t_launched = 0, t_done = 0;
   ~ck_cmdbuf();
 };
 void ck_cmdbuf_unref(ck_cmdbuf *cb);

@@ -9,7 +9,10 @@
  * round trip: a command buffer of signal/wait pairs only, released by the same host loop the
  * engine uses, so the handshake's floor is seen apart from the host's pool work.
  *
- * Options: --tokens N (default 32), --prompt N (prompt tokens, default 32), --pool 50% |
+ * Options: --tokens N (default 32), --prompt N (prompt tokens, default 32), --warmup N (decode
+ * tokens run untimed first, plain and speculative alike, default 0: a step's first sights
+ * record its tape and build its CUDA graph, and a speculative cycle has one shape per accept
+ * count, so a short run of cycles pays more of that than plain decode does), --pool 50% |
  * --pool-slots N, --backing wired|mapped, --io direct|cached, --no-lookahead, --preload |
  * --no-preload (default: the engine's "auto", a preload when the pool holds every record, which
  * makes every MoE layer resident: no handshakes), --drafts N (also
@@ -41,6 +44,7 @@ const { values: opts } = parseArgs({
   options: {
     tokens: { type: "string", default: "32" },
     prompt: { type: "string", default: "32" },
+    warmup: { type: "string", default: "0" },
     pool: { type: "string" },
     "pool-slots": { type: "string" },
     backing: { type: "string", default: "wired" },
@@ -62,6 +66,8 @@ const log = (s: string) => {
 };
 const backend = defaultBackend();
 const tokens = Number(opts.tokens);
+const warmup = Number(opts.warmup);
+if (!Number.isInteger(warmup) || warmup < 0) throw new Error(`--warmup ${opts.warmup}: expected a token count (an integer >= 0)`);
 const autoRuns = Number(opts["auto-runs"]);
 // An even count: the pairs alternate their order (plain first, then auto first), which balances
 // only over pairs of pairs. On the H200 every second run in time came 2-3% slower than the one
@@ -204,6 +210,8 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
     const prefillMs = performance.now() - t0;
     engine.resetTimings();
     let next = r.next[r.next.length - 1]!;
+    for (let i = 0; i < warmup; i++) next = (await seq.forward([next])).next[0]!;
+    engine.resetTimings();
     const ioBytes = () => ((engine.stats() as { io: { completedBytes: number } | null }).io?.completedBytes ?? 0);
     const ioBefore = ioBytes();
     const device = engine.gpu.device;
@@ -253,6 +261,11 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
       const spec = engine.newSequence();
       r = await spec.forward(prompt);
       next = r.next[r.next.length - 1]!;
+      for (let warm = 0; warm < warmup; ) {
+        const x = await spec.speculate(next, drafts);
+        warm += x.next.length;
+        next = x.next[x.next.length - 1]!;
+      }
       let made = 0;
       let proposed = 0;
       let accepted = 0;
@@ -383,7 +396,7 @@ try {
   }
   const rt = opts["no-round-trip"] ? null : await eventRoundTrip(8, 50);
   if (rt) log(`\nbare event round trip (release -> next signal seen, ${rt.pairs} pairs x ${rt.reps}): mean ${fmt(rt.meanUs)} us, p50 ${fmt(rt.p50Us)} us`);
-  if (opts.json) console.log(JSON.stringify({ backend, tokens, promptTokens: promptLen, models: results, eventRoundTrip: rt }));
+  if (opts.json) console.log(JSON.stringify({ backend, tokens, warmup, promptTokens: promptLen, models: results, eventRoundTrip: rt }));
 } finally {
   rmSync(tmp, { recursive: true, force: true });
 }

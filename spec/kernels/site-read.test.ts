@@ -10,6 +10,7 @@ import { encodeMatvecs, type Projection } from "../../lib/gpu/projections.ts";
 import { encodeSiteProjections, r1ReadKernel } from "../../lib/gpu/site-read.ts";
 import type { DType } from "../../lib/model/config.ts";
 import type { Buffer } from "../../lib/shim.ts";
+import { withEnvVar } from "../env-var.ts";
 import { bitsOf as bits, openDevice, outputF32, recordingNames, restoreEnvAfterEach, rows, run, uploadWeight } from "./harness.ts";
 import { siteCase } from "./site-case.ts";
 
@@ -93,7 +94,10 @@ describe("steps the fused dispatch does not take encode the read, then the proje
     expect(names(4, 4096, 1, [["q4", 8]])).toBe("hc_coeffs_read_norm_f32");
     // bf16 alone on the CPU backend (the rows form there), unless forced: the read kernel first.
     expect(names(4, 64, 1, [["bf16", 8], ["bf16", 8]], "")).toBe(dev.backend === "cpu" ? "hc_coeffs_read_norm_f32" : r1ReadKernel(4));
-    expect(names(4, 64, 3, [["q4", 3072]])).toBe("hc_coeffs_read_norm_f32");
+    // A batch of rows staged together reads first; a GPU's 3-row batch runs one row a
+    // threadgroup (defaultRowsPerGroup), each row's read folded into its one-row kernel.
+    withEnvVar("CHERENKOV_MATVEC_GROUP_ROWS", "3", () => expect(names(4, 64, 3, [["q4", 3072]])).toBe("hc_coeffs_read_norm_f32"));
+    expect(names(4, 64, 3, [["q4", 3072]])).toBe(dev.backend === "cpu" ? "hc_coeffs_read_norm_f32" : r1ReadKernel(4));
     expect(names(4, 64, 1, [["q4", 3072]], "0")).toBe("hc_coeffs_read_norm_f32");
     expect(names(4, 64, 1, [["q4", 3072]])).toBe(r1ReadKernel(4));
     // A GPU computes a group of 8 q4 rows in the split form (prefersSplit): fused there only
