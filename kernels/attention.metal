@@ -21,7 +21,7 @@ using namespace metal;
 // Loops over head dims run to constants with a guard, so acc[] stays in registers (a runtime
 // bound spilled it to local memory on the H200). For the V sum a lane owns four consecutive
 // dims per 128 (hd % 4 == 0): one 4-byte (q8) or 16-byte (f32) load per position instead of
-// one byte per dim, and ATTN_V_UNROLL positions' loads in flight at once.
+// one byte per dim, and a block's 32 positions' loads (q8; f32: ATTN_V_UNROLL) in flight at once.
 #define ATTN_MAX_SIMDGROUPS 8
 #define ATTN_MAX_HEAD_DIM 256
 #define ATTN_V4 (ATTN_MAX_HEAD_DIM / 128)
@@ -133,7 +133,23 @@ template <bool Q8>
       acc[m] *= corr;
     }
     const uint n = min(32u, end - b);
-    for (uint j0 = 0; j0 < n; j0 += ATTN_V_UNROLL) {
+    if (Q8) {
+      // Every position's V codes for the lane's 4 dims in flight at once (one 4-byte word
+      // each), then summed in position order: the same fmas as below, one round trip to
+      // memory instead of 32 / ATTN_V_UNROLL (the tiny model's decode attention took 10-15 us
+      // on the H200, most of it these dependent rounds).
+      CK_UNROLL for (uint m = 0; m < ATTN_V4; m++) if (128u * m < hd) {
+        const uint d = 4u * uint(lane) + 128u * m;
+        int vw[32];
+        CK_UNROLL for (uint j = 0; j < 32u; j++) {
+          const uint jj = min(j, n - 1u);
+          vw[j] = d < hd ? *((device const int*)(vc + (ulong(ss[jj]) * Hkv + kvh) * hd + d)) : 0;
+        }
+        CK_UNROLL for (uint j = 0; j < 32u; j++) if (j < n) {
+          acc[m] = fma(float4(ws[j]), float4(as_type<char4>(vw[j])), acc[m]);
+        }
+      }
+    } else for (uint j0 = 0; j0 < n; j0 += ATTN_V_UNROLL) {
       float wj[ATTN_V_UNROLL];
       float4 v[ATTN_V_UNROLL][ATTN_V4];
       CK_UNROLL for (uint u = 0; u < ATTN_V_UNROLL; u++) {

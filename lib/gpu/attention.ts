@@ -350,7 +350,22 @@ const ATTN_SIMDGROUPS = 4;
  * context ~270 (two splits, 64 simdgroups on 132 SMs). 64 gives 4x the simdgroups, each a
  * quarter of the walk, for one more small attn_combine_f32 input per 64 positions.
  */
-export const ATTN_DECODE_SPLIT = 64;
+export const ATTN_DECODE_SPLIT = decodeSplitFrom(process.env.CHERENKOV_ATTN_DECODE_SPLIT);
+
+/** CHERENKOV_ATTN_DECODE_SPLIT=N (tuning, read once at startup): N positions per split; default 64. */
+export function decodeSplitFrom(env: string | undefined): number {
+  if (env === undefined || env === "") return 64;
+  const n = Number(env);
+  if (!Number.isInteger(n) || n < 32 || n % 32 !== 0) throw new Error(`CHERENKOV_ATTN_DECODE_SPLIT=${env}: expected a multiple of 32 (a simdgroup walks 32 positions at a time)`);
+  return n;
+}
+/**
+ * Batches of up to this many rows split their reads as a decode row does (a verify batch of
+ * 1 + 3 drafts, the MTP head's catch-up rows): unsplit, each row's simdgroup walked the whole
+ * cache serially, on the H200 24 us for the tiny model's catch-up against 12 + 2 for one row.
+ * Larger batches (prompt chunks) have rows enough to fill the GPU.
+ */
+export const ATTN_SPLIT_ROWS = 4;
 
 export interface AttentionArgs {
   rows: number;
@@ -365,7 +380,7 @@ export interface AttentionArgs {
   selection?: { list: Binding; counts: Binding; topk: number };
   /** Output o [nb][H * hd]. */
   o: RowsRef;
-  /** Positions per split (default: ATTN_DECODE_SPLIT for one row, else no split). */
+  /** Positions per split (default: ATTN_DECODE_SPLIT up to ATTN_SPLIT_ROWS rows, else no split). */
   splitLen?: number;
   /** Scratch for the splits' partials (attentionPartialBytes), needed when there is more than one split. */
   partials?: Binding;
@@ -424,7 +439,7 @@ type SplitInputs = Pick<AttentionArgs, "rows" | "pos0" | "selection" | "splitLen
 /** The split length and count an attention call uses (from the longest row's read). */
 export function attentionSplits(a: SplitInputs): { splitLen: number; splits: number } {
   const longest = a.selection ? Math.min(a.selection.topk, a.pos0 + a.rows) : a.pos0 + a.rows;
-  const splitLen = a.splitLen ?? (a.rows === 1 ? ATTN_DECODE_SPLIT : longest);
+  const splitLen = a.splitLen ?? (a.rows <= ATTN_SPLIT_ROWS ? ATTN_DECODE_SPLIT : longest);
   if (!Number.isInteger(splitLen) || splitLen < 1) throw new Error(`attention: split length ${splitLen} must be a positive integer`);
   return { splitLen, splits: Math.ceil(longest / splitLen) };
 }

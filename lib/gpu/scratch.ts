@@ -11,7 +11,7 @@ import type { RowsRef } from "./dispatch.ts";
 import type { HcScratch } from "./hyperconnection.ts";
 import { hcFoldCount } from "./hc-fold.ts";
 import { hcMixCount, hcPartialCount } from "./hyperconnection.ts";
-import { attentionPartialBytes, ATTN_DECODE_SPLIT } from "./attention.ts";
+import { attentionPartialBytes, ATTN_DECODE_SPLIT, ATTN_SPLIT_ROWS } from "./attention.ts";
 import { deltanetChunkBytes } from "./deltanet.ts";
 import { MAX_SNAP } from "./limits.ts";
 
@@ -209,7 +209,7 @@ function layoutScratch(config: ModelConfig, size: ScratchSize): { bytes: number;
   packed("attn.counts", 1);
   // The MTP cache runs a few positions past maxContext (chained drafts).
   const splits = Math.ceil((size.maxContext + MAX_SNAP + 2) / ATTN_DECODE_SPLIT);
-  raw("attn.partials", attentionPartialBytes(1, at.heads, at.head_dim, splits));
+  raw("attn.partials", attentionPartialBytes(ATTN_SPLIT_ROWS, at.heads, at.head_dim, splits));
 
   const P = D.pleEmbed;
   rows("ple.e", Math.max(1, P));

@@ -889,16 +889,50 @@ static void finish(ck_cmdbuf *cb, int32_t status) {
   dev->donecv.notify_all();
 }
 
+// ---- Spin, then sleep ----------------------------------------------------------------
+//
+// A decode step is two thread hand-offs: the commit wakes the submit thread, and the
+// completion thread's notify wakes the host thread waiting for the step. Measured on the
+// H200's host (in-graph stamps, docs/performance.md "eighteenth run"): 93-153 us from commit
+// to the graph's launch and 104-245 us from the GPU's end to the next commit, against a
+// 0.48 ms chain of kernels for the tiny model's step. A sleeping thread's wake-up is most of
+// that. So both waiters poll an atomic for up to spin_us before they sleep: the host thread
+// spins in ck_cmdbuf_wait (it waits anyway), the submit thread after each command buffer
+// (the next commit comes one step later). One core busy while a model decodes, as the
+// completion thread already is (it polls the GPU's event).
+static inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+// Polls `ready` for up to `us` microseconds; whether it became true.
+template <class Ready>
+static bool spin_until(uint32_t us, Ready ready) {
+  if (us == 0) return ready();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+  for (unsigned i = 0;; i++) {
+    if (ready()) return true;
+    cpu_relax();
+    if ((i & 63u) == 63u && std::chrono::steady_clock::now() >= until) return ready();
+  }
+}
+
 static void submit_loop(ck_device *dev) {
   cudaSetDevice(dev->ordinal);
+  uint64_t taken = 0;  // commits taken from the queue
   for (;;) {
     ck_cmdbuf *cb;
+    spin_until(dev->spin_us, [&] { return dev->committed.load(std::memory_order_acquire) > taken; });
     {
       std::unique_lock<std::mutex> lk(dev->qm);
       dev->qcv.wait(lk, [&] { return dev->stopping || !dev->queue.empty(); });
       if (dev->queue.empty()) return;
       cb = dev->queue.front();
       dev->queue.pop_front();
+      taken++;
     }
     if (!enqueue(dev, cb)) cb->submit_failed = true;
     cudaError_t e = cudaEventCreateWithFlags(&cb->done, cudaEventDisableTiming);
@@ -1089,6 +1123,9 @@ CK_API ck_device *ck_device_open(void) {
   if (ck::Profiler::get().stamps_on())
     std::fprintf(stderr, "cherenkov cuda: CHERENKOV_CUDA_STAMPS is ignored: this library was not built with CHERENKOV_CUDA_STAMPS_BUILD=1\n");
 #endif
+  // CHERENKOV_CUDA_SPIN_US: "Spin, then sleep" (default 2,000 us: a decode step's span).
+  const char *spin = std::getenv("CHERENKOV_CUDA_SPIN_US");
+  dev->spin_us = spin && *spin ? uint32_t(std::strtoul(spin, nullptr, 10)) : 2000u;
   dev->submitter = std::thread(submit_loop, dev);
   dev->completer = std::thread(complete_loop, dev);
   return dev;
@@ -1275,6 +1312,7 @@ CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *cb) {
     std::lock_guard<std::mutex> lk(dev->qm);
     cb->status.store(CK_CMDBUF_COMMITTED);
     dev->queue.push_back(cb);
+    dev->committed.fetch_add(1, std::memory_order_release);
   }
   dev->qcv.notify_one();
   return CK_OK;
@@ -1284,9 +1322,11 @@ CK_API int32_t ck_cmdbuf_wait(ck_cmdbuf *cb, uint32_t timeout_ms) {
   if (!cb) return set_error("ck_cmdbuf_wait: command buffer is NULL");
   if (cb->status.load() == CK_CMDBUF_ENCODING) return set_error("command buffer %u: wait before commit", cb->id);
   ck_device *dev = cb->dev;
-  {
+  const uint32_t spin = std::min<uint64_t>(dev->spin_us, uint64_t(timeout_ms) * 1000u);
+  if (!spin_until(spin, [&] { return cb->status.load(std::memory_order_acquire) >= CK_CMDBUF_COMPLETED; })) {
     std::unique_lock<std::mutex> lk(dev->qm);
-    dev->donecv.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return cb->status.load() >= CK_CMDBUF_COMPLETED; });
+    dev->donecv.wait_for(lk, std::chrono::milliseconds(timeout_ms) - std::chrono::microseconds(spin),
+                         [&] { return cb->status.load() >= CK_CMDBUF_COMPLETED; });
   }
   int32_t s = cb->status.load(std::memory_order_acquire);
   if (s == CK_CMDBUF_COMPLETED) return CK_OK;

@@ -173,4 +173,10 @@ struct ck_device {
   bool stopping = false;
   std::thread submitter, completer;
   ck::GraphCache graphs;  // the submit thread's; Graph::busy under qm
+  // Spinning before sleeping (runtime.cu "Spin, then sleep"): how long, in microseconds, a
+  // waiter for a command buffer's completion and the submit thread waiting for the next commit
+  // poll before they block (CHERENKOV_CUDA_SPIN_US; 0: block at once). `committed` counts
+  // commits, for the submit thread to poll without the lock.
+  uint32_t spin_us = 0;
+  std::atomic<uint64_t> committed{0};
 };

@@ -7,6 +7,8 @@ import {
   allocateKvCache,
   attentionPartialBytes,
   attentionSplits,
+  ATTN_DECODE_SPLIT,
+  ATTN_SPLIT_ROWS,
   encodeAttention,
   encodeKvAppend,
   encodeQsa,
@@ -374,12 +376,14 @@ describe("attn_rows", () => {
   const causal: AttnCase[] = [
     { kind: "q8", nb: 1, pos0: 700, H: 4, Hkv: 2, hd: 32 }, // decode: 3 splits + combine
     { kind: "q8", nb: 2, pos0: 37, H: 4, Hkv: 2, hd: 32 },
-    { kind: "q8", nb: 5, pos0: 90, H: 8, Hkv: 2, hd: 48 },
+    { kind: "q8", nb: 3, pos0: 150, H: 4, Hkv: 2, hd: 32 }, // a verify batch: split as a decode row (ATTN_SPLIT_ROWS)
+    { kind: "q8", nb: 5, pos0: 90, H: 8, Hkv: 2, hd: 48 }, // a prompt chunk: one split
     { kind: "q8", nb: MAX_NB, pos0: 0, H: 2, Hkv: 1, hd: 16 },
   ];
   test.each(causal)("causal $kind, nb $nb, pos0 $pos0, H $H/$Hkv, hd $hd", (c) => {
     const r = runAttention(c, c.nb + c.pos0);
-    if (c.nb === 1) expect(r.splits).toBeGreaterThan(1);
+    if (c.nb <= ATTN_SPLIT_ROWS && c.pos0 + c.nb > ATTN_DECODE_SPLIT) expect(r.splits).toBeGreaterThan(1);
+    if (c.nb > ATTN_SPLIT_ROWS) expect(r.splits).toBe(1);
     expectClose(r.actual, r.expected, ATTN_TOL, `attention nb=${c.nb}`, c.hd);
   });
 
