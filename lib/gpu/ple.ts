@@ -7,7 +7,7 @@
 import type { ModelConfig } from "../model/config.ts";
 import type { Binding, Buffer } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
-import { SIMD_WIDTH } from "./limits.ts";
+import { HC_MAX_STREAMS, SIMD_WIDTH } from "./limits.ts";
 import { Params } from "./params.ts";
 import { CONV_MAX_SPAN, PLE_MAX_ORDER, PLE_MAX_TABLES } from "./params-sequence.ts";
 import { checkRows, checkVector } from "./projections.ts";
@@ -161,6 +161,7 @@ export function encodePleConv(ctx: EncodeContext, a: PleConvArgs): void {
   checkVector(a.weight, d * K!, "ple conv");
   const span = (K! - 1) * a.dilation;
   if (!(a.dilation >= 1) || span > CONV_MAX_SPAN) throw new Error(`ple conv: (K-1) x dilation = ${span} exceeds ${CONV_MAX_SPAN}`);
+  if (!Number.isInteger(a.streams) || a.streams < 1 || a.streams > HC_MAX_STREAMS) throw new Error(`ple conv: ${a.streams} streams, expected 1..${HC_MAX_STREAMS}`);
   const snap = snapshotArgs(a.snapshots, pleHistoryFloats(d, K!, a.dilation), a.rows, a.history, "ple conv");
   const tg = 256;
   dispatch(
