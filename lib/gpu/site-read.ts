@@ -128,6 +128,19 @@ export function fusedReadRows(): number {
   return rows;
 }
 
+/** Whether nb > 1 rows each fold their read into their one-row kernel (a GPU's verify rows, one a threadgroup). */
+const readsPerRow = (backend: string, nb: number) =>
+  nb > 1 && nb <= MAX_FUSED_READ_ROWS && fusedReadRows() === 1 && defaultRowsPerGroup(backend, nb) === 1;
+
+/**
+ * Whether a site read of nb rows is formed by the projections that use it (where their shapes
+ * fit the fused kernels): decode rows where reads are fused, up to fusedReadRows() rows staged
+ * together, or a GPU's verify rows one a threadgroup.
+ */
+export function foldsSiteRead(backend: string, nb: number): boolean {
+  return fusesSiteRead(backend) && (nb <= fusedReadRows() || readsPerRow(backend, nb));
+}
+
 /**
  * The projections `items` of the row a site reads (`read`; x = read.xn), one decode row: the
  * read and the projections in one dispatch when they fit it (and the backend fuses), else the
@@ -144,8 +157,8 @@ export function encodeSiteProjections(
 ): boolean {
   // The kernel takes the bf16 weights first (its dense_count), as matvec_multi_q4_r1 does.
   const ordered = [...items.filter((it) => it.w.dtype === "bf16"), ...items.filter((it) => it.w.dtype !== "bf16")];
-  const perRow = nb > 1 && nb <= MAX_FUSED_READ_ROWS && fusedReadRows() === 1 && defaultRowsPerGroup(ctx.device.backend, nb) === 1;
-  if (read && (nb <= fusedReadRows() || perRow) && fusesSiteRead(ctx.device.backend) && fits(ctx, ordered, read, nb, perRow)) {
+  const perRow = readsPerRow(ctx.device.backend, nb);
+  if (read && foldsSiteRead(ctx.device.backend, nb) && fits(ctx, ordered, read, nb, perRow)) {
     return encodeFused(ctx, ordered, read, nb, perRow, conv);
   }
   if (read) encodeReadApart(ctx, read, nb);

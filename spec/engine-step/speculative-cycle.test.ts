@@ -11,7 +11,7 @@ import { join } from "node:path";
 import type { SampleRequest } from "../../lib/api/backend.ts";
 import { Engine, preparedCyclesLimit, type EngineSequence } from "../../lib/gpu/engine.ts";
 import { StepRecordings } from "../../lib/gpu/recorded-step.ts";
-import { fusedReadRows, fusesSiteRead } from "../../lib/gpu/site-read.ts";
+import { foldsSiteRead } from "../../lib/gpu/site-read.ts";
 import { openModel, type ModelFiles } from "../../lib/model/format.ts";
 import { loadTokenizer } from "../../lib/model/tokenizer.ts";
 import { samplingParams } from "../../lib/reference/sampling.ts";
@@ -101,9 +101,10 @@ for (const drafts of [2, 3]) {
     // The rollback a partial accept leaves is one dispatch (the whole fixed-size state at
     // once); the catch-up of 1..drafts + 1 rows is the same dispatches whatever its rows,
     // except that one row's norm is formed by its projections where reads are fused
-    // (site-read.ts; spec/engine-step/mtp-norms.test.ts), and up to fusedReadRows() rows'
-    // with CHERENKOV_HC_READ_FUSED_ROWS (spec/engine-step/verify-read.test.ts).
-    const single = (i: number) => (fusesSiteRead(BACKEND) && r.accepts[i]! + 1 <= fusedReadRows() ? 1 : 0);
+    // (site-read.ts; spec/engine-step/mtp-norms.test.ts), up to fusedReadRows() rows' with
+    // CHERENKOV_HC_READ_FUSED_ROWS (spec/engine-step/verify-read.test.ts), and on a GPU each
+    // of up to 4 rows' in its one-row kernel (spec/engine-step/verify-one-row.test.ts).
+    const single = (i: number) => (foldsSiteRead(BACKEND, r.accepts[i]! + 1) ? 1 : 0);
     const base = r.commands.slice(1).map((c, i) => c - (r.accepts[i]! < drafts ? 1 : 0) + single(i));
     expect(new Set(base).size).toBe(1);
     const now = engine.speculativeCycles;
