@@ -897,8 +897,9 @@ static void finish(ck_cmdbuf *cb, int32_t status) {
 // to the graph's launch and 104-245 us from the GPU's end to the next commit, against a
 // 0.48 ms chain of kernels for the tiny model's step. A sleeping thread's wake-up is most of
 // that. So both waiters poll an atomic for up to spin_us before they sleep: the host thread
-// spins in ck_cmdbuf_wait (it waits anyway), the submit thread after each command buffer
-// (the next commit comes one step later). One core busy while a model decodes, as the
+// in ck_cmdbuf_wait (it waits anyway; spin_us in all over a command buffer's waits, so a
+// prefill chunk waited for in slices spins only at first), the submit thread after each
+// command buffer (the next commit comes one step later). One core busy while a model decodes, as the
 // completion thread already is (it polls the GPU's event).
 static inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -1322,7 +1323,10 @@ CK_API int32_t ck_cmdbuf_wait(ck_cmdbuf *cb, uint32_t timeout_ms) {
   if (!cb) return set_error("ck_cmdbuf_wait: command buffer is NULL");
   if (cb->status.load() == CK_CMDBUF_ENCODING) return set_error("command buffer %u: wait before commit", cb->id);
   ck_device *dev = cb->dev;
-  const uint32_t spin = std::min<uint64_t>(dev->spin_us, uint64_t(timeout_ms) * 1000u);
+  // Its waits spin for spin_us in all (a long step, waited for in slices, then sleeps).
+  const uint32_t spun = cb->spun_us.load(std::memory_order_relaxed);
+  const uint32_t spin = uint32_t(std::min<uint64_t>(dev->spin_us > spun ? dev->spin_us - spun : 0u, uint64_t(timeout_ms) * 1000u));
+  cb->spun_us.fetch_add(spin, std::memory_order_relaxed);
   if (!spin_until(spin, [&] { return cb->status.load(std::memory_order_acquire) >= CK_CMDBUF_COMPLETED; })) {
     std::unique_lock<std::mutex> lk(dev->qm);
     dev->donecv.wait_for(lk, std::chrono::milliseconds(timeout_ms) - std::chrono::microseconds(spin),

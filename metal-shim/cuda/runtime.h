@@ -140,6 +140,7 @@ struct ck_cmdbuf : ck::Counted {
   // CHERENKOV_CUDA_STAMPS: host clock (ck::Profiler::host_ns) at commit, after its graph's
   // launch was enqueued, and when the completion thread saw it done.
   uint64_t t_commit = 0, t_launched = 0, t_done = 0;
+  std::atomic<uint32_t> spun_us{0};  // microseconds its waits have spun (ck_cmdbuf_wait)
   ~ck_cmdbuf();
 };
 void ck_cmdbuf_unref(ck_cmdbuf *cb);
