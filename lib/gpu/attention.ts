@@ -9,6 +9,7 @@
 import { ropeInvFreq } from "../model/rope.ts";
 import type { Binding, Buffer, Device, Storage } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
+import { envCount } from "./env-switch.ts";
 import { SIMD_WIDTH, threadsWithin, tiledMinRows } from "./limits.ts";
 import { Params } from "./params.ts";
 import { ROPE_MAX_PAIRS, SEQ_MAX_HEAD_DIM } from "./params-sequence.ts";
@@ -349,16 +350,11 @@ const ATTN_SIMDGROUPS = 4;
  * positions at a time, serially: on the H200 one split of 256 took most of a 177 us call at
  * context ~270 (two splits, 64 simdgroups on 132 SMs). 64 gives 4x the simdgroups, each a
  * quarter of the walk, for one more small attn_combine_f32 input per 64 positions.
+ * CHERENKOV_ATTN_DECODE_SPLIT=N (tuning, read once at startup) sets it.
  */
-export const ATTN_DECODE_SPLIT = decodeSplitFrom(process.env.CHERENKOV_ATTN_DECODE_SPLIT);
+export const ATTN_DECODE_SPLIT =
+  envCount("CHERENKOV_ATTN_DECODE_SPLIT", "a multiple of 32 (a simdgroup walks 32 positions at a time)", (n) => n >= 32 && n % 32 === 0) ?? 64;
 
-/** CHERENKOV_ATTN_DECODE_SPLIT=N (tuning, read once at startup): N positions per split; default 64. */
-export function decodeSplitFrom(env: string | undefined): number {
-  if (env === undefined || env === "") return 64;
-  const n = Number(env);
-  if (!Number.isInteger(n) || n < 32 || n % 32 !== 0) throw new Error(`CHERENKOV_ATTN_DECODE_SPLIT=${env}: expected a multiple of 32 (a simdgroup walks 32 positions at a time)`);
-  return n;
-}
 /**
  * Batches of up to this many rows split their reads as a decode row does (a verify batch of
  * 1 + 3 drafts, the MTP head's catch-up rows): unsplit, each row's simdgroup walked the whole

@@ -6,7 +6,7 @@ import type { DType } from "../model/config.ts";
 import type { Binding } from "../shim.ts";
 import { bind, dispatch, type EncodeContext, type RowsRef, type TensorRef } from "./dispatch.ts";
 import { HC_MAX_STREAMS, MAX_NB, SIMD_WIDTH } from "./limits.ts";
-import { envOnOff } from "./env-switch.ts";
+import { envCount, envOnOff } from "./env-switch.ts";
 import { encodeGemm, gemmMinRows, usesGemm } from "./gemm.ts";
 import { hcFoldBindings, hcFoldParams, type HcFold } from "./hc-fold.ts";
 import { Params } from "./params.ts";
@@ -108,19 +108,12 @@ const MATVEC_GROUP_ROWS = 32;
  * 1.72, and the 30b shape's 2-draft cycle 9.34 against 9.88 (docs/performance.md, seventeenth run).
  */
 const ONE_ROW_BATCH = 4;
+/** The defaults above; CHERENKOV_MATVEC_GROUP_ROWS=N (tuning, read at each call) forces N on every backend. */
 export function defaultRowsPerGroup(backend: string, nb: number): number {
-  const forced = groupRowsOverride(process.env.CHERENKOV_MATVEC_GROUP_ROWS);
+  const forced = envCount("CHERENKOV_MATVEC_GROUP_ROWS", "a row count >= 1", (n) => n >= 1);
   if (forced !== undefined) return Math.min(nb, forced);
   if (backend === "cpu") return nb;
   return nb <= ONE_ROW_BATCH ? 1 : Math.min(nb, MATVEC_GROUP_ROWS);
-}
-
-/** CHERENKOV_MATVEC_GROUP_ROWS=N (tuning): N batch rows a threadgroup on every backend; unset, the defaults above. */
-function groupRowsOverride(env: string | undefined): number | undefined {
-  if (env === undefined || env === "") return undefined;
-  const rows = Number(env);
-  if (!Number.isInteger(rows) || rows < 1) throw new RangeError(`CHERENKOV_MATVEC_GROUP_ROWS=${env}: expected a row count >= 1`);
-  return rows;
 }
 
 /** Throws unless nb is a row count a step may have. */
