@@ -4,9 +4,10 @@
  * (the prelude in metal-shim/cuda/include and metal-shim/common/prelude) and nvcc; runtime.cu is the C ABI. The CUDA
  * runtime is linked statically, so the library needs only the driver (libcuda) at run time.
  * Incremental: an object is rebuilt when its source, or anything under kernels/ or
- * metal-shim/cuda/ or metal-shim/include/, is newer than it.
+ * metal-shim/cuda/ or metal-shim/include/, is newer than it, and everything when the compile
+ * flags differ from the last build's (stamp-cuda.json beside the library).
  */
-import { existsSync, mkdirSync, readdirSync, renameSync, statSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { basename, join, relative } from "node:path";
 
@@ -86,23 +87,26 @@ export async function buildCuda(opts: { force?: boolean; outDir: string }): Prom
   const nvcc = findNvcc();
   if (!nvcc) return "";
   const CUDA_LIBRARY = libraryIn(opts.outDir);
-  if (!opts.force && !cudaBuildIsStale(CUDA_LIBRARY)) return "";
   const ARCH = cudaArch();
+  // CHERENKOV_CUDA_STAMPS_BUILD=1: a profiling build whose kernels record their end clocks
+  // (metal-shim/cuda/profile.h "Stamps").
+  const stamps = process.env.CHERENKOV_CUDA_STAMPS_BUILD === "1" ? ["-DCK_STAMPS"] : [];
+  const flags = [...cudaCompileFlags(ARCH), ...stamps, "-Xcompiler", "-fPIC,-fvisibility=hidden", "-Xptxas", "-warn-spills"];
+  const stampPath = join(opts.outDir, "stamp-cuda.json");
+  const stamp = JSON.stringify({ nvcc, flags });
+  const flagsChanged = opts.force === true || !existsSync(stampPath) || readFileSync(stampPath, "utf8") !== stamp;
+  if (!flagsChanged && !cudaBuildIsStale(CUDA_LIBRARY)) return "";
   const GEN_DIR = join(opts.outDir, "gen-cuda");
   const OBJ_DIR = join(opts.outDir, "obj-cuda");
   mkdirSync(OBJ_DIR, { recursive: true });
   const generated = generateCuda(ROOT, GEN_DIR);
   const newestInput = Math.max(...cudaInputs().map(mtime));
   const include = cudaIncludes(GEN_DIR);
-  // CHERENKOV_CUDA_STAMPS_BUILD=1: a profiling build whose kernels record their end clocks
-  // (metal-shim/cuda/profile.h "Stamps"); rebuild with --force when switching.
-  const stamps = process.env.CHERENKOV_CUDA_STAMPS_BUILD === "1" ? ["-DCK_STAMPS"] : [];
-  const flags = [...cudaCompileFlags(ARCH), ...stamps, "-Xcompiler", "-fPIC,-fvisibility=hidden", "-Xptxas", "-warn-spills"];
   const jobs = [
     ...generated.sources.map((s) => ({ source: s, object: join(OBJ_DIR, `${basename(s, ".cu")}.o`), extra: include })),
     { source: join(CUDA_DIR, "runtime.cu"), object: join(OBJ_DIR, "runtime.o"), extra: [] as string[] },
   ];
-  const stale = jobs.filter((j) => opts.force || !existsSync(j.object) || mtime(j.object) < Math.max(newestInput, mtime(j.source)));
+  const stale = jobs.filter((j) => flagsChanged || !existsSync(j.object) || mtime(j.object) < Math.max(newestInput, mtime(j.source)));
   const started = performance.now();
   let next = 0;
   const workers = Array.from({ length: Math.min(availableParallelism(), stale.length) }, async () => {
@@ -119,6 +123,7 @@ export async function buildCuda(opts: { force?: boolean; outDir: string }): Prom
     `link ${relative(ROOT, CUDA_LIBRARY)}`,
   );
   renameSync(tmp, CUDA_LIBRARY);
+  writeFileSync(stampPath, stamp);
   const seconds = ((performance.now() - started) / 1000).toFixed(1);
   return `metal-shim: built ${relative(ROOT, CUDA_LIBRARY)} (${generated.kernels} kernels, ${ARCH}; compiled ${stale.length} of ${jobs.length} files in ${seconds} s)`;
 }
