@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -1079,6 +1080,16 @@ CK_API ck_device *ck_device_open(void) {
   // the CUDA context is created, so only the first open in a process sets it; an explicit
   // setting wins.
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  // CHERENKOV_CUDA_SPIN_US: "Spin, then sleep" (default 2,000 us: a decode step's span).
+  uint32_t spin_us = 2000u;
+  if (const char *spin = std::getenv("CHERENKOV_CUDA_SPIN_US"); spin && *spin) {
+    char *end = nullptr;
+    errno = 0;
+    const unsigned long v = std::strtoul(spin, &end, 10);
+    if (*end != '\0' || errno != 0 || v > 10000000ul || *spin == '-')
+      return set_error("ck_device_open: CHERENKOV_CUDA_SPIN_US=%s: expected microseconds, a whole number up to 10,000,000", spin), nullptr;
+    spin_us = uint32_t(v);
+  }
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -1124,9 +1135,7 @@ CK_API ck_device *ck_device_open(void) {
   if (ck::Profiler::get().stamps_on())
     std::fprintf(stderr, "cherenkov cuda: CHERENKOV_CUDA_STAMPS is ignored: this library was not built with CHERENKOV_CUDA_STAMPS_BUILD=1\n");
 #endif
-  // CHERENKOV_CUDA_SPIN_US: "Spin, then sleep" (default 2,000 us: a decode step's span).
-  const char *spin = std::getenv("CHERENKOV_CUDA_SPIN_US");
-  dev->spin_us = spin && *spin ? uint32_t(std::strtoul(spin, nullptr, 10)) : 2000u;
+  dev->spin_us = spin_us;
   dev->submitter = std::thread(submit_loop, dev);
   dev->completer = std::thread(complete_loop, dev);
   return dev;

@@ -90,3 +90,11 @@ test.skipIf(!fresh)("build:native built libcherenkov_cuda.so, exporting every ch
   expect(wanted.length).toBeGreaterThan(30);
   for (const f of wanted) expect(exported.has(f)).toBe(true);
 });
+
+test.skipIf(!fresh)("a bad CHERENKOV_CUDA_SPIN_US fails the device's opening with the variable named (before any GPU is looked for)", () => {
+  const script = `import { Device } from "./lib/shim.ts"; try { Device.open({ backend: "cuda" }).close(); console.log("opened"); } catch (e) { console.log((e as Error).message); }`;
+  for (const bad of ["abc", "-5", "20000000", "12x"]) {
+    const r = Bun.spawnSync(["bun", "-e", script], { cwd: ROOT, env: { ...process.env, CHERENKOV_CUDA_SPIN_US: bad } });
+    expect(r.stdout.toString()).toContain(`CHERENKOV_CUDA_SPIN_US=${bad}: expected microseconds`);
+  }
+});
