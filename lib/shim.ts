@@ -111,6 +111,8 @@ const SYMBOLS = {
   ck_encode_wait: { args: [ptr, ptr, f64], returns: i32 },
   // int32_t ck_encode_wait_host(ck_cmdbuf *cb, ck_event *ev, double value)
   ck_encode_wait_host: { args: [ptr, ptr, f64], returns: i32 },
+  // int32_t ck_cmdbuf_hint(ck_cmdbuf *cb, uint32_t shape_key, int32_t prime)
+  ck_cmdbuf_hint: { args: [ptr, u32, i32], returns: i32 },
   // int32_t ck_cmdbuf_commit(ck_cmdbuf *cb)
   ck_cmdbuf_commit: { args: [ptr], returns: i32 },
   // int32_t ck_cmdbuf_wait(ck_cmdbuf *cb, uint32_t timeout_ms)
@@ -676,6 +678,17 @@ export class CommandBuffer {
     this.device.commandsEncoded++;
     this.#commands++;
     this.#events++;
+    return this;
+  }
+
+  /**
+   * Tells a backend that replays command buffers (CUDA graphs) which recording this one was
+   * encoded from (`shapeKey`, nonzero: buffers of one key share a replayed structure), and with
+   * `prime` to build that structure ahead in the background (call it after the last command).
+   * The CPU and Metal backends ignore it.
+   */
+  hint(shapeKey: number, prime: boolean): this {
+    check(this.#shim, this.#shim.symbols.ck_cmdbuf_hint(this.handle, shapeKey >>> 0, prime ? 1 : 0));
     return this;
   }
 

@@ -343,6 +343,10 @@ export class Engine {
     const plan = new SitePlan(gpu.event, this.counter.value);
     try {
       encode({ device: gpu.device, cb }, plan);
+      // Its CUDA graph is built in the background while the GPU runs (used or not, the step
+      // of this key is likely to come). Under sampling the verifying draw is added at commit:
+      // the structure is not final here.
+      if (draws === undefined) cb.hint(this.recordingsOf(seq).shapeKey(key), true);
     } catch {
       cb.release(); // past the capacity, say: the step itself will say why if it comes
       return;

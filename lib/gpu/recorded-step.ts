@@ -35,6 +35,16 @@ interface Recording {
  */
 export const MAX_RECORDINGS = 16;
 
+/** Distinguishes the shape keys of different sequences' recordings (they bind different buffers). */
+let nextSalt = 1;
+
+/** FNV-1a of `text` to a nonzero 32-bit number. */
+function hash32(text: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) h = Math.imul(h ^ text.charCodeAt(i), 0x01000193);
+  return h >>> 0 || 1;
+}
+
 export class StepRecordings {
   /** Compare every replay with a fresh encode (tests; CHERENKOV_CHECK_RECORDING=1). */
   static check = process.env.CHERENKOV_CHECK_RECORDING === "1";
@@ -42,6 +52,7 @@ export class StepRecordings {
   static enabled = process.env.CHERENKOV_RECORDED_STEPS !== "0";
 
   readonly #byKey = new Map<string, Recording>();
+  readonly #salt = nextSalt++;
 
   constructor(
     /** Steps recorded and replayed so far (shared by the recordings of an engine's sequences). */
@@ -63,6 +74,7 @@ export class StepRecordings {
     if (known && known.tape.releasedBuffer() === null) {
       this.#byKey.set(key, known);
       this.#replay(ctx, plan, known, vars, encode);
+      ctx.cb.hint(this.shapeKey(key), false);
       return true;
     }
     const tape = new Tape();
@@ -75,11 +87,21 @@ export class StepRecordings {
       return false;
     }
     ctx.cb.encodeTape(tape.words, tape.commands);
+    ctx.cb.hint(this.shapeKey(key), false);
     this.#byKey.set(key, { tape, sites: plan.sites.slice(), routeBytes: plan.routeBytes });
     // A tape is ~100 KB on the 30b shape; prompts of many lengths must not pile them up.
     if (this.#byKey.size > MAX_RECORDINGS) this.#byKey.delete(this.#byKey.keys().next().value!);
     this.counts.recorded++;
     return true;
+  }
+
+  /**
+   * The shape key (CommandBuffer.hint) of this sequence's recording `key`: command buffers
+   * encoded from it share a replayed structure (a CUDA graph), apart from other keys' (another
+   * accept count's cycle has the same kernels with other grids and bindings).
+   */
+  shapeKey(key: string): number {
+    return hash32(`${this.#salt}/${key}`);
   }
 
   /** The keys held, least recently used first (tests). */

@@ -200,6 +200,9 @@ CK_API int32_t ck_encode_wait_host(ck_cmdbuf *cb, ck_event *ev, double value) {
   return encode_event(cb, ev, value, ck::Command::kWaitHost);
 }
 
+// Nothing is replayed here: commands are run as encoded.
+CK_API int32_t ck_cmdbuf_hint(ck_cmdbuf *cb, uint32_t, int32_t) { return ck::check_encoding(cb, "hint"); }
+
 CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *cb) {
   if (ck::check_encoding(cb, "commit") != CK_OK) return CK_ERROR;
   ck_device *dev = cb->dev;

@@ -439,7 +439,7 @@ static void shape_of(const ck_cmdbuf *cb, std::vector<uint64_t> &s, std::vector<
   starts.reserve(cb->commands.size() + 1);
   s.push_back(cb->params.size());
   s.push_back(cb->event_commands);
-  uint64_t st = mix(mix(mix(0x84222325cbf29ce4ull, cb->commands.size()), cb->params.size()), cb->event_commands);
+  uint64_t st = mix(mix(mix(mix(0x84222325cbf29ce4ull, cb->commands.size()), cb->params.size()), cb->event_commands), cb->shape_key);
   for (const Command &c : cb->commands) {
     starts.push_back(uint32_t(s.size()));
     s.push_back(uint64_t(c.kind));
@@ -463,7 +463,7 @@ static void shape_of(const ck_cmdbuf *cb, std::vector<uint64_t> &s, std::vector<
     }
   }
   starts.push_back(uint32_t(s.size()));
-  uint64_t h = 0xcbf29ce484222325ull;
+  uint64_t h = mix(0xcbf29ce484222325ull, cb->shape_key);
   for (uint64_t w : s) h = mix(h, w);
   full = finish_hash(h);
   structure = finish_hash(st);
@@ -633,10 +633,55 @@ static bool seen_before(GraphCache &G, uint64_t h) {
 // nodes must be updated first. A structure gets its first graph on its second sight, so one-off
 // shapes (prefill chunks of odd sizes) never pay for building one; a structure whose graph
 // failed is never tried again.
+// Frees the least recently used graph no command buffer holds when the cache is full (submit
+// thread); false when every graph is held.
+static bool make_room(ck_device *dev) {
+  GraphCache &G = dev->graphs;
+  if (G.entries.size() < kGraphCacheSize) return true;
+  size_t victim = G.entries.size();
+  {
+    std::lock_guard<std::mutex> lk(dev->qm);  // busy only goes from true to false elsewhere
+    for (size_t i = 0; i < G.entries.size(); i++)
+      if (!G.entries[i]->busy && (victim == G.entries.size() || G.entries[i]->last_use < G.entries[victim]->last_use)) victim = i;
+  }
+  if (victim == G.entries.size()) return false;
+  if (G.entries[victim]->key) {
+    std::lock_guard<std::mutex> lk(G.m);
+    G.keys.erase(G.entries[victim]->key);
+  }
+  release_graph(G.entries[victim]);
+  G.entries.erase(G.entries.begin() + victim);
+  G.evictions++;
+  return true;
+}
+
+// Moves the graphs the builder finished into the cache (submit thread).
+static void adopt_built(ck_device *dev) {
+  GraphCache &G = dev->graphs;
+  std::vector<Graph *> built;
+  {
+    std::lock_guard<std::mutex> lk(G.m);
+    if (G.built.empty()) return;
+    built.swap(G.built);
+  }
+  for (Graph *g : built) {
+    if (!make_room(dev)) {
+      std::lock_guard<std::mutex> lk(G.m);
+      G.keys.erase(g->key);
+      release_graph(g);
+      continue;
+    }
+    g->last_use = ++G.tick;
+    G.entries.push_back(g);
+    G.adopted++;
+  }
+}
+
 static Graph *graph_for(ck_device *dev, const ck_cmdbuf *cb, const SliceLayout &lay) {
   GraphCache &G = dev->graphs;
   G.patch.clear();
   if (!G.enabled || cb->commands.empty()) return nullptr;
+  adopt_built(dev);
   uint64_t full = 0, structure = 0;
   shape_of(cb, G.scratch, G.scratch_starts, full, structure);
   if (G.failed.count(structure)) return nullptr;
@@ -661,24 +706,17 @@ static Graph *graph_for(ck_device *dev, const ck_cmdbuf *cb, const SliceLayout &
   const bool structure_seen = seen_before(G, structure);
   // A first graph for a structure seen before, or another one for a shape seen before.
   if (!(same_structure ? full_seen : structure_seen)) return nullptr;
-  if (G.entries.size() >= kGraphCacheSize) {
-    size_t victim = G.entries.size();
-    {
-      std::lock_guard<std::mutex> lk(dev->qm);  // busy only goes from true to false elsewhere
-      for (size_t i = 0; i < G.entries.size(); i++)
-        if (!G.entries[i]->busy && (victim == G.entries.size() || G.entries[i]->last_use < G.entries[victim]->last_use)) victim = i;
-    }
-    if (victim == G.entries.size()) return nullptr;  // every graph has a command buffer in flight
-    release_graph(G.entries[victim]);
-    G.entries.erase(G.entries.begin() + victim);
-    G.evictions++;
-  }
+  if (!make_room(dev)) return nullptr;  // every graph has a command buffer in flight
   auto *g = new Graph();
   g->structure = structure;
+  g->key = cb->shape_key;
   g->shape = G.scratch;
   g->starts = G.scratch_starts;
   std::string err;
-  if (!build_graph(dev, cb, lay, g, err)) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool built = build_graph(dev, cb, lay, g, err);
+  G.build_us += uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+  if (!built) {
     char msg[160];
     std::snprintf(msg, sizeof msg, "command buffer %u: building a CUDA graph of its %zu commands: ", cb->id, cb->commands.size());
     graph_error(G, msg + err);
@@ -689,7 +727,96 @@ static Graph *graph_for(ck_device *dev, const ck_cmdbuf *cb, const SliceLayout &
   G.captures++;
   g->last_use = ++G.tick;
   G.entries.push_back(g);
+  if (g->key) {
+    std::lock_guard<std::mutex> lk(G.m);
+    G.keys.insert(g->key);
+  }
   return g;
+}
+
+// ---- Built ahead ----------------------------------------------------------------------------
+//
+// A structure's graph is built on its second sight, in the submit thread, between a commit and
+// its launch: ~1.4 ms for the tiny model's 130-command speculative cycle on the H200's host,
+// which a cycle of ~0.8 ms waits for. A speculative run has one cycle shape per accept count,
+// and the engine encodes the next cycle for each count ahead while the GPU runs (only one is
+// committed), so each count's first sights came late and cost a direct launch and a build on
+// the critical path. ck_cmdbuf_hint(cb, key, prime) instead hands a copy of such a command
+// buffer (its commands and bindings, not its buffers: a graph holds addresses, and a command
+// buffer whose shape matches one binds live buffers at those addresses) to a builder thread
+// while the GPU is busy; the submit thread adopts what it finished at its next lookup. Building
+// touches no stream (runtime.cu, "graphs"), so it runs beside the submit thread's launches.
+
+// A copy of what building cb's graph reads (commands, bindings, params' size, events retained).
+static ck_cmdbuf *copy_for_build(const ck_cmdbuf *cb) {
+  auto *c = new ck_cmdbuf();
+  c->id = cb->id;
+  c->dev = cb->dev;
+  c->commands = cb->commands;
+  for (const Command &cmd : c->commands)
+    if (cmd.kind != Command::kDispatch) cmd.event->retain();
+  c->bindings = cb->bindings;
+  c->params.resize(cb->params.size());
+  c->event_commands = cb->event_commands;
+  c->first_wait = cb->first_wait;
+  c->shape_key = cb->shape_key;
+  return c;
+}
+
+static void build_loop(ck_device *dev) {
+  cudaSetDevice(dev->ordinal);
+  GraphCache &G = dev->graphs;
+  std::vector<uint64_t> shape;
+  std::vector<uint32_t> starts;
+  for (;;) {
+    ck_cmdbuf *job;
+    {
+      std::unique_lock<std::mutex> lk(G.m);
+      G.jobs_cv.wait(lk, [&] { return G.stop || !G.jobs.empty(); });
+      if (G.stop) return;
+      job = G.jobs.front();
+      G.jobs.pop_front();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto *g = new Graph();
+    uint64_t full = 0;
+    shape_of(job, shape, starts, full, g->structure);
+    g->key = job->shape_key;
+    g->shape = shape;
+    g->starts = starts;
+    std::string err;
+    const bool ok = build_graph(dev, job, slice_layout(job), g, err);
+    const uint64_t us = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+    {
+      std::lock_guard<std::mutex> lk(G.m);
+      G.prime_us += us;
+      if (ok) {
+        G.built.push_back(g);
+        G.primed++;
+      } else {
+        G.keys.erase(g->key);
+        G.prime_failures++;
+        if (G.first_error.empty()) G.first_error = "building a graph ahead: " + err;
+      }
+    }
+    if (!ok) release_graph(g);
+    ck_cmdbuf_unref(job);
+  }
+}
+
+// Stops the builder (device close, before the cache is released): queued copies are dropped.
+static void stop_builder(ck_device *dev) {
+  GraphCache &G = dev->graphs;
+  {
+    std::lock_guard<std::mutex> lk(G.m);
+    G.stop = true;
+  }
+  G.jobs_cv.notify_all();
+  if (G.builder.joinable()) G.builder.join();
+  for (ck_cmdbuf *job : G.jobs) ck_cmdbuf_unref(job);
+  G.jobs.clear();
+  for (Graph *g : G.built) release_graph(g);
+  G.built.clear();
 }
 
 // Updates the nodes of g's commands listed in G.patch to cb's (g claimed: nothing of it in
@@ -719,8 +846,13 @@ static std::string update_nodes(GraphCache &G, Graph *g, const ck_cmdbuf *cb, co
 
 // Enqueues cb as a replay of a graph, if one fits; false: launch it directly (nothing of it
 // was run). `staged` is its pinned ring slice, written by stage().
+static uint64_t steady_ns() {
+  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+
 static bool replay(ck_device *dev, ck_cmdbuf *cb, const SliceLayout &lay, const unsigned char *staged) {
   GraphCache &G = dev->graphs;
+  const uint64_t t0 = G.verbose ? steady_ns() : 0;
   Graph *g = graph_for(dev, cb, lay);
   if (!g) {
     if (G.enabled) G.direct++;
@@ -733,12 +865,16 @@ static bool replay(ck_device *dev, ck_cmdbuf *cb, const SliceLayout &lay, const 
     g->busy = true;
   }
   cb->graph = g;  // held until cb completes, whatever happens below (a copy into the area may be pending)
+  const uint64_t t1 = G.verbose ? steady_ns() : 0;
+  const size_t patching = G.patch.size();
   std::string failed = update_nodes(G, g, cb, lay);
+  const uint64_t t2 = G.verbose ? steady_ns() : 0;
   cudaError_t e = cudaSuccess;
   if (failed.empty()) {
     e = cudaMemcpyAsync(g->area, staged, lay.bytes, cudaMemcpyHostToDevice, dev->stream);
     if (e != cudaSuccess) failed = std::string("copying its bytes to the graph's area: ") + cudaGetErrorString(e);
   }
+  const uint64_t t3 = G.verbose ? steady_ns() : 0;
   const size_t stamp_bytes = 8 * cb->commands.size();
   if (failed.empty() && g->stamps) {
     e = cudaMemsetAsync(g->stamps, 0, stamp_bytes, dev->stream);
@@ -747,6 +883,16 @@ static bool replay(ck_device *dev, ck_cmdbuf *cb, const SliceLayout &lay, const 
   if (failed.empty()) {
     e = cudaGraphLaunch(g->exec, dev->stream);
     if (e != cudaSuccess) failed = std::string("cudaGraphLaunch: ") + cudaGetErrorString(e);
+  }
+  if (G.verbose) {
+    const uint64_t t4 = steady_ns();
+    g->replays++;
+    g->patched += patching;
+    g->t_wake += cb->t_committed_ns && t0 > cb->t_committed_ns ? t0 - cb->t_committed_ns : 0;
+    g->t_lookup += t1 - t0;
+    g->t_update += t2 - t1;
+    g->t_copy += t3 - t2;
+    g->t_launch += t4 - t3;
   }
   if (failed.empty() && g->stamps) {
     cb->t_launched = Profiler::host_ns();
@@ -772,17 +918,29 @@ static bool replay(ck_device *dev, ck_cmdbuf *cb, const SliceLayout &lay, const 
 // At device close (streams idle, threads joined): the counters, then every graph released.
 static void close_graphs(ck_device *dev) {
   GraphCache &G = dev->graphs;
+  stop_builder(dev);
   if (G.verbose) {
     if (!G.enabled)
       std::fprintf(stderr, "cherenkov cuda graphs: off (CHERENKOV_CUDA_GRAPHS=0 or CHERENKOV_CUDA_PROFILE set)\n");
     else
       std::fprintf(stderr,
-                   "cherenkov cuda graphs: %llu command buffers replayed, %llu launched directly, %llu graphs built, %llu nodes "
-                   "updated, %llu evicted, %llu graph errors%s%s\n",
-                   (unsigned long long)G.replays, (unsigned long long)G.direct, (unsigned long long)G.captures,
+                   "cherenkov cuda graphs: %llu command buffers replayed, %llu launched directly (%.2f ms enqueueing them), %llu graphs "
+                   "built at a launch (%.2f ms), %llu built ahead (%.2f ms; %llu adopted, %llu failed), %llu nodes updated, %llu evicted, "
+                   "%llu graph errors%s%s\n",
+                   (unsigned long long)G.replays, (unsigned long long)G.direct, G.direct_us / 1e3, (unsigned long long)G.captures, G.build_us / 1e3,
+                   (unsigned long long)G.primed, G.prime_us / 1e3, (unsigned long long)G.adopted, (unsigned long long)G.prime_failures,
                    (unsigned long long)G.patched, (unsigned long long)G.evictions, (unsigned long long)G.fallbacks,
                    G.first_error.empty() ? "" : "; first: ", G.first_error.c_str());
   }
+  if (G.verbose)
+    for (const Graph *g : G.entries)
+      if (g->replays)
+        std::fprintf(stderr,
+                     "cherenkov cuda graph of %zu nodes: %llu replays; per replay (us): commit to submit %.1f, lookup %.1f, %.1f nodes "
+                     "updated %.1f, copy %.1f, launch %.1f\n",
+                     g->nodes.size(), (unsigned long long)g->replays, g->t_wake / 1e3 / g->replays, g->t_lookup / 1e3 / g->replays,
+                     double(g->patched) / g->replays, g->t_update / 1e3 / g->replays, g->t_copy / 1e3 / g->replays,
+                     g->t_launch / 1e3 / g->replays);
   for (Graph *g : G.entries) release_graph(g);
   G.entries.clear();
 }
@@ -825,6 +983,12 @@ static bool enqueue(ck_device *dev, ck_cmdbuf *cb) {
   unsigned char *staged = dev->ring_host + start;
   ck::stage(cb, lay, staged);
   if (ck::replay(dev, cb, lay, staged)) return true;
+  const auto t_direct = std::chrono::steady_clock::now();
+  struct DirectTime {  // the host time of this direct launch, into the verbose line's sum
+    ck::GraphCache &G;
+    std::chrono::steady_clock::time_point t0;
+    ~DirectTime() { G.direct_us += uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count()); }
+  } direct_time{dev->graphs, t_direct};
 
   // Direct: the bytes to the ring slice's device copy, then each command launched.
   unsigned char *base = dev->ring_gpu + start;
@@ -1125,6 +1289,9 @@ CK_API ck_device *ck_device_open(void) {
   dev->graphs.enabled = !(graphs && std::strcmp(graphs, "0") == 0) && !ck::Profiler::get().on();
   dev->graphs.verbose = verbose && *verbose && std::strcmp(verbose, "0") != 0;
   dev->graphs.update_nodes = !(graphs && std::strcmp(graphs, "exact") == 0);
+  // CHERENKOV_CUDA_GRAPH_HINTS=0: ck_cmdbuf_hint is ignored (no shape keys, nothing built ahead).
+  const char *hints = std::getenv("CHERENKOV_CUDA_GRAPH_HINTS");
+  dev->graphs.hints = !(hints && std::strcmp(hints, "0") == 0);
   const char *pdl = std::getenv("CHERENKOV_CUDA_PDL");
   int major = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev->ordinal);
@@ -1136,6 +1303,7 @@ CK_API ck_device *ck_device_open(void) {
     std::fprintf(stderr, "cherenkov cuda: CHERENKOV_CUDA_STAMPS is ignored: this library was not built with CHERENKOV_CUDA_STAMPS_BUILD=1\n");
 #endif
   dev->spin_us = spin_us;
+  if (dev->graphs.enabled) dev->graphs.builder = std::thread(ck::build_loop, dev);
   dev->submitter = std::thread(submit_loop, dev);
   dev->completer = std::thread(complete_loop, dev);
   return dev;
@@ -1313,11 +1481,34 @@ CK_API int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value) { retur
 // The driver ends no stream for waiting (CK_LIMIT_GPU_WAIT_LIMIT_MS is 0): a GPU-side wait is fine.
 CK_API int32_t ck_encode_wait_host(ck_cmdbuf *cb, ck_event *ev, double value) { return ck_encode_wait(cb, ev, value); }
 
+CK_API int32_t ck_cmdbuf_hint(ck_cmdbuf *cb, uint32_t shape_key, int32_t prime) {
+  if (ck::check_encoding(cb, "hint") != CK_OK) return CK_ERROR;
+  ck::GraphCache &G = cb->dev->graphs;
+  if (!G.hints) return CK_OK;
+  cb->shape_key = shape_key;
+  if (!prime || !shape_key || !G.enabled || cb->commands.empty()) return CK_OK;
+  {
+    // One graph per key: a key with one (or one coming) is not built again; a full queue
+    // drops the hint (the command buffer's second sight builds it, as without one).
+    std::lock_guard<std::mutex> lk(G.m);
+    if (G.stop || G.keys.count(shape_key) || G.jobs.size() >= ck::kPrimeQueue) return CK_OK;
+    G.keys.insert(shape_key);
+  }
+  ck_cmdbuf *copy = ck::copy_for_build(cb);
+  {
+    std::lock_guard<std::mutex> lk(G.m);
+    G.jobs.push_back(copy);
+  }
+  G.jobs_cv.notify_one();
+  return CK_OK;
+}
+
 CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *cb) {
   if (ck::check_encoding(cb, "commit") != CK_OK) return CK_ERROR;
   ck_device *dev = cb->dev;
   cb->retain();
   if (dev->graphs.stamps) cb->t_commit = ck::Profiler::host_ns();
+  if (dev->graphs.verbose) cb->t_committed_ns = ck::steady_ns();
   {
     std::lock_guard<std::mutex> lk(dev->qm);
     cb->status.store(CK_CMDBUF_COMMITTED);

@@ -26,7 +26,8 @@ constexpr size_t kCancelBytes = 256;
 // A command buffer structure replayed as a CUDA graph (runtime.cu, "---- graphs"). Its kernel
 // arguments point into `area` (the same layout as a ring slice), which each replay refills.
 struct Graph {
-  uint64_t structure = 0;        // structure hash (shape_of): command kinds and kernels
+  uint64_t structure = 0;        // structure hash (shape_of): command kinds and kernels, the shape key
+  uint32_t key = 0;              // the command buffers' shape key (ck_cmdbuf_hint), 0: none
   std::vector<uint64_t> shape;   // the shape its nodes hold now (shape_of)
   std::vector<uint32_t> starts;  // command i's words: shape[starts[i] .. starts[i + 1])
   cudaGraph_t graph = nullptr;   // kept: its nodes name the exec's nodes for updates
@@ -41,15 +42,21 @@ struct Graph {
   // copy after the replay (pinned host memory, read at completion). Null otherwise.
   unsigned long long *stamps = nullptr;
   unsigned long long *stamps_host = nullptr;
+  // CHERENKOV_CUDA_GRAPHS_VERBOSE: its replays' host time by stage (ns), for the line at close.
+  uint64_t replays = 0, patched = 0, t_wake = 0, t_lookup = 0, t_update = 0, t_copy = 0, t_launch = 0;
 };
 
-constexpr size_t kGraphCacheSize = 8;  // instantiated graphs per device
+// Instantiated graphs per device: a decode row, a few prompt chunks and one per accept count of
+// each draft count a speculative run uses (k + 1 of them; runtime.cu, "Shape keys").
+constexpr size_t kGraphCacheSize = 16;
+constexpr size_t kPrimeQueue = 8;  // command buffers waiting for the builder (more are not primed)
 constexpr size_t kSeenShapes = 64;     // recent shape and structure hashes (a graph is built on a second sight)
 
 struct GraphCache {
   bool enabled = false;  // CHERENKOV_CUDA_GRAPHS != 0 and no CHERENKOV_CUDA_PROFILE
   bool verbose = false;  // CHERENKOV_CUDA_GRAPHS_VERBOSE=1: one line of counters at device close
   bool update_nodes = true;  // false (CHERENKOV_CUDA_GRAPHS=exact): replay only an identical shape
+  bool hints = true;         // false (CHERENKOV_CUDA_GRAPH_HINTS=0): ck_cmdbuf_hint ignored
   // Programmatic dependent launch between consecutive kernels (CHERENKOV_CUDA_PDL != 0, a GPU
   // of compute capability 9.0 or newer, no profiler): runtime.cu "Programmatic launch".
   bool pdl = false;
@@ -66,7 +73,21 @@ struct GraphCache {
   // built, graph errors (each falls back to direct launches), command buffers launched
   // directly with graphs on, graphs evicted, nodes updated before a replay.
   uint64_t replays = 0, captures = 0, fallbacks = 0, direct = 0, evictions = 0, patched = 0;
+  uint64_t build_us = 0, direct_us = 0;  // host time building graphs and launching command buffers directly
   std::string first_error;
+  // Graphs built ahead (ck_cmdbuf_hint with prime; runtime.cu, "Built ahead"). `m` guards what
+  // the builder thread shares with the others: `jobs` (copies of primed command buffers),
+  // `built` (graphs it finished, which the submit thread moves into `entries`), `keys` (the
+  // shape keys with a graph in `entries` or `built`, or one being built), `stop` and the
+  // builder's counters.
+  std::mutex m;
+  std::condition_variable jobs_cv;
+  std::deque<ck_cmdbuf *> jobs;
+  std::vector<Graph *> built;
+  std::unordered_set<uint32_t> keys;
+  bool stop = false;
+  uint64_t primed = 0, prime_failures = 0, prime_us = 0, adopted = 0;
+  std::thread builder;
 };
 }  // namespace ck
 
@@ -140,6 +161,8 @@ struct ck_cmdbuf : ck::Counted {
   // CHERENKOV_CUDA_STAMPS: host clock (ck::Profiler::host_ns) at commit, after its graph's
   // launch was enqueued, and when the completion thread saw it done.
   uint64_t t_commit = 0, t_launched = 0, t_done = 0;
+  uint64_t t_committed_ns = 0;  // CHERENKOV_CUDA_GRAPHS_VERBOSE: steady clock at commit
+  uint32_t shape_key = 0;       // ck_cmdbuf_hint: the recording it was encoded from (0: none)
   std::atomic<uint32_t> spun_us{0};  // microseconds its waits have spun (ck_cmdbuf_wait)
   ~ck_cmdbuf();
 };

@@ -237,6 +237,13 @@ CK_API int32_t ck_encode_wait(ck_cmdbuf *cb, ck_event *ev, double value);
  * its message are the same. cpu: as ck_encode_wait, exempt from the emulated OS limit; cuda:
  * ck_encode_wait (the driver has no such limit). */
 CK_API int32_t ck_encode_wait_host(ck_cmdbuf *cb, ck_event *ev, double value);
+/* A hint for a backend that replays command buffers it has seen (cuda: CUDA graphs; cpu and
+ * metal ignore it). `shape_key` (nonzero) names the recording the command buffer was encoded
+ * from: command buffers of one key share a replayed structure, those of different keys each get
+ * their own (0: no key). With `prime` nonzero, the replayed structure of what is encoded so far
+ * is built ahead, in the background, unless one of that key exists: call it after the last
+ * command; the command buffer may then be committed or released as usual. */
+CK_API int32_t ck_cmdbuf_hint(ck_cmdbuf *cb, uint32_t shape_key, int32_t prime);
 /* Queues the command buffer; command buffers run in commit order. */
 CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *cb);
 /* Blocks until the command buffer completes or fails, at most timeout_ms

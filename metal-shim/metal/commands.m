@@ -434,6 +434,13 @@ static void part_done(CherenkovCmdbuf *cb, id<MTLCommandBuffer> done) {
   if (last) ck_cmdbuf_finish(cb, error);
 }
 
+// A Metal command buffer is encoded as it comes (no replayed structure): nothing to build ahead.
+CK_API int32_t ck_cmdbuf_hint(ck_cmdbuf *handle, uint32_t shape_key, int32_t prime) {
+  (void)shape_key;
+  (void)prime;
+  return check_encoding(handle, "hint");
+}
+
 CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *handle) {
   @autoreleasepool {
     if (check_encoding(handle, "commit") != CK_OK) return CK_ERROR;

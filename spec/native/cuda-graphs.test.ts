@@ -103,7 +103,7 @@ test("commits of one shape queued together run in order, each with its params", 
 });
 
 test("more structures than the graph cache holds, interleaved, stay correct", () => {
-  const outs = Array.from({ length: 11 }, () => dev.buffer(n * 4));
+  const outs = Array.from({ length: 20 }, () => dev.buffer(n * 4)); // the CUDA cache holds 16 (kGraphCacheSize)
   for (let round = 0; round < 4; round++) {
     for (let j = 0; j < outs.length; j++) {
       // j + 1 commands: a structure of its own (the extra ones multiply by 1).
@@ -116,6 +116,38 @@ test("more structures than the graph cache holds, interleaved, stay correct", ()
     }
   }
   for (const y of outs) y.release();
+});
+
+test("shape keys and graphs built ahead (hint): keyed commits of one structure, primed by command buffers never committed, each use their own params, offsets and events", async () => {
+  const xs = dev.buffer((n + 64) * 4);
+  for (let i = 0; i < n + 64; i++) xs.f32[i] = i;
+  const y = dev.buffer(n * 4);
+  // Two keys of one structure (as two accept counts' cycles), each primed by a command buffer
+  // with an event of its own, released uncommitted with its event: the builder holds copies.
+  for (const key of [11, 12]) {
+    const ev = dev.event();
+    const cb = dev.commandBuffer().dispatch(...scale({ buffer: xs, offset: 0 }, y, 1)).signal(ev, 1).hint(key, true);
+    cb.release();
+    ev.release();
+  }
+  await Bun.sleep(50); // the builder works meanwhile (no result may depend on whether it finished)
+  const ev = dev.event();
+  for (let pos = 0; pos < 8; pos++) {
+    const key = 11 + (pos % 2);
+    const cb = dev
+      .commandBuffer()
+      .dispatch(...scale({ buffer: xs, offset: pos * 4 }, y, key))
+      .signal(ev, pos + 1)
+      .hint(key, pos < 4)
+      .commit();
+    cb.waitUntilCompleted(5000);
+    expect(y.f32[5]).toBe(key * (5 + pos));
+    expect(y.f32[n - 1]).toBe(key * (n - 1 + pos));
+    expect(ev.value).toBe(pos + 1);
+    expect(() => cb.hint(key, true)).toThrow(/command buffer \d+: hint after commit/);
+    cb.release();
+  }
+  for (const r of [ev, xs, y]) r.release();
 });
 
 test("each dispatch, signal and wait counts as one encoded command on its device (bench:decode's commands per token)", () => {
