@@ -430,6 +430,14 @@ static uint64_t finish_hash(uint64_t h) {
   return h ? h : 1;
 }
 
+// The hash of cb's structure: its number of commands, each one's kind and kernel, the params'
+// size, the event commands and the shape key (never 0).
+static uint64_t structure_of(const ck_cmdbuf *cb) {
+  uint64_t st = mix(mix(mix(mix(0x84222325cbf29ce4ull, cb->commands.size()), cb->params.size()), cb->event_commands), cb->shape_key);
+  for (const Command &c : cb->commands) st = mix(st, c.kind != Command::kDispatch ? uint64_t(c.kind) : reinterpret_cast<uintptr_t>(c.kernel));
+  return finish_hash(st);
+}
+
 // The shape of cb as words (`s`; command i's are s[starts[i] .. starts[i + 1])), with the
 // hashes of the whole shape and of its structure.
 static void shape_of(const ck_cmdbuf *cb, std::vector<uint64_t> &s, std::vector<uint32_t> &starts, uint64_t &full, uint64_t &structure) {
@@ -439,16 +447,13 @@ static void shape_of(const ck_cmdbuf *cb, std::vector<uint64_t> &s, std::vector<
   starts.reserve(cb->commands.size() + 1);
   s.push_back(cb->params.size());
   s.push_back(cb->event_commands);
-  uint64_t st = mix(mix(mix(mix(0x84222325cbf29ce4ull, cb->commands.size()), cb->params.size()), cb->event_commands), cb->shape_key);
   for (const Command &c : cb->commands) {
     starts.push_back(uint32_t(s.size()));
     s.push_back(uint64_t(c.kind));
     if (c.kind != Command::kDispatch) {
-      st = mix(st, uint64_t(c.kind));
       s.push_back(uint64_t(c.event->dptr));
       continue;
     }
-    st = mix(st, reinterpret_cast<uintptr_t>(c.kernel));
     s.push_back(reinterpret_cast<uintptr_t>(c.kernel));
     s.push_back(uint64_t(c.groups[0]) << 32 | c.groups[1]);
     s.push_back(uint64_t(c.groups[2]) << 32 | c.tg[0]);
@@ -466,7 +471,7 @@ static void shape_of(const ck_cmdbuf *cb, std::vector<uint64_t> &s, std::vector<
   uint64_t h = mix(0xcbf29ce484222325ull, cb->shape_key);
   for (uint64_t w : s) h = mix(h, w);
   full = finish_hash(h);
-  structure = finish_hash(st);
+  structure = structure_of(cb);
 }
 
 // The commands of `s` (same structure as g's) whose words differ from g's nodes, into `out`;
@@ -645,9 +650,9 @@ static bool make_room(ck_device *dev) {
       if (!G.entries[i]->busy && (victim == G.entries.size() || G.entries[i]->last_use < G.entries[victim]->last_use)) victim = i;
   }
   if (victim == G.entries.size()) return false;
-  if (G.entries[victim]->key) {
+  {
     std::lock_guard<std::mutex> lk(G.m);
-    G.keys.erase(G.entries[victim]->key);
+    G.structures.erase(G.entries[victim]->structure);
   }
   release_graph(G.entries[victim]);
   G.entries.erase(G.entries.begin() + victim);
@@ -667,7 +672,7 @@ static void adopt_built(ck_device *dev) {
   for (Graph *g : built) {
     if (!make_room(dev)) {
       std::lock_guard<std::mutex> lk(G.m);
-      G.keys.erase(g->key);
+      G.structures.erase(g->structure);
       release_graph(g);
       continue;
     }
@@ -702,6 +707,11 @@ static Graph *graph_for(ck_device *dev, const ck_cmdbuf *cb, const SliceLayout &
     best->last_use = ++G.tick;
     return best;
   }
+  if (!same_structure && G.hints) {
+    // Its graph is being built ahead: launched directly this once rather than built twice.
+    std::lock_guard<std::mutex> lk(G.m);
+    if (G.structures.count(structure)) return nullptr;
+  }
   const bool full_seen = seen_before(G, full);  // both recorded
   const bool structure_seen = seen_before(G, structure);
   // A first graph for a structure seen before, or another one for a shape seen before.
@@ -727,25 +737,32 @@ static Graph *graph_for(ck_device *dev, const ck_cmdbuf *cb, const SliceLayout &
   G.captures++;
   g->last_use = ++G.tick;
   G.entries.push_back(g);
-  if (g->key) {
+  {
     std::lock_guard<std::mutex> lk(G.m);
-    G.keys.insert(g->key);
+    G.structures.insert(structure);
   }
   return g;
 }
 
 // ---- Built ahead ----------------------------------------------------------------------------
 //
-// A structure's graph is built on its second sight, in the submit thread, between a commit and
-// its launch: ~1.4 ms for the tiny model's 130-command speculative cycle on the H200's host,
-// which a cycle of ~0.8 ms waits for. A speculative run has one cycle shape per accept count,
-// and the engine encodes the next cycle for each count ahead while the GPU runs (only one is
-// committed), so each count's first sights came late and cost a direct launch and a build on
-// the critical path. ck_cmdbuf_hint(cb, key, prime) instead hands a copy of such a command
-// buffer (its commands and bindings, not its buffers: a graph holds addresses, and a command
-// buffer whose shape matches one binds live buffers at those addresses) to a builder thread
-// while the GPU is busy; the submit thread adopts what it finished at its next lookup. Building
-// touches no stream (runtime.cu, "graphs"), so it runs beside the submit thread's launches.
+// Without hints a structure's graph is built on its second sight, in the submit thread, between
+// a commit and its launch: ~1.4 ms for the tiny model's 130-command speculative cycle on the
+// H200's host, which a cycle of ~0.8 ms waits for, and its first launch uploads it (~0.2 ms). A
+// speculative run has one cycle shape per accept count, and the engine encodes the next cycle
+// for each count ahead while the GPU runs (only one is committed), so each count's first sights
+// came late, and a rare count's as late as the 27th cycle, each costing a direct launch and a
+// build on the critical path.
+// ck_cmdbuf_hint(cb, key, prime):
+// - The shape key (the recording's) is part of the structure hash: each accept count's cycle
+//   gets a graph of its own instead of sharing one with another count and updating the ~15
+//   nodes whose grids or bindings differ at every switch.
+// - prime hands a copy of the command buffer (its commands and bindings, not its buffers: a
+//   graph holds addresses, and a command buffer whose shape matches binds live buffers at
+//   them) to a builder thread while the GPU is busy. The builder builds and uploads the graph
+//   (building touches no stream, "graphs" above) and the submit thread adopts it at its next
+//   lookup. One structure is primed once (GraphCache::structures), and a commit of a structure
+//   still being built ahead is launched directly instead of building it a second time.
 
 // A copy of what building cb's graph reads (commands, bindings, params' size, events retained).
 static ck_cmdbuf *copy_for_build(const ck_cmdbuf *cb) {
@@ -768,12 +785,23 @@ static void build_loop(ck_device *dev) {
   GraphCache &G = dev->graphs;
   std::vector<uint64_t> shape;
   std::vector<uint32_t> starts;
+  // Where a built graph is uploaded: a graph's first launch otherwise uploads it, ~150-240 us
+  // of the submit thread's time on the H200 (measured per graph with CHERENKOV_CUDA_GRAPHS_VERBOSE).
+  cudaStream_t upload = nullptr;
+  if (cudaStreamCreateWithFlags(&upload, cudaStreamNonBlocking) != cudaSuccess) {
+    cudaGetLastError();
+    upload = nullptr;
+  }
   for (;;) {
     ck_cmdbuf *job;
     {
       std::unique_lock<std::mutex> lk(G.m);
       G.jobs_cv.wait(lk, [&] { return G.stop || !G.jobs.empty(); });
-      if (G.stop) return;
+      if (G.stop) {
+        lk.unlock();
+        if (upload) cudaStreamDestroy(upload);
+        return;
+      }
       job = G.jobs.front();
       G.jobs.pop_front();
     }
@@ -786,6 +814,8 @@ static void build_loop(ck_device *dev) {
     g->starts = starts;
     std::string err;
     const bool ok = build_graph(dev, job, slice_layout(job), g, err);
+    // Not needed for correctness: a failed upload leaves it to the first launch.
+    if (ok && upload && (cudaGraphUpload(g->exec, upload) != cudaSuccess || cudaStreamSynchronize(upload) != cudaSuccess)) cudaGetLastError();
     const uint64_t us = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
     {
       std::lock_guard<std::mutex> lk(G.m);
@@ -794,7 +824,7 @@ static void build_loop(ck_device *dev) {
         G.built.push_back(g);
         G.primed++;
       } else {
-        G.keys.erase(g->key);
+        G.structures.erase(g->structure);
         G.prime_failures++;
         if (G.first_error.empty()) G.first_error = "building a graph ahead: " + err;
       }
@@ -1487,12 +1517,13 @@ CK_API int32_t ck_cmdbuf_hint(ck_cmdbuf *cb, uint32_t shape_key, int32_t prime) 
   if (!G.hints) return CK_OK;
   cb->shape_key = shape_key;
   if (!prime || !shape_key || !G.enabled || cb->commands.empty()) return CK_OK;
+  const uint64_t structure = ck::structure_of(cb);
   {
-    // One graph per key: a key with one (or one coming) is not built again; a full queue
-    // drops the hint (the command buffer's second sight builds it, as without one).
+    // One graph per structure (the key is part of it): one there, or coming, is not built
+    // again; a full queue drops the hint (the second sight builds it, as without one).
     std::lock_guard<std::mutex> lk(G.m);
-    if (G.stop || G.keys.count(shape_key) || G.jobs.size() >= ck::kPrimeQueue) return CK_OK;
-    G.keys.insert(shape_key);
+    if (G.stop || G.structures.count(structure) || G.jobs.size() >= ck::kPrimeQueue) return CK_OK;
+    G.structures.insert(structure);
   }
   ck_cmdbuf *copy = ck::copy_for_build(cb);
   {

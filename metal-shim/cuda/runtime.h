@@ -47,7 +47,7 @@ struct Graph {
 };
 
 // Instantiated graphs per device: a decode row, a few prompt chunks and one per accept count of
-// each draft count a speculative run uses (k + 1 of them; runtime.cu, "Shape keys").
+// each draft count a speculative run uses (k + 1 of them; runtime.cu, "Built ahead").
 constexpr size_t kGraphCacheSize = 16;
 constexpr size_t kPrimeQueue = 8;  // command buffers waiting for the builder (more are not primed)
 constexpr size_t kSeenShapes = 64;     // recent shape and structure hashes (a graph is built on a second sight)
@@ -77,14 +77,14 @@ struct GraphCache {
   std::string first_error;
   // Graphs built ahead (ck_cmdbuf_hint with prime; runtime.cu, "Built ahead"). `m` guards what
   // the builder thread shares with the others: `jobs` (copies of primed command buffers),
-  // `built` (graphs it finished, which the submit thread moves into `entries`), `keys` (the
-  // shape keys with a graph in `entries` or `built`, or one being built), `stop` and the
-  // builder's counters.
+  // `built` (graphs it finished, which the submit thread moves into `entries`), `structures`
+  // (the structure hashes with a graph in `entries` or `built`, or one being built), `stop` and
+  // the builder's counters.
   std::mutex m;
   std::condition_variable jobs_cv;
   std::deque<ck_cmdbuf *> jobs;
   std::vector<Graph *> built;
-  std::unordered_set<uint32_t> keys;
+  std::unordered_set<uint64_t> structures;
   bool stop = false;
   uint64_t primed = 0, prime_failures = 0, prime_us = 0, adopted = 0;
   std::thread builder;

@@ -22,7 +22,10 @@
  * `--tokens` tokens through the Model API with `drafts: "auto"` and without, in pairs of
  * alternating order, --auto-runs times each (even; default 4) after a warm-up: issue 18 asks that auto never be
  * slower than plain; the medians are compared, and the pairs' ratios (geometric mean: each pair
- * timed back to back), single runs swing by a few percent).
+ * timed back to back), single runs swing by a few percent), --pairs N (with --drafts: after the
+ * runs above, N more of `--tokens` tokens each way timed back to back on two warmed sequences,
+ * in alternating order (N even): a ratio of separate runs moves with the host's drift (on the
+ * H200 the same cycles' host work took 2x longer in one process than in the next).
  */
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -59,6 +62,7 @@ const { values: opts } = parseArgs({
     "no-round-trip": { type: "boolean", default: false },
     auto: { type: "boolean", default: false },
     "auto-runs": { type: "string", default: "4" },
+    pairs: { type: "string", default: "0" },
   },
 });
 const log = (s: string) => {
@@ -76,6 +80,8 @@ if (!Number.isInteger(autoRuns) || autoRuns < 2 || autoRuns % 2 !== 0)
   throw new Error(`--auto-runs ${opts["auto-runs"]}: expected an even whole number >= 2 (pairs in both orders, as many of each)`);
 const promptLen = Number(opts.prompt);
 const drafts = Number(opts.drafts);
+const pairs = Number(opts.pairs);
+if (!Number.isInteger(pairs) || pairs < 0 || pairs % 2 !== 0) throw new Error(`--pairs ${opts.pairs}: expected an even whole number (pairs in both orders, as many of each)`);
 
 function engineOptions(): EngineOptions {
   const o: EngineOptions = { backing: opts.backing as "wired" | "mapped", ioMode: opts.io as "direct" | "cached", lookahead: !opts["no-lookahead"] };
@@ -135,6 +141,12 @@ interface ModelResult {
     phasesPerCycle: Record<string, number>;
     /** Cycles whose preparing of the next ones ended after the GPU was done (the GPU waited on the host). */
     preparesOverran: number;
+    /**
+     * --pairs N: `tokens` tokens plainly and speculatively, timed back to back N times on two
+     * warmed sequences (plain first, then speculative first, alternately): tok/s of each, and
+     * the geometric mean and median of speculative / plain over the pairs.
+     */
+    pairs?: { plain: number[]; speculative: number[]; pairedRatio: number; medianRatio: number };
   };
   /** --auto: decode tok/s through the Model API without drafts and with drafts "auto" (--auto-runs runs each), and the counts auto chose. */
   auto?: {
@@ -302,6 +314,7 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
         preparesOverran: specStats.phases["prepare-overran"]?.count ?? 0,
       };
       spec.dispose();
+      if (pairs > 0) result.speculative.pairs = await timedPairs(engine, prompt, drafts);
     }
     await engine.close();
     if (opts.auto) result.auto = await autoDrafts(dir, prompt);
@@ -309,6 +322,58 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
   } finally {
     await engine.close();
     files.close();
+  }
+}
+
+/**
+ * --pairs: plain and speculative decoding of `tokens` tokens timed back to back, `pairs` times,
+ * on two sequences warmed by `warmup` tokens each. The host's speed drifts from run to run and
+ * within one (on the H200's host one process prepared the same cycles 2x slower than the next),
+ * and a cycle has more host work than a plain step: a pair sees the same drift on both sides.
+ */
+async function timedPairs(engine: Engine, prompt: number[], k: number): Promise<NonNullable<NonNullable<ModelResult["speculative"]>["pairs"]>> {
+  const plainSeq = engine.newSequence();
+  const specSeq = engine.newSequence();
+  try {
+    let p = (await plainSeq.forward(prompt)).next.at(-1)!;
+    let s = (await specSeq.forward(prompt)).next.at(-1)!;
+    for (let i = 0; i < warmup; i++) p = (await plainSeq.forward([p])).next[0]!;
+    for (let made = 0; made < warmup; ) {
+      const x = await specSeq.speculate(s, k);
+      made += x.next.length;
+      s = x.next.at(-1)!;
+    }
+    const plain: number[] = [];
+    const speculative: number[] = [];
+    const runPlain = async () => {
+      const t0 = performance.now();
+      for (let i = 0; i < tokens; i++) p = (await plainSeq.forward([p])).next[0]!;
+      plain.push(tokens / ((performance.now() - t0) / 1000));
+    };
+    const runSpeculative = async () => {
+      const t0 = performance.now();
+      let made = 0;
+      while (made < tokens) {
+        const x = await specSeq.speculate(s, k);
+        made += x.next.length;
+        s = x.next.at(-1)!;
+      }
+      speculative.push(made / ((performance.now() - t0) / 1000));
+    };
+    for (let i = 0; i < pairs; i++) {
+      if (i % 2 === 0) {
+        await runPlain();
+        await runSpeculative();
+      } else {
+        await runSpeculative();
+        await runPlain();
+      }
+    }
+    const ratios = speculative.map((x, i) => x / plain[i]!);
+    return { plain, speculative, pairedRatio: Math.exp(ratios.reduce((a, r) => a + Math.log(r), 0) / ratios.length), medianRatio: median(ratios) };
+  } finally {
+    plainSeq.dispose();
+    specSeq.dispose();
   }
 }
 
@@ -364,6 +429,11 @@ function printModel(r: ModelResult): void {
         `per cycle ${fmt(sp.commandsPerCycle, 1)} commands committed, ${fmt(sp.eventsPerCycle, 1)} signals + waits, ${fmt(sp.handshakesPerCycle, 1)} handshakes; ` +
         `${fmt(sp.msPerCycle, 3)} ms a cycle: ${["encode", "step", "gpu", "prepare"].map((k) => `${k} ${fmt(sp.phasesPerCycle[k] ?? 0, 3)}`).join(", ")} ms; ` +
         `${sp.preparesOverran} of ${sp.cycles} cycles' prepares ended after the GPU was done`,
+    );
+  if (sp?.pairs)
+    log(
+      `${sp.pairs.plain.length} pairs of ${r.decodeTokens} tokens timed back to back: speculative ${sp.pairs.speculative.map((x) => fmt(x, 0)).join(" / ")} tok/s against plain ` +
+        `${sp.pairs.plain.map((x) => fmt(x, 0)).join(" / ")}: **${fmt(sp.pairs.pairedRatio, 2)}x** (geometric mean of the pairs; median ${fmt(sp.pairs.medianRatio, 2)}x)`,
     );
   const au = r.auto;
   if (au)
