@@ -163,10 +163,23 @@ interface ModelResult {
   };
 }
 
-/** The geometric mean of auto / plain over the pairs (run i of each was timed beside the other's). */
-function pairedRatio(au: { auto: number[]; plain: number[] }): number {
-  const logs = au.auto.map((a, i) => Math.log(a / au.plain[i]!));
+/** The geometric mean of xs[i] / base[i] over the pairs (run i of each was timed beside the other's). */
+function pairedRatio(xs: number[], base: number[]): number {
+  const logs = xs.map((x, i) => Math.log(x / base[i]!));
   return Math.exp(logs.reduce((x, y) => x + y, 0) / logs.length);
+}
+
+/** `n` pairs of `a` and `b` timed back to back, in alternating order (a first, then b first). */
+async function alternately(n: number, a: () => Promise<void>, b: () => Promise<void>): Promise<void> {
+  for (let i = 0; i < n; i++) {
+    if (i % 2 === 0) {
+      await a();
+      await b();
+    } else {
+      await b();
+      await a();
+    }
+  }
 }
 
 /** Decode tok/s of `tokens` tokens after `prompt` through the Model API, plain and with drafts "auto", alternately. */
@@ -191,16 +204,8 @@ async function autoDrafts(dir: string, prompt: number[]): Promise<NonNullable<Mo
     const runPlain = async () => {
       out.plain.push((await run(undefined)).timings.tokensPerSecond);
     };
-    for (let i = 0; i < autoRuns; i++) {
-      if (i % 2 === 0) {
-        await runPlain();
-        await runAuto();
-      } else {
-        await runAuto();
-        await runPlain();
-      }
-    }
-    out.pairedRatio = pairedRatio(out);
+    await alternately(autoRuns, runPlain, runAuto);
+    out.pairedRatio = pairedRatio(out.auto, out.plain);
     return out;
   } finally {
     await model.close();
@@ -360,17 +365,8 @@ async function timedPairs(engine: Engine, prompt: number[], k: number): Promise<
       }
       speculative.push(made / ((performance.now() - t0) / 1000));
     };
-    for (let i = 0; i < pairs; i++) {
-      if (i % 2 === 0) {
-        await runPlain();
-        await runSpeculative();
-      } else {
-        await runSpeculative();
-        await runPlain();
-      }
-    }
-    const ratios = speculative.map((x, i) => x / plain[i]!);
-    return { plain, speculative, pairedRatio: Math.exp(ratios.reduce((a, r) => a + Math.log(r), 0) / ratios.length), medianRatio: median(ratios) };
+    await alternately(pairs, runPlain, runSpeculative);
+    return { plain, speculative, pairedRatio: pairedRatio(speculative, plain), medianRatio: median(speculative.map((x, i) => x / plain[i]!)) };
   } finally {
     plainSeq.dispose();
     specSeq.dispose();
