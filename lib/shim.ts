@@ -711,9 +711,18 @@ export class CommandBuffer {
 
   /** Blocks until completion; throws the native error on failure, or after timeoutMs. */
   waitUntilCompleted(timeoutMs = 60_000): void {
+    if (!this.waitFor(timeoutMs)) throw new ShimError(`command buffer ${this.id} did not complete within ${timeoutMs} ms`);
+  }
+
+  /**
+   * Blocks until completion or for timeoutMs at most: whether it completed; throws the native
+   * error on failure. For a wait in slices (an engine step), where running out a slice is the
+   * common case, not an error.
+   */
+  waitFor(timeoutMs: number): boolean {
     const status = this.#shim.symbols.ck_cmdbuf_wait(this.handle, timeoutMs);
-    if (status === CK_OK) return;
-    if (status === CK_TIMEOUT) throw new ShimError(`command buffer ${this.id} did not complete within ${timeoutMs} ms`);
+    if (status === CK_OK) return true;
+    if (status === CK_TIMEOUT) return false;
     throw new ShimError(this.#shim.lastError());
   }
 

@@ -175,13 +175,14 @@ export async function waitForCompletion(cb: CommandBuffer): Promise<void> {
     const status = cb.status;
     if (status === "completed") return;
     if (status === "failed") throw new GpuStepError(`GPU step failed: ${cb.error}`);
+    let done: boolean;
     try {
-      cb.waitUntilCompleted(WAIT_SLICE_MS);
-      return;
+      done = cb.waitFor(WAIT_SLICE_MS);
     } catch (e) {
       if (cb.status === "failed") throw new GpuStepError(`GPU step failed: ${cb.error}`);
-      if (!/did not complete/.test((e as Error).message)) throw e;
+      throw e;
     }
+    if (done) return;
     await yieldToEventLoop();
   }
 }

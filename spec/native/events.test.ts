@@ -31,9 +31,11 @@ test("a command buffer waiting on an event stays pending until the host sets it"
   expect(ev.value).toBe(1);
   expect(y2.f32[100]).toBe(0); // the second dispatch has not run
   expect(ev.waitFor(3, 20)).toBe(false); // host wait times out
+  expect(cb.waitFor(20)).toBe(false); // a command buffer's wait in a slice runs out without an error
+  expect(() => cb.waitUntilCompleted(20)).toThrow(`command buffer ${cb.id} did not complete within 20 ms`);
 
   ev.set(2);
-  cb.waitUntilCompleted(5000);
+  expect(cb.waitFor(5000)).toBe(true);
   expect(cb.status).toBe("completed");
   expect(ev.value).toBe(3);
   expect(y2.f32[100]).toBe(600);
@@ -81,6 +83,7 @@ test("a GPU wait that times out fails its command buffer; the queue goes on", ()
     const cb = dev.commandBuffer();
     cb.wait(ev, 5).dispatch("selftest_scale_f32", n / 64, 64, [null, x, y], selftestParams({ n, scale: 2 })).commit();
     const message = new RegExp(`^command buffer ${cb.id}: wait for event ${ev.id} >= 5 timed out after 100 ms$`);
+    expect(() => cb.waitFor(5000)).toThrow(message); // a failure is an error, not a slice run out
     expect(() => cb.waitUntilCompleted(5000)).toThrow(message);
     expect(cb.status).toBe("failed");
     expect(cb.error).toMatch(message);
