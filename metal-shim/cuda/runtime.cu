@@ -430,6 +430,11 @@ static uint64_t finish_hash(uint64_t h) {
   return h ? h : 1;
 }
 
+// Nanoseconds of a steady clock: the host times CHERENKOV_CUDA_GRAPHS_VERBOSE prints.
+static uint64_t steady_ns() {
+  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+
 // The hash of cb's structure: its number of commands, each one's kind and kernel, the params'
 // size, the event commands and the shape key (never 0).
 static uint64_t structure_of(const ck_cmdbuf *cb) {
@@ -634,10 +639,6 @@ static bool seen_before(GraphCache &G, uint64_t h) {
   return false;
 }
 
-// The graph to replay cb from, or null (launch it directly); G.patch lists the commands whose
-// nodes must be updated first. A structure gets its first graph on its second sight, so one-off
-// shapes (prefill chunks of odd sizes) never pay for building one; a structure whose graph
-// failed is never tried again.
 // Frees the least recently used graph no command buffer holds when the cache is full (submit
 // thread); false when every graph is held.
 static bool make_room(ck_device *dev) {
@@ -682,6 +683,10 @@ static void adopt_built(ck_device *dev) {
   }
 }
 
+// The graph to replay cb from, or null (launch it directly); G.patch lists the commands whose
+// nodes must be updated first. A structure gets its first graph on its second sight, so one-off
+// shapes (prefill chunks of odd sizes) never pay for building one; a structure whose graph
+// failed is never tried again.
 static Graph *graph_for(ck_device *dev, const ck_cmdbuf *cb, const SliceLayout &lay) {
   GraphCache &G = dev->graphs;
   G.patch.clear();
@@ -719,13 +724,12 @@ static Graph *graph_for(ck_device *dev, const ck_cmdbuf *cb, const SliceLayout &
   if (!make_room(dev)) return nullptr;  // every graph has a command buffer in flight
   auto *g = new Graph();
   g->structure = structure;
-  g->key = cb->shape_key;
   g->shape = G.scratch;
   g->starts = G.scratch_starts;
   std::string err;
-  const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t t0 = steady_ns();
   const bool built = build_graph(dev, cb, lay, g, err);
-  G.build_us += uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+  G.build_ns += steady_ns() - t0;
   if (!built) {
     char msg[160];
     std::snprintf(msg, sizeof msg, "command buffer %u: building a CUDA graph of its %zu commands: ", cb->id, cb->commands.size());
@@ -783,8 +787,6 @@ static ck_cmdbuf *copy_for_build(const ck_cmdbuf *cb) {
 static void build_loop(ck_device *dev) {
   cudaSetDevice(dev->ordinal);
   GraphCache &G = dev->graphs;
-  std::vector<uint64_t> shape;
-  std::vector<uint32_t> starts;
   // Where a built graph is uploaded: a graph's first launch otherwise uploads it, ~150-240 us
   // of the submit thread's time on the H200 (measured per graph with CHERENKOV_CUDA_GRAPHS_VERBOSE).
   cudaStream_t upload = nullptr;
@@ -805,21 +807,18 @@ static void build_loop(ck_device *dev) {
       job = G.jobs.front();
       G.jobs.pop_front();
     }
-    const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t t0 = steady_ns();
     auto *g = new Graph();
     uint64_t full = 0;
-    shape_of(job, shape, starts, full, g->structure);
-    g->key = job->shape_key;
-    g->shape = shape;
-    g->starts = starts;
+    shape_of(job, g->shape, g->starts, full, g->structure);
     std::string err;
     const bool ok = build_graph(dev, job, slice_layout(job), g, err);
     // Not needed for correctness: a failed upload leaves it to the first launch.
     if (ok && upload && (cudaGraphUpload(g->exec, upload) != cudaSuccess || cudaStreamSynchronize(upload) != cudaSuccess)) cudaGetLastError();
-    const uint64_t us = uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+    const uint64_t ns = steady_ns() - t0;
     {
       std::lock_guard<std::mutex> lk(G.m);
-      G.prime_us += us;
+      G.prime_ns += ns;
       if (ok) {
         G.built.push_back(g);
         G.primed++;
@@ -876,10 +875,6 @@ static std::string update_nodes(GraphCache &G, Graph *g, const ck_cmdbuf *cb, co
 
 // Enqueues cb as a replay of a graph, if one fits; false: launch it directly (nothing of it
 // was run). `staged` is its pinned ring slice, written by stage().
-static uint64_t steady_ns() {
-  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
-}
-
 static bool replay(ck_device *dev, ck_cmdbuf *cb, const SliceLayout &lay, const unsigned char *staged) {
   GraphCache &G = dev->graphs;
   const uint64_t t0 = G.verbose ? steady_ns() : 0;
@@ -957,8 +952,8 @@ static void close_graphs(ck_device *dev) {
                    "cherenkov cuda graphs: %llu command buffers replayed, %llu launched directly (%.2f ms enqueueing them), %llu graphs "
                    "built at a launch (%.2f ms), %llu built ahead (%.2f ms; %llu adopted, %llu failed), %llu nodes updated, %llu evicted, "
                    "%llu graph errors%s%s\n",
-                   (unsigned long long)G.replays, (unsigned long long)G.direct, G.direct_us / 1e3, (unsigned long long)G.captures, G.build_us / 1e3,
-                   (unsigned long long)G.primed, G.prime_us / 1e3, (unsigned long long)G.adopted, (unsigned long long)G.prime_failures,
+                   (unsigned long long)G.replays, (unsigned long long)G.direct, G.direct_ns / 1e6, (unsigned long long)G.captures, G.build_ns / 1e6,
+                   (unsigned long long)G.primed, G.prime_ns / 1e6, (unsigned long long)G.adopted, (unsigned long long)G.prime_failures,
                    (unsigned long long)G.patched, (unsigned long long)G.evictions, (unsigned long long)G.fallbacks,
                    G.first_error.empty() ? "" : "; first: ", G.first_error.c_str());
   }
@@ -1013,12 +1008,11 @@ static bool enqueue(ck_device *dev, ck_cmdbuf *cb) {
   unsigned char *staged = dev->ring_host + start;
   ck::stage(cb, lay, staged);
   if (ck::replay(dev, cb, lay, staged)) return true;
-  const auto t_direct = std::chrono::steady_clock::now();
-  struct DirectTime {  // the host time of this direct launch, into the verbose line's sum
+  struct DirectTime {  // the host time of this direct launch (whichever return ends it), into the verbose line's sum
     ck::GraphCache &G;
-    std::chrono::steady_clock::time_point t0;
-    ~DirectTime() { G.direct_us += uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count()); }
-  } direct_time{dev->graphs, t_direct};
+    const uint64_t t0 = ck::steady_ns();
+    ~DirectTime() { G.direct_ns += ck::steady_ns() - t0; }
+  } direct_time{dev->graphs};
 
   // Direct: the bytes to the ring slice's device copy, then each command launched.
   unsigned char *base = dev->ring_gpu + start;

@@ -27,7 +27,6 @@ constexpr size_t kCancelBytes = 256;
 // arguments point into `area` (the same layout as a ring slice), which each replay refills.
 struct Graph {
   uint64_t structure = 0;        // structure hash (shape_of): command kinds and kernels, the shape key
-  uint32_t key = 0;              // the command buffers' shape key (ck_cmdbuf_hint), 0: none
   std::vector<uint64_t> shape;   // the shape its nodes hold now (shape_of)
   std::vector<uint32_t> starts;  // command i's words: shape[starts[i] .. starts[i + 1])
   cudaGraph_t graph = nullptr;   // kept: its nodes name the exec's nodes for updates
@@ -73,7 +72,7 @@ struct GraphCache {
   // built, graph errors (each falls back to direct launches), command buffers launched
   // directly with graphs on, graphs evicted, nodes updated before a replay.
   uint64_t replays = 0, captures = 0, fallbacks = 0, direct = 0, evictions = 0, patched = 0;
-  uint64_t build_us = 0, direct_us = 0;  // host time building graphs and launching command buffers directly
+  uint64_t build_ns = 0, direct_ns = 0;  // host time building graphs and launching command buffers directly
   std::string first_error;
   // Graphs built ahead (ck_cmdbuf_hint with prime; runtime.cu, "Built ahead"). `m` guards what
   // the builder thread shares with the others: `jobs` (copies of primed command buffers),
@@ -86,7 +85,7 @@ struct GraphCache {
   std::vector<Graph *> built;
   std::unordered_set<uint64_t> structures;
   bool stop = false;
-  uint64_t primed = 0, prime_failures = 0, prime_us = 0, adopted = 0;
+  uint64_t primed = 0, prime_failures = 0, prime_ns = 0, adopted = 0;
   std::thread builder;
 };
 }  // namespace ck

@@ -241,8 +241,9 @@ CK_API int32_t ck_encode_wait_host(ck_cmdbuf *cb, ck_event *ev, double value);
  * metal ignore it). `shape_key` (nonzero) names the recording the command buffer was encoded
  * from: command buffers of one key share a replayed structure, those of different keys each get
  * their own (0: no key). With `prime` nonzero, the replayed structure of what is encoded so far
- * is built ahead, in the background, unless one of that key exists: call it after the last
- * command; the command buffer may then be committed or released as usual. */
+ * is built ahead, in the background, unless one of that structure (its commands' kinds and
+ * kernels, and the key) exists or is being built: call it after the last command; the command
+ * buffer may then be committed or released as usual. */
 CK_API int32_t ck_cmdbuf_hint(ck_cmdbuf *cb, uint32_t shape_key, int32_t prime);
 /* Queues the command buffer; command buffers run in commit order. */
 CK_API int32_t ck_cmdbuf_commit(ck_cmdbuf *cb);
