@@ -13,14 +13,19 @@
 // which can cost many steady steps (on the H200's 30b shape ~3 plain steps), so the price is
 // k's last transition time plus its steady time, not twice the steady time: priced at the
 // steady time alone, explorations came about three times as often as the share allowed and
-// drafts "auto" ran at 0.93x plain there. Each exploration that finds k clearly beaten (under
-// 90% of the best rate) doubles what the next one of k must save up (up to MAX_BACKOFF times;
-// reset on a close call): where drafting never pays (an MTP head that proposes nothing useful)
-// exploring costs ~2% / 8 of the time, at the price of a slower recovery when the world
-// changes (several hundred steps). A step right after a change of count is
-// not k's steady cost either: a draft step after steps without drafts also runs the MTP head
-// over the rows it skipped, and on the engine any step after a change finds no command buffer
-// prepared for it (a plain step after a cycle also runs the cycle's pending rollback). Such a
+// drafts "auto" ran at 0.93x plain there. k's first measurement, and each exploration, that
+// finds k clearly beaten (under 90% of the best rate) doubles what the next exploration of k
+// must save up (up to MAX_BACKOFF times; reset on a close call, on an exploration that raised
+// k's rate by 10%, and for every count when the best count changes): where drafting never pays
+// (an MTP head that proposes nothing useful) exploring costs ~2% / 8 of the time, and the
+// first re-try waits for twice the budget (re-tried at once, a count never accepted cost the
+// H200's 30b shape 1-2% over its first few hundred tokens). The acceptance prior weighs as two
+// observations, so a first measurement that accepted nothing is seen as such. The price of an
+// exploration includes the step back to the best count (also a transition: nothing prepared,
+// a cycle's rollback to run), charged to it as well.
+// A step right after a change of count is not k's steady cost: a draft step after steps
+// without drafts also runs the MTP head over the rows it skipped, and on the engine any step
+// after a change finds no command buffer prepared for it (a plain step after a cycle also runs the cycle's pending rollback). Such a
 // transition only updates the acceptance, and the next step repeats k to measure it; counted
 // as plain's cost, it would make plain look slower than it is and drafting win where it loses.
 
@@ -33,6 +38,10 @@ const EXPLORE_ALPHA = 0.5;
 const MAX_BACKOFF = 8;
 /** An explored count whose rate is at least this share of the best's is a close call: no backoff. */
 const BACKOFF_MARGIN = 0.9;
+/** An exploration that raised k's rate by this factor or more found a changed world: no backoff. */
+const IMPROVED = 1.1;
+/** Observations the acceptance prior weighs as (a position's first ones weigh 1/3, 1/4, ... until alpha). */
+const PRIOR_WEIGHT = 2;
 
 export interface DraftControllerOptions {
   /** The largest draft count the backend verifies. */
@@ -64,6 +73,12 @@ export class DraftController {
   private repeat: number | null = null;
   /** The count being re-tried: rare samples of a maybe changed world weigh more (EXPLORE_ALPHA). */
   private exploring: number | null = null;
+  /** The explored count's rate before its exploration. */
+  private rateBeforeExplore = 0;
+  /** An exploration just measured its count: the step back (a transition) is charged to it too. */
+  private returning = false;
+  /** The best count at the last choice (null: none yet). */
+  private lastBest: number | null = null;
   private readonly acceptance: number[];
   private readonly cost: (number | null)[];
   /** EWMA of the time of a step into k from another count (null = none seen yet). */
@@ -71,6 +86,8 @@ export class DraftController {
   private readonly steps: number[];
   /** Per count: the multiple of its exploration price its next exploration must have saved up. */
   private readonly backoff: number[];
+  /** Observations of each draft position so far. */
+  private readonly seen: number[];
   private nextExplore = 0;
 
   constructor(opts: DraftControllerOptions) {
@@ -87,6 +104,7 @@ export class DraftController {
     this.transitionCost = new Array(maxDrafts + 1).fill(null);
     this.steps = new Array(maxDrafts + 1).fill(0);
     this.backoff = new Array(maxDrafts + 1).fill(1);
+    this.seen = new Array(maxDrafts).fill(0);
   }
 
   /** Expected tokens a step with k drafts yields (accepted drafts plus the bonus). */
@@ -113,25 +131,32 @@ export class DraftController {
     // Measure every count once before trusting any rate (cheapest first).
     for (let k = 0; k <= top; k++) if (this.cost[k] === null) return k;
     const best = this.best(top);
+    // A new best: the world changed, and the verdicts that backed the others off are stale.
+    if (top === this.maxDrafts) {
+      if (this.lastBest !== null && best !== this.lastBest) this.backoff.fill(1);
+      this.lastBest = best;
+    }
     // Round robin over the other counts, each when the budget pays for one step of it.
     for (let i = 0; i <= top; i++) {
       const k = (this.nextExplore + i) % (top + 1);
       if (k === best) continue;
-      // Two steps (the transition into k, then the one measured), times k's backoff: what
-      // they take is charged as they are observed, the backoff's surplus now.
-      const price = this.explorationPrice(k);
+      // Three steps (the transition into k, the one measured, the transition back to the
+      // best), times k's backoff: what they take is charged as they are observed, the
+      // backoff's surplus now.
+      const price = this.explorationPrice(k, best);
       if (this.budget < price * this.backoff[k]!) continue;
       this.budget -= price * (this.backoff[k]! - 1);
       this.nextExplore = k + 1;
       this.exploring = k;
+      this.rateBeforeExplore = this.rate(k);
       return k;
     }
     return best;
   }
 
-  /** What re-trying k costs: a step into k (as the last one took) and a steady one. */
-  private explorationPrice(k: number): number {
-    return (this.transitionCost[k] ?? this.cost[k]!) + this.cost[k]!;
+  /** What re-trying k costs: a step into k (as the last one took), a steady one, and the step back to `best`. */
+  private explorationPrice(k: number, best: number): number {
+    return (this.transitionCost[k] ?? this.cost[k]!) + this.cost[k]! + (this.transitionCost[best] ?? this.cost[best]!);
   }
 
   /** The count with the most expected tokens per ms among 0..top (all measured). */
@@ -158,29 +183,47 @@ export class DraftController {
     if (!Number.isInteger(accepted) || accepted < 0 || accepted > k) throw new RangeError(`DraftController.observe: accepted ${accepted} outside 0..${k}`);
     if (!(ms >= 0)) throw new RangeError(`DraftController.observe: step time ${ms} ms must be >= 0`);
     const explored = this.exploring === k;
+    const firstMeasure = !transition && this.cost[k] === null;
     const a = explored ? Math.max(this.alpha, EXPLORE_ALPHA) : this.alpha;
     if (!transition) this.exploring = null;
     this.steps[k]!++;
     this.budget += this.exploreShare * ms;
-    if (explored) this.budget -= ms;
+    if (explored || (this.returning && transition)) this.budget -= ms;
+    this.returning = explored && !transition;
     if (transition) {
       this.repeat = k;
       this.transitionCost[k] = ewma(this.transitionCost[k] ?? null, ms, a);
     } else {
       this.cost[k] = ewma(this.cost[k] ?? null, Math.max(ms, 1e-6), a);
     }
-    // Positions 1..accepted were accepted; position accepted+1 (if proposed) was rejected; later ones are unobserved.
+    // Positions 1..accepted were accepted; position accepted+1 (if proposed) was rejected; later
+    // ones are unobserved. The prior counts as PRIOR_WEIGHT observations, so a count's first
+    // measurement is not mostly the prior (at alpha 0.1 two rejections left 0.41 of a 0.5
+    // prior, and drafts that never pay looked close to paying until several explorations had
+    // run) nor one sample alone (weighed as one, a single early rejection backed a count that
+    // pays off, and a simulated world took ~500 steps to reach its best count instead of ~50).
     for (let j = 0; j < Math.min(k, accepted + 1); j++) {
       const hit = j < accepted ? 1 : 0;
-      this.acceptance[j] = (1 - a) * this.acceptance[j]! + a * hit;
+      const w = Math.max(a, 1 / (this.seen[j]! + 1 + PRIOR_WEIGHT));
+      this.seen[j]!++;
+      this.acceptance[j] = (1 - w) * this.acceptance[j]! + w * hit;
     }
-    // An exploration's verdict: k within BACKOFF_MARGIN of the best rate (a close call that
-    // noise in the estimates may have decided) keeps exploring at the full rate; k clearly
-    // beaten doubles its backoff.
-    if (explored && !transition && this.cost.every((x) => x !== null)) {
-      const close = this.rate(k) >= BACKOFF_MARGIN * this.rate(this.best(this.maxDrafts));
+    // A verdict after k's first measurement or an exploration of it: k within BACKOFF_MARGIN of
+    // the best measured rate (a close call that noise in the estimates may have decided), or
+    // an exploration that raised k's rate by IMPROVED (the world changed; its estimates lag),
+    // keeps exploring at the full rate; k clearly beaten doubles its backoff.
+    if ((explored || firstMeasure) && !transition) {
+      const rate = this.rate(k);
+      const close = rate >= BACKOFF_MARGIN * this.bestMeasuredRate() || (explored && rate >= IMPROVED * this.rateBeforeExplore);
       this.backoff[k] = close ? 1 : Math.min(2 * this.backoff[k]!, MAX_BACKOFF);
     }
+  }
+
+  /** The best expected tokens per ms among the counts measured so far. */
+  private bestMeasuredRate(): number {
+    let best = 0;
+    for (let k = 0; k <= this.maxDrafts; k++) if (this.cost[k] !== null) best = Math.max(best, this.rate(k));
+    return best;
   }
 
   /** Expected tokens per ms of k drafts (k measured). */

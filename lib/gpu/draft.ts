@@ -103,6 +103,36 @@ function encodeMtpRows(
   live(ctx, vars, (ctx, v) => v.draw?.(ctx, j));
 }
 
+/** The MTP rows of trunk rows vars.pos0 .. + rows - 1 in chunks of the scratch's rows; the last one drafts to `draftTo` when given. */
+function encodeCatchUpRows(
+  ctx: EncodeContext,
+  gpu: EngineGpu,
+  seq: SequenceState,
+  plan: SitePlan,
+  vars: StepVars,
+  rows: number,
+  draftTo: { id: RowsRef; margin: RowsRef; j: number } | null,
+): void {
+  const chunk = gpu.scratch.rows;
+  for (let o = 0; o < rows; o += chunk) {
+    const nb = Math.min(chunk, rows - o);
+    const last = o + nb === rows;
+    shiftedLive(ctx, o, () => encodeMtpRows(ctx, gpu, seq, plan, nb, { ...vars, pos0: vars.pos0 + o }, { byPosition: true }, last ? draftTo : null));
+  }
+}
+
+/**
+ * Encodes the MTP head's catch-up of trunk rows vars.pos0 .. vars.pos0 + rows - 1 alone, without
+ * drafting (their K/V appended to the MTP cache): a speculative cycle after many plain steps
+ * runs the long part of its catch-up this way first, so the cycle itself keeps a recorded shape
+ * (engine.ts catchUpMtp). Each entry reads its token (trunk row + 1) from the token buffer.
+ */
+export function encodeMtpCatchUp(ctx: EncodeContext, gpu: EngineGpu, seq: SequenceState, plan: SitePlan, vars: StepVars, rows: number): void {
+  if (!gpu.refs.mtp || !seq.mtp || !seq.hidden) throw new Error("this model has no MTP head (config.mtp is null)");
+  if (!Number.isInteger(rows) || rows < 1) throw new Error(`MTP catch-up: ${rows} rows at MTP position ${vars.pos0}`);
+  encodeCatchUpRows(ctx, gpu, seq, plan, vars, rows, null);
+}
+
 /**
  * Encodes the catch-up of trunk rows vars.pos0 .. vars.pos0 + shape.rows - 1 (the MTP head's
  * length .. the trunk's) and `shape.drafts` chained drafts into scratch.mtp.drafts, then copies
@@ -125,10 +155,7 @@ export function encodeDrafts(ctx: EncodeContext, gpu: EngineGpu, seq: SequenceSt
     j,
   });
   const at = (delta: number): StepVars => ({ ...vars, pos0: vars.pos0 + delta });
-  for (let o = 0; o < rows; o += s.rows) {
-    const nb = Math.min(s.rows, rows - o);
-    shiftedLive(ctx, o, () => encodeMtpRows(ctx, gpu, seq, plan, nb, at(o), { byPosition: true }, o + nb === rows ? draftRef(0) : null));
-  }
+  encodeCatchUpRows(ctx, gpu, seq, plan, vars, rows, draftRef(0));
   for (let j = 1; j < drafts; j++) {
     // The previous MTP row's output is row 0 (chained rows are single rows) or the catch-up's last row.
     const prevRow = j === 1 ? (rows - 1) % s.rows : 0;

@@ -10,7 +10,7 @@ import { checkTokens } from "../reference/model.ts";
 import type { Backend, Buffer, CommandBuffer } from "../shim.ts";
 import { bind, runNow, shiftedLive, type EncodeContext } from "./dispatch.ts";
 import { encodeTrunkStep, type TrunkStep } from "./decode.ts";
-import { encodeDrafts } from "./draft.ts";
+import { encodeDrafts, encodeMtpCatchUp } from "./draft.ts";
 import { loadEngine, type EngineGpu, type EngineOptions, type LoadProgress } from "./load.ts";
 import { runChunked } from "./prefill.ts";
 import { RouteRecorder } from "./route-trace.ts";
@@ -20,6 +20,7 @@ import { SequenceState, type StateImage } from "./state.ts";
 import { runStep, type EventCounter, type PreparedStep } from "./step.ts";
 import { SitePlan } from "./handshake.ts";
 import { StepRecordings } from "./recorded-step.ts";
+import { envOnOff } from "./env-switch.ts";
 import type { StepVars } from "./tape.ts";
 import { TraceWriter } from "./trace.ts";
 import type { LoadedEngineStats } from "./telemetry.ts";
@@ -529,11 +530,14 @@ export class Engine {
     const k = drafts;
     const nb = 1 + k;
     seq.checkRoom(nb);
-    const catchUp = pos0 - seq.mtpLength;
-    if (catchUp < 1) throw new Error(`drafts: no trunk rows to draft from (trunk length ${pos0}, MTP length ${seq.mtpLength})`);
+    if (pos0 - seq.mtpLength < 1) throw new Error(`drafts: no trunk rows to draft from (trunk length ${pos0}, MTP length ${seq.mtpLength})`);
     seq.writeTokens(pos0, [next]); // the drafts follow it, written by the GPU
     gpu.resident.refresh();
     const rollback = this.pendingRollback?.seq === seq ? this.pendingRollback.row : null;
+    // After a prompt or plain steps the catch-up is longer than any cycle's: its rows but the
+    // newest run first, so the cycle keeps a recorded shape (catch-up 1).
+    if (pos0 - seq.mtpLength > gpu.maxDrafts + 1 && splitCatchUp() && this.cycleKey(rollback, 1, k) !== null) await this.catchUpMtp(seq, pos0 - 1);
+    const catchUp = pos0 - seq.mtpLength;
     const key = this.cycleKey(rollback, catchUp, k);
     // The cycle was most likely prepared while the last one ran (its rollback in it).
     const prepared = this.takePrepared(seq, pos0, key, sample);
@@ -578,6 +582,21 @@ export class Engine {
     }
     const accepted = [...ds.slice(0, a), r.next[a]!];
     return { next: accepted, margins: r.margins.slice(0, a + 1), proposed: k, ...(r.logprobs ? { logprobs: r.logprobs.slice(0, a + 1) } : {}) };
+  }
+
+  /**
+   * Runs the MTP head over `seq`'s trunk rows mtpLength .. upTo - 1 (K/V only, no draft) in a
+   * command buffer of its own, encoded directly: the one-off part of a long catch-up (a cycle
+   * encoded with it would be a one-off shape, encoded and launched directly whole: on the
+   * H200's 30b shape such a cycle took ~3 plain steps). Lock held.
+   */
+  private async catchUpMtp(seq: SequenceState, upTo: number): Promise<void> {
+    const rows = upTo - seq.mtpLength;
+    if (rows < 1) return;
+    const gpu = this.gpu;
+    const plan = new SitePlan(gpu.event, this.counter.value);
+    await this.guarded(seq, async () => runNow(gpu.device, (ctx) => encodeMtpCatchUp(ctx, gpu, seq, plan, { pos0: seq.mtpLength }, rows)));
+    seq.mtpLength = upTo;
   }
 
   /** Under sampling, the draw of draft j of a cycle at pos0 (Draw.draft at position pos0 + 1 + j) over its MTP logits row. */
@@ -846,4 +865,9 @@ export function preparedCyclesLimit(env: string | undefined = process.env.CHEREN
   const n = Number(env);
   if (!Number.isInteger(n) || n < 0) throw new Error(`CHERENKOV_PREPARED_CYCLES: "${env}" is not a count of cycles (an integer >= 0)`);
   return n;
+}
+
+/** CHERENKOV_MTP_CATCHUP_SPLIT=0: a cycle after plain steps catches the MTP head up inside itself (a one-off shape, as before). */
+function splitCatchUp(): boolean {
+  return envOnOff("CHERENKOV_MTP_CATCHUP_SPLIT", true);
 }

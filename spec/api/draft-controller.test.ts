@@ -43,14 +43,18 @@ function simulate(c: DraftController, world: World, steps: number, rand = lcg(7)
 const count = (xs: number[], k: number) => xs.filter((x) => x === k).length;
 
 describe("DraftController", () => {
-  test("expected tokens: accepted drafts (product of acceptances) plus the bonus", () => {
+  test("expected tokens: accepted drafts (product of acceptances) plus the bonus; the prior weighs as two observations", () => {
     const c = new DraftController({ maxDrafts: 3, priorAcceptance: 0.5, alpha: 0.25 });
     expect(c.expectedTokens(0)).toBe(1);
     expect(c.expectedTokens(2)).toBeCloseTo(1 + 0.5 + 0.25, 12);
-    c.observe(3, 3, 10); // every position accepted once: p = 0.5 + 0.25 * 0.5
-    expect(c.expectedTokens(1)).toBeCloseTo(1.625, 12);
-    c.observe(3, 0, 10); // position 1 rejected; positions 2, 3 unobserved
-    expect(c.stats().acceptance).toEqual([0.625 * 0.75, 0.625, 0.625]);
+    c.observe(3, 3, 10); // every position accepted once: p = (2 * 0.5 + 1) / 3
+    expect(c.expectedTokens(1)).toBeCloseTo(1 + 2 / 3, 12);
+    c.observe(3, 0, 10); // position 1 rejected (weight 1/4, as alpha); positions 2, 3 unobserved
+    const p = c.stats().acceptance;
+    expect(p[0]).toBeCloseTo(0.5, 12);
+    expect(p[1]).toBeCloseTo(2 / 3, 12);
+    c.observe(3, 0, 10); // weight alpha (0.25 > 1/5) from now on
+    expect(c.stats().acceptance[0]).toBeCloseTo(0.5 * 0.75, 12);
   });
 
   test("every count is measured once first, then the fastest is kept", () => {
@@ -83,7 +87,33 @@ describe("DraftController", () => {
     const bestFixed = Math.max(...fixed);
     expect(fixed.indexOf(bestFixed)).toBe(3);
     expect(count(r.chosen.slice(100), 3) / 1900).toBeGreaterThan(0.9);
+    // Early too: one early rejection does not back a count that pays off (the prior weighs
+    // as two observations).
+    expect(count(r.chosen.slice(20, 220), 3) / 200).toBeGreaterThan(0.8);
     expect(r.rate).toBeGreaterThan(bestFixed * 0.95);
+  });
+
+  test("an exploration is priced with its step back: an expensive return does not make exploring cost more", () => {
+    // Drafts never pay; a plain step after a draft step costs ten plain steps (nothing
+    // prepared, a rollback to run). Priced without it, explorations cost 0.77% of the time
+    // here (0.19% with a cheap return); priced with it and charged for it, 0.30%.
+    const share = 0.02;
+    const c = new DraftController({ maxDrafts: 1, exploreShare: share });
+    let last: number | null = null;
+    let ms = 0;
+    let steps = 0;
+    for (let i = 0; i < 20000; i++) {
+      const k = c.choose();
+      const transition = last !== null && last !== k;
+      const t = k === 0 ? (transition ? 100 : 10) : transition ? 30 : 20;
+      c.observe(k, 0, t, transition);
+      last = k;
+      ms += t;
+      steps++;
+    }
+    const lost = ms - steps * 10;
+    expect(lost / ms).toBeLessThan(share / 4);
+    expect(c.stats().steps[1]).toBeGreaterThan(6); // it explored
   });
 
   test("a count that looked bad recovers when the world changes (exploration)", () => {
@@ -202,9 +232,12 @@ describe("DraftController", () => {
     const steps = 320;
     for (let i = 0; i < steps; i++) ms += step();
     const lost = ms - steps * steady(0);
-    expect(lost).toBeGreaterThanOrEqual(0);
-    expect(lost / ms).toBeLessThan(0.03);
-    expect(c.stats().steps.slice(1).reduce((a, b) => a + b, 0)).toBeGreaterThan(6); // it did explore (warm-up included)
+    expect(lost).toBeGreaterThanOrEqual(-1e-9);
+    // Each count clearly beaten at its first measurement (no draft accepted) starts backed off:
+    // none is re-tried in these 320 steps, where before one or two were (0.98-0.99x plain on the
+    // H200, the issue-18 bench's six alternated runs).
+    expect(lost / ms).toBeLessThan(0.005);
+    expect(c.stats().steps.slice(1).reduce((a, b) => a + b, 0)).toBeGreaterThanOrEqual(6); // the warm-up measured every count
   });
 
   test("bad arguments are refused with the field named", () => {

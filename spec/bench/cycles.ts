@@ -9,7 +9,9 @@
  * graph counters and each graph's replay stages at the end (docs/cuda.md).
  *
  * Options: --model DIR (default examples/models/qwen4-exp-tiny), --drafts K (2), --cycles N
- * (60), --plain N (64), --prompt N (16).
+ * (60), --plain N (64), --prompt N (16), --gap N (0: N plain steps before each cycle after the
+ * first, so each is a transition into drafting, as drafts "auto" makes when it re-tries drafts;
+ * their time is left out of the cycles').
  */
 import { join } from "node:path";
 import { parseArgs } from "node:util";
@@ -25,6 +27,7 @@ const { values: opts } = parseArgs({
     cycles: { type: "string", default: "60" },
     plain: { type: "string", default: "64" },
     prompt: { type: "string", default: "16" },
+    gap: { type: "string", default: "0" },
   },
 });
 const count = (name: string, v: string, least: number) => {
@@ -36,6 +39,7 @@ const drafts = count("drafts", opts.drafts, 1);
 const cycles = count("cycles", opts.cycles, 1);
 const plainTokens = count("plain", opts.plain, 1);
 const promptLen = count("prompt", opts.prompt, 1);
+const gap = count("gap", opts.gap, 0);
 
 const files = await openModel(opts.model);
 const engine = await Engine.load(files, defaultBackend(), { prefillChunk: promptLen });
@@ -60,6 +64,7 @@ try {
   let made = 0;
   let specMs = 0;
   for (let c = 0; c < cycles; c++) {
+    if (c > 0) for (let i = 0; i < gap; i++) next = (await spec.forward([next])).next[0]!;
     engine.resetTimings();
     const recorded = engine.recordedSteps.recorded;
     const t0 = performance.now();

@@ -84,7 +84,7 @@ function expectPrepared(prepared: number, later: number): void {
 }
 
 for (const drafts of [2, 3]) {
-  test(`${drafts} drafts: greedy's tokens, one command buffer a cycle, every cycle after the first replayed from a recording (checked)`, async () => {
+  test(`${drafts} drafts: greedy's tokens, one command buffer a cycle (the first: the prompt's MTP catch-up first), every cycle from a recording (checked)`, async () => {
     const totals = engine.recordedSteps;
     const cycles = engine.speculativeCycles;
     const seq = engine.newSequence();
@@ -95,8 +95,9 @@ for (const drafts of [2, 3]) {
     expect(r.accepts.some((a) => a < drafts)).toBe(true);
     expect(r.accepts.some((a) => a > 0)).toBe(true);
     // The draft step, the copy of the drafts, the verify batch and the rollback: one buffer,
-    // without a signal or a wait (every expert layer, the MTP head's too, is resident).
-    expect(r.buffers).toEqual(r.buffers.map(() => 1));
+    // without a signal or a wait (every expert layer, the MTP head's too, is resident). The
+    // first cycle's MTP catch-up of the prompt but its last row runs first, in a buffer of its own.
+    expect(r.buffers).toEqual(r.buffers.map((_, i) => (i === 0 ? 2 : 1)));
     expect(r.events).toEqual(r.events.map(() => 0));
     // The rollback a partial accept leaves is one dispatch (the whole fixed-size state at
     // once); the catch-up of 1..drafts + 1 rows is the same dispatches whatever its rows,
@@ -109,15 +110,14 @@ for (const drafts of [2, 3]) {
     expect(new Set(base).size).toBe(1);
     const now = engine.speculativeCycles;
     expect(now.cycles - cycles.cycles).toBe(r.buffers.length);
-    // The first cycle catches the MTP head up on the whole prompt: a one-off shape, encoded
-    // directly. Every later one replays a recording.
-    expect(now.recorded - cycles.recorded).toBe(r.buffers.length - 1);
+    // The first cycle, its catch-up cut to the prompt's last row, is of a recorded shape too.
+    expect(now.recorded - cycles.recorded).toBe(r.buffers.length);
     expectPrepared(now.prepared - cycles.prepared, r.buffers.length - 1);
     // At most drafts + 1 cycle shapes (catch-up rows 1..drafts + 1) are recorded; the rest replay.
     const steps = engine.recordedSteps;
     const recorded = steps.recorded - totals.recorded;
     const replayed = steps.replayed - totals.replayed;
-    expect(recorded).toBeLessThanOrEqual(drafts + 1 + 2); // + the prompt's shape and the decode row prepared after it
+    expect(recorded).toBeLessThanOrEqual(drafts + 1 + 3); // + the first cycle's, the prompt's shape and the decode row prepared after it
     expect(replayed).toBeGreaterThanOrEqual(r.buffers.length - 1 - (drafts + 1));
   }, 120_000);
 }
@@ -141,7 +141,7 @@ test("CHERENKOV_PREPARED_CYCLES caps the cycles prepared while one runs: 0 prepa
     // Only a cycle whose accept count was the one prepared commits a prepared buffer: some, not all.
     expect(used).toBeGreaterThan(0);
     expect(used).toBeLessThan(one.buffers.length - 1);
-    expect(one.buffers).toEqual(one.buffers.map(() => 1));
+    expect(one.buffers).toEqual(one.buffers.map((_, i) => (i === 0 ? 2 : 1)));
   } finally {
     if (saved === undefined) delete process.env.CHERENKOV_PREPARED_CYCLES;
     else process.env.CHERENKOV_PREPARED_CYCLES = saved;
@@ -154,7 +154,7 @@ test("sampled drafts: a recorded and prepared cycle draws what a direct encode d
   // One request for the whole generation, as Model.generate keeps it: the cycles are prepared with its draws.
   const recorded = await speculative(engine.newSequence(), 3, N, sample());
   const afterRecorded = engine.speculativeCycles;
-  expect(afterRecorded.recorded - before.recorded).toBe(recorded.buffers.length - 1);
+  expect(afterRecorded.recorded - before.recorded).toBe(recorded.buffers.length);
   expectPrepared(afterRecorded.prepared - before.prepared, recorded.buffers.length - 1);
   StepRecordings.enabled = false;
   try {
@@ -165,7 +165,7 @@ test("sampled drafts: a recorded and prepared cycle draws what a direct encode d
   } finally {
     StepRecordings.enabled = true;
   }
-  expect(recorded.buffers).toEqual(recorded.buffers.map(() => 1));
+  expect(recorded.buffers).toEqual(recorded.buffers.map((_, i) => (i === 0 ? 2 : 1)));
   expect(recorded.tokens).not.toEqual(plain);
   // A new request (another seed) every cycle: a cycle prepared with the last one's draws is not used.
   const seeded = (cycle: number): SampleRequest => ({ ...sample(), seed: 100 + cycle });
@@ -282,5 +282,50 @@ test("a streamed pool (50%): the cycle's MTP and trunk sites are served at hands
     expect(streamed.speculativeCycles.recorded).toBe(before.recorded);
   } finally {
     await streamed.close();
+  }
+}, 120_000);
+
+test("a cycle after plain steps runs the long part of its MTP catch-up first, in a buffer of its own, and keeps a recorded shape (CHERENKOV_MTP_CATCHUP_SPLIT=0: inside the cycle, encoded directly); greedy's tokens either way", async () => {
+  const GAP = 4; // plain steps before each cycle: a catch-up of GAP + 1 rows, more than any cycle's (drafts + 1)
+  const run = async () => {
+    const device = engine.gpu.device;
+    const seq = engine.newSequence();
+    const t = [(await seq.forward(PROMPT)).next.at(-1)!];
+    const before = engine.speculativeCycles;
+    const buffers: number[] = [];
+    let accepted = 0;
+    while (t.length < N) {
+      for (let i = 0; i < GAP && t.length < N; i++) t.push((await seq.forward([t.at(-1)!])).next[0]!);
+      if (t.length >= N) break;
+      const b = device.commandBuffersCommitted;
+      const r = await seq.speculate(t.at(-1)!, 2);
+      buffers.push(device.commandBuffersCommitted - b);
+      accepted += r.next.length - 1;
+      t.push(...r.next);
+    }
+    seq.dispose();
+    const after = engine.speculativeCycles;
+    return { tokens: t.slice(0, N), buffers, accepted, cycles: after.cycles - before.cycles, recorded: after.recorded - before.recorded };
+  };
+  const saved = process.env.CHERENKOV_MTP_CATCHUP_SPLIT;
+  try {
+    delete process.env.CHERENKOV_MTP_CATCHUP_SPLIT;
+    const split = await run();
+    process.env.CHERENKOV_MTP_CATCHUP_SPLIT = "0";
+    const whole = await run();
+    for (const r of [split, whole]) {
+      expect(r.tokens).toEqual(plain);
+      expect(r.accepted).toBeGreaterThan(0);
+      expect(r.cycles).toBeGreaterThanOrEqual(3);
+    }
+    // Every cycle follows plain steps: split, two buffers each, every cycle recorded (after the
+    // first, replayed); whole, one buffer each, none recorded.
+    expect(split.buffers).toEqual(split.buffers.map(() => 2));
+    expect(split.recorded).toBe(split.cycles);
+    expect(whole.buffers).toEqual(whole.buffers.map(() => 1));
+    expect(whole.recorded).toBe(0);
+  } finally {
+    if (saved === undefined) delete process.env.CHERENKOV_MTP_CATCHUP_SPLIT;
+    else process.env.CHERENKOV_MTP_CATCHUP_SPLIT = saved;
   }
 }, 120_000);
