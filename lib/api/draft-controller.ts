@@ -6,7 +6,8 @@
 // p_i is the EWMA of "draft i accepted, given drafts 1..i-1 were"; cost(k) the EWMA of the
 // wall time of a step with k drafts (k = 0: a plain decode step). k = 0 is always a
 // candidate, so drafting is only chosen when it measured faster. Each count is measured once
-// at the start; afterwards other counts are re-tried round robin from an exploration budget
+// at the start (a draft count's first steady step is cold on the engine: recorded, its CUDA
+// graph not built yet; its time is not taken, the step is repeated); afterwards other counts are re-tried round robin from an exploration budget
 // (a share of the measured decode time, default 2%), so a k that looked bad once can recover.
 // An exploration is priced and charged what its steps take: the transition into k catches the
 // MTP head up over every row since the last draft step and finds no command buffer prepared,
@@ -88,6 +89,8 @@ export class DraftController {
   private readonly backoff: number[];
   /** Observations of each draft position so far. */
   private readonly seen: number[];
+  /** Per count: whether a steady step of it was seen (the first is cold, its time not k's cost). */
+  private readonly warmed: boolean[];
   private nextExplore = 0;
 
   constructor(opts: DraftControllerOptions) {
@@ -105,6 +108,8 @@ export class DraftController {
     this.steps = new Array(maxDrafts + 1).fill(0);
     this.backoff = new Array(maxDrafts + 1).fill(1);
     this.seen = new Array(maxDrafts).fill(0);
+    this.warmed = new Array(maxDrafts + 1).fill(false);
+    this.warmed[0] = true;
   }
 
   /** Expected tokens a step with k drafts yields (accepted drafts plus the bonus). */
@@ -182,6 +187,13 @@ export class DraftController {
     if (!Number.isInteger(k) || k < 0 || k > this.maxDrafts) throw new RangeError(`DraftController.observe: k ${k} outside 0..${this.maxDrafts}`);
     if (!Number.isInteger(accepted) || accepted < 0 || accepted > k) throw new RangeError(`DraftController.observe: accepted ${accepted} outside 0..${k}`);
     if (!(ms >= 0)) throw new RangeError(`DraftController.observe: step time ${ms} ms must be >= 0`);
+    // A draft count's first steady step is cold too (on the engine its accept counts' cycles
+    // are recorded, their CUDA graphs not built yet: the tiny model's took 2-5x a warm one's on
+    // the H200): like a transition, it only updates the acceptance, and k is repeated.
+    if (!transition && !this.warmed[k]) {
+      this.warmed[k] = true;
+      transition = true;
+    }
     const explored = this.exploring === k;
     const firstMeasure = !transition && this.cost[k] === null;
     const a = explored ? Math.max(this.alpha, EXPLORE_ALPHA) : this.alpha;

@@ -123,7 +123,10 @@ describe("steps the fused dispatch does not take encode rms_norm_f32, then the p
     };
     // (8 q4 rows take the split form on a GPU: prefersSplit)
     expect(first(4096, 1, [["q4", 8]], "1")).toEqual(["rms_norm_f32", dev.backend === "cpu" ? "matvec_q4_r1_f32" : "matvec_split_q4_r1_f32"]);
-    expect(first(64, 3, [["q4", 64]], "1")[0]).toBe("rms_norm_f32");
+    // A batch of rows reads apart, except that a GPU runs up to 4 rows one row a threadgroup
+    // (projections.ts ONE_ROW_BATCH), each row's read folded into its one-row projections.
+    expect(first(64, 5, [["q4", 64]], "1")[0]).toBe("rms_norm_f32");
+    expect(first(64, 3, [["q4", 64]], "1")[0]).toBe(dev.backend === "cpu" ? "rms_norm_f32" : "matvec_multi_q4_r1_norm_f32");
     expect(first(64, 1, [["q4", 64]], "0")[0]).toBe("rms_norm_f32");
     expect(first(64, 1, [["f32", 64]], "1")[0]).toBe("rms_norm_f32");
     expect(first(64, 1, [["q4", 64]], "1")).toEqual(["matvec_multi_q4_r1_norm_f32"]);
