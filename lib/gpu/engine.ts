@@ -19,7 +19,7 @@ import { encodeSample, SamplingScratch } from "./sampling.ts";
 import { SequenceState, type StateImage } from "./state.ts";
 import { runStep, type EventCounter, type PreparedStep } from "./step.ts";
 import { SitePlan } from "./handshake.ts";
-import { StepRecordings } from "./recorded-step.ts";
+import { MAX_RECORDINGS, StepRecordings } from "./recorded-step.ts";
 import { envOnOff } from "./env-switch.ts";
 import type { StepVars } from "./tape.ts";
 import { TraceWriter } from "./trace.ts";
@@ -81,12 +81,67 @@ export class Engine {
 
   static async load(files: ModelFiles, backend: Backend, opts: EngineOptions = {}, onProgress?: LoadProgress): Promise<Engine> {
     const gpu = await loadEngine(files, backend, opts, onProgress);
+    let engine: Engine;
     try {
-      return new Engine(gpu, opts.trace);
+      engine = new Engine(gpu, opts.trace);
     } catch (e) {
       await gpu.close();
       throw e;
     }
+    if (envOnOff("CHERENKOV_WARM_STEPS", true)) {
+      try {
+        engine.warmSteps();
+      } catch (e) {
+        await engine.close();
+        throw e;
+      }
+    }
+    return engine;
+  }
+
+  /**
+   * Records, on the state the next new sequence takes (the spare), the steps a generation
+   * replays: the decode row and, with an MTP head, each draft count's cycles (after a prompt or
+   * plain steps, and after each accept count), and primes their CUDA graphs (built by the
+   * backend's builder thread meanwhile). A new engine's first cycles otherwise recorded them
+   * (TypeScript, JIT-cold: on the H200 the tiny model's first two cycles took 8-10 and 5-6 ms
+   * against ~0.8 steady) and launched them directly until their graphs were built. Only where
+   * steps can be recorded (every expert layer held resident). Returns the steps recorded.
+   */
+  warmSteps(): number {
+    const gpu = this.gpu;
+    if (!StepRecordings.enabled || this.closed) return 0;
+    gpu.resident.refresh();
+    const logits = { from: 0, count: 1 };
+    const decodeKey = this.recordingKey(1, false, logits);
+    if (decodeKey === null) return 0;
+    const state = (this.spare ??= new SequenceState(gpu.device, gpu.config, gpu.maxContext));
+    // A position past every catch-up's rows (the MTP rows lie catch-up rows before it).
+    const pos0 = gpu.maxDrafts + 1;
+    const steps: { key: string; encode: (ctx: EncodeContext, plan: SitePlan) => void }[] = [
+      { key: decodeKey, encode: (ctx, plan) => this.encodeTrunk(ctx, plan, state, decodeKey, { nb: 1, pos0, verify: false, logits }) },
+    ];
+    if (gpu.refs.mtp && gpu.snapshots && state.mtp) {
+      for (let k = 1; k <= gpu.maxDrafts && pos0 + 1 + k <= state.capacity; k++) {
+        const after = [{ rollback: null, catchUp: 1 }, ...Array.from({ length: k + 1 }, (_, a) => ({ rollback: a < k ? a : null, catchUp: a + 1 }))];
+        for (const { rollback, catchUp } of after) {
+          const key = this.cycleKey(rollback, catchUp, k);
+          if (key !== null) steps.push({ key, encode: (ctx, plan) => this.encodeCycle(ctx, plan, state, key, { pos0, catchUp, drafts: k, rollback }) });
+        }
+      }
+    }
+    const recordings = this.recordingsOf(state);
+    const before = recordings.counts.recorded;
+    for (const step of steps.slice(0, MAX_RECORDINGS)) {
+      const cb = gpu.device.commandBuffer();
+      try {
+        step.encode({ device: gpu.device, cb }, new SitePlan(gpu.event, this.counter.value));
+        cb.hint(recordings.shapeKey(step.key), true);
+      } finally {
+        cb.release(); // never committed: the recording and the graph primed from it are what stay
+      }
+    }
+    return recordings.counts.recorded - before;
   }
 
   /** Runs `fn` once every earlier operation has finished (steps never overlap). */

@@ -30,10 +30,12 @@ interface Recording {
 
 /**
  * Recordings a sequence keeps (the least recently used goes first): a decode row, the prompt
- * chunks', and a speculative run's cycles: one per (pending rollback row, catch-up rows) for
- * its draft count, k + 1 of them (engine.ts cycleKey).
+ * chunks', and a speculative run's cycles: for each draft count k, one per (pending rollback
+ * row, catch-up rows) and one after plain steps, k + 2 of them (engine.ts cycleKey; all made at
+ * load by Engine.warmSteps: 13 with the decode row for drafts "auto" over 1..3), which a
+ * generation's prompt shapes must not push out.
  */
-export const MAX_RECORDINGS = 16;
+export const MAX_RECORDINGS = 32;
 
 /** Distinguishes the shape keys of different sequences' recordings (they bind different buffers). */
 let nextSalt = 1;

@@ -45,9 +45,10 @@ struct Graph {
   uint64_t replays = 0, patched = 0, t_wake = 0, t_lookup = 0, t_update = 0, t_copy = 0, t_launch = 0;
 };
 
-// Instantiated graphs per device: a decode row, a few prompt chunks and one per accept count of
-// each draft count a speculative run uses (k + 1 of them; runtime.cu, "Built ahead").
-constexpr size_t kGraphCacheSize = 16;
+// Instantiated graphs per device: a decode row, a few prompt chunks and, for each draft count
+// a speculative run uses, one per accept count and one after plain steps (k + 2 of them: 12 for
+// drafts "auto" over 1..3, all primed at load by Engine.warmSteps; runtime.cu, "Built ahead").
+constexpr size_t kGraphCacheSize = 32;
 constexpr size_t kPrimeQueue = 8;  // command buffers waiting for the builder (more are not primed)
 constexpr size_t kSeenShapes = 64;     // recent shape and structure hashes (a graph is built on a second sight)
 

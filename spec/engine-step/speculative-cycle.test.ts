@@ -10,7 +10,7 @@ import { afterAll, beforeAll, expect, test } from "bun:test";
 import { join } from "node:path";
 import type { SampleRequest } from "../../lib/api/backend.ts";
 import { Engine, preparedCyclesLimit, type EngineSequence } from "../../lib/gpu/engine.ts";
-import { StepRecordings } from "../../lib/gpu/recorded-step.ts";
+import { MAX_RECORDINGS, StepRecordings } from "../../lib/gpu/recorded-step.ts";
 import { foldsSiteRead } from "../../lib/gpu/site-read.ts";
 import { openModel, type ModelFiles } from "../../lib/model/format.ts";
 import { loadTokenizer } from "../../lib/model/tokenizer.ts";
@@ -327,5 +327,47 @@ test("a cycle after plain steps runs the long part of its MTP catch-up first, in
   } finally {
     if (saved === undefined) delete process.env.CHERENKOV_MTP_CATCHUP_SPLIT;
     else process.env.CHERENKOV_MTP_CATCHUP_SPLIT = saved;
+  }
+}, 120_000);
+
+test("a new engine records its decode row and every cycle shape at load (warmSteps): its first sequence's cycles replay, none is recorded then (CHERENKOV_WARM_STEPS=0: recorded as they come); greedy's tokens", async () => {
+  const run = async () => {
+    const fresh = await Engine.load(files, BACKEND);
+    try {
+      const atLoad = fresh.recordedSteps.recorded;
+      const seq = fresh.newSequence();
+      const t = [(await seq.forward(PROMPT)).next.at(-1)!];
+      const afterPrompt = fresh.recordedSteps.recorded;
+      let cycles = 0;
+      while (t.length < N) {
+        t.push(...(await seq.speculate(t.at(-1)!, 2)).next);
+        cycles++;
+      }
+      seq.dispose();
+      return { tokens: t.slice(0, N), atLoad, prompt: afterPrompt - atLoad, cycles: fresh.recordedSteps.recorded - afterPrompt, count: cycles };
+    } finally {
+      await fresh.close();
+    }
+  };
+  const saved = process.env.CHERENKOV_WARM_STEPS;
+  try {
+    delete process.env.CHERENKOV_WARM_STEPS;
+    const warm = await run();
+    process.env.CHERENKOV_WARM_STEPS = "0";
+    const cold = await run();
+    expect(warm.tokens).toEqual(plain);
+    expect(cold.tokens).toEqual(plain);
+    // At load: the decode row, and for each draft count k the cycle after plain steps and one per accept count.
+    const maxDrafts = engine.gpu.maxDrafts;
+    let shapes = 1;
+    for (let k = 1; k <= maxDrafts; k++) shapes += k + 2;
+    expect(warm.atLoad).toBe(Math.min(shapes, MAX_RECORDINGS));
+    expect(cold.atLoad).toBe(0);
+    expect(warm.prompt).toBe(1); // the prompt's own shape
+    expect(warm.cycles).toBe(0);
+    expect(cold.cycles).toBeGreaterThan(1);
+  } finally {
+    if (saved === undefined) delete process.env.CHERENKOV_WARM_STEPS;
+    else process.env.CHERENKOV_WARM_STEPS = saved;
   }
 }, 120_000);
