@@ -80,6 +80,7 @@ export class Engine {
   }
 
   static async load(files: ModelFiles, backend: Backend, opts: EngineOptions = {}, onProgress?: LoadProgress): Promise<Engine> {
+    const warm = envOnOff("CHERENKOV_WARM_STEPS", true);
     const gpu = await loadEngine(files, backend, opts, onProgress);
     let engine: Engine;
     try {
@@ -88,7 +89,7 @@ export class Engine {
       await gpu.close();
       throw e;
     }
-    if (envOnOff("CHERENKOV_WARM_STEPS", true)) {
+    if (warm) {
       try {
         engine.warmSteps();
       } catch (e) {

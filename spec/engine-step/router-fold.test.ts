@@ -13,6 +13,7 @@ import { buildGoldenModel, type GoldenRecord } from "../golden/golden.ts";
 import { countDispatches, goldenRecord } from "./helpers.ts";
 import { BACKEND } from "../selected-backend.ts";
 import { StepRecordings } from "../../lib/gpu/recorded-step.ts";
+import { withEnvVar } from "../env-var.ts";
 
 const c = goldenCases.find((x) => x.name === "tiny-all-s1")!;
 const L = 4; // the tiny preset's trunk layers, each with a MoE site
@@ -36,7 +37,9 @@ interface Run {
 
 async function generate(opts: EngineOptions): Promise<Run> {
   const files = await openModel(dir);
-  const engine = await Engine.load(files, BACKEND, opts);
+  // Dispatches are counted as encoded: steps recorded at load (Engine.warmSteps) would be
+  // encoded before the count, and only replayed in it.
+  const engine = await withEnvVar("CHERENKOV_WARM_STEPS", "0", () => Engine.load(files, BACKEND, opts));
   try {
     const tokens: number[] = [];
     let commands = 0;

@@ -10,6 +10,7 @@ import { openModel, type ModelFiles } from "../../lib/model/format.ts";
 import { goldenCases } from "../golden/cases.ts";
 import { buildGoldenModel } from "../golden/golden.ts";
 import { BACKEND } from "../selected-backend.ts";
+import { withEnvVar } from "../env-var.ts";
 
 const c = goldenCases.find((x) => x.name === "tiny-all-s1")!;
 let dir: string;
@@ -117,12 +118,23 @@ test("reset() forgets everything: the same prompt gives the same next token as a
 });
 
 // Issue 9 item 6: Model.load must not build every pipeline (on Metal each one is a GPU
-// compile, and the self-test kernels are never used by the engine): they are built lazily.
-test("pipelines are built on first use: none at load, only engine kernels after a step", async () => {
+// compile, and the self-test kernels are never used by the engine): they are built lazily,
+// at load only those of the steps it records (Engine.warmSteps: the decode row and the cycles).
+test("pipelines are built on first use: at load only the recorded steps' engine kernels (none without them), only engine kernels after a step", async () => {
+  const cold = await withEnvVar("CHERENKOV_WARM_STEPS", "0", () => Engine.load(files, BACKEND));
+  try {
+    expect(cold.gpu.device.library().builtPipelines()).toEqual([]);
+  } finally {
+    await cold.close();
+  }
   const fresh = await Engine.load(files, BACKEND);
   try {
     const library = fresh.gpu.device.library();
-    expect(library.builtPipelines()).toEqual([]);
+    const atLoad = library.builtPipelines();
+    expect(fresh.recordedSteps.recorded).toBeGreaterThan(0);
+    expect(atLoad.length).toBeGreaterThan(3);
+    expect(atLoad.filter((n) => n.startsWith("selftest_"))).toEqual([]);
+    expect(atLoad.length).toBeLessThan(library.kernelNames().length);
     const seq = fresh.newSequence();
     try {
       await seq.forward(c.prompt.slice(0, 2));
