@@ -16,6 +16,7 @@ import { openModel, type ModelFiles } from "../../lib/model/format.ts";
 import { loadTokenizer } from "../../lib/model/tokenizer.ts";
 import { samplingParams } from "../../lib/reference/sampling.ts";
 import { BACKEND } from "../selected-backend.ts";
+import { withEnvVarAsync } from "../env-var.ts";
 
 const DIR = join(import.meta.dir, "..", "..", "examples", "models", "qwen4-exp-tiny");
 const N = 24;
@@ -307,27 +308,19 @@ test("a cycle after plain steps runs the long part of its MTP catch-up first, in
     const after = engine.speculativeCycles;
     return { tokens: t.slice(0, N), buffers, accepted, cycles: after.cycles - before.cycles, recorded: after.recorded - before.recorded };
   };
-  const saved = process.env.CHERENKOV_MTP_CATCHUP_SPLIT;
-  try {
-    delete process.env.CHERENKOV_MTP_CATCHUP_SPLIT;
-    const split = await run();
-    process.env.CHERENKOV_MTP_CATCHUP_SPLIT = "0";
-    const whole = await run();
-    for (const r of [split, whole]) {
-      expect(r.tokens).toEqual(plain);
-      expect(r.accepted).toBeGreaterThan(0);
-      expect(r.cycles).toBeGreaterThanOrEqual(3);
-    }
-    // Every cycle follows plain steps: split, two buffers each, every cycle recorded (after the
-    // first, replayed); whole, one buffer each, none recorded.
-    expect(split.buffers).toEqual(split.buffers.map(() => 2));
-    expect(split.recorded).toBe(split.cycles);
-    expect(whole.buffers).toEqual(whole.buffers.map(() => 1));
-    expect(whole.recorded).toBe(0);
-  } finally {
-    if (saved === undefined) delete process.env.CHERENKOV_MTP_CATCHUP_SPLIT;
-    else process.env.CHERENKOV_MTP_CATCHUP_SPLIT = saved;
+  const split = await withEnvVarAsync("CHERENKOV_MTP_CATCHUP_SPLIT", undefined, run);
+  const whole = await withEnvVarAsync("CHERENKOV_MTP_CATCHUP_SPLIT", "0", run);
+  for (const r of [split, whole]) {
+    expect(r.tokens).toEqual(plain);
+    expect(r.accepted).toBeGreaterThan(0);
+    expect(r.cycles).toBeGreaterThanOrEqual(3);
   }
+  // Every cycle follows plain steps: split, two buffers each, every cycle recorded (after the
+  // first, replayed); whole, one buffer each, none recorded.
+  expect(split.buffers).toEqual(split.buffers.map(() => 2));
+  expect(split.recorded).toBe(split.cycles);
+  expect(whole.buffers).toEqual(whole.buffers.map(() => 1));
+  expect(whole.recorded).toBe(0);
 }, 120_000);
 
 test("a new engine records its decode row and every cycle shape at load (warmSteps): its first sequence's cycles replay, none is recorded then (CHERENKOV_WARM_STEPS=0: recorded as they come); greedy's tokens", async () => {
@@ -349,25 +342,17 @@ test("a new engine records its decode row and every cycle shape at load (warmSte
       await fresh.close();
     }
   };
-  const saved = process.env.CHERENKOV_WARM_STEPS;
-  try {
-    delete process.env.CHERENKOV_WARM_STEPS;
-    const warm = await run();
-    process.env.CHERENKOV_WARM_STEPS = "0";
-    const cold = await run();
-    expect(warm.tokens).toEqual(plain);
-    expect(cold.tokens).toEqual(plain);
-    // At load: the decode row, and for each draft count k the cycle after plain steps and one per accept count.
-    const maxDrafts = engine.gpu.maxDrafts;
-    let shapes = 1;
-    for (let k = 1; k <= maxDrafts; k++) shapes += k + 2;
-    expect(warm.atLoad).toBe(Math.min(shapes, MAX_RECORDINGS));
-    expect(cold.atLoad).toBe(0);
-    expect(warm.prompt).toBe(1); // the prompt's own shape
-    expect(warm.cycles).toBe(0);
-    expect(cold.cycles).toBeGreaterThan(1);
-  } finally {
-    if (saved === undefined) delete process.env.CHERENKOV_WARM_STEPS;
-    else process.env.CHERENKOV_WARM_STEPS = saved;
-  }
+  const warm = await withEnvVarAsync("CHERENKOV_WARM_STEPS", undefined, run);
+  const cold = await withEnvVarAsync("CHERENKOV_WARM_STEPS", "0", run);
+  expect(warm.tokens).toEqual(plain);
+  expect(cold.tokens).toEqual(plain);
+  // At load: the decode row, and for each draft count k the cycle after plain steps and one per accept count.
+  const maxDrafts = engine.gpu.maxDrafts;
+  let shapes = 1;
+  for (let k = 1; k <= maxDrafts; k++) shapes += k + 2;
+  expect(warm.atLoad).toBe(Math.min(shapes, MAX_RECORDINGS));
+  expect(cold.atLoad).toBe(0);
+  expect(warm.prompt).toBe(1); // the prompt's own shape
+  expect(warm.cycles).toBe(0);
+  expect(cold.cycles).toBeGreaterThan(1);
 }, 120_000);
