@@ -119,9 +119,7 @@ export class Engine {
     const state = (this.spare ??= new SequenceState(gpu.device, gpu.config, gpu.maxContext));
     // A position past every catch-up's rows (the MTP rows lie catch-up rows before it).
     const pos0 = gpu.maxDrafts + 1;
-    const steps: { key: string; encode: (ctx: EncodeContext, plan: SitePlan) => void }[] = [
-      { key: decodeKey, encode: (ctx, plan) => this.encodeTrunk(ctx, plan, state, decodeKey, { nb: 1, pos0, verify: false, logits }) },
-    ];
+    const steps: { key: string; encode: (ctx: EncodeContext, plan: SitePlan) => void }[] = [];
     if (gpu.refs.mtp && gpu.snapshots && state.mtp) {
       for (let k = 1; k <= gpu.maxDrafts && pos0 + 1 + k <= state.capacity; k++) {
         const after = [{ rollback: null, catchUp: 1 }, ...Array.from({ length: k + 1 }, (_, a) => ({ rollback: a < k ? a : null, catchUp: a + 1 }))];
@@ -131,9 +129,14 @@ export class Engine {
         }
       }
     }
+    // The decode row last (the recordings' least recently used go first), and room left for a
+    // generation's prompt shapes: with many drafts the largest counts' cycles are left out.
+    const room = MAX_RECORDINGS - WARM_ROOM - 1;
+    steps.splice(room, steps.length - room);
+    steps.push({ key: decodeKey, encode: (ctx, plan) => this.encodeTrunk(ctx, plan, state, decodeKey, { nb: 1, pos0, verify: false, logits }) });
     const recordings = this.recordingsOf(state);
     const before = recordings.counts.recorded;
-    for (const step of steps.slice(0, MAX_RECORDINGS)) {
+    for (const step of steps) {
       const cb = gpu.device.commandBuffer();
       try {
         step.encode({ device: gpu.device, cb }, new SitePlan(gpu.event, this.counter.value));
@@ -641,17 +644,17 @@ export class Engine {
   }
 
   /**
-   * Runs the MTP head over `seq`'s trunk rows mtpLength .. upTo - 1 (K/V only, no draft) in a
-   * command buffer of its own, encoded directly: the one-off part of a long catch-up (a cycle
-   * encoded with it would be a one-off shape, encoded and launched directly whole: on the
-   * H200's 30b shape such a cycle took ~3 plain steps). Lock held.
+   * Runs the MTP head over `seq`'s trunk rows mtpLength .. upTo - 1 (K/V only, no draft) as a
+   * step of its own, encoded directly: the one-off part of a long catch-up (a cycle encoded
+   * with it would be a one-off shape, encoded and launched directly whole: on the H200's 30b
+   * shape such a cycle took ~3 plain steps). Lock held.
    */
   private async catchUpMtp(seq: SequenceState, upTo: number): Promise<void> {
     const rows = upTo - seq.mtpLength;
     if (rows < 1) return;
     const gpu = this.gpu;
-    const plan = new SitePlan(gpu.event, this.counter.value);
-    await this.guarded(seq, async () => runNow(gpu.device, (ctx) => encodeMtpCatchUp(ctx, gpu, seq, plan, { pos0: seq.mtpLength }, rows)));
+    const pos0 = seq.mtpLength;
+    await this.guarded(seq, () => runStep(gpu, this.counter, (ctx, plan) => encodeMtpCatchUp(ctx, gpu, seq, plan, { pos0 }, rows)));
     seq.mtpLength = upTo;
   }
 
@@ -922,6 +925,9 @@ export function preparedCyclesLimit(env: string | undefined = process.env.CHEREN
   if (!Number.isInteger(n) || n < 0) throw new Error(`CHERENKOV_PREPARED_CYCLES: "${env}" is not a count of cycles (an integer >= 0)`);
   return n;
 }
+
+/** Recordings Engine.warmSteps leaves to a generation's prompt shapes. */
+const WARM_ROOM = 8;
 
 /** CHERENKOV_MTP_CATCHUP_SPLIT=0: a cycle after plain steps catches the MTP head up inside itself (a one-off shape, as before). */
 function splitCatchUp(): boolean {
