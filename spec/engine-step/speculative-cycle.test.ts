@@ -331,21 +331,18 @@ test("a new engine records its decode row and every cycle shape at load (warmSte
       const seq = fresh.newSequence();
       const t = [(await seq.forward(PROMPT)).next.at(-1)!];
       const afterPrompt = fresh.recordedSteps.recorded;
-      let cycles = 0;
-      while (t.length < N) {
-        t.push(...(await seq.speculate(t.at(-1)!, 2)).next);
-        cycles++;
-      }
+      while (t.length < SHORT) t.push(...(await seq.speculate(t.at(-1)!, 2)).next);
       seq.dispose();
-      return { tokens: t.slice(0, N), atLoad, prompt: afterPrompt - atLoad, cycles: fresh.recordedSteps.recorded - afterPrompt, count: cycles };
+      return { tokens: t.slice(0, SHORT), atLoad, prompt: afterPrompt - atLoad, cycles: fresh.recordedSteps.recorded - afterPrompt };
     } finally {
       await fresh.close();
     }
   };
+  const SHORT = 12; // a few cycles: enough to see each one recorded or not
   const warm = await withEnvVarAsync("CHERENKOV_WARM_STEPS", undefined, run);
   const cold = await withEnvVarAsync("CHERENKOV_WARM_STEPS", "0", run);
-  expect(warm.tokens).toEqual(plain);
-  expect(cold.tokens).toEqual(plain);
+  expect(warm.tokens).toEqual(plain.slice(0, SHORT));
+  expect(cold.tokens).toEqual(plain.slice(0, SHORT));
   // At load: the decode row, and for each draft count k the cycle after plain steps and one per accept count.
   const maxDrafts = engine.gpu.maxDrafts;
   let shapes = 1;
