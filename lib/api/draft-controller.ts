@@ -190,24 +190,20 @@ export class DraftController {
     // A draft count's first steady step is cold too (on the engine its accept counts' cycles
     // are recorded, their CUDA graphs not built yet: the tiny model's took 2-5x a warm one's on
     // the H200): like a transition, it only updates the acceptance, and k is repeated.
-    if (!transition && !this.warmed[k]) {
-      this.warmed[k] = true;
-      transition = true;
-    }
+    const cold = !transition && !this.warmed[k];
+    if (!transition) this.warmed[k] = true;
+    const steady = !transition && !cold;
     const explored = this.exploring === k;
-    const firstMeasure = !transition && this.cost[k] === null;
+    const firstMeasure = steady && this.cost[k] === null;
     const a = explored ? Math.max(this.alpha, EXPLORE_ALPHA) : this.alpha;
-    if (!transition) this.exploring = null;
+    if (steady) this.exploring = null;
     this.steps[k]!++;
     this.budget += this.exploreShare * ms;
     if (explored || (this.returning && transition)) this.budget -= ms;
-    this.returning = explored && !transition;
-    if (transition) {
-      this.repeat = k;
-      this.transitionCost[k] = ewma(this.transitionCost[k] ?? null, ms, a);
-    } else {
-      this.cost[k] = ewma(this.cost[k] ?? null, Math.max(ms, 1e-6), a);
-    }
+    this.returning = explored && steady;
+    if (!steady) this.repeat = k;
+    if (transition) this.transitionCost[k] = ewma(this.transitionCost[k] ?? null, ms, a);
+    if (steady) this.cost[k] = ewma(this.cost[k] ?? null, Math.max(ms, 1e-6), a);
     // Positions 1..accepted were accepted; position accepted+1 (if proposed) was rejected; later
     // ones are unobserved. The prior counts as PRIOR_WEIGHT observations, so a count's first
     // measurement is not mostly the prior (at alpha 0.1 two rejections left 0.41 of a 0.5
@@ -224,7 +220,7 @@ export class DraftController {
     // the best measured rate (a close call that noise in the estimates may have decided), or
     // an exploration that raised k's rate by IMPROVED (the world changed; its estimates lag),
     // keeps exploring at the full rate; k clearly beaten doubles its backoff.
-    if ((explored || firstMeasure) && !transition) {
+    if ((explored || firstMeasure) && steady) {
       const rate = this.rate(k);
       const close = rate >= BACKOFF_MARGIN * this.bestMeasuredRate() || (explored && rate >= IMPROVED * this.rateBeforeExplore);
       this.backoff[k] = close ? 1 : Math.min(2 * this.backoff[k]!, MAX_BACKOFF);
