@@ -7,8 +7,9 @@
 // wall time of a step with k drafts (k = 0: a plain decode step). k = 0 is always a
 // candidate, so drafting is only chosen when it measured faster. Each count is measured once
 // at the start (a draft count's first steady step is cold on the engine: recorded, its CUDA
-// graph not built yet; its time is not taken, the step is repeated); afterwards other counts are re-tried round robin from an exploration budget
-// (a share of the measured decode time, default 2%), so a k that looked bad once can recover.
+// graph not built yet; its time is not taken, the step is repeated); afterwards other counts
+// are re-tried round robin from an exploration budget (a share of the measured decode time,
+// default 2%), so a k that looked bad once can recover.
 // An exploration is priced and charged what its steps take: the transition into k catches the
 // MTP head up over every row since the last draft step and finds no command buffer prepared,
 // which can cost many steady steps (on the H200's 30b shape ~3 plain steps), so the price is
@@ -26,9 +27,10 @@
 // a cycle's rollback to run), charged to it as well.
 // A step right after a change of count is not k's steady cost: a draft step after steps
 // without drafts also runs the MTP head over the rows it skipped, and on the engine any step
-// after a change finds no command buffer prepared for it (a plain step after a cycle also runs the cycle's pending rollback). Such a
-// transition only updates the acceptance, and the next step repeats k to measure it; counted
-// as plain's cost, it would make plain look slower than it is and drafting win where it loses.
+// after a change finds no command buffer prepared for it (a plain step after a cycle also runs
+// the cycle's pending rollback). Such a transition only updates the acceptance, and the next
+// step repeats k to measure it; counted as plain's cost, it would make plain look slower than
+// it is and drafting win where it loses.
 
 /** The EWMA of `prev` (null: nothing seen yet, so x itself) after observing x with weight a. */
 const ewma = (prev: number | null, x: number, a: number) => (prev === null ? x : (1 - a) * prev + a * x);

@@ -122,7 +122,7 @@ export class Engine {
     const steps: { key: string; encode: (ctx: EncodeContext, plan: SitePlan) => void }[] = [];
     if (gpu.refs.mtp && gpu.snapshots && state.mtp) {
       for (let k = 1; k <= gpu.maxDrafts && pos0 + 1 + k <= state.capacity; k++) {
-        const after = [{ rollback: null, catchUp: 1 }, ...Array.from({ length: k + 1 }, (_, a) => ({ rollback: a < k ? a : null, catchUp: a + 1 }))];
+        const after = [{ rollback: null, catchUp: 1 }, ...Array.from({ length: k + 1 }, (_, a) => cycleAfter(a, k))];
         for (const { rollback, catchUp } of after) {
           const key = this.cycleKey(rollback, catchUp, k);
           if (key !== null) steps.push({ key, encode: (ctx, plan) => this.encodeCycle(ctx, plan, state, key, { pos0, catchUp, drafts: k, rollback }) });
@@ -136,15 +136,8 @@ export class Engine {
     steps.push({ key: decodeKey, encode: (ctx, plan) => this.encodeTrunk(ctx, plan, state, decodeKey, { nb: 1, pos0, verify: false, logits }) });
     const recordings = this.recordingsOf(state);
     const before = recordings.counts.recorded;
-    for (const step of steps) {
-      const cb = gpu.device.commandBuffer();
-      try {
-        step.encode({ device: gpu.device, cb }, new SitePlan(gpu.event, this.counter.value));
-        cb.hint(recordings.shapeKey(step.key), true);
-      } finally {
-        cb.release(); // never committed: the recording and the graph primed from it are what stay
-      }
-    }
+    // Never committed: the recording and the graph primed from it are what stay.
+    for (const step of steps) this.encodeAhead(state, step.key, true, step.encode).cb.release();
     return recordings.counts.recorded - before;
   }
 
@@ -370,13 +363,13 @@ export class Engine {
     let held = 0;
     for (const a of this.likelyAccepts(k)) {
       if (held >= most || (held > 0 && running && running.status !== "committed")) return;
-      const rollback = a < k ? a : null;
-      const key = this.cycleKey(rollback, a + 1, k);
+      const { rollback, catchUp } = cycleAfter(a, k);
+      const key = this.cycleKey(rollback, catchUp, k);
       if (key === null) return;
       const next = pos0 + a + 1;
       if (next + 1 + k > seq.capacity) continue;
       this.prepareOne(seq, next, key, sample, (ctx, plan) =>
-        this.encodeCycle(ctx, plan, seq, key, { pos0: next, catchUp: a + 1, drafts: k, rollback, draw: this.draftDraw(next, sample) }),
+        this.encodeCycle(ctx, plan, seq, key, { pos0: next, catchUp, drafts: k, rollback, draw: this.draftDraw(next, sample) }),
       );
       held++;
     }
@@ -398,20 +391,33 @@ export class Engine {
 
   /** Encodes one step ahead into a command buffer of its own and holds it. Never throws. */
   private prepareOne(seq: SequenceState, pos0: number, key: string, draws: SampleRequest | undefined, encode: (ctx: EncodeContext, plan: SitePlan) => void): void {
+    let step: PreparedStep;
+    try {
+      // Under sampling the verifying draw is added at commit: the structure is not final here.
+      step = this.encodeAhead(seq, key, draws === undefined, encode);
+    } catch {
+      return; // past the capacity, say: the step itself will say why if it comes
+    }
+    this.holdPrepared(seq, { pos0, key, draws, step });
+  }
+
+  /**
+   * Encodes a step of `seq`'s recording `key` into a command buffer of its own, not committed,
+   * and with `prime` has its CUDA graph built in the background (used or not, a step of this
+   * key is likely to come). The command buffer is released if encoding throws.
+   */
+  private encodeAhead(seq: SequenceState, key: string, prime: boolean, encode: (ctx: EncodeContext, plan: SitePlan) => void): PreparedStep {
     const gpu = this.gpu;
     const cb = gpu.device.commandBuffer();
     const plan = new SitePlan(gpu.event, this.counter.value);
     try {
       encode({ device: gpu.device, cb }, plan);
-      // Its CUDA graph is built in the background while the GPU runs (used or not, the step
-      // of this key is likely to come). Under sampling the verifying draw is added at commit:
-      // the structure is not final here.
-      if (draws === undefined) cb.hint(this.recordingsOf(seq).shapeKey(key), true);
-    } catch {
-      cb.release(); // past the capacity, say: the step itself will say why if it comes
-      return;
+      if (prime) cb.hint(this.recordingsOf(seq).shapeKey(key), true);
+    } catch (e) {
+      cb.release();
+      throw e;
     }
-    this.holdPrepared(seq, { pos0, key, draws, step: { cb, plan } });
+    return { cb, plan };
   }
 
   /** @internal Resets `seq`'s state (lock held): a pending rollback of it is dropped. */
@@ -924,6 +930,11 @@ export function preparedCyclesLimit(env: string | undefined = process.env.CHEREN
   const n = Number(env);
   if (!Number.isInteger(n) || n < 0) throw new Error(`CHERENKOV_PREPARED_CYCLES: "${env}" is not a count of cycles (an integer >= 0)`);
   return n;
+}
+
+/** The cycle after a k-draft cycle that accepted a drafts: the rollback of row a it left (none when all were accepted), a catch-up of a + 1 rows. */
+function cycleAfter(a: number, k: number): { rollback: number | null; catchUp: number } {
+  return { rollback: a < k ? a : null, catchUp: a + 1 };
 }
 
 /** Recordings Engine.warmSteps leaves to a generation's prompt shapes. */
