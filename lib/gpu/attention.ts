@@ -19,17 +19,18 @@ const at = (r: RowsRef): Binding => bind(r.buffer, r.offset);
 
 // ---- RoPE ----------------------------------------------------------------------------
 
-const ropeTables = new Map<string, number[]>();
+const ropeTables = new Map<string, Float32Array>();
 
 /**
  * inv_freq[i] for i < rd/2 by the f32 rule every implementation follows (lib/model/rope.ts),
- * padded to the params table. Cached per (rd, theta).
+ * padded to the params table. Cached per (rd, theta); a Float32Array, which packs with one
+ * copy (params.ts).
  */
-export function ropeFrequencies(rotDim: number, theta: number): number[] {
+export function ropeFrequencies(rotDim: number, theta: number): Float32Array {
   const key = `${rotDim}:${theta}`;
   let t = ropeTables.get(key);
   if (!t) {
-    t = new Array<number>(ROPE_MAX_PAIRS).fill(0);
+    t = new Float32Array(ROPE_MAX_PAIRS);
     ropeInvFreq(rotDim, theta).forEach((f, i) => (t![i] = f));
     ropeTables.set(key, t);
   }

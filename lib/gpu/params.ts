@@ -48,7 +48,9 @@ export interface ParamStruct<F extends readonly FieldSpec[] = readonly FieldSpec
 }
 
 type FieldValue<F extends FieldSpec> = F extends { count: number }
-  ? readonly number[]
+  ? F["type"] extends "f32"
+    ? readonly number[] | Float32Array
+    : readonly number[]
   : F["type"] extends "u64"
     ? number | bigint
     : number;
@@ -162,6 +164,12 @@ export function writeParams<S extends ParamStruct>(s: S, values: ParamValues<S>,
     }
     if (!f.isArray) {
       writeScalar(view, f.offset, f.type, value, s.cName, f.name);
+      continue;
+    }
+    // A table of f32s held as a Float32Array (RoPE's inverse frequencies, 128 per dispatch)
+    // goes in with one copy instead of a checked write per element.
+    if (value instanceof Float32Array && f.type === "f32" && value.length === f.count) {
+      bytes.set(new Uint8Array(value.buffer, value.byteOffset, value.byteLength), f.offset);
       continue;
     }
     if (!Array.isArray(value) || value.length !== f.count)

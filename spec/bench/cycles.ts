@@ -4,9 +4,10 @@
  * steady state. Plain decoding runs first (`--plain N` tokens, as bench:decode does, so the
  * code both share is warm), then `--cycles N` cycles of `--drafts K` on a new sequence; each
  * cycle prints its index, tokens made, recordings made during it (its own and those prepared
- * ahead), wall ms and the engine's phases (encode, step, gpu, prepare; phases.ts). Ends with
- * the totals and the ratio to plain decoding. On CUDA, CHERENKOV_CUDA_GRAPHS_VERBOSE=1 adds the
- * graph counters and each graph's replay stages at the end (docs/cuda.md).
+ * ahead), wall ms and the engine's phases (encode, step, gpu, prepare; phases.ts). Starts with
+ * the engine's load time, ends with the totals and the ratio to plain decoding. On CUDA,
+ * CHERENKOV_CUDA_GRAPHS_VERBOSE=1 adds the graph counters and each graph's replay stages at the
+ * end (docs/cuda.md).
  *
  * Options: --model DIR (default examples/models/qwen4-exp-tiny), --drafts K (2), --cycles N
  * (60), --plain N (64), --prompt N (16), --gap N (0: N plain steps before each cycle after the
@@ -42,7 +43,9 @@ const promptLen = count("prompt", opts.prompt, 1);
 const gap = count("gap", opts.gap, 0);
 
 const files = await openModel(opts.model);
+const loadStart = performance.now();
 const engine = await Engine.load(files, defaultBackend(), { prefillChunk: promptLen });
+console.log(`load: ${(performance.now() - loadStart).toFixed(1)} ms (steps recorded at load: ${engine.recordedSteps.recorded})`);
 try {
   if (engine.gpu.maxDrafts < drafts) throw new Error(`${opts.model}: ${drafts} drafts asked, the engine takes ${engine.gpu.maxDrafts} (no MTP head: 0)`);
   const vocab = files.config.vocab_size;

@@ -9,7 +9,7 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { join } from "node:path";
 import type { SampleRequest } from "../../lib/api/backend.ts";
-import { Engine, preparedCyclesLimit, type EngineSequence } from "../../lib/gpu/engine.ts";
+import { Engine, preparedCyclesLimit, warmReplayRounds, type EngineSequence } from "../../lib/gpu/engine.ts";
 import { MAX_RECORDINGS, StepRecordings } from "../../lib/gpu/recorded-step.ts";
 import { foldsSiteRead } from "../../lib/gpu/site-read.ts";
 import { openModel, type ModelFiles } from "../../lib/model/format.ts";
@@ -327,20 +327,27 @@ test("a new engine records its decode row and every cycle shape at load (warmSte
   const run = async () => {
     const fresh = await Engine.load(files, BACKEND);
     try {
-      const atLoad = fresh.recordedSteps.recorded;
+      const { recorded: atLoad, replayed: replayedAtLoad } = fresh.recordedSteps;
+      const committedAtLoad = fresh.gpu.device.commandBuffersCommitted;
       const seq = fresh.newSequence();
       const t = [(await seq.forward(PROMPT)).next.at(-1)!];
       const afterPrompt = fresh.recordedSteps.recorded;
       while (t.length < SHORT) t.push(...(await seq.speculate(t.at(-1)!, 2)).next);
       seq.dispose();
-      return { tokens: t.slice(0, SHORT), atLoad, prompt: afterPrompt - atLoad, cycles: fresh.recordedSteps.recorded - afterPrompt };
+      const cycles = fresh.recordedSteps.recorded - afterPrompt;
+      return { tokens: t.slice(0, SHORT), atLoad, replayedAtLoad, committedAtLoad, prompt: afterPrompt - atLoad, cycles };
     } finally {
       await fresh.close();
     }
   };
   const SHORT = 12; // a few cycles: enough to see each one recorded or not
-  const warm = await withEnvVarAsync("CHERENKOV_WARM_STEPS", undefined, run);
+  const warm = await withEnvVarAsync("CHERENKOV_WARM_REPLAYS", "0", () => withEnvVarAsync("CHERENKOV_WARM_STEPS", undefined, run));
   const cold = await withEnvVarAsync("CHERENKOV_WARM_STEPS", "0", run);
+  // The warm replays at load (GPU backends' default): host work on command buffers never
+  // committed, not counted as replays; the same recordings and tokens.
+  const replays = await withEnvVarAsync("CHERENKOV_WARM_REPLAYS", "2", () => withEnvVarAsync("CHERENKOV_WARM_STEPS", undefined, run));
+  expect(replays).toEqual(warm);
+  expect(warm.replayedAtLoad).toBe(0);
   expect(warm.tokens).toEqual(plain.slice(0, SHORT));
   expect(cold.tokens).toEqual(plain.slice(0, SHORT));
   // At load: the decode row, and for each draft count k the cycle after plain steps and one per accept count.
@@ -354,3 +361,12 @@ test("a new engine records its decode row and every cycle shape at load (warmSte
   expect(warm.cycles).toBe(0);
   expect(cold.cycles).toBeGreaterThan(1);
 }, 120_000);
+
+test("warm replay rounds at load: 16 on a GPU backend, none on the CPU backend; CHERENKOV_WARM_REPLAYS sets them, anything but a count refused by name", () => {
+  expect(warmReplayRounds("cuda", undefined)).toBe(16);
+  expect(warmReplayRounds("metal", "")).toBe(16);
+  expect(warmReplayRounds("cpu", undefined)).toBe(0);
+  expect(warmReplayRounds("cpu", "5")).toBe(5);
+  expect(warmReplayRounds("cuda", "0")).toBe(0);
+  for (const bad of ["-1", "1.5", "many"]) expect(() => warmReplayRounds("cuda", bad)).toThrow(`CHERENKOV_WARM_REPLAYS: "${bad}" is not a count of rounds`);
+});

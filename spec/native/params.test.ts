@@ -101,6 +101,21 @@ describe("packParams", () => {
     expect(() => packParams(S, { mults: [1, 2], offset: 0 })).toThrow("TestParams.mults: expected an array of 3 values");
   });
 
+  test("an f32 table given as a Float32Array packs as the same values in an array do; a wrong length is refused", () => {
+    const S = defineParams("Table", "test", [
+      { name: "n", type: "u32" },
+      { name: "freq", type: "f32", count: 3 },
+    ] as const);
+    const table = new Float32Array([0.5, Math.fround(1 / 3), -2.25]);
+    const fromTyped = packParams(S, { n: 7, freq: table });
+    expect(Array.from(fromTyped)).toEqual(Array.from(packParams(S, { n: 7, freq: Array.from(table) })));
+    expect(Array.from(new Float32Array(fromTyped.buffer, 4, 3))).toEqual(Array.from(table));
+    // A view into a larger buffer: its own elements only.
+    const view = new Float32Array([9, 0.5, Math.fround(1 / 3), -2.25, 9]).subarray(1, 4);
+    expect(Array.from(packParams(S, { n: 7, freq: view }))).toEqual(Array.from(fromTyped));
+    expect(() => packParams(S, { n: 7, freq: new Float32Array(2) })).toThrow("TableParams.freq: expected an array of 3 values");
+  });
+
   test.each([
     ["a missing field", { rows: 1, cols: 2, eps: 0, x_stride: 0 }, "RmsNormParams.y_stride: missing"],
     ["an unknown field", { rows: 1, cols: 2, eps: 0, x_stride: 0, y_stride: 0, colz: 1 }, "RmsNormParams: unknown field colz"],
