@@ -431,6 +431,16 @@ export function usesAttnTiles(
   );
 }
 
+/**
+ * Lengths past which a decode row's or a verify batch's attention call dispatches other
+ * kernels (its command buffer gets another structure, hence another CUDA graph): read past
+ * ATTN_DECODE_SPLIT positions, it is split and combined (attn_combine_f32); past a QSA
+ * topk, it scores and selects (qsa_scores_*). Engine.warmSteps primes each step past each.
+ */
+export function attentionBreakpoints(qsaTopk: number | null): number[] {
+  return qsaTopk === null ? [ATTN_DECODE_SPLIT] : [ATTN_DECODE_SPLIT, qsaTopk];
+}
+
 type SplitInputs = Pick<AttentionArgs, "rows" | "pos0" | "selection" | "splitLen">;
 
 /** The split length and count an attention call uses (from the longest row's read). */

@@ -10,6 +10,7 @@ import { checkTokens } from "../reference/model.ts";
 import type { Backend, Buffer, CommandBuffer } from "../shim.ts";
 import { bind, runNow, shiftedLive, type EncodeContext } from "./dispatch.ts";
 import { encodeTrunkStep, type TrunkStep } from "./decode.ts";
+import { attentionBreakpoints } from "./attention.ts";
 import { encodeDrafts, encodeMtpCatchUp } from "./draft.ts";
 import { loadEngine, type EngineGpu, type EngineOptions, type LoadProgress } from "./load.ts";
 import { runChunked } from "./prefill.ts";
@@ -119,15 +120,14 @@ export class Engine {
     const decodeKey = this.recordingKey(1, false, logits);
     if (decodeKey === null) return 0;
     const state = (this.spare ??= new SequenceState(gpu.device, gpu.config, gpu.maxContext));
-    // A position past every catch-up's rows (the MTP rows lie catch-up rows before it).
-    const pos0 = gpu.maxDrafts + 1;
-    const steps: { key: string; encode: (ctx: EncodeContext, plan: SitePlan) => void }[] = [];
+    const positions = warmPositions(gpu, state.capacity);
+    const steps: WarmStep[] = [];
     if (gpu.refs.mtp && gpu.snapshots && state.mtp) {
-      for (let k = 1; k <= gpu.maxDrafts && pos0 + 1 + k <= state.capacity; k++) {
+      for (let k = 1; k <= gpu.maxDrafts && positions[0]! + 1 + k <= state.capacity; k++) {
         const after = [{ rollback: null, catchUp: 1 }, ...Array.from({ length: k + 1 }, (_, a) => cycleAfter(a, k))];
         for (const { rollback, catchUp } of after) {
           const key = this.cycleKey(rollback, catchUp, k);
-          if (key !== null) steps.push({ key, encode: (ctx, plan) => this.encodeCycle(ctx, plan, state, key, { pos0, catchUp, drafts: k, rollback }) });
+          if (key !== null) steps.push({ key, drafts: k, encode: (pos0) => (ctx, plan) => this.encodeCycle(ctx, plan, state, key, { pos0, catchUp, drafts: k, rollback }) });
         }
       }
     }
@@ -135,14 +135,23 @@ export class Engine {
     // generation's prompt shapes: with many drafts the largest counts' cycles are left out.
     const room = MAX_RECORDINGS - WARM_ROOM - 1;
     steps.splice(room, steps.length - room);
-    steps.push({ key: decodeKey, encode: (ctx, plan) => this.encodeTrunk(ctx, plan, state, decodeKey, { nb: 1, pos0, verify: false, logits }) });
+    steps.push({ key: decodeKey, drafts: 0, encode: (pos0) => (ctx, plan) => this.encodeTrunk(ctx, plan, state, decodeKey, { nb: 1, pos0, verify: false, logits }) });
     const recordings = this.recordingsOf(state);
-    const before = recordings.counts.recorded;
-    // Never committed: the recording and the graph primed from it are what stay.
-    for (const step of steps) this.encodeAhead(state, step.key, true, step.encode).cb.release();
-    const recorded = recordings.counts.recorded - before;
-    this.warmReplays(state, steps, replayRounds);
-    return recorded;
+    const { recorded, replayed } = recordings.counts;
+    try {
+      // Never committed: the recording and the graphs primed from it are what stay. Recorded at
+      // the first position, replayed at the others: each structure's graph primed.
+      for (const pos0 of positions) {
+        for (const step of steps) {
+          if (pos0 + 1 + step.drafts > state.capacity) continue;
+          this.encodeAhead(state, step.key, true, step.encode(pos0)).cb.release();
+        }
+      }
+      this.warmReplays(state, steps.map((step) => ({ key: step.key, encode: step.encode(positions[0]!) })), replayRounds);
+    } finally {
+      recordings.counts.replayed = replayed;
+    }
+    return recordings.counts.recorded - recorded;
   }
 
   /**
@@ -151,21 +160,14 @@ export class Engine {
    * has optimized the replay code before a generation needs it. On the H200 a fresh engine
    * prepared a 2-draft cycle's successors in 0.6-0.8 ms where a warmed process took ~0.45, longer
    * than the GPU's ~0.75 ms cycle: the first 64 tokens ran 1.2-1.4x plain against 2.1x steady.
-   * Not counted as replays (counts.replayed: steps replayed for a generation).
    */
   private warmReplays(state: SequenceState, steps: readonly { key: string; encode: (ctx: EncodeContext, plan: SitePlan) => void }[], rounds: number): void {
     const gpu = this.gpu;
-    const counts = this.recordingsOf(state).counts;
-    const replayed = counts.replayed;
     const catchUpRows = Math.min(gpu.scratch.rows, gpu.maxDrafts + 1);
     const catchUp = gpu.refs.mtp && state.mtp ? (ctx: EncodeContext, plan: SitePlan) => encodeMtpCatchUp(ctx, gpu, state, plan, { pos0: 0 }, catchUpRows) : null;
-    try {
-      for (let r = 0; r < rounds; r++) {
-        for (const step of steps) this.encodeAhead(state, step.key, false, step.encode).cb.release();
-        if (catchUp) this.encodeAhead(state, "", false, catchUp).cb.release();
-      }
-    } finally {
-      counts.replayed = replayed;
+    for (let r = 0; r < rounds; r++) {
+      for (const step of steps) this.encodeAhead(state, step.key, false, step.encode).cb.release();
+      if (catchUp) this.encodeAhead(state, "", false, catchUp).cb.release();
     }
   }
 
@@ -975,6 +977,28 @@ export function warmReplayRounds(backend: string, env: string | undefined = proc
   const n = Number(env);
   if (!Number.isInteger(n) || n < 0) throw new Error(`CHERENKOV_WARM_REPLAYS: "${env}" is not a count of rounds (an integer >= 0)`);
   return n;
+}
+
+/** A step Engine.warmSteps records: its recording's key, its drafts (0: the decode row), its encode at a position. */
+interface WarmStep {
+  readonly key: string;
+  readonly drafts: number;
+  readonly encode: (pos0: number) => (ctx: EncodeContext, plan: SitePlan) => void;
+}
+
+/**
+ * The positions Engine.warmSteps encodes its steps at, one per command-buffer structure a
+ * step's attention may take (attentionBreakpoints): first past every catch-up's rows (the MTP
+ * rows lie catch-up rows before pos0), then past each breakpoint by as much, within the
+ * capacity. On the H200 a tiny-model generation's cycles took 0.3-0.4 ms longer for five
+ * cycles once its length passed QSA's topk (new structures launched directly until their graphs
+ * were built), and a 30b decode row after a prompt of more than 64 tokens had no graph primed.
+ */
+export function warmPositions(gpu: Pick<EngineGpu, "maxDrafts" | "config">, capacity: number): number[] {
+  const base = gpu.maxDrafts + 1;
+  const past = attentionBreakpoints(gpu.config.attention.qsa?.topk ?? null)
+    .map((b) => b + base).filter((p) => p + 1 + gpu.maxDrafts <= capacity);
+  return [...new Set([base, ...past])].sort((a, b) => a - b);
 }
 
 /** Recordings Engine.warmSteps leaves to a generation's prompt shapes. */

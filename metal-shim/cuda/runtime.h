@@ -47,9 +47,12 @@ struct Graph {
 
 // Instantiated graphs per device: a decode row, a few prompt chunks and, for each draft count
 // a speculative run uses, one per accept count and one after plain steps (k + 2 of them: 12 for
-// drafts "auto" over 1..3, all primed at load by Engine.warmSteps; runtime.cu, "Built ahead").
-constexpr size_t kGraphCacheSize = 32;
-constexpr size_t kPrimeQueue = 8;  // command buffers waiting for the builder (more are not primed)
+// drafts "auto" over 1..3), each in up to three structures (an attention call split past 64
+// positions, scoring past QSA's topk): Engine.warmSteps primes all of them at load (~40 on the
+// 30b shape; runtime.cu, "Built ahead").
+constexpr size_t kGraphCacheSize = 64;
+// Command buffers waiting for the builder (more are not primed): the burst at load is ~40.
+constexpr size_t kPrimeQueue = 64;
 constexpr size_t kSeenShapes = 64;     // recent shape and structure hashes (a graph is built on a second sight)
 
 struct GraphCache {

@@ -9,7 +9,8 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { join } from "node:path";
 import type { SampleRequest } from "../../lib/api/backend.ts";
-import { Engine, preparedCyclesLimit, warmReplayRounds, type EngineSequence } from "../../lib/gpu/engine.ts";
+import { Engine, preparedCyclesLimit, warmPositions, warmReplayRounds, type EngineSequence } from "../../lib/gpu/engine.ts";
+import { ATTN_DECODE_SPLIT } from "../../lib/gpu/attention.ts";
 import { MAX_RECORDINGS, StepRecordings } from "../../lib/gpu/recorded-step.ts";
 import { foldsSiteRead } from "../../lib/gpu/site-read.ts";
 import { openModel, type ModelFiles } from "../../lib/model/format.ts";
@@ -369,4 +370,17 @@ test("warm replay rounds at load: 16 on a GPU backend, none on the CPU backend; 
   expect(warmReplayRounds("cpu", "5")).toBe(5);
   expect(warmReplayRounds("cuda", "0")).toBe(0);
   for (const bad of ["-1", "1.5", "many"]) expect(() => warmReplayRounds("cuda", bad)).toThrow(`CHERENKOV_WARM_REPLAYS: "${bad}" is not a count of rounds`);
+});
+
+test("warmSteps' positions: past every catch-up's rows, then past each length where attention takes other kernels (split past 64 positions, QSA scoring past topk), within the capacity", () => {
+  const c = files.config;
+  const topk = c.attention.qsa?.topk ?? null;
+  const base = engine.gpu.maxDrafts + 1;
+  const expected = [...new Set([base, ATTN_DECODE_SPLIT + base, ...(topk === null ? [] : [topk + base])])].sort((a, b) => a - b);
+  expect(warmPositions(engine.gpu, 4096)).toEqual(expected);
+  expect(warmPositions(engine.gpu, 4096).length).toBeGreaterThan(1);
+  // A step at each position must fit: with room for the base only, only the base.
+  expect(warmPositions(engine.gpu, base + 1 + engine.gpu.maxDrafts)).toEqual([base]);
+  expect(warmPositions({ maxDrafts: 2, config: { ...c, attention: { ...c.attention, qsa: { heads: 1, head_dim: 32, topk: 2048 } } } }, 1 << 16)).toEqual([3, ATTN_DECODE_SPLIT + 3, 2051]);
+  expect(warmPositions({ maxDrafts: 0, config: { ...c, attention: { ...c.attention, qsa: null } } }, 1 << 16)).toEqual([1, ATTN_DECODE_SPLIT + 1]);
 });
