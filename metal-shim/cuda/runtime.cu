@@ -3,8 +3,9 @@
 // enqueues committed command buffers (kernel launches; an event signal is a one-thread
 // kernel that writes the event's word in pinned host memory, an event wait a one-thread
 // kernel that polls it), a completion thread marks them done in order and enforces the
-// GPU-wait timeout by setting the command buffer's cancel word, which ends the polling wait
-// and turns every later command of it into a no-op. docs/cuda.md explains the mapping.
+// GPU-wait timeout, which the wait kernel enforces itself: past it, it sets the command
+// buffer's cancel word, which turns every later command of it into a no-op, and counts the
+// timeout where the completion thread sees it. docs/cuda.md explains the mapping.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -249,11 +250,33 @@ __global__ void ck_signal_kernel(volatile unsigned long long *word, const unsign
   __threadfence_system();
 }
 
-__global__ void ck_wait_kernel(const volatile unsigned long long *word, const unsigned long long *value, const volatile uint32_t *cancel) {
+// A wait enforces its own timeout (watch[0] ms, read as it starts: the moment it became the
+// first unsatisfied wait, as on the other backends): past it, it sets its command buffer's
+// cancel word (every later command of it does nothing) and counts the timeout in watch[1]
+// (the GPU is its only writer, one wait at a time: one stream). Cancelling from the host
+// took a CUDA call (a memset on the copy stream), which could queue behind the reaper's
+// cudaFree, itself waiting for the device to idle, which this spinning wait kept busy: a
+// process that had just closed an engine hung on its next timed-out wait (the H200, 2026-12-03).
+__device__ __forceinline__ unsigned long long gpu_clock_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void ck_wait_kernel(const volatile unsigned long long *word, const unsigned long long *value, volatile uint32_t *cancel, volatile uint32_t *watch) {
   ck::after_previous_grid();
   const unsigned long long v = *value;
+  const unsigned long long start = gpu_clock_ns();
+  const unsigned long long limit = 1000000ull * watch[0];
   while (*word < v) {
     if (*cancel) return;
+    if (gpu_clock_ns() - start > limit) {
+      *cancel = 1;
+      __threadfence();
+      watch[1] = watch[1] + 1;
+      __threadfence_system();
+      return;
+    }
     __nanosleep(100);
   }
   __threadfence_system();
@@ -317,7 +340,8 @@ struct KernelCall {
   unsigned long long *word = nullptr;           // an event command's three
   const unsigned long long *value = nullptr;
   const volatile uint32_t *cancel = nullptr;
-  void *args[3] = {};
+  uint32_t *watch = nullptr;                    // a wait's fourth (the device's watch)
+  void *args[4] = {};
   KernelCall() = default;
   KernelCall(const KernelCall &) = delete;
   KernelCall &operator=(const KernelCall &) = delete;
@@ -358,6 +382,10 @@ static void kernel_call(const ck_cmdbuf *cb, const Command &c, const SliceLayout
   k.args[0] = &k.word;
   k.args[1] = &k.value;
   k.args[2] = &k.cancel;
+  if (c.kind == Command::kWait) {
+    k.watch = cb->dev->watch_gpu;
+    k.args[3] = &k.watch;
+  }
 }
 
 // "command buffer C: command I, dispatch of 'K' (file:line)" or "...: command I: signal of event E".
@@ -394,16 +422,12 @@ static std::string command_name(const ck_cmdbuf *cb, size_t i) {
 // - Params and values: the replay's copy and its graph are enqueued on dev->stream, after
 //   everything enqueued before, so the copy runs only once the previous replay's graph (the
 //   only other reader of the area) has finished.
-// - The cancel word (complete_loop): cancelling is a write from the copy stream, outside
-//   stream order. The completion thread cancels command buffer A only while A has not
-//   completed, but A may finish between its check and the write; the write then lands in the
-//   area after A. If the next replay B of the same graph had already copied its bytes there,
-//   B would see a cancel meant for A and silently do nothing. So a graph has at most one
-//   command buffer in flight: the submit thread claims it (Graph::busy) before B's copy is
-//   enqueued and waits while A holds it; A releases it only after it is marked done, and its
-//   cancel write (if any) was waited for (cudaStreamSynchronize) before that. B's copy thus
-//   runs after any cancel of A and clears the word. Engine steps are committed one at a time
-//   (each waited for before the next), so the wait costs nothing there.
+// - The cancel word: set by a timed-out wait of the graph's own replay, in stream order
+//   (ck_wait_kernel), and cleared by the next replay's copy, enqueued after it. A graph still
+//   has at most one command buffer in flight: the submit thread claims it (Graph::busy) before
+//   B's copy is enqueued and waits while A holds it; A releases it once marked done. Engine
+//   steps are committed one at a time (each waited for before the next), so the wait costs
+//   nothing there.
 // - Node updates happen after that claim too, so no launch of the graph is in flight (an
 //   update would not affect one anyway, per CUDA's documentation).
 // - Eviction frees only a graph no command buffer holds; the reaper frees it.
@@ -925,7 +949,6 @@ static bool replay(ck_device *dev, ck_cmdbuf *cb, const SliceLayout &lay, const 
     if (e != cudaSuccess) failed = std::string("reading its stamps: ") + cudaGetErrorString(e);
   }
   if (failed.empty()) {
-    cb->cancel_word = g->area;
     G.replays++;
     return true;
   }
@@ -1016,7 +1039,6 @@ static bool enqueue(ck_device *dev, ck_cmdbuf *cb) {
 
   // Direct: the bytes to the ring slice's device copy, then each command launched.
   unsigned char *base = dev->ring_gpu + start;
-  cb->cancel_word = base;
   cudaError_t e = cudaMemcpyAsync(base, staged, lay.bytes, cudaMemcpyHostToDevice, dev->stream);
   if (e != cudaSuccess) {
     std::snprintf(msg, sizeof msg, "command buffer %u: copying %zu bytes of params to the GPU failed: %s", cb->id, lay.bytes, cudaGetErrorString(e));
@@ -1158,14 +1180,12 @@ static void complete_loop(ck_device *dev) {
       cb = dev->inflight.front();
     }
     // Wait for the stream to pass this command buffer. Spin briefly (the engine waits on
-    // every step), then sleep in short steps; a GPU wait blocked past the timeout fails it.
-    // The timeout runs from the moment a wait became the first unsatisfied one (the host set
-    // the previous event), as on the CPU and Metal backends: a long command buffer whose
-    // waits are each released in time (a prefill chunk streaming every layer's experts) is
-    // not a hang.
-    auto blocked_since = std::chrono::steady_clock::now();
-    ck::Command *blocked = nullptr;
-    std::string timed_out;
+    // every step), then sleep in short steps. Its GPU waits time out by themselves
+    // (ck_wait_kernel); one that did counted it in watch[1]. The count is read as this
+    // command buffer becomes the oldest in flight: a later one's wait can only start once this
+    // one is done, and cannot time out in the moment between seeing it done and reading the count.
+    const uint32_t timeouts_before = dev->watch_host[1];
+    ck::Command *blocked = nullptr;  // its first unsatisfied wait, when last looked at
     unsigned spins = 0;
     cudaError_t e;
     for (;;) {
@@ -1179,36 +1199,19 @@ static void complete_loop(ck_device *dev) {
         continue;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
-      if (!timed_out.empty()) continue;
-      auto now = std::chrono::steady_clock::now();
-      ck::Command *w = blocked_wait(cb);
-      if (w != blocked) {
-        blocked = w;
-        blocked_since = now;
-        continue;
-      }
-      uint32_t timeout = dev->wait_timeout_ms.load();
-      auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - blocked_since).count();
-      if (w && uint64_t(waited) > timeout) {
-        {
-          char msg[256];
-          std::snprintf(msg, sizeof msg, "command buffer %u: wait for event %u >= %llu timed out after %u ms", cb->id, w->event->id,
-                        static_cast<unsigned long long>(w->value), timeout);
-          timed_out = msg;
-          // Cancel the rest of this command buffer: its polling wait returns, later commands do
-          // nothing. Waited for before cb is marked done: a graph's next replay, which reuses
-          // the word, is enqueued only after that (runtime.cu, "Why one area per graph is safe").
-          if (cb->cancel_word) {
-            std::lock_guard<std::mutex> lk(dev->copy_m);
-            cudaError_t ce = cudaMemsetAsync(cb->cancel_word, 0xff, sizeof(uint32_t), dev->copy);
-            if (ce == cudaSuccess) ce = cudaStreamSynchronize(dev->copy);
-            if (ce != cudaSuccess) {
-              cudaGetLastError();
-              timed_out += std::string(" (cancelling it failed: ") + cudaGetErrorString(ce) + ")";
-            }
-          }
-        }
-      }
+      blocked = blocked_wait(cb);
+    }
+    std::string timed_out;
+    if (e == cudaSuccess && dev->watch_host[1] != timeouts_before) {
+      // The wait that was blocked (a late release may have satisfied it since).
+      const ck::Command *w = blocked ? blocked : blocked_wait(cb);
+      char msg[256];
+      if (w)
+        std::snprintf(msg, sizeof msg, "command buffer %u: wait for event %u >= %llu timed out after %u ms", cb->id, w->event->id,
+                      static_cast<unsigned long long>(w->value), dev->wait_timeout_ms.load());
+      else
+        std::snprintf(msg, sizeof msg, "command buffer %u: a wait timed out after %u ms", cb->id, dev->wait_timeout_ms.load());
+      timed_out = msg;
     }
     if (e != cudaSuccess && cb->error.empty()) {
       char msg[512];
@@ -1300,6 +1303,14 @@ CK_API ck_device *ck_device_open(void) {
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&dev->copy, cudaStreamNonBlocking);
   dev->ring_size = size_t(32) << 20;
   if (e == cudaSuccess) e = cudaHostAlloc((void **)&dev->ring_host, dev->ring_size, cudaHostAllocDefault);
+  void *watch = nullptr;
+  if (e == cudaSuccess) e = cudaHostAlloc(&watch, 64, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (e == cudaSuccess) {
+    dev->watch_host = static_cast<volatile uint32_t *>(watch);
+    dev->watch_host[0] = dev->wait_timeout_ms.load();
+    dev->watch_host[1] = 0;
+    e = cudaHostGetDevicePointer(reinterpret_cast<void **>(&dev->watch_gpu), watch, 0);
+  }
   if (e == cudaSuccess) e = ck::device_alloc(dev, (void **)&dev->ring_gpu, dev->ring_size, nullptr);
   if (e != cudaSuccess) {
     set_error("ck_device_open: %s", cudaGetErrorString(e));
@@ -1350,6 +1361,7 @@ CK_API void ck_device_close(ck_device *dev) {
   cudaStreamDestroy(dev->copy);
   ck::Reaper::post({ck::Release::kHost, dev->ring_host, 0});
   ck::Reaper::post({ck::Release::kDevice, dev->ring_gpu, 0});
+  ck::Reaper::post({ck::Release::kHost, const_cast<uint32_t *>(dev->watch_host), 0});
   delete dev;
 }
 
@@ -1380,7 +1392,9 @@ CK_API double ck_device_limit(ck_device *dev, int32_t limit) {
   }
 }
 CK_API void ck_device_set_wait_timeout(ck_device *dev, uint32_t timeout_ms) {
-  if (dev) dev->wait_timeout_ms.store(timeout_ms);
+  if (!dev) return;
+  dev->wait_timeout_ms.store(timeout_ms);
+  dev->watch_host[0] = timeout_ms;  // read by each GPU wait as it starts
 }
 
 // ---- buffers ----------------------------------------------------------------------------

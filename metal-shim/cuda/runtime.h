@@ -157,7 +157,6 @@ struct ck_cmdbuf : ck::Counted {
   size_t first_wait = SIZE_MAX;  // index of its first wait command (dispatches after it check the cancel word)
   cudaEvent_t done = nullptr;
   size_t ring_start = 0;  // its slice of the param ring (cancel word first)
-  unsigned char *cancel_word = nullptr;  // device address of its cancel word: its ring slice's or its graph's area
   ck::Graph *graph = nullptr;            // the graph whose area it claimed (busy until it completes), or null
   bool submit_failed = false;
   std::vector<cudaEvent_t> marks;  // CHERENKOV_CUDA_PROFILE: an event before each command and after the last
@@ -179,6 +178,10 @@ struct ck_device {
   double working_set = 0;
   uint32_t max_shared = 49152;
   std::atomic<uint32_t> wait_timeout_ms{10000};
+  // The GPU-wait watch, pinned host memory mapped into the GPU (runtime.cu, ck_wait_kernel):
+  // [0] the timeout in ms (set by the host), [1] the waits that timed out (counted by the GPU).
+  volatile uint32_t *watch_host = nullptr;
+  uint32_t *watch_gpu = nullptr;
   std::atomic<uint32_t> next_cmdbuf_id{1};
   std::atomic<uint32_t> next_event_id{1};
   cudaStream_t stream = nullptr;  // every command buffer, in commit order
