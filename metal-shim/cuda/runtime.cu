@@ -252,8 +252,9 @@ __global__ void ck_signal_kernel(volatile unsigned long long *word, const unsign
 
 // A wait enforces its own timeout (watch[0] ms, read as it starts: the moment it became the
 // first unsatisfied wait, as on the other backends): past it, it sets its command buffer's
-// cancel word (every later command of it does nothing) and counts the timeout in watch[1]
-// (the GPU is its only writer, one wait at a time: one stream). Cancelling from the host
+// cancel word (every later command of it does nothing) and writes the command buffer's id
+// (the slice's second word, stage()) to its slot in the watch, where the completion thread
+// looks once the command buffer is done (complete_loop). Cancelling from the host
 // took a CUDA call (a memset on the copy stream), which could queue behind the reaper's
 // cudaFree, itself waiting for the device to idle, which this spinning wait kept busy: a
 // process that had just closed an engine hung on its next timed-out wait (the H200, 2026-12-03).
@@ -272,8 +273,8 @@ __global__ void ck_wait_kernel(const volatile unsigned long long *word, const un
     if (*cancel) return;
     if (gpu_clock_ns() - start > limit) {
       *cancel = 1;
-      __threadfence();
-      watch[1] = watch[1] + 1;
+      const uint32_t id = cancel[1];
+      watch[1 + id % ck::kWatchSlots] = id;
       __threadfence_system();
       return;
     }
@@ -321,6 +322,7 @@ static SliceLayout slice_layout(const ck_cmdbuf *cb) {
 // Writes cb's bytes (layout `lay`) at `host`, its pinned ring slice: the cancel word cleared.
 static void stage(const ck_cmdbuf *cb, const SliceLayout &lay, unsigned char *host) {
   std::memset(host, 0, kCancelBytes);
+  std::memcpy(host + 4, &cb->id, sizeof cb->id);  // after the cancel word: whom a timed-out wait names
   if (!cb->params.empty()) std::memcpy(host + kCancelBytes, cb->params.data(), cb->params.size());
   unsigned char *value = host + lay.values;
   for (const Command &c : cb->commands)
@@ -1181,10 +1183,7 @@ static void complete_loop(ck_device *dev) {
     }
     // Wait for the stream to pass this command buffer. Spin briefly (the engine waits on
     // every step), then sleep in short steps. Its GPU waits time out by themselves
-    // (ck_wait_kernel); one that did counted it in watch[1]. The count is read as this
-    // command buffer becomes the oldest in flight: a later one's wait can only start once this
-    // one is done, and cannot time out in the moment between seeing it done and reading the count.
-    const uint32_t timeouts_before = dev->watch_host[1];
+    // (ck_wait_kernel); one that did wrote this command buffer's id to its watch slot.
     ck::Command *blocked = nullptr;  // its first unsatisfied wait, when last looked at
     unsigned spins = 0;
     cudaError_t e;
@@ -1202,7 +1201,9 @@ static void complete_loop(ck_device *dev) {
       blocked = blocked_wait(cb);
     }
     std::string timed_out;
-    if (e == cudaSuccess && dev->watch_host[1] != timeouts_before) {
+    volatile uint32_t &slot = dev->watch_host[1 + cb->id % ck::kWatchSlots];
+    if (e == cudaSuccess && slot == cb->id) {
+      slot = 0;
       // The wait that was blocked (a late release may have satisfied it since).
       const ck::Command *w = blocked ? blocked : blocked_wait(cb);
       char msg[256];
@@ -1304,11 +1305,11 @@ CK_API ck_device *ck_device_open(void) {
   dev->ring_size = size_t(32) << 20;
   if (e == cudaSuccess) e = cudaHostAlloc((void **)&dev->ring_host, dev->ring_size, cudaHostAllocDefault);
   void *watch = nullptr;
-  if (e == cudaSuccess) e = cudaHostAlloc(&watch, 64, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (e == cudaSuccess) e = cudaHostAlloc(&watch, 4 * (1 + ck::kWatchSlots), cudaHostAllocMapped | cudaHostAllocPortable);
   if (e == cudaSuccess) {
+    std::memset(watch, 0, 4 * (1 + ck::kWatchSlots));
     dev->watch_host = static_cast<volatile uint32_t *>(watch);
     dev->watch_host[0] = dev->wait_timeout_ms.load();
-    dev->watch_host[1] = 0;
     e = cudaHostGetDevicePointer(reinterpret_cast<void **>(&dev->watch_gpu), watch, 0);
   }
   if (e == cudaSuccess) e = ck::device_alloc(dev, (void **)&dev->ring_gpu, dev->ring_size, nullptr);

@@ -22,6 +22,7 @@ namespace ck {
 // Every command buffer's slice of the param ring starts with its cancel word (kCancelBytes),
 // then its params, then one 64-bit value per event command (ck::SliceLayout in runtime.cu).
 constexpr size_t kCancelBytes = 256;
+constexpr uint32_t kWatchSlots = 16;  // ck_device::watch_host
 
 // A command buffer structure replayed as a CUDA graph (runtime.cu, "---- graphs"). Its kernel
 // arguments point into `area` (the same layout as a ring slice), which each replay refills.
@@ -179,7 +180,8 @@ struct ck_device {
   uint32_t max_shared = 49152;
   std::atomic<uint32_t> wait_timeout_ms{10000};
   // The GPU-wait watch, pinned host memory mapped into the GPU (runtime.cu, ck_wait_kernel):
-  // [0] the timeout in ms (set by the host), [1] the waits that timed out (counted by the GPU).
+  // [0] the timeout in ms (set by the host), then kWatchSlots slots: a command buffer whose
+  // wait timed out has its id written at [1 + id % kWatchSlots] by the GPU.
   volatile uint32_t *watch_host = nullptr;
   uint32_t *watch_gpu = nullptr;
   std::atomic<uint32_t> next_cmdbuf_id{1};
