@@ -142,6 +142,13 @@ interface ModelResult {
     /** Cycles whose preparing of the next ones ended after the GPU was done (the GPU waited on the host). */
     preparesOverran: number;
     /**
+     * Tokens a cycle made (accepted drafts + 1): the speedup over plain decoding if a cycle cost
+     * one plain step, the ceiling this text's acceptance sets whatever the engine does.
+     */
+    tokensPerCycle: number;
+    /** A cycle's wall time in plain decode steps (msPerCycle over the plain run's ms per token): speedup = tokensPerCycle / this. */
+    plainStepsPerCycle: number;
+    /**
      * --pairs N: `tokens` tokens plainly and speculatively, timed back to back N times on two
      * warmed sequences (plain first, then speculative first, alternately): tok/s of each, and
      * the geometric mean and median of speculative / plain over the pairs.
@@ -317,6 +324,8 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
         msPerCycle: specMs / cycles,
         phasesPerCycle,
         preparesOverran: specStats.phases["prepare-overran"]?.count ?? 0,
+        tokensPerCycle: made / cycles,
+        plainStepsPerCycle: specMs / cycles / (decodeMs / tokens),
       };
       spec.dispose();
       if (pairs > 0) result.speculative.pairs = await timedPairs(engine, prompt, drafts);
@@ -424,7 +433,8 @@ function printModel(r: ModelResult): void {
       `speculative, ${sp.drafts} drafts: ${fmt(sp.tokensPerSecond, 2)} tok/s (${fmt(sp.tokensPerSecond / r.tokensPerSecond, 2)}x plain), accepted ${sp.accepted}/${sp.proposed} in ${sp.cycles} cycles (${sp.preparedCycles} prepared ahead); ` +
         `per cycle ${fmt(sp.commandsPerCycle, 1)} commands committed, ${fmt(sp.eventsPerCycle, 1)} signals + waits, ${fmt(sp.handshakesPerCycle, 1)} handshakes; ` +
         `${fmt(sp.msPerCycle, 3)} ms a cycle: ${["encode", "step", "gpu", "prepare"].map((k) => `${k} ${fmt(sp.phasesPerCycle[k] ?? 0, 3)}`).join(", ")} ms; ` +
-        `${sp.preparesOverran} of ${sp.cycles} cycles' prepares ended after the GPU was done`,
+        `${sp.preparesOverran} of ${sp.cycles} cycles' prepares ended after the GPU was done; ` +
+        `${fmt(sp.tokensPerCycle, 2)} tokens a cycle (at most ${fmt(sp.tokensPerCycle, 2)}x plain on this text, at a cycle costing one plain step), a cycle cost ${fmt(sp.plainStepsPerCycle, 2)} plain steps`,
     );
   if (sp?.pairs)
     log(

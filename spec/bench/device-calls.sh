@@ -107,7 +107,7 @@ PY
 import json, sys
 r = json.load(open("/tmp/dec.json")); m = r["models"][-1]; p = m["phasesPerToken"]; s = m.get("speculative")
 line = f"{sys.argv[1]}: {m['tokensPerSecond']:.1f} tok/s, gpu {p.get('gpu', 0):.3f} encode {p.get('encode', 0):.3f} ms/token, {m['commandsPerToken']:.0f} cmds, {m['handshakesPerToken']:.1f} handshakes"
-if s: line += f"; drafts {s['drafts']}: {s['tokensPerSecond']:.1f} tok/s ({s['tokensPerSecond'] / m['tokensPerSecond']:.2f}x), {s['commandsPerCycle']:.0f} cmds/cycle, {s.get('msPerCycle', 0):.3f} ms/cycle, step {s.get('phasesPerCycle', {}).get('step', 0):.3f}, prepare {s.get('phasesPerCycle', {}).get('prepare', 0):.3f}, overran {s.get('preparesOverran', '-')}"
+if s: line += f"; drafts {s['drafts']}: {s['tokensPerSecond']:.1f} tok/s ({s['tokensPerSecond'] / m['tokensPerSecond']:.2f}x), {s['commandsPerCycle']:.0f} cmds/cycle, {s.get('msPerCycle', 0):.3f} ms/cycle, step {s.get('phasesPerCycle', {}).get('step', 0):.3f}, prepare {s.get('phasesPerCycle', {}).get('prepare', 0):.3f}, overran {s.get('preparesOverran', '-')}, {s.get('tokensPerCycle', 0):.2f} tokens a cycle, {s.get('plainStepsPerCycle', 0):.2f} plain steps a cycle"
 if s and s.get("pairs"): line += f"; {len(s['pairs']['plain'])} pairs {s['pairs']['pairedRatio']:.2f}x (median {s['pairs']['medianRatio']:.2f}x; plain {'/'.join(f'{x:.0f}' for x in s['pairs']['plain'])}, spec {'/'.join(f'{x:.0f}' for x in s['pairs']['speculative'])})"
 a = m.get("auto")
 med = lambda xs: sorted(xs)[len(xs) // 2] if len(xs) % 2 else sum(sorted(xs)[len(xs) // 2 - 1:len(xs) // 2 + 1]) / 2

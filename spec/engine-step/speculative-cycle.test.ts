@@ -363,9 +363,9 @@ test("a new engine records its decode row and every cycle shape at load (warmSte
   expect(cold.cycles).toBeGreaterThan(1);
 }, 120_000);
 
-test("warm replay rounds at load: 16 on a GPU backend, none on the CPU backend; CHERENKOV_WARM_REPLAYS sets them, anything but a count refused by name", () => {
-  expect(warmReplayRounds("cuda", undefined)).toBe(16);
-  expect(warmReplayRounds("metal", "")).toBe(16);
+test("warm replay rounds at load: 48 on a GPU backend, none on the CPU backend; CHERENKOV_WARM_REPLAYS sets them, anything but a count refused by name", () => {
+  expect(warmReplayRounds("cuda", undefined)).toBe(48);
+  expect(warmReplayRounds("metal", "")).toBe(48);
   expect(warmReplayRounds("cpu", undefined)).toBe(0);
   expect(warmReplayRounds("cpu", "5")).toBe(5);
   expect(warmReplayRounds("cuda", "0")).toBe(0);
