@@ -4,8 +4,8 @@
 // kernel that writes the event's word in pinned host memory, an event wait a one-thread
 // kernel that polls it), a completion thread marks them done in order and enforces the
 // GPU-wait timeout, which the wait kernel enforces itself: past it, it sets the command
-// buffer's cancel word, which turns every later command of it into a no-op, and counts the
-// timeout where the completion thread sees it. docs/cuda.md explains the mapping.
+// buffer's cancel word, which turns every later command of it into a no-op, and writes the
+// command buffer's id where the completion thread looks. docs/cuda.md explains the mapping.
 #include <sys/mman.h>
 #include <unistd.h>
 
