@@ -157,9 +157,8 @@ export class Engine {
   /**
    * Replays each of `steps` `rounds` times into command buffers released uncommitted (and
    * encodes an MTP catch-up directly as often): host work only, so that the JavaScript engine
-   * has optimized the replay code before a generation needs it. On the H200 a fresh engine
-   * prepared a 2-draft cycle's successors in 0.6-0.8 ms where a warmed process took ~0.45, longer
-   * than the GPU's ~0.75 ms cycle: the first 64 tokens ran 1.2-1.4x plain against 2.1x steady.
+   * has optimized the replay code before a generation needs it (warmReplayRounds says what it
+   * bought on the H200).
    */
   private warmReplays(state: SequenceState, steps: readonly { key: string; encode: (ctx: EncodeContext, plan: SitePlan) => void }[], rounds: number): void {
     const gpu = this.gpu;
@@ -992,9 +991,9 @@ interface WarmStep {
  * The positions Engine.warmSteps encodes its steps at, one per command-buffer structure a
  * step's attention may take (attentionBreakpoints): first past every catch-up's rows (the MTP
  * rows lie catch-up rows before pos0), then past each breakpoint by as much, within the
- * capacity. On the H200 a tiny-model generation's cycles took 0.3-0.4 ms longer for five
- * cycles once its length passed QSA's topk (new structures launched directly until their graphs
- * were built), and a 30b decode row after a prompt of more than 64 tokens had no graph primed.
+ * capacity. With the first alone, a 30b decode row after a prompt of more than 64 tokens, or a
+ * tiny-model generation past QSA's topk, had no graph primed for its structure: launched
+ * directly until one was built.
  */
 export function warmPositions(gpu: Pick<EngineGpu, "maxDrafts" | "config">, capacity: number): number[] {
   const base = gpu.maxDrafts + 1;
