@@ -2,8 +2,8 @@
 // and events. One CUDA stream runs every command buffer in commit order; a submit thread
 // enqueues committed command buffers (kernel launches; an event signal is a one-thread
 // kernel that writes the event's word in pinned host memory, an event wait a one-thread
-// kernel that polls it), a completion thread marks them done in order and enforces the
-// GPU-wait timeout, which the wait kernel enforces itself: past it, it sets the command
+// kernel that polls it), a completion thread marks them done in order and reports a GPU
+// wait's timeout, which the wait kernel enforces itself: past it, it sets the command
 // buffer's cancel word, which turns every later command of it into a no-op, and writes the
 // command buffer's id where the completion thread looks. docs/cuda.md explains the mapping.
 #include <sys/mman.h>
@@ -1204,8 +1204,10 @@ static void complete_loop(ck_device *dev) {
     volatile uint32_t &slot = dev->watch_host[1 + cb->id % ck::kWatchSlots];
     if (e == cudaSuccess && slot == cb->id) {
       slot = 0;
-      // The wait that was blocked (a late release may have satisfied it since).
-      const ck::Command *w = blocked ? blocked : blocked_wait(cb);
+      // The first wait still unsatisfied is the one that timed out (the later ones returned
+      // at the cancel word), unless a late release satisfied it: then the one last seen blocked.
+      const ck::Command *w = blocked_wait(cb);
+      if (!w) w = blocked;
       char msg[256];
       if (w)
         std::snprintf(msg, sizeof msg, "command buffer %u: wait for event %u >= %llu timed out after %u ms", cb->id, w->event->id,
@@ -1489,7 +1491,9 @@ CK_API ck_cmdbuf *ck_cmdbuf_begin(ck_device *dev) {
   cb->dev = dev;
   cb->commands.reserve(64);
   cb->bindings.reserve(256);
-  cb->id = dev->next_cmdbuf_id.fetch_add(1);
+  // Never 0 (after 2^32 of them): a watch slot holds 0 when no wait of its command buffers timed out.
+  do cb->id = dev->next_cmdbuf_id.fetch_add(1);
+  while (cb->id == 0);
   return cb;
 }
 

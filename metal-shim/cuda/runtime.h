@@ -22,7 +22,9 @@ namespace ck {
 // Every command buffer's slice of the param ring starts with its cancel word (kCancelBytes),
 // then its params, then one 64-bit value per event command (ck::SliceLayout in runtime.cu).
 constexpr size_t kCancelBytes = 256;
-constexpr uint32_t kWatchSlots = 16;  // ck_device::watch_host
+// ck_device::watch_host's slots: two command buffers share one only kWatchSlots ids apart, far
+// more than are ever in flight at once (the engine commits a step at a time).
+constexpr uint32_t kWatchSlots = 256;
 
 // A command buffer structure replayed as a CUDA graph (runtime.cu, "---- graphs"). Its kernel
 // arguments point into `area` (the same layout as a ring slice), which each replay refills.
