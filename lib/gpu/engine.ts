@@ -166,7 +166,7 @@ export class Engine {
     const catchUp = gpu.refs.mtp && state.mtp ? (ctx: EncodeContext, plan: SitePlan) => encodeMtpCatchUp(ctx, gpu, state, plan, { pos0: 0 }, catchUpRows) : null;
     for (let r = 0; r < rounds; r++) {
       for (const step of steps) this.encodeAhead(state, step.key, false, step.encode).cb.release();
-      if (catchUp) this.encodeAhead(state, "", false, catchUp).cb.release();
+      if (catchUp) this.encodeAhead(state, "", false, catchUp).cb.release(); // not primed: no recording key
     }
   }
 
@@ -955,9 +955,14 @@ export class EngineSequence {
  * (bench:decode's prepare-overran count says whether it does). 0 prepares none.
  */
 export function preparedCyclesLimit(env: string | undefined = process.env.CHERENKOV_PREPARED_CYCLES): number {
-  if (env === undefined || env === "") return Infinity;
+  return countFromEnv("CHERENKOV_PREPARED_CYCLES", env, "cycles") ?? Infinity;
+}
+
+/** The count environment variable `name` holds (`env`, its value): undefined when unset or empty, refused by name unless an integer >= 0. */
+function countFromEnv(name: string, env: string | undefined, what: string): number | undefined {
+  if (env === undefined || env === "") return undefined;
   const n = Number(env);
-  if (!Number.isInteger(n) || n < 0) throw new Error(`CHERENKOV_PREPARED_CYCLES: "${env}" is not a count of cycles (an integer >= 0)`);
+  if (!Number.isInteger(n) || n < 0) throw new Error(`${name}: "${env}" is not a count of ${what} (an integer >= 0)`);
   return n;
 }
 
@@ -974,10 +979,7 @@ function cycleAfter(a: number, k: number): { rollback: number | null; catchUp: n
  * there, CUDA's start) did not measurably grow.
  */
 export function warmReplayRounds(backend: string, env: string | undefined = process.env.CHERENKOV_WARM_REPLAYS): number {
-  if (env === undefined || env === "") return backend === "cpu" ? 0 : 48;
-  const n = Number(env);
-  if (!Number.isInteger(n) || n < 0) throw new Error(`CHERENKOV_WARM_REPLAYS: "${env}" is not a count of rounds (an integer >= 0)`);
-  return n;
+  return countFromEnv("CHERENKOV_WARM_REPLAYS", env, "rounds") ?? (backend === "cpu" ? 0 : 48);
 }
 
 /** A step Engine.warmSteps records: its recording's key, its drafts (0: the decode row), its encode at a position. */
