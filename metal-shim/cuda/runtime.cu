@@ -25,12 +25,69 @@
 using ck::set_error;
 
 namespace ck {
+// Whether device memory comes from the stream-ordered pool (cudaMallocAsync, device_alloc):
+// then it is freed with cudaFreeAsync, which does not synchronize the device. -1 until the
+// first allocation says; 0 on a GPU or driver without pools (cudaMalloc / cudaFree).
+static std::atomic<int> g_pooled{-1};
+
+// The GPU waits in flight in this process (command buffers holding a wait, from the submit
+// thread's launch to the completion thread's seeing them done) against the reaper's
+// device-synchronizing calls. Such a call returns only when every stream of the context is idle,
+// which a spinning wait never is until its host release; and the host's release may need a CUDA
+// call of its own (a handshake's download on the engine's thread, a graph launch on a submit
+// thread) that queues behind it: the wait then ran to its timeout (a golden sequence on the H200,
+// 2026-12-03, four test processes on the GPU, an engine closed just before). So the reaper asks
+// first: no new command buffer with a wait is launched from then on (the submit threads hold
+// theirs), the ones in flight finish (their releases need nothing from the reaper), and only then
+// the synchronizing calls run, with nothing on the GPU that waits for the host.
+class WaitGate {
+ public:
+  // Submit thread, before launching a command buffer with a wait.
+  static void enter() {
+    WaitGate &g = get();
+    std::unique_lock<std::mutex> lk(g.m_);
+    g.cv_.wait(lk, [&] { return !g.closed_; });
+    g.inflight_++;
+  }
+  // Completion thread, once such a command buffer is done (or failed).
+  static void leave() {
+    WaitGate &g = get();
+    std::lock_guard<std::mutex> lk(g.m_);
+    if (--g.inflight_ == 0) g.cv_.notify_all();
+  }
+  // Reaper: from close() to open() no GPU wait is in flight.
+  static void close() {
+    WaitGate &g = get();
+    std::unique_lock<std::mutex> lk(g.m_);
+    g.closed_ = true;
+    g.cv_.wait(lk, [&] { return g.inflight_ == 0; });
+  }
+  static void open() {
+    WaitGate &g = get();
+    std::lock_guard<std::mutex> lk(g.m_);
+    g.closed_ = false;
+    g.cv_.notify_all();
+  }
+
+ private:
+  static WaitGate &get() {
+    static WaitGate *g = new WaitGate();  // never destroyed, as the threads that use it
+    return *g;
+  }
+  std::mutex m_;
+  std::condition_variable cv_;
+  uint64_t inflight_ = 0;
+  bool closed_ = false;
+};
+
 // Releases CUDA memory off the caller's thread. cudaFree, cudaFreeHost and cudaHostUnregister
 // may synchronize the whole device: on the thread that must release a GPU wait (the engine's
 // JS thread) that never returns while any device of the process has a step waiting on that
 // thread (three models in one process hung this way on the H200). One reaper thread does
-// them; it may block for a while, nothing waits on it. Evicted CUDA graphs are destroyed
-// there too (cudaGraphExecDestroy of an idle graph; whether it synchronizes is not documented).
+// them, each batch inside the WaitGate; pooled device memory goes back with cudaFreeAsync on the
+// reaper's own stream instead (every user of it was seen complete), outside the gate. Evicted
+// CUDA graphs are destroyed here too (cudaGraphExecDestroy of an idle graph; whether it
+// synchronizes is not documented: gated).
 struct Release {
   enum Kind { kDevice, kHost, kUnregisterUnmap, kGraphExec, kGraph } kind;
   void *p;
@@ -55,23 +112,41 @@ class Reaper {
   }
   Reaper() { std::thread([this] { loop(); }).detach(); }
   void loop() {
+    cudaSetDevice(0);
+    cudaStream_t stream = nullptr;
     for (;;) {
-      Release r;
+      std::deque<Release> batch;
       {
         std::unique_lock<std::mutex> lk(m_);
         cv_.wait(lk, [&] { return !q_.empty(); });
-        r = q_.front();
-        q_.pop_front();
+        batch.swap(q_);
       }
-      if (r.kind == Release::kDevice) cudaFree(r.p);
-      else if (r.kind == Release::kHost) cudaFreeHost(r.p);
-      else if (r.kind == Release::kGraphExec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(r.p));
-      else if (r.kind == Release::kGraph) cudaGraphDestroy(static_cast<cudaGraph_t>(r.p));
-      else {
-        cudaHostUnregister(r.p);
-        munmap(r.p, r.n);
+      std::vector<Release> gated;
+      for (const Release &r : batch) {
+        if (r.kind == Release::kDevice && g_pooled.load() == 1) {
+          if (!stream && cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+            cudaGetLastError();
+            stream = nullptr;
+          }
+          if (stream && cudaFreeAsync(r.p, stream) == cudaSuccess) continue;
+          cudaGetLastError();
+        }
+        gated.push_back(r);
       }
-      cudaGetLastError();
+      if (gated.empty()) continue;
+      WaitGate::close();
+      for (const Release &r : gated) {
+        if (r.kind == Release::kDevice) cudaFree(r.p);
+        else if (r.kind == Release::kHost) cudaFreeHost(r.p);
+        else if (r.kind == Release::kGraphExec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(r.p));
+        else if (r.kind == Release::kGraph) cudaGraphDestroy(static_cast<cudaGraph_t>(r.p));
+        else {
+          cudaHostUnregister(r.p);
+          munmap(r.p, r.n);
+        }
+        cudaGetLastError();
+      }
+      WaitGate::open();
     }
   }
   std::mutex m_;
@@ -84,17 +159,22 @@ class Reaper {
 // legacy stream, which the non-blocking streams do not order after). Copy is optional.
 static cudaError_t device_alloc(ck_device *dev, void **d, size_t n, const void *copy_from) {
   std::lock_guard<std::mutex> lk(dev->copy_m);
-  cudaError_t e = cudaMallocAsync(d, n, dev->copy);
+  cudaError_t e = g_pooled.load() == 0 ? cudaErrorNotSupported : cudaMallocAsync(d, n, dev->copy);
   if (e == cudaErrorNotSupported) {  // a GPU or driver without stream-ordered pools
     cudaGetLastError();
+    g_pooled.store(0);
     e = cudaMalloc(d, n);
+  } else if (e == cudaSuccess) {
+    int unknown = -1;
+    g_pooled.compare_exchange_strong(unknown, 1);
   }
   if (e == cudaSuccess) {
     e = copy_from ? cudaMemcpyAsync(*d, copy_from, n, cudaMemcpyHostToDevice, dev->copy) : cudaMemsetAsync(*d, 0, n, dev->copy);
   }
   if (e == cudaSuccess) e = cudaStreamSynchronize(dev->copy);
   if (e != cudaSuccess && *d) {
-    cudaFreeAsync(*d, dev->copy);
+    if (g_pooled.load() == 1) cudaFreeAsync(*d, dev->copy);
+    else cudaFree(*d);
     *d = nullptr;
   }
   return e;
@@ -1148,6 +1228,10 @@ static void submit_loop(ck_device *dev) {
       dev->queue.pop_front();
       taken++;
     }
+    // A command buffer with a wait is launched only while the reaper is not between its
+    // device-synchronizing calls (ck::WaitGate); the completion thread lets go of it.
+    cb->gated = cb->first_wait != SIZE_MAX;
+    if (cb->gated) ck::WaitGate::enter();
     if (!enqueue(dev, cb)) cb->submit_failed = true;
     cudaError_t e = cudaEventCreateWithFlags(&cb->done, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventRecord(cb->done, dev->stream);
@@ -1222,6 +1306,7 @@ static void complete_loop(ck_device *dev) {
       cb->error = msg;
     }
     if (!timed_out.empty() && !cb->submit_failed) cb->error = timed_out;
+    if (cb->gated) ck::WaitGate::leave();  // its waits are over, satisfied or timed out
     bool failed = cb->submit_failed || e != cudaSuccess || !timed_out.empty();
     profile_completed(cb, !failed);
     {

@@ -162,6 +162,7 @@ struct ck_cmdbuf : ck::Counted {
   size_t ring_start = 0;  // its slice of the param ring (cancel word first)
   ck::Graph *graph = nullptr;            // the graph whose area it claimed (busy until it completes), or null
   bool submit_failed = false;
+  bool gated = false;  // holds a wait: counted in ck::WaitGate from launch to completion
   std::vector<cudaEvent_t> marks;  // CHERENKOV_CUDA_PROFILE: an event before each command and after the last
   // CHERENKOV_CUDA_STAMPS: host clock (ck::Profiler::host_ns) at commit, after its graph's
   // launch was enqueued, and when the completion thread saw it done.
