@@ -69,6 +69,11 @@ export interface ForwardOptions {
   sample?: SampleRequest;
   /** Rows to compute logits for (default "last"). */
   logits?: LogitRows;
+  /**
+   * The step the caller runs next: speculate() with this many drafts (0 or absent: a forward
+   * of one row). A GPU engine encodes that step while this one runs; a hint, never required.
+   */
+  nextDrafts?: number;
 }
 
 /**

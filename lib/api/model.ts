@@ -507,13 +507,13 @@ export class Session {
    * (drawn by `sample` when given). A stop inside an accepted draft run leaves rows past the
    * last token: then the sequence is rebuilt from the tokens (rare, and exact).
    */
-  private async catchUp(extra: number[], signal?: AbortSignal, sample?: SampleRequest): Promise<{ next: number; logprobs?: TokenLogprobs }> {
+  private async catchUp(extra: number[], signal?: AbortSignal, sample?: SampleRequest, nextDrafts = 0): Promise<{ next: number; logprobs?: TokenLogprobs }> {
     // Rows past the tokens, or nothing left to run and no prediction kept: rebuild.
     if (this.seq.length > this.tokens.length || (extra.length === 0 && this.seq.length === this.tokens.length)) this.seq.reset();
     const run = [...this.tokens.slice(this.seq.length), ...extra];
     const t0 = performance.now();
     // Only the last row's logits: the prompt's other rows only advance the state.
-    const r = await this.step(this.seq.forward(run, { signal, sample, logits: "last" }));
+    const r = await this.step(this.seq.forward(run, { signal, sample, logits: "last", nextDrafts }));
     this.prefillMs += performance.now() - t0;
     return { next: r.next[0]!, logprobs: r.logprobs?.[0] };
   }
@@ -523,13 +523,17 @@ export class Session {
    * everywhere else: `{ signal }` (a bare AbortSignal is still accepted).
    */
   async append(prompt: Prompt, options?: { signal?: AbortSignal } | AbortSignal): Promise<void> {
-    const signal = options instanceof AbortSignal ? options : options?.signal;
+    return this.appendThen(prompt, options instanceof AbortSignal ? options : options?.signal, 0);
+  }
+
+  /** append(), telling the backend the generation's first step (a cycle of nextDrafts drafts, or 0: a plain step). */
+  private async appendThen(prompt: Prompt, signal: AbortSignal | undefined, nextDrafts: number): Promise<void> {
     const op = this.begin("append", signal);
     try {
       const ids = this.promptIds(prompt);
       if (ids.length === 0) throw new Error("append: the prompt is empty");
       this.prediction = null;
-      const next = await this.catchUp(ids, op);
+      const next = await this.catchUp(ids, op, undefined, nextDrafts);
       this.tokens.push(...ids);
       this.openTurn = isChat(prompt) ? this.tokens.length : -1;
       this.newPromptTokens += ids.length;
@@ -547,7 +551,7 @@ export class Session {
    * made here would have to be recomputed).
    */
   async appendFor(prompt: Prompt, opts: GenerateOptions): Promise<void> {
-    if (!samplingRequest(opts)) return this.append(prompt, { signal: opts.signal });
+    if (!samplingRequest(opts)) return this.appendThen(prompt, opts.signal, this.firstDrafts(opts));
     const signal = this.begin("append", opts.signal);
     try {
       const ids = this.promptIds(prompt);
@@ -640,6 +644,17 @@ export class Session {
     }
   }
 
+  /**
+   * The drafts of a generation's first step after its prompt when they are fixed (run() takes
+   * min(drafts, tokens left) then), else 0: a hint for the backend (ForwardOptions.nextDrafts);
+   * "auto" decides later.
+   */
+  private firstDrafts(opts: GenerateOptions): number {
+    const wanted = opts.drafts ?? 0;
+    if (wanted === "auto" || !Number.isInteger(wanted) || wanted <= 0 || !this.seq.speculate) return 0;
+    return Math.max(0, Math.min(wanted, this.model.maxDrafts, (opts.maxTokens ?? DEFAULT_MAX_TOKENS) - 2));
+  }
+
   private async *run(opts: GenerateOptions, signal: AbortSignal): AsyncGenerator<StreamChunk, GenerationResult> {
     if (this.tokens.length === 0) throw new Error("generate: append a prompt first");
     const maxTokens = opts.maxTokens ?? DEFAULT_MAX_TOKENS;
@@ -690,7 +705,7 @@ export class Session {
         queueLogprobs = resampled.logprobs ? [resampled.logprobs] : undefined;
       } else if (sample || this.prediction === null) {
         if (sample) this.prediction = null;
-        const first = await this.catchUp([], signal, sample ?? undefined);
+        const first = await this.catchUp([], signal, sample ?? undefined, this.firstDrafts(opts));
         queue = [first.next];
         queueLogprobs = first.logprobs ? [first.logprobs] : undefined;
       } else queue = [this.prediction];

@@ -19,7 +19,7 @@ import { f32View, i32View, LOGIT_ROWS, rowAt } from "./scratch.ts";
 import { encodeSample, SamplingScratch } from "./sampling.ts";
 import { SequenceState, type StateImage } from "./state.ts";
 import { runStep, type EventCounter, type PreparedStep } from "./step.ts";
-import { SitePlan } from "./handshake.ts";
+import { GpuStepError, SitePlan } from "./handshake.ts";
 import { MAX_RECORDINGS, StepRecordings } from "./recorded-step.ts";
 import { envOnOff } from "./env-switch.ts";
 import type { StepVars } from "./tape.ts";
@@ -368,6 +368,48 @@ export class Engine {
   }
 
   /**
+   * After a prompt whose caller drafts next (trunkStep's nextDrafts): the first cycle of k drafts
+   * at pos0, and when its MTP catch-up is split (speculateCycle) the catch-up of the rows before
+   * pos0 - 1 too, encoded ahead (uncommitted) while the prompt runs, so that neither is encoded
+   * while the GPU waits. Never throws: what it cannot prepare is encoded when it comes.
+   */
+  private prepareFirstCycle(seq: SequenceState, pos0: number, k: number, sample: SampleRequest | undefined): void {
+    try {
+      const gpu = this.gpu;
+      if (!StepRecordings.enabled || seq.disposed || !gpu.refs.mtp || !gpu.snapshots || !seq.mtp || k > gpu.maxDrafts) return;
+      this.dropPrepared(seq);
+      const behind = pos0 - seq.mtpLength;
+      if (behind < 1 || pos0 + 1 + k > seq.capacity) return;
+      const split = behind > gpu.maxDrafts + 1 && splitCatchUp();
+      const catchUp = split ? 1 : behind;
+      const key = this.cycleKey(null, catchUp, k);
+      if (key === null) return;
+      if (split) {
+        const from = seq.mtpLength;
+        const rows = behind - 1;
+        let step: PreparedStep;
+        try {
+          step = this.encodeAhead(seq, "", false, (ctx, plan) => encodeMtpCatchUp(ctx, gpu, seq, plan, { pos0: from }, rows));
+        } catch {
+          return;
+        }
+        this.holdPrepared(seq, { pos0: from, key: catchUpKey(rows), draws: undefined, step });
+      }
+      this.prepareOne(seq, pos0, key, sample, (ctx, plan) => this.encodeCycle(ctx, plan, seq, key, { pos0, catchUp, drafts: k, rollback: null, draw: this.draftDraw(pos0, sample) }));
+    } finally {
+      this.releaseUnused();
+    }
+  }
+
+  /** The MTP catch-up of rows from .. from + rows - 1 when prepareFirstCycle encoded exactly it (taken out of the prepared list), else null. */
+  private takeCatchUp(seq: SequenceState, from: number, rows: number): PreparedStep | null {
+    const list = this.prepared.get(seq);
+    const i = list?.findIndex((p) => p.key === catchUpKey(rows) && p.pos0 === from && p.step.plan.base === this.counter.value) ?? -1;
+    if (i < 0) return null;
+    return list!.splice(i, 1)[0]!.step;
+  }
+
+  /**
    * After a cycle at pos0 with k drafts is committed: the next cycle of k drafts for the
    * accept counts a it may end with (catch-up a + 1 rows at pos0 + a + 1, the rollback of row
    * a when a < k), each replayed into a command buffer of its own while the GPU runs
@@ -491,7 +533,7 @@ export class Engine {
    * device: the last row's token. A rollback still pending for `seq` runs first, in the same
    * command buffer.
    */
-  async trunkStep(seq: SequenceState, tokens: number[], verify: boolean, logits: RowRange, sample?: SampleRequest): Promise<RowsResult> {
+  async trunkStep(seq: SequenceState, tokens: number[], verify: boolean, logits: RowRange, sample?: SampleRequest, nextDrafts = 0): Promise<RowsResult> {
     this.settleRollback(seq);
     const pos0 = seq.length;
     const nb = tokens.length;
@@ -512,8 +554,9 @@ export class Engine {
       verifyDrafts: 0,
       trace: tokens,
       prepared,
-      // A recordable step is most likely followed by a decode row of the same sequence.
-      afterCommit: key !== null && !verify ? () => this.prepareNext(seq, pos0 + nb) : undefined,
+      // A recordable step is most likely followed by a decode row of the same sequence, or by
+      // the cycle its caller announced.
+      afterCommit: key !== null && !verify ? () => (nextDrafts > 0 ? this.prepareFirstCycle(seq, pos0 + nb, nextDrafts, sample) : this.prepareNext(seq, pos0 + nb)) : undefined,
       encode: (ctx, plan) => {
         if (rollback !== null) this.gpu.snapshots!.encodeRestore(ctx, seq, rollback);
         this.encodeTrunk(ctx, plan, seq, key, { nb, pos0, verify, logits });
@@ -630,7 +673,46 @@ export class Engine {
     const rollback = this.pendingRollback?.seq === seq ? this.pendingRollback.row : null;
     // After a prompt or plain steps the catch-up is longer than any cycle's: its rows but the
     // newest run first, so the cycle keeps a recorded shape (catch-up 1).
-    if (pos0 - seq.mtpLength > gpu.maxDrafts + 1 && splitCatchUp() && this.cycleKey(rollback, 1, k) !== null) await this.catchUpMtp(seq, pos0 - 1);
+    // Prepared with the prompt (prepareFirstCycle), it is committed and not waited for: the
+    // cycle's command buffer runs after it, and its status is checked once the cycle is done.
+    let catchUpAhead: PreparedStep | null = null;
+    if (pos0 - seq.mtpLength > gpu.maxDrafts + 1 && splitCatchUp() && this.cycleKey(rollback, 1, k) !== null) {
+      catchUpAhead = this.takeCatchUp(seq, seq.mtpLength, pos0 - 1 - seq.mtpLength);
+      if (catchUpAhead) {
+        catchUpAhead.cb.commit();
+        seq.mtpLength = pos0 - 1;
+      } else await this.catchUpMtp(seq, pos0 - 1);
+    }
+    let result: SpeculativeResult;
+    try {
+      result = await this.cycleAfterCatchUp(seq, pos0, next, k, rollback, sample);
+    } catch (e) {
+      catchUpAhead?.cb.release(); // the cycle's failure is the one to report (its state is reset)
+      throw e;
+    }
+    if (catchUpAhead) this.settleCatchUp(seq, catchUpAhead.cb);
+    return result;
+  }
+
+  /**
+   * A catch-up committed ahead of its cycle: done by now (the cycle after it in the stream is),
+   * released; a failure resets the sequence's state and throws.
+   */
+  private settleCatchUp(seq: SequenceState, cb: CommandBuffer): void {
+    try {
+      cb.waitUntilCompleted(60_000);
+    } catch (e) {
+      this.resetState(seq);
+      throw new GpuStepError(`the MTP head's catch-up of the prompt: ${e instanceof Error ? e.message : String(e)}`);
+    } finally {
+      cb.release();
+    }
+  }
+
+  /** speculateCycle's cycle, the long part of its catch-up done. */
+  private async cycleAfterCatchUp(seq: SequenceState, pos0: number, next: number, k: number, rollback: number | null, sample: SampleRequest | undefined): Promise<SpeculativeResult> {
+    const gpu = this.gpu;
+    const nb = 1 + k;
     const catchUp = pos0 - seq.mtpLength;
     const key = this.cycleKey(rollback, catchUp, k);
     // The cycle was most likely prepared while the last one ran (its rollback in it).
@@ -869,7 +951,7 @@ export class EngineSequence {
     const step = (chunk: number[], rows: RowRange) => {
       done += chunk.length;
       const last = done === tokens.length;
-      return this.engine.exclusive(() => this.engine.trunkStep(this.state, chunk, false, rows, last ? sample : undefined));
+      return this.engine.exclusive(() => this.engine.trunkStep(this.state, chunk, false, rows, last ? sample : undefined, last ? (opts.nextDrafts ?? 0) : 0));
     };
     return this.track(runChunked(tokens, g.prefillRows, logits, step, signal));
   }
@@ -1008,6 +1090,11 @@ export function warmPositions(gpu: Pick<EngineGpu, "maxDrafts" | "config">, capa
 const WARM_ROOM = 8;
 
 /** CHERENKOV_MTP_CATCHUP_SPLIT=0: a cycle after plain steps catches the MTP head up inside itself (a one-off shape, as before). */
+/** A prepared MTP catch-up's key in the prepared list (never a recording's). */
+function catchUpKey(rows: number): string {
+  return `mtp-catch-up/${rows}`;
+}
+
 function splitCatchUp(): boolean {
   return envOnOff("CHERENKOV_MTP_CATCHUP_SPLIT", true);
 }

@@ -12,7 +12,8 @@
  * Options: --model DIR (default examples/models/qwen4-exp-tiny), --drafts K (2), --cycles N
  * (60), --plain N (64), --prompt N (16), --gap N (0: N plain steps before each cycle after the
  * first, so each is a transition into drafting, as drafts "auto" makes when it re-tries drafts;
- * their time is left out of the cycles').
+ * their time is left out of the cycles'), --announce 0|1 (1: the prompt's forward says a cycle
+ * follows, `nextDrafts`, so the first cycle is encoded while the prompt runs; 0 for A/B).
  */
 import { join } from "node:path";
 import { parseArgs } from "node:util";
@@ -29,6 +30,7 @@ const { values: opts } = parseArgs({
     plain: { type: "string", default: "64" },
     prompt: { type: "string", default: "16" },
     gap: { type: "string", default: "0" },
+    announce: { type: "string", default: "1" },
   },
 });
 const count = (name: string, v: string, least: number) => {
@@ -41,6 +43,8 @@ const cycles = count("cycles", opts.cycles, 1);
 const plainTokens = count("plain", opts.plain, 1);
 const promptLen = count("prompt", opts.prompt, 1);
 const gap = count("gap", opts.gap, 0);
+if (opts.announce !== "0" && opts.announce !== "1") throw new Error(`--announce ${opts.announce}: expected 0 or 1`);
+const announce = opts.announce === "1";
 
 const files = await openModel(opts.model);
 const loadStart = performance.now();
@@ -62,7 +66,7 @@ try {
   plainSeq.dispose();
 
   const spec = engine.newSequence();
-  next = (await spec.forward(prompt)).next.at(-1)!;
+  next = (await spec.forward(prompt, { nextDrafts: announce ? drafts : 0 })).next.at(-1)!;
   console.log("cycle\ttokens\trecorded\tms\tphases (ms)");
   let made = 0;
   let specMs = 0;

@@ -283,7 +283,7 @@ async function benchModel(dir: string, name: string): Promise<ModelResult> {
     seq.dispose();
     if (drafts > 0 && engine.gpu.maxDrafts > 0) {
       const spec = engine.newSequence();
-      r = await spec.forward(prompt);
+      r = await spec.forward(prompt, { nextDrafts: drafts }); // the first cycle is encoded while the prompt runs
       next = r.next[r.next.length - 1]!;
       for (let warm = 0; warm < warmup; ) {
         const x = await spec.speculate(next, drafts);
@@ -350,7 +350,7 @@ async function timedPairs(engine: Engine, prompt: number[], k: number): Promise<
   const specSeq = engine.newSequence();
   try {
     let p = (await plainSeq.forward(prompt)).next.at(-1)!;
-    let s = (await specSeq.forward(prompt)).next.at(-1)!;
+    let s = (await specSeq.forward(prompt, { nextDrafts: k })).next.at(-1)!;
     for (let i = 0; i < warmup; i++) p = (await plainSeq.forward([p])).next[0]!;
     for (let made = 0; made < warmup; ) {
       const x = await specSeq.speculate(s, k);

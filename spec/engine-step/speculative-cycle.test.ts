@@ -124,6 +124,40 @@ for (const drafts of [2, 3]) {
   }, 120_000);
 }
 
+test("a prompt that announces its next step (nextDrafts): the first cycle and its MTP catch-up are encoded while the prompt runs, and the catch-up is not waited for alone; greedy's tokens", async () => {
+  for (const announce of [false, true]) {
+    const device = engine.gpu.device;
+    const seq = engine.newSequence();
+    const first = await seq.forward(PROMPT, announce ? { nextDrafts: 2 } : {});
+    const tokens = [first.next.at(-1)!];
+    const before = { buffers: device.commandBuffersCommitted, cycles: engine.speculativeCycles };
+    const r = await seq.speculate(tokens[0]!, 2);
+    // The catch-up of the prompt but its last row, then the cycle: two buffers either way.
+    expect(device.commandBuffersCommitted - before.buffers).toBe(2);
+    expect(engine.speculativeCycles.prepared - before.cycles.prepared).toBe(announce ? 1 : 0);
+    expect(engine.speculativeCycles.recorded - before.cycles.recorded).toBe(1);
+    tokens.push(...r.next);
+    while (tokens.length < N) tokens.push(...(await seq.speculate(tokens.at(-1)!, 2)).next);
+    seq.dispose();
+    expect(tokens.slice(0, N)).toEqual(plain);
+  }
+}, 120_000);
+
+test("a first cycle announced but not taken (a plain step instead, or other drafts): what was prepared is dropped, the tokens are greedy's", async () => {
+  for (const then of ["plain", "3 drafts"] as const) {
+    const seq = engine.newSequence();
+    const first = await seq.forward(PROMPT, { nextDrafts: 2 });
+    const tokens = [first.next.at(-1)!];
+    if (then === "plain") tokens.push((await seq.forward([tokens[0]!])).next[0]!);
+    const before = engine.speculativeCycles.prepared;
+    tokens.push(...(await seq.speculate(tokens.at(-1)!, 3)).next);
+    expect(engine.speculativeCycles.prepared - before).toBe(0); // the 2-draft cycle prepared is not this one
+    while (tokens.length < N) tokens.push(...(await seq.speculate(tokens.at(-1)!, 3)).next);
+    seq.dispose();
+    expect(tokens.slice(0, N)).toEqual(plain);
+  }
+}, 120_000);
+
 test("CHERENKOV_PREPARED_CYCLES caps the cycles prepared while one runs: 0 prepares none, 1 only the likeliest accept count; greedy's tokens either way", async () => {
   expect(preparedCyclesLimit(undefined)).toBe(Infinity);
   expect(preparedCyclesLimit("2")).toBe(2);
@@ -267,19 +301,22 @@ test("a streamed pool (50%): the cycle's MTP and trunk sites are served at hands
     const want = await greedy(streamed.newSequence(), N);
     const before = streamed.speculativeCycles;
     const handshakes = () => (streamed.stats() as { handshake: { all: { count: number } } }).handshake.all.count;
-    const seq = streamed.newSequence();
-    const t = [(await seq.forward(PROMPT)).next.at(-1)!];
-    const device = streamed.gpu.device;
-    const h0 = handshakes();
-    while (t.length < N) {
-      const b = device.commandBuffersCommitted;
-      const r = await seq.speculate(t.at(-1)!, 2);
-      expect(device.commandBuffersCommitted - b).toBe(1);
-      t.push(...r.next);
+    // Announced or not (nextDrafts), the same: no cycle shape is recorded here, nothing prepared.
+    for (const announce of [false, true]) {
+      const seq = streamed.newSequence();
+      const t = [(await seq.forward(PROMPT, announce ? { nextDrafts: 2 } : {})).next.at(-1)!];
+      const device = streamed.gpu.device;
+      const h0 = handshakes();
+      while (t.length < N) {
+        const b = device.commandBuffersCommitted;
+        const r = await seq.speculate(t.at(-1)!, 2);
+        expect(device.commandBuffersCommitted - b).toBe(1);
+        t.push(...r.next);
+      }
+      seq.dispose();
+      expect(t.slice(0, N)).toEqual(want);
+      expect(handshakes()).toBeGreaterThan(h0);
     }
-    seq.dispose();
-    expect(t.slice(0, N)).toEqual(want);
-    expect(handshakes()).toBeGreaterThan(h0);
     // Not every layer is held: nothing is recorded.
     expect(streamed.speculativeCycles.recorded).toBe(before.recorded);
   } finally {
