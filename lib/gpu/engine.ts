@@ -1089,12 +1089,12 @@ export function warmPositions(gpu: Pick<EngineGpu, "maxDrafts" | "config">, capa
 /** Recordings Engine.warmSteps leaves to a generation's prompt shapes. */
 const WARM_ROOM = 8;
 
-/** CHERENKOV_MTP_CATCHUP_SPLIT=0: a cycle after plain steps catches the MTP head up inside itself (a one-off shape, as before). */
 /** A prepared MTP catch-up's key in the prepared list (never a recording's). */
 function catchUpKey(rows: number): string {
   return `mtp-catch-up/${rows}`;
 }
 
+/** CHERENKOV_MTP_CATCHUP_SPLIT=0: a cycle after plain steps catches the MTP head up inside itself (a one-off shape, as before). */
 function splitCatchUp(): boolean {
   return envOnOff("CHERENKOV_MTP_CATCHUP_SPLIT", true);
 }
