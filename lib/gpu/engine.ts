@@ -679,7 +679,12 @@ export class Engine {
     if (pos0 - seq.mtpLength > gpu.maxDrafts + 1 && splitCatchUp() && this.cycleKey(rollback, 1, k) !== null) {
       catchUpAhead = this.takeCatchUp(seq, seq.mtpLength, pos0 - 1 - seq.mtpLength);
       if (catchUpAhead) {
-        catchUpAhead.cb.commit();
+        try {
+          catchUpAhead.cb.commit();
+        } catch (e) {
+          catchUpAhead.cb.release();
+          throw e;
+        }
         seq.mtpLength = pos0 - 1;
       } else await this.catchUpMtp(seq, pos0 - 1);
     }
@@ -687,7 +692,10 @@ export class Engine {
     try {
       result = await this.cycleAfterCatchUp(seq, pos0, next, k, rollback, sample);
     } catch (e) {
-      catchUpAhead?.cb.release(); // the cycle's failure is the one to report (its state is reset)
+      // The cycle's failure is the one to report; the state is reset as a failed step's is
+      // (also when it failed before its step ran: the MTP length counts the catch-up as done).
+      catchUpAhead?.cb.release();
+      if (catchUpAhead) this.resetState(seq);
       throw e;
     }
     if (catchUpAhead) this.settleCatchUp(seq, catchUpAhead.cb);

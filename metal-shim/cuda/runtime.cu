@@ -46,7 +46,11 @@ class WaitGate {
   static void enter() {
     WaitGate &g = get();
     std::unique_lock<std::mutex> lk(g.m_);
-    g.cv_.wait(lk, [&] { return !g.closed_; });
+    if (g.closed_) {
+      g.held_++;
+      g.cv_.wait(lk, [&] { return !g.closed_; });
+      if (--g.held_ == 0) g.cv_.notify_all();
+    }
     g.inflight_++;
   }
   // Completion thread, once such a command buffer is done (or failed).
@@ -55,10 +59,12 @@ class WaitGate {
     std::lock_guard<std::mutex> lk(g.m_);
     if (--g.inflight_ == 0) g.cv_.notify_all();
   }
-  // Reaper: from close() to open() no GPU wait is in flight.
+  // Reaper: from close() to open() no GPU wait is in flight. The command buffers held at the
+  // last closing go first (else a reaper with more to free could hold them again and again).
   static void close() {
     WaitGate &g = get();
     std::unique_lock<std::mutex> lk(g.m_);
+    g.cv_.wait(lk, [&] { return g.held_ == 0; });
     g.closed_ = true;
     g.cv_.wait(lk, [&] { return g.inflight_ == 0; });
   }
@@ -77,6 +83,7 @@ class WaitGate {
   std::mutex m_;
   std::condition_variable cv_;
   uint64_t inflight_ = 0;
+  uint64_t held_ = 0;  // submit threads waiting in enter() for the gate to open
   bool closed_ = false;
 };
 
@@ -1223,7 +1230,14 @@ static void submit_loop(ck_device *dev) {
     {
       std::unique_lock<std::mutex> lk(dev->qm);
       dev->qcv.wait(lk, [&] { return dev->stopping || !dev->queue.empty(); });
-      if (dev->queue.empty()) return;
+      if (dev->queue.empty()) {
+        // The completion thread ends only after this: a command buffer popped but not yet in
+        // flight (held at the WaitGate, say) must still be completed, and its gate count let go.
+        dev->submit_done = true;
+        lk.unlock();
+        dev->flightcv.notify_all();
+        return;
+      }
       cb = dev->queue.front();
       dev->queue.pop_front();
       taken++;
@@ -1239,6 +1253,10 @@ static void submit_loop(ck_device *dev) {
       cudaGetLastError();
       if (cb->error.empty()) cb->error = std::string("command buffer ") + std::to_string(cb->id) + ": recording its completion event: " + cudaGetErrorString(e);
       cb->submit_failed = true;
+      // Without the event the completion thread would call it done at once, with its kernels (a
+      // spinning wait among them) perhaps still running: its gate count and buffers would go early.
+      cudaStreamSynchronize(dev->stream);
+      cudaGetLastError();
     }
     {
       std::lock_guard<std::mutex> lk(dev->qm);
@@ -1261,7 +1279,7 @@ static void complete_loop(ck_device *dev) {
     ck_cmdbuf *cb;
     {
       std::unique_lock<std::mutex> lk(dev->qm);
-      dev->flightcv.wait(lk, [&] { return !dev->inflight.empty() || (dev->stopping && dev->queue.empty()); });
+      dev->flightcv.wait(lk, [&] { return !dev->inflight.empty() || dev->submit_done; });
       if (dev->inflight.empty()) return;
       cb = dev->inflight.front();
     }

@@ -206,6 +206,7 @@ struct ck_device {
   std::deque<ck_cmdbuf *> queue;     // committed, not yet enqueued
   std::deque<ck_cmdbuf *> inflight;  // enqueued, not yet finished
   bool stopping = false;
+  bool submit_done = false;  // the submit thread has ended (after stopping): the completion thread may too
   std::thread submitter, completer;
   ck::GraphCache graphs;  // the submit thread's; Graph::busy under qm
   // Spinning before sleeping (runtime.cu "Spin, then sleep"): how long, in microseconds, a
