@@ -380,7 +380,7 @@ export class Engine {
       this.dropPrepared(seq);
       const behind = pos0 - seq.mtpLength;
       if (behind < 1 || pos0 + 1 + k > seq.capacity) return;
-      const split = behind > gpu.maxDrafts + 1 && splitCatchUp();
+      const split = this.splitsCatchUp(seq, pos0, null, k);
       const catchUp = split ? 1 : behind;
       const key = this.cycleKey(null, catchUp, k);
       if (key === null) return;
@@ -399,6 +399,15 @@ export class Engine {
     } finally {
       this.releaseUnused();
     }
+  }
+
+  /**
+   * Whether `seq`'s cycle of k drafts at pos0 runs the long part of its MTP catch-up first, in a
+   * command buffer of its own, the cycle keeping a recorded shape (catch-up 1): after a prompt or
+   * plain steps, unless CHERENKOV_MTP_CATCHUP_SPLIT=0 or that shape cannot be recorded.
+   */
+  private splitsCatchUp(seq: SequenceState, pos0: number, rollback: number | null, k: number): boolean {
+    return pos0 - seq.mtpLength > this.gpu.maxDrafts + 1 && splitCatchUp() && this.cycleKey(rollback, 1, k) !== null;
   }
 
   /** The MTP catch-up of rows from .. from + rows - 1 when prepareFirstCycle encoded exactly it (taken out of the prepared list), else null. */
@@ -676,7 +685,7 @@ export class Engine {
     // Prepared with the prompt (prepareFirstCycle), it is committed and not waited for: the
     // cycle's command buffer runs after it, and its status is checked once the cycle is done.
     let catchUpAhead: PreparedStep | null = null;
-    if (pos0 - seq.mtpLength > gpu.maxDrafts + 1 && splitCatchUp() && this.cycleKey(rollback, 1, k) !== null) {
+    if (this.splitsCatchUp(seq, pos0, rollback, k)) {
       catchUpAhead = this.takeCatchUp(seq, seq.mtpLength, pos0 - 1 - seq.mtpLength);
       if (catchUpAhead) {
         try {
